@@ -1,0 +1,5 @@
+"""In-box backends: a new backend is one file here plus one line below."""
+
+BUILTIN = {
+    "torch_native": "backends.torch_native:TorchNativeBackend",
+}

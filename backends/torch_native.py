@@ -1,0 +1,64 @@
+"""A straightforward PyTorch backend: per request, gather K/V through req_to_token
+and attend with float32 matmuls. Eager only (no graph hooks): it syncs the host
+to read lengths, as a reference backend may."""
+from __future__ import annotations
+
+import torch
+
+from kit.modes import ForwardMode
+from kit.protocol import AttentionBackend
+
+
+class TorchNativeBackend(AttentionBackend):
+    name = "torch_native"
+
+    def init_forward_metadata(self, batch) -> None:
+        mode = batch.forward_mode
+        seq_lens = batch.seq_lens_cpu.tolist()
+        if mode is ForwardMode.DECODE:
+            q_lens, prefix = [1] * len(seq_lens), [s - 1 for s in seq_lens]
+        elif mode is ForwardMode.EXTEND:
+            q_lens, prefix = list(batch.extend_seq_lens_cpu), list(batch.extend_prefix_lens_cpu)
+        elif mode is ForwardMode.TARGET_VERIFY:
+            q_lens, prefix = [batch.spec_info.draft_token_num] * len(seq_lens), seq_lens
+        elif mode is ForwardMode.DRAFT_EXTEND_V2:
+            q_lens = batch.spec_info.extend_seq_lens_tensor.tolist()
+            prefix = [s - n for s, n in zip(seq_lens, q_lens)]  # seq_lens already count the drafts
+        else:
+            raise NotImplementedError(mode)
+        self.q_lens, self.prefix = q_lens, prefix
+        self.rows = batch.req_pool_indices.tolist()
+
+    def forward(self, q, k, v, layer, batch, save_kv_cache=True):
+        pool = batch.token_to_kv_pool
+        if save_kv_cache:
+            pool.set_kv_buffer(layer, batch.out_cache_loc, k, v)
+        k_cache, v_cache = pool.get_kv_buffer(layer.layer_id)
+        r2t = batch.req_to_token_pool.req_to_token
+        group = layer.tp_q_head_num // layer.tp_k_head_num
+        tree = batch.forward_mode is ForwardMode.TARGET_VERIFY
+        out = torch.empty_like(q)
+        start = mask_start = 0
+        for row, n_q, n_prefix in zip(self.rows, self.q_lens, self.prefix):
+            n_kv = n_prefix + n_q
+            slots = r2t[row, :n_kv].long()
+            keys = k_cache[slots].float().repeat_interleave(group, dim=1)
+            vals = v_cache[slots].float().repeat_interleave(group, dim=1)
+            qs = q[start:start + n_q].float()
+            scores = torch.einsum("qhd,khd->hqk", qs, keys) * layer.scaling
+            if layer.logit_cap > 0:
+                scores = layer.logit_cap * torch.tanh(scores / layer.logit_cap)
+            q_pos = batch.positions[start:start + n_q] if tree else n_prefix + torch.arange(n_q, device=q.device)
+            if tree:
+                allowed = batch.spec_info.custom_mask[mask_start:mask_start + n_q * n_kv].view(n_q, n_kv)
+                mask_start += n_q * n_kv
+                k_pos = torch.cat([torch.arange(n_prefix, device=q.device), q_pos])
+            else:
+                k_pos = torch.arange(n_kv, device=q.device)
+                allowed = k_pos[None, :] <= q_pos[:, None]
+            if layer.sliding_window_size >= 0:
+                allowed = allowed & (k_pos[None, :] >= q_pos[:, None] - layer.sliding_window_size)
+            scores = scores.masked_fill(~allowed, float("-inf"))
+            out[start:start + n_q] = torch.einsum("hqk,khd->qhd", scores.softmax(-1), vals).to(q.dtype)
+            start += n_q
+        return out

@@ -1,0 +1,56 @@
+"""The batch object handed to a backend: the fields of a serving engine's ForwardBatch.
+
+dtypes: seq_lens and req_pool_indices int32; out_cache_loc and positions int64.
+"""
+from __future__ import annotations
+
+import dataclasses
+from typing import List, Optional
+
+import torch
+
+from kit.modes import ForwardMode
+from kit.pools import KVPool, ReqToTokenPool
+
+
+@dataclasses.dataclass
+class SpecInfo:
+    """Speculative-decoding inputs.
+
+    TARGET_VERIFY: custom_mask (bool, True = attend; per request a row-major
+    [draft, seq_len + draft] block, blocks concatenated).
+    DRAFT_EXTEND_V2: extend_seq_lens_tensor and num_tokens_per_bs.
+    """
+
+    draft_token_num: int
+    topk: int = 1
+    custom_mask: Optional[torch.Tensor] = None
+    extend_seq_lens_tensor: Optional[torch.Tensor] = None
+    num_tokens_per_bs: Optional[int] = None
+
+
+@dataclasses.dataclass
+class ForwardBatch:
+    forward_mode: ForwardMode
+    batch_size: int
+    req_pool_indices: torch.Tensor
+    seq_lens: torch.Tensor
+    seq_lens_cpu: torch.Tensor
+    seq_lens_sum: int
+    out_cache_loc: torch.Tensor
+    positions: torch.Tensor
+    req_to_token_pool: ReqToTokenPool
+    token_to_kv_pool: KVPool
+    # EXTEND only
+    extend_num_tokens: Optional[int] = None
+    extend_seq_lens: Optional[torch.Tensor] = None
+    extend_prefix_lens: Optional[torch.Tensor] = None
+    extend_start_loc: Optional[torch.Tensor] = None
+    extend_seq_lens_cpu: Optional[List[int]] = None
+    extend_prefix_lens_cpu: Optional[List[int]] = None
+    # TARGET_VERIFY and DRAFT_EXTEND_V2
+    spec_info: Optional[SpecInfo] = None
+
+    @property
+    def num_tokens(self) -> int:
+        return self.out_cache_loc.shape[0]

@@ -1,0 +1,135 @@
+"""A plan made concrete: random q/k/v, poisoned pools, and the batch object."""
+from __future__ import annotations
+
+import dataclasses
+from typing import List, Tuple
+
+import torch
+
+from kit.batch import ForwardBatch, SpecInfo
+from kit.modes import ForwardMode
+from kit.plan import BatchPlan
+from kit.pools import CASE_LAYER_ID, NUM_LAYERS, Pools
+
+# Poison: unowned slots hold K that wins softmax mass and V far from real
+# values, so reading one moves the output well past any tolerance.
+POISON_K_STD = 4.0
+POISON_V_MEAN = 20.0
+POISON_V_STD = 5.0
+
+
+@dataclasses.dataclass
+class Fixture:
+    plan: BatchPlan
+    pools: Pools
+    q: torch.Tensor  # [num_tokens, Hq, D] new tokens' queries
+    k_new: torch.Tensor  # [num_tokens, Hkv, D] new tokens' keys, handed to forward()
+    v_new: torch.Tensor
+    k_old: torch.Tensor  # [sum n_old, Hkv, D] cached tokens' keys, in request order
+    v_old: torch.Tensor
+    batch: ForwardBatch
+
+    @property
+    def case(self):
+        return self.plan.case
+
+    def logical_kv(self) -> List[Tuple[torch.Tensor, torch.Tensor]]:
+        """Per request, K and V of every logical token in order (cached, then new)."""
+        out, o, n = [], 0, 0
+        for r in self.plan.requests:
+            k = torch.cat([self.k_old[o:o + r.n_old], self.k_new[n:n + r.n_new]])
+            v = torch.cat([self.v_old[o:o + r.n_old], self.v_new[n:n + r.n_new]])
+            out.append((k, v))
+            o, n = o + r.n_old, n + r.n_new
+        return out
+
+    def install(self) -> None:
+        """Write this fixture into the (shared, reused) pools, in place."""
+        plan, case = self.plan, self.plan.case
+        kv, r2t = self.pools.token_to_kv_pool, self.pools.req_to_token_pool.req_to_token
+        device = kv.device
+        kv.page_size = case.page
+        gen = torch.Generator(device=device).manual_seed(case.rng_seed(1))
+        for layer in range(NUM_LAYERS):
+            kv.k_buffer[layer].normal_(0.0, POISON_K_STD, generator=gen)
+            kv.v_buffer[layer].normal_(POISON_V_MEAN, POISON_V_STD, generator=gen)
+        old_slots = [s for r in plan.requests for s in r.slots[:r.n_old]]
+        if old_slots:
+            idx = torch.tensor(old_slots, dtype=torch.int64, device=device)
+            kv.k_buffer[CASE_LAYER_ID][idx] = self.k_old
+            kv.v_buffer[CASE_LAYER_ID][idx] = self.v_old
+        # Every req_to_token entry that is not a real token points at an unowned
+        # (poisoned) slot, so reading past seq_len shows in the output.
+        owned = torch.zeros(kv.size, dtype=torch.bool)
+        owned[0] = True
+        owned[[s for r in plan.requests for s in r.slots]] = True
+        unowned = (~owned).nonzero().squeeze(1).to(device=device, dtype=torch.int32)
+        pick = torch.randint(0, unowned.numel(), tuple(r2t.shape), generator=gen, device=device)
+        r2t.copy_(unowned[pick])
+        r2t[0].zero_()
+        rows = [r.row for r in plan.requests for _ in range(r.total)]
+        cols = [t for r in plan.requests for t in range(r.total)]
+        slots = [s for r in plan.requests for s in r.slots]
+        r2t[torch.tensor(rows, device=device), torch.tensor(cols, device=device)] = torch.tensor(
+            slots, dtype=torch.int32, device=device)
+
+
+def _i32(values, device) -> torch.Tensor:
+    return torch.tensor(values, dtype=torch.int32, device=device)
+
+
+def make_batch(plan: BatchPlan, pools: Pools, device) -> ForwardBatch:
+    reqs, mode = plan.requests, plan.case.mode
+    seq_lens = [r.seq_len for r in reqs]
+    batch = ForwardBatch(
+        forward_mode=mode,
+        batch_size=len(reqs),
+        req_pool_indices=_i32([r.row for r in reqs], device),
+        seq_lens=_i32(seq_lens, device),
+        seq_lens_cpu=_i32(seq_lens, "cpu"),
+        seq_lens_sum=sum(seq_lens),
+        out_cache_loc=torch.tensor([s for r in reqs for s in r.slots[r.n_old:]], dtype=torch.int64, device=device),
+        positions=torch.tensor([p for r in reqs for p in r.q_pos], dtype=torch.int64, device=device),
+        req_to_token_pool=pools.req_to_token_pool,
+        token_to_kv_pool=pools.token_to_kv_pool,
+    )
+    if mode is ForwardMode.EXTEND:
+        new = [r.n_new for r in reqs]
+        old = [r.n_old for r in reqs]
+        starts = [sum(new[:i]) for i in range(len(new))]
+        batch.extend_num_tokens = sum(new)
+        batch.extend_seq_lens = _i32(new, device)
+        batch.extend_prefix_lens = _i32(old, device)
+        batch.extend_start_loc = _i32(starts, device)
+        batch.extend_seq_lens_cpu = new
+        batch.extend_prefix_lens_cpu = old
+    elif mode is ForwardMode.TARGET_VERIFY:
+        draft = plan.case.new
+        mask = torch.cat([r.visible.reshape(-1) for r in reqs]).to(device)
+        batch.spec_info = SpecInfo(draft_token_num=draft, topk=plan.case.topk, custom_mask=mask)
+    elif mode is ForwardMode.DRAFT_EXTEND_V2:
+        draft = plan.case.new
+        batch.spec_info = SpecInfo(draft_token_num=draft, topk=1,
+                                   extend_seq_lens_tensor=_i32([draft] * len(reqs), device),
+                                   num_tokens_per_bs=draft)
+    return batch
+
+
+def build_fixture(plan: BatchPlan, pools: Pools) -> Fixture:
+    """Random inputs for the plan (never constant); call install() before each use."""
+    case = plan.case
+    device = pools.token_to_kv_pool.device
+    gen = torch.Generator(device=device).manual_seed(case.rng_seed(2))
+    hq, hkv, d, dt = case.num_q_heads, case.num_kv_heads, case.head_dim, case.torch_dtype
+
+    def randn(n, h):
+        return torch.randn((n, h, d), generator=gen, device=device).to(dt)
+
+    n_tok = plan.num_tokens
+    n_old = sum(r.n_old for r in plan.requests)
+    return Fixture(
+        plan=plan, pools=pools,
+        q=randn(n_tok, hq), k_new=randn(n_tok, hkv), v_new=randn(n_tok, hkv),
+        k_old=randn(n_old, hkv), v_old=randn(n_old, hkv),
+        batch=make_batch(plan, pools, device),
+    )

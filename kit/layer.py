@@ -1,0 +1,42 @@
+"""The attention layer handed to forward(): the fields of a serving engine's attention layer."""
+from __future__ import annotations
+
+import dataclasses
+
+from kit.case import Case
+from kit.pools import CASE_LAYER_ID
+
+
+@dataclasses.dataclass(frozen=True)
+class Layer:
+    layer_id: int
+    tp_q_head_num: int
+    tp_k_head_num: int
+    head_dim: int
+    scaling: float
+    logit_cap: float = 0.0  # 0 = off; else cap * tanh(score / cap)
+    sliding_window_size: int = -1  # -1 = off; else a query at p sees keys p-W..p
+
+    @property
+    def tp_v_head_num(self) -> int:
+        return self.tp_k_head_num
+
+    @property
+    def qk_head_dim(self) -> int:
+        return self.head_dim
+
+    @property
+    def v_head_dim(self) -> int:
+        return self.head_dim
+
+    @classmethod
+    def for_case(cls, case: Case) -> "Layer":
+        return cls(
+            layer_id=CASE_LAYER_ID,
+            tp_q_head_num=case.num_q_heads,
+            tp_k_head_num=case.num_kv_heads,
+            head_dim=case.head_dim,
+            scaling=case.sm_scale,
+            logit_cap=case.cap,
+            sliding_window_size=case.window,
+        )

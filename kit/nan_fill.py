@@ -1,0 +1,29 @@
+"""Outputs are pre-filled with NaN so rows a backend never writes fail the verdict.
+
+Backends allocate their own output (torch.empty and friends); PyTorch's
+fill_uninitialized_memory fills every such allocation with NaN while
+deterministic mode is on. Inside a CUDA graph the fill is captured too, so each
+replay starts from NaN as well.
+"""
+from __future__ import annotations
+
+import contextlib
+import warnings
+
+import torch
+
+
+@contextlib.contextmanager
+def nan_filled_allocations():
+    was_on = torch.are_deterministic_algorithms_enabled()
+    was_warn_only = torch.is_deterministic_algorithms_warn_only_enabled()
+    was_fill = torch.utils.deterministic.fill_uninitialized_memory
+    torch.use_deterministic_algorithms(True, warn_only=True)  # warn_only: never change what runs
+    torch.utils.deterministic.fill_uninitialized_memory = True
+    try:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", UserWarning)
+            yield
+    finally:
+        torch.utils.deterministic.fill_uninitialized_memory = was_fill
+        torch.use_deterministic_algorithms(was_on, warn_only=was_warn_only)

@@ -1,0 +1,85 @@
+"""The backend protocol (SPEC): what a backend implements for the kit to test it.
+
+Subclassing AttentionBackend is optional; the kit only looks for the methods.
+A backend is a class: `supports` is a classmethod (so a backend that cannot
+even be constructed here still says why), and the constructor takes a
+BackendContext.
+"""
+from __future__ import annotations
+
+import dataclasses
+from typing import Optional
+
+import torch
+
+from kit.case import Case
+from kit.layer import Layer
+from kit.pools import KVPool, ReqToTokenPool
+
+GRAPH_HOOKS = (
+    "init_cuda_graph_state",
+    "init_forward_metadata_capture_cuda_graph",
+    "init_forward_metadata_replay_cuda_graph",
+)
+NO_CAPTURE_HOOKS = "no capture hooks"
+
+
+@dataclasses.dataclass
+class BackendContext:
+    """What a serving engine's model runner gives an attention backend at construction."""
+
+    device: torch.device
+    dtype: torch.dtype  # model (q/k/v) dtype
+    kv_cache_dtype: torch.dtype
+    page_size: int
+    layer: Layer  # the model's attention config: heads, head_dim, scale, window, cap
+    req_to_token_pool: ReqToTokenPool
+    token_to_kv_pool: KVPool
+
+    @property
+    def max_context_len(self) -> int:
+        return self.req_to_token_pool.max_context_len
+
+
+class AttentionBackend:
+    """Reference shape of a backend. Override what you support."""
+
+    name: Optional[str] = None
+    # True if forward() for EXTEND may be captured in a CUDA graph once per token
+    # bucket and replayed after init_forward_metadata() of a new batch (metadata
+    # filled in place). Otherwise EXTEND graph mode runs the padded call eagerly.
+    extend_capture: bool = False
+
+    @classmethod
+    def supports(cls, case: Case) -> Optional[str]:
+        """None, or the reason this case is out of scope."""
+        return None
+
+    def __init__(self, ctx: BackendContext):
+        self.ctx = ctx
+
+    def init_forward_metadata(self, batch) -> None:
+        raise NotImplementedError
+
+    def forward(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, layer: Layer, batch,
+                save_kv_cache: bool = True) -> torch.Tensor:
+        """q [T, Hq, D], k/v [T, Hkv, D] -> out [T, Hq, D]. With save_kv_cache,
+        write k/v to the pool at batch.out_cache_loc before attending."""
+        raise NotImplementedError
+
+    # Optional graph hooks (absent: the graph cells read "no capture hooks"):
+    #   init_cuda_graph_state(max_bs, max_num_tokens)
+    #   init_forward_metadata_capture_cuda_graph(bs, num_tokens, req_pool_indices, seq_lens,
+    #                                            forward_mode, spec_info)
+    #   init_forward_metadata_replay_cuda_graph(bs, req_pool_indices, seq_lens, seq_lens_sum,
+    #                                           forward_mode, spec_info, seq_lens_cpu)
+    #   get_cuda_graph_seq_len_fill_value() -> int  (default 1)
+
+
+def has_graph_hooks(backend_cls) -> bool:
+    return all(callable(getattr(backend_cls, h, None)) for h in GRAPH_HOOKS)
+
+
+def seq_len_fill_value(backend) -> int:
+    fill = getattr(backend, "get_cuda_graph_seq_len_fill_value", None)
+    return int(fill()) if callable(fill) else 1

@@ -1,0 +1,101 @@
+"""Judging a run: output against the float64 golden, and the KV pool after the call.
+
+Output rule (error ratio, as PyTorch's flex-attention tests): the backend's max
+error against the float64 golden may not exceed RATIO x the error of a
+same-dtype reference computation, plus an absolute floor per dtype.
+"""
+from __future__ import annotations
+
+import dataclasses
+from typing import List, Sequence
+
+import torch
+
+RATIO = 2.0
+ABS_FLOOR = {torch.float32: 1e-4, torch.float16: 2e-3, torch.bfloat16: 1.6e-2}
+
+# Failure classes: where to look.
+KERNEL, GRAPH, KV_WRITE, CRASH = "kernel", "graph", "kv-write", "crash"
+
+
+@dataclasses.dataclass
+class OutputCheck:
+    ok: bool
+    max_err: float
+    ref_err: float
+    tol: float
+    bad_rows: List[int]  # token rows past tolerance (first few)
+    nonfinite_rows: int
+
+    def describe(self) -> str:
+        if self.ok:
+            return f"output ok: max err {self.max_err:.3g} <= tol {self.tol:.3g}"
+        parts = [f"output wrong: max err {self.max_err:.3g} > tol {self.tol:.3g}"]
+        if self.nonfinite_rows:
+            parts.append(f"{self.nonfinite_rows} rows NaN/inf (unwritten?)")
+        parts.append(f"bad token rows {self.bad_rows}")
+        return "; ".join(parts)
+
+
+def check_output(out: torch.Tensor, golden: torch.Tensor, same_dtype_ref: torch.Tensor,
+                 dtype: torch.dtype) -> OutputCheck:
+    if tuple(out.shape) != tuple(golden.shape):
+        raise ValueError(f"backend returned output of shape {tuple(out.shape)}, expected {tuple(golden.shape)}")
+    err = (out.to(torch.float64) - golden).abs()
+    ref_err = (same_dtype_ref.to(torch.float64) - golden).abs().max().item() if golden.numel() else 0.0
+    tol = RATIO * ref_err + ABS_FLOOR[dtype]
+    row_err = err.flatten(1).amax(dim=1).nan_to_num(nan=float("inf"))
+    bad = (row_err > tol).nonzero().squeeze(1)
+    nonfinite = int((~torch.isfinite(out.flatten(1))).any(dim=1).sum().item())
+    max_err = row_err.max().item() if row_err.numel() else 0.0
+    return OutputCheck(bad.numel() == 0, max_err, ref_err, tol, bad[:8].tolist(), nonfinite)
+
+
+@dataclasses.dataclass
+class KVCheck:
+    ok: bool
+    missing: List[int]  # slots that should hold the new K/V but do not (first few)
+    collateral: List[int]  # slots changed that no real row owns (first few)
+    num_missing: int
+    num_collateral: int
+
+    def describe(self) -> str:
+        if self.ok:
+            return "kv pool ok"
+        parts = []
+        if self.num_missing:
+            parts.append(f"{self.num_missing} new-token slots not written correctly, e.g. {self.missing}")
+        if self.num_collateral:
+            parts.append(f"{self.num_collateral} stray writes, e.g. slots {self.collateral} (layer, slot)")
+        return "kv pool wrong: " + "; ".join(parts)
+
+
+def _differs(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
+    """Per-slot bitwise difference (NaN-safe)."""
+    a = a.flatten(1).view(torch.int16 if a.element_size() == 2 else torch.int32)
+    b = b.flatten(1).view(torch.int16 if b.element_size() == 2 else torch.int32)
+    return (a != b).any(dim=1)
+
+
+def check_kv(pool, before_k: Sequence[torch.Tensor], before_v: Sequence[torch.Tensor], layer_id: int,
+             loc: torch.Tensor, k_new: torch.Tensor, v_new: torch.Tensor) -> KVCheck:
+    """New k/v must sit at `loc` of `layer_id`; nothing else may change but scratch slot 0."""
+    loc = loc.to(torch.int64)
+    missing = torch.empty(0, dtype=torch.int64)
+    collateral, num_collateral = [], 0
+    for lid, (exp_k, exp_v) in enumerate(zip(before_k, before_v)):
+        written = torch.zeros(exp_k.shape[0], dtype=torch.bool, device=exp_k.device)
+        if lid == layer_id:
+            exp_k, exp_v = exp_k.clone(), exp_v.clone()
+            exp_k[loc] = k_new.to(exp_k.dtype)
+            exp_v[loc] = v_new.to(exp_v.dtype)
+            written[loc] = True
+        diff = _differs(pool.k_buffer[lid], exp_k) | _differs(pool.v_buffer[lid], exp_v)
+        diff[0] = False
+        if lid == layer_id:
+            missing = (diff & written).nonzero().squeeze(1)
+        stray = (diff & ~written).nonzero().squeeze(1)
+        collateral += [(lid, s) for s in stray[:8].tolist()]
+        num_collateral += stray.numel()
+    ok = missing.numel() == 0 and num_collateral == 0
+    return KVCheck(ok, missing[:8].tolist(), collateral[:8], int(missing.numel()), num_collateral)
