@@ -92,3 +92,12 @@ class Case:
 
     def with_(self, **changes) -> "Case":
         return dataclasses.replace(self, **changes)
+
+
+_LAYOUT_SUFFIX = {"contiguous": "", "shuffled_pages": "_shuf", "interleaved_pages": "_inter",
+                  "non_monotonic_extend": "_nonmono"}
+
+
+def in_every_layout(cases):
+    """Each case once per layout (SPEC: every mode runs on every layout)."""
+    return [c.with_(name=c.name + _LAYOUT_SUFFIX[layout], layout=layout) for c in cases for layout in LAYOUTS]

@@ -49,8 +49,9 @@ def load_backend(spec: str):
 
 
 def backend_label(spec: str) -> str:
-    """Name used in test ids and results: the spec itself for known names, else the class's name."""
+    """Name used in test ids and results (resolving it, so an unknown name fails early):
+    the spec itself for known names, else the class's `name` or its attribute name."""
+    cls = load_backend(spec)
     if ":" not in spec:
         return spec
-    cls = load_backend(spec)
     return getattr(cls, "name", None) or spec.rsplit(":", 1)[1].split(".")[-1]

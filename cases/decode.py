@@ -1,0 +1,29 @@
+"""DECODE cases: `prefix` = tokens cached before the step (seq_len = prefix + 1)."""
+from functools import partial
+
+from kit.case import GQA, GQA_32_8, MHA, MQA, Case, in_every_layout
+from kit.modes import ForwardMode
+
+C = partial(Case, mode=ForwardMode.DECODE)
+
+SMOKE = [
+    C("gqa_ragged_p16_fp32", prefix=(0, 15, 16, 17, 40), page=16, dtype="fp32", head_dim=64),
+    C("mqa_p1_shuf", prefix=(5, 30, 1), heads=MQA, dtype="fp32", head_dim=64, layout="shuffled_pages"),
+    C("mha_bs1_window_p64_inter", prefix=(70,), heads=MHA, page=64, window=8, dtype="fp32", head_dim=64,
+      layout="interleaved_pages"),
+    C("gqa_bs8_cap_p1_nonmono", prefix=(3, 9, 1, 27, 12, 0, 33, 6), cap=20.0, dtype="fp32", head_dim=64,
+      layout="non_monotonic_extend"),
+    C("gqa_bf16_p16", prefix=(20, 33), page=16, dtype="bf16"),
+]
+
+FULL = in_every_layout([
+    C("mha_bs1_long_p1", prefix=(1100,), heads=MHA),
+    C("gqa_ragged_p16", prefix=(0, 15, 16, 17, 33, 64, 100, 257), page=16),
+    C("mqa_ragged_p64_fp16", prefix=(63, 64, 65, 1, 200, 130, 7, 1500, 300), heads=MQA, page=64, dtype="fp16"),
+    C("gqa32_long_p16", prefix=(1024, 2047, 1500, 3000), heads=GQA_32_8, page=16),
+    C("gqa_d64_bs12_p1_fp16", prefix=(5, 90, 1, 300, 17, 64, 2, 129, 40, 8, 77, 250), head_dim=64, dtype="fp16"),
+    C("gqa_window_p16", prefix=(100, 40, 31, 7, 300), page=16, window=32),
+    C("gqa_cap_p1", prefix=(50, 700, 3), cap=30.0),
+    C("gqa_scale_p16_fp16", prefix=(64, 128, 9), page=16, scale=0.05, dtype="fp16"),
+    C("mha_bs16_p16", prefix=tuple(range(3, 3 + 16 * 37, 37)), heads=MHA, page=16, head_dim=64),
+])

@@ -1,0 +1,32 @@
+"""DRAFT_EXTEND_V2 cases: `prefix` = tokens before the drafts, `new` = num_draft_tokens
+(seq_lens = prefix + new, bumped)."""
+from functools import partial
+
+from kit.case import GQA, GQA_32_8, MHA, MQA, Case, in_every_layout
+from kit.modes import ForwardMode
+
+C = partial(Case, mode=ForwardMode.DRAFT_EXTEND_V2)
+
+SMOKE = [
+    C("gqa_draft4_p16_fp32", prefix=(0, 17, 16, 33), new=4, page=16, dtype="fp32", head_dim=64),
+    C("mqa_draft3_p1_shuf", prefix=(5, 30, 12), new=3, heads=MQA, dtype="fp32", head_dim=64,
+      layout="shuffled_pages"),
+    C("mha_bs1_window_p64_inter", prefix=(70,), new=4, heads=MHA, page=64, window=2, dtype="fp32", head_dim=64,
+      layout="interleaved_pages"),
+    C("gqa_bs8_cap_p1_nonmono", prefix=(3, 9, 1, 27, 12, 0, 33, 6), new=3, cap=20.0, dtype="fp32",
+      head_dim=64, layout="non_monotonic_extend"),
+    C("gqa_bf16_p16", prefix=(20, 33), new=3, page=16, dtype="bf16"),
+]
+
+FULL = in_every_layout([
+    C("mha_bs1_long_p1", prefix=(1100,), new=3, heads=MHA),
+    C("gqa_draft4_p16", prefix=(0, 17, 33, 64), new=4, page=16),
+    C("mqa_draft3_bs9_p64_fp16", prefix=(63, 64, 65, 1, 200, 130, 7, 1500, 300), new=3, heads=MQA, page=64,
+      dtype="fp16"),
+    C("gqa32_long_p16", prefix=(2048, 1023, 1500), new=8, heads=GQA_32_8, page=16),
+    C("gqa_d64_bs12_p1_fp16", prefix=(5, 90, 1, 300, 17, 64, 2, 129, 40, 8, 77, 250), new=5, head_dim=64,
+      dtype="fp16"),
+    C("gqa_window_p16", prefix=(100, 40, 31, 7), new=6, page=16, window=8),
+    C("gqa_cap_p1", prefix=(50, 700, 3), new=4, cap=30.0),
+    C("gqa_page_cross_p16", prefix=(14, 15, 30), new=4, page=16),
+])

@@ -1,0 +1,32 @@
+"""EXTEND cases: `prefix` = extend_prefix_lens, `new` = extend_seq_lens (ragged, may be 1)."""
+from functools import partial
+
+from kit.case import GQA, GQA_32_8, MHA, MQA, Case, in_every_layout
+from kit.modes import ForwardMode
+
+C = partial(Case, mode=ForwardMode.EXTEND)
+
+SMOKE = [
+    C("gqa_ragged_p16_fp32", prefix=(0, 17, 33, 16), new=(5, 1, 16, 3), page=16, dtype="fp32", head_dim=64),
+    C("mqa_p1_shuf", prefix=(3, 0, 12), new=(4, 7, 1), heads=MQA, dtype="fp32", head_dim=64,
+      layout="shuffled_pages"),
+    C("mha_bs1_window_p64_inter", prefix=(70,), new=(20,), heads=MHA, page=64, window=8, dtype="fp32",
+      head_dim=64, layout="interleaved_pages"),
+    C("gqa_bs8_cap_p1_nonmono", prefix=(3, 9, 1, 27, 12, 0, 33, 6), new=(2, 1, 5, 3, 1, 4, 2, 6), cap=20.0,
+      dtype="fp32", head_dim=64, layout="non_monotonic_extend"),
+    C("gqa_bf16_p16", prefix=(20, 0), new=(9, 17), page=16, dtype="bf16"),
+]
+
+FULL = in_every_layout([
+    C("mha_bs1_long_p1", prefix=(1000,), new=(100,), heads=MHA),
+    C("gqa_ragged_p16", prefix=(0, 17, 33, 64), new=(5, 1, 16, 3), page=16),
+    C("mqa_ragged_p64_fp16", prefix=(0, 64, 63, 130, 1, 500), new=(1, 64, 65, 7, 128, 3), heads=MQA, page=64,
+      dtype="fp16"),
+    C("gqa32_long_p16", prefix=(1024, 0, 2000), new=(256, 1024, 17), heads=GQA_32_8, page=16),
+    C("gqa_d64_bs8_p1_fp16", prefix=(5, 90, 1, 300, 17, 64, 2, 129), new=(3, 1, 40, 2, 16, 9, 1, 70),
+      head_dim=64, dtype="fp16"),
+    C("gqa_window_p16", prefix=(100, 0, 300), new=(80, 200, 5), page=16, window=64),
+    C("gqa_cap_p1", prefix=(50, 0, 3), new=(30, 60, 1), cap=30.0),
+    C("gqa_all_ones_bs9_p16", prefix=(0, 1, 15, 16, 17, 31, 32, 100, 64), new=(1,) * 9, page=16),
+    C("gqa_zero_prefix_p64", prefix=(0, 0, 0, 0), new=(64, 65, 1, 130), page=64),
+])

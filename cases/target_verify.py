@@ -1,0 +1,33 @@
+"""TARGET_VERIFY cases: `prefix` = seq_lens (committed), `new` = draft_token_num,
+topk 1 = chain, topk 2 = tree."""
+from functools import partial
+
+from kit.case import GQA, GQA_32_8, MHA, MQA, Case, in_every_layout
+from kit.modes import ForwardMode
+
+C = partial(Case, mode=ForwardMode.TARGET_VERIFY)
+
+SMOKE = [
+    C("gqa_chain4_p16_fp32", prefix=(17, 16, 1, 33), new=4, page=16, dtype="fp32", head_dim=64),
+    C("mqa_tree6_p1_shuf", prefix=(5, 30, 12), new=6, topk=2, heads=MQA, dtype="fp32", head_dim=64,
+      layout="shuffled_pages"),
+    C("mha_bs1_chain4_window_p64_inter", prefix=(70,), new=4, heads=MHA, page=64, window=8, dtype="fp32",
+      head_dim=64, layout="interleaved_pages"),
+    C("gqa_bs8_tree4_cap_p1_nonmono", prefix=(3, 9, 1, 27, 12, 2, 33, 6), new=4, topk=2, cap=20.0,
+      dtype="fp32", head_dim=64, layout="non_monotonic_extend"),
+    C("gqa_bf16_chain3_p16", prefix=(20, 33), new=3, page=16, dtype="bf16"),
+]
+
+FULL = in_every_layout([
+    C("mha_bs1_tree6_long_p1", prefix=(1100,), new=6, topk=2, heads=MHA),
+    C("gqa_chain4_p16", prefix=(17, 64, 1, 33), new=4, page=16),
+    C("gqa_tree8_p16", prefix=(17, 64, 1, 33, 250), new=8, topk=2, page=16),
+    C("mqa_chain3_bs9_p64_fp16", prefix=(63, 64, 65, 1, 200, 130, 7, 1500, 300), new=3, heads=MQA, page=64,
+      dtype="fp16"),
+    C("gqa32_tree8_long_p16", prefix=(2048, 1023, 1500), new=8, topk=2, heads=GQA_32_8, page=16),
+    C("gqa_d64_chain5_bs12_p1_fp16", prefix=(5, 90, 1, 300, 17, 64, 2, 129, 40, 8, 77, 250), new=5,
+      head_dim=64, dtype="fp16"),
+    C("gqa_window_chain4_p16", prefix=(100, 40, 31, 7), new=4, page=16, window=16),
+    C("gqa_cap_tree6_p16", prefix=(50, 700, 3), new=6, topk=2, page=16, cap=30.0),
+    C("gqa_page_exact_chain4_p16", prefix=(16, 32, 48), new=4, page=16),
+])

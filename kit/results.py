@@ -1,0 +1,75 @@
+"""Machine-readable results: one record per run, plus where and with what it ran."""
+from __future__ import annotations
+
+import dataclasses
+import functools
+import importlib
+import json
+import os
+import platform
+import subprocess
+import tempfile
+from pathlib import Path
+from typing import Dict, List
+
+import torch
+
+SCHEMA = 1
+REPO = Path(__file__).resolve().parent.parent
+
+
+def _version(module: str) -> str:
+    try:
+        return getattr(importlib.import_module(module), "__version__", "unknown")
+    except Exception:  # noqa: BLE001 - absent or broken install: say so, never fail the run
+        return "not installed"
+
+
+def _kit_commit() -> str:
+    try:
+        out = subprocess.run(["git", "-C", str(REPO), "rev-parse", "--short=12", "HEAD"],
+                             capture_output=True, text=True, timeout=10)
+        return out.stdout.strip() or "unknown"
+    except (OSError, subprocess.SubprocessError):
+        return "unknown"
+
+
+def device_name() -> str:
+    if torch.cuda.is_available():
+        return torch.cuda.get_device_name()
+    return f"CPU ({platform.machine()})"
+
+
+@functools.lru_cache(maxsize=1)
+def environment() -> Dict[str, str]:
+    return {
+        "device": device_name(),
+        "torch": torch.__version__,
+        "cuda": torch.version.cuda or "none",
+        "triton": _version("triton"),
+        "flashinfer": _version("flashinfer"),
+        "kit_commit": _kit_commit(),
+    }
+
+
+def to_record(result) -> Dict:
+    return {**dataclasses.asdict(result), **environment()}
+
+
+def write_results(path: str, records: List[Dict]) -> None:
+    """Atomic: readers never see a half-written file."""
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    doc = {"schema": SCHEMA, "records": sorted(records, key=lambda r: (r["backend"], r["mode"], r["exec"], r["case"]))}
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=path.name, suffix=".tmp")
+    with os.fdopen(fd, "w") as f:
+        json.dump(doc, f, indent=1, sort_keys=True)
+        f.write("\n")
+    os.replace(tmp, path)
+
+
+def read_results(path: str) -> List[Dict]:
+    doc = json.loads(Path(path).read_text())
+    if doc.get("schema") != SCHEMA:
+        raise ValueError(f"{path}: results schema {doc.get('schema')!r}, expected {SCHEMA}")
+    return doc["records"]

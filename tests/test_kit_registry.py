@@ -1,0 +1,134 @@
+"""Backend lookup: in-box names, module:attr and entry points for code the kit did not write."""
+import json
+import os
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+import pytest
+
+import cases as catalog
+from kit.modes import Exec, ForwardMode
+from kit.registry import UnknownBackend, load_backend
+from kit.runner import FAIL, PASS, run_case
+
+REPO = Path(__file__).resolve().parent.parent
+
+EXTERNAL = textwrap.dedent('''
+    """A backend written outside the kit's repository: decode only, plain torch."""
+    import torch
+
+    class ExternalDecode:
+        name = "external_decode"
+
+        @classmethod
+        def supports(cls, case):
+            return None if case.mode.value == "decode" else "decode only"
+
+        def __init__(self, ctx):
+            self.ctx = ctx
+
+        def init_forward_metadata(self, batch):
+            self.lens = batch.seq_lens_cpu.tolist()
+            self.rows = batch.req_pool_indices.tolist()
+
+        def forward(self, q, k, v, layer, batch, save_kv_cache=True):
+            pool = batch.token_to_kv_pool
+            pool.set_kv_buffer(layer, batch.out_cache_loc, k, v)
+            kc, vc = pool.get_kv_buffer(layer.layer_id)
+            g = layer.tp_q_head_num // layer.tp_k_head_num
+            out = torch.empty_like(q)
+            for i, (row, n) in enumerate(zip(self.rows, self.lens)):
+                w = layer.sliding_window_size
+                lo = max(0, n - 1 - w) if w >= 0 else 0
+                slots = batch.req_to_token_pool.req_to_token[row, lo:n].long()
+                kk = kc[slots].float().repeat_interleave(g, 1)
+                vv = vc[slots].float().repeat_interleave(g, 1)
+                s = torch.einsum("hd,khd->hk", q[i].float(), kk) * layer.scaling
+                if layer.logit_cap > 0:
+                    s = layer.logit_cap * torch.tanh(s / layer.logit_cap)
+                out[i] = torch.einsum("hk,khd->hd", s.softmax(-1), vv).to(q.dtype)
+            return out
+''')
+
+
+@pytest.fixture
+def external_dir(tmp_path):
+    """A module outside the repo, also registered as an entry point through a dist-info folder."""
+    (tmp_path / "ext_attn.py").write_text(EXTERNAL)
+    dist = tmp_path / "ext_attn-0.1.dist-info"
+    dist.mkdir()
+    (dist / "METADATA").write_text("Metadata-Version: 2.1\nName: ext-attn\nVersion: 0.1\n")
+    (dist / "entry_points.txt").write_text(
+        "[attention_conformance.backends]\nexternal_decode = ext_attn:ExternalDecode\n")
+    return tmp_path
+
+
+def _env(extra_path):
+    env = dict(os.environ)
+    env["PYTHONPATH"] = os.pathsep.join([str(extra_path), str(REPO), env.get("PYTHONPATH", "")])
+    return env
+
+
+def test_unknown_backend_lists_known_ones():
+    """An unknown name fails with the list of known backends."""
+    with pytest.raises(UnknownBackend, match="torch_native"):
+        load_backend("no_such_backend")
+
+
+def test_unknown_backend_is_a_usage_error_in_the_suite():
+    """pytest --backend with an unknown name stops at collection, naming the known ones."""
+    proc = subprocess.run([sys.executable, "-m", "pytest", "tests/test_conformance.py", "-q",
+                           "--backend", "no_such_backend", "-p", "no:cacheprovider"],
+                          cwd=REPO, capture_output=True, text=True)
+    assert proc.returncode == 4, proc.stdout + proc.stderr
+    assert "torch_native" in proc.stderr
+
+
+class _BrokenConstructor:
+    @classmethod
+    def supports(cls, case):
+        return None
+
+    def __init__(self, ctx):
+        raise RuntimeError("cannot allocate workspace")
+
+
+def test_construction_error_is_a_crash_not_a_skip():
+    """A backend that fails to construct is a failure of class crash."""
+    case = catalog.cases("smoke", ForwardMode.DECODE)[0]
+    result = run_case("tests.test_kit_registry:_BrokenConstructor", case, Exec.EAGER)
+    assert (result.outcome, result.failure_class) == (FAIL, "crash")
+    assert "constructing backend" in result.message and "cannot allocate workspace" in result.message
+
+
+def test_external_backend_runs_through_the_suite(external_dir, tmp_path):
+    """module:attr and entry-point backends defined outside the repo run the smoke set, records written."""
+    out = tmp_path / "results.json"
+    proc = subprocess.run(
+        [sys.executable, "-m", "pytest", "tests/test_conformance.py", "-q", "-p", "no:cacheprovider",
+         "-n", "2", "--backend", "ext_attn:ExternalDecode", "--backend", "external_decode",
+         "--exec", "eager", "--case-set", "smoke", "--results-json", str(out)],
+        cwd=REPO, capture_output=True, text=True, env=_env(external_dir))
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    records = json.loads(out.read_text())["records"]
+    n_cases = sum(len(catalog.cases("smoke", m)) for m in ForwardMode)
+    assert len(records) == 2 * n_cases  # both specs, every mode, eager
+    decode = [r for r in records if r["mode"] == "decode"]
+    assert decode and all(r["outcome"] == PASS and r["backend"] == "external_decode" for r in decode)
+    assert {r["outcome"] for r in records if r["mode"] != "decode"} == {"unsupported"}
+    for r in records:
+        for field in ("backend", "mode", "exec", "case", "dtype", "outcome", "failure_class", "max_err",
+                      "seconds", "device", "torch", "triton", "flashinfer", "kit_commit", "repro"):
+            assert field in r, field
+
+
+def test_external_backend_through_the_repro_command(external_dir):
+    """The repro command accepts module:attr too."""
+    case = catalog.cases("smoke", ForwardMode.DECODE)[0]
+    proc = subprocess.run([sys.executable, "-m", "kit", "run", "--backend", "ext_attn:ExternalDecode",
+                           "--mode", "decode", "--exec", "eager", "--case", case.name],
+                          cwd=REPO, capture_output=True, text=True, env=_env(external_dir))
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert ": pass" in proc.stdout
