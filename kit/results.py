@@ -26,6 +26,8 @@ def _version(module: str) -> str:
 
 
 def _kit_commit() -> str:
+    if os.environ.get("KIT_COMMIT"):  # a copy of the tree without .git (e.g. a remote GPU host)
+        return os.environ["KIT_COMMIT"]
     try:
         out = subprocess.run(["git", "-C", str(REPO), "rev-parse", "--short=12", "HEAD"],
                              capture_output=True, text=True, timeout=10)
