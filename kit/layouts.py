@@ -2,8 +2,9 @@
 
 Every layout keeps the paged invariant: logical token t of a request lives at
 slot page_ids[t // P] * P + t % P. Page 0 (which holds scratch slot 0) is never
-given to a request, and unowned pages are left between and after requests so
-that a kernel reading past its data reads poison.
+given to a request. Unowned pages lie between requests (contiguous, shuffled)
+and after the batch (every layout); with req_to_token entries past each
+request's end pointing at them, a kernel reading past its data reads poison.
 """
 from __future__ import annotations
 

@@ -1,0 +1,397 @@
+"""The graph harness follows the production capture/replay contract (real CUDA graphs on a GPU).
+
+Every test that runs the harness is parametrized over devices: cpu always (emulated
+graphs) and cuda when available (real CUDA graphs).
+"""
+from __future__ import annotations
+
+import pytest
+import torch
+
+from backends.torch_native import TorchNativeBackend
+from kit.case import LAYOUTS, Case
+from kit.fixture import build_fixture
+from kit.graph import BS_BUCKETS, TOKEN_BUCKETS, WARMUP_RUNS, BatchGraphs, bucket_for, replay_schedule
+from kit.layer import Layer
+from kit.modes import Exec, ForwardMode
+from kit.plan import plan_case
+from kit.pools import CASE_LAYER_ID, POOL_CACHE
+from kit.protocol import AttentionBackend, BackendContext
+from kit.runner import run_case
+
+DECODE, EXTEND = ForwardMode.DECODE, ForwardMode.EXTEND
+TARGET_VERIFY, DRAFT_EXTEND_V2 = ForwardMode.TARGET_VERIFY, ForwardMode.DRAFT_EXTEND_V2
+MODULE = "tests.test_kit_graph_harness"
+DEVICES = ["cpu"] + (["cuda"] if torch.cuda.is_available() else [])
+DENSE = "tests.toys.dense:DenseGraphBackend"
+STALE = "tests.toys.dense:StaleReplayBackend"
+
+
+def graph_detail(device: str) -> str:
+    return "cuda-graph" if device == "cuda" else "emulated"
+
+
+def _case(name, mode, prefix, new=1, **kw):
+    kw.setdefault("heads", (4, 2))
+    return Case(name=name, mode=mode, prefix=prefix, new=new, head_dim=16, dtype="fp32", **kw)
+
+
+# bs = 3: its bucket is 4, so every replay of the case itself has one padded row.
+HARNESS_CASES = {
+    DECODE: _case("gh_decode", DECODE, (3, 10, 6)),
+    TARGET_VERIFY: _case("gh_tv", TARGET_VERIFY, (4, 0, 9), 4, topk=2, page=16),
+    DRAFT_EXTEND_V2: _case("gh_dev2", DRAFT_EXTEND_V2, (2, 7, 12), 3, layout="shuffled_pages"),
+}
+
+
+def tokens_per_req(case) -> int:
+    return 1 if case.mode is DECODE else case.new
+
+
+# ------------------------------------------------------------------ replay schedule
+
+
+def test_replay_schedule_order():
+    """Schedule: a larger bucket first, then the case, then bs=1, then the case's bs again with other lengths."""
+    case = HARNESS_CASES[DECODE]
+    sched = replay_schedule(case)
+    assert [c.bs for c in sched] == [8, 3, 1, 3]
+    assert bucket_for(sched[0].bs, BS_BUCKETS) > bucket_for(case.bs, BS_BUCKETS)
+    assert sched[1] is case
+    assert sched[3].prefix != case.prefix
+    assert all(a > b for a, b in zip(sched[3].prefix, case.prefix))
+    assert len({c.name for c in sched}) == len(sched)
+    assert all(c.mode is case.mode and c.layout == case.layout and c.heads == case.heads for c in sched)
+    one = case.with_(name="bs1", prefix=(5,))
+    assert [c.bs for c in replay_schedule(one)] == [2, 1, 1]
+    assert replay_schedule(one)[2].prefix != (5,)
+
+
+# ------------------------------------------------------------------ recording fake backend
+
+
+class RecordingBackend(AttentionBackend):
+    """Records every hook call; forward writes K/V and returns zeros (capturable)."""
+
+    name = "recording"
+    FILL = 1
+
+    def __init__(self, ctx):
+        super().__init__(ctx)
+        self.calls = []
+        self.harness = None  # set by the test so replay can read the harness's static buffers
+
+    def init_forward_metadata(self, batch) -> None:
+        self.calls.append(("init_forward_metadata", batch.batch_size))
+
+    def init_cuda_graph_state(self, max_bs, max_num_tokens) -> None:
+        self.calls.append(("state", max_bs, max_num_tokens))
+
+    @staticmethod
+    def _spec(spec_info):
+        if spec_info is None:
+            return {}
+        rec = {"draft": spec_info.draft_token_num}
+        if spec_info.custom_mask is not None:
+            rec["mask"] = spec_info.custom_mask.cpu().clone()
+        if spec_info.extend_seq_lens_tensor is not None:
+            rec["ext"] = spec_info.extend_seq_lens_tensor.tolist()
+            rec["num_tokens_per_bs"] = spec_info.num_tokens_per_bs
+        return rec
+
+    def init_forward_metadata_capture_cuda_graph(self, bs, num_tokens, req_pool_indices, seq_lens,
+                                                 forward_mode, spec_info) -> None:
+        self.calls.append(("capture", dict(bs=bs, num_tokens=num_tokens, rows=req_pool_indices.tolist(),
+                                           seq_lens=seq_lens.tolist(), mode=forward_mode, **self._spec(spec_info))))
+
+    def init_forward_metadata_replay_cuda_graph(self, bs, req_pool_indices, seq_lens, seq_lens_sum,
+                                                forward_mode, spec_info, seq_lens_cpu) -> None:
+        h = self.harness
+        n = bs * h.tokens_per_req
+        self.calls.append(("replay", dict(
+            bs=bs, rows=req_pool_indices.tolist(), seq_lens=seq_lens.tolist(), seq_lens_sum=seq_lens_sum,
+            seq_lens_cpu=seq_lens_cpu.tolist(), seq_lens_cpu_device=seq_lens_cpu.device.type,
+            mode=forward_mode, out_cache_loc=h.out_cache_loc[:n].tolist(), positions=h.positions[:n].tolist(),
+            **self._spec(spec_info))))
+
+    def get_cuda_graph_seq_len_fill_value(self) -> int:
+        return self.FILL
+
+    def forward(self, q, k, v, layer, batch, save_kv_cache=True):
+        self.calls.append(("forward", batch.batch_size, q.shape[0]))
+        if save_kv_cache:
+            batch.token_to_kv_pool.set_kv_buffer(layer, batch.out_cache_loc, k, v)
+        return torch.zeros_like(q)
+
+
+class RecordingFill2Backend(RecordingBackend):
+    """Same, with a seq_lens fill value of 2: padded rows must carry 2, not the default 1."""
+
+    FILL = 2
+
+
+def drive_batch_graphs(case, backend_cls, device):
+    """Fixtures, context and harness built as kit.runner._run / _graph do; capture, then replay each."""
+    cases = replay_schedule(case)
+    plans = [plan_case(c) for c in cases]
+    pools = POOL_CACHE.get(num_slots=max(p.num_slots for p in plans), max_reqs=max(p.max_reqs for p in plans),
+                           max_context=max(p.max_context for p in plans), num_kv_heads=case.num_kv_heads,
+                           head_dim=case.head_dim, dtype=case.torch_dtype, device=torch.device(device))
+    fixtures = [build_fixture(p, pools) for p in plans]
+    layer = Layer.for_case(case)
+    pools.token_to_kv_pool.page_size = case.page
+    ctx = BackendContext(device=torch.device(device), dtype=case.torch_dtype, kv_cache_dtype=case.torch_dtype,
+                         page_size=case.page, layer=layer, req_to_token_pool=pools.req_to_token_pool,
+                         token_to_kv_pool=pools.token_to_kv_pool)
+    backend = backend_cls(ctx)
+    max_bs = max(bucket_for(fx.batch.batch_size, BS_BUCKETS) for fx in fixtures)
+    harness = BatchGraphs(backend, layer, pools, case.mode, case, max_bs)
+    backend.harness = harness
+    harness.capture_buckets(fixtures)
+    outs = []
+    for fx in fixtures:
+        harness.prepare(fx)
+        fx.install()
+        # Copied at once, as the runner judges at once: with real graphs sharing one memory pool,
+        # a replay's output is only valid until the next replay.
+        outs.append(harness.replay(fx).clone())
+    return backend, harness, fixtures, outs, max_bs
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("backend_cls", [RecordingBackend, RecordingFill2Backend], ids=["fill1", "fill2"])
+@pytest.mark.parametrize("mode", list(HARNESS_CASES), ids=[m.value for m in HARNESS_CASES])
+def test_batch_graphs_hook_calls(mode, backend_cls, device):
+    """State once first, one capture per bucket (largest first) with fill rows, then padded replays in order."""
+    case = HARNESS_CASES[mode]
+    fill, t = backend_cls.FILL, tokens_per_req(case)
+    backend, harness, fixtures, outs, max_bs = drive_batch_graphs(case, backend_cls, device)
+    assert harness.detail == graph_detail(device)
+    hooks = [c for c in backend.calls if c[0] != "forward"]
+    assert max_bs == 8
+    assert hooks[0] == ("state", max_bs, max_bs * t)
+    assert [c[0] for c in hooks].count("state") == 1
+    assert not [c for c in hooks if c[0] == "init_forward_metadata"], "graph mode must not use eager metadata"
+
+    buckets = sorted({bucket_for(fx.batch.batch_size, BS_BUCKETS) for fx in fixtures}, reverse=True)
+    assert buckets == [8, 4, 1]
+    captures = [c[1] for c in hooks if c[0] == "capture"]
+    replays = [c[1] for c in hooks if c[0] == "replay"]
+    kinds = [c[0] for c in hooks[1:]]
+    assert kinds == ["capture"] * len(buckets) + ["replay"] * len(fixtures), "every capture before any replay"
+
+    for cap, bs in zip(captures, buckets):
+        assert cap["bs"] == bs and cap["num_tokens"] == bs * t and cap["mode"] is mode
+        assert cap["seq_lens"] == [fill] * bs
+        assert cap["rows"] == [0] * bs
+        if mode is TARGET_VERIFY:
+            assert cap["mask"].numel() == bs * case.new * (fill + case.new) and bool(cap["mask"].all())
+        if mode is DRAFT_EXTEND_V2:
+            assert cap["ext"] == [case.new] * bs and cap["num_tokens_per_bs"] == case.new
+
+    for rep, fx, out in zip(replays, fixtures, outs):
+        b = fx.batch
+        bs = b.batch_size
+        pbs = bucket_for(bs, BS_BUCKETS)
+        pad = pbs - bs
+        assert rep["bs"] == pbs and rep["mode"] is mode
+        assert rep["seq_lens"] == b.seq_lens.tolist() + [fill] * pad
+        assert rep["seq_lens_cpu"] == rep["seq_lens"] and rep["seq_lens_cpu_device"] == "cpu"
+        assert rep["rows"] == b.req_pool_indices.tolist() + [0] * pad
+        assert type(rep["seq_lens_sum"]) is int
+        assert rep["seq_lens_sum"] == b.seq_lens_sum + fill * pad
+        assert rep["out_cache_loc"] == b.out_cache_loc.tolist() + [0] * (pad * t)
+        assert rep["positions"] == b.positions.tolist() + [0] * (pad * t)
+        if mode is DRAFT_EXTEND_V2:
+            assert rep["ext"] == [case.new] * pbs and rep["num_tokens_per_bs"] == case.new
+        if mode is TARGET_VERIFY:
+            real = b.spec_info.custom_mask.cpu()
+            pad_len = pad * case.new * (fill + case.new)
+            assert rep["mask"].numel() == real.numel() + pad_len
+            assert torch.equal(rep["mask"][:real.numel()], real)
+            assert bool(rep["mask"][real.numel():].all())
+        assert out.shape == fx.q.shape  # only real rows come back
+    assert [r["bs"] for r in replays] == [8, 4, 1, 4]
+    assert any(r["bs"] > bs for r, bs in zip(replays, [fx.batch.batch_size for fx in fixtures]))
+
+    forwards = [c for c in backend.calls if c[0] == "forward"]
+    if device == "cpu":  # emulated: one forward per capture and one per replay, at the padded size
+        expected = [(bs, bs * t) for bs in buckets] + [(r["bs"], r["bs"] * t) for r in replays]
+        assert [(f[1], f[2]) for f in forwards] == expected
+    else:  # real graphs: forward runs only at warm-up and capture, never at replay
+        expected = [(bs, bs * t) for bs in buckets for _ in range(WARMUP_RUNS + 1)]
+        assert [(f[1], f[2]) for f in forwards] == expected
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_batch_graphs_replay_writes_kv_at_real_slots(device):
+    """After a replay the pool holds each real token's K at its out_cache_loc (padded tokens went to slot 0)."""
+    case = HARNESS_CASES[DECODE]
+    backend, harness, fixtures, outs, _ = drive_batch_graphs(case, RecordingBackend, device)
+    fx = fixtures[-1]  # the last one replayed: the pool still holds what its replay wrote
+    k = fx.pools.token_to_kv_pool.get_key_buffer(CASE_LAYER_ID)
+    assert torch.equal(k[fx.batch.out_cache_loc], fx.k_new)
+    assert all(bool((o == 0).all()) for o in outs)
+
+
+class ReplayCrashBackend(RecordingBackend):
+    """Planted bug: the replay hook raises."""
+
+    name = "replay_crash"
+
+    def init_forward_metadata_replay_cuda_graph(self, *args, **kwargs) -> None:
+        raise RuntimeError("planted replay crash")
+
+
+class CaptureCrashBackend(RecordingBackend):
+    """Planted bug: the capture hook raises."""
+
+    name = "capture_crash"
+
+    def init_forward_metadata_capture_cuda_graph(self, *args, **kwargs) -> None:
+        raise RuntimeError("planted capture crash")
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("attr,stage", [("ReplayCrashBackend", "replay 1"), ("CaptureCrashBackend", "capture")])
+def test_graph_hook_exception_is_crash_naming_stage(attr, stage, device):
+    """An exception in a graph hook is a 'crash' whose message names the harness stage."""
+    r = run_case(f"{MODULE}:{attr}", HARNESS_CASES[DECODE], Exec.GRAPH, torch.device(device))
+    assert (r.outcome, r.failure_class) == ("fail", "crash"), r.message
+    assert r.message.startswith(f"{stage}: RuntimeError: planted")
+    assert r.repro.startswith("python -m kit run")
+
+
+# ------------------------------------------------------------------ EXTEND (piecewise) and no-hook backends
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("mode", list(ForwardMode), ids=[m.value for m in ForwardMode])
+def test_torch_native_graph_is_unsupported(mode, device):
+    """torch_native has no graph hooks: every graph cell is 'unsupported' with 'no capture hooks'."""
+    case = {EXTEND: _case("nohooks_ext", EXTEND, (2, 5), (3, 1))}.get(mode) or HARNESS_CASES[mode]
+    r = run_case("torch_native", case, Exec.GRAPH, torch.device(device))
+    assert r.outcome == "unsupported" and r.message == "no capture hooks" and r.failure_class is None
+
+
+class PaddingProbeBackend(TorchNativeBackend):
+    """torch_native plus no-op graph hooks; records what EXTEND graph mode hands to it."""
+
+    name = "padding_probe"
+    RECORD = []
+
+    def init_cuda_graph_state(self, max_bs, max_num_tokens) -> None:
+        self.RECORD.append(("state", max_bs, max_num_tokens))
+
+    def init_forward_metadata_capture_cuda_graph(self, *args, **kwargs) -> None:
+        raise AssertionError("EXTEND graph mode must not call the batch capture hook")
+
+    def init_forward_metadata_replay_cuda_graph(self, *args, **kwargs) -> None:
+        raise AssertionError("EXTEND graph mode must not call the batch replay hook")
+
+    def init_forward_metadata(self, batch) -> None:
+        self.RECORD.append(("init", dict(bs=batch.batch_size, extend_num_tokens=batch.extend_num_tokens,
+                                         extend_seq_lens_cpu=list(batch.extend_seq_lens_cpu),
+                                         seq_lens=batch.seq_lens.tolist(),
+                                         num_tokens=batch.num_tokens)))
+        super().init_forward_metadata(batch)
+
+    def forward(self, q, k, v, layer, batch, save_kv_cache=True):
+        out = super().forward(q, k, v, layer, batch, save_kv_cache)
+        k0 = batch.token_to_kv_pool.get_key_buffer(layer.layer_id)[0]
+        self.RECORD.append(("forward", dict(q_tokens=q.shape[0], k_pad=k[batch.extend_num_tokens:].cpu().clone(),
+                                            out_cache_loc=batch.out_cache_loc.tolist(),
+                                            positions=batch.positions.tolist(), slot0_k=k0.cpu().clone(),
+                                            out=out.cpu().clone())))
+        return out
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_extend_graph_pads_tokens_to_slot0_and_judges_real_rows(device):
+    """EXTEND graph: tokens padded to a bucket write KV to slot 0 at position 0; metadata is the real batch's."""
+    case = _case("gh_extend", EXTEND, (2, 9, 0), (3, 1, 5), layout="non_monotonic_extend")
+    PaddingProbeBackend.RECORD.clear()
+    r = run_case(f"{MODULE}:PaddingProbeBackend", case, Exec.GRAPH, torch.device(device))
+    assert r.outcome == "pass", r.message
+    assert r.exec_detail == "piecewise-eager"  # no extend_capture: the padded call runs eagerly
+    plans = [plan_case(c) for c in replay_schedule(case)]
+    rec = PaddingProbeBackend.RECORD
+    assert rec[0][0] == "state" and [x[0] for x in rec].count("state") == 1
+    inits = [x[1] for x in rec if x[0] == "init"]
+    forwards = [x[1] for x in rec if x[0] == "forward"]
+    assert len(inits) == len(forwards) == len(plans)
+    assert rec[0][2] == bucket_for(max(p.num_tokens for p in plans), TOKEN_BUCKETS)
+    padded_any = False
+    for plan, init, fwd in zip(plans, inits, forwards):
+        n = plan.num_tokens
+        padded = bucket_for(n, TOKEN_BUCKETS)
+        reqs = plan.requests
+        # metadata: the real batch
+        assert init["bs"] == len(reqs) and init["extend_num_tokens"] == n
+        assert init["extend_seq_lens_cpu"] == [q.n_new for q in reqs]
+        assert init["seq_lens"] == [q.seq_len for q in reqs]
+        # token axis: padded to the bucket; padded tokens at slot 0, position 0
+        assert init["num_tokens"] == fwd["q_tokens"] == padded
+        assert fwd["out_cache_loc"] == [s for q in reqs for s in q.slots[q.n_old:]] + [0] * (padded - n)
+        assert fwd["positions"] == [p for q in reqs for p in q.q_pos] + [0] * (padded - n)
+        if padded > n:
+            padded_any = True
+            # the padded tokens' K landed in scratch slot 0 (the last padded token wins)
+            assert torch.equal(fwd["slot0_k"], fwd["k_pad"][-1])
+            # padded output rows were never written (NaN) and yet the run passed: only real rows are judged
+            assert not torch.isfinite(fwd["out"][n:]).any()
+            assert torch.isfinite(fwd["out"][:n]).all()
+    assert padded_any
+
+
+# ------------------------------------------------------------------ toy backends through run_case
+
+
+def _toy_cases():
+    base = [
+        _case("toy_decode", DECODE, (3, 17, 0), page=1),
+        _case("toy_tv_tree", TARGET_VERIFY, (5, 20, 1), 4, topk=2, page=16),
+        _case("toy_dev2", DRAFT_EXTEND_V2, (0, 9, 14), 3, page=1),
+    ]
+    return [c.with_(name=f"{c.name}-{lay}", layout=lay) for c in base for lay in LAYOUTS]
+
+
+TOY_CASES = _toy_cases()
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("case", TOY_CASES, ids=[c.name for c in TOY_CASES])
+def test_dense_toy_passes_graph_on_every_layout(case, device):
+    """The dense toy passes graph mode (DECODE, TARGET_VERIFY topk 2, DRAFT_EXTEND_V2) on every layout."""
+    r = run_case(DENSE, case, Exec.GRAPH, torch.device(device))
+    assert r.outcome == "pass", r.message
+    assert r.exec_detail == graph_detail(device)
+    assert r.max_err <= r.tol
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("case", TOY_CASES[::4], ids=[c.name for c in TOY_CASES[::4]])
+def test_dense_toy_passes_eager(case, device):
+    """Control for the graph tests: the dense toy passes eager on the same cases."""
+    r = run_case(DENSE, case, Exec.EAGER, torch.device(device))
+    assert r.outcome == "pass" and r.exec_detail == "eager", r.message
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("case", TOY_CASES[::4], ids=[c.name for c in TOY_CASES[::4]])
+def test_stale_replay_fails_graph_only(case, device):
+    """StaleReplayBackend (replay keeps capture-time metadata) passes eager and fails graph as 'graph'."""
+    eager = run_case(STALE, case, Exec.EAGER, torch.device(device))
+    assert eager.outcome == "pass", eager.message
+    graph = run_case(STALE, case, Exec.GRAPH, torch.device(device))
+    assert (graph.outcome, graph.failure_class) == ("fail", "graph"), graph.message
+    assert graph.exec_detail == graph_detail(device)
+    assert "eager on the same batch is right" in graph.message
+    assert graph.message.startswith("replay 1/")
+    assert graph.repro.startswith("python -m kit run") and "--exec graph" in graph.repro
+
+
+def test_dense_toy_extend_is_unsupported():
+    """The toy declines EXTEND through supports(), shown as 'unsupported' with its reason."""
+    r = run_case(DENSE, _case("toy_ext", EXTEND, (2,), (3,)), Exec.GRAPH, torch.device("cpu"))
+    assert r.outcome == "unsupported" and r.message.startswith("toy:")

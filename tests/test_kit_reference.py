@@ -1,0 +1,152 @@
+"""kit.reference.attention matches a brute-force triple loop over the fixture's logical tokens."""
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+
+from kit.case import Case
+from kit.fixture import build_fixture
+from kit.modes import ForwardMode
+from kit.plan import plan_case
+from kit.pools import POOL_CACHE
+from kit.reference import attention
+
+DECODE, EXTEND = ForwardMode.DECODE, ForwardMode.EXTEND
+TARGET_VERIFY, DRAFT_EXTEND_V2 = ForwardMode.TARGET_VERIFY, ForwardMode.DRAFT_EXTEND_V2
+GQA, MQA = (4, 2), (4, 1)
+
+
+def _case(name, mode, prefix, new=1, **kw):
+    kw.setdefault("heads", GQA)
+    return Case(name=name, mode=mode, prefix=prefix, new=new, head_dim=16, dtype="fp32", **kw)
+
+
+CASES = [
+    _case("dec_gqa", DECODE, (0, 5, 11)),
+    _case("dec_mqa_p16", DECODE, (3, 17), heads=MQA, page=16),
+    _case("dec_window", DECODE, (12, 3, 5), window=4),
+    _case("dec_cap_scale", DECODE, (6, 9), cap=1.5, scale=0.7),
+    _case("ext_gqa_ragged", EXTEND, (0, 6, 2), (3, 1, 5)),
+    _case("ext_mqa_window", EXTEND, (5, 0), (6, 8), heads=MQA, window=3),
+    _case("ext_cap", EXTEND, (4,), (3,), cap=1.0, scale=0.9, layout="shuffled_pages"),
+    _case("tv_chain_mqa", TARGET_VERIFY, (4, 0), 3, heads=MQA),
+    _case("tv_tree_gqa", TARGET_VERIFY, (5, 2), 5, topk=2),
+    _case("tv_tree_window", TARGET_VERIFY, (9,), 5, topk=2, window=3),
+    _case("dev2_scale", DRAFT_EXTEND_V2, (3, 7), 3, scale=0.3),
+    _case("dev2_window_cap", DRAFT_EXTEND_V2, (8,), 4, window=2, cap=2.0, heads=MQA),
+]
+
+
+def make_fixture(case, device="cpu"):
+    """Plan, pools and installed fixture, obtained as kit.runner._run does."""
+    plan = plan_case(case)
+    pools = POOL_CACHE.get(num_slots=plan.num_slots, max_reqs=plan.max_reqs, max_context=plan.max_context,
+                           num_kv_heads=case.num_kv_heads, head_dim=case.head_dim, dtype=case.torch_dtype,
+                           device=device)
+    fx = build_fixture(plan, pools)
+    fx.install()
+    return fx
+
+
+def visible_keys(req, i, window):
+    """Keys query i may see: structural visibility, then the window rule p-W <= key position <= p."""
+    p = req.q_pos[i]
+    keys = []
+    for j in range(req.total):
+        if not bool(req.visible[i, j]):
+            continue
+        if window >= 0 and not (p - window <= req.key_pos[j] <= p):
+            continue
+        keys.append(j)
+    return keys
+
+
+def brute_force(fx):
+    """Plain-float softmax attention, one query / head / key at a time."""
+    case = fx.case
+    hq, hkv, d = case.num_q_heads, case.num_kv_heads, case.head_dim
+    group = hq // hkv
+    q_all = fx.q.double().tolist()
+    out = [[[0.0] * d for _ in range(hq)] for _ in range(len(q_all))]
+    t = 0
+    for req, (k, v) in zip(fx.plan.requests, fx.logical_kv()):
+        k, v = k.double().tolist(), v.double().tolist()
+        for i in range(req.n_new):
+            keys = visible_keys(req, i, case.window)
+            for h in range(hq):
+                kh = h // group
+                scores = []
+                for j in keys:
+                    s = 0.0
+                    for x in range(d):
+                        s += q_all[t][h][x] * k[j][kh][x]
+                    s *= case.sm_scale
+                    if case.cap > 0:
+                        s = case.cap * math.tanh(s / case.cap)
+                    scores.append(s)
+                m = max(scores)
+                w = [math.exp(s - m) for s in scores]
+                z = sum(w)
+                for x in range(d):
+                    acc = 0.0
+                    for wj, j in zip(w, keys):
+                        acc += wj * v[j][kh][x]
+                    out[t][h][x] = acc / z
+            t += 1
+    return torch.tensor(out, dtype=torch.float64)
+
+
+@pytest.mark.parametrize("case", CASES, ids=[c.name for c in CASES])
+def test_reference_matches_brute_force(case):
+    """The float64 golden equals the triple loop; the same-dtype (fp32) reference is close to it."""
+    fx = make_fixture(case)
+    expected = brute_force(fx)
+    golden = attention(fx, torch.float64)
+    assert golden.dtype == torch.float64
+    assert golden.shape == (fx.plan.num_tokens, case.num_q_heads, case.head_dim)
+    torch.testing.assert_close(golden, expected, rtol=1e-10, atol=1e-10)
+    fp32 = attention(fx, torch.float32)
+    assert fp32.dtype == torch.float32
+    torch.testing.assert_close(fp32.double(), expected, rtol=1e-4, atol=1e-5)
+
+
+def test_sliding_window_sees_w_plus_one_keys():
+    """With window W a decode query at position p sees exactly the W+1 keys p-W..p, and the window matters."""
+    case = CASES[2]  # dec_window: prefix (12, 3, 5), W = 4
+    fx = make_fixture(case)
+    counts = [len(visible_keys(r, 0, case.window)) for r in fx.plan.requests]
+    assert counts == [5, 4, 5]  # request with 3 cached tokens has only 4 keys in all
+    assert visible_keys(fx.plan.requests[0], 0, case.window) == [8, 9, 10, 11, 12]
+    no_window = make_fixture(case.with_(window=-1))
+    assert torch.equal(no_window.q, fx.q)  # same seed and shapes: same inputs
+    assert not torch.allclose(attention(no_window), attention(fx))
+
+
+def test_logit_cap_and_scale_matter():
+    """Logit cap and custom sm_scale change the golden (so the cases above test them)."""
+    case = CASES[3]  # dec_cap_scale
+    base = attention(make_fixture(case))
+    assert not torch.allclose(base, attention(make_fixture(case.with_(cap=0.0))))
+    assert not torch.allclose(base, attention(make_fixture(case.with_(scale=None))))
+
+
+def test_tree_query_sees_only_ancestors():
+    """In a topk-2 tree a sibling's key does not reach a draft: brute force key sets follow the parents."""
+    fx = make_fixture(CASES[8])  # tv_tree_gqa
+    for req in fx.plan.requests:
+        assert req.parents[1] == req.parents[2] == 0
+        keys2 = visible_keys(req, 2, -1)
+        assert req.n_old + 1 not in keys2  # draft 1 is draft 2's sibling
+        assert keys2 == list(range(req.n_old)) + [req.n_old, req.n_old + 2]
+
+
+def test_reference_never_reads_the_pool():
+    """Wiping the pool and req_to_token does not change the reference (it reads logical token lists only)."""
+    fx = make_fixture(CASES[4])
+    before = attention(fx)
+    for buf in fx.pools.token_to_kv_pool.k_buffer + fx.pools.token_to_kv_pool.v_buffer:
+        buf.zero_()
+    fx.pools.req_to_token_pool.req_to_token.zero_()
+    torch.testing.assert_close(attention(fx), before, rtol=0, atol=0)

@@ -1,0 +1,311 @@
+"""kit.verdicts catches what it should (and only that), unit by unit and end to end via run_case."""
+from __future__ import annotations
+
+import dataclasses
+
+import pytest
+import torch
+
+from backends.torch_native import TorchNativeBackend
+from kit.case import Case
+from kit.fixture import build_fixture
+from kit.layer import Layer
+from kit.modes import Exec, ForwardMode
+from kit.plan import plan_case
+from kit.pools import CASE_LAYER_ID, POOL_CACHE
+from kit.reference import attention
+from kit.runner import run_case
+from kit.verdicts import ABS_FLOOR, RATIO, check_kv, check_output
+
+DECODE, EXTEND = ForwardMode.DECODE, ForwardMode.EXTEND
+TARGET_VERIFY, DRAFT_EXTEND_V2 = ForwardMode.TARGET_VERIFY, ForwardMode.DRAFT_EXTEND_V2
+MODULE = "tests.test_kit_verdicts"
+
+
+def _case(name, mode, prefix, new=1, **kw):
+    return Case(name=name, mode=mode, prefix=prefix, new=new, heads=(4, 2), head_dim=32, dtype="fp32", **kw)
+
+
+DECODE_CASE = _case("verdict_decode", DECODE, (3, 9, 17))
+EXTEND_CASE = _case("verdict_extend", EXTEND, (0, 6, 11), (4, 1, 3), page=16)
+MODE_CASES = [
+    DECODE_CASE,
+    EXTEND_CASE,
+    _case("verdict_tv", TARGET_VERIFY, (5, 12), 4, topk=2),
+    _case("verdict_dev2", DRAFT_EXTEND_V2, (2, 9), 3, layout="non_monotonic_extend"),
+]
+
+
+def make_fixture(case, device="cpu"):
+    """Plan, pools and installed fixture, obtained as kit.runner._run does."""
+    plan = plan_case(case)
+    pools = POOL_CACHE.get(num_slots=plan.num_slots, max_reqs=plan.max_reqs, max_context=plan.max_context,
+                           num_kv_heads=case.num_kv_heads, head_dim=case.head_dim, dtype=case.torch_dtype,
+                           device=device)
+    fx = build_fixture(plan, pools)
+    fx.install()
+    return fx
+
+
+# ---------------------------------------------------------------- check_output
+
+
+def _output_inputs(case=EXTEND_CASE):
+    fx = make_fixture(case)
+    return attention(fx, torch.float64), attention(fx, torch.float32)
+
+
+def test_output_golden_passes():
+    """check_output passes the golden itself and the same-dtype reference, with no bad rows."""
+    golden, same = _output_inputs()
+    for out in (golden.float(), same):
+        chk = check_output(out, golden, same, torch.float32)
+        assert chk.ok and chk.bad_rows == [] and chk.nonfinite_rows == 0
+        assert chk.max_err <= chk.tol
+        assert "output ok" in chk.describe()
+
+
+def test_output_unwritten_row_is_caught():
+    """One NaN row (an unwritten row) fails with nonfinite_rows == 1 and that row reported."""
+    golden, same = _output_inputs()
+    out = same.clone()
+    out[5] = float("nan")
+    chk = check_output(out, golden, same, torch.float32)
+    assert not chk.ok
+    assert chk.nonfinite_rows == 1
+    assert chk.bad_rows == [5]
+    assert "1 rows NaN" in chk.describe()
+
+
+def test_output_perturbed_row_is_caught():
+    """One fp32 row moved by 1e-2 fails and only that row is reported."""
+    golden, same = _output_inputs()
+    out = same.clone()
+    out[2] += 1e-2
+    chk = check_output(out, golden, same, torch.float32)
+    assert not chk.ok and chk.bad_rows == [2] and chk.nonfinite_rows == 0
+    assert chk.max_err == pytest.approx(1e-2, rel=1e-3)
+
+
+def test_output_tolerance_is_ratio_times_ref_err_plus_floor():
+    """tol == RATIO * max|same_dtype_ref - golden| + ABS_FLOOR[dtype], and the boundary sits exactly there."""
+    golden, same = _output_inputs()
+    chk = check_output(same, golden, same, torch.float32)
+    ref_err = (same.double() - golden).abs().max().item()
+    assert chk.ref_err == ref_err
+    assert chk.tol == pytest.approx(RATIO * ref_err + ABS_FLOOR[torch.float32], rel=1e-12)
+    # Synthetic: the same-dtype reference is off by exactly 1e-3, so tol = 2e-3 + floor.
+    golden = torch.zeros(3, 2, 4, dtype=torch.float64)
+    same = golden.clone()
+    same[1, 0, 0] = 1e-3
+    tol = RATIO * 1e-3 + ABS_FLOOR[torch.float32]
+    for dtype in (torch.float32, torch.float16, torch.bfloat16):
+        assert check_output(golden, golden, same, dtype).tol == pytest.approx(RATIO * 1e-3 + ABS_FLOOR[dtype])
+    inside, outside = golden.clone(), golden.clone()
+    inside[2, 1, 3] = 0.99 * tol
+    outside[2, 1, 3] = 1.01 * tol
+    assert check_output(inside, golden, same, torch.float32).ok
+    bad = check_output(outside, golden, same, torch.float32)
+    assert not bad.ok and bad.bad_rows == [2]
+
+
+def test_output_shape_mismatch_raises():
+    """An output of the wrong shape is refused outright."""
+    golden, same = _output_inputs()
+    with pytest.raises(ValueError, match="shape"):
+        check_output(same[:-1], golden, same, torch.float32)
+
+
+# ---------------------------------------------------------------- check_kv
+
+
+def _kv_setup(case=EXTEND_CASE):
+    fx = make_fixture(case)
+    pool = fx.pools.token_to_kv_pool
+    before = pool.snapshot()
+    return fx, pool, before, Layer.for_case(case)
+
+
+def _check(fx, pool, before):
+    return check_kv(pool, before[0], before[1], CASE_LAYER_ID, fx.batch.out_cache_loc, fx.k_new, fx.v_new)
+
+
+def _unowned_slot(fx):
+    owned = {0} | {s for r in fx.plan.requests for s in r.slots}
+    return next(s for s in range(fx.pools.token_to_kv_pool.size - 1, 0, -1) if s not in owned)
+
+
+def test_kv_exact_write_passes():
+    """Writing exactly the new k/v at out_cache_loc passes check_kv."""
+    fx, pool, before, layer = _kv_setup()
+    pool.set_kv_buffer(layer, fx.batch.out_cache_loc, fx.k_new, fx.v_new)
+    chk = _check(fx, pool, before)
+    assert chk.ok and chk.num_missing == 0 and chk.num_collateral == 0
+    assert chk.describe() == "kv pool ok"
+
+
+def test_kv_no_write_is_all_missing():
+    """Writing nothing leaves every new slot missing."""
+    fx, pool, before, _ = _kv_setup()
+    chk = _check(fx, pool, before)
+    assert not chk.ok and chk.num_missing == fx.plan.num_tokens and chk.num_collateral == 0
+
+
+def test_kv_collateral_write_is_caught():
+    """One unowned slot changed on top of a correct write is reported in collateral as (layer, slot)."""
+    fx, pool, before, layer = _kv_setup()
+    pool.set_kv_buffer(layer, fx.batch.out_cache_loc, fx.k_new, fx.v_new)
+    stray = _unowned_slot(fx)
+    pool.k_buffer[CASE_LAYER_ID][stray] += 1.0
+    chk = _check(fx, pool, before)
+    assert not chk.ok
+    assert chk.num_missing == 0
+    assert chk.num_collateral == 1 and chk.collateral == [(CASE_LAYER_ID, stray)]
+    assert "stray writes" in chk.describe()
+
+
+def test_kv_missing_write_is_caught():
+    """One new slot left unwritten is reported in missing."""
+    fx, pool, before, layer = _kv_setup()
+    loc = fx.batch.out_cache_loc
+    pool.set_kv_buffer(layer, loc[1:], fx.k_new[1:], fx.v_new[1:])
+    chk = _check(fx, pool, before)
+    assert not chk.ok
+    assert chk.missing == [loc[0].item()] and chk.num_missing == 1 and chk.num_collateral == 0
+    assert "not written" in chk.describe()
+
+
+def test_kv_half_written_slot_is_caught():
+    """A slot whose K is right but whose V is not is still missing."""
+    fx, pool, before, layer = _kv_setup()
+    loc = fx.batch.out_cache_loc
+    v = fx.v_new.clone()
+    v[3] = 0.0
+    pool.set_kv_buffer(layer, loc, fx.k_new, v)
+    chk = _check(fx, pool, before)
+    assert chk.missing == [loc[3].item()] and chk.num_collateral == 0
+
+
+def test_kv_write_into_other_layer_is_caught():
+    """Writing the new k/v into layer 0 (as well as the case layer) shows as collateral in layer 0."""
+    fx, pool, before, layer = _kv_setup()
+    loc = fx.batch.out_cache_loc
+    pool.set_kv_buffer(layer, loc, fx.k_new, fx.v_new)
+    pool.set_kv_buffer(dataclasses.replace(layer, layer_id=0), loc, fx.k_new, fx.v_new)
+    chk = _check(fx, pool, before)
+    assert not chk.ok and chk.num_missing == 0
+    assert chk.num_collateral == loc.numel()
+    assert all(lid == 0 for lid, _ in chk.collateral)
+    assert sorted(s for _, s in chk.collateral) == sorted(loc.tolist())[:8]
+
+
+def test_kv_write_only_into_other_layer_is_caught():
+    """A backend that ignores layer_id (writes layer 0 only) has every slot missing and stray writes."""
+    fx, pool, before, layer = _kv_setup()
+    pool.set_kv_buffer(dataclasses.replace(layer, layer_id=0), fx.batch.out_cache_loc, fx.k_new, fx.v_new)
+    chk = _check(fx, pool, before)
+    assert chk.num_missing == fx.plan.num_tokens and chk.num_collateral == fx.plan.num_tokens
+
+
+def test_kv_scratch_slot_write_is_ignored():
+    """Writes to scratch slot 0 (any layer) are allowed."""
+    fx, pool, before, layer = _kv_setup()
+    pool.set_kv_buffer(layer, fx.batch.out_cache_loc, fx.k_new, fx.v_new)
+    for lid in range(len(pool.k_buffer)):
+        pool.k_buffer[lid][0] = 123.0
+        pool.v_buffer[lid][0] = float("nan")
+    assert _check(fx, pool, before).ok
+
+
+# ---------------------------------------------------------------- end to end through run_case
+
+
+class UnwrittenRowBackend(TorchNativeBackend):
+    """Planted bug: the output's row 1 is never written (a fresh torch.empty row)."""
+
+    name = "planted_unwritten_row"
+
+    def forward(self, q, k, v, layer, batch, save_kv_cache=True):
+        good = super().forward(q, k, v, layer, batch, save_kv_cache)
+        out = torch.empty_like(good)
+        out[:1] = good[:1]
+        out[2:] = good[2:]
+        return out
+
+
+class WrongSlotBackend(TorchNativeBackend):
+    """Planted bug: token 0's K/V goes to an unowned slot instead of its out_cache_loc."""
+
+    name = "planted_wrong_slot"
+
+    def forward(self, q, k, v, layer, batch, save_kv_cache=True):
+        pool = batch.token_to_kv_pool
+        loc = batch.out_cache_loc.clone()
+        loc[0] = pool.size - 1  # past every plan's slots (spare pages, pool rounded up): unowned
+        pool.set_kv_buffer(layer, loc, k, v)
+        return super().forward(q, k, v, layer, batch, save_kv_cache=False)
+
+
+class ReadPastSeqLenBackend(TorchNativeBackend):
+    """Planted bug: DECODE attends one key past seq_len (kv len + 1 through req_to_token)."""
+
+    name = "planted_read_past"
+
+    def init_forward_metadata(self, batch) -> None:
+        super().init_forward_metadata(batch)
+        self.prefix = [p + 1 for p in self.prefix]
+
+
+class CrashingBackend(TorchNativeBackend):
+    """Planted bug: forward raises."""
+
+    name = "planted_crash"
+
+    def forward(self, q, k, v, layer, batch, save_kv_cache=True):
+        raise RuntimeError("planted crash in forward")
+
+
+@pytest.mark.parametrize("case", MODE_CASES, ids=[c.name for c in MODE_CASES])
+def test_run_case_torch_native_passes(case):
+    """Control: the unmodified torch_native backend passes eager in every mode."""
+    r = run_case("torch_native", case, Exec.EAGER, torch.device("cpu"))
+    assert r.outcome == "pass", r.message
+    assert r.failure_class is None and r.exec_detail == "eager"
+    assert r.max_err <= r.tol
+
+
+@pytest.mark.parametrize("case", [DECODE_CASE, EXTEND_CASE], ids=["decode", "extend"])
+def test_run_case_unwritten_row_is_kernel_failure(case):
+    """An output row left unwritten (NaN-filled allocation) fails as 'kernel'."""
+    r = run_case(f"{MODULE}:UnwrittenRowBackend", case, Exec.EAGER, torch.device("cpu"))
+    assert (r.outcome, r.failure_class) == ("fail", "kernel"), r.message
+    assert "1 rows NaN" in r.message and "bad token rows [1]" in r.message
+    assert "kv pool ok" in r.message
+    assert r.repro.startswith("python -m kit run")
+    assert f"{MODULE}:UnwrittenRowBackend" in r.repro and case.name in r.repro
+
+
+def test_run_case_wrong_slot_is_kv_write_failure():
+    """K/V of one token written to a wrong slot fails as 'kv-write' (missing + stray)."""
+    r = run_case(f"{MODULE}:WrongSlotBackend", DECODE_CASE, Exec.EAGER, torch.device("cpu"))
+    assert (r.outcome, r.failure_class) == ("fail", "kv-write"), r.message
+    assert "1 new-token slots not written" in r.message and "1 stray writes" in r.message
+    assert r.repro.startswith("python -m kit run")
+
+
+def test_run_case_read_past_seq_len_is_kernel_failure():
+    """Reading one token past seq_len hits a poisoned slot and fails as 'kernel' by a wide margin."""
+    r = run_case(f"{MODULE}:ReadPastSeqLenBackend", DECODE_CASE, Exec.EAGER, torch.device("cpu"))
+    assert (r.outcome, r.failure_class) == ("fail", "kernel"), r.message
+    assert "kv pool ok" in r.message
+    assert r.max_err > 100 * r.tol  # poison moves the output far past tolerance
+    assert r.repro.startswith("python -m kit run")
+
+
+def test_run_case_exception_is_crash_naming_stage():
+    """An exception in forward is a 'crash' whose message names the stage and the error."""
+    r = run_case(f"{MODULE}:CrashingBackend", DECODE_CASE, Exec.EAGER, torch.device("cpu"))
+    assert (r.outcome, r.failure_class) == ("fail", "crash")
+    assert r.message.startswith("forward: RuntimeError: planted crash in forward")
+    assert "test_kit_verdicts.py" in r.message  # where it happened
+    assert r.repro.startswith("python -m kit run")
