@@ -46,6 +46,8 @@ class Case:
     seed: int = 0
 
     def __post_init__(self):
+        if not self.name or "-" in self.name or " " in self.name:
+            raise ValueError(f"case name {self.name!r}: use letters, digits and _ (test ids split on '-')")
         if self.dtype not in DTYPES:
             raise ValueError(f"case {self.name}: dtype {self.dtype!r} not in {list(DTYPES)}")
         if self.layout not in LAYOUTS:

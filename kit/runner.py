@@ -123,7 +123,6 @@ def run_case(backend_spec: str, case: Case, exec_: Exec, device: Optional[torch.
     label = label or backend_spec
     result = RunResult(backend=label, mode=case.mode.value, exec=exec_.value, case=case.name,
                        dtype=case.dtype, outcome=PASS,
-                       exec_detail="eager" if exec_ is Exec.EAGER else "",
                        repro=repro_command(backend_spec, case.mode, exec_, case))
     start = time.perf_counter()
     try:
@@ -160,6 +159,7 @@ def _run(backend_spec: str, case: Case, exec_: Exec, device, result: RunResult) 
 
     backend = new_backend()
     if exec_ is Exec.EAGER:
+        result.exec_detail = "eager"
         j = _eager(backend, fixtures[0], layer)
         result.max_err, result.tol = j.max_err, j.tol
         if not j.ok:

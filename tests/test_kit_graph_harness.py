@@ -353,7 +353,7 @@ def _toy_cases():
         _case("toy_tv_tree", TARGET_VERIFY, (5, 20, 1), 4, topk=2, page=16),
         _case("toy_dev2", DRAFT_EXTEND_V2, (0, 9, 14), 3, page=1),
     ]
-    return [c.with_(name=f"{c.name}-{lay}", layout=lay) for c in base for lay in LAYOUTS]
+    return [c.with_(name=f"{c.name}_{lay}", layout=lay) for c in base for lay in LAYOUTS]
 
 
 TOY_CASES = _toy_cases()
