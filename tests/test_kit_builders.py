@@ -31,7 +31,7 @@ BASE_CASES = [
     _case("dev2_p1", DRAFT_EXTEND_V2, (0, 6, 19), 3),
     _case("dev2_p16", DRAFT_EXTEND_V2, (14, 0, 30), 4, page=16),
 ]
-CASES = [c.with_(name=f"{c.name}-{lay}", layout=lay) for c in BASE_CASES for lay in LAYOUTS]
+CASES = [c.with_(name=f"{c.name}_{lay}", layout=lay) for c in BASE_CASES for lay in LAYOUTS]
 
 
 def make_fixture(case, device="cpu"):

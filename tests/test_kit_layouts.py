@@ -28,7 +28,7 @@ BASE_CASES = [
     _case("tv", TARGET_VERIFY, (0, 9, 20), 4, topk=2),
     _case("dev2", DRAFT_EXTEND_V2, (0, 6, 19), 3),
 ]
-ALL_CASES = [c.with_(name=f"{c.name}-p{page}-{lay}", page=page, layout=lay)
+ALL_CASES = [c.with_(name=f"{c.name}_p{page}_{lay}", page=page, layout=lay)
              for c in BASE_CASES for page in (1, 16) for lay in LAYOUTS]
 
 
