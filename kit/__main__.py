@@ -3,6 +3,8 @@ prints); `python -m kit list` shows the catalog."""
 from __future__ import annotations
 
 import argparse
+import dataclasses
+import json
 import sys
 
 import torch
@@ -21,6 +23,7 @@ def main(argv=None) -> int:
     run.add_argument("--exec", required=True, type=parse_exec, dest="exec_")
     run.add_argument("--case", required=True, help="case name (see `python -m kit list`)")
     run.add_argument("--device", default=None, help="cpu or cuda (default: cuda when present)")
+    run.add_argument("--json", action="store_true", help="print the result record as JSON on the last line")
     lst = sub.add_parser("list", help="list the cases of a set")
     lst.add_argument("--case-set", default="auto")
     args = parser.parse_args(argv)
@@ -34,6 +37,9 @@ def main(argv=None) -> int:
     case = catalog.find_case(args.mode, args.case)
     device = torch.device(args.device) if args.device else None
     result = run_case(args.backend, case, args.exec_, device=device)
+    if args.json:
+        print(json.dumps(dataclasses.asdict(result)))
+        return 1 if result.outcome == FAIL else 0
     status = result.outcome + (f" [{result.failure_class}]" if result.failure_class else "")
     print(f"{result.test_id}: {status} ({result.exec_detail or '-'}, {result.seconds:.2f}s)")
     if result.message:

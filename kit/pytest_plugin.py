@@ -1,18 +1,28 @@
 """pytest integration: options, parametrization over backend x mode x exec x case,
-and --results-json written by the controller (correct under xdist: each run's
-record travels back on its test report)."""
+KNOWN_FAILURES.md as strict expected failures, and --results-json written by the
+controller (correct under xdist: each run's record travels back on its report;
+a worker that dies is recorded as a crash of the case it was running)."""
 from __future__ import annotations
 
 import json
+import time
 
 import pytest
 
 import cases as catalog
+from kit import known_failures
 from kit.modes import EXECS, MODES, parse_exec, parse_mode
 from kit.registry import UnknownBackend, backend_label, builtin_backends
-from kit.results import to_record, write_results
+from kit.results import REPO, to_record, write_results
+from kit.runner import FAIL, RunResult, repro_command
+from kit.verdicts import CRASH
 
 RECORD_KEY = "conformance_record"
+WRITE_EVERY_S = 2.0  # an interrupted run keeps what finished
+
+
+class KnownFailureHit(Exception):
+    """Raised when a run fails exactly as its KNOWN_FAILURES entry says (the only xfail that counts)."""
 
 
 def _csv(values):
@@ -27,10 +37,12 @@ def pytest_addoption(parser):
     g.addoption("--exec", action="append", default=[], dest="exec_", help="eager, graph")
     g.addoption("--case-set", default="auto", help="smoke, full, or auto (full with CUDA, smoke without)")
     g.addoption("--results-json", default=None, help="write one record per run to this file")
+    g.addoption("--known-failures", default=str(REPO / "KNOWN_FAILURES.md"),
+                help="expected-failures file (default: the kit's KNOWN_FAILURES.md)")
 
 
 def _selection(config):
-    """Parsed --backend/--mode/--exec/--case-set; a bad value is a usage error naming the known ones."""
+    """Parsed options; a bad value is a usage error that says what is known or how to fix it."""
     opt = config.getoption
     specs = _csv(opt("--backend")) or sorted(builtin_backends())
     try:
@@ -39,6 +51,7 @@ def _selection(config):
             modes=[parse_mode(m) for m in _csv(opt("--mode"))] or list(MODES),
             execs=[parse_exec(e) for e in _csv(opt("exec_"))] or list(EXECS),
             case_set=catalog.resolve_set(opt("--case-set")),
+            known=known_failures.load(opt("--known-failures")),
         )
     except (UnknownBackend, ValueError) as exc:
         raise pytest.UsageError(str(exc)) from None
@@ -48,14 +61,18 @@ def pytest_generate_tests(metafunc):
     if "conformance_run" not in metafunc.fixturenames:
         return
     sel = metafunc.config._conformance_selection
-    params, ids = [], []
+    params = []
     for spec, label in sel["labels"].items():
         for mode in sel["modes"]:
             for exec_ in sel["execs"]:
                 for case in catalog.cases(sel["case_set"], mode):
-                    params.append((spec, label, case, exec_))
-                    ids.append(f"{label}-{mode.value}-{exec_.value}-{case.name}")
-    metafunc.parametrize("conformance_run", params, ids=ids)
+                    entry = known_failures.match(sel["known"], label, mode.value, exec_.value, case.name)
+                    marks = [] if entry is None else [pytest.mark.xfail(
+                        strict=True, raises=KnownFailureHit,
+                        reason=f"{entry.id} expects [{entry.failure_class}]: {entry.reason} ({entry.where})")]
+                    params.append(pytest.param((spec, label, case, exec_, entry), marks=marks,
+                                               id=f"{label}-{mode.value}-{exec_.value}-{case.name}"))
+    metafunc.parametrize("conformance_run", params)
 
 
 @pytest.fixture
@@ -70,19 +87,39 @@ class _Recorder:
 
     def __init__(self, config):
         self.config = config
+        self.path = config.getoption("--results-json")
         self.records = {}
+        self.last_write = 0.0
+        self.spec_of = {label: spec for spec, label in config._conformance_selection["labels"].items()}
 
     def pytest_runtest_logreport(self, report):
-        if report.when != "call":
+        if report.when == "call":
+            for key, value in report.user_properties:
+                if key == RECORD_KEY:
+                    self.records[report.nodeid] = json.loads(value)
+        elif report.when == "???" and report.failed and "test_conformance[" in report.nodeid:
+            self.records[report.nodeid] = self._crash_record(report)  # xdist: the worker died
+        else:
             return
-        for key, value in report.user_properties:
-            if key == RECORD_KEY:
-                self.records[report.nodeid] = json.loads(value)
+        if time.monotonic() - self.last_write > WRITE_EVERY_S:
+            self._write()
+
+    def _crash_record(self, report):
+        label, mode, exec_, name = report.nodeid.split("[", 1)[1].rstrip("]").rsplit("-", 3)
+        case = catalog.find_case(parse_mode(mode), name)
+        spec = self.spec_of.get(label, label)
+        result = RunResult(backend=label, mode=mode, exec=exec_, case=name, dtype=case.dtype, outcome=FAIL,
+                           failure_class=CRASH, message=f"the test process died: {report.longrepr}",
+                           repro=repro_command(spec, case.mode, parse_exec(exec_), case))
+        return to_record(result)
+
+    def _write(self):
+        if self.path and not hasattr(self.config, "workerinput"):  # the controller (or a plain run) writes
+            write_results(self.path, list(self.records.values()))
+            self.last_write = time.monotonic()
 
     def pytest_sessionfinish(self, session):
-        path = self.config.getoption("--results-json")
-        if path and not hasattr(self.config, "workerinput"):  # the controller (or a plain run) writes
-            write_results(path, list(self.records.values()))
+        self._write()
 
 
 def pytest_configure(config):

@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import dataclasses
+import datetime
 import functools
 import importlib
 import json
@@ -31,7 +32,10 @@ def _kit_commit() -> str:
     try:
         out = subprocess.run(["git", "-C", str(REPO), "rev-parse", "--short=12", "HEAD"],
                              capture_output=True, text=True, timeout=10)
-        return out.stdout.strip() or "unknown"
+        dirty = subprocess.run(["git", "-C", str(REPO), "status", "--porcelain", "--", "kit", "cases", "backends"],
+                               capture_output=True, text=True, timeout=10)
+        commit = out.stdout.strip() or "unknown"
+        return commit + ("+dirty" if dirty.stdout.strip() else "")
     except (OSError, subprocess.SubprocessError):
         return "unknown"
 
@@ -51,6 +55,7 @@ def environment() -> Dict[str, str]:
         "triton": _version("triton"),
         "flashinfer": _version("flashinfer"),
         "kit_commit": _kit_commit(),
+        "date": datetime.datetime.now(datetime.timezone.utc).date().isoformat(),
     }
 
 

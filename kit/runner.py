@@ -40,6 +40,7 @@ class RunResult:
     exec_detail: str = ""  # eager | cuda-graph | emulated | piecewise-eager
     seconds: float = 0.0
     repro: str = ""
+    isolated: bool = False  # ran in a subprocess (a quarantined known failure)
 
     @property
     def test_id(self) -> str:

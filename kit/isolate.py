@@ -1,0 +1,38 @@
+"""Running one case in a subprocess, so a device fault or hard crash cannot take the caller down."""
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+
+from kit.case import Case
+from kit.modes import Exec
+from kit.runner import FAIL, RunResult, repro_command
+from kit.verdicts import CRASH
+
+TIMEOUT_S = 600
+
+
+def run_isolated(backend_spec: str, case: Case, exec_: Exec, label: str) -> RunResult:
+    cmd = [sys.executable, "-m", "kit", "run", "--backend", backend_spec, "--mode", case.mode.value,
+           "--exec", exec_.value, "--case", case.name, "--json"]
+    crashed = RunResult(backend=label, mode=case.mode.value, exec=exec_.value, case=case.name, dtype=case.dtype,
+                        outcome=FAIL, failure_class=CRASH, repro=repro_command(backend_spec, case.mode, exec_, case),
+                        isolated=True)
+    try:
+        proc = subprocess.run(cmd, capture_output=True, text=True, timeout=TIMEOUT_S)
+    except subprocess.TimeoutExpired:
+        crashed.message = f"subprocess timed out after {TIMEOUT_S}s"
+        return crashed
+    lines = proc.stdout.strip().splitlines()
+    if proc.returncode in (0, 1) and lines:
+        try:
+            record = json.loads(lines[-1])
+        except json.JSONDecodeError:
+            pass
+        else:
+            record.update(backend=label, isolated=True)
+            return RunResult(**record)
+    tail = (proc.stderr or proc.stdout).strip().splitlines()[-3:]
+    crashed.message = f"subprocess died with exit code {proc.returncode}: {' | '.join(tail)}"
+    return crashed

@@ -1,0 +1,110 @@
+"""KNOWN_FAILURES.md, machine-read: each entry turns the runs it matches into strict
+expected failures (or, marked `quarantine`, runs them in a subprocess)."""
+from __future__ import annotations
+
+import dataclasses
+import fnmatch
+import re
+from pathlib import Path
+from typing import List, Optional
+
+from kit.modes import EXECS, MODES
+from kit.verdicts import CRASH, GRAPH, KERNEL, KV_WRITE
+
+BEGIN, END = "<!-- known-failures:begin -->", "<!-- known-failures:end -->"
+COLUMNS = ("id", "backend", "mode", "exec", "case", "class", "mark", "reason", "link")
+CLASSES = (KERNEL, GRAPH, KV_WRITE, CRASH)
+XFAIL, QUARANTINE = "xfail", "quarantine"
+ROW_TEMPLATE = "| KF-<n> | <backend> | <mode or *> | <eager|graph|*> | <case glob> | " \
+               "<kernel|graph|kv-write|crash> | <xfail|quarantine> | <reason> | <link> |"
+
+
+class KnownFailuresError(ValueError):
+    """Malformed file; the message has one `path:line: problem; fix: ...` per problem."""
+
+
+@dataclasses.dataclass(frozen=True)
+class KnownFailure:
+    id: str
+    backend: str
+    mode: str
+    exec: str
+    case: str
+    failure_class: str
+    mark: str
+    reason: str
+    link: str
+    where: str  # path:line, for messages
+
+    def matches(self, backend: str, mode: str, exec_: str, case: str) -> bool:
+        return all(fnmatch.fnmatchcase(value, pattern) for value, pattern in (
+            (backend, self.backend), (mode, self.mode), (exec_, self.exec), (case, self.case)))
+
+
+def _cells(line: str) -> List[str]:
+    return [c.strip() for c in line.strip().strip("|").split("|")]
+
+
+def _problems(cells: List[str], seen_ids) -> List[str]:
+    if len(cells) != len(COLUMNS):
+        return [f"expected {len(COLUMNS)} cells ({', '.join(COLUMNS)}), got {len(cells)}"]
+    row = dict(zip(COLUMNS, cells))
+    out = []
+    if not re.fullmatch(r"KF-\d+", row["id"]):
+        out.append(f"id {row['id']!r} is not KF-<number>")
+    elif row["id"] in seen_ids:
+        out.append(f"id {row['id']} used twice")
+    modes = {m.value for m in MODES}
+    if row["mode"] != "*" and not any(fnmatch.fnmatchcase(m, row["mode"]) for m in modes):
+        out.append(f"mode {row['mode']!r} matches none of {sorted(modes)}")
+    if row["exec"] not in {e.value for e in EXECS} | {"*"}:
+        out.append(f"exec {row['exec']!r} is not eager, graph or *")
+    if row["class"] not in CLASSES:
+        out.append(f"class {row['class']!r} is not one of {', '.join(CLASSES)}")
+    if row["mark"] not in (XFAIL, QUARANTINE):
+        out.append(f"mark {row['mark']!r} is not xfail or quarantine")
+    for field in ("backend", "case", "reason", "link"):
+        if not row[field]:
+            out.append(f"empty {field}")
+    return out
+
+
+def parse(text: str, path: str = "KNOWN_FAILURES.md") -> List[KnownFailure]:
+    lines = text.splitlines()
+    try:
+        start, end = lines.index(BEGIN), lines.index(END)
+    except ValueError:
+        raise KnownFailuresError(f"{path}:1: markers {BEGIN} and {END} not found; fix: put the table "
+                                 f"between them") from None
+    entries, errors, seen = [], [], set()
+    for n in range(start + 1, end):
+        line = lines[n]
+        if not line.strip():
+            continue
+        cells = _cells(line)
+        if cells == list(COLUMNS) or set("".join(cells)) <= set("-: "):
+            continue  # header and separator rows
+        problems = _problems(cells, seen)
+        where = f"{path}:{n + 1}"
+        if problems:
+            errors.append(f"{where}: {'; '.join(problems)}; fix: write the row as {ROW_TEMPLATE}")
+            continue
+        row = dict(zip(COLUMNS, cells))
+        seen.add(row["id"])
+        entries.append(KnownFailure(row["id"], row["backend"], row["mode"], row["exec"], row["case"],
+                                    row["class"], row["mark"], row["reason"], row["link"], where))
+    if errors:
+        raise KnownFailuresError("\n".join(errors))
+    return entries
+
+
+def load(path) -> List[KnownFailure]:
+    return parse(Path(path).read_text(), str(path))
+
+
+def match(entries: List[KnownFailure], backend: str, mode: str, exec_: str, case: str) -> Optional[KnownFailure]:
+    """The first entry covering this run, if any."""
+    for entry in entries:
+        if entry.matches(backend, mode, exec_, case):
+            return entry
+    return None

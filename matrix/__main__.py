@@ -1,0 +1,50 @@
+"""python -m matrix write | check — the README tables from results, and the gate."""
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+
+from kit.known_failures import KnownFailuresError, load
+from kit.results import REPO
+from matrix import gate, readme
+
+
+def main(argv=None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m matrix")
+    parser.add_argument("command", choices=("write", "check"))
+    parser.add_argument("--readme", default=str(REPO / "README.md"))
+    parser.add_argument("--known-failures", default=str(REPO / "KNOWN_FAILURES.md"))
+    parser.add_argument("--results-dir", default=str(REPO / "results"),
+                        help="committed results files (*.json) the tables are made from")
+    parser.add_argument("--fresh", action="append", default=[],
+                        help="check: results of a run just made (repeatable)")
+    args = parser.parse_args(argv)
+
+    if args.command == "write":
+        try:
+            entries = load(args.known_failures)
+        except KnownFailuresError as exc:
+            print(exc, file=sys.stderr)
+            return 1
+        problems = []
+        committed = gate.committed_results(args.results_dir, problems)
+        if problems:
+            print("\n".join(problems), file=sys.stderr)
+            return 1
+        path = Path(args.readme)
+        path.write_text(readme.replace(path.read_text(), gate.expected_block(committed, entries), str(path)))
+        print(f"wrote {len(committed)} results file(s) into {path}")
+        return 0
+
+    problems = gate.check(args.readme, args.known_failures, args.results_dir, args.fresh)
+    for p in problems:
+        print(f"matrix check: {p}", file=sys.stderr)
+    if problems:
+        return 1
+    print(f"matrix check: ok ({len(args.fresh)} fresh results file(s) checked against {args.results_dir})")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,112 @@
+"""The gate: README tables current, every failure covered, no stale known failure,
+and a fresh run agreeing with the committed results of its device."""
+from __future__ import annotations
+
+import difflib
+import json
+from pathlib import Path
+from typing import Dict, List, Sequence
+
+from kit.known_failures import KnownFailuresError, load
+from kit.results import read_results
+from matrix import readme
+from matrix.table import FAIL, PASS, UNSUPPORTED, known_entry, render
+
+
+def test_id(r: Dict) -> str:
+    return f"{r['backend']}-{r['mode']}-{r['exec']}-{r['case']}"
+
+
+def _verdict(r: Dict) -> str:
+    return r["outcome"] + (f" [{r['failure_class']}]" if r.get("failure_class") else "")
+
+
+def committed_results(results_dir, problems: List[str]) -> Dict[str, List[Dict]]:
+    out = {}
+    for path in sorted(Path(results_dir).glob("*.json")):
+        try:
+            out[f"{Path(results_dir).name}/{path.name}"] = read_results(path)
+        except (ValueError, KeyError, json.JSONDecodeError) as exc:
+            problems.append(f"{path}: unreadable results file: {exc}")
+    return out
+
+
+def expected_block(results: Dict[str, List[Dict]], entries) -> str:
+    return render(results, entries) if results else "No results yet."
+
+
+def _stale_readme(readme_path, block: str) -> List[str]:
+    try:
+        _, current, _ = readme.split(Path(readme_path).read_text(), str(readme_path))
+    except readme.MarkersMissing as exc:
+        return [str(exc)]
+    if current.strip() == block.strip():
+        return []
+    diff = [d for d in difflib.unified_diff(current.strip().splitlines(), block.strip().splitlines(), lineterm="", n=0)
+            if d[:1] in "+-" and d[:3] not in ("+++", "---")]
+    return [f"{readme_path}: the matrix tables differ from the results; run `python -m matrix write` "
+            f"(first difference: {diff[0][:200] if diff else 'whitespace'})"]
+
+
+def _coverage(records: List[Dict], sources: Dict[int, str], entries) -> List[str]:
+    problems = []
+    for r in records:
+        if r["outcome"] == FAIL and known_entry(r, entries) is None:
+            problems.append(f"uncovered failure: {test_id(r)} [{r['failure_class']}] in {sources[id(r)]}: fix it or "
+                            f"add a KNOWN_FAILURES.md entry; repro: {r.get('repro', '')}")
+    for e in entries:
+        matched = [r for r in records if r["outcome"] != UNSUPPORTED
+                   and e.matches(r["backend"], r["mode"], r["exec"], r["case"])]
+        passing = [test_id(r) for r in matched if r["outcome"] == PASS]
+        if not matched:
+            problems.append(f"stale known failure: {e.id} ({e.where}) matches no run in the results: "
+                            f"remove it or fix its patterns")
+        elif passing:
+            problems.append(f"stale known failure: {e.id} ({e.where}) now passes for {', '.join(passing[:3])}"
+                            f"{' ...' if len(passing) > 3 else ''}: remove it or narrow its case pattern")
+    return problems
+
+
+def _agreement(fresh: List[Dict], committed: Dict[str, List[Dict]]) -> List[str]:
+    """Per device, for the backends this run covered: the same runs with the same verdicts."""
+    problems = []
+    for device in sorted({r["device"] for r in fresh}):
+        mine = {test_id(r): _verdict(r) for r in fresh if r["device"] == device}
+        backends = {r["backend"] for r in fresh if r["device"] == device}
+        theirs = {test_id(r): (_verdict(r), src) for src, recs in committed.items() for r in recs
+                  if r["device"] == device and r["backend"] in backends}
+        if not theirs:
+            continue  # nothing committed for this device and these backends: nothing to agree with
+        for tid in sorted(set(mine) | set(theirs)):
+            got, (want, src) = mine.get(tid), theirs.get(tid, (None, None))
+            if got != want:
+                problems.append(f"{device}: {tid}: committed {src or 'results'} say {want or 'not run'}, "
+                                f"this run says {got or 'not run'}; regenerate the committed results")
+    return problems
+
+
+def check(readme_path, known_path, results_dir, fresh_paths: Sequence[str] = ()) -> List[str]:
+    problems: List[str] = []
+    try:
+        entries = load(known_path)
+    except KnownFailuresError as exc:
+        problems += str(exc).splitlines()
+        entries = []
+    committed = committed_results(results_dir, problems)
+    problems += _stale_readme(readme_path, expected_block(committed, entries))
+    fresh: List[Dict] = []
+    sources: Dict[int, str] = {}
+    for path in fresh_paths:
+        for r in read_results(path):
+            fresh.append(r)
+            sources[id(r)] = str(path)
+    fresh_devices = {r["device"] for r in fresh}
+    judged = list(fresh)
+    for src, recs in committed.items():
+        for r in recs:
+            if r["device"] not in fresh_devices:
+                judged.append(r)
+                sources[id(r)] = src
+    problems += _coverage(judged, sources, entries)
+    problems += _agreement(fresh, committed)
+    return problems

@@ -1,0 +1,194 @@
+"""The matrix and its gate: each condition planted, each caught with a one-line message."""
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+import cases as catalog
+from kit.known_failures import KnownFailuresError, parse
+from kit.modes import ForwardMode
+from kit.results import write_results
+from matrix import gate, readme
+from matrix.table import cell
+
+REPO = Path(__file__).resolve().parent.parent
+KF_HEADER = (REPO / "KNOWN_FAILURES.md").read_text().split("<!-- known-failures:begin -->")[0]
+SMOKE_DECODE = [c.name for c in catalog.cases("smoke", ForwardMode.DECODE)]
+
+
+def kf_text(*rows: str) -> str:
+    return (KF_HEADER + "<!-- known-failures:begin -->\n| id | backend | mode | exec | case | class | mark | reason | link |\n"
+            "|----|----|----|----|----|----|----|----|----|\n" + "".join(r + "\n" for r in rows)
+            + "<!-- known-failures:end -->\n")
+
+
+def rec(case, outcome="pass", cls=None, backend="be", mode="decode", exec_="eager", device="CPU (x86_64)", **kw):
+    return dict(backend=backend, mode=mode, exec=exec_, case=case, dtype="fp32", outcome=outcome, failure_class=cls,
+                message=kw.pop("message", ""), device=device, torch="2.13.0", cuda="none", triton="3.9.0",
+                flashinfer="not installed", kit_commit="abc", date="2026-11-22", repro="python -m kit run ...", **kw)
+
+
+@pytest.fixture
+def project(tmp_path):
+    """A README, KNOWN_FAILURES.md and results/ in a temp dir, with tables written."""
+    (tmp_path / "results").mkdir()
+    write_results(tmp_path / "results" / "cpu.json", [rec("a"), rec("b"), rec("c", "fail", "kernel")])
+    (tmp_path / "KNOWN_FAILURES.md").write_text(kf_text("| KF-1 | be | decode | eager | c | kernel | xfail | why | link |"))
+    (tmp_path / "README.md").write_text(f"# x\n\n{readme.BEGIN}\n{readme.END}\n\ntail\n")
+    p = dict(readme_path=tmp_path / "README.md", known_path=tmp_path / "KNOWN_FAILURES.md",
+             results_dir=tmp_path / "results")
+    run_matrix("write", p)
+    return p
+
+
+def run_matrix(command, p, *extra):
+    return subprocess.run([sys.executable, "-m", "matrix", command, "--readme", str(p["readme_path"]),
+                           "--known-failures", str(p["known_path"]), "--results-dir", str(p["results_dir"]), *extra],
+                          cwd=REPO, capture_output=True, text=True)
+
+
+def test_clean_project_passes_the_gate(project):
+    """Tables written from the results, the known failure covering the only failure: check is green."""
+    proc = run_matrix("check", project)
+    assert proc.returncode == 0, proc.stderr
+    text = project["readme_path"].read_text()
+    assert "✓ 2/3, xfail 1 (KF-1)" in text and text.endswith("tail\n")
+
+
+def test_write_is_deterministic(project):
+    first = project["readme_path"].read_text()
+    run_matrix("write", project)
+    assert project["readme_path"].read_text() == first
+
+
+def test_stale_table_is_caught(project):
+    """A hand-edited cell fails the gate, naming the difference."""
+    path = project["readme_path"]
+    path.write_text(path.read_text().replace("✓ 2/3", "✓ 3/3"))
+    proc = run_matrix("check", project)
+    assert proc.returncode == 1
+    assert "matrix tables differ from the results" in proc.stderr and "✓ 3/3" in proc.stderr
+
+
+def test_uncovered_failure_is_caught(project, tmp_path):
+    fresh = tmp_path / "fresh.json"
+    write_results(fresh, [rec("a"), rec("b", "fail", "graph"), rec("c", "fail", "kernel")])
+    problems = gate.check(**project, fresh_paths=[str(fresh)])
+    assert any(p.startswith("uncovered failure: be-decode-eager-b [graph]") for p in problems), problems
+
+
+def test_known_failure_with_another_class_is_uncovered(project, tmp_path):
+    fresh = tmp_path / "fresh.json"
+    write_results(fresh, [rec("a"), rec("b"), rec("c", "fail", "kv-write")])
+    problems = gate.check(**project, fresh_paths=[str(fresh)])
+    assert any("uncovered failure: be-decode-eager-c [kv-write]" in p for p in problems), problems
+
+
+def test_known_failure_that_now_passes_is_caught(project, tmp_path):
+    fresh = tmp_path / "fresh.json"
+    write_results(fresh, [rec("a"), rec("b"), rec("c")])
+    problems = gate.check(**project, fresh_paths=[str(fresh)])
+    assert any("stale known failure: KF-1" in p and "now passes for be-decode-eager-c" in p for p in problems)
+
+
+def test_entry_matching_nothing_is_caught(project):
+    project["known_path"].write_text(kf_text(
+        "| KF-1 | be | decode | eager | c | kernel | xfail | why | link |",
+        "| KF-2 | be | extend | graph | nothing_* | graph | xfail | why | link |"))
+    problems = gate.check(**project)
+    assert any("stale known failure: KF-2" in p and "matches no run" in p for p in problems), problems
+
+
+def test_malformed_line_names_file_line_and_fix(project):
+    project["known_path"].write_text(kf_text("| KF-1 | be | decode | eagr | c | kernel | xfail | why | link |",
+                                             "| KF-2 | be | decode | eager | c | kernel | xfail | why |"))
+    proc = run_matrix("check", project)
+    assert proc.returncode == 1
+    lines = [l for l in proc.stderr.splitlines() if "KNOWN_FAILURES.md:" in l]
+    assert len(lines) == 2
+    assert "exec 'eagr' is not eager, graph or *" in lines[0] and "fix: write the row as" in lines[0]
+    assert "expected 9 cells" in lines[1]
+    with pytest.raises(KnownFailuresError, match=r"KNOWN_FAILURES.md:\d+: id 'K1'"):
+        parse(kf_text("| K1 | be | decode | eager | c | kernel | xfail | why | link |"))
+
+
+def test_fresh_run_disagreeing_with_committed_results_is_caught(project, tmp_path):
+    """The CPU table cannot lie: a fresh run must match the committed results of its device."""
+    fresh = tmp_path / "fresh.json"
+    write_results(fresh, [rec("a"), rec("c", "fail", "kernel")])
+    problems = gate.check(**project, fresh_paths=[str(fresh)])
+    assert any("be-decode-eager-b: committed results/cpu.json say pass, this run says not run" in p for p in problems)
+
+
+def test_cells():
+    assert cell([rec("a"), rec("b")], []) == "✓ 2/2"
+    assert cell([rec("a"), rec("b", "fail", "graph"), rec("c", "fail", "crash")], []) == "✗ 2/3 crash/graph"
+    assert cell([rec("a", "unsupported", message="no capture hooks")] * 2, []) == "— no capture hooks"
+    assert cell([rec("a"), rec("b", "unsupported", message="x")], []) == "✓ 1/1, 1 unsupported"
+    entries = parse(kf_text("| KF-7 | * | * | * | b | crash | quarantine | faults | link |"))
+    assert cell([rec("a"), rec("b", "fail", "crash", isolated=True)], entries) == \
+        "✓ 1/2, quarantine 1 (KF-7, subprocess)"
+
+
+# -------------------------------------------------- the suite itself: strict xfail, quarantine, dead workers
+
+
+def run_suite(tmp_path, backend, kf_rows=(), *extra):
+    kf = tmp_path / "KF.md"
+    kf.write_text(kf_text(*kf_rows))
+    out = tmp_path / "results.json"
+    proc = subprocess.run([sys.executable, "-m", "pytest", "tests/test_conformance.py", "-p", "no:cacheprovider",
+                           "-q", "-rxX", "--backend", backend, "--mode", "decode", "--case-set", "smoke",
+                           "--known-failures", str(kf), "--results-json", str(out), *extra],
+                          cwd=REPO, capture_output=True, text=True)
+    records = json.loads(out.read_text())["records"] if out.exists() else []
+    return proc, {r["case"] + "/" + r["exec"]: r for r in records}
+
+
+STALE = "tests.toys.dense:StaleReplayBackend"
+
+
+def test_known_failures_become_strict_xfails(tmp_path):
+    """Matching failures xfail; a matching pass (XPASS strict) and a class mismatch fail the run."""
+    proc, records = run_suite(tmp_path, STALE, [
+        "| KF-1 | toy_stale_replay | decode | graph | * | graph | xfail | replay keeps capture metadata | tests/toys |"])
+    assert proc.returncode == 0, proc.stdout[-2000:]
+    assert f"{len(SMOKE_DECODE)} xfailed" in proc.stdout and "KF-1" in proc.stdout
+    assert all(records[f"{c}/graph"]["failure_class"] == "graph" for c in SMOKE_DECODE)
+
+    proc, _ = run_suite(tmp_path, STALE, [
+        "| KF-1 | toy_stale_replay | decode | eager | gqa_bf16_p16 | kernel | xfail | claims eager fails | x |",
+        "| KF-2 | toy_stale_replay | decode | graph | gqa_bf16_p16 | kernel | xfail | wrong class | x |"])
+    assert proc.returncode == 1
+    assert "XPASS(strict)" in proc.stdout and "KF-1" in proc.stdout
+    assert "KF-2 expects [kernel], got [graph]" in proc.stdout
+
+
+def test_dead_worker_is_recorded_as_crash_and_the_run_completes(tmp_path):
+    """A hard crash under xdist kills one worker; its case is a crash record and every other case runs."""
+    proc, records = run_suite(tmp_path, "tests.toys.crashing:HardCrashBackend", (), "-n", "2", "--exec", "eager")
+    assert proc.returncode == 1
+    crashed = [c for c in SMOKE_DECODE if records[f"{c}/eager"]["outcome"] == "fail"]
+    assert crashed == ["mqa_p1_shuf"]  # the one bs=3 case
+    r = records["mqa_p1_shuf/eager"]
+    assert r["failure_class"] == "crash" and "crashed while running" in r["message"]
+    assert r["repro"].startswith("python -m kit run --backend tests.toys.crashing:HardCrashBackend")
+    assert len(records) == len(SMOKE_DECODE) and all(
+        records[f"{c}/eager"]["outcome"] == "pass" for c in SMOKE_DECODE if c != "mqa_p1_shuf")
+
+
+def test_quarantined_failure_runs_in_a_subprocess(tmp_path):
+    """A quarantine entry keeps the crash out of the test process: no worker dies, the case xfails."""
+    proc, records = run_suite(tmp_path, "tests.toys.crashing:HardCrashBackend", [
+        "| KF-1 | toy_hard_crash | decode | eager | mqa_p1_shuf | crash | quarantine | kills the process | x |"],
+        "--exec", "eager")
+    assert proc.returncode == 0, proc.stdout[-2000:]
+    r = records["mqa_p1_shuf/eager"]
+    assert r["isolated"] and r["failure_class"] == "crash" and "exit code 3" in r["message"]
+    assert "1 xfailed" in proc.stdout
