@@ -2,14 +2,14 @@
 from __future__ import annotations
 
 import dataclasses
-from typing import List, Tuple
+from typing import List, Sequence, Tuple
 
 import torch
 
 from kit.batch import ForwardBatch, SpecInfo
 from kit.modes import ForwardMode
-from kit.plan import BatchPlan
-from kit.pools import CASE_LAYER_ID, NUM_LAYERS, Pools
+from kit.plan import BatchPlan, plan_case
+from kit.pools import CASE_LAYER_ID, NUM_LAYERS, POOL_CACHE, Pools
 
 # Poison: unowned slots hold K that wins softmax mass and V far from real
 # values, so reading one moves the output well past any tolerance.
@@ -133,3 +133,15 @@ def build_fixture(plan: BatchPlan, pools: Pools) -> Fixture:
         k_old=randn(n_old, hkv), v_old=randn(n_old, hkv),
         batch=make_batch(plan, pools, device),
     )
+
+
+def fixtures_for(cases: Sequence, device) -> List[Fixture]:
+    """Fixtures for `cases`, sharing one (cached) pool big enough for all of them:
+    a graph's replays must all read the pool it was captured against."""
+    plans = [plan_case(c) for c in cases]
+    first = cases[0]
+    pools = POOL_CACHE.get(
+        num_slots=max(p.num_slots for p in plans), max_reqs=max(p.max_reqs for p in plans),
+        max_context=max(p.max_context for p in plans), num_kv_heads=first.num_kv_heads,
+        head_dim=first.head_dim, dtype=first.torch_dtype, device=device)
+    return [build_fixture(p, pools) for p in plans]

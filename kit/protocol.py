@@ -40,6 +40,13 @@ class BackendContext:
     def max_context_len(self) -> int:
         return self.req_to_token_pool.max_context_len
 
+    @classmethod
+    def for_case(cls, case: Case, pools, device) -> "BackendContext":
+        pools.token_to_kv_pool.page_size = case.page
+        return cls(device=torch.device(device), dtype=case.torch_dtype, kv_cache_dtype=case.torch_dtype,
+                   page_size=case.page, layer=Layer.for_case(case), req_to_token_pool=pools.req_to_token_pool,
+                   token_to_kv_pool=pools.token_to_kv_pool)
+
 
 class AttentionBackend:
     """Reference shape of a backend. Override what you support."""

@@ -10,13 +10,12 @@ from typing import List, Optional
 import torch
 
 from kit.case import Case
-from kit.fixture import Fixture, build_fixture
+from kit.fixture import Fixture, fixtures_for
 from kit.graph import BS_BUCKETS, BatchGraphs, ExtendGraphs, bucket_for, replay_schedule
 from kit.layer import Layer
 from kit.modes import Exec, ForwardMode
 from kit.nan_fill import nan_filled_allocations
-from kit.plan import plan_case
-from kit.pools import CASE_LAYER_ID, POOL_CACHE, Pools
+from kit.pools import CASE_LAYER_ID, Pools
 from kit.protocol import NO_CAPTURE_HOOKS, BackendContext, has_graph_hooks
 from kit.reference import attention
 from kit.registry import load_backend
@@ -142,21 +141,12 @@ def _run(backend_spec: str, case: Case, exec_: Exec, device, result: RunResult) 
     if reason is not None:
         result.outcome, result.message = UNSUPPORTED, str(reason)
         return
-    cases = [case] if exec_ is Exec.EAGER else replay_schedule(case)
-    plans = [plan_case(c) for c in cases]
-    pools = POOL_CACHE.get(
-        num_slots=max(p.num_slots for p in plans), max_reqs=max(p.max_reqs for p in plans),
-        max_context=max(p.max_context for p in plans), num_kv_heads=case.num_kv_heads,
-        head_dim=case.head_dim, dtype=case.torch_dtype, device=device)
-    fixtures = [build_fixture(p, pools) for p in plans]
+    fixtures = fixtures_for([case] if exec_ is Exec.EAGER else replay_schedule(case), device)
+    pools = fixtures[0].pools
     layer = Layer.for_case(case)
 
     def new_backend():
-        ctx = BackendContext(device=device, dtype=case.torch_dtype, kv_cache_dtype=case.torch_dtype,
-                             page_size=case.page, layer=layer, req_to_token_pool=pools.req_to_token_pool,
-                             token_to_kv_pool=pools.token_to_kv_pool)
-        pools.token_to_kv_pool.page_size = case.page
-        return _call("constructing backend", cls, ctx)
+        return _call("constructing backend", cls, BackendContext.for_case(case, pools, device))
 
     backend = new_backend()
     if exec_ is Exec.EAGER:

@@ -5,10 +5,9 @@ import pytest
 import torch
 
 from kit.case import LAYOUTS, Case
-from kit.fixture import build_fixture
 from kit.modes import ForwardMode
-from kit.plan import plan_case
-from kit.pools import CASE_LAYER_ID, POOL_CACHE
+from kit.pools import CASE_LAYER_ID
+from tests.helpers import make_fixture
 
 DECODE, EXTEND = ForwardMode.DECODE, ForwardMode.EXTEND
 TARGET_VERIFY, DRAFT_EXTEND_V2 = ForwardMode.TARGET_VERIFY, ForwardMode.DRAFT_EXTEND_V2
@@ -32,17 +31,6 @@ BASE_CASES = [
     _case("dev2_p16", DRAFT_EXTEND_V2, (14, 0, 30), 4, page=16),
 ]
 CASES = [c.with_(name=f"{c.name}_{lay}", layout=lay) for c in BASE_CASES for lay in LAYOUTS]
-
-
-def make_fixture(case, device="cpu"):
-    """Plan, pools and installed fixture, obtained as kit.runner._run does."""
-    plan = plan_case(case)
-    pools = POOL_CACHE.get(num_slots=plan.num_slots, max_reqs=plan.max_reqs, max_context=plan.max_context,
-                           num_kv_heads=case.num_kv_heads, head_dim=case.head_dim, dtype=case.torch_dtype,
-                           device=device)
-    fx = build_fixture(plan, pools)
-    fx.install()
-    return fx
 
 
 def _ids(cases):

@@ -10,12 +10,12 @@ import torch
 
 from backends.torch_native import TorchNativeBackend
 from kit.case import LAYOUTS, Case
-from kit.fixture import build_fixture
 from kit.graph import BS_BUCKETS, TOKEN_BUCKETS, WARMUP_RUNS, BatchGraphs, bucket_for, replay_schedule
+from kit.fixture import fixtures_for
 from kit.layer import Layer
 from kit.modes import Exec, ForwardMode
 from kit.plan import plan_case
-from kit.pools import CASE_LAYER_ID, POOL_CACHE
+from kit.pools import CASE_LAYER_ID
 from kit.protocol import AttentionBackend, BackendContext
 from kit.runner import run_case
 
@@ -132,17 +132,10 @@ class RecordingFill2Backend(RecordingBackend):
 
 def drive_batch_graphs(case, backend_cls, device):
     """Fixtures, context and harness built as kit.runner._run / _graph do; capture, then replay each."""
-    cases = replay_schedule(case)
-    plans = [plan_case(c) for c in cases]
-    pools = POOL_CACHE.get(num_slots=max(p.num_slots for p in plans), max_reqs=max(p.max_reqs for p in plans),
-                           max_context=max(p.max_context for p in plans), num_kv_heads=case.num_kv_heads,
-                           head_dim=case.head_dim, dtype=case.torch_dtype, device=torch.device(device))
-    fixtures = [build_fixture(p, pools) for p in plans]
+    fixtures = fixtures_for(replay_schedule(case), torch.device(device))
+    pools = fixtures[0].pools
     layer = Layer.for_case(case)
-    pools.token_to_kv_pool.page_size = case.page
-    ctx = BackendContext(device=torch.device(device), dtype=case.torch_dtype, kv_cache_dtype=case.torch_dtype,
-                         page_size=case.page, layer=layer, req_to_token_pool=pools.req_to_token_pool,
-                         token_to_kv_pool=pools.token_to_kv_pool)
+    ctx = BackendContext.for_case(case, pools, device)
     backend = backend_cls(ctx)
     max_bs = max(bucket_for(fx.batch.batch_size, BS_BUCKETS) for fx in fixtures)
     harness = BatchGraphs(backend, layer, pools, case.mode, case, max_bs)

@@ -7,11 +7,10 @@ import pytest
 import torch
 
 from kit.case import LAYOUTS, Case
-from kit.fixture import build_fixture
 from kit.layouts import place_pages, slots_of
 from kit.modes import ForwardMode
 from kit.plan import plan_case
-from kit.pools import POOL_CACHE
+from tests.helpers import make_fixture
 
 DECODE, EXTEND = ForwardMode.DECODE, ForwardMode.EXTEND
 TARGET_VERIFY, DRAFT_EXTEND_V2 = ForwardMode.TARGET_VERIFY, ForwardMode.DRAFT_EXTEND_V2
@@ -34,17 +33,6 @@ ALL_CASES = [c.with_(name=f"{c.name}_p{page}_{lay}", page=page, layout=lay)
 
 def _ids(cases):
     return [c.name for c in cases]
-
-
-def make_fixture(case, device="cpu"):
-    """Plan, pools and installed fixture, obtained as kit.runner._run does."""
-    plan = plan_case(case)
-    pools = POOL_CACHE.get(num_slots=plan.num_slots, max_reqs=plan.max_reqs, max_context=plan.max_context,
-                           num_kv_heads=case.num_kv_heads, head_dim=case.head_dim, dtype=case.torch_dtype,
-                           device=device)
-    fx = build_fixture(plan, pools)
-    fx.install()
-    return fx
 
 
 def page_ids(req, page):

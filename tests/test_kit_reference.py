@@ -7,11 +7,9 @@ import pytest
 import torch
 
 from kit.case import Case
-from kit.fixture import build_fixture
 from kit.modes import ForwardMode
-from kit.plan import plan_case
-from kit.pools import POOL_CACHE
 from kit.reference import attention
+from tests.helpers import make_fixture
 
 DECODE, EXTEND = ForwardMode.DECODE, ForwardMode.EXTEND
 TARGET_VERIFY, DRAFT_EXTEND_V2 = ForwardMode.TARGET_VERIFY, ForwardMode.DRAFT_EXTEND_V2
@@ -37,17 +35,6 @@ CASES = [
     _case("dev2_scale", DRAFT_EXTEND_V2, (3, 7), 3, scale=0.3),
     _case("dev2_window_cap", DRAFT_EXTEND_V2, (8,), 4, window=2, cap=2.0, heads=MQA),
 ]
-
-
-def make_fixture(case, device="cpu"):
-    """Plan, pools and installed fixture, obtained as kit.runner._run does."""
-    plan = plan_case(case)
-    pools = POOL_CACHE.get(num_slots=plan.num_slots, max_reqs=plan.max_reqs, max_context=plan.max_context,
-                           num_kv_heads=case.num_kv_heads, head_dim=case.head_dim, dtype=case.torch_dtype,
-                           device=device)
-    fx = build_fixture(plan, pools)
-    fx.install()
-    return fx
 
 
 def visible_keys(req, i, window):

@@ -8,14 +8,13 @@ import torch
 
 from backends.torch_native import TorchNativeBackend
 from kit.case import Case
-from kit.fixture import build_fixture
 from kit.layer import Layer
 from kit.modes import Exec, ForwardMode
-from kit.plan import plan_case
-from kit.pools import CASE_LAYER_ID, POOL_CACHE
+from kit.pools import CASE_LAYER_ID
 from kit.reference import attention
 from kit.runner import run_case
 from kit.verdicts import ABS_FLOOR, RATIO, check_kv, check_output
+from tests.helpers import make_fixture
 
 DECODE, EXTEND = ForwardMode.DECODE, ForwardMode.EXTEND
 TARGET_VERIFY, DRAFT_EXTEND_V2 = ForwardMode.TARGET_VERIFY, ForwardMode.DRAFT_EXTEND_V2
@@ -34,17 +33,6 @@ MODE_CASES = [
     _case("verdict_tv", TARGET_VERIFY, (5, 12), 4, topk=2),
     _case("verdict_dev2", DRAFT_EXTEND_V2, (2, 9), 3, layout="non_monotonic_extend"),
 ]
-
-
-def make_fixture(case, device="cpu"):
-    """Plan, pools and installed fixture, obtained as kit.runner._run does."""
-    plan = plan_case(case)
-    pools = POOL_CACHE.get(num_slots=plan.num_slots, max_reqs=plan.max_reqs, max_context=plan.max_context,
-                           num_kv_heads=case.num_kv_heads, head_dim=case.head_dim, dtype=case.torch_dtype,
-                           device=device)
-    fx = build_fixture(plan, pools)
-    fx.install()
-    return fx
 
 
 # ---------------------------------------------------------------- check_output
