@@ -47,7 +47,9 @@ def cell(records: List[Dict], entries: Sequence[KnownFailure]) -> str:
         parts.append(f"quarantine {sum(quarantined.values())} ({', '.join(sorted(quarantined))}, subprocess)")
     if skipped:
         parts.append(f"{len(skipped)} unsupported")
-    return ", ".join(parts)
+    # Graphs without CUDA, or an EXTEND path run eagerly, are not what a real graph proves: say so.
+    labels = sorted({r.get("exec_detail") for r in ran} & {"emulated", "piecewise-eager"})
+    return ", ".join(parts) + (f" ({', '.join(labels)})" if labels else "")
 
 
 def _values(records: List[Dict], field: str) -> str:

@@ -4,6 +4,7 @@ from __future__ import annotations
 import json
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -129,6 +130,7 @@ def test_cells():
     assert cell([rec("a"), rec("b", "fail", "graph"), rec("c", "fail", "crash")], []) == "✗ 2/3 crash/graph"
     assert cell([rec("a", "unsupported", message="no capture hooks")] * 2, []) == "— no capture hooks"
     assert cell([rec("a"), rec("b", "unsupported", message="x")], []) == "✓ 1/1, 1 unsupported"
+    assert cell([rec("a", exec_="graph", exec_detail="emulated")], []) == "✓ 1/1 (emulated)"
     entries = parse(kf_text("| KF-7 | * | * | * | b | crash | quarantine | faults | link |"))
     assert cell([rec("a"), rec("b", "fail", "crash", isolated=True)], entries) == \
         "✓ 1/2, quarantine 1 (KF-7, subprocess)"
@@ -190,3 +192,22 @@ def test_quarantined_failure_runs_in_a_subprocess(tmp_path):
     r = records["mqa_p1_shuf/eager"]
     assert r["isolated"] and r["failure_class"] == "crash" and "exit code 3" in r["message"]
     assert "1 xfailed" in proc.stdout
+
+
+def test_interrupted_run_keeps_what_finished(tmp_path):
+    """Killed mid-run (here: hard, during the 2nd case), the results file holds the finished case, whole."""
+    out = tmp_path / "results.json"
+    proc = subprocess.Popen([sys.executable, "-m", "pytest", "tests/test_conformance.py", "-p", "no:cacheprovider",
+                             "-q", "--backend", "tests.toys.crashing:HangBackend", "--mode", "decode", "--exec",
+                             "eager", "--case-set", "smoke", "--results-json", str(out)],
+                            cwd=REPO, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    try:
+        deadline = time.monotonic() + 120
+        while not out.exists() and time.monotonic() < deadline:
+            time.sleep(0.2)
+        assert out.exists(), "no results written while the run was going"
+    finally:
+        proc.kill()
+        proc.wait()
+    records = json.loads(out.read_text())["records"]
+    assert [r["case"] for r in records] == [SMOKE_DECODE[0]] and records[0]["outcome"] == "pass"

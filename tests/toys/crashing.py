@@ -1,5 +1,6 @@
-"""A backend that kills its process (as a device fault would) on batches of 3 requests."""
+"""Backends that take their process down (as a device fault would) or hang, on batches of 3 requests."""
 import os
+import time
 
 from backends.torch_native import TorchNativeBackend
 
@@ -10,4 +11,15 @@ class HardCrashBackend(TorchNativeBackend):
     def forward(self, q, k, v, layer, batch, save_kv_cache=True):
         if batch.batch_size == 3:
             os._exit(3)
+        return super().forward(q, k, v, layer, batch, save_kv_cache)
+
+
+class HangBackend(TorchNativeBackend):
+    """Never returns on batches of 3 requests (stands for a hung kernel)."""
+
+    name = "toy_hang"
+
+    def forward(self, q, k, v, layer, batch, save_kv_cache=True):
+        if batch.batch_size == 3:
+            time.sleep(600)
         return super().forward(q, k, v, layer, batch, save_kv_cache)
