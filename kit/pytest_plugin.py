@@ -4,8 +4,13 @@ controller (correct under xdist: each run's record travels back on its report;
 a worker that dies is recorded as a crash of the case it was running)."""
 from __future__ import annotations
 
+import hashlib
 import json
+import os
+import shutil
+import sys
 import time
+from pathlib import Path
 
 import pytest
 
@@ -82,11 +87,31 @@ def pytest_generate_tests(metafunc):
     metafunc.parametrize("conformance_run", params)
 
 
+def _last_words_path(results_path, nodeid: str) -> Path:
+    return Path(f"{results_path}.lost") / (hashlib.sha1(nodeid.encode()).hexdigest() + ".json")
+
+
 @pytest.fixture
 def record_conformance(request):
     def record(result):
         request.node.user_properties.append((RECORD_KEY, json.dumps(to_record(result))))
+        if result.device_lost:
+            _end_process(request.config, request.node.nodeid, result)
     return record
+
+
+def _end_process(config, nodeid: str, result) -> None:
+    """After a sticky device fault every later case here would fail and be blamed: leave the
+    record where the controller finds it, and end this process (xdist starts a fresh worker)."""
+    path = config.getoption("--results-json")
+    if path:
+        lost = _last_words_path(path, nodeid)
+        lost.parent.mkdir(parents=True, exist_ok=True)
+        lost.write_text(json.dumps(to_record(result)))
+    sys.stderr.write(f"\n{nodeid}: {result.message}\nthe device is lost; ending this process "
+                     f"(under -n the run goes on in a fresh worker)\n")
+    sys.stderr.flush()
+    os._exit(70)
 
 
 class _Recorder:
@@ -112,6 +137,12 @@ class _Recorder:
             self._write()
 
     def _crash_record(self, report):
+        if self.path:
+            lost = _last_words_path(self.path, report.nodeid)
+            if lost.exists():  # the worker ended itself after a device fault, leaving its record
+                record = json.loads(lost.read_text())
+                lost.unlink()
+                return record
         label, mode, exec_, name = report.nodeid.split("[", 1)[1].rstrip("]").rsplit("-", 3)
         case = catalog.find_case(parse_mode(mode), name)
         spec = self.spec_of.get(label, label)
@@ -127,6 +158,8 @@ class _Recorder:
 
     def pytest_sessionfinish(self, session):
         self._write()
+        if self.path and not hasattr(self.config, "workerinput"):
+            shutil.rmtree(f"{self.path}.lost", ignore_errors=True)
 
 
 def pytest_configure(config):

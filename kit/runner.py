@@ -40,6 +40,7 @@ class RunResult:
     seconds: float = 0.0
     repro: str = ""
     isolated: bool = False  # ran in a subprocess (a quarantined known failure)
+    device_lost: bool = False  # a sticky device fault: this process can run nothing more on the device
 
     @property
     def test_id(self) -> str:
@@ -55,12 +56,18 @@ def repro_command(backend: str, mode: ForwardMode, exec_: Exec, case: Case) -> s
         "--backend", backend, "--mode", mode.value, "--exec", exec_.value, "--case", case.name))
 
 
+# CUDA errors after which the context is unusable: every later call in the process fails too.
+STICKY_DEVICE_ERRORS = ("illegal memory access", "device-side assert", "unspecified launch failure",
+                        "misaligned address", "illegal instruction", "an illegal address")
+
+
 class _Crash(Exception):
     """A backend raised (or the device faulted); carries where it happened."""
 
     def __init__(self, stage: str, exc: BaseException):
         tb = traceback.extract_tb(exc.__traceback__)
         where = f" at {tb[-1].filename}:{tb[-1].lineno}" if tb else ""
+        self.device_lost = any(e in str(exc) for e in STICKY_DEVICE_ERRORS)
         super().__init__(f"{stage}: {type(exc).__name__}: {exc}{where}")
 
 
@@ -129,6 +136,7 @@ def run_case(backend_spec: str, case: Case, exec_: Exec, device: Optional[torch.
         _run(backend_spec, case, exec_, device, result)
     except _Crash as crash:
         result.outcome, result.failure_class, result.message = FAIL, CRASH, str(crash)
+        result.device_lost = crash.device_lost
     result.seconds = round(time.perf_counter() - start, 4)
     return result
 

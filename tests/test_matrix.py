@@ -211,3 +211,14 @@ def test_interrupted_run_keeps_what_finished(tmp_path):
         proc.wait()
     records = json.loads(out.read_text())["records"]
     assert [r["case"] for r in records] == [SMOKE_DECODE[0]] and records[0]["outcome"] == "pass"
+
+
+def test_device_fault_ends_the_worker_and_keeps_its_record(tmp_path):
+    """A sticky device fault: its own record (with the real message) is kept, the worker is replaced,
+    and no other case is blamed."""
+    proc, records = run_suite(tmp_path, "tests.toys.crashing:DeviceFaultBackend", (), "-n", "2", "--exec", "eager")
+    assert proc.returncode == 1
+    r = records["mqa_p1_shuf/eager"]
+    assert r["failure_class"] == "crash" and r["device_lost"] and "device-side assert" in r["message"], r
+    assert [c for c in SMOKE_DECODE if records[f"{c}/eager"]["outcome"] != "pass"] == ["mqa_p1_shuf"]
+    assert not (tmp_path / "results.json.lost").exists()

@@ -23,3 +23,20 @@ class HangBackend(TorchNativeBackend):
         if batch.batch_size == 3:
             time.sleep(600)
         return super().forward(q, k, v, layer, batch, save_kv_cache)
+
+
+class DeviceFaultBackend(TorchNativeBackend):
+    """On batches of 3 requests, reads far out of bounds. On CUDA that is a real device-side
+    assert (the context is lost); on CPU the IndexError is re-raised as the CUDA error would read."""
+
+    name = "toy_device_fault"
+
+    def forward(self, q, k, v, layer, batch, save_kv_cache=True):
+        if batch.batch_size == 3:
+            k_cache = batch.token_to_kv_pool.get_key_buffer(layer.layer_id)
+            bad = batch.out_cache_loc + k_cache.shape[0] * 1000
+            try:
+                k_cache[bad].sum().item()
+            except IndexError as exc:
+                raise RuntimeError(f"CUDA error: device-side assert triggered (simulated on CPU: {exc})") from exc
+        return super().forward(q, k, v, layer, batch, save_kv_cache)
