@@ -94,7 +94,9 @@ class _Judgement:
         return self.output_ok and self.kv_ok
 
 
-def _judge(fx: Fixture, out: torch.Tensor, before) -> _Judgement:
+def _judge(fx: Fixture, out, before) -> _Judgement:
+    if not isinstance(out, torch.Tensor):
+        raise _Crash("forward", TypeError(f"forward returned {type(out).__name__}, not a tensor"))
     golden = attention(fx, torch.float64)
     same_dtype = attention(fx, fx.case.torch_dtype)
     o = check_output(out, golden, same_dtype, fx.case.torch_dtype)

@@ -26,8 +26,11 @@ class OutputCheck:
     tol: float
     bad_rows: List[int]  # token rows past tolerance (first few)
     nonfinite_rows: int
+    problem: str = ""  # output unusable as such (wrong shape)
 
     def describe(self) -> str:
+        if self.problem:
+            return f"output wrong: {self.problem}"
         if self.ok:
             return f"output ok: max err {self.max_err:.3g} <= tol {self.tol:.3g}"
         parts = [f"output wrong: max err {self.max_err:.3g} > tol {self.tol:.3g}"]
@@ -40,7 +43,8 @@ class OutputCheck:
 def check_output(out: torch.Tensor, golden: torch.Tensor, same_dtype_ref: torch.Tensor,
                  dtype: torch.dtype) -> OutputCheck:
     if tuple(out.shape) != tuple(golden.shape):
-        raise ValueError(f"backend returned output of shape {tuple(out.shape)}, expected {tuple(golden.shape)}")
+        return OutputCheck(False, float("inf"), 0.0, 0.0, [], 0,
+                           problem=f"shape {tuple(out.shape)}, expected {tuple(golden.shape)}")
     err = (out.to(torch.float64) - golden).abs()
     ref_err = (same_dtype_ref.to(torch.float64) - golden).abs().max().item() if golden.numel() else 0.0
     tol = RATIO * ref_err + ABS_FLOOR[dtype]

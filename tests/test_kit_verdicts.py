@@ -97,11 +97,11 @@ def test_output_tolerance_is_ratio_times_ref_err_plus_floor():
     assert not bad.ok and bad.bad_rows == [2]
 
 
-def test_output_shape_mismatch_raises():
-    """An output of the wrong shape is refused outright."""
+def test_output_shape_mismatch_fails():
+    """An output of the wrong shape fails, saying both shapes."""
     golden, same = _output_inputs()
-    with pytest.raises(ValueError, match="shape"):
-        check_output(same[:-1], golden, same, torch.float32)
+    chk = check_output(same[:-1], golden, same, torch.float32)
+    assert not chk.ok and "shape" in chk.describe() and str(tuple(golden.shape)) in chk.describe()
 
 
 # ---------------------------------------------------------------- check_kv
@@ -297,3 +297,26 @@ def test_run_case_exception_is_crash_naming_stage():
     assert r.message.startswith("forward: RuntimeError: planted crash in forward")
     assert "test_kit_verdicts.py" in r.message  # where it happened
     assert r.repro.startswith("python -m kit run")
+
+
+class WrongShapeBackend(TorchNativeBackend):
+    """Planted bug: drops the last token's output row."""
+
+    def forward(self, q, k, v, layer, batch, save_kv_cache=True):
+        return super().forward(q, k, v, layer, batch, save_kv_cache)[:-1]
+
+
+class NoOutputBackend(TorchNativeBackend):
+    """Planted bug: forgets to return the output."""
+
+    def forward(self, q, k, v, layer, batch, save_kv_cache=True):
+        super().forward(q, k, v, layer, batch, save_kv_cache)
+
+
+def test_wrong_shape_and_missing_output_are_verdicts_not_errors():
+    """A malformed output is judged (kernel / crash), never an error of the kit itself."""
+    case = Case("shape", ForwardMode.EXTEND, prefix=(3, 5), new=(2, 4), head_dim=16, dtype="fp32", heads=(4, 2))
+    r = run_case(f"{__name__}:WrongShapeBackend", case, Exec.EAGER)
+    assert (r.outcome, r.failure_class) == ("fail", "kernel") and "shape (5, 4, 16), expected (6, 4, 16)" in r.message
+    r = run_case(f"{__name__}:NoOutputBackend", case, Exec.EAGER)
+    assert (r.outcome, r.failure_class) == ("fail", "crash") and "returned NoneType" in r.message
