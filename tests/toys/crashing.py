@@ -5,38 +5,44 @@ import time
 from backends.torch_native import TorchNativeBackend
 
 
-class HardCrashBackend(TorchNativeBackend):
-    name = "toy_hard_crash"
+class _MisbehavesOnThree(TorchNativeBackend):
+    """torch_native, except on batches of exactly 3 requests."""
+
+    def misbehave(self, layer, batch) -> None:
+        raise NotImplementedError
 
     def forward(self, q, k, v, layer, batch, save_kv_cache=True):
         if batch.batch_size == 3:
-            os._exit(3)
+            self.misbehave(layer, batch)
         return super().forward(q, k, v, layer, batch, save_kv_cache)
 
 
-class HangBackend(TorchNativeBackend):
-    """Never returns on batches of 3 requests (stands for a hung kernel)."""
+class HardCrashBackend(_MisbehavesOnThree):
+    name = "toy_hard_crash"
+
+    def misbehave(self, layer, batch):
+        os._exit(3)
+
+
+class HangBackend(_MisbehavesOnThree):
+    """Stands for a hung kernel."""
 
     name = "toy_hang"
 
-    def forward(self, q, k, v, layer, batch, save_kv_cache=True):
-        if batch.batch_size == 3:
-            time.sleep(600)
-        return super().forward(q, k, v, layer, batch, save_kv_cache)
+    def misbehave(self, layer, batch):
+        time.sleep(600)
 
 
-class DeviceFaultBackend(TorchNativeBackend):
-    """On batches of 3 requests, reads far out of bounds. On CUDA that is a real device-side
-    assert (the context is lost); on CPU the IndexError is re-raised as the CUDA error would read."""
+class DeviceFaultBackend(_MisbehavesOnThree):
+    """Reads far out of bounds. On CUDA that is a real device-side assert (the context is lost);
+    on CPU the IndexError is re-raised as the CUDA error would read."""
 
     name = "toy_device_fault"
 
-    def forward(self, q, k, v, layer, batch, save_kv_cache=True):
-        if batch.batch_size == 3:
-            k_cache = batch.token_to_kv_pool.get_key_buffer(layer.layer_id)
-            bad = batch.out_cache_loc + k_cache.shape[0] * 1000
-            try:
-                k_cache[bad].sum().item()
-            except IndexError as exc:
-                raise RuntimeError(f"CUDA error: device-side assert triggered (simulated on CPU: {exc})") from exc
-        return super().forward(q, k, v, layer, batch, save_kv_cache)
+    def misbehave(self, layer, batch):
+        k_cache = batch.token_to_kv_pool.get_key_buffer(layer.layer_id)
+        bad = batch.out_cache_loc + k_cache.shape[0] * 1000
+        try:
+            k_cache[bad].sum().item()
+        except IndexError as exc:
+            raise RuntimeError(f"CUDA error: device-side assert triggered (simulated on CPU: {exc})") from exc
