@@ -19,7 +19,7 @@ from kit import known_failures
 from kit.modes import EXECS, MODES, parse_exec, parse_mode
 from kit.registry import UnknownBackend, backend_label, builtin_backends
 from kit.results import REPO, to_record, write_results
-from kit.runner import FAIL, RunResult, repro_command
+from kit.runner import FAIL, RunResult, repro_command, run_id
 from kit.verdicts import CRASH
 
 RECORD_KEY = "conformance_record"
@@ -83,7 +83,7 @@ def pytest_generate_tests(metafunc):
                         strict=True, raises=KnownFailureHit,
                         reason=f"{entry.id} expects [{entry.failure_class}]: {entry.reason} ({entry.where})")]
                     params.append(pytest.param((spec, label, case, exec_, entry), marks=marks,
-                                               id=f"{label}-{mode.value}-{exec_.value}-{case.name}"))
+                                               id=run_id(label, mode.value, exec_.value, case.name)))
     metafunc.parametrize("conformance_run", params)
 
 
@@ -120,6 +120,7 @@ class _Recorder:
     def __init__(self, config):
         self.config = config
         self.path = config.getoption("--results-json")
+        self.writes = bool(self.path) and not hasattr(config, "workerinput")  # the controller, or a plain run
         self.records = {}
         self.last_write = 0.0
         self.spec_of = {label: spec for spec, label in config._conformance_selection["labels"].items()}
@@ -152,13 +153,13 @@ class _Recorder:
         return to_record(result)
 
     def _write(self):
-        if self.path and not hasattr(self.config, "workerinput"):  # the controller (or a plain run) writes
+        if self.writes:
             write_results(self.path, list(self.records.values()))
             self.last_write = time.monotonic()
 
     def pytest_sessionfinish(self, session):
         self._write()
-        if self.path and not hasattr(self.config, "workerinput"):
+        if self.writes:
             shutil.rmtree(f"{self.path}.lost", ignore_errors=True)
 
 

@@ -44,7 +44,12 @@ class RunResult:
 
     @property
     def test_id(self) -> str:
-        return f"{self.backend}-{self.mode}-{self.exec}-{self.case}"
+        return run_id(self.backend, self.mode, self.exec, self.case)
+
+
+def run_id(backend: str, mode: str, exec_: str, case: str) -> str:
+    """The id of one run in test ids, messages and tables (case names hold no '-')."""
+    return f"{backend}-{mode}-{exec_}-{case}"
 
 
 def default_device() -> torch.device:

@@ -10,11 +10,12 @@ from typing import Dict, List, Sequence
 from kit.known_failures import KnownFailuresError, load
 from kit.results import read_results
 from matrix import readme
-from matrix.table import FAIL, PASS, UNSUPPORTED, known_entry, render
+from kit.runner import FAIL, PASS, UNSUPPORTED, run_id
+from matrix.table import known_entry, render
 
 
-def test_id(r: Dict) -> str:
-    return f"{r['backend']}-{r['mode']}-{r['exec']}-{r['case']}"
+def _id(r: Dict) -> str:
+    return run_id(r["backend"], r["mode"], r["exec"], r["case"])
 
 
 def _verdict(r: Dict) -> str:
@@ -52,12 +53,12 @@ def _coverage(records: List[Dict], sources: Dict[int, str], entries) -> List[str
     problems = []
     for r in records:
         if r["outcome"] == FAIL and known_entry(r, entries) is None:
-            problems.append(f"uncovered failure: {test_id(r)} [{r['failure_class']}] in {sources[id(r)]}: fix it or "
+            problems.append(f"uncovered failure: {_id(r)} [{r['failure_class']}] in {sources[id(r)]}: fix it or "
                             f"add a KNOWN_FAILURES.md entry; repro: {r.get('repro', '')}")
     for e in entries:
         matched = [r for r in records if r["outcome"] != UNSUPPORTED
                    and e.matches(r["backend"], r["mode"], r["exec"], r["case"])]
-        passing = [test_id(r) for r in matched if r["outcome"] == PASS]
+        passing = [_id(r) for r in matched if r["outcome"] == PASS]
         if not matched:
             problems.append(f"stale known failure: {e.id} ({e.where}) matches no run in the results: "
                             f"remove it or fix its patterns")
@@ -71,9 +72,9 @@ def _agreement(fresh: List[Dict], committed: Dict[str, List[Dict]]) -> List[str]
     """Per device, for the backends this run covered: the same runs with the same verdicts."""
     problems = []
     for device in sorted({r["device"] for r in fresh}):
-        mine = {test_id(r): _verdict(r) for r in fresh if r["device"] == device}
+        mine = {_id(r): _verdict(r) for r in fresh if r["device"] == device}
         backends = {r["backend"] for r in fresh if r["device"] == device}
-        theirs = {test_id(r): (_verdict(r), src) for src, recs in committed.items() for r in recs
+        theirs = {_id(r): (_verdict(r), src) for src, recs in committed.items() for r in recs
                   if r["device"] == device and r["backend"] in backends}
         if not theirs:
             continue  # nothing committed for this device and these backends: nothing to agree with

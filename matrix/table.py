@@ -9,8 +9,7 @@ from tabulate import tabulate
 
 from kit.known_failures import KnownFailure, match
 from kit.modes import EXECS, MODES
-
-PASS, FAIL, UNSUPPORTED = "pass", "fail", "unsupported"
+from kit.runner import FAIL, PASS, UNSUPPORTED
 ENV_FIELDS = ("torch", "cuda", "triton", "flashinfer", "kit_commit", "date")
 
 

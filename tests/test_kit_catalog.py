@@ -1,9 +1,11 @@
 """The case catalog keeps its promises: unique names, and the coverage the kit claims."""
+import re
+
 import pytest
 
 import cases as catalog
-from kit.case import GQA, LAYOUTS, MHA, MQA
-from kit.modes import MODES
+from kit.case import GQA, LAYOUTS, MHA, MQA, Case
+from kit.modes import MODES, ForwardMode
 
 
 @pytest.mark.parametrize("mode", MODES, ids=lambda m: m.value)
@@ -34,7 +36,6 @@ def test_full_set_coverage(mode):
 
 
 def test_zero_prefix_and_trees_covered():
-    from kit.modes import ForwardMode
     for mode in (ForwardMode.DECODE, ForwardMode.EXTEND, ForwardMode.DRAFT_EXTEND_V2):
         assert any(0 in c.prefix for c in catalog.cases("full", mode)), mode
     assert {c.topk for c in catalog.cases("full", ForwardMode.TARGET_VERIFY)} >= {1, 2}
@@ -44,3 +45,20 @@ def test_zero_prefix_and_trees_covered():
 def test_smoke_runs_on_cpu_dtypes():
     for mode in MODES:
         assert "fp32" in {c.dtype for c in catalog.cases("smoke", mode)}
+
+
+@pytest.mark.parametrize("bad, message", [
+    (dict(name="has-dash"), "test ids split on '-'"),
+    (dict(dtype="int8"), "dtype"),
+    (dict(layout="spiral"), "layout"),
+    (dict(mode=ForwardMode.EXTEND, new=(1,)), "one extend length"),
+    (dict(mode=ForwardMode.TARGET_VERIFY, new=(2, 2)), "takes one int"),
+    (dict(new=2), "exactly one new token"),
+    (dict(topk=2), "topk > 1 only applies"),
+    (dict(prefix=(3, -1)), "bad page size or prefix"),
+], ids=lambda v: v if isinstance(v, str) else None)
+def test_case_rejects_bad_lines(bad, message):
+    """A malformed case line fails at import, saying what is wrong."""
+    fields = dict(name="ok", mode=ForwardMode.DECODE, prefix=(3, 4))
+    with pytest.raises(ValueError, match=re.escape(message)):
+        Case(**{**fields, **bad})
