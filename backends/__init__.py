@@ -2,4 +2,5 @@
 
 BUILTIN = {
     "torch_native": "backends.torch_native:TorchNativeBackend",
+    "triton": "backends.triton:TritonBackend",
 }

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import dataclasses
 import random
-from typing import Dict, List, Optional, Sequence
+from typing import Dict, List, Optional, Sequence, Tuple
 
 import torch
 
@@ -121,7 +121,8 @@ class _Harness:
     def prepare(self, fx: Fixture) -> None:
         """Captures what replaying `fx` needs, before the pool is installed for judging."""
 
-    def replay(self, fx: Fixture) -> torch.Tensor:
+    def replay(self, fx: Fixture) -> Tuple[torch.Tensor, torch.Tensor]:
+        """(output of the real rows, output of the padded rows)."""
         raise NotImplementedError
 
 
@@ -188,7 +189,8 @@ class BatchGraphs(_Harness):
         self.backend.init_forward_metadata_replay_cuda_graph(
             pbs, self.req_pool_indices[:pbs], self.seq_lens[:pbs], b.seq_lens_sum + self.fill * (pbs - bs),
             self.mode, spec_info, self.seq_lens_cpu[:pbs])
-        return self._run(pbs, pbs * self.tokens_per_req)[:n]
+        out = self._run(pbs, pbs * self.tokens_per_req)
+        return out[:n], out[n:]
 
 
 class ExtendGraphs(_Harness):
@@ -222,4 +224,4 @@ class ExtendGraphs(_Harness):
             out = self._run(padded, padded)
         else:
             out = self._forward(batch, padded)
-        return out[:fx.plan.num_tokens]
+        return out[:fx.plan.num_tokens], out[fx.plan.num_tokens:]

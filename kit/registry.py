@@ -12,7 +12,8 @@ class UnknownBackend(LookupError):
     pass
 
 
-def _import(target: str):
+def import_target(target: str):
+    """The object at `module:attr`."""
     module, _, attr = target.partition(":")
     obj = importlib.import_module(module)
     for part in attr.split("."):
@@ -37,12 +38,12 @@ def load_backend(spec: str):
     """The backend class for `spec`: a known name, or `module:attr` for code the kit did not write."""
     builtin = builtin_backends()
     if spec in builtin:
-        return _import(builtin[spec])
+        return import_target(builtin[spec])
     eps = _entry_points()
     if spec in eps:
         return eps[spec].load()
     if ":" in spec:
-        return _import(spec)
+        return import_target(spec)
     raise UnknownBackend(
         f"unknown backend {spec!r}; known: {', '.join(known_backends())} "
         f"(or give an external one as module:attr, or register entry point group {ENTRY_POINT_GROUP!r})")

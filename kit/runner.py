@@ -19,7 +19,7 @@ from kit.pools import CASE_LAYER_ID, Pools
 from kit.protocol import NO_CAPTURE_HOOKS, BackendContext, has_graph_hooks
 from kit.reference import attention
 from kit.registry import load_backend
-from kit.verdicts import CRASH, GRAPH, KERNEL, KV_WRITE, check_kv, check_output
+from kit.verdicts import CRASH, GRAPH, KERNEL, KV_WRITE, check_kv, check_output, check_padding
 
 PASS, FAIL, UNSUPPORTED = "pass", "fail", "unsupported"
 
@@ -190,12 +190,17 @@ def _graph(backend, new_backend, fixtures: List[Fixture], pools: Pools, layer: L
         _call("capture", harness.prepare, fx)
         fx.install()
         before = pools.token_to_kv_pool.snapshot()
-        out = _call(f"replay {i + 1}", harness.replay, fx)
+        out, padded = _call(f"replay {i + 1}", harness.replay, fx)
         j = _judge(fx, out, before)
         worst = max(worst, j.max_err)
         result.tol = j.tol if result.tol is None else min(result.tol, j.tol)
         if j.ok:
-            continue
+            pad = check_padding(padded)
+            if pad.ok:
+                continue
+            result.outcome, result.failure_class = FAIL, GRAPH  # eager runs have no padded rows
+            result.message = f"{_describe_replay(i, fixtures)}: {j.text}; {pad.describe()} -> {GRAPH}"
+            break
         # Diagnostic: the same batch run eagerly on a fresh backend says where to look.
         eager = _eager(new_backend(), fx, layer)
         if eager.ok:

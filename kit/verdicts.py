@@ -56,6 +56,26 @@ def check_output(out: torch.Tensor, golden: torch.Tensor, same_dtype_ref: torch.
 
 
 @dataclasses.dataclass
+class PaddingCheck:
+    ok: bool
+    num_rows: int
+    nonfinite_rows: List[int]  # padded rows (counted from the first padded one) holding NaN/inf, first few
+
+    def describe(self) -> str:
+        if self.ok:
+            return f"{self.num_rows} padded rows finite"
+        return (f"padded rows not finite: {len(self.nonfinite_rows)} of {self.num_rows} hold NaN/inf, e.g. "
+                f"{self.nonfinite_rows[:8]} (unwritten or divided by zero?)")
+
+
+def check_padding(out_padded: torch.Tensor) -> PaddingCheck:
+    """Padded rows are compared to nothing, but must be finite: the rest of the model
+    runs on them too, and a NaN there reaches collectives and MoE routing."""
+    bad = (~torch.isfinite(out_padded.flatten(1))).any(dim=1).nonzero().squeeze(1)
+    return PaddingCheck(bad.numel() == 0, out_padded.shape[0], bad.tolist())
+
+
+@dataclasses.dataclass
 class KVCheck:
     ok: bool
     missing: List[int]  # slots that should hold the new K/V but do not (first few)

@@ -147,7 +147,7 @@ def drive_batch_graphs(case, backend_cls, device):
         fx.install()
         # Copied at once, as the runner judges at once: with real graphs sharing one memory pool,
         # a replay's output is only valid until the next replay.
-        outs.append(harness.replay(fx).clone())
+        outs.append(harness.replay(fx)[0].clone())
     return backend, harness, fixtures, outs, max_bs
 
 
@@ -272,6 +272,7 @@ class PaddingProbeBackend(TorchNativeBackend):
 
     name = "padding_probe"
     RECORD = []
+    ZERO_PADDING = True  # torch_native leaves padded rows unwritten (NaN); the kit requires them finite
 
     def init_cuda_graph_state(self, max_bs, max_num_tokens) -> None:
         self.RECORD.append(("state", max_bs, max_num_tokens))
@@ -291,6 +292,8 @@ class PaddingProbeBackend(TorchNativeBackend):
 
     def forward(self, q, k, v, layer, batch, save_kv_cache=True):
         out = super().forward(q, k, v, layer, batch, save_kv_cache)
+        if self.ZERO_PADDING:
+            out[batch.extend_num_tokens:] = 0
         k0 = batch.token_to_kv_pool.get_key_buffer(layer.layer_id)[0]
         self.RECORD.append(("forward", dict(q_tokens=q.shape[0], k_pad=k[batch.extend_num_tokens:].cpu().clone(),
                                             out_cache_loc=batch.out_cache_loc.tolist(),
@@ -331,10 +334,22 @@ def test_extend_graph_pads_tokens_to_slot0_and_judges_real_rows(device):
             padded_any = True
             # the padded tokens' K landed in scratch slot 0 (the last padded token wins)
             assert torch.equal(fwd["slot0_k"], fwd["k_pad"][-1])
-            # padded output rows were never written (NaN) and yet the run passed: only real rows are judged
-            assert not torch.isfinite(fwd["out"][n:]).any()
-            assert torch.isfinite(fwd["out"][:n]).all()
+            assert torch.isfinite(fwd["out"]).all()
     assert padded_any
+
+
+class UnwrittenPaddingProbe(PaddingProbeBackend):
+    """Right on every real row; padded rows left unwritten (NaN)."""
+
+    ZERO_PADDING = False
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_padded_rows_must_be_finite(device):
+    case = _case("gh_extend", EXTEND, (2, 9, 0), (3, 1, 5), layout="non_monotonic_extend")
+    r = run_case(f"{MODULE}:UnwrittenPaddingProbe", case, Exec.GRAPH, torch.device(device))
+    assert (r.outcome, r.failure_class) == ("fail", "graph"), r.message
+    assert "kv pool ok" in r.message and "padded rows not finite" in r.message
 
 
 # ------------------------------------------------------------------ toy backends through run_case

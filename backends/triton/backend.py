@@ -1,0 +1,153 @@
+"""The Triton backend: our own kernels behind the SPEC protocol, graph hooks included.
+
+DECODE runs the split-KV decode kernel over all seq_len keys from the pool.
+EXTEND, TARGET_VERIFY and DRAFT_EXTEND_V2 run the extend kernel: the prefix
+from the pool, the new tokens' K/V passed directly. Prefix per mode:
+  EXTEND           extend_prefix_lens
+  TARGET_VERIFY    seq_lens (drafts are not counted in seq_lens), custom mask
+  DRAFT_EXTEND_V2  seq_lens - extend_seq_lens (seq_lens already count the
+                   drafts), clamped at 0: padded graph rows have seq_len 1.
+"""
+from __future__ import annotations
+
+from typing import Optional
+
+import torch
+
+from backends.triton import kernels
+from backends.triton.metadata import BLOCK_M, MAX_KV_SPLITS, Buffers, Metadata, fill_decode, fill_extend, max_splits_for
+from kit.modes import ForwardMode
+from kit.protocol import AttentionBackend
+
+BLOCK_N = 64
+DECODE_BLOCK_H = 16  # tl.dot needs 16 rows: a KV head's query group is padded to it
+CPU_NOMINAL_SMS = 16  # the interpreter has no SMs; a fixed count keeps split choices deterministic
+
+
+class TritonBackend(AttentionBackend):
+    name = "triton"
+    extend_capture = True
+
+    @classmethod
+    def supports(cls, case) -> Optional[str]:
+        if case.head_dim & (case.head_dim - 1):
+            return f"head_dim {case.head_dim} is not a power of two (tl.arange needs one)"
+        if case.num_q_heads // case.num_kv_heads > DECODE_BLOCK_H:
+            return f"GQA group {case.num_q_heads // case.num_kv_heads} > {DECODE_BLOCK_H} heads per decode program"
+        return None
+
+    def __init__(self, ctx):
+        super().__init__(ctx)
+        self.req_to_token = ctx.req_to_token_pool.req_to_token
+        self.num_q_heads, self.num_kv_heads = ctx.layer.tp_q_head_num, ctx.layer.tp_k_head_num
+        self.head_dim = ctx.layer.head_dim
+        self.num_sms = (torch.cuda.get_device_properties(ctx.device).multi_processor_count
+                        if ctx.device.type == "cuda" else CPU_NOMINAL_SMS)
+        self.graph_bufs: Optional[Buffers] = None  # set by init_cuda_graph_state
+        self.forward_metadata: Optional[Metadata] = None
+
+    # ---- metadata ----------------------------------------------------------
+
+    def _allocate(self, rows: int, num_tokens: int, kv_capacity: int, mask_capacity: int) -> Buffers:
+        return Buffers.allocate(rows, num_tokens, kv_capacity, mask_capacity, self.num_q_heads, self.head_dim,
+                                self.ctx.device)
+
+    def _fill(self, bufs: Buffers, mode: ForwardMode, bs: int, req_pool_indices, seq_lens, spec_info,
+              num_tokens: int, extend_prefix_lens=None, extend_seq_lens=None) -> Metadata:
+        """The one place a batch becomes kernel metadata, eager and graph alike."""
+        rpi, seq_lens = req_pool_indices[:bs], seq_lens[:bs]
+        if mode is ForwardMode.DECODE:
+            return self._fill_decode(bufs, rpi, seq_lens)
+        prefix, q_lens, mask = self._extend_inputs(mode, seq_lens, spec_info, extend_prefix_lens, extend_seq_lens)
+        return fill_extend(bufs, self.req_to_token, rpi, prefix, q_lens, num_tokens, mask,
+                           copy_mask=bufs is self.graph_bufs)
+
+    def _fill_decode(self, bufs: Buffers, req_pool_indices, seq_lens) -> Metadata:
+        bs = seq_lens.shape[0]
+        return fill_decode(bufs, self.req_to_token, req_pool_indices, seq_lens,
+                           max_splits_for(bs, self.num_kv_heads, self.num_sms))
+
+    def _extend_inputs(self, mode, seq_lens, spec_info, extend_prefix_lens, extend_seq_lens):
+        """(prefix lens, new tokens per request, custom mask or None) for the extend kernel."""
+        if mode is ForwardMode.EXTEND:
+            return extend_prefix_lens, extend_seq_lens, None
+        if mode is ForwardMode.TARGET_VERIFY:
+            return seq_lens, torch.full_like(seq_lens, spec_info.draft_token_num), spec_info.custom_mask
+        if mode is ForwardMode.DRAFT_EXTEND_V2:
+            q_lens = spec_info.extend_seq_lens_tensor[:seq_lens.shape[0]]
+            return torch.clamp(seq_lens - q_lens, min=0), q_lens, None
+        raise NotImplementedError(mode)
+
+    def init_forward_metadata(self, batch) -> None:
+        bs, mode = batch.batch_size, batch.forward_mode
+        bufs = self.graph_bufs
+        if bufs is None:  # eager: sized for this batch (seq_lens_sum bounds every mode's key count)
+            mask = batch.spec_info.custom_mask if batch.spec_info is not None else None
+            bufs = self._allocate(bs + 1, batch.num_tokens, batch.seq_lens_sum,
+                                  0 if mask is None else mask.numel())
+        self.forward_metadata = self._fill(bufs, mode, bs, batch.req_pool_indices, batch.seq_lens, batch.spec_info,
+                                           batch.num_tokens, batch.extend_prefix_lens, batch.extend_seq_lens)
+
+    # ---- graph hooks ---------------------------------------------------------
+
+    def init_cuda_graph_state(self, max_bs: int, max_num_tokens: int) -> None:
+        max_ctx = self.ctx.max_context_len
+        rows = max_bs + 1
+        # A custom mask holds at most max_num_tokens rows of (context + drafts) columns.
+        self.graph_bufs = self._allocate(rows, max_num_tokens, rows * max_ctx,
+                                         max_num_tokens * (max_ctx + max_num_tokens))
+
+    def init_forward_metadata_capture_cuda_graph(self, bs, num_tokens, req_pool_indices, seq_lens, forward_mode,
+                                                 spec_info) -> None:
+        self.forward_metadata = self._fill(self.graph_bufs, forward_mode, bs, req_pool_indices, seq_lens,
+                                           spec_info, num_tokens)
+
+    def init_forward_metadata_replay_cuda_graph(self, bs, req_pool_indices, seq_lens, seq_lens_sum, forward_mode,
+                                                spec_info, seq_lens_cpu) -> None:
+        per_req = 1 if forward_mode is ForwardMode.DECODE else spec_info.draft_token_num
+        self.forward_metadata = self._fill(self.graph_bufs, forward_mode, bs, req_pool_indices, seq_lens,
+                                           spec_info, bs * per_req)
+
+    # ---- forward -------------------------------------------------------------
+
+    def forward(self, q, k, v, layer, batch, save_kv_cache=True):
+        pool = batch.token_to_kv_pool
+        if save_kv_cache:
+            pool.set_kv_buffer(layer, batch.out_cache_loc, k, v)
+        k_cache, v_cache = pool.get_kv_buffer(layer.layer_id)
+        out = torch.empty_like(q)
+        if batch.forward_mode is ForwardMode.DECODE:
+            self._decode(q, k_cache, v_cache, out, layer)
+        else:
+            self._extend(q, k, v, k_cache, v_cache, out, batch.positions, layer)
+        return out
+
+    def _flags(self, q, layer) -> dict:
+        return dict(HAS_CAP=layer.logit_cap > 0, HAS_WINDOW=layer.sliding_window_size >= 0,
+                    UPCAST=q.device.type == "cpu", IEEE=q.dtype == torch.float32, D=layer.head_dim)
+
+    def _decode(self, q, k_cache, v_cache, out, layer) -> None:
+        md, b = self.forward_metadata, self.forward_metadata.bufs
+        group = layer.tp_q_head_num // layer.tp_k_head_num
+        kernels.decode_split_kernel[(md.rows, layer.tp_k_head_num, md.max_splits)](
+            q, k_cache, v_cache, b.kv_indptr, b.kv_indices, b.num_kv_splits, b.mid_o, b.mid_lse,
+            layer.scaling, layer.logit_cap, layer.sliding_window_size,
+            q.stride(0), q.stride(1), k_cache.stride(0), k_cache.stride(1), v_cache.stride(0), v_cache.stride(1),
+            b.mid_o.stride(0), b.mid_o.stride(1), b.mid_o.stride(2), b.mid_lse.stride(0), b.mid_lse.stride(1),
+            GROUP=group, BLOCK_H=DECODE_BLOCK_H, BLOCK_N=BLOCK_N, **self._flags(q, layer))
+        kernels.decode_reduce_kernel[(md.rows, layer.tp_q_head_num)](
+            b.mid_o, b.mid_lse, b.num_kv_splits, out,
+            b.mid_o.stride(0), b.mid_o.stride(1), b.mid_o.stride(2), b.mid_lse.stride(0), b.mid_lse.stride(1),
+            out.stride(0), out.stride(1), MAX_SPLITS=MAX_KV_SPLITS, D=layer.head_dim)
+
+    def _extend(self, q, k, v, k_cache, v_cache, out, positions, layer) -> None:
+        md, b = self.forward_metadata, self.forward_metadata.bufs
+        custom = md.mask is not None
+        kernels.extend_kernel[(md.num_blocks, layer.tp_q_head_num)](
+            q, k, v, k_cache, v_cache, out, positions,
+            b.qo_indptr, b.kv_indptr, b.kv_indices, md.mask if custom else b.mask, b.mask_indptr,
+            b.block_req, b.block_start, layer.scaling, layer.logit_cap, layer.sliding_window_size,
+            q.stride(0), q.stride(1), k.stride(0), k.stride(1), v.stride(0), v.stride(1),
+            k_cache.stride(0), k_cache.stride(1), v_cache.stride(0), v_cache.stride(1), out.stride(0), out.stride(1),
+            GROUP=layer.tp_q_head_num // layer.tp_k_head_num, BLOCK_M=BLOCK_M, BLOCK_N=BLOCK_N,
+            CUSTOM_MASK=custom, **self._flags(q, layer))

@@ -1,0 +1,205 @@
+"""Our Triton attention kernels: split-KV decode, extend (prefix from the paged pool,
+new tokens passed directly; causal or custom mask), and the kv_indices builder.
+
+Every length a kernel needs is read from a device buffer (kv_indptr, qo_indptr,
+num_kv_splits, block tables), so a launch captured in a CUDA graph stays right
+when the metadata hooks refill those buffers for another batch. Grids depend
+only on host ints the hooks are given (bs, token count), never on a device read.
+"""
+import triton
+import triton.language as tl
+
+
+@triton.jit
+def build_kv_indices_kernel(req_to_token, req_pool_indices, kv_lens, kv_indptr, kv_indices, stride_row,
+                            BLOCK: tl.constexpr):
+    """kv_indices[kv_indptr[b] : +kv_lens[b]] = req_to_token[req_pool_indices[b], :kv_lens[b]]."""
+    b = tl.program_id(0)
+    row = tl.load(req_pool_indices + b).to(tl.int64)
+    n = tl.load(kv_lens + b)
+    dst = tl.load(kv_indptr + b)
+    for start in range(0, n, BLOCK):
+        offs = start + tl.arange(0, BLOCK)
+        live = offs < n
+        slots = tl.load(req_to_token + row * stride_row + offs, mask=live)
+        tl.store(kv_indices + dst + offs, slots, mask=live)
+
+
+@triton.jit
+def _dot(a, b, UPCAST: tl.constexpr, IEEE: tl.constexpr):
+    # UPCAST: the interpreter's bf16 tl.dot is wrong, so interpret in fp32.
+    # IEEE: fp32 inputs must not be rounded to tf32 on the GPU.
+    if UPCAST:
+        return tl.dot(a.to(tl.float32), b.to(tl.float32), input_precision="ieee")
+    elif IEEE:
+        return tl.dot(a, b, input_precision="ieee")
+    else:
+        return tl.dot(a, b)
+
+
+@triton.jit
+def _capped(s, logit_cap, HAS_CAP: tl.constexpr):
+    if HAS_CAP:
+        # cap * tanh(s / cap), with tanh(x) = 2 * sigmoid(2x) - 1 (no tanh in every Triton)
+        s = logit_cap * (2.0 / (1.0 + tl.exp(-2.0 * s / logit_cap)) - 1.0)
+    return s
+
+
+@triton.jit
+def _online_step(q, k, v, visible, m_i, l_i, acc, sm_scale, logit_cap,
+                 HAS_CAP: tl.constexpr, UPCAST: tl.constexpr, IEEE: tl.constexpr):
+    """One key block of online softmax: scores, mask, running max / sum / output."""
+    s = _capped(_dot(q, tl.trans(k), UPCAST, IEEE) * sm_scale, logit_cap, HAS_CAP)
+    s = tl.where(visible, s, float("-inf"))
+    m_new = tl.maximum(m_i, tl.max(s, 1))
+    m_safe = tl.where(m_new == float("-inf"), 0.0, m_new)  # rows that have seen nothing yet
+    p = tl.exp(s - m_safe[:, None])
+    alpha = tl.exp(m_i - m_safe)
+    acc = acc * alpha[:, None] + _dot(p.to(v.dtype), v, UPCAST, IEEE)
+    return m_new, l_i * alpha + tl.sum(p, 1), acc
+
+
+@triton.jit
+def decode_split_kernel(Q, K, V, kv_indptr, kv_indices, num_kv_splits, Mid_O, Mid_LSE,
+                        sm_scale, logit_cap, window,
+                        stride_qt, stride_qh, stride_ks, stride_kh, stride_vs, stride_vh,
+                        stride_ob, stride_oh, stride_os, stride_lb, stride_lh,
+                        GROUP: tl.constexpr, BLOCK_H: tl.constexpr, BLOCK_N: tl.constexpr, D: tl.constexpr,
+                        HAS_CAP: tl.constexpr, HAS_WINDOW: tl.constexpr, UPCAST: tl.constexpr, IEEE: tl.constexpr):
+    """Stage 1: request b, KV head kvh (all GROUP query heads of it at once), KV split s."""
+    b = tl.program_id(0)
+    kvh = tl.program_id(1)
+    split = tl.program_id(2)
+    splits = tl.load(num_kv_splits + b)
+    if split < splits:
+        kv_start = tl.load(kv_indptr + b)
+        kv_len = tl.load(kv_indptr + b + 1) - kv_start
+        chunk = tl.cdiv(kv_len, splits)
+        lo = split * chunk
+        hi = tl.minimum(lo + chunk, kv_len)
+        if HAS_WINDOW:  # the query sits at kv_len - 1 and sees window + 1 keys
+            lo = tl.maximum(lo, kv_len - 1 - window)
+        hs = tl.arange(0, BLOCK_H)
+        heads = kvh * GROUP + hs
+        live_h = hs < GROUP
+        d = tl.arange(0, D)
+        q = tl.load(Q + b * stride_qt + heads[:, None] * stride_qh + d[None, :], mask=live_h[:, None], other=0.0)
+        m_i = tl.full([BLOCK_H], float("-inf"), tl.float32)
+        l_i = tl.zeros([BLOCK_H], tl.float32)
+        acc = tl.zeros([BLOCK_H, D], tl.float32)
+        for start in range(lo, hi, BLOCK_N):
+            n = start + tl.arange(0, BLOCK_N)
+            live_n = n < hi
+            slots = tl.load(kv_indices + kv_start + n, mask=live_n, other=0).to(tl.int64)
+            k = tl.load(K + slots[:, None] * stride_ks + kvh * stride_kh + d[None, :], mask=live_n[:, None], other=0.0)
+            v = tl.load(V + slots[:, None] * stride_vs + kvh * stride_vh + d[None, :], mask=live_n[:, None], other=0.0)
+            m_i, l_i, acc = _online_step(q, k, v, live_h[:, None] & live_n[None, :], m_i, l_i, acc,
+                                         sm_scale, logit_cap, HAS_CAP, UPCAST, IEEE)
+        seen = l_i > 0  # a split wholly outside the window contributes nothing
+        lse = tl.where(seen, m_i + tl.log(tl.where(seen, l_i, 1.0)), float("-inf"))
+        o = acc / tl.where(seen, l_i, 1.0)[:, None]
+        tl.store(Mid_O + b * stride_ob + heads[:, None] * stride_oh + split * stride_os + d[None, :], o,
+                 mask=live_h[:, None])
+        tl.store(Mid_LSE + b * stride_lb + heads * stride_lh + split, lse, mask=live_h)
+
+
+@triton.jit
+def decode_reduce_kernel(Mid_O, Mid_LSE, num_kv_splits, Out,
+                         stride_ob, stride_oh, stride_os, stride_lb, stride_lh, stride_outt, stride_outh,
+                         MAX_SPLITS: tl.constexpr, D: tl.constexpr):
+    """Stage 2: merge the splits of (request b, head h) by their log-sum-exp."""
+    b = tl.program_id(0)
+    h = tl.program_id(1)
+    splits = tl.load(num_kv_splits + b)
+    s = tl.arange(0, MAX_SPLITS)
+    live = s < splits
+    d = tl.arange(0, D)
+    lse = tl.load(Mid_LSE + b * stride_lb + h * stride_lh + s, mask=live, other=float("-inf"))
+    o = tl.load(Mid_O + b * stride_ob + h * stride_oh + s[:, None] * stride_os + d[None, :],
+                mask=live[:, None], other=0.0)
+    w = tl.exp(lse - tl.max(lse, 0))
+    out = tl.sum(w[:, None] * o, 0) / tl.sum(w, 0)
+    tl.store(Out + b * stride_outt + h * stride_outh + d, out.to(Out.dtype.element_ty))
+
+
+@triton.jit
+def extend_kernel(Q, K_new, V_new, K, V, Out, positions,
+                  qo_indptr, kv_indptr, kv_indices, mask, mask_indptr, block_req, block_start,
+                  sm_scale, logit_cap, window,
+                  stride_qt, stride_qh, stride_knt, stride_knh, stride_vnt, stride_vnh,
+                  stride_ks, stride_kh, stride_vs, stride_vh, stride_ot, stride_oh,
+                  GROUP: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, D: tl.constexpr,
+                  CUSTOM_MASK: tl.constexpr, HAS_CAP: tl.constexpr, HAS_WINDOW: tl.constexpr,
+                  UPCAST: tl.constexpr, IEEE: tl.constexpr):
+    """Query block t (BLOCK_M new tokens of one request) x query head h.
+
+    Keys: the request's prefix from the pool (through kv_indices), then its new
+    tokens from K_new/V_new. Visibility: causal among the new tokens, or the
+    custom mask ([q_len, prefix + q_len] row-major per request); window on positions.
+    """
+    t = tl.program_id(0)
+    h = tl.program_id(1)
+    kvh = h // GROUP
+    req = tl.load(block_req + t)
+    if req >= 0:
+        m0 = tl.load(block_start + t)
+        q_start = tl.load(qo_indptr + req)
+        q_len = tl.load(qo_indptr + req + 1) - q_start
+        kv_start = tl.load(kv_indptr + req)
+        prefix = tl.load(kv_indptr + req + 1) - kv_start
+        offs_m = m0 + tl.arange(0, BLOCK_M)
+        live_m = offs_m < q_len
+        tok_m = (q_start + offs_m).to(tl.int64)
+        d = tl.arange(0, D)
+        q = tl.load(Q + tok_m[:, None] * stride_qt + h * stride_qh + d[None, :], mask=live_m[:, None], other=0.0)
+        q_pos = tl.load(positions + tok_m, mask=live_m, other=0)
+        mask_row = tl.load(mask_indptr + req) + offs_m.to(tl.int64) * (prefix + q_len)
+        m_i = tl.full([BLOCK_M], float("-inf"), tl.float32)
+        l_i = tl.zeros([BLOCK_M], tl.float32)
+        acc = tl.zeros([BLOCK_M, D], tl.float32)
+
+        lo = 0
+        if HAS_WINDOW:  # skip prefix blocks wholly left of every query's window
+            lo = tl.maximum(tl.min(tl.where(live_m, q_pos, 1 << 30), 0) - window, 0)
+            lo = tl.minimum(lo - lo % BLOCK_N, prefix)
+        for start in range(lo, prefix, BLOCK_N):
+            n = start + tl.arange(0, BLOCK_N)
+            live_n = n < prefix
+            slots = tl.load(kv_indices + kv_start + n, mask=live_n, other=0).to(tl.int64)
+            k = tl.load(K + slots[:, None] * stride_ks + kvh * stride_kh + d[None, :], mask=live_n[:, None], other=0.0)
+            v = tl.load(V + slots[:, None] * stride_vs + kvh * stride_vh + d[None, :], mask=live_n[:, None], other=0.0)
+            visible = live_m[:, None] & live_n[None, :]
+            if CUSTOM_MASK:
+                allowed = tl.load(mask + mask_row[:, None] + n[None, :], mask=visible, other=0)
+                visible = visible & (allowed != 0)
+            if HAS_WINDOW:
+                visible = visible & (n[None, :] >= q_pos[:, None] - window)
+            m_i, l_i, acc = _online_step(q, k, v, visible, m_i, l_i, acc, sm_scale, logit_cap,
+                                         HAS_CAP, UPCAST, IEEE)
+
+        hi = q_len
+        if not CUSTOM_MASK:  # causal: no new key after this block's last query
+            hi = tl.minimum(q_len, m0 + BLOCK_M)
+        for start in range(0, hi, BLOCK_N):
+            n = start + tl.arange(0, BLOCK_N)
+            live_n = n < q_len
+            tok_n = (q_start + n).to(tl.int64)
+            k = tl.load(K_new + tok_n[:, None] * stride_knt + kvh * stride_knh + d[None, :], mask=live_n[:, None],
+                        other=0.0)
+            v = tl.load(V_new + tok_n[:, None] * stride_vnt + kvh * stride_vnh + d[None, :], mask=live_n[:, None],
+                        other=0.0)
+            visible = live_m[:, None] & live_n[None, :]
+            if CUSTOM_MASK:
+                allowed = tl.load(mask + mask_row[:, None] + prefix + n[None, :], mask=visible, other=0)
+                visible = visible & (allowed != 0)
+            else:
+                visible = visible & (n[None, :] <= offs_m[:, None])
+            if HAS_WINDOW:
+                k_pos = tl.load(positions + tok_n, mask=live_n, other=0)
+                visible = visible & (k_pos[None, :] >= q_pos[:, None] - window)
+            m_i, l_i, acc = _online_step(q, k, v, visible, m_i, l_i, acc, sm_scale, logit_cap,
+                                         HAS_CAP, UPCAST, IEEE)
+
+        o = acc / tl.where(l_i > 0, l_i, 1.0)[:, None]
+        tl.store(Out + tok_m[:, None] * stride_ot + h * stride_oh + d[None, :], o.to(Out.dtype.element_ty),
+                 mask=live_m[:, None])

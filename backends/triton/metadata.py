@@ -1,0 +1,130 @@
+"""Metadata buffers and how each batch fills them, with device ops only.
+
+Eager runs allocate buffers sized for the batch; graph runs allocate them once
+(`init_cuda_graph_state`) and every capture / replay fills them in place, so
+the pointers baked into a captured graph stay valid.
+"""
+from __future__ import annotations
+
+import dataclasses
+from typing import Optional
+
+import torch
+
+from backends.triton import kernels
+
+BLOCK_M = 32  # query tokens per extend program
+MAX_KV_SPLITS = 16
+SPLIT_TOKENS = 32  # a decode request gets one KV split per this many keys, up to the batch's limit
+KV_INDICES_BLOCK = 128
+
+
+def cdiv(a: int, b: int) -> int:
+    return -(-a // b)
+
+
+def block_capacity(num_tokens: int, rows: int) -> int:
+    """Query blocks needed by any batch of `rows` requests over `num_tokens` tokens:
+    one partial block per request at most, on top of the full ones."""
+    return cdiv(num_tokens, BLOCK_M) + rows
+
+
+@dataclasses.dataclass
+class Buffers:
+    kv_indptr: torch.Tensor  # [rows + 1] int32: prefix keys (extend) or all keys (decode) per request
+    kv_indices: torch.Tensor  # [kv capacity] int32: pool slots
+    qo_indptr: torch.Tensor  # [rows + 1] int32
+    mask_indptr: torch.Tensor  # [rows + 1] int64: start of each request's custom-mask block
+    mask: torch.Tensor  # [mask capacity] uint8: graph runs copy the custom mask here
+    num_kv_splits: torch.Tensor  # [rows] int32
+    block_ids: torch.Tensor  # [blocks] int64: arange, so filling the block table allocates nothing persistent
+    block_req: torch.Tensor  # [blocks] int32: request of each query block, -1 = idle program
+    block_start: torch.Tensor  # [blocks] int32: first query (within the request) of each block
+    mid_o: torch.Tensor  # [rows, Hq, MAX_KV_SPLITS, D] fp32: split-KV partial outputs
+    mid_lse: torch.Tensor  # [rows, Hq, MAX_KV_SPLITS] fp32
+
+    @classmethod
+    def allocate(cls, rows: int, num_tokens: int, kv_capacity: int, mask_capacity: int,
+                 num_q_heads: int, head_dim: int, device) -> "Buffers":
+        def z(*shape, dtype=torch.int32):
+            return torch.zeros(shape, dtype=dtype, device=device)
+        blocks = block_capacity(num_tokens, rows)
+        return cls(kv_indptr=z(rows + 1), kv_indices=z(max(kv_capacity, 1)), qo_indptr=z(rows + 1),
+                   mask_indptr=z(rows + 1, dtype=torch.int64), mask=z(max(mask_capacity, 1), dtype=torch.uint8),
+                   num_kv_splits=z(rows), block_ids=torch.arange(blocks, device=device),
+                   block_req=z(blocks), block_start=z(blocks),
+                   mid_o=z(rows, num_q_heads, MAX_KV_SPLITS, head_dim, dtype=torch.float32),
+                   mid_lse=z(rows, num_q_heads, MAX_KV_SPLITS, dtype=torch.float32))
+
+
+@dataclasses.dataclass
+class Metadata:
+    """What forward() launches with: the buffers and the host ints that size the grids."""
+
+    bufs: Buffers
+    rows: int  # requests the kernels see (extend: the batch plus one dummy request)
+    num_blocks: int = 0  # extend grid
+    max_splits: int = 1  # decode grid
+    mask: Optional[torch.Tensor] = None  # uint8 custom mask the extend kernel reads
+
+
+def fill_kv(bufs: Buffers, req_to_token: torch.Tensor, req_pool_indices: torch.Tensor,
+            kv_lens: torch.Tensor) -> None:
+    """kv_indptr from the per-request key counts, then kv_indices from req_to_token."""
+    rows = kv_lens.shape[0]
+    torch.cumsum(kv_lens, 0, dtype=torch.int32, out=bufs.kv_indptr[1:rows + 1])
+    kernels.build_kv_indices_kernel[(rows,)](
+        req_to_token, req_pool_indices, kv_lens, bufs.kv_indptr, bufs.kv_indices, req_to_token.stride(0),
+        BLOCK=KV_INDICES_BLOCK)
+
+
+def max_splits_for(bs: int, num_kv_heads: int, num_sms: int) -> int:
+    """Splits only pay while the batch leaves the GPU idle: about two programs per SM."""
+    return max(1, min(MAX_KV_SPLITS, cdiv(2 * num_sms, bs * num_kv_heads)))
+
+
+def fill_decode(bufs: Buffers, req_to_token, req_pool_indices, seq_lens, max_splits: int) -> Metadata:
+    bs = seq_lens.shape[0]
+    fill_kv(bufs, req_to_token, req_pool_indices, seq_lens)
+    splits = torch.clamp((seq_lens + SPLIT_TOKENS - 1) // SPLIT_TOKENS, 1, max_splits)
+    bufs.num_kv_splits[:bs].copy_(splits)
+    return Metadata(bufs, rows=bs, max_splits=max_splits)
+
+
+def fill_extend(bufs: Buffers, req_to_token, req_pool_indices, prefix_lens, q_lens, num_tokens: int,
+                custom_mask: Optional[torch.Tensor], copy_mask: bool) -> Metadata:
+    """Prefix keys from the pool and `q_lens` new tokens per request. Tokens past the
+    requests' (graph padding) go to a dummy request on row 0 with no prefix, so
+    every query row belongs to some request and qo_indptr ends at num_tokens."""
+    device = q_lens.device
+    dummy_len = (num_tokens - q_lens.sum()).reshape(1).to(torch.int32)
+    q_lens = torch.cat([q_lens.to(torch.int32), dummy_len])
+    kv_lens = torch.cat([prefix_lens.to(torch.int32), torch.zeros(1, dtype=torch.int32, device=device)])
+    rows = q_lens.shape[0]
+    dummy_row = torch.zeros(1, dtype=req_pool_indices.dtype, device=device)
+    fill_kv(bufs, req_to_token, torch.cat([req_pool_indices, dummy_row]), kv_lens)
+    torch.cumsum(q_lens, 0, dtype=torch.int32, out=bufs.qo_indptr[1:rows + 1])
+    mask = None
+    if custom_mask is not None:
+        block = q_lens.long() * (kv_lens.long() + q_lens.long())
+        torch.cumsum(block, 0, out=bufs.mask_indptr[1:rows + 1])
+        mask = custom_mask.view(torch.uint8)
+        if copy_mask:
+            bufs.mask[:mask.shape[0]].copy_(mask)
+            mask = bufs.mask
+    num_blocks = block_capacity(num_tokens, rows)
+    fill_blocks(bufs, q_lens, num_blocks)
+    return Metadata(bufs, rows=rows, num_blocks=num_blocks, mask=mask)
+
+
+def fill_blocks(bufs: Buffers, q_lens: torch.Tensor, num_blocks: int) -> None:
+    """Block table: query block t -> (request, first query); idle blocks get request -1."""
+    per_req = (q_lens.long() + BLOCK_M - 1) // BLOCK_M
+    ends = torch.cumsum(per_req, 0)
+    t = bufs.block_ids[:num_blocks]
+    req = torch.searchsorted(ends, t, right=True)
+    idle = req >= q_lens.shape[0]
+    req = req.clamp(max=q_lens.shape[0] - 1)
+    first = (t - (ends - per_req)[req]) * BLOCK_M
+    bufs.block_req[:num_blocks].copy_(torch.where(idle, -1, req))
+    bufs.block_start[:num_blocks].copy_(first)

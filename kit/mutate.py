@@ -1,0 +1,67 @@
+"""python -m kit.mutate — run the mutant catalog through the conformance suite.
+
+    python -m kit.mutate [--case-set auto|smoke|full] [--only NAME,...] [--cpu-only]
+                         [-j N] [--json PATH] [--catalog module:attr]
+
+Prints the score table (mutant, caught by how many runs, failure classes seen,
+first failing run) and exits 1 if any mutant is missed, i.e. the kit never
+reported its expected failure class.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+
+import torch
+
+from cases import resolve_set
+from kit.mutation import score_all, table, worker
+from kit.registry import import_target
+from kit.results import environment
+
+
+def main(argv=None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m kit.mutate", description=__doc__,
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--catalog", default="tests.mutants:MUTANTS")
+    parser.add_argument("--case-set", default="auto")
+    parser.add_argument("--only", default="", help="comma-separated mutant names")
+    parser.add_argument("--cpu-only", action="store_true", help="only the mutants the CPU can catch")
+    parser.add_argument("-j", "--jobs", type=int, default=os.cpu_count() or 1)
+    parser.add_argument("--json", help="write the scores here")
+    parser.add_argument("--stop-when-caught", action="store_true", help="stop a mutant at its first catch")
+    parser.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
+    args = parser.parse_args(argv)
+    if args.worker:
+        worker(args.catalog, args.only, resolve_set(args.case_set), args.stop_when_caught)
+        return 0
+
+    mutants = list(import_target(args.catalog))
+    if args.only:
+        wanted = set(args.only.split(","))
+        unknown = wanted - {m.name for m in mutants}
+        if unknown:
+            parser.error(f"unknown mutant(s) {sorted(unknown)}; known: {', '.join(m.name for m in mutants)}")
+        mutants = [m for m in mutants if m.name in wanted]
+    on_gpu = torch.cuda.is_available()
+    if args.cpu_only or not on_gpu:
+        mutants = [m for m in mutants if m.cpu]
+    case_set = resolve_set(args.case_set)
+    scores = score_all(mutants, args.catalog, case_set, args.jobs, args.stop_when_caught)
+    env = environment()
+    header = f"{env['device']} · {case_set} cases · kit commit {env['kit_commit']}"
+    print(table(scores, header))
+    if args.json:
+        with open(args.json, "w") as f:
+            json.dump(dict(environment=env, case_set=case_set, scores=[s.to_record() for s in scores]), f, indent=1)
+    missed = [s.mutant.name for s in scores if not s.caught]
+    if missed:
+        print(f"missed: {', '.join(missed)}", file=sys.stderr)
+        return 1
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

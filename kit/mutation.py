@@ -1,0 +1,143 @@
+"""Mutation scoring: run the conformance suite against a mutant backend and say
+whether the kit caught it, with which failure classes, and where first.
+
+Each mutant runs in its own process: a mutant that corrupts memory or faults
+the device is caught as a crash and cannot take the next one down with it.
+"""
+from __future__ import annotations
+
+import collections
+import concurrent.futures
+import dataclasses
+import json
+import subprocess
+import sys
+from typing import Dict, List, Optional, Sequence, Tuple
+
+from cases import cases as catalog_cases
+from cases import find_case
+from kit.modes import Exec, ForwardMode
+from kit.registry import import_target
+from kit.runner import FAIL, UNSUPPORTED, repro_command, run_case, run_id
+from kit.verdicts import CRASH
+
+
+@dataclasses.dataclass(frozen=True)
+class Mutant:
+    number: int  # the bug class's number in the mutation issue
+    name: str
+    backend: str  # module:attr of the mutated backend
+    expect: Tuple[str, ...]  # the failure classes the kit may report (any one catches it)
+    modes: Tuple[ForwardMode, ...]
+    execs: Tuple[Exec, ...]
+    cpu: bool  # catchable on CPU (interpreter, emulated graphs)
+
+    @property
+    def doc(self) -> str:
+        from kit.registry import load_backend
+        return " ".join((load_backend(self.backend).__doc__ or "").split())
+
+
+@dataclasses.dataclass
+class Score:
+    mutant: Mutant
+    runs: int = 0
+    failed: int = 0
+    classes: Dict[str, int] = dataclasses.field(default_factory=dict)
+    first_failure: str = ""
+    repro: str = ""
+    not_run: int = 0  # runs not made: the process died or lost the device, or stopped at the first catch
+
+    @property
+    def caught(self) -> bool:
+        return any(c in self.classes for c in self.mutant.expect)
+
+    def to_record(self) -> Dict:
+        m = self.mutant
+        return dict(number=m.number, mutant=m.name, expect=list(m.expect), runs=self.runs, failed=self.failed,
+                    classes=self.classes, first_failure=self.first_failure, repro=self.repro,
+                    not_run=self.not_run, caught=self.caught)
+
+
+def _runs(mutant: Mutant, case_set: str):
+    return [(case, ex) for mode in mutant.modes for case in catalog_cases(case_set, mode) for ex in mutant.execs]
+
+
+def score(mutant: Mutant, case_set: str, stop_when_caught: bool = False, progress=None) -> Score:
+    """Every run of the mutant's modes x execs over the case set (or up to the first
+    run failing with the expected class), in this process. `progress(test_id)` is
+    called before each run."""
+    s = Score(mutant)
+    classes = collections.Counter()
+    runs = _runs(mutant, case_set)
+    for i, (case, ex) in enumerate(runs):
+        if progress:
+            progress(run_id(mutant.name, case.mode.value, ex.value, case.name))
+        result = run_case(mutant.backend, case, ex, label=mutant.name)
+        if result.outcome == UNSUPPORTED:
+            continue
+        s.runs += 1
+        if result.outcome == FAIL:
+            s.failed += 1
+            classes[result.failure_class] += 1
+            if not s.first_failure:
+                s.first_failure, s.repro = result.test_id, result.repro
+        if result.device_lost or (stop_when_caught and result.failure_class in mutant.expect):
+            s.not_run = len(runs) - i - 1  # nothing more can run in this process after a lost device
+            break
+    s.classes = dict(classes)
+    return s
+
+
+RUN, SCORE = "RUN ", "SCORE "
+
+
+def worker(catalog: str, name: str, case_set: str, stop_when_caught: bool) -> None:
+    """`python -m kit.mutate --worker`: one mutant, progress and score on stdout."""
+    mutant = next(m for m in import_target(catalog) if m.name == name)
+    s = score(mutant, case_set, stop_when_caught, progress=lambda tid: print(RUN + tid, flush=True))
+    print(SCORE + json.dumps(s.to_record()), flush=True)
+
+
+def score_isolated(mutant: Mutant, catalog: str, case_set: str, stop_when_caught: bool = False) -> Score:
+    """score() in a subprocess: a mutant that kills its process (heap corruption, a
+    device fault) is caught as a crash at the run it was in, and the caller lives."""
+    cmd = [sys.executable, "-m", "kit.mutate", "--worker", "--catalog", catalog, "--only", mutant.name,
+           "--case-set", case_set] + (["--stop-when-caught"] if stop_when_caught else [])
+    proc = subprocess.run(cmd, capture_output=True, text=True)
+    lines = proc.stdout.splitlines()
+    for line in lines:
+        if line.startswith(SCORE):
+            record = json.loads(line[len(SCORE):])
+            return Score(mutant, runs=record["runs"], failed=record["failed"], classes=record["classes"],
+                         first_failure=record["first_failure"], repro=record["repro"], not_run=record["not_run"])
+    started = [line[len(RUN):] for line in lines if line.startswith(RUN)]
+    if not started:
+        raise RuntimeError(f"mutant worker for {mutant.name} failed before any run:\n{proc.stderr[-2000:]}")
+    tail = " | ".join(proc.stderr.strip().splitlines()[-2:])
+    _, mode, exec_, case = started[-1].split("-")
+    mode = ForwardMode(mode)
+    repro = repro_command(mutant.backend, mode, Exec(exec_), find_case(mode, case))
+    return Score(mutant, runs=len(started), failed=1, classes={CRASH: 1}, first_failure=started[-1],
+                 repro=f"{repro}  # process died, exit code {proc.returncode}: {tail}",
+                 not_run=len(_runs(mutant, case_set)) - len(started))
+
+
+def score_all(mutants: Sequence[Mutant], catalog: str, case_set: str, jobs: int,
+              stop_when_caught: bool = False) -> List[Score]:
+    with concurrent.futures.ThreadPoolExecutor(max_workers=max(1, jobs)) as pool:
+        return list(pool.map(lambda m: score_isolated(m, catalog, case_set, stop_when_caught), mutants))
+
+
+def table(scores: Sequence[Score], header: Optional[str] = None) -> str:
+    lines = [header] if header else []
+    lines += ["| # | mutant | expected | caught by | classes seen | first failing run |",
+              "|---|---|---|---|---|---|"]
+    for s in scores:
+        classes = ", ".join(f"{c} {n}" for c, n in sorted(s.classes.items())) or "-"
+        caught = f"{s.failed}/{s.runs}" + (f" (+{s.not_run} not run)" if s.not_run else "")
+        mark = "" if s.caught else " **MISSED**"
+        first = f"`{s.first_failure}`" if s.first_failure else "-"
+        expect = " or ".join(s.mutant.expect)
+        lines.append(f"| {s.mutant.number} | `{s.mutant.name}`{mark} | {expect} | {caught} | {classes} | {first} |")
+    return "\n".join(lines)

@@ -1,0 +1,37 @@
+"""The mutant catalog: one line per mutant (bug class -> backend variant -> the
+failure class the kit must report). `python -m kit.mutate` runs it.
+
+`cpu`: whether the CPU run (Triton interpreter, emulated graphs) can catch it.
+Emulated graphs call forward() again at each replay, so a bug that only a real
+captured graph exposes (stale pointers) needs the GPU.
+"""
+from kit.modes import Exec, ForwardMode
+from kit.mutation import Mutant
+
+D, E, TV, DE = ForwardMode.DECODE, ForwardMode.EXTEND, ForwardMode.TARGET_VERIFY, ForwardMode.DRAFT_EXTEND_V2
+ALL_MODES = (D, E, TV, DE)
+EAGER, GRAPH = (Exec.EAGER,), (Exec.GRAPH,)
+T = "tests.mutants.triton:"
+G, K, KV, C = ("graph",), ("kernel",), ("kv-write",), ("crash",)
+# Reading or writing past a buffer the backend sized itself: wrong output where the
+# stray access lands in readable memory, a crash where it corrupts the heap.
+OOB = K + C
+
+MUTANTS = [
+    Mutant(1, "replay_bs_from_buffer", T + "ReplayBsFromBuffer", G, (D, TV, DE), GRAPH, cpu=True),
+    Mutant(2, "draft_extend_counts_drafts_twice", T + "DraftExtendCountsDraftsTwice", K, (DE,),
+           EAGER + GRAPH, cpu=True),
+    Mutant(3, "draft_extend_no_clamp", T + "DraftExtendNoClamp", G, (DE,), GRAPH, cpu=False),
+    Mutant(4, "replay_rebinds_indptr", T + "ReplayRebindsIndptr", G, (D, TV, DE), GRAPH, cpu=False),
+    Mutant(5, "splits_from_capture_host_value", T + "SplitsFromCaptureHostValue", G, (D,), GRAPH, cpu=True),
+    Mutant(6, "padded_rows_write_real_slot", T + "PaddedRowsWriteRealSlot", KV, ALL_MODES, GRAPH,
+           cpu=True),
+    Mutant(7, "window_one_short", T + "WindowOneShort", K, ALL_MODES, EAGER, cpu=True),
+    Mutant(7, "window_one_long", T + "WindowOneLong", K, ALL_MODES, EAGER, cpu=True),
+    Mutant(8, "verify_ignores_tree_mask", T + "VerifyIgnoresTreeMask", K, (TV,), EAGER, cpu=True),
+    Mutant(9, "decode_reads_one_past", T + "DecodeReadsOnePast", OOB, (D,), EAGER, cpu=True),
+    Mutant(9, "decode_reads_one_short", T + "DecodeReadsOneShort", K, (D,), EAGER, cpu=True),
+    Mutant(10, "kv_indices_from_stale_sum", T + "KvIndicesFromStaleSum", OOB, ALL_MODES, EAGER, cpu=True),
+    Mutant(11, "extend_padding_not_routed", T + "ExtendPaddingNotRouted", G, (E,), GRAPH, cpu=True),
+    Mutant(12, "logit_cap_ignored_in_verify", T + "LogitCapIgnoredInVerify", K, (TV,), EAGER, cpu=True),
+]

@@ -1,0 +1,165 @@
+"""Mutants of the Triton backend: each is one real bug class of attention backends,
+made by overriding one method of TritonBackend (its source stays untouched).
+The docstring of each class names the bug; the catalog in __init__ says which
+failure class the kit must report."""
+from __future__ import annotations
+
+import dataclasses
+
+import torch
+
+from backends.triton import TritonBackend
+from backends.triton.metadata import SPLIT_TOKENS, cdiv, max_splits_for
+from kit.modes import ForwardMode
+
+
+class ReplayBsFromBuffer(TritonBackend):
+    """Replay takes the batch size from a buffer's length (the req_pool_indices view
+    the last capture was given) instead of the `bs` argument: rows past it keep
+    stale metadata."""
+
+    def init_forward_metadata_capture_cuda_graph(self, bs, num_tokens, req_pool_indices, *args):
+        self.captured_rpi = req_pool_indices
+        super().init_forward_metadata_capture_cuda_graph(bs, num_tokens, req_pool_indices, *args)
+
+    def init_forward_metadata_replay_cuda_graph(self, bs, *args):
+        super().init_forward_metadata_replay_cuda_graph(len(self.captured_rpi), *args)
+
+
+class DraftExtendCountsDraftsTwice(TritonBackend):
+    """DRAFT_EXTEND_V2 takes seq_lens as the prefix, though seq_lens already count
+    the drafts: the drafts are attended twice (once from the pool)."""
+
+    def _extend_inputs(self, mode, seq_lens, spec_info, *args):
+        prefix, q_lens, mask = super()._extend_inputs(mode, seq_lens, spec_info, *args)
+        if mode is ForwardMode.DRAFT_EXTEND_V2:
+            prefix = seq_lens
+        return prefix, q_lens, mask
+
+
+class DraftExtendNoClamp(TritonBackend):
+    """DRAFT_EXTEND_V2 prefix = seq_lens - extend lens without the clamp at 0: padded
+    graph rows (seq_len = fill value) get a negative KV length."""
+
+    def _extend_inputs(self, mode, seq_lens, spec_info, *args):
+        prefix, q_lens, mask = super()._extend_inputs(mode, seq_lens, spec_info, *args)
+        if mode is ForwardMode.DRAFT_EXTEND_V2:
+            prefix = seq_lens - q_lens
+        return prefix, q_lens, mask
+
+
+class ReplayRebindsIndptr(TritonBackend):
+    """Replay builds kv_indptr as a new tensor instead of filling the captured buffer
+    in place: the graph keeps reading the old one."""
+
+    def init_forward_metadata_replay_cuda_graph(self, *args):
+        self.graph_bufs.kv_indptr = torch.zeros_like(self.graph_bufs.kv_indptr)
+        super().init_forward_metadata_replay_cuda_graph(*args)
+
+
+class SplitsFromCaptureHostValue(TritonBackend):
+    """The decode grid's split count is computed on the host from the batch's longest
+    sequence, once at capture, and silently reused at replay while num_kv_splits
+    (on the device) follows the new batch: splits past the captured grid never run."""
+
+    def __init__(self, ctx):
+        super().__init__(ctx)
+        self.host_splits = {}
+
+    def _fill_decode(self, bufs, req_pool_indices, seq_lens):
+        md = super()._fill_decode(bufs, req_pool_indices, seq_lens)
+        bs = seq_lens.shape[0]
+        if bufs is not self.graph_bufs or bs not in self.host_splits:  # eager, or the capture of bs
+            longest = int(seq_lens.max())
+            self.host_splits[bs] = min(max_splits_for(bs, self.num_kv_heads, self.num_sms),
+                                       cdiv(longest, SPLIT_TOKENS))
+        md.max_splits = self.host_splits[bs]
+        return md
+
+
+class PaddedRowsWriteRealSlot(TritonBackend):
+    """KV of padded rows (out_cache_loc 0, the scratch slot) is redirected to the first
+    real slot, as a backend that treats slot 0 as 'unset' would."""
+
+    def forward(self, q, k, v, layer, batch, save_kv_cache=True):
+        if save_kv_cache:
+            loc = batch.out_cache_loc
+            real = torch.where(loc == 0, batch.token_to_kv_pool.page_size, loc)
+            batch.token_to_kv_pool.set_kv_buffer(layer, real, k, v)
+        return super().forward(q, k, v, layer, batch, save_kv_cache=False)
+
+
+class _LayerMutant(TritonBackend):
+    """Base: forward() runs with a changed copy of the layer."""
+
+    def mutate(self, layer, batch):
+        return layer
+
+    def forward(self, q, k, v, layer, batch, save_kv_cache=True):
+        return super().forward(q, k, v, self.mutate(layer, batch), batch, save_kv_cache)
+
+
+class WindowOneShort(_LayerMutant):
+    """Sliding window of W keys instead of W + 1 (the query's own position forgotten)."""
+
+    def mutate(self, layer, batch):
+        w = layer.sliding_window_size
+        return dataclasses.replace(layer, sliding_window_size=w - 1) if w > 0 else layer
+
+
+class WindowOneLong(_LayerMutant):
+    """Sliding window of W + 2 keys (the window bound taken as exclusive)."""
+
+    def mutate(self, layer, batch):
+        w = layer.sliding_window_size
+        return dataclasses.replace(layer, sliding_window_size=w + 1) if w >= 0 else layer
+
+
+class LogitCapIgnoredInVerify(_LayerMutant):
+    """The logit cap is dropped in TARGET_VERIFY (other modes keep it)."""
+
+    def mutate(self, layer, batch):
+        if batch.forward_mode is ForwardMode.TARGET_VERIFY:
+            return dataclasses.replace(layer, logit_cap=0.0)
+        return layer
+
+
+class VerifyIgnoresTreeMask(TritonBackend):
+    """TARGET_VERIFY attends plain causal and ignores the custom mask: right for chains,
+    wrong for trees."""
+
+    def _extend_inputs(self, mode, seq_lens, spec_info, *args):
+        prefix, q_lens, _ = super()._extend_inputs(mode, seq_lens, spec_info, *args)
+        return prefix, q_lens, None
+
+
+class DecodeReadsOnePast(TritonBackend):
+    """Decode attends seq_len + 1 keys: one past the end of the request."""
+
+    def _fill_decode(self, bufs, req_pool_indices, seq_lens):
+        return super()._fill_decode(bufs, req_pool_indices, seq_lens + 1)
+
+
+class DecodeReadsOneShort(TritonBackend):
+    """Decode attends seq_len - 1 keys: the new token is missed."""
+
+    def _fill_decode(self, bufs, req_pool_indices, seq_lens):
+        return super()._fill_decode(bufs, req_pool_indices, seq_lens - 1)
+
+
+class KvIndicesFromStaleSum(TritonBackend):
+    """Eager kv_indices sized from a stale seq_lens_sum (the sum before this step's
+    tokens were added): the index builder writes past its end."""
+
+    def init_forward_metadata(self, batch):
+        super().init_forward_metadata(dataclasses.replace(batch, seq_lens_sum=batch.seq_lens_sum - batch.num_tokens))
+
+
+class ExtendPaddingNotRouted(TritonBackend):
+    """EXTEND graph mode: the padded tokens are not routed to a dummy request, so the
+    kernel's query rows (the padded token count) and qo_indptr disagree."""
+
+    def _fill(self, bufs, mode, bs, req_pool_indices, seq_lens, spec_info, num_tokens, *args):
+        if mode is ForwardMode.EXTEND:
+            num_tokens = int(args[1].sum())  # extend_seq_lens: real tokens only
+        return super()._fill(bufs, mode, bs, req_pool_indices, seq_lens, spec_info, num_tokens, *args)
