@@ -16,6 +16,8 @@ SMOKE = [
     C("gqa_bf16_p16", prefix=(20, 33), page=16, dtype="bf16"),
 ]
 
+# Cap cases use cap 5 at scale 0.25 (scores of std ~2.8): the cap bites, so a dropped cap
+# moves bf16 output past tolerance. At cap 30 and the default scale it never did (mutant 12).
 FULL = in_every_layout([
     C("mha_bs1_long_p1", prefix=(1100,), heads=MHA),
     C("gqa_ragged_p16", prefix=(0, 15, 16, 17, 33, 64, 100, 257), page=16),
@@ -23,7 +25,7 @@ FULL = in_every_layout([
     C("gqa32_long_p16", prefix=(1024, 2047, 1500, 3000), heads=GQA_32_8, page=16),
     C("gqa_d64_bs12_p1_fp16", prefix=(5, 90, 1, 300, 17, 64, 2, 129, 40, 8, 77, 250), head_dim=64, dtype="fp16"),
     C("gqa_window_p16", prefix=(100, 40, 31, 7, 300), page=16, window=32),
-    C("gqa_cap_p1", prefix=(50, 700, 3), cap=30.0),
+    C("gqa_cap_p1", prefix=(50, 700, 3), cap=5.0, scale=0.25),
     C("gqa_scale_p16_fp16", prefix=(64, 128, 9), page=16, scale=0.05, dtype="fp16"),
     C("mha_bs16_p16", prefix=tuple(range(3, 3 + 16 * 37, 37)), heads=MHA, page=16, head_dim=64),
 ])

@@ -18,6 +18,8 @@ SMOKE = [
     C("gqa_bf16_p16", prefix=(20, 33), new=3, page=16, dtype="bf16"),
 ]
 
+# Cap cases use cap 5 at scale 0.25 (scores of std ~2.8): the cap bites, so a dropped cap
+# moves bf16 output past tolerance. At cap 30 and the default scale it never did (mutant 12).
 FULL = in_every_layout([
     C("mha_bs1_long_p1", prefix=(1100,), new=3, heads=MHA),
     C("gqa_draft4_p16", prefix=(0, 17, 33, 64), new=4, page=16),
@@ -27,6 +29,6 @@ FULL = in_every_layout([
     C("gqa_d64_bs12_p1_fp16", prefix=(5, 90, 1, 300, 17, 64, 2, 129, 40, 8, 77, 250), new=5, head_dim=64,
       dtype="fp16"),
     C("gqa_window_p16", prefix=(100, 40, 31, 7), new=6, page=16, window=8),
-    C("gqa_cap_p1", prefix=(50, 700, 3), new=4, cap=30.0),
+    C("gqa_cap_p1", prefix=(50, 700, 3), new=4, cap=5.0, scale=0.25),
     C("gqa_page_cross_p16", prefix=(14, 15, 30), new=4, page=16),
 ])

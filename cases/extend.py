@@ -17,6 +17,8 @@ SMOKE = [
     C("gqa_bf16_p16", prefix=(20, 0), new=(9, 17), page=16, dtype="bf16"),
 ]
 
+# Cap cases use cap 5 at scale 0.25 (scores of std ~2.8): the cap bites, so a dropped cap
+# moves bf16 output past tolerance. At cap 30 and the default scale it never did (mutant 12).
 FULL = in_every_layout([
     C("mha_bs1_long_p1", prefix=(1000,), new=(100,), heads=MHA),
     C("gqa_ragged_p16", prefix=(0, 17, 33, 64), new=(5, 1, 16, 3), page=16),
@@ -26,7 +28,7 @@ FULL = in_every_layout([
     C("gqa_d64_bs8_p1_fp16", prefix=(5, 90, 1, 300, 17, 64, 2, 129), new=(3, 1, 40, 2, 16, 9, 1, 70),
       head_dim=64, dtype="fp16"),
     C("gqa_window_p16", prefix=(100, 0, 300), new=(80, 200, 5), page=16, window=64),
-    C("gqa_cap_p1", prefix=(50, 0, 3), new=(30, 60, 1), cap=30.0),
+    C("gqa_cap_p1", prefix=(50, 0, 3), new=(30, 60, 1), cap=5.0, scale=0.25),
     C("gqa_all_ones_bs9_p16", prefix=(0, 1, 15, 16, 17, 31, 32, 100, 64), new=(1,) * 9, page=16),
     C("gqa_zero_prefix_p64", prefix=(0, 0, 0, 0), new=(64, 65, 1, 130), page=64),
 ])

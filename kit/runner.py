@@ -12,6 +12,7 @@ import torch
 from kit.case import Case
 from kit.fixture import Fixture, fixtures_for
 from kit.graph import BS_BUCKETS, BatchGraphs, ExtendGraphs, bucket_for, replay_schedule
+from kit.guard import Guard
 from kit.layer import Layer
 from kit.modes import Exec, ForwardMode
 from kit.nan_fill import nan_filled_allocations
@@ -19,7 +20,15 @@ from kit.pools import CASE_LAYER_ID, Pools
 from kit.protocol import NO_CAPTURE_HOOKS, BackendContext, has_graph_hooks
 from kit.reference import attention
 from kit.registry import load_backend
-from kit.verdicts import CRASH, GRAPH, KERNEL, KV_WRITE, check_kv, check_output, check_padding
+from kit.verdicts import (
+    CRASH,
+    GRAPH,
+    KERNEL,
+    KV_WRITE,
+    check_kv,
+    check_output,
+    check_padding,
+)
 
 PASS, FAIL, UNSUPPORTED = "pass", "fail", "unsupported"
 
@@ -93,10 +102,11 @@ class _Judgement:
     text: str
     max_err: float
     tol: float
+    memory_ok: bool = True  # no write past the end of a tensor the backend allocated (eager only)
 
     @property
     def ok(self) -> bool:
-        return self.output_ok and self.kv_ok
+        return self.output_ok and self.kv_ok and self.memory_ok
 
 
 def _judge(fx: Fixture, out, before) -> _Judgement:
@@ -113,10 +123,16 @@ def _judge(fx: Fixture, out, before) -> _Judgement:
 def _eager(backend, fx: Fixture, layer: Layer) -> _Judgement:
     fx.install()
     before = fx.pools.token_to_kv_pool.snapshot()
-    _call("init_forward_metadata", backend.init_forward_metadata, fx.batch)
-    with nan_filled_allocations():
-        out = _call("forward", backend.forward, fx.q, fx.k_new, fx.v_new, layer, fx.batch)
-    return _judge(fx, out, before)
+    guard = Guard()
+    with guard.watching():
+        _call("init_forward_metadata", backend.init_forward_metadata, fx.batch)
+        with nan_filled_allocations():
+            out = _call("forward", backend.forward, fx.q, fx.k_new, fx.v_new, layer, fx.batch)
+    j = _judge(fx, out, before)
+    memory = guard.check()
+    if not memory.ok:
+        j = dataclasses.replace(j, memory_ok=False, text=f"{j.text}; {memory.describe()}")
+    return j
 
 
 def _describe_replay(i: int, fixtures: List[Fixture]) -> str:

@@ -9,15 +9,15 @@ class MarkersMissing(ValueError):
     pass
 
 
-def split(text: str, path: str = "README.md"):
+def split(text: str, path: str = "README.md", begin: str = BEGIN, end: str = END):
     """(before, generated block, after)."""
-    if BEGIN not in text or END not in text:
-        raise MarkersMissing(f"{path}: the markers {BEGIN!r} and {END!r} are missing")
-    before, rest = text.split(BEGIN, 1)
-    block, after = rest.split(END, 1)
+    if begin not in text or end not in text:
+        raise MarkersMissing(f"{path}: the markers {begin!r} and {end!r} are missing")
+    before, rest = text.split(begin, 1)
+    block, after = rest.split(end, 1)
     return before, block.strip("\n"), after
 
 
-def replace(text: str, block: str, path: str = "README.md") -> str:
-    before, _, after = split(text, path)
-    return f"{before}{BEGIN}\n{block.strip()}\n{END}{after}"
+def replace(text: str, block: str, path: str = "README.md", begin: str = BEGIN, end: str = END) -> str:
+    before, _, after = split(text, path, begin, end)
+    return f"{before}{begin}\n{block.strip()}\n{end}{after}"
