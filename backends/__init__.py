@@ -2,5 +2,6 @@
 
 BUILTIN = {
     "torch_native": "backends.torch_native:TorchNativeBackend",
+    "flashinfer": "backends.flashinfer:FlashInferBackend",
     "triton": "backends.triton:TritonBackend",
 }

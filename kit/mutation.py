@@ -31,6 +31,9 @@ class Mutant:
     modes: Tuple[ForwardMode, ...]
     execs: Tuple[Exec, ...]
     cpu: bool  # catchable on CPU (interpreter, emulated graphs)
+    # Why this mutant cannot change any observable behaviour of this backend (an
+    # equivalent mutant, in mutation-testing terms); it is still run and shown.
+    equivalent: str = ""
 
     @property
     def doc(self) -> str:
@@ -54,7 +57,8 @@ class Score:
 
     def to_record(self) -> Dict:
         m = self.mutant
-        return dict(number=m.number, mutant=m.name, expect=list(m.expect), runs=self.runs, failed=self.failed,
+        return dict(number=m.number, mutant=m.name, expect=list(m.expect), equivalent=m.equivalent,
+                    runs=self.runs, failed=self.failed,
                     classes=self.classes, first_failure=self.first_failure, repro=self.repro,
                     not_run=self.not_run, caught=self.caught)
 
@@ -137,7 +141,7 @@ def table(records: Sequence[Dict], header: Optional[str] = None) -> str:
     for r in records:
         classes = ", ".join(f"{c} {n}" for c, n in sorted(r["classes"].items())) or "-"
         caught = f"{r['failed']}/{r['runs']}" + (f" (+{r['not_run']} not run)" if r["not_run"] else "")
-        mark = "" if r["caught"] else " **MISSED**"
+        mark = "" if r["caught"] else f" (equivalent: {r['equivalent']})" if r.get("equivalent") else " **MISSED**"
         first = f"`{r['first_failure']}`" if r["first_failure"] else "-"
         lines.append(f"| {r['number']} | `{r['mutant']}`{mark} | {' or '.join(r['expect'])} | {caught} | {classes} "
                      f"| {first} |")

@@ -13,7 +13,7 @@ import torch
 
 from backends.triton import kernels
 
-BLOCK_M = 32  # query tokens per extend program
+BLOCK_M = 64  # query tokens per extend program
 MAX_KV_SPLITS = 16
 SPLIT_TOKENS = 32  # a decode request gets one KV split per this many keys, up to the batch's limit
 KV_INDICES_BLOCK = 128

@@ -12,6 +12,7 @@ D, E, TV, DE = ForwardMode.DECODE, ForwardMode.EXTEND, ForwardMode.TARGET_VERIFY
 ALL_MODES = (D, E, TV, DE)
 EAGER, GRAPH = (Exec.EAGER,), (Exec.GRAPH,)
 T = "tests.mutants.triton:"
+FI = "tests.mutants.flashinfer:"
 G, K, KV, C = ("graph",), ("kernel",), ("kv-write",), ("crash",)
 # Reading or writing past a buffer the backend sized itself: wrong output where the
 # stray access lands in readable memory, a crash where it corrupts the heap.
@@ -21,7 +22,10 @@ MUTANTS = [
     Mutant(1, "replay_bs_from_buffer", T + "ReplayBsFromBuffer", G, (D, TV, DE), GRAPH, cpu=True),
     Mutant(2, "draft_extend_counts_drafts_twice", T + "DraftExtendCountsDraftsTwice", K, (DE,),
            EAGER + GRAPH, cpu=True),
-    Mutant(3, "draft_extend_no_clamp", T + "DraftExtendNoClamp", G, (DE,), GRAPH, cpu=False),
+    Mutant(3, "draft_extend_no_clamp", T + "DraftExtendNoClamp", G, (DE,), GRAPH, cpu=False,
+           equivalent="every length in our kernels is a loop bound: a negative prefix is an empty loop, "
+                      "and the padded row's output is the same with or without the clamp"),
+    Mutant(3, "draft_extend_no_clamp_flashinfer", FI + "DraftExtendNoClamp", G + C, (DE,), GRAPH, cpu=False),
     Mutant(4, "replay_rebinds_indptr", T + "ReplayRebindsIndptr", G, (D, TV, DE), GRAPH, cpu=False),
     Mutant(5, "splits_from_capture_host_value", T + "SplitsFromCaptureHostValue", G, (D,), GRAPH, cpu=True),
     Mutant(6, "padded_rows_write_real_slot", T + "PaddedRowsWriteRealSlot", KV, ALL_MODES, GRAPH,

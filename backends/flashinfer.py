@@ -1,0 +1,196 @@
+"""FlashInfer backend: the real flashinfer-python (0.7.x) kernels behind the kit's protocol.
+
+Which wrapper runs each mode (the conventions of SGLang's flashinfer backend):
+- DECODE: BatchDecodeWithPagedKVCacheWrapper, on tensor cores when the GQA
+  group is >= 4 (engines' rule: the CUDA-core kernel only wins for small groups).
+- EXTEND, DRAFT_EXTEND_V2: BatchPrefillWithPagedKVCacheWrapper, causal
+  (bottom-right aligned) over prefix + new tokens, whose KV forward() writes to
+  the pool first. One paged pass, not SGLang's ragged pass over the new tokens
+  merged (merge_state) with a paged pass over the prefix: that split only saves
+  paged reads of fresh tokens on long prompts, while the single pass is one
+  kernel and reads the new tokens through the page table, as decode does.
+- TARGET_VERIFY: the same wrapper with the custom mask, kv = prefix + drafts.
+The paged prefill wrappers pin backend="fa2", as SGLang pins its paged prefill
+wrapper: the FA3 (SM90) kernels reject custom masks, so "auto" would run verify
+on fa2 and extend on fa3; fa2 is also what tensor-core decode runs, so one JIT
+build per variant serves all modes.
+
+FlashInfer fixes the kernel variant at plan() (dtypes, head_dim, window_left,
+logits_soft_cap; sm_scale is kept from there too), so every plan passes them
+all, with the dtypes explicit: the library defaults q to fp16.
+"""
+from __future__ import annotations
+
+from typing import Dict, Optional, Tuple
+
+import torch
+
+from kit.modes import ForwardMode
+from kit.protocol import AttentionBackend
+
+try:
+    import flashinfer
+except Exception as exc:  # noqa: BLE001 - not installed, or a build that cannot load here: a reason, not a crash
+    flashinfer = None
+    _UNAVAILABLE: Optional[str] = (f"flashinfer-python cannot be imported here ({type(exc).__name__}: {exc}); "
+                                   f"install it with `pip install .[flashinfer]`")
+else:
+    _UNAVAILABLE = None
+
+WORKSPACE_BYTES = 128 << 20  # the size FlashInfer recommends for its split-k scratch
+HEAD_DIMS = (64, 128, 256)
+TENSOR_CORE_MIN_GROUP = 4
+
+
+class FlashInferBackend(AttentionBackend):
+    name = "flashinfer"
+    # EXTEND stays piecewise-eager: a use_cuda_graph prefill wrapper fixes its batch
+    # size at construction and its query-row limit at the first plan(), while one
+    # captured token bucket is replayed with batches of other request counts and more
+    # real tokens. Engines (SGLang's piecewise CUDA graphs) leave attention out of the
+    # captured pieces for the same reason.
+    extend_capture = False
+
+    @classmethod
+    def supports(cls, case) -> Optional[str]:
+        if case.dtype not in ("bf16", "fp16"):
+            return f"{case.dtype}: FlashInfer's attention kernels take fp16/bf16 (or fp8) q/k/v, no fp32"
+        if case.head_dim not in HEAD_DIMS:
+            return (f"head_dim {case.head_dim}: FlashInfer supports head_dim 64, 128, 256 "
+                    f"(its SM90 kernels are instantiated for these only)")
+        # No page size is out of scope: the paged wrappers take any page_size >= 1.
+        if _UNAVAILABLE is not None:
+            return _UNAVAILABLE
+        if not torch.cuda.is_available():
+            return "FlashInfer runs on CUDA GPUs only; no CUDA device here"
+        return None
+
+    def __init__(self, ctx):
+        super().__init__(ctx)
+        layer = ctx.layer
+        self.page = ctx.page_size
+        self.heads = (layer.tp_q_head_num, layer.tp_k_head_num, layer.head_dim)
+        self.decode_tensor_cores = layer.tp_q_head_num // layer.tp_k_head_num >= TENSOR_CORE_MIN_GROUP
+        self.variant = dict(q_data_type=ctx.dtype, kv_data_type=ctx.kv_cache_dtype, sm_scale=layer.scaling,
+                            window_left=layer.sliding_window_size, logits_soft_cap=layer.logit_cap)
+        self.workspace = torch.zeros(WORKSPACE_BYTES, dtype=torch.uint8, device=ctx.device)
+        self.eager_wrappers: Dict[ForwardMode, object] = {}
+        self.graph_wrappers: Dict[Tuple[ForwardMode, int], object] = {}
+        self.wrapper = None  # the wrapper the next forward() runs, planned for num_q query rows
+        self.num_q = 0
+
+    # --- metadata ---------------------------------------------------------------------------
+
+    def _new_wrapper(self, mode: ForwardMode, graph_bs: Optional[int] = None):
+        """A wrapper for `mode`; with graph_bs, a CUDA-graph one whose metadata lives in the
+        fixed buffers of init_cuda_graph_state (plan() fills them in place)."""
+        g = graph_bs
+        if mode is ForwardMode.DECODE:
+            kw = {} if g is None else dict(
+                use_cuda_graph=True, paged_kv_indptr_buffer=self.g_kv_indptr[:g + 1],
+                paged_kv_indices_buffer=self.g_kv_indices, paged_kv_last_page_len_buffer=self.g_last_page_len[:g])
+            return flashinfer.BatchDecodeWithPagedKVCacheWrapper(
+                self.workspace, "NHD", use_tensor_cores=self.decode_tensor_cores, **kw)
+        kw = {} if g is None else dict(
+            use_cuda_graph=True, qo_indptr_buf=self.g_qo_indptr[:g + 1], paged_kv_indptr_buf=self.g_kv_indptr[:g + 1],
+            paged_kv_indices_buf=self.g_kv_indices, paged_kv_last_page_len_buf=self.g_last_page_len[:g])
+        if g is not None and mode is ForwardMode.TARGET_VERIFY:
+            kw.update(custom_mask_buf=self.g_mask, mask_indptr_buf=self.g_mask_indptr[:g + 1])
+        return flashinfer.BatchPrefillWithPagedKVCacheWrapper(self.workspace, "NHD", backend="fa2", **kw)
+
+    @staticmethod
+    def _lengths(mode: ForwardMode, seq_lens: torch.Tensor, spec_info,
+                 extend_lens) -> Tuple[torch.Tensor, torch.Tensor]:
+        """(query rows, kv length) per request, on the host, from the mode's seq_lens convention."""
+        seq_lens = seq_lens.to(torch.int32)
+        if mode is ForwardMode.DECODE:
+            return torch.ones_like(seq_lens), seq_lens
+        if mode is ForwardMode.EXTEND:
+            return extend_lens, seq_lens  # seq_lens = prefix + extend
+        if mode is ForwardMode.TARGET_VERIFY:
+            q = torch.full_like(seq_lens, spec_info.draft_token_num)
+            return q, seq_lens + q  # seq_lens exclude the drafts
+        if mode is ForwardMode.DRAFT_EXTEND_V2:
+            q = spec_info.extend_seq_lens_tensor.cpu().to(torch.int32)
+            # seq_lens already count the drafts; a padded graph row (seq_len = fill) has no prefix
+            return q, (seq_lens - q).clamp(min=0) + q
+        raise NotImplementedError(mode)
+
+    def _page_table(self, rows: torch.Tensor, kv_lens: torch.Tensor):
+        """FlashInfer's CSR page table (indptr, page indices, last page lengths) for the
+        requests in req_to_token rows `rows` (device) holding `kv_lens` tokens (host)."""
+        p = self.page
+        n_pages = (kv_lens + p - 1) // p
+        indptr = torch.cat([torch.zeros(1, dtype=torch.int32), torch.cumsum(n_pages, 0, dtype=torch.int32)])
+        last_page_len = kv_lens - (n_pages - 1) * p
+        total = int(indptr[-1])
+        req = torch.repeat_interleave(rows.long(), n_pages.to(rows.device), output_size=total)
+        page_no = torch.arange(total, dtype=torch.int64) - torch.repeat_interleave(indptr[:-1].long(), n_pages)
+        # Pages are whole (token t at page_ids[t // P] * P + t % P): a page's id is the
+        # slot of its first token over P.
+        first_slot = self.ctx.req_to_token_pool.req_to_token[req, (page_no * p).to(rows.device)]
+        return indptr, (first_slot // p).to(torch.int32), last_page_len
+
+    def _plan(self, wrapper, mode: ForwardMode, rows, seq_lens_cpu, spec_info, extend_lens=None) -> None:
+        q_lens, kv_lens = self._lengths(mode, seq_lens_cpu, spec_info, extend_lens)
+        kv_indptr, kv_indices, last_page_len = self._page_table(rows, kv_lens)
+        if mode is ForwardMode.DECODE:
+            wrapper.plan(kv_indptr, kv_indices, last_page_len, *self.heads, self.page, **self.variant)
+        else:
+            qo_indptr = torch.cat([torch.zeros(1, dtype=torch.int32), torch.cumsum(q_lens, 0, dtype=torch.int32)])
+            mask = spec_info.custom_mask if mode is ForwardMode.TARGET_VERIFY else None
+            wrapper.plan(qo_indptr, kv_indptr, kv_indices, last_page_len, *self.heads, self.page,
+                         causal=mask is None, custom_mask=mask, **self.variant)
+        self.wrapper, self.num_q = wrapper, int(q_lens.sum())
+
+    def init_forward_metadata(self, batch) -> None:
+        mode = batch.forward_mode
+        if mode not in self.eager_wrappers:
+            self.eager_wrappers[mode] = self._new_wrapper(mode)
+        extend_lens = (torch.tensor(batch.extend_seq_lens_cpu, dtype=torch.int32)
+                       if mode is ForwardMode.EXTEND else None)
+        self._plan(self.eager_wrappers[mode], mode, batch.req_pool_indices, batch.seq_lens_cpu,
+                   batch.spec_info, extend_lens)
+
+    # --- CUDA graphs: one wrapper per batch-size bucket over shared fixed buffers -------------
+
+    def init_cuda_graph_state(self, max_bs: int, max_num_tokens: int) -> None:
+        dev, max_ctx = self.ctx.device, self.ctx.max_context_len
+        i32 = lambda n: torch.zeros(n, dtype=torch.int32, device=dev)  # noqa: E731
+        self.g_qo_indptr, self.g_kv_indptr, self.g_mask_indptr = i32(max_bs + 1), i32(max_bs + 1), i32(max_bs + 1)
+        self.g_last_page_len = i32(max_bs)
+        # kv <= max_context tokens a request (TARGET_VERIFY's drafts included), plus the
+        # short padded rows: one more page each covers both.
+        self.g_kv_indices = i32(max_bs * (-(-max_ctx // self.page) + 1))
+        # TARGET_VERIFY mask, bit-packed per request (each rounded up to a byte)
+        self.g_mask = torch.zeros(max_num_tokens * max_ctx // 8 + max_bs, dtype=torch.uint8, device=dev)
+
+    def init_forward_metadata_capture_cuda_graph(self, bs, num_tokens, req_pool_indices, seq_lens,
+                                                 forward_mode, spec_info) -> None:
+        wrapper = self.graph_wrappers[(forward_mode, bs)] = self._new_wrapper(forward_mode, graph_bs=bs)
+        self._plan(wrapper, forward_mode, req_pool_indices, seq_lens.cpu(), spec_info)
+
+    def init_forward_metadata_replay_cuda_graph(self, bs, req_pool_indices, seq_lens, seq_lens_sum,
+                                                forward_mode, spec_info, seq_lens_cpu) -> None:
+        # plan() again before every replay: it rewrites the buffers the graph reads
+        self._plan(self.graph_wrappers[(forward_mode, bs)], forward_mode, req_pool_indices, seq_lens_cpu, spec_info)
+
+    def get_cuda_graph_seq_len_fill_value(self) -> int:
+        return 1
+
+    # --- attention ----------------------------------------------------------------------------
+
+    def forward(self, q, k, v, layer, batch, save_kv_cache=True):
+        pool = batch.token_to_kv_pool
+        if save_kv_cache:
+            pool.set_kv_buffer(layer, batch.out_cache_loc, k, v)
+        k_cache, v_cache = pool.get_kv_buffer(layer.layer_id)
+        paged = (k_cache.view(-1, self.page, *k_cache.shape[1:]), v_cache.view(-1, self.page, *v_cache.shape[1:]))
+        if q.shape[0] == self.num_q:
+            return self.wrapper.run(q, paged)
+        # EXTEND graph mode pads the token axis past the planned rows: their output is
+        # ignored but must be finite (the rest of the model runs on it), so zeros
+        out = q.new_empty(q.shape)
+        out[self.num_q:].zero_()
+        self.wrapper.run(q[:self.num_q], paged, out=out[:self.num_q])
+        return out

@@ -1,0 +1,19 @@
+"""Mutants of the FlashInfer adapter (backends/flashinfer.py), made the same way:
+one overridden method, the adapter's source untouched."""
+from __future__ import annotations
+
+from backends.flashinfer import FlashInferBackend
+from kit.modes import ForwardMode
+
+
+class DraftExtendNoClamp(FlashInferBackend):
+    """DRAFT_EXTEND_V2 prefix = seq_lens - extend lens without the clamp at 0: a padded
+    graph row (seq_len = fill value 1, drafts = 3+) plans a KV length shorter than
+    its query rows."""
+
+    @staticmethod
+    def _lengths(mode, seq_lens, spec_info, extend_lens):
+        q, kv = FlashInferBackend._lengths(mode, seq_lens, spec_info, extend_lens)
+        if mode is ForwardMode.DRAFT_EXTEND_V2:
+            kv = (seq_lens.to(q.dtype) - q) + q
+        return q, kv
