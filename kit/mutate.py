@@ -62,7 +62,7 @@ def main(argv=None) -> int:
     if args.json:
         with open(args.json, "w") as f:
             json.dump(dict(environment=env, case_set=case_set, scores=[s.to_record() for s in scores]), f, indent=1)
-    missed = [s.mutant.name for s in scores if not s.caught and not s.mutant.equivalent]
+    missed = [s.mutant.name for s in scores if not s.caught and not s.mutant.harmless]
     if missed:
         print(f"missed: {', '.join(missed)}", file=sys.stderr)
         return 1

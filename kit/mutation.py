@@ -31,9 +31,9 @@ class Mutant:
     modes: Tuple[ForwardMode, ...]
     execs: Tuple[Exec, ...]
     cpu: bool  # catchable on CPU (interpreter, emulated graphs)
-    # Why this mutant cannot change any observable behaviour of this backend (an
-    # equivalent mutant, in mutation-testing terms); it is still run and shown.
-    equivalent: str = ""
+    # Why this mutant changes nothing the contract judges for this backend (only
+    # finite output of padded rows, say): it is still run and shown, with the reason.
+    harmless: str = ""
 
     @property
     def doc(self) -> str:
@@ -57,7 +57,7 @@ class Score:
 
     def to_record(self) -> Dict:
         m = self.mutant
-        return dict(number=m.number, mutant=m.name, expect=list(m.expect), equivalent=m.equivalent,
+        return dict(number=m.number, mutant=m.name, expect=list(m.expect), harmless=m.harmless,
                     runs=self.runs, failed=self.failed,
                     classes=self.classes, first_failure=self.first_failure, repro=self.repro,
                     not_run=self.not_run, caught=self.caught)
@@ -141,7 +141,7 @@ def table(records: Sequence[Dict], header: Optional[str] = None) -> str:
     for r in records:
         classes = ", ".join(f"{c} {n}" for c, n in sorted(r["classes"].items())) or "-"
         caught = f"{r['failed']}/{r['runs']}" + (f" (+{r['not_run']} not run)" if r["not_run"] else "")
-        mark = "" if r["caught"] else f" (equivalent: {r['equivalent']})" if r.get("equivalent") else " **MISSED**"
+        mark = "" if r["caught"] else f" (harmless here: {r['harmless']})" if r.get("harmless") else " **MISSED**"
         first = f"`{r['first_failure']}`" if r["first_failure"] else "-"
         lines.append(f"| {r['number']} | `{r['mutant']}`{mark} | {' or '.join(r['expect'])} | {caught} | {classes} "
                      f"| {first} |")
