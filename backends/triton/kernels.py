@@ -60,6 +60,15 @@ def _online_step(q, k, v, visible, m_i, l_i, acc, sm_scale, logit_cap,
 
 
 @triton.jit
+def _load_paged_kv(K, V, kv_indices, kv_start, n, live_n, kvh, d, stride_ks, stride_kh, stride_vs, stride_vh):
+    """K and V [BLOCK_N, D] of key positions `n` of a request, through its kv_indices."""
+    slots = tl.load(kv_indices + kv_start + n, mask=live_n, other=0).to(tl.int64)
+    k = tl.load(K + slots[:, None] * stride_ks + kvh * stride_kh + d[None, :], mask=live_n[:, None], other=0.0)
+    v = tl.load(V + slots[:, None] * stride_vs + kvh * stride_vh + d[None, :], mask=live_n[:, None], other=0.0)
+    return k, v
+
+
+@triton.jit
 def decode_split_kernel(Q, K, V, kv_indptr, kv_indices, num_kv_splits, Mid_O, Mid_LSE,
                         sm_scale, logit_cap, window,
                         stride_qt, stride_qh, stride_ks, stride_kh, stride_vs, stride_vh,
@@ -90,9 +99,8 @@ def decode_split_kernel(Q, K, V, kv_indptr, kv_indices, num_kv_splits, Mid_O, Mi
         for start in range(lo, hi, BLOCK_N):
             n = start + tl.arange(0, BLOCK_N)
             live_n = n < hi
-            slots = tl.load(kv_indices + kv_start + n, mask=live_n, other=0).to(tl.int64)
-            k = tl.load(K + slots[:, None] * stride_ks + kvh * stride_kh + d[None, :], mask=live_n[:, None], other=0.0)
-            v = tl.load(V + slots[:, None] * stride_vs + kvh * stride_vh + d[None, :], mask=live_n[:, None], other=0.0)
+            k, v = _load_paged_kv(K, V, kv_indices, kv_start, n, live_n, kvh, d, stride_ks, stride_kh, stride_vs,
+                                  stride_vh)
             m_i, l_i, acc = _online_step(q, k, v, live_h[:, None] & live_n[None, :], m_i, l_i, acc,
                                          sm_scale, logit_cap, HAS_CAP, UPCAST, IEEE)
         seen = l_i > 0  # a split wholly outside the window contributes nothing
@@ -165,9 +173,8 @@ def extend_kernel(Q, K_new, V_new, K, V, Out, positions,
         for start in range(lo, prefix, BLOCK_N):
             n = start + tl.arange(0, BLOCK_N)
             live_n = n < prefix
-            slots = tl.load(kv_indices + kv_start + n, mask=live_n, other=0).to(tl.int64)
-            k = tl.load(K + slots[:, None] * stride_ks + kvh * stride_kh + d[None, :], mask=live_n[:, None], other=0.0)
-            v = tl.load(V + slots[:, None] * stride_vs + kvh * stride_vh + d[None, :], mask=live_n[:, None], other=0.0)
+            k, v = _load_paged_kv(K, V, kv_indices, kv_start, n, live_n, kvh, d, stride_ks, stride_kh, stride_vs,
+                                  stride_vh)
             visible = live_m[:, None] & live_n[None, :]
             if CUSTOM_MASK:
                 allowed = tl.load(mask + mask_row[:, None] + n[None, :], mask=visible, other=0)
