@@ -2,7 +2,6 @@
 
     python -m kit.mutate [--case-set auto|smoke|full] [--only NAME,...] [--cpu-only]
                          [-j N] [--json PATH] [--catalog module:attr]
-    python -m kit.mutate --write-readme     # README score tables from results/mutation/*.json
 
 Prints the score table (mutant, caught by how many runs, failure classes seen,
 first failing run) and exits 1 if any mutant is missed, i.e. the kit never
@@ -18,9 +17,9 @@ import sys
 import torch
 
 from cases import resolve_set
-from kit.mutation import score_all, table, worker, write_readme
+from kit.mutation import score_all, table, worker
 from kit.registry import import_target
-from kit.results import REPO, environment
+from kit.results import environment
 
 
 def main(argv=None) -> int:
@@ -33,13 +32,8 @@ def main(argv=None) -> int:
     parser.add_argument("-j", "--jobs", type=int, default=os.cpu_count() or 1)
     parser.add_argument("--json", help="write the scores here")
     parser.add_argument("--stop-when-caught", action="store_true", help="stop a mutant at its first catch")
-    parser.add_argument("--write-readme", action="store_true",
-                        help="write the README score tables from the committed results/mutation/*.json")
     parser.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
-    if args.write_readme:
-        write_readme(REPO / "README.md", sorted((REPO / "results" / "mutation").glob("*.json")))
-        return 0
     if args.worker:
         worker(args.catalog, args.only, resolve_set(args.case_set), args.stop_when_caught)
         return 0

@@ -20,15 +20,7 @@ from kit.pools import CASE_LAYER_ID, Pools
 from kit.protocol import NO_CAPTURE_HOOKS, BackendContext, has_graph_hooks
 from kit.reference import attention
 from kit.registry import load_backend
-from kit.verdicts import (
-    CRASH,
-    GRAPH,
-    KERNEL,
-    KV_WRITE,
-    check_kv,
-    check_output,
-    check_padding,
-)
+from kit.verdicts import CRASH, GRAPH, KERNEL, KV_WRITE, check_kv, check_output, check_padding
 
 PASS, FAIL, UNSUPPORTED = "pass", "fail", "unsupported"
 

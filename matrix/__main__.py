@@ -33,8 +33,11 @@ def main(argv=None) -> int:
             print("\n".join(problems), file=sys.stderr)
             return 1
         path = Path(args.readme)
-        path.write_text(readme.replace(path.read_text(), gate.expected_block(committed, entries), str(path)))
-        print(f"wrote {len(committed)} results file(s) into {path}")
+        text = path.read_text()
+        for _, begin, end, block in gate.readme_blocks(committed, entries, args.results_dir):
+            text = readme.replace(text, block, str(path), begin, end)
+        path.write_text(text)
+        print(f"wrote {len(committed)} results file(s) and the mutation scores into {path}")
         return 0
 
     problems = gate.check(args.readme, args.known_failures, args.results_dir, args.fresh)

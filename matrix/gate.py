@@ -5,12 +5,13 @@ from __future__ import annotations
 import difflib
 import json
 from pathlib import Path
-from typing import Dict, List, Sequence
+from typing import Dict, List, Sequence, Tuple
 
 from kit.known_failures import KnownFailuresError, load
+from kit.mutation import table as mutation_table
 from kit.results import read_results
-from matrix import readme
 from kit.runner import FAIL, PASS, UNSUPPORTED, run_id
+from matrix import readme
 from matrix.table import known_entry, render
 
 
@@ -36,17 +37,40 @@ def expected_block(results: Dict[str, List[Dict]], entries) -> str:
     return render(results, entries) if results else "No results yet."
 
 
-def _stale_readme(readme_path, block: str) -> List[str]:
-    try:
-        _, current, _ = readme.split(Path(readme_path).read_text(), str(readme_path))
-    except readme.MarkersMissing as exc:
-        return [str(exc)]
-    if current.strip() == block.strip():
-        return []
-    diff = [d for d in difflib.unified_diff(current.strip().splitlines(), block.strip().splitlines(), lineterm="", n=0)
-            if d[:1] in "+-" and d[:3] not in ("+++", "---")]
-    return [f"{readme_path}: the matrix tables differ from the results; run `python -m matrix write` "
-            f"(first difference: {diff[0][:200] if diff else 'whitespace'})"]
+def mutation_block(results_dir) -> str:
+    """One score table per committed results/mutation/*.json, as that run produced it."""
+    parts = []
+    for path in sorted((Path(results_dir) / "mutation").glob("*.json")):
+        data = json.loads(path.read_text())
+        env = data["environment"]
+        header = (f"#### {env['device']}\n\n{data['case_set']} cases · torch {env['torch']} · triton {env['triton']} · "
+                  f"kit commit {env['kit_commit']} · {env['date']} · from `results/mutation/{path.name}`")
+        parts.append(mutation_table(data["scores"], header))
+    return "\n\n".join(parts) or "No mutation scores yet."
+
+
+def readme_blocks(results: Dict[str, List[Dict]], entries, results_dir) -> List[Tuple[str, str, str, str]]:
+    """(what, begin marker, end marker, generated text) of each generated README block."""
+    return [("matrix tables", readme.BEGIN, readme.END, expected_block(results, entries)),
+            ("mutation tables", readme.MUTANTS_BEGIN, readme.MUTANTS_END, mutation_block(results_dir))]
+
+
+def _stale_readme(readme_path, blocks) -> List[str]:
+    problems = []
+    text = Path(readme_path).read_text()
+    for what, begin, end, block in blocks:
+        try:
+            _, current, _ = readme.split(text, str(readme_path), begin, end)
+        except readme.MarkersMissing as exc:
+            problems.append(str(exc))
+            continue
+        if current.strip() == block.strip():
+            continue
+        diff = [d for d in difflib.unified_diff(current.strip().splitlines(), block.strip().splitlines(),
+                                                lineterm="", n=0) if d[:1] in "+-" and d[:3] not in ("+++", "---")]
+        problems.append(f"{readme_path}: the {what} differ from the results; run `python -m matrix write` "
+                        f"(first difference: {diff[0][:200] if diff else 'whitespace'})")
+    return problems
 
 
 def _coverage(records: List[Dict], sources: Dict[int, str], entries) -> List[str]:
@@ -94,7 +118,7 @@ def check(readme_path, known_path, results_dir, fresh_paths: Sequence[str] = ())
         problems += str(exc).splitlines()
         entries = []
     committed = committed_results(results_dir, problems)
-    problems += _stale_readme(readme_path, expected_block(committed, entries))
+    problems += _stale_readme(readme_path, readme_blocks(committed, entries, results_dir))
     fresh: List[Dict] = []
     sources: Dict[int, str] = {}
     for path in fresh_paths:

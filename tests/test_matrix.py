@@ -39,7 +39,14 @@ def project(tmp_path):
     (tmp_path / "results").mkdir()
     write_results(tmp_path / "results" / "cpu.json", [rec("a"), rec("b"), rec("c", "fail", "kernel")])
     (tmp_path / "KNOWN_FAILURES.md").write_text(kf_text("| KF-1 | be | decode | eager | c | kernel | xfail | why | link |"))
-    (tmp_path / "README.md").write_text(f"# x\n\n{readme.BEGIN}\n{readme.END}\n\ntail\n")
+    (tmp_path / "results" / "mutation").mkdir()
+    (tmp_path / "results" / "mutation" / "gpu.json").write_text(json.dumps(dict(
+        environment=dict(device="GPU X", torch="2.11", triton="3.6", kit_commit="abc", date="2026-11-22"),
+        case_set="full", scores=[dict(number=1, mutant="m1", expect=["graph"], harmless="", runs=4, failed=3,
+                                      classes={"graph": 3}, first_failure="m1-decode-graph-c", repro="",
+                                      not_run=0, caught=True)])))
+    (tmp_path / "README.md").write_text(f"# x\n\n{readme.BEGIN}\n{readme.END}\n\n{readme.MUTANTS_BEGIN}\n"
+                                        f"{readme.MUTANTS_END}\n\ntail\n")
     p = dict(readme_path=tmp_path / "README.md", known_path=tmp_path / "KNOWN_FAILURES.md",
              results_dir=tmp_path / "results")
     run_matrix("write", p)
@@ -73,6 +80,16 @@ def test_stale_table_is_caught(project):
     proc = run_matrix("check", project)
     assert proc.returncode == 1
     assert "matrix tables differ from the results" in proc.stderr and "✓ 3/3" in proc.stderr
+
+
+def test_stale_mutation_table_is_caught(project):
+    """The mutation scores are written from results/mutation/ and a hand edit fails the gate."""
+    path = project["readme_path"]
+    assert "| 1 | `m1` | graph | 3/4 | graph 3 |" in path.read_text()
+    path.write_text(path.read_text().replace("| 3/4 |", "| 4/4 |"))
+    proc = run_matrix("check", project)
+    assert proc.returncode == 1
+    assert "mutation tables differ from the results" in proc.stderr and "4/4" in proc.stderr
 
 
 def test_uncovered_failure_is_caught(project, tmp_path):

@@ -37,7 +37,7 @@ class Buffers:
     mask_indptr: torch.Tensor  # [rows + 1] int64: start of each request's custom-mask block
     mask: torch.Tensor  # [mask capacity] uint8: graph runs copy the custom mask here
     num_kv_splits: torch.Tensor  # [rows] int32
-    block_ids: torch.Tensor  # [blocks] int64: arange, so filling the block table allocates nothing persistent
+    block_ids: torch.Tensor  # [blocks] int64: arange(blocks), made once, the block table's query block ids
     block_req: torch.Tensor  # [blocks] int32: request of each query block, -1 = idle program
     block_start: torch.Tensor  # [blocks] int32: first query (within the request) of each block
     mid_o: torch.Tensor  # [rows, Hq, MAX_KV_SPLITS, D] fp32: split-KV partial outputs

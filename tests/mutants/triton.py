@@ -159,7 +159,9 @@ class ExtendPaddingNotRouted(TritonBackend):
     """EXTEND graph mode: the padded tokens are not routed to a dummy request, so the
     kernel's query rows (the padded token count) and qo_indptr disagree."""
 
-    def _fill(self, bufs, mode, bs, req_pool_indices, seq_lens, spec_info, num_tokens, *args):
+    def _fill(self, bufs, mode, bs, req_pool_indices, seq_lens, spec_info, num_tokens, extend_prefix_lens=None,
+              extend_seq_lens=None):
         if mode is ForwardMode.EXTEND:
-            num_tokens = int(args[1].sum())  # extend_seq_lens: real tokens only
-        return super()._fill(bufs, mode, bs, req_pool_indices, seq_lens, spec_info, num_tokens, *args)
+            num_tokens = int(extend_seq_lens.sum())  # the real tokens only
+        return super()._fill(bufs, mode, bs, req_pool_indices, seq_lens, spec_info, num_tokens, extend_prefix_lens,
+                             extend_seq_lens)
