@@ -1,7 +1,2 @@
-"""In-box backends: a new backend is one file here plus one line below."""
-
-BUILTIN = {
-    "torch_native": "backends.torch_native:TorchNativeBackend",
-    "flashinfer": "backends.flashinfer:FlashInferBackend",
-    "triton": "backends.triton:TritonBackend",
-}
+"""In-box backends: a new backend is one file here plus one entry point in pyproject.toml
+(group attention_conformance.backends, the group external backends register in too)."""

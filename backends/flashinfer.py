@@ -26,7 +26,7 @@ from typing import Dict, Optional, Tuple
 import torch
 
 from kit.modes import ForwardMode
-from kit.protocol import AttentionBackend
+from kit.protocol import AttentionBackend, library_version
 
 try:
     import flashinfer
@@ -50,6 +50,10 @@ class FlashInferBackend(AttentionBackend):
     # real tokens. Engines (SGLang's piecewise CUDA graphs) leave attention out of the
     # captured pieces for the same reason.
     extend_capture = False
+
+    @classmethod
+    def versions(cls):
+        return {"flashinfer": library_version("flashinfer")}
 
     @classmethod
     def supports(cls, case) -> Optional[str]:

@@ -9,9 +9,10 @@ import sys
 
 import torch
 
-import cases as catalog
+from kit.catalog import load_catalog
 from kit.modes import MODES, parse_exec, parse_mode
-from kit.runner import FAIL, run_case
+from kit.record import FAIL
+from kit.runner import run_case
 
 
 def main(argv=None) -> int:
@@ -26,7 +27,10 @@ def main(argv=None) -> int:
     run.add_argument("--json", action="store_true", help="print the result record as JSON on the last line")
     lst = sub.add_parser("list", help="list the cases of a set")
     lst.add_argument("--case-set", default="auto")
+    for p in (run, lst):
+        p.add_argument("--cases", default=None, help="case catalog as module:attr (default: the in-box one)")
     args = parser.parse_args(argv)
+    catalog = load_catalog(args.cases)
 
     if args.command == "list":
         for mode in MODES:
@@ -36,7 +40,7 @@ def main(argv=None) -> int:
         return 0
     case = catalog.find_case(args.mode, args.case)
     device = torch.device(args.device) if args.device else None
-    result = run_case(args.backend, case, args.exec_, device=device)
+    result = run_case(args.backend, case, args.exec_, device=device, catalog=args.cases)
     if args.json:
         print(json.dumps(dataclasses.asdict(result)))
         return 1 if result.outcome == FAIL else 0

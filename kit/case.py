@@ -54,15 +54,11 @@ class Case:
             raise ValueError(f"case {self.name}: layout {self.layout!r} not in {LAYOUTS}")
         if self.page < 1 or not self.prefix or min(self.prefix) < 0:
             raise ValueError(f"case {self.name}: bad page size or prefix lengths")
-        if self.mode is ForwardMode.EXTEND:
-            if isinstance(self.new, int) or len(self.new) != len(self.prefix) or min(self.new) < 1:
-                raise ValueError(f"case {self.name}: EXTEND needs one extend length >= 1 per request")
-        elif not isinstance(self.new, int) or self.new < 1:
-            raise ValueError(f"case {self.name}: {self.mode.name} takes one int for `new`")
-        if self.mode is ForwardMode.DECODE and self.new != 1:
-            raise ValueError(f"case {self.name}: DECODE has exactly one new token per request")
-        if self.topk > 1 and self.mode is not ForwardMode.TARGET_VERIFY:
-            raise ValueError(f"case {self.name}: topk > 1 only applies to TARGET_VERIFY")
+        if not isinstance(self.mode, ForwardMode):
+            raise ValueError(f"case {self.name}: mode {self.mode!r} is not a ForwardMode (e.g. ForwardMode.DECODE)")
+        problem = self.mode.rules.validate(self)
+        if problem:
+            raise ValueError(f"case {self.name}: {problem}")
 
     @property
     def bs(self) -> int:

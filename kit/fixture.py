@@ -6,8 +6,7 @@ from typing import List, Sequence, Tuple
 
 import torch
 
-from kit.batch import ForwardBatch, SpecInfo
-from kit.modes import ForwardMode
+from kit.batch import ForwardBatch
 from kit.plan import BatchPlan, plan_case
 from kit.pools import CASE_LAYER_ID, NUM_LAYERS, POOL_CACHE, Pools
 
@@ -48,7 +47,6 @@ class Fixture:
         plan, case = self.plan, self.plan.case
         kv, r2t = self.pools.token_to_kv_pool, self.pools.req_to_token_pool.req_to_token
         device = kv.device
-        kv.page_size = case.page
         gen = torch.Generator(device=device).manual_seed(case.rng_seed(1))
         for layer in range(NUM_LAYERS):
             kv.k_buffer[layer].normal_(0.0, POISON_K_STD, generator=gen)
@@ -74,45 +72,23 @@ class Fixture:
             slots, dtype=torch.int32, device=device)
 
 
-def _i32(values, device) -> torch.Tensor:
-    return torch.tensor(values, dtype=torch.int32, device=device)
-
-
 def make_batch(plan: BatchPlan, pools: Pools, device) -> ForwardBatch:
-    reqs, mode = plan.requests, plan.case.mode
+    """The common ForwardBatch fields, then the fields the case's mode fills."""
+    reqs = plan.requests
     seq_lens = [r.seq_len for r in reqs]
-    batch = ForwardBatch(
-        forward_mode=mode,
+    return ForwardBatch(
+        forward_mode=plan.case.mode,
         batch_size=len(reqs),
-        req_pool_indices=_i32([r.row for r in reqs], device),
-        seq_lens=_i32(seq_lens, device),
-        seq_lens_cpu=_i32(seq_lens, "cpu"),
+        req_pool_indices=torch.tensor([r.row for r in reqs], dtype=torch.int32, device=device),
+        seq_lens=torch.tensor(seq_lens, dtype=torch.int32, device=device),
+        seq_lens_cpu=torch.tensor(seq_lens, dtype=torch.int32),
         seq_lens_sum=sum(seq_lens),
         out_cache_loc=torch.tensor([s for r in reqs for s in r.slots[r.n_old:]], dtype=torch.int64, device=device),
         positions=torch.tensor([p for r in reqs for p in r.q_pos], dtype=torch.int64, device=device),
         req_to_token_pool=pools.req_to_token_pool,
         token_to_kv_pool=pools.token_to_kv_pool,
+        **plan.case.mode.rules.batch_fields(plan, device),
     )
-    if mode is ForwardMode.EXTEND:
-        new = [r.n_new for r in reqs]
-        old = [r.n_old for r in reqs]
-        starts = [sum(new[:i]) for i in range(len(new))]
-        batch.extend_num_tokens = sum(new)
-        batch.extend_seq_lens = _i32(new, device)
-        batch.extend_prefix_lens = _i32(old, device)
-        batch.extend_start_loc = _i32(starts, device)
-        batch.extend_seq_lens_cpu = new
-        batch.extend_prefix_lens_cpu = old
-    elif mode is ForwardMode.TARGET_VERIFY:
-        draft = plan.case.new
-        mask = torch.cat([r.visible.reshape(-1) for r in reqs]).to(device)
-        batch.spec_info = SpecInfo(draft_token_num=draft, topk=plan.case.topk, custom_mask=mask)
-    elif mode is ForwardMode.DRAFT_EXTEND_V2:
-        draft = plan.case.new
-        batch.spec_info = SpecInfo(draft_token_num=draft, topk=1,
-                                   extend_seq_lens_tensor=_i32([draft] * len(reqs), device),
-                                   num_tokens_per_bs=draft)
-    return batch
 
 
 def build_fixture(plan: BatchPlan, pools: Pools) -> Fixture:
@@ -136,12 +112,14 @@ def build_fixture(plan: BatchPlan, pools: Pools) -> Fixture:
 
 
 def fixtures_for(cases: Sequence, device) -> List[Fixture]:
-    """Fixtures for `cases`, sharing one (cached) pool big enough for all of them:
-    a graph's replays must all read the pool it was captured against."""
+    """Fixtures for `cases` (one run: the same page size and layer config), sharing one
+    (cached) pool big enough for all of them: a graph's replays must all read the pool
+    it was captured against. The pool's page size is set here, once per run."""
     plans = [plan_case(c) for c in cases]
     first = cases[0]
     pools = POOL_CACHE.get(
         num_slots=max(p.num_slots for p in plans), max_reqs=max(p.max_reqs for p in plans),
         max_context=max(p.max_context for p in plans), num_kv_heads=first.num_kv_heads,
         head_dim=first.head_dim, dtype=first.torch_dtype, device=device)
+    pools.token_to_kv_pool.page_size = first.page
     return [build_fixture(p, pools) for p in plans]

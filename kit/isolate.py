@@ -4,20 +4,21 @@ from __future__ import annotations
 import json
 import subprocess
 import sys
+from typing import Optional
 
 from kit.case import Case
 from kit.modes import Exec
-from kit.runner import FAIL, RunResult, repro_command
-from kit.verdicts import CRASH
+from kit.record import CRASH, FAIL, RunResult, repro_command
 
 TIMEOUT_S = 600
 
 
-def run_isolated(backend_spec: str, case: Case, exec_: Exec, label: str) -> RunResult:
+def run_isolated(backend_spec: str, case: Case, exec_: Exec, label: str, catalog: Optional[str] = None) -> RunResult:
     cmd = [sys.executable, "-m", "kit", "run", "--backend", backend_spec, "--mode", case.mode.value,
-           "--exec", exec_.value, "--case", case.name, "--json"]
+           "--exec", exec_.value, "--case", case.name, "--json"] + (["--cases", catalog] if catalog else [])
     crashed = RunResult(backend=label, mode=case.mode.value, exec=exec_.value, case=case.name, dtype=case.dtype,
-                        outcome=FAIL, failure_class=CRASH, repro=repro_command(backend_spec, case.mode, exec_, case),
+                        outcome=FAIL, failure_class=CRASH,
+                        repro=repro_command(backend_spec, case.mode.value, exec_.value, case.name, catalog),
                         isolated=True)
     try:
         proc = subprocess.run(cmd, capture_output=True, text=True, timeout=TIMEOUT_S)

@@ -6,14 +6,13 @@ import dataclasses
 import fnmatch
 import re
 from pathlib import Path
-from typing import List, Optional
+from typing import Dict, List, Optional, Sequence
 
 from kit.modes import EXECS, MODES
-from kit.verdicts import CRASH, GRAPH, KERNEL, KV_WRITE
+from kit.record import FAIL, FAILURE_CLASSES as CLASSES
 
 BEGIN, END = "<!-- known-failures:begin -->", "<!-- known-failures:end -->"
 COLUMNS = ("id", "backend", "mode", "exec", "case", "class", "mark", "reason", "link")
-CLASSES = (KERNEL, GRAPH, KV_WRITE, CRASH)
 XFAIL, QUARANTINE = "xfail", "quarantine"
 ROW_TEMPLATE = "| KF-<n> | <backend> | <mode or *> | <eager|graph|*> | <case glob> | " \
                "<kernel|graph|kv-write|crash> | <xfail|quarantine> | <reason> | <link> |"
@@ -102,9 +101,22 @@ def load(path) -> List[KnownFailure]:
     return parse(Path(path).read_text(), str(path))
 
 
-def match(entries: List[KnownFailure], backend: str, mode: str, exec_: str, case: str) -> Optional[KnownFailure]:
-    """The first entry covering this run, if any."""
+def match(entries: Sequence[KnownFailure], backend: str, mode: str, exec_: str,
+          case: str) -> Optional[KnownFailure]:
+    """The first entry whose patterns match this run, if any."""
     for entry in entries:
         if entry.matches(backend, mode, exec_, case):
             return entry
     return None
+
+
+def is_expected(entry: Optional[KnownFailure], outcome: str, failure_class: Optional[str]) -> bool:
+    """The expected-failure rule: a run is its entry's known failure only if it fails with the
+    entry's class (a pass, or another class, is a failure of the suite)."""
+    return entry is not None and outcome == FAIL and failure_class == entry.failure_class
+
+
+def covering(entries: Sequence[KnownFailure], record: Dict) -> Optional[KnownFailure]:
+    """The entry a results record is the expected failure of, if any."""
+    entry = match(entries, record["backend"], record["mode"], record["exec"], record["case"])
+    return entry if is_expected(entry, record["outcome"], record.get("failure_class")) else None

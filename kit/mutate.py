@@ -1,7 +1,7 @@
 """python -m kit.mutate — run the mutant catalog through the conformance suite.
 
     python -m kit.mutate [--case-set auto|smoke|full] [--only NAME,...] [--cpu-only]
-                         [-j N] [--json PATH] [--catalog module:attr]
+                         [-j N] [--json PATH] [--catalog module:attr] [--cases module:attr]
 
 Prints the score table (mutant, caught by how many runs, failure classes seen,
 first failing run) and exits 1 if any mutant is missed, i.e. the kit never
@@ -16,16 +16,18 @@ import sys
 
 import torch
 
-from cases import resolve_set
-from kit.mutation import score_all, table, worker
-from kit.registry import import_target
-from kit.results import environment
+from kit.catalog import resolve_set
+from kit.mutation import score_all, worker
+from kit.registry import import_target, load_backend
+from kit.results import environment, versions
+from matrix.mutation import table
 
 
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(prog="python -m kit.mutate", description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--catalog", default="tests.mutants:MUTANTS")
+    parser.add_argument("--catalog", default="tests.mutants:MUTANTS", help="the mutant catalog (module:attr)")
+    parser.add_argument("--cases", default=None, help="the case catalog (module:attr; default: the in-box one)")
     parser.add_argument("--case-set", default="auto")
     parser.add_argument("--only", default="", help="comma-separated mutant names")
     parser.add_argument("--cpu-only", action="store_true", help="only the mutants the CPU can catch")
@@ -35,7 +37,7 @@ def main(argv=None) -> int:
     parser.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
     if args.worker:
-        worker(args.catalog, args.only, resolve_set(args.case_set), args.stop_when_caught)
+        worker(args.catalog, args.only, resolve_set(args.case_set), args.stop_when_caught, args.cases)
         return 0
 
     mutants = list(import_target(args.catalog))
@@ -49,8 +51,10 @@ def main(argv=None) -> int:
     if args.cpu_only or not on_gpu:
         mutants = [m for m in mutants if m.cpu]
     case_set = resolve_set(args.case_set)
-    scores = score_all(mutants, args.catalog, case_set, args.jobs, args.stop_when_caught)
-    env = environment()
+    scores = score_all(mutants, args.catalog, case_set, args.jobs, args.stop_when_caught, args.cases)
+    env = dict(environment(), versions={})
+    for m in mutants:
+        env["versions"].update(versions(load_backend(m.backend)))
     header = f"{env['device']} · {case_set} cases · kit commit {env['kit_commit']}"
     print(table([s.to_record() for s in scores], header))
     if args.json:

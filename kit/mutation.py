@@ -14,12 +14,11 @@ import subprocess
 import sys
 from typing import Dict, List, Optional, Sequence, Tuple
 
-from cases import cases as catalog_cases
-from cases import find_case
+from kit.catalog import load_catalog
 from kit.modes import Exec, ForwardMode
+from kit.record import CRASH, FAIL, UNSUPPORTED, parse_run_id, repro_command, run_id
 from kit.registry import import_target, load_backend
-from kit.runner import FAIL, UNSUPPORTED, repro_command, run_case, run_id
-from kit.verdicts import CRASH
+from kit.runner import run_case
 
 
 @dataclasses.dataclass(frozen=True)
@@ -62,21 +61,23 @@ class Score:
                     not_run=self.not_run, caught=self.caught)
 
 
-def _runs(mutant: Mutant, case_set: str):
-    return [(case, ex) for mode in mutant.modes for case in catalog_cases(case_set, mode) for ex in mutant.execs]
+def _runs(mutant: Mutant, case_set: str, cases: Optional[str]):
+    catalog = load_catalog(cases)
+    return [(case, ex) for mode in mutant.modes for case in catalog.cases(case_set, mode) for ex in mutant.execs]
 
 
-def score(mutant: Mutant, case_set: str, stop_when_caught: bool = False, progress=None) -> Score:
+def score(mutant: Mutant, case_set: str, stop_when_caught: bool = False, progress=None,
+          cases: Optional[str] = None) -> Score:
     """Every run of the mutant's modes x execs over the case set (or up to the first
     run failing with the expected class), in this process. `progress(test_id)` is
     called before each run."""
     s = Score(mutant)
     classes = collections.Counter()
-    runs = _runs(mutant, case_set)
+    runs = _runs(mutant, case_set, cases)
     for i, (case, ex) in enumerate(runs):
         if progress:
             progress(run_id(mutant.name, case.mode.value, ex.value, case.name))
-        result = run_case(mutant.backend, case, ex, label=mutant.name)
+        result = run_case(mutant.backend, case, ex, label=mutant.name, catalog=cases)
         if result.outcome == UNSUPPORTED:
             continue
         s.runs += 1
@@ -95,18 +96,20 @@ def score(mutant: Mutant, case_set: str, stop_when_caught: bool = False, progres
 RUN, SCORE = "RUN ", "SCORE "
 
 
-def worker(catalog: str, name: str, case_set: str, stop_when_caught: bool) -> None:
+def worker(catalog: str, name: str, case_set: str, stop_when_caught: bool, cases: Optional[str] = None) -> None:
     """`python -m kit.mutate --worker`: one mutant, progress and score on stdout."""
     mutant = next(m for m in import_target(catalog) if m.name == name)
-    s = score(mutant, case_set, stop_when_caught, progress=lambda tid: print(RUN + tid, flush=True))
+    s = score(mutant, case_set, stop_when_caught, progress=lambda tid: print(RUN + tid, flush=True), cases=cases)
     print(SCORE + json.dumps(s.to_record()), flush=True)
 
 
-def score_isolated(mutant: Mutant, catalog: str, case_set: str, stop_when_caught: bool = False) -> Score:
+def score_isolated(mutant: Mutant, catalog: str, case_set: str, stop_when_caught: bool = False,
+                   cases: Optional[str] = None) -> Score:
     """score() in a subprocess: a mutant that kills its process (heap corruption, a
     device fault) is caught as a crash at the run it was in, and the caller lives."""
     cmd = [sys.executable, "-m", "kit.mutate", "--worker", "--catalog", catalog, "--only", mutant.name,
-           "--case-set", case_set] + (["--stop-when-caught"] if stop_when_caught else [])
+           "--case-set", case_set] + (["--stop-when-caught"] if stop_when_caught else []) + (
+           ["--cases", cases] if cases else [])
     proc = subprocess.run(cmd, capture_output=True, text=True)
     lines = proc.stdout.splitlines()
     for line in lines:
@@ -118,31 +121,14 @@ def score_isolated(mutant: Mutant, catalog: str, case_set: str, stop_when_caught
     if not started:
         raise RuntimeError(f"mutant worker for {mutant.name} failed before any run:\n{proc.stderr[-2000:]}")
     tail = " | ".join(proc.stderr.strip().splitlines()[-2:])
-    _, mode, exec_, case = started[-1].split("-")
-    mode = ForwardMode(mode)
-    repro = repro_command(mutant.backend, mode, Exec(exec_), find_case(mode, case))
+    _, mode, exec_, case = parse_run_id(started[-1])
+    repro = repro_command(mutant.backend, mode, exec_, case, cases)
     return Score(mutant, runs=len(started), failed=1, classes={CRASH: 1}, first_failure=started[-1],
                  repro=f"{repro}  # process died, exit code {proc.returncode}: {tail}",
-                 not_run=len(_runs(mutant, case_set)) - len(started))
+                 not_run=len(_runs(mutant, case_set, cases)) - len(started))
 
 
 def score_all(mutants: Sequence[Mutant], catalog: str, case_set: str, jobs: int,
-              stop_when_caught: bool = False) -> List[Score]:
+              stop_when_caught: bool = False, cases: Optional[str] = None) -> List[Score]:
     with concurrent.futures.ThreadPoolExecutor(max_workers=max(1, jobs)) as pool:
-        return list(pool.map(lambda m: score_isolated(m, catalog, case_set, stop_when_caught), mutants))
-
-
-def table(records: Sequence[Dict], header: Optional[str] = None) -> str:
-    """The score table from Score.to_record() dicts."""
-    lines = [header, ""] if header else []
-    lines += ["| # | mutant | expected | caught by | classes seen | first failing run |",
-              "|---|---|---|---|---|---|"]
-    for r in records:
-        classes = ", ".join(f"{c} {n}" for c, n in sorted(r["classes"].items())) or "-"
-        caught = f"{r['failed']}/{r['runs']}" + (f" (+{r['not_run']} not run)" if r["not_run"] else "")
-        mark = "" if r["caught"] else f" (harmless here: {r['harmless']})" if r.get("harmless") else " **MISSED**"
-        first = f"`{r['first_failure']}`" if r["first_failure"] else "-"
-        lines.append(f"| {r['number']} | `{r['mutant']}`{mark} | {' or '.join(r['expect'])} | {caught} | {classes} "
-                     f"| {first} |")
-    return "\n".join(lines)
-
+        return list(pool.map(lambda m: score_isolated(m, catalog, case_set, stop_when_caught, cases), mutants))

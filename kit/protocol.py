@@ -8,7 +8,8 @@ BackendContext.
 from __future__ import annotations
 
 import dataclasses
-from typing import Optional
+import importlib
+from typing import Dict, Optional
 
 import torch
 
@@ -42,7 +43,6 @@ class BackendContext:
 
     @classmethod
     def for_case(cls, case: Case, pools, device) -> "BackendContext":
-        pools.token_to_kv_pool.page_size = case.page
         return cls(device=torch.device(device), dtype=case.torch_dtype, kv_cache_dtype=case.torch_dtype,
                    page_size=case.page, layer=Layer.for_case(case), req_to_token_pool=pools.req_to_token_pool,
                    token_to_kv_pool=pools.token_to_kv_pool)
@@ -52,6 +52,9 @@ class AttentionBackend:
     """Reference shape of a backend. Override what you support."""
 
     name: Optional[str] = None
+    # The modes forward() implements, as ForwardMode values; None: every mode whose rules
+    # say it is assumed supported (the four the protocol started with).
+    modes: Optional[tuple] = None
     # True if forward() for EXTEND may be captured in a CUDA graph once per token
     # bucket and replayed after init_forward_metadata() of a new batch (metadata
     # filled in place). Otherwise EXTEND graph mode runs the padded call eagerly.
@@ -61,6 +64,12 @@ class AttentionBackend:
     def supports(cls, case: Case) -> Optional[str]:
         """None, or the reason this case is out of scope."""
         return None
+
+    @classmethod
+    def versions(cls) -> Dict[str, str]:
+        """Versions of the libraries this backend runs on, for the records (torch and CUDA
+        are recorded by the kit): e.g. {"triton": "3.6.0"}."""
+        return {}
 
     def __init__(self, ctx: BackendContext):
         self.ctx = ctx
@@ -81,6 +90,24 @@ class AttentionBackend:
     #   init_forward_metadata_replay_cuda_graph(bs, req_pool_indices, seq_lens, seq_lens_sum,
     #                                           forward_mode, spec_info, seq_lens_cpu)
     #   get_cuda_graph_seq_len_fill_value() -> int  (default 1)
+
+
+def mode_reason(backend_cls, mode) -> Optional[str]:
+    """Why the backend does not run `mode` (its `modes` leave it out), or None."""
+    declared = getattr(backend_cls, "modes", None)
+    if declared is None:
+        runs = mode.rules.assumed_supported
+    else:
+        runs = mode.value in {getattr(m, "value", m) for m in declared}
+    return None if runs else f"the backend does not implement mode {mode.value} (its `modes` leave it out)"
+
+
+def library_version(module: str) -> str:
+    """`module.__version__`, or why there is none (for AttentionBackend.versions)."""
+    try:
+        return str(getattr(importlib.import_module(module), "__version__", "unknown"))
+    except Exception:  # noqa: BLE001 - absent or broken install: say so, never fail the run
+        return "not installed"
 
 
 def has_graph_hooks(backend_cls) -> bool:

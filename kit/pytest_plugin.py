@@ -14,13 +14,12 @@ from pathlib import Path
 
 import pytest
 
-import cases as catalog
 from kit import known_failures
+from kit.catalog import load_catalog, resolve_set
 from kit.modes import EXECS, MODES, parse_exec, parse_mode
-from kit.registry import UnknownBackend, backend_label, builtin_backends
-from kit.results import REPO, to_record, write_results
-from kit.runner import FAIL, RunResult, repro_command, run_id
-from kit.verdicts import CRASH
+from kit.record import CRASH, FAIL, RunResult, parse_run_id, repro_command, run_id
+from kit.registry import UnknownBackend, backend_label, known_backends, load_backend
+from kit.results import REPO, to_record, versions, write_results
 
 RECORD_KEY = "conformance_record"
 WRITE_EVERY_S = 2.0  # an interrupted run keeps what finished
@@ -37,10 +36,11 @@ def _csv(values):
 def pytest_addoption(parser):
     g = parser.getgroup("conformance")
     g.addoption("--backend", action="append", default=[],
-                help="backend name or module:attr (repeat or comma-separate); default: every in-box backend")
-    g.addoption("--mode", action="append", default=[], help="decode, extend, target_verify, draft_extend_v2")
+                help="backend name or module:attr (repeat or comma-separate); default: every registered backend")
+    g.addoption("--mode", action="append", default=[], help=", ".join(m.value for m in MODES))
     g.addoption("--exec", action="append", default=[], dest="exec_", help="eager, graph")
     g.addoption("--case-set", default="auto", help="smoke, full, or auto (full with CUDA, smoke without)")
+    g.addoption("--cases", default=None, help="case catalog as module:attr (default: the in-box catalog)")
     g.addoption("--results-json", default=None, help="write one record per run to this file")
     g.addoption("--known-failures", default=None,
                 help="expected-failures file (default: the kit's KNOWN_FAILURES.md, if present)")
@@ -56,16 +56,18 @@ def _known_failures(path):
 def _selection(config):
     """Parsed options; a bad value is a usage error that says what is known or how to fix it."""
     opt = config.getoption
-    specs = _csv(opt("--backend")) or sorted(builtin_backends())
+    specs = _csv(opt("--backend")) or known_backends()
     try:
         return dict(
             labels={spec: backend_label(spec) for spec in specs},
             modes=[parse_mode(m) for m in _csv(opt("--mode"))] or list(MODES),
             execs=[parse_exec(e) for e in _csv(opt("exec_"))] or list(EXECS),
-            case_set=catalog.resolve_set(opt("--case-set")),
+            case_set=resolve_set(opt("--case-set")),
+            catalog_target=opt("--cases"),
+            catalog=load_catalog(opt("--cases")),
             known=_known_failures(opt("--known-failures")),
         )
-    except (UnknownBackend, ValueError) as exc:
+    except (UnknownBackend, ValueError, ImportError, AttributeError, TypeError) as exc:
         raise pytest.UsageError(str(exc)) from None
 
 
@@ -77,12 +79,13 @@ def pytest_generate_tests(metafunc):
     for spec, label in sel["labels"].items():
         for mode in sel["modes"]:
             for exec_ in sel["execs"]:
-                for case in catalog.cases(sel["case_set"], mode):
+                for case in sel["catalog"].cases(sel["case_set"], mode):
                     entry = known_failures.match(sel["known"], label, mode.value, exec_.value, case.name)
                     marks = [] if entry is None else [pytest.mark.xfail(
                         strict=True, raises=KnownFailureHit,
                         reason=f"{entry.id} expects [{entry.failure_class}]: {entry.reason} ({entry.where})")]
-                    params.append(pytest.param((spec, label, case, exec_, entry), marks=marks,
+                    run = (spec, label, case, exec_, entry, sel["catalog_target"])
+                    params.append(pytest.param(run, marks=marks,
                                                id=run_id(label, mode.value, exec_.value, case.name)))
     metafunc.parametrize("conformance_run", params)
 
@@ -144,12 +147,14 @@ class _Recorder:
                 record = json.loads(lost.read_text())
                 lost.unlink()
                 return record
-        label, mode, exec_, name = report.nodeid.split("[", 1)[1].rstrip("]").rsplit("-", 3)
-        case = catalog.find_case(parse_mode(mode), name)
+        sel = self.config._conformance_selection
+        label, mode, exec_, name = parse_run_id(report.nodeid.split("[", 1)[1].rstrip("]"))
+        case = sel["catalog"].find_case(parse_mode(mode), name)
         spec = self.spec_of.get(label, label)
         result = RunResult(backend=label, mode=mode, exec=exec_, case=name, dtype=case.dtype, outcome=FAIL,
                            failure_class=CRASH, message=f"the test process died: {report.longrepr}",
-                           repro=repro_command(spec, case.mode, parse_exec(exec_), case))
+                           repro=repro_command(spec, mode, exec_, name, sel["catalog_target"]),
+                           versions=versions(load_backend(spec)))
         return to_record(result)
 
     def _write(self):

@@ -1,4 +1,5 @@
-"""Finding a backend by name: in-box (backends/), entry point, or module:attr."""
+"""Finding a backend by name: a registered entry point (the in-box backends are
+registered in pyproject.toml in the same group external ones use), or module:attr."""
 from __future__ import annotations
 
 import importlib
@@ -25,33 +26,27 @@ def _entry_points() -> Dict[str, importlib.metadata.EntryPoint]:
     return {ep.name: ep for ep in importlib.metadata.entry_points(group=ENTRY_POINT_GROUP)}
 
 
-def builtin_backends() -> Dict[str, str]:
-    from backends import BUILTIN
-    return dict(BUILTIN)
-
-
 def known_backends() -> List[str]:
-    return sorted(set(builtin_backends()) | set(_entry_points()))
+    """Every registered backend name, in-box and external."""
+    return sorted(_entry_points())
 
 
 def load_backend(spec: str):
-    """The backend class for `spec`: a known name, or `module:attr` for code the kit did not write."""
-    builtin = builtin_backends()
-    if spec in builtin:
-        return import_target(builtin[spec])
+    """The backend class for `spec`: a registered name, or `module:attr` for code not registered."""
     eps = _entry_points()
     if spec in eps:
         return eps[spec].load()
     if ":" in spec:
         return import_target(spec)
+    hint = "" if eps else " (none registered: install the kit with `pip install -e .`)"
     raise UnknownBackend(
-        f"unknown backend {spec!r}; known: {', '.join(known_backends())} "
+        f"unknown backend {spec!r}; known: {', '.join(sorted(eps)) or '-'}{hint} "
         f"(or give an external one as module:attr, or register entry point group {ENTRY_POINT_GROUP!r})")
 
 
 def backend_label(spec: str) -> str:
     """Name used in test ids and results (resolving it, so an unknown name fails early):
-    the spec itself for known names, else the class's `name` or its attribute name."""
+    the spec itself for registered names, else the class's `name` or its attribute name."""
     cls = load_backend(spec)
     if ":" not in spec:
         return spec

@@ -1,10 +1,9 @@
-"""Machine-readable results: one record per run, plus where and with what it ran."""
+"""Writing results: one record per run (kit.record), plus where, when and with what it ran."""
 from __future__ import annotations
 
 import dataclasses
 import datetime
 import functools
-import importlib
 import json
 import os
 import platform
@@ -15,15 +14,9 @@ from typing import Dict, List
 
 import torch
 
-SCHEMA = 1
+from kit.record import SCHEMA, RunResult
+
 REPO = Path(__file__).resolve().parent.parent
-
-
-def _version(module: str) -> str:
-    try:
-        return getattr(importlib.import_module(module), "__version__", "unknown")
-    except Exception:  # noqa: BLE001 - absent or broken install: say so, never fail the run
-        return "not installed"
 
 
 def _kit_commit() -> str:
@@ -48,18 +41,24 @@ def device_name() -> str:
 
 @functools.lru_cache(maxsize=1)
 def environment() -> Dict[str, str]:
+    """kit.record.ENVIRONMENT_FIELDS of this process."""
     return {
         "device": device_name(),
-        "torch": torch.__version__,
-        "cuda": torch.version.cuda or "none",
-        "triton": _version("triton"),
-        "flashinfer": _version("flashinfer"),
         "kit_commit": _kit_commit(),
         "date": datetime.datetime.now(datetime.timezone.utc).date().isoformat(),
     }
 
 
-def to_record(result) -> Dict:
+def versions(backend_cls=None) -> Dict[str, str]:
+    """torch and CUDA, then what the backend reports of its own libraries (its `versions()`)."""
+    out = {"torch": torch.__version__, "cuda": torch.version.cuda or "none"}
+    own = getattr(backend_cls, "versions", None)
+    if callable(own):
+        out.update(own())
+    return out
+
+
+def to_record(result: RunResult) -> Dict:
     return {**dataclasses.asdict(result), **environment()}
 
 
@@ -73,10 +72,3 @@ def write_results(path: str, records: List[Dict]) -> None:
         json.dump(doc, f, indent=1, sort_keys=True)
         f.write("\n")
     os.replace(tmp, path)
-
-
-def read_results(path: str) -> List[Dict]:
-    doc = json.loads(Path(path).read_text())
-    if doc.get("schema") != SCHEMA:
-        raise ValueError(f"{path}: results schema {doc.get('schema')!r}, expected {SCHEMA}")
-    return doc["records"]

@@ -2,7 +2,6 @@
 from __future__ import annotations
 
 import dataclasses
-import shlex
 import time
 import traceback
 from typing import List, Optional
@@ -11,55 +10,21 @@ import torch
 
 from kit.case import Case
 from kit.fixture import Fixture, fixtures_for
-from kit.graph import BS_BUCKETS, BatchGraphs, ExtendGraphs, bucket_for, replay_schedule
+from kit.graph import harness_for
 from kit.guard import Guard
+from kit.judge import Verdict, eager_verdict, replay_failure, replay_verdict
 from kit.layer import Layer
-from kit.modes import Exec, ForwardMode
+from kit.modes import Exec
 from kit.nan_fill import nan_filled_allocations
-from kit.pools import CASE_LAYER_ID, Pools
-from kit.protocol import NO_CAPTURE_HOOKS, BackendContext, has_graph_hooks
-from kit.reference import attention
+from kit.protocol import NO_CAPTURE_HOOKS, BackendContext, has_graph_hooks, mode_reason
+from kit.record import CRASH, EAGER, FAIL, PASS, UNSUPPORTED, RunResult, repro_command
 from kit.registry import load_backend
-from kit.verdicts import CRASH, GRAPH, KERNEL, KV_WRITE, check_kv, check_output, check_padding
-
-PASS, FAIL, UNSUPPORTED = "pass", "fail", "unsupported"
-
-
-@dataclasses.dataclass
-class RunResult:
-    backend: str
-    mode: str
-    exec: str
-    case: str
-    dtype: str
-    outcome: str
-    failure_class: Optional[str] = None
-    message: str = ""
-    max_err: Optional[float] = None
-    tol: Optional[float] = None
-    exec_detail: str = ""  # eager | cuda-graph | emulated | piecewise-eager
-    seconds: float = 0.0
-    repro: str = ""
-    isolated: bool = False  # ran in a subprocess (a quarantined known failure)
-    device_lost: bool = False  # a sticky device fault: this process can run nothing more on the device
-
-    @property
-    def test_id(self) -> str:
-        return run_id(self.backend, self.mode, self.exec, self.case)
-
-
-def run_id(backend: str, mode: str, exec_: str, case: str) -> str:
-    """The id of one run in test ids, messages and tables (case names hold no '-')."""
-    return f"{backend}-{mode}-{exec_}-{case}"
+from kit.results import versions
+from kit.schedule import batches
 
 
 def default_device() -> torch.device:
     return torch.device("cuda" if torch.cuda.is_available() else "cpu")
-
-
-def repro_command(backend: str, mode: ForwardMode, exec_: Exec, case: Case) -> str:
-    return "python -m kit run " + " ".join(shlex.quote(a) for a in (
-        "--backend", backend, "--mode", mode.value, "--exec", exec_.value, "--case", case.name))
 
 
 # CUDA errors after which the context is unusable: every later call in the process fails too.
@@ -88,31 +53,41 @@ def _call(stage: str, fn, *args, **kwargs):
 
 
 @dataclasses.dataclass
-class _Judgement:
-    output_ok: bool
-    kv_ok: bool
-    text: str
-    max_err: float
-    tol: float
-    memory_ok: bool = True  # no write past the end of a tensor the backend allocated (eager only)
+class RunSetup:
+    """What one run is given: the backend class, its fixtures (one pool) and the layer."""
 
-    @property
-    def ok(self) -> bool:
-        return self.output_ok and self.kv_ok and self.memory_ok
+    backend_cls: type
+    case: Case
+    fixtures: List[Fixture]
+    layer: Layer
+    device: torch.device
+
+    @classmethod
+    def make(cls, backend_cls, case: Case, exec_: Exec, device) -> "RunSetup":
+        device = torch.device(device)
+        return cls(backend_cls, case, fixtures_for(batches(case, exec_), device), Layer.for_case(case), device)
+
+    def new_backend(self):
+        ctx = BackendContext.for_case(self.case, self.fixtures[0].pools, self.device)
+        return _call("constructing backend", self.backend_cls, ctx)
 
 
-def _judge(fx: Fixture, out, before) -> _Judgement:
+def unsupported_reason(backend_cls, case: Case, exec_: Exec) -> Optional[str]:
+    reason = _call("supports()", backend_cls.supports, case)
+    if reason is None:
+        reason = mode_reason(backend_cls, case.mode)
+    if reason is None and exec_ is Exec.GRAPH and not has_graph_hooks(backend_cls):
+        reason = NO_CAPTURE_HOOKS
+    return reason
+
+
+def _output(out) -> torch.Tensor:
     if not isinstance(out, torch.Tensor):
         raise _Crash("forward", TypeError(f"forward returned {type(out).__name__}, not a tensor"))
-    golden = attention(fx, torch.float64)
-    same_dtype = attention(fx, fx.case.torch_dtype)
-    o = check_output(out, golden, same_dtype, fx.case.torch_dtype)
-    kv = check_kv(fx.pools.token_to_kv_pool, before[0], before[1], CASE_LAYER_ID,
-                  fx.batch.out_cache_loc, fx.k_new, fx.v_new)
-    return _Judgement(o.ok, kv.ok, f"{o.describe()}; {kv.describe()}", o.max_err, o.tol)
+    return out
 
 
-def _eager(backend, fx: Fixture, layer: Layer) -> _Judgement:
+def _eager(backend, fx: Fixture, layer: Layer) -> Verdict:
     fx.install()
     before = fx.pools.token_to_kv_pool.snapshot()
     guard = Guard()
@@ -120,35 +95,22 @@ def _eager(backend, fx: Fixture, layer: Layer) -> _Judgement:
         _call("init_forward_metadata", backend.init_forward_metadata, fx.batch)
         with nan_filled_allocations():
             out = _call("forward", backend.forward, fx.q, fx.k_new, fx.v_new, layer, fx.batch)
-    j = _judge(fx, out, before)
-    memory = guard.check()
-    if not memory.ok:
-        j = dataclasses.replace(j, memory_ok=False, text=f"{j.text}; {memory.describe()}")
-    return j
-
-
-def _describe_replay(i: int, fixtures: List[Fixture]) -> str:
-    bs = fixtures[i].batch.batch_size
-    text = f"replay {i + 1}/{len(fixtures)} (bs={bs}"
-    if fixtures[i].case.mode.has_fixed_tokens_per_request():
-        text += f" in bucket {bucket_for(bs, BS_BUCKETS)}"
-    else:
-        text += f", {fixtures[i].plan.num_tokens} tokens"
-    if i:
-        text += f", after bs={fixtures[i - 1].batch.batch_size}"
-    return text + ")"
+    return eager_verdict(fx, _output(out), before, guard.check())
 
 
 def run_case(backend_spec: str, case: Case, exec_: Exec, device: Optional[torch.device] = None,
-             label: Optional[str] = None) -> RunResult:
+             label: Optional[str] = None, catalog: Optional[str] = None) -> RunResult:
+    """`catalog`: the catalog target the case came from, named in the repro when not the in-box one."""
     device = device or default_device()
-    label = label or backend_spec
-    result = RunResult(backend=label, mode=case.mode.value, exec=exec_.value, case=case.name,
+    result = RunResult(backend=label or backend_spec, mode=case.mode.value, exec=exec_.value, case=case.name,
                        dtype=case.dtype, outcome=PASS,
-                       repro=repro_command(backend_spec, case.mode, exec_, case))
+                       repro=repro_command(backend_spec, case.mode.value, exec_.value, case.name, catalog))
     start = time.perf_counter()
+    result.versions = versions()
     try:
-        _run(backend_spec, case, exec_, device, result)
+        cls = _call("loading backend", load_backend, backend_spec)
+        result.versions = _call("versions()", versions, cls)
+        _run(cls, case, exec_, device, result)
     except _Crash as crash:
         result.outcome, result.failure_class, result.message = FAIL, CRASH, str(crash)
         result.device_lost = crash.device_lost
@@ -156,42 +118,27 @@ def run_case(backend_spec: str, case: Case, exec_: Exec, device: Optional[torch.
     return result
 
 
-def _run(backend_spec: str, case: Case, exec_: Exec, device, result: RunResult) -> None:
-    cls = _call("loading backend", load_backend, backend_spec)
-    reason = _call("supports()", cls.supports, case)
-    if reason is None and exec_ is Exec.GRAPH and not has_graph_hooks(cls):
-        reason = NO_CAPTURE_HOOKS
+def _run(cls, case: Case, exec_: Exec, device, result: RunResult) -> None:
+    reason = unsupported_reason(cls, case, exec_)
     if reason is not None:
         result.outcome, result.message = UNSUPPORTED, str(reason)
         return
-    fixtures = fixtures_for([case] if exec_ is Exec.EAGER else replay_schedule(case), device)
-    pools = fixtures[0].pools
-    layer = Layer.for_case(case)
-
-    def new_backend():
-        return _call("constructing backend", cls, BackendContext.for_case(case, pools, device))
-
-    backend = new_backend()
+    setup = RunSetup.make(cls, case, exec_, device)
+    backend = setup.new_backend()
     if exec_ is Exec.EAGER:
-        result.exec_detail = "eager"
-        j = _eager(backend, fixtures[0], layer)
-        result.max_err, result.tol = j.max_err, j.tol
-        if not j.ok:
-            result.outcome, result.message = FAIL, j.text
-            result.failure_class = KV_WRITE if not j.kv_ok else KERNEL
+        result.exec_detail = EAGER
+        v = _eager(backend, setup.fixtures[0], setup.layer)
+        result.max_err, result.tol = v.max_err, v.tol
+        if not v.ok:
+            result.outcome, result.message, result.failure_class = FAIL, v.text, v.failure_class()
         return
-    _graph(backend, new_backend, fixtures, pools, layer, result)
+    _graph(backend, setup, result)
 
 
-def _graph(backend, new_backend, fixtures: List[Fixture], pools: Pools, layer: Layer, result: RunResult) -> None:
-    case = fixtures[0].case
-    max_bs = max(bucket_for(fx.batch.batch_size, BS_BUCKETS) for fx in fixtures)
-    if case.mode.has_fixed_tokens_per_request():
-        harness = _call("init_cuda_graph_state", BatchGraphs, backend, layer, pools, case.mode, case, max_bs)
-        _call("capture", harness.capture_buckets, fixtures)
-    else:
-        max_tokens = max(fx.plan.num_tokens for fx in fixtures)
-        harness = _call("init_cuda_graph_state", ExtendGraphs, backend, layer, pools, max_tokens, max_bs)
+def _graph(backend, setup: RunSetup, result: RunResult) -> None:
+    fixtures, pools = setup.fixtures, setup.fixtures[0].pools
+    harness = _call("init_cuda_graph_state", harness_for, backend, setup.layer, fixtures)
+    _call("capture", harness.capture)
     result.exec_detail = harness.detail
     worst = 0.0
     for i, fx in enumerate(fixtures):
@@ -199,25 +146,15 @@ def _graph(backend, new_backend, fixtures: List[Fixture], pools: Pools, layer: L
         fx.install()
         before = pools.token_to_kv_pool.snapshot()
         out, padded = _call(f"replay {i + 1}", harness.replay, fx)
-        j = _judge(fx, out, before)
-        worst = max(worst, j.max_err)
-        result.tol = j.tol if result.tol is None else min(result.tol, j.tol)
-        if j.ok:
-            pad = check_padding(padded)
-            if pad.ok:
-                continue
-            result.outcome, result.failure_class = FAIL, GRAPH  # eager runs have no padded rows
-            result.message = f"{_describe_replay(i, fixtures)}: {j.text}; {pad.describe()} -> {GRAPH}"
-            break
+        v = replay_verdict(fx, _output(out), before, padded)
+        worst = max(worst, v.max_err)
+        result.tol = v.tol if result.tol is None else min(result.tol, v.tol)
+        if v.ok:
+            continue
         # Diagnostic: the same batch run eagerly on a fresh backend says where to look.
-        eager = _eager(new_backend(), fx, layer)
-        if eager.ok:
-            cls = KV_WRITE if not j.kv_ok else GRAPH
-            verdict = f"eager on the same batch is right -> {cls}"
-        else:
-            cls = KV_WRITE if not eager.kv_ok else KERNEL
-            verdict = f"eager on the same batch is wrong too ({eager.text}) -> {cls}"
+        eager = _eager(setup.new_backend(), fx, setup.layer) if v.needs_eager_diagnosis else None
+        cls, why = replay_failure(v, eager)
         result.outcome, result.failure_class = FAIL, cls
-        result.message = f"{_describe_replay(i, fixtures)}: {j.text}; {verdict}"
+        result.message = f"{harness.describe(i, fixtures)}: {v.text}{why}"
         break
     result.max_err = worst

@@ -1,4 +1,12 @@
-"""Judging a run: output against the float64 golden, and the KV pool after the call.
+"""The checks a run is judged by, each with ok / describe() and its failure class:
+output against the float64 golden, the KV pool after the call, padded rows of a
+replay (kit/guard.py adds writes past a backend allocation). kit/judge.py
+combines them into a verdict.
+
+Each check says what a failure means: `failure_class` when it is the run's own
+verdict, `graph_class` when a replay fails it but the same batch run eagerly is
+right. `quiet` checks are named in messages only when they fail; `replay_only`
+checks have no eager counterpart to diagnose a failure with.
 
 Output rule (error ratio, as PyTorch's flex-attention tests): the backend's max
 error against the float64 golden may not exceed RATIO x the error of a
@@ -7,19 +15,22 @@ same-dtype reference computation, plus an absolute floor per dtype.
 from __future__ import annotations
 
 import dataclasses
-from typing import List, Sequence
+from typing import ClassVar, List, Sequence
 
 import torch
+
+from kit.record import GRAPH, KERNEL, KV_WRITE
 
 RATIO = 2.0
 ABS_FLOOR = {torch.float32: 1e-4, torch.float16: 2e-3, torch.bfloat16: 1.6e-2}
 
-# Failure classes: where to look.
-KERNEL, GRAPH, KV_WRITE, CRASH = "kernel", "graph", "kv-write", "crash"
-
 
 @dataclasses.dataclass
 class OutputCheck:
+    failure_class: ClassVar[str] = KERNEL
+    graph_class: ClassVar[str] = GRAPH
+    quiet: ClassVar[bool] = False
+    replay_only: ClassVar[bool] = False
     ok: bool
     max_err: float
     ref_err: float
@@ -57,6 +68,10 @@ def check_output(out: torch.Tensor, golden: torch.Tensor, same_dtype_ref: torch.
 
 @dataclasses.dataclass
 class PaddingCheck:
+    failure_class: ClassVar[str] = GRAPH
+    graph_class: ClassVar[str] = GRAPH
+    quiet: ClassVar[bool] = True
+    replay_only: ClassVar[bool] = True  # eager runs have no padded rows
     ok: bool
     num_rows: int
     nonfinite_rows: List[int]  # padded rows (counted from the first padded one) holding NaN/inf, first few
@@ -77,6 +92,10 @@ def check_padding(out_padded: torch.Tensor) -> PaddingCheck:
 
 @dataclasses.dataclass
 class KVCheck:
+    failure_class: ClassVar[str] = KV_WRITE
+    graph_class: ClassVar[str] = KV_WRITE
+    quiet: ClassVar[bool] = False
+    replay_only: ClassVar[bool] = False
     ok: bool
     missing: List[int]  # slots that should hold the new K/V but do not (first few)
     collateral: List[int]  # slots changed that no real row owns (first few)

@@ -7,20 +7,10 @@ import json
 from pathlib import Path
 from typing import Dict, List, Sequence, Tuple
 
-from kit.known_failures import KnownFailuresError, load
-from kit.mutation import table as mutation_table
-from kit.results import read_results
-from kit.runner import FAIL, PASS, UNSUPPORTED, run_id
-from matrix import readme
-from matrix.table import known_entry, render
-
-
-def _id(r: Dict) -> str:
-    return run_id(r["backend"], r["mode"], r["exec"], r["case"])
-
-
-def _verdict(r: Dict) -> str:
-    return r["outcome"] + (f" [{r['failure_class']}]" if r.get("failure_class") else "")
+from kit.known_failures import KnownFailuresError, covering, load
+from kit.record import FAIL, PASS, UNSUPPORTED, read_results, record_id as _id, verdict as _verdict
+from matrix import mutation, readme
+from matrix.table import render
 
 
 def committed_results(results_dir, problems: List[str]) -> Dict[str, List[Dict]]:
@@ -37,22 +27,10 @@ def expected_block(results: Dict[str, List[Dict]], entries) -> str:
     return render(results, entries) if results else "No results yet."
 
 
-def mutation_block(results_dir) -> str:
-    """One score table per committed results/mutation/*.json, as that run produced it."""
-    parts = []
-    for path in sorted((Path(results_dir) / "mutation").glob("*.json")):
-        data = json.loads(path.read_text())
-        env = data["environment"]
-        header = (f"#### {env['device']}\n\n{data['case_set']} cases · torch {env['torch']} · triton {env['triton']} · "
-                  f"kit commit {env['kit_commit']} · {env['date']} · from `results/mutation/{path.name}`")
-        parts.append(mutation_table(data["scores"], header))
-    return "\n\n".join(parts) or "No mutation scores yet."
-
-
 def readme_blocks(results: Dict[str, List[Dict]], entries, results_dir) -> List[Tuple[str, str, str, str]]:
     """(what, begin marker, end marker, generated text) of each generated README block."""
     return [("matrix tables", readme.BEGIN, readme.END, expected_block(results, entries)),
-            ("mutation tables", readme.MUTANTS_BEGIN, readme.MUTANTS_END, mutation_block(results_dir))]
+            ("mutation tables", readme.MUTANTS_BEGIN, readme.MUTANTS_END, mutation.block(results_dir))]
 
 
 def _stale_readme(readme_path, blocks) -> List[str]:
@@ -76,7 +54,7 @@ def _stale_readme(readme_path, blocks) -> List[str]:
 def _coverage(records: List[Dict], sources: Dict[int, str], entries) -> List[str]:
     problems = []
     for r in records:
-        if r["outcome"] == FAIL and known_entry(r, entries) is None:
+        if r["outcome"] == FAIL and covering(entries, r) is None:
             problems.append(f"uncovered failure: {_id(r)} [{r['failure_class']}] in {sources[id(r)]}: fix it or "
                             f"add a KNOWN_FAILURES.md entry; repro: {r.get('repro', '')}")
     for e in entries:

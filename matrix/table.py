@@ -7,16 +7,11 @@ from typing import Dict, List, Sequence
 
 from tabulate import tabulate
 
-from kit.known_failures import KnownFailure, match
+from kit.known_failures import KnownFailure, covering
 from kit.modes import EXECS, MODES
-from kit.runner import FAIL, PASS, UNSUPPORTED
-ENV_FIELDS = ("torch", "cuda", "triton", "flashinfer", "kit_commit", "date")
+from kit.record import FAIL, PASS, UNSUPPORTED, WEAKER_THAN_A_GRAPH
 
-
-def known_entry(record: Dict, entries: Sequence[KnownFailure]):
-    """The entry covering this failing record (same class), if any."""
-    entry = match(list(entries), record["backend"], record["mode"], record["exec"], record["case"])
-    return entry if entry is not None and entry.failure_class == record["failure_class"] else None
+FIRST_VERSIONS = ("torch", "cuda")  # then the backends' libraries, by name
 
 
 def cell(records: List[Dict], entries: Sequence[KnownFailure]) -> str:
@@ -31,7 +26,7 @@ def cell(records: List[Dict], entries: Sequence[KnownFailure]) -> str:
     for r in ran:
         if r["outcome"] != FAIL:
             continue
-        entry = known_entry(r, entries)
+        entry = covering(entries, r)
         if entry is None:
             unknown[r["failure_class"]] += 1
         elif r.get("isolated"):
@@ -47,12 +42,21 @@ def cell(records: List[Dict], entries: Sequence[KnownFailure]) -> str:
     if skipped:
         parts.append(f"{len(skipped)} unsupported")
     # Graphs without CUDA, or an EXTEND path run eagerly, are not what a real graph proves: say so.
-    labels = sorted({r.get("exec_detail") for r in ran} & {"emulated", "piecewise-eager"})
+    labels = sorted({r.get("exec_detail") for r in ran} & set(WEAKER_THAN_A_GRAPH))
     return ", ".join(parts) + (f" ({', '.join(labels)})" if labels else "")
 
 
-def _values(records: List[Dict], field: str) -> str:
-    return ", ".join(sorted({str(r.get(field, "unknown")) for r in records}))
+def _values(values) -> str:
+    return ", ".join(sorted({str(v) for v in values}))
+
+
+def environment_line(records: List[Dict]) -> str:
+    """Library versions (each as the runs that use it report it), kit commit and date."""
+    libraries = sorted({name for r in records for name in r["versions"]} - set(FIRST_VERSIONS))
+    parts = [f"{name} {_values(r['versions'][name] for r in records if name in r['versions'])}"
+             for name in FIRST_VERSIONS + tuple(libraries)]
+    parts += [f"{f.replace('_', ' ')} {_values(r[f] for r in records)}" for f in ("kit_commit", "date")]
+    return " · ".join(parts)
 
 
 def device_table(device: str, records: List[Dict], entries: Sequence[KnownFailure], sources: str) -> str:
@@ -62,8 +66,7 @@ def device_table(device: str, records: List[Dict], entries: Sequence[KnownFailur
     headers = ["backend"] + [f"{m.value} {e.value}" for m in MODES for e in EXECS]
     rows = [[backend] + [cell(groups[(backend, m.value, e.value)], entries) for m in MODES for e in EXECS]
             for backend in sorted({r["backend"] for r in records})]
-    env = " · ".join(f"{f.replace('_', ' ')} {_values(records, f)}" for f in ENV_FIELDS)
-    return f"### {device}\n\n{env} · from {sources}\n\n{tabulate(rows, headers, tablefmt='github')}\n"
+    return f"### {device}\n\n{environment_line(records)} · from {sources}\n\n{tabulate(rows, headers, tablefmt='github')}\n"
 
 
 def render(results: Dict[str, List[Dict]], entries: Sequence[KnownFailure]) -> str:

@@ -1,9 +1,22 @@
-"""Shared helpers of the kit's own tests."""
-from kit.fixture import fixtures_for
+"""Shared helpers of the kit's own tests: one case builder, and fixtures and runs
+set up by the runner's own code (kit.runner.RunSetup)."""
+from kit.case import Case
+from kit.modes import Exec
+from kit.runner import RunSetup
+
+
+def small_case(name, mode, prefix, new=1, *, heads=(4, 2), head_dim=16, dtype="fp32", **kw) -> Case:
+    """A small fp32 case (fast on CPU, exact enough to judge tightly)."""
+    return Case(name=name, mode=mode, prefix=prefix, new=new, heads=heads, head_dim=head_dim, dtype=dtype, **kw)
+
+
+def run_setup(case, exec_=Exec.EAGER, device="cpu", backend_cls=None) -> RunSetup:
+    """Fixtures, pool and layer of one run, exactly as the runner builds them."""
+    return RunSetup.make(backend_cls, case, exec_, device)
 
 
 def make_fixture(case, device="cpu"):
     """One installed fixture, built as the runner builds them."""
-    fx = fixtures_for([case], device)[0]
+    fx = run_setup(case, device=device).fixtures[0]
     fx.install()
     return fx

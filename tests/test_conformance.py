@@ -2,24 +2,25 @@
 import pytest
 
 from kit.isolate import run_isolated
-from kit.known_failures import QUARANTINE
+from kit.known_failures import QUARANTINE, is_expected
 from kit.pytest_plugin import KnownFailureHit
-from kit.runner import FAIL, UNSUPPORTED, run_case
+from kit.record import FAIL, UNSUPPORTED
+from kit.runner import run_case
 
 
 def test_conformance(conformance_run, record_conformance):
-    spec, label, case, exec_, known = conformance_run
+    spec, label, case, exec_, known, catalog = conformance_run
     if known is not None and known.mark == QUARANTINE:
-        result = run_isolated(spec, case, exec_, label)
+        result = run_isolated(spec, case, exec_, label, catalog)
     else:
-        result = run_case(spec, case, exec_, label=label)
+        result = run_case(spec, case, exec_, label=label, catalog=catalog)
     record_conformance(result)
     if result.outcome == UNSUPPORTED:
         pytest.skip(f"unsupported: {result.message}")
     if result.outcome != FAIL:
         return  # a known failure that passes is reported by its strict xfail mark
     failure = f"[{result.failure_class}] {result.message}\nrepro: {result.repro}"
-    if known is not None and result.failure_class == known.failure_class:
+    if is_expected(known, result.outcome, result.failure_class):
         raise KnownFailureHit(f"{known.id}: {failure}")
     if known is not None:
         failure = f"{known.id} expects [{known.failure_class}], got {failure}"

@@ -4,31 +4,28 @@ from __future__ import annotations
 import pytest
 import torch
 
-from kit.case import LAYOUTS, Case
+from kit.case import LAYOUTS
 from kit.modes import ForwardMode
 from kit.pools import CASE_LAYER_ID
-from tests.helpers import make_fixture
+from tests.helpers import make_fixture, small_case
 
 DECODE, EXTEND = ForwardMode.DECODE, ForwardMode.EXTEND
 TARGET_VERIFY, DRAFT_EXTEND_V2 = ForwardMode.TARGET_VERIFY, ForwardMode.DRAFT_EXTEND_V2
 
 
-def _case(name, mode, prefix, new=1, **kw):
-    kw.setdefault("heads", (4, 2))
-    return Case(name=name, mode=mode, prefix=prefix, new=new, head_dim=16, dtype="fp32", **kw)
 
 
 BASE_CASES = [
-    _case("dec_p1_ragged", DECODE, (0, 5, 17, 2)),
-    _case("dec_p16_zero", DECODE, (0, 15, 16, 33), page=16),
-    _case("ext_p1_ragged", EXTEND, (0, 7, 20), (1, 5, 18)),
-    _case("ext_p16_ragged", EXTEND, (0, 16, 3), (17, 1, 30), page=16),
-    _case("tv_chain_p1", TARGET_VERIFY, (0, 9, 20), 4),
-    _case("tv_chain_p16", TARGET_VERIFY, (15, 0, 16), 3, page=16),
-    _case("tv_tree_p1", TARGET_VERIFY, (0, 9, 20), 5, topk=2),
-    _case("tv_tree_p16", TARGET_VERIFY, (31, 2), 6, topk=2, page=16),
-    _case("dev2_p1", DRAFT_EXTEND_V2, (0, 6, 19), 3),
-    _case("dev2_p16", DRAFT_EXTEND_V2, (14, 0, 30), 4, page=16),
+    small_case("dec_p1_ragged", DECODE, (0, 5, 17, 2)),
+    small_case("dec_p16_zero", DECODE, (0, 15, 16, 33), page=16),
+    small_case("ext_p1_ragged", EXTEND, (0, 7, 20), (1, 5, 18)),
+    small_case("ext_p16_ragged", EXTEND, (0, 16, 3), (17, 1, 30), page=16),
+    small_case("tv_chain_p1", TARGET_VERIFY, (0, 9, 20), 4),
+    small_case("tv_chain_p16", TARGET_VERIFY, (15, 0, 16), 3, page=16),
+    small_case("tv_tree_p1", TARGET_VERIFY, (0, 9, 20), 5, topk=2),
+    small_case("tv_tree_p16", TARGET_VERIFY, (31, 2), 6, topk=2, page=16),
+    small_case("dev2_p1", DRAFT_EXTEND_V2, (0, 6, 19), 3),
+    small_case("dev2_p16", DRAFT_EXTEND_V2, (14, 0, 30), 4, page=16),
 ]
 CASES = [c.with_(name=f"{c.name}_{lay}", layout=lay) for c in BASE_CASES for lay in LAYOUTS]
 

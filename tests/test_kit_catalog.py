@@ -3,19 +3,20 @@ import re
 
 import pytest
 
-import cases as catalog
+from cases import CATALOG as catalog
 from kit.case import GQA, LAYOUTS, MHA, MQA, Case
+from kit.catalog import CASE_SETS
 from kit.modes import MODES, ForwardMode
 
 
 @pytest.mark.parametrize("mode", MODES, ids=lambda m: m.value)
 def test_case_names_unique_per_mode(mode):
     """Repro commands find cases by name, so a name means one case."""
-    names = [c.name for s in catalog.CASE_SETS for c in catalog.cases(s, mode)]
+    names = [c.name for s in CASE_SETS for c in catalog.cases(s, mode)]
     assert len(names) == len(set(names))
 
 
-@pytest.mark.parametrize("case_set", catalog.CASE_SETS)
+@pytest.mark.parametrize("case_set", CASE_SETS)
 @pytest.mark.parametrize("mode", MODES, ids=lambda m: m.value)
 def test_every_layout_in_every_mode(case_set, mode):
     assert {c.layout for c in catalog.cases(case_set, mode)} == set(LAYOUTS)

@@ -9,15 +9,15 @@ import pytest
 import torch
 
 from backends.torch_native import TorchNativeBackend
-from kit.case import LAYOUTS, Case
-from kit.graph import BS_BUCKETS, TOKEN_BUCKETS, WARMUP_RUNS, BatchGraphs, bucket_for, replay_schedule
-from kit.fixture import fixtures_for
-from kit.layer import Layer
+from kit.case import LAYOUTS
+from kit.graph import WARMUP_RUNS, BatchGraphs, harness_for
 from kit.modes import Exec, ForwardMode
 from kit.plan import plan_case
 from kit.pools import CASE_LAYER_ID
-from kit.protocol import AttentionBackend, BackendContext
+from kit.protocol import AttentionBackend
+from kit.schedule import BS_BUCKETS, TOKEN_BUCKETS, bucket_for, replay_schedule
 from kit.runner import run_case
+from tests.helpers import run_setup, small_case
 
 DECODE, EXTEND = ForwardMode.DECODE, ForwardMode.EXTEND
 TARGET_VERIFY, DRAFT_EXTEND_V2 = ForwardMode.TARGET_VERIFY, ForwardMode.DRAFT_EXTEND_V2
@@ -31,16 +31,13 @@ def graph_detail(device: str) -> str:
     return "cuda-graph" if device == "cuda" else "emulated"
 
 
-def _case(name, mode, prefix, new=1, **kw):
-    kw.setdefault("heads", (4, 2))
-    return Case(name=name, mode=mode, prefix=prefix, new=new, head_dim=16, dtype="fp32", **kw)
 
 
 # bs = 3: its bucket is 4, so every replay of the case itself has one padded row.
 HARNESS_CASES = {
-    DECODE: _case("gh_decode", DECODE, (3, 10, 6)),
-    TARGET_VERIFY: _case("gh_tv", TARGET_VERIFY, (4, 0, 9), 4, topk=2, page=16),
-    DRAFT_EXTEND_V2: _case("gh_dev2", DRAFT_EXTEND_V2, (2, 7, 12), 3, layout="shuffled_pages"),
+    DECODE: small_case("gh_decode", DECODE, (3, 10, 6)),
+    TARGET_VERIFY: small_case("gh_tv", TARGET_VERIFY, (4, 0, 9), 4, topk=2, page=16),
+    DRAFT_EXTEND_V2: small_case("gh_dev2", DRAFT_EXTEND_V2, (2, 7, 12), 3, layout="shuffled_pages"),
 }
 
 
@@ -131,16 +128,15 @@ class RecordingFill2Backend(RecordingBackend):
 
 
 def drive_batch_graphs(case, backend_cls, device):
-    """Fixtures, context and harness built as kit.runner._run / _graph do; capture, then replay each."""
-    fixtures = fixtures_for(replay_schedule(case), torch.device(device))
-    pools = fixtures[0].pools
-    layer = Layer.for_case(case)
-    ctx = BackendContext.for_case(case, pools, device)
-    backend = backend_cls(ctx)
-    max_bs = max(bucket_for(fx.batch.batch_size, BS_BUCKETS) for fx in fixtures)
-    harness = BatchGraphs(backend, layer, pools, case.mode, case, max_bs)
+    """Fixtures, backend and harness built by the runner's own setup; capture, then replay each."""
+    setup = run_setup(case, Exec.GRAPH, device, backend_cls)
+    fixtures = setup.fixtures
+    backend = setup.new_backend()
+    harness = harness_for(backend, setup.layer, fixtures)
+    assert isinstance(harness, BatchGraphs)
     backend.harness = harness
-    harness.capture_buckets(fixtures)
+    max_bs = harness.max_bs
+    harness.capture()
     outs = []
     for fx in fixtures:
         harness.prepare(fx)
@@ -262,7 +258,7 @@ def test_graph_hook_exception_is_crash_naming_stage(attr, stage, device):
 @pytest.mark.parametrize("mode", list(ForwardMode), ids=[m.value for m in ForwardMode])
 def test_torch_native_graph_is_unsupported(mode, device):
     """torch_native has no graph hooks: every graph cell is 'unsupported' with 'no capture hooks'."""
-    case = {EXTEND: _case("nohooks_ext", EXTEND, (2, 5), (3, 1))}.get(mode) or HARNESS_CASES[mode]
+    case = {EXTEND: small_case("nohooks_ext", EXTEND, (2, 5), (3, 1))}.get(mode) or HARNESS_CASES[mode]
     r = run_case("torch_native", case, Exec.GRAPH, torch.device(device))
     assert r.outcome == "unsupported" and r.message == "no capture hooks" and r.failure_class is None
 
@@ -305,7 +301,7 @@ class PaddingProbeBackend(TorchNativeBackend):
 @pytest.mark.parametrize("device", DEVICES)
 def test_extend_graph_pads_tokens_to_slot0_and_judges_real_rows(device):
     """EXTEND graph: tokens padded to a bucket write KV to slot 0 at position 0; metadata is the real batch's."""
-    case = _case("gh_extend", EXTEND, (2, 9, 0), (3, 1, 5), layout="non_monotonic_extend")
+    case = small_case("gh_extend", EXTEND, (2, 9, 0), (3, 1, 5), layout="non_monotonic_extend")
     PaddingProbeBackend.RECORD.clear()
     r = run_case(f"{MODULE}:PaddingProbeBackend", case, Exec.GRAPH, torch.device(device))
     assert r.outcome == "pass", r.message
@@ -346,7 +342,7 @@ class UnwrittenPaddingProbe(PaddingProbeBackend):
 
 @pytest.mark.parametrize("device", DEVICES)
 def test_padded_rows_must_be_finite(device):
-    case = _case("gh_extend", EXTEND, (2, 9, 0), (3, 1, 5), layout="non_monotonic_extend")
+    case = small_case("gh_extend", EXTEND, (2, 9, 0), (3, 1, 5), layout="non_monotonic_extend")
     r = run_case(f"{MODULE}:UnwrittenPaddingProbe", case, Exec.GRAPH, torch.device(device))
     assert (r.outcome, r.failure_class) == ("fail", "graph"), r.message
     assert "kv pool ok" in r.message and "padded rows not finite" in r.message
@@ -357,9 +353,9 @@ def test_padded_rows_must_be_finite(device):
 
 def _toy_cases():
     base = [
-        _case("toy_decode", DECODE, (3, 17, 0), page=1),
-        _case("toy_tv_tree", TARGET_VERIFY, (5, 20, 1), 4, topk=2, page=16),
-        _case("toy_dev2", DRAFT_EXTEND_V2, (0, 9, 14), 3, page=1),
+        small_case("toy_decode", DECODE, (3, 17, 0), page=1),
+        small_case("toy_tv_tree", TARGET_VERIFY, (5, 20, 1), 4, topk=2, page=16),
+        small_case("toy_dev2", DRAFT_EXTEND_V2, (0, 9, 14), 3, page=1),
     ]
     return [c.with_(name=f"{c.name}_{lay}", layout=lay) for c in base for lay in LAYOUTS]
 
@@ -401,5 +397,5 @@ def test_stale_replay_fails_graph_only(case, device):
 
 def test_dense_toy_extend_is_unsupported():
     """The toy declines EXTEND through supports(), shown as 'unsupported' with its reason."""
-    r = run_case(DENSE, _case("toy_ext", EXTEND, (2,), (3,)), Exec.GRAPH, torch.device("cpu"))
+    r = run_case(DENSE, small_case("toy_ext", EXTEND, (2,), (3,)), Exec.GRAPH, torch.device("cpu"))
     assert r.outcome == "unsupported" and r.message.startswith("toy:")

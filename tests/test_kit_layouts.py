@@ -6,18 +6,18 @@ import random
 import pytest
 import torch
 
-from kit.case import LAYOUTS, Case
+from kit.case import LAYOUTS
 from kit.layouts import place_pages, slots_of
 from kit.modes import ForwardMode
 from kit.plan import plan_case
-from tests.helpers import make_fixture
+from tests.helpers import make_fixture, small_case
 
 DECODE, EXTEND = ForwardMode.DECODE, ForwardMode.EXTEND
 TARGET_VERIFY, DRAFT_EXTEND_V2 = ForwardMode.TARGET_VERIFY, ForwardMode.DRAFT_EXTEND_V2
 
 
 def _case(name, mode, prefix, new=1, **kw):
-    return Case(name=name, mode=mode, prefix=prefix, new=new, heads=(2, 1), head_dim=16, dtype="fp32", **kw)
+    return small_case(name, mode, prefix, new, heads=(2, 1), **kw)
 
 
 BASE_CASES = [

@@ -6,10 +6,10 @@ import math
 import pytest
 import torch
 
-from kit.case import Case
+
 from kit.modes import ForwardMode
 from kit.reference import attention
-from tests.helpers import make_fixture
+from tests.helpers import make_fixture, small_case
 
 DECODE, EXTEND = ForwardMode.DECODE, ForwardMode.EXTEND
 TARGET_VERIFY, DRAFT_EXTEND_V2 = ForwardMode.TARGET_VERIFY, ForwardMode.DRAFT_EXTEND_V2
@@ -18,7 +18,7 @@ GQA, MQA = (4, 2), (4, 1)
 
 def _case(name, mode, prefix, new=1, **kw):
     kw.setdefault("heads", GQA)
-    return Case(name=name, mode=mode, prefix=prefix, new=new, head_dim=16, dtype="fp32", **kw)
+    return small_case(name, mode, prefix, new, **kw)
 
 
 CASES = [

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-import cases as catalog
+from cases import CATALOG as catalog
 from kit.modes import Exec, ForwardMode
 from kit.registry import UnknownBackend, load_backend
 from kit.runner import FAIL, PASS, run_case
@@ -120,8 +120,9 @@ def test_external_backend_runs_through_the_suite(external_dir, tmp_path):
     assert {r["outcome"] for r in records if r["mode"] != "decode"} == {"unsupported"}
     for r in records:
         for field in ("backend", "mode", "exec", "case", "dtype", "outcome", "failure_class", "max_err",
-                      "seconds", "device", "torch", "triton", "flashinfer", "kit_commit", "repro"):
+                      "seconds", "device", "versions", "kit_commit", "repro"):
             assert field in r, field
+        assert set(r["versions"]) == {"torch", "cuda"}, "an external backend without versions(): the kit's own"
 
 
 def test_external_backend_through_the_repro_command(external_dir):

@@ -14,7 +14,7 @@ from kit.pools import CASE_LAYER_ID
 from kit.reference import attention
 from kit.runner import run_case
 from kit.verdicts import ABS_FLOOR, RATIO, check_kv, check_output
-from tests.helpers import make_fixture
+from tests.helpers import make_fixture, small_case
 
 DECODE, EXTEND = ForwardMode.DECODE, ForwardMode.EXTEND
 TARGET_VERIFY, DRAFT_EXTEND_V2 = ForwardMode.TARGET_VERIFY, ForwardMode.DRAFT_EXTEND_V2
@@ -22,7 +22,7 @@ MODULE = "tests.test_kit_verdicts"
 
 
 def _case(name, mode, prefix, new=1, **kw):
-    return Case(name=name, mode=mode, prefix=prefix, new=new, heads=(4, 2), head_dim=32, dtype="fp32", **kw)
+    return small_case(name, mode, prefix, new, head_dim=32, **kw)
 
 
 DECODE_CASE = _case("verdict_decode", DECODE, (3, 9, 17))

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-import cases as catalog
+from cases import CATALOG as catalog
 from kit.known_failures import KnownFailuresError, parse
 from kit.modes import ForwardMode
 from kit.results import write_results
@@ -29,8 +29,8 @@ def kf_text(*rows: str) -> str:
 
 def rec(case, outcome="pass", cls=None, backend="be", mode="decode", exec_="eager", device="CPU (x86_64)", **kw):
     return dict(backend=backend, mode=mode, exec=exec_, case=case, dtype="fp32", outcome=outcome, failure_class=cls,
-                message=kw.pop("message", ""), device=device, torch="2.13.0", cuda="none", triton="3.9.0",
-                flashinfer="not installed", kit_commit="abc", date="2026-11-22", repro="python -m kit run ...", **kw)
+                message=kw.pop("message", ""), device=device,
+                versions=dict(torch="2.13.0", cuda="none", triton="3.9.0"), kit_commit="abc", date="2026-11-22", repro="python -m kit run ...", **kw)
 
 
 @pytest.fixture
@@ -41,7 +41,7 @@ def project(tmp_path):
     (tmp_path / "KNOWN_FAILURES.md").write_text(kf_text("| KF-1 | be | decode | eager | c | kernel | xfail | why | link |"))
     (tmp_path / "results" / "mutation").mkdir()
     (tmp_path / "results" / "mutation" / "gpu.json").write_text(json.dumps(dict(
-        environment=dict(device="GPU X", torch="2.11", triton="3.6", kit_commit="abc", date="2026-11-22"),
+        environment=dict(device="GPU X", versions=dict(torch="2.11", triton="3.6"), kit_commit="abc", date="2026-11-22"),
         case_set="full", scores=[dict(number=1, mutant="m1", expect=["graph"], harmless="", runs=4, failed=3,
                                       classes={"graph": 3}, first_failure="m1-decode-graph-c", repro="",
                                       not_run=0, caught=True)])))

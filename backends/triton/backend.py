@@ -17,7 +17,7 @@ import torch
 from backends.triton import kernels
 from backends.triton.metadata import BLOCK_M, MAX_KV_SPLITS, Buffers, Metadata, fill_decode, fill_extend, max_splits_for
 from kit.modes import ForwardMode
-from kit.protocol import AttentionBackend
+from kit.protocol import AttentionBackend, library_version
 
 # Tuned on an H100 (bf16, 32/8 heads, head_dim 128) over BLOCK_M/N 32-128, 4-8 warps, 2-4 stages.
 DECODE_BLOCK_N = 64
@@ -30,6 +30,10 @@ CPU_NOMINAL_SMS = 16  # the interpreter has no SMs; a fixed count keeps split ch
 class TritonBackend(AttentionBackend):
     name = "triton"
     extend_capture = True
+
+    @classmethod
+    def versions(cls):
+        return {"triton": library_version("triton")}
 
     @classmethod
     def supports(cls, case) -> Optional[str]:

@@ -1,0 +1,64 @@
+"""A case catalog: per mode, a `smoke` set (CPU, CI) and a `full` set (GPU).
+
+The in-box catalog is the `cases` package (`cases:CATALOG`, one file per mode);
+`--cases module:attr` names another, built the same way."""
+from __future__ import annotations
+
+import importlib
+from typing import Dict, List, Optional
+
+from kit.case import Case
+from kit.modes import MODES, ForwardMode
+from kit.registry import import_target
+
+CASE_SETS = ("smoke", "full")
+DEFAULT_CATALOG = "cases:CATALOG"
+
+
+def resolve_set(name: str) -> str:
+    """`auto`: full where CUDA is present, smoke elsewhere."""
+    if name == "auto":
+        import torch
+        return "full" if torch.cuda.is_available() else "smoke"
+    if name not in CASE_SETS:
+        raise ValueError(f"unknown case set {name!r}; known: auto, {', '.join(CASE_SETS)}")
+    return name
+
+
+class Catalog:
+    def __init__(self, sets: Dict[ForwardMode, Dict[str, List[Case]]]):
+        self.sets = sets  # mode -> case set -> cases
+
+    @classmethod
+    def from_package(cls, package: str) -> "Catalog":
+        """`<package>.<mode>` modules with SMOKE and FULL lists; a mode without a module has no cases."""
+        sets = {}
+        for mode in MODES:
+            try:
+                module = importlib.import_module(f"{package}.{mode.value}")
+            except ModuleNotFoundError as exc:
+                if exc.name != f"{package}.{mode.value}":
+                    raise
+                continue
+            sets[mode] = {"smoke": list(module.SMOKE), "full": list(module.FULL)}
+        return cls(sets)
+
+    def cases(self, case_set: str, mode: ForwardMode) -> List[Case]:
+        return list(self.sets.get(mode, {}).get(resolve_set(case_set), []))
+
+    def all_cases(self, mode: ForwardMode) -> Dict[str, Case]:
+        return {c.name: c for s in CASE_SETS for c in self.cases(s, mode)}
+
+    def find_case(self, mode: ForwardMode, name: str) -> Case:
+        found = self.all_cases(mode)
+        if name not in found:
+            raise KeyError(f"no {mode.value} case named {name!r}; known: {', '.join(sorted(found))}")
+        return found[name]
+
+
+def load_catalog(target: Optional[str] = None) -> Catalog:
+    """The catalog at `module:attr` (default: the in-box one)."""
+    catalog = import_target(target or DEFAULT_CATALOG)
+    if not isinstance(catalog, Catalog):
+        raise TypeError(f"{target}: not a kit.catalog.Catalog (build one with Catalog.from_package)")
+    return catalog

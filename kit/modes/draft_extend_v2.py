@@ -1,0 +1,32 @@
+"""DRAFT_EXTEND_V2: num_draft_tokens new tokens per request; seq_lens = prefix +
+drafts (bumped); the prefix is seq_lens - spec_info.extend_seq_lens_tensor.
+Padded graph rows carry extend_seq_lens = drafts too."""
+from __future__ import annotations
+
+import torch
+
+from kit.batch import SpecInfo
+from kit.modes import ForwardMode
+from kit.modes.rules import ModeRules, RequestShape, causal
+
+COLUMN = 4
+
+
+class DraftExtendV2(ModeRules):
+    mode = ForwardMode.DRAFT_EXTEND_V2
+    new_help = "num_draft_tokens, the same for every request"
+
+    def request(self, prefix, new, topk, rng):
+        return RequestShape(n_old=prefix, n_new=new, seq_len=prefix + new, q_pos=[prefix + i for i in range(new)],
+                            visible=causal(prefix, new))
+
+    def batch_fields(self, plan, device):
+        n = len(plan.requests)
+        return dict(spec_info=self.spec_info(plan.case, n, n, None, fill=1, device=device))
+
+    def spec_info(self, case, rows, real_rows, real_mask, fill, device):
+        lens = torch.full((rows,), case.new, dtype=torch.int32, device=device)
+        return SpecInfo(draft_token_num=case.new, topk=1, extend_seq_lens_tensor=lens, num_tokens_per_bs=case.new)
+
+
+RULES = DraftExtendV2()

@@ -1,0 +1,43 @@
+"""EXTEND: ragged new tokens per request; seq_lens = prefix + extend, with the
+extend_* fields. Graphs follow the piecewise contract: the token axis padded to
+a token bucket."""
+from __future__ import annotations
+
+import torch
+
+from kit.modes import ForwardMode
+from kit.modes.rules import TOKEN_COUNT_GRAPHS, ModeRules, RequestShape, causal
+
+
+COLUMN = 2
+
+
+class Extend(ModeRules):
+    mode = ForwardMode.EXTEND
+    graph = TOKEN_COUNT_GRAPHS
+    new_help = "one extend length >= 1 per request"
+
+    def validate(self, case):
+        if isinstance(case.new, int) or len(case.new) != len(case.prefix) or min(case.new) < 1:
+            return f"EXTEND needs `new` as {self.new_help}"
+        if case.topk != 1:
+            return "topk > 1 only applies to TARGET_VERIFY"
+        return None
+
+    def request(self, prefix, new, topk, rng):
+        return RequestShape(n_old=prefix, n_new=new, seq_len=prefix + new, q_pos=[prefix + i for i in range(new)],
+                            visible=causal(prefix, new))
+
+    def tokens_per_request(self, case):
+        raise TypeError("EXTEND requests have ragged token counts; its graphs are per token bucket")
+
+    def batch_fields(self, plan, device):
+        new = [r.n_new for r in plan.requests]
+        old = [r.n_old for r in plan.requests]
+        i32 = lambda values: torch.tensor(values, dtype=torch.int32, device=device)  # noqa: E731
+        return dict(extend_num_tokens=sum(new), extend_seq_lens=i32(new), extend_prefix_lens=i32(old),
+                    extend_start_loc=i32([sum(new[:i]) for i in range(len(new))]),
+                    extend_seq_lens_cpu=new, extend_prefix_lens_cpu=old)
+
+
+RULES = Extend()
