@@ -1,12 +1,20 @@
 """The case catalog keeps its promises: unique names, and the coverage the kit claims."""
+import json
 import re
+import shlex
+import subprocess
+import sys
+from pathlib import Path
 
 import pytest
 
 from cases import CATALOG as catalog
 from kit.case import GQA, LAYOUTS, MHA, MQA, Case
-from kit.catalog import CASE_SETS
+from kit.catalog import CASE_SETS, Catalog
 from kit.modes import MODES, ForwardMode
+from kit.record import parse_run_id, run_id
+
+REPO = Path(__file__).resolve().parent.parent
 
 
 @pytest.mark.parametrize("mode", MODES, ids=lambda m: m.value)
@@ -63,3 +71,40 @@ def test_case_rejects_bad_lines(bad, message):
     fields = dict(name="ok", mode=ForwardMode.DECODE, prefix=(3, 4))
     with pytest.raises(ValueError, match=re.escape(message)):
         Case(**{**fields, **bad})
+
+
+def test_run_id_round_trips():
+    """One parser for run ids; a backend label may hold '-' (mode, exec and case never do)."""
+    for backend in ("triton", "my-backend", "a-b-c"):
+        rid = run_id(backend, "target_verify", "graph", "gqa_tree8_p16_shuf")
+        assert parse_run_id(rid) == (backend, "target_verify", "graph", "gqa_tree8_p16_shuf")
+    with pytest.raises(ValueError, match="not a run id"):
+        parse_run_id("no_dashes_here")
+
+
+def test_every_mode_has_rules_and_cases():
+    """A mode is its rules file (kit/modes/<mode>.py) plus its cases file (cases/<mode>.py)."""
+    for mode in MODES:
+        assert mode.rules.mode is mode
+        assert catalog.cases("smoke", mode) and catalog.cases("full", mode)
+    assert [m.value for m in MODES] == ["decode", "extend", "target_verify", "draft_extend_v2"]
+
+
+OTHER_CATALOG = Catalog({ForwardMode.DECODE: {"smoke": [Case("only_one", ForwardMode.DECODE, prefix=(4, 9),
+                                                            heads=(4, 2), head_dim=16, dtype="fp32")], "full": []}})
+
+
+def test_cases_option_takes_another_catalog(tmp_path):
+    """`--cases module:attr` runs another catalog; its repro names it too."""
+    out = tmp_path / "r.json"
+    proc = subprocess.run([sys.executable, "-m", "pytest", "tests/test_conformance.py", "-q", "-p", "no:cacheprovider",
+                           "--backend", "torch_native", "--exec", "eager", "--case-set", "smoke",
+                           "--cases", "tests.test_kit_catalog:OTHER_CATALOG", "--results-json", str(out)],
+                          cwd=REPO, capture_output=True, text=True)
+    assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-2000:]
+    records = json.loads(out.read_text())["records"]
+    assert [(r["mode"], r["case"], r["outcome"]) for r in records] == [("decode", "only_one", "pass")]
+    assert "--cases tests.test_kit_catalog:OTHER_CATALOG" in records[0]["repro"]
+    proc = subprocess.run([sys.executable] + shlex.split(records[0]["repro"])[1:], cwd=REPO,
+                          capture_output=True, text=True)
+    assert proc.returncode == 0 and ": pass" in proc.stdout, proc.stdout + proc.stderr

@@ -9,9 +9,11 @@ from pathlib import Path
 import pytest
 
 from cases import CATALOG as catalog
+from backends.torch_native import TorchNativeBackend
 from kit.modes import Exec, ForwardMode
 from kit.registry import UnknownBackend, load_backend
-from kit.runner import FAIL, PASS, run_case
+from kit.record import FAIL, PASS, UNSUPPORTED
+from kit.runner import run_case
 
 REPO = Path(__file__).resolve().parent.parent
 
@@ -133,3 +135,46 @@ def test_external_backend_through_the_repro_command(external_dir):
                           cwd=REPO, capture_output=True, text=True, env=_env(external_dir))
     assert proc.returncode == 0, proc.stdout + proc.stderr
     assert ": pass" in proc.stdout
+
+
+def test_in_box_and_external_backends_share_one_lookup(external_dir):
+    """`triton` and an external entry point resolve through the same entry-point group."""
+    code = textwrap.dedent('''
+        import importlib.metadata as md
+        from kit import registry
+        group = {ep.name: ep for ep in md.entry_points(group=registry.ENTRY_POINT_GROUP)}
+        assert {"torch_native", "triton", "flashinfer", "external_decode"} <= set(group), sorted(group)
+        loaded = []
+        real_load = md.EntryPoint.load
+        md.EntryPoint.load = lambda ep: loaded.append(ep.name) or real_load(ep)
+        for name in ("triton", "external_decode"):
+            assert registry.load_backend(name) is real_load(group[name])
+        assert loaded == ["triton", "external_decode"], loaded
+        assert {"triton", "external_decode"} <= set(registry.known_backends())
+    ''')
+    proc = subprocess.run([sys.executable, "-c", code], cwd=REPO, capture_output=True, text=True,
+                          env=_env(external_dir))
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+
+
+class _DecodeOnly(TorchNativeBackend):
+    modes = (ForwardMode.DECODE,)
+
+
+class _FutureMode(TorchNativeBackend):
+    """Implements a mode the protocol may add later; says so by value."""
+    modes = ("decode", "extend", "some_future_mode")
+
+
+def test_mode_a_backend_leaves_out_is_unsupported_not_a_crash():
+    case = catalog.cases("smoke", ForwardMode.EXTEND)[0]
+    r = run_case("tests.test_kit_registry:_DecodeOnly", case, Exec.EAGER)
+    assert r.outcome == UNSUPPORTED and "does not implement mode extend" in r.message
+    assert run_case("tests.test_kit_registry:_FutureMode", case, Exec.EAGER).outcome == PASS
+
+
+def test_library_versions_come_from_the_backend():
+    """Records carry torch/CUDA plus what the backend's versions() names, nothing hard-coded."""
+    case = catalog.cases("smoke", ForwardMode.DECODE)[0]
+    assert set(run_case("torch_native", case, Exec.EAGER).versions) == {"torch", "cuda"}
+    assert set(run_case("triton", case, Exec.EAGER).versions) == {"torch", "cuda", "triton"}

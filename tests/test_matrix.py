@@ -239,3 +239,17 @@ def test_device_fault_ends_the_worker_and_keeps_its_record(tmp_path):
     assert r["failure_class"] == "crash" and r["device_lost"] and "device-side assert" in r["message"], r
     assert [c for c in SMOKE_DECODE if records[f"{c}/eager"]["outcome"] != "pass"] == ["mqa_p1_shuf"]
     assert not (tmp_path / "results.json.lost").exists()
+
+
+def test_matrix_check_runs_without_torch(project):
+    """The report layer never loads the engine: `python -m matrix check` with torch unimportable."""
+    code = ("import sys, runpy\n"
+            "sys.modules['torch'] = None  # any `import torch` now raises ImportError\n"
+            f"sys.argv = ['matrix', 'check', '--readme', {str(project['readme_path'])!r},"
+            f" '--known-failures', {str(project['known_path'])!r}, '--results-dir', {str(project['results_dir'])!r}]\n"
+            "try:\n    runpy.run_module('matrix', run_name='__main__')\n"
+            "except SystemExit as e:\n    assert e.code == 0, e.code\n"
+            "assert sys.modules['torch'] is None\n"
+            "assert not [m for m in sys.modules if m.startswith(('kit.runner', 'kit.graph', 'kit.fixture'))]\n")
+    proc = subprocess.run([sys.executable, "-c", code], cwd=REPO, capture_output=True, text=True)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
