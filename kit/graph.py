@@ -1,37 +1,66 @@
-"""The graph harness: the production capture/replay contract (SPEC "Execution").
+"""The graph harness: the production capture/replay contract (SPEC "Graph mode").
 
-DECODE / TARGET_VERIFY / DRAFT_EXTEND_V2: static buffers sized for the largest
-bucket, one graph captured per batch-size bucket (warm-up on a side stream
-first), then replays in mixed order with padded rows set by the fill rules.
-EXTEND (piecewise contract): the token axis is padded to a token bucket;
-padded tokens write KV to slot 0; metadata comes from the real batch.
+Batch-size graphs (DECODE / TARGET_VERIFY / DRAFT_EXTEND_V2): static buffers
+sized for the largest bucket, one graph captured per batch-size bucket (warm-up
+on a side stream first), then replays in mixed order with padded rows set by
+the fill rules. Token graphs (EXTEND, piecewise contract): the token axis is
+padded to a token bucket; padded tokens write KV to slot 0.
+
+The backend's hooks are driven in its own style (kit.protocol.graph_protocol):
+two-phase (out_graph before capture and before every replay, in_graph recorded
+in the graph with forward) or capture/replay. Every second replay hands the
+backend full-capacity request buffers (rows past the batch hold what earlier
+batches left there), as SGLang's draft-extend runner does.
+
 Without CUDA the same hooks, buffers, padding and order run without a graph
-("emulated").
+("emulated"): forward() runs again at each replay, but with the backend's Python
+state put back to what it was at capture (kit.hoststate), as a real graph keeps
+its launch arguments; a tensor the replay hooks replaced is named. Allocations
+of the hooks and of the captured forward carry canary tails (kit.guard), on GPU
+too, so a write past one is seen after each replay.
 """
 from __future__ import annotations
 
 import dataclasses
-from typing import Dict, List, Optional, Sequence, Tuple
+from typing import Dict, List, Optional, Sequence
 
 import torch
 
 from kit.batch import ForwardBatch
 from kit.fixture import Fixture
+from kit.guard import Guard, GuardCheck
+from kit.hoststate import Bindings, replaced, tensor_pointers
 from kit.layer import Layer
 from kit.modes.rules import BATCH_SIZE_GRAPHS, TOKEN_COUNT_GRAPHS
 from kit.nan_fill import nan_filled_allocations
-from kit.protocol import seq_len_fill_value
+from kit.protocol import TWO_PHASE, graph_protocol, seq_len_fill_value
 from kit.record import CUDA_GRAPH, EMULATED, PIECEWISE_EAGER
 from kit.schedule import BS_BUCKETS, TOKEN_BUCKETS, bucket_for
 
 WARMUP_RUNS = 2
 
 
+def full_capacity(i: int) -> bool:
+    """Whether replay i (from 0) hands the backend full-capacity request buffers: every second."""
+    return i % 2 == 1
+
+
+@dataclasses.dataclass
+class Replayed:
+    out: torch.Tensor  # output of the real rows
+    padded: torch.Tensor  # output of the padded rows
+    replaced: List[str]  # backend attributes holding another tensor than at capture (emulated graphs)
+    memory: GuardCheck  # writes past what the hooks and the captured forward allocated
+
+
 @dataclasses.dataclass
 class _Captured:
-    batch: ForwardBatch  # the batch object forward() saw at capture (views of static buffers)
-    graph: Optional["torch.cuda.CUDAGraph"]
-    out: Optional[torch.Tensor]
+    batch: ForwardBatch  # the batch object the captured step saw (views of static buffers)
+    graph: Optional["torch.cuda.CUDAGraph"] = None
+    out: Optional[torch.Tensor] = None
+    guard: Optional[Guard] = None  # real graphs: canary tails of what the captured step allocated
+    bindings: Optional[Bindings] = None  # emulated: the backend's Python state at capture
+    pointers: Dict[str, int] = dataclasses.field(default_factory=dict)
 
 
 class _Harness:
@@ -42,46 +71,68 @@ class _Harness:
         self.pools = fixtures[0].pools
         self.case = fixtures[0].case
         self.mode = self.case.mode
+        self.two_phase = graph_protocol(type(backend)) == TWO_PHASE
         self.max_bs = max(bucket_for(fx.batch.batch_size, BS_BUCKETS) for fx in fixtures)
         kv = self.pools.token_to_kv_pool
         self.device = kv.device
         self.real = self.device.type == "cuda"
         self.detail = CUDA_GRAPH if self.real else EMULATED
+        self.fill = seq_len_fill_value(backend)
         hq, hkv, d = layer.tp_q_head_num, layer.tp_k_head_num, layer.head_dim
         zeros = lambda *shape, dtype=kv.dtype: torch.zeros(shape, dtype=dtype, device=self.device)  # noqa: E731
         self.q, self.k, self.v = zeros(max_tokens, hq, d), zeros(max_tokens, hkv, d), zeros(max_tokens, hkv, d)
         self.out_cache_loc = zeros(max_tokens, dtype=torch.int64)
         self.positions = zeros(max_tokens, dtype=torch.int64)
+        self.req_pool_indices = zeros(self.max_bs, dtype=torch.int32)
+        self.seq_lens = torch.full((self.max_bs,), self.fill, dtype=torch.int32, device=self.device)
+        self.seq_lens_cpu = torch.full((self.max_bs,), self.fill, dtype=torch.int32)
         self.captured: Dict[int, _Captured] = {}
         self.mempool = torch.cuda.graph_pool_handle() if self.real else None
+        self.replays = 0
 
     def _forward(self, batch: ForwardBatch, n: int) -> torch.Tensor:
         with nan_filled_allocations():
             return self.backend.forward(self.q[:n], self.k[:n], self.v[:n], self.layer, batch)
 
+    def _step(self, batch: ForwardBatch, n: int) -> torch.Tensor:
+        """What a graph records: the two-phase backend's in-graph metadata, then forward."""
+        if self.two_phase and callable(getattr(self.backend, "init_forward_metadata_in_graph", None)):
+            self.backend.init_forward_metadata_in_graph(batch)
+        return self._forward(batch, n)
+
     def _capture(self, key: int, batch: ForwardBatch, n: int) -> None:
         if not self.real:
-            self._forward(batch, n)  # capture-time output is discarded
-            self.captured[key] = _Captured(batch, None, None)
+            self._step(batch, n)  # capture-time output is discarded
+            self.captured[key] = _Captured(batch, bindings=Bindings.of(self.backend),
+                                           pointers=tensor_pointers(self.backend))
             return
         side = torch.cuda.Stream()
         side.wait_stream(torch.cuda.current_stream())
         with torch.cuda.stream(side):
             for _ in range(WARMUP_RUNS):
-                self._forward(batch, n)
+                self._step(batch, n)
         torch.cuda.current_stream().wait_stream(side)
         torch.cuda.synchronize()
-        graph = torch.cuda.CUDAGraph()
-        with torch.cuda.graph(graph, pool=self.mempool):
-            out = self._forward(batch, n)
-        self.captured[key] = _Captured(batch, graph, out)
+        graph, guard = torch.cuda.CUDAGraph(), Guard()
+        with torch.cuda.graph(graph, pool=self.mempool), guard.watching():
+            out = self._step(batch, n)
+        self.captured[key] = _Captured(batch, graph, out, guard)
 
-    def _run(self, key: int, n: int) -> torch.Tensor:
+    def _run(self, key: int, n: int, guard: Guard):
+        """Replays graph `key` after its hooks ran (under `guard`): (out, replaced tensors, memory)."""
         cap = self.captured[key]
         if self.real:
             cap.graph.replay()
-            return cap.out
-        return self._forward(cap.batch, n)
+            return cap.out, [], GuardCheck.merged(guard.check(), cap.guard.check())
+        swapped = replaced(cap.pointers, tensor_pointers(self.backend))
+        after_hooks = Bindings.of(self.backend)
+        cap.bindings.restore()
+        try:
+            with guard.watching():
+                out = self._step(cap.batch, n)
+        finally:
+            after_hooks.restore()  # forward's own Python side effects do not happen in a real replay
+        return out, swapped, guard.check()
 
     def _load_tokens(self, fx: Fixture, padded: int) -> int:
         """Real tokens copied in; padded tokens write slot 0 at position 0."""
@@ -92,14 +143,23 @@ class _Harness:
             buf[n:padded].zero_()
         return n
 
+    def _requests(self, bs: int, full: bool) -> dict:
+        """The request buffers a batch view hands over: exact-size views, or full capacity."""
+        end = self.max_bs if full else bs
+        return dict(req_pool_indices=self.req_pool_indices[:end], seq_lens=self.seq_lens[:end],
+                    seq_lens_cpu=self.seq_lens_cpu[:end])
+
     def capture(self) -> None:
         """Captures every graph that does not need a real batch, before any replay."""
 
     def prepare(self, fx: Fixture) -> None:
         """Captures what replaying `fx` needs (the pool is installed for judging after this)."""
 
-    def replay(self, fx: Fixture) -> Tuple[torch.Tensor, torch.Tensor]:
-        """(output of the real rows, output of the padded rows)."""
+    def replay(self, fx: Fixture) -> Replayed:
+        i, self.replays = self.replays, self.replays + 1
+        return self._replay(fx, full_capacity(i))
+
+    def _replay(self, fx: Fixture, full: bool) -> Replayed:
         raise NotImplementedError
 
     def describe(self, i: int, fixtures: List[Fixture]) -> str:
@@ -108,6 +168,8 @@ class _Harness:
         text = f"replay {i + 1}/{len(fixtures)} (bs={bs}{self._where(fixtures[i])}"
         if i:
             text += f", after bs={fixtures[i - 1].batch.batch_size}"
+        if full_capacity(i):
+            text += ", full-capacity buffers"
         return text + ")"
 
     def _where(self, fx: Fixture) -> str:
@@ -124,15 +186,19 @@ class BatchGraphs(_Harness):
         self.tokens_per_req = self.rules.tokens_per_request(case)
         max_bs = max(bucket_for(fx.batch.batch_size, BS_BUCKETS) for fx in fixtures)
         super().__init__(backend, layer, fixtures, max_bs * self.tokens_per_req)
-        self.fill = seq_len_fill_value(backend)
-        self.req_pool_indices = torch.zeros(max_bs, dtype=torch.int32, device=self.device)
-        self.seq_lens = torch.full((max_bs,), self.fill, dtype=torch.int32, device=self.device)
-        self.seq_lens_cpu = torch.full((max_bs,), self.fill, dtype=torch.int32)
         self.buckets = sorted({bucket_for(fx.batch.batch_size, BS_BUCKETS) for fx in fixtures}, reverse=True)
         backend.init_cuda_graph_state(max_bs, max_bs * self.tokens_per_req)
 
     def _spec_info(self, bs: int, real_rows: int, real_mask: Optional[torch.Tensor]):
         return self.rules.spec_info(self.case, bs, real_rows, real_mask, self.fill, self.device)
+
+    def _view(self, bs: int, seq_lens_sum: int, spec_info, full: bool) -> ForwardBatch:
+        n = bs * self.tokens_per_req
+        return ForwardBatch(
+            forward_mode=self.mode, batch_size=bs, **self._requests(bs, full), seq_lens_sum=seq_lens_sum,
+            out_cache_loc=self.out_cache_loc[:n], positions=self.positions[:n],
+            req_to_token_pool=self.pools.req_to_token_pool, token_to_kv_pool=self.pools.token_to_kv_pool,
+            spec_info=spec_info)
 
     def capture_bucket(self, bs: int) -> None:
         n = bs * self.tokens_per_req
@@ -142,24 +208,23 @@ class BatchGraphs(_Harness):
         self.out_cache_loc[:n].zero_()
         self.positions[:n].zero_()
         spec_info = self._spec_info(bs, 0, None)
-        batch = ForwardBatch(
-            forward_mode=self.mode, batch_size=bs, req_pool_indices=self.req_pool_indices[:bs],
-            seq_lens=self.seq_lens[:bs], seq_lens_cpu=self.seq_lens_cpu[:bs],
-            seq_lens_sum=self.fill * bs, out_cache_loc=self.out_cache_loc[:n], positions=self.positions[:n],
-            req_to_token_pool=self.pools.req_to_token_pool, token_to_kv_pool=self.pools.token_to_kv_pool,
-            spec_info=spec_info)
-        self.backend.init_forward_metadata_capture_cuda_graph(
-            bs, n, self.req_pool_indices[:bs], self.seq_lens[:bs], self.mode, spec_info)
+        batch = self._view(bs, self.fill * bs, spec_info, full=False)
+        if self.two_phase:
+            self.backend.init_forward_metadata_out_graph(batch, in_capture=True)
+        else:
+            self.backend.init_forward_metadata_capture_cuda_graph(
+                bs, n, batch.req_pool_indices, batch.seq_lens, self.mode, spec_info)
         self._capture(bs, batch, n)
 
     def capture(self) -> None:
         for bs in self.buckets:  # largest first, as engines capture
             self.capture_bucket(bs)
 
-    def replay(self, fx: Fixture) -> Tuple[torch.Tensor, torch.Tensor]:
+    def _replay(self, fx: Fixture, full: bool) -> Replayed:
         b = fx.batch
         bs = b.batch_size
         pbs = bucket_for(bs, BS_BUCKETS)
+        # Rows past pbs keep what earlier batches left: a full-capacity view shows them.
         self.req_pool_indices[:bs].copy_(b.req_pool_indices)
         self.req_pool_indices[bs:pbs].zero_()
         self.seq_lens[:bs].copy_(b.seq_lens)
@@ -169,48 +234,92 @@ class BatchGraphs(_Harness):
         n = self._load_tokens(fx, pbs * self.tokens_per_req)
         real_mask = b.spec_info.custom_mask if b.spec_info is not None else None
         spec_info = self._spec_info(pbs, bs, real_mask)
-        self.backend.init_forward_metadata_replay_cuda_graph(
-            pbs, self.req_pool_indices[:pbs], self.seq_lens[:pbs], b.seq_lens_sum + self.fill * (pbs - bs),
-            self.mode, spec_info, self.seq_lens_cpu[:pbs])
-        out = self._run(pbs, pbs * self.tokens_per_req)
-        return out[:n], out[n:]
+        view = self._view(pbs, b.seq_lens_sum + self.fill * (pbs - bs), spec_info, full)
+        guard = Guard()
+        with guard.watching():
+            if self.two_phase:
+                self.backend.init_forward_metadata_out_graph(view)
+            else:
+                self.backend.init_forward_metadata_replay_cuda_graph(
+                    pbs, view.req_pool_indices, view.seq_lens, view.seq_lens_sum, self.mode, spec_info,
+                    view.seq_lens_cpu)
+        out, swapped, memory = self._run(pbs, pbs * self.tokens_per_req, guard)
+        return Replayed(out[:n], out[n:], swapped, memory)
 
     def _where(self, fx: Fixture) -> str:
         return f" in bucket {bucket_for(fx.batch.batch_size, BS_BUCKETS)}"
 
 
 class ExtendGraphs(_Harness):
-    """The piecewise contract: the token axis padded to a token bucket (EXTEND)."""
+    """The piecewise contract: the token axis padded to a token bucket (EXTEND); one graph per
+    token bucket, replayed with any batch whose tokens fit it, whatever its request count."""
+
+    EXTEND_FIELDS = ("extend_seq_lens", "extend_prefix_lens", "extend_start_loc")
 
     def __init__(self, backend, layer, fixtures: Sequence[Fixture]):
         max_tokens = max(fx.plan.num_tokens for fx in fixtures)
         super().__init__(backend, layer, fixtures, bucket_for(max_tokens, TOKEN_BUCKETS))
-        self.capturing = bool(getattr(backend, "extend_capture", False))
+        self.real_rows_only = bool(getattr(backend, "real_rows_only", False))
+        # A backend that sees only the real rows cannot have them captured: their count varies.
+        self.capturing = bool(getattr(backend, "extend_capture", False)) and not self.real_rows_only
         if not self.capturing:
             self.detail = PIECEWISE_EAGER
+        self.extend = {f: torch.zeros(self.max_bs, dtype=torch.int32, device=self.device) for f in self.EXTEND_FIELDS}
         backend.init_cuda_graph_state(self.max_bs, self.q.shape[0])
 
-    def _padded_batch(self, fx: Fixture, padded: int) -> ForwardBatch:
+    def _view(self, fx: Fixture, padded: int, full: bool) -> ForwardBatch:
+        """The batch over the static buffers: its requests copied in (rows past it keep what
+        earlier batches left), its tokens padded to the bucket."""
+        b = fx.batch
+        bs = b.batch_size
         self._load_tokens(fx, padded)
-        return dataclasses.replace(fx.batch, out_cache_loc=self.out_cache_loc[:padded],
-                                   positions=self.positions[:padded])
+        for buf, src in ((self.req_pool_indices, b.req_pool_indices), (self.seq_lens, b.seq_lens),
+                         (self.seq_lens_cpu, b.seq_lens_cpu)):
+            buf[:bs].copy_(src)
+        end = self.max_bs if full else bs
+        for f, buf in self.extend.items():
+            buf[:bs].copy_(getattr(b, f))
+        return dataclasses.replace(
+            b, **self._requests(bs, full), **{f: buf[:end] for f, buf in self.extend.items()},
+            out_cache_loc=self.out_cache_loc[:padded], positions=self.positions[:padded])
+
+    def _metadata(self, batch: ForwardBatch, in_capture: bool = False) -> None:
+        if self.two_phase:
+            self.backend.init_forward_metadata_out_graph(batch, in_capture=in_capture)
+        else:
+            self.backend.init_forward_metadata(batch)
 
     def prepare(self, fx: Fixture) -> None:
         padded = bucket_for(fx.plan.num_tokens, TOKEN_BUCKETS)
         if self.capturing and padded not in self.captured:
-            batch = self._padded_batch(fx, padded)
-            self.backend.init_forward_metadata(batch)
+            batch = self._view(fx, padded, full=False)
+            self._metadata(batch, in_capture=True)
             self._capture(padded, batch, padded)
 
-    def replay(self, fx: Fixture) -> Tuple[torch.Tensor, torch.Tensor]:
+    def _replay(self, fx: Fixture, full: bool) -> Replayed:
         padded = bucket_for(fx.plan.num_tokens, TOKEN_BUCKETS)
-        batch = self._padded_batch(fx, padded)
-        self.backend.init_forward_metadata(batch)
+        n = fx.plan.num_tokens
+        batch = self._view(fx, padded, full)
+        guard = Guard()
+        with guard.watching():
+            self._metadata(batch)
         if self.capturing:
-            out = self._run(padded, padded)
+            out, swapped, memory = self._run(padded, padded, guard)
         else:
-            out = self._forward(batch, padded)
-        return out[:fx.plan.num_tokens], out[fx.plan.num_tokens:]
+            swapped = []
+            with guard.watching():
+                out = self._step_piecewise(batch, n, padded)
+            memory = guard.check()
+        return Replayed(out[:n], out[n:], swapped, memory)
+
+    def _step_piecewise(self, batch: ForwardBatch, n: int, padded: int) -> torch.Tensor:
+        """The padded call, eager; for a real-rows-only backend, what SGLang's layer does: the
+        backend on the real rows, zeros for the padded ones."""
+        if not self.real_rows_only:
+            return self._step(batch, padded)
+        real = dataclasses.replace(batch, out_cache_loc=batch.out_cache_loc[:n], positions=batch.positions[:n])
+        out = self._step(real, n)
+        return torch.cat([out, out.new_zeros((padded - n,) + tuple(out.shape[1:]))])
 
     def _where(self, fx: Fixture) -> str:
         return f", {fx.plan.num_tokens} tokens"

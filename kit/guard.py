@@ -12,7 +12,7 @@ from typing import ClassVar, Iterator, List
 import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 
-from kit.record import KERNEL
+from kit.record import GRAPH, KERNEL
 
 GUARD_BYTES = 1024
 CANARY = 0xA5
@@ -53,11 +53,16 @@ class _GuardMode(TorchDispatchMode):
 @dataclasses.dataclass
 class GuardCheck:
     failure_class: ClassVar[str] = KERNEL  # a buffer sized from a stale length: the metadata's bug
-    graph_class: ClassVar[str] = KERNEL
+    graph_class: ClassVar[str] = GRAPH  # only in a replay: e.g. a grid or size from the wrong batch size
     quiet: ClassVar[bool] = True
     replay_only: ClassVar[bool] = False
     ok: bool
     overruns: List[str]  # "<tensor>: N of the first GUARD_BYTES bytes past its end changed"
+
+    @classmethod
+    def merged(cls, *checks: "GuardCheck") -> "GuardCheck":
+        overruns = [o for c in checks for o in c.overruns]
+        return cls(not overruns, overruns)
 
     def describe(self) -> str:
         if self.ok:

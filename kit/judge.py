@@ -12,7 +12,7 @@ from kit.guard import GuardCheck
 from kit.pools import CASE_LAYER_ID
 from kit.record import GRAPH, KERNEL, KV_WRITE
 from kit.reference import attention
-from kit.verdicts import check_kv, check_output, check_padding
+from kit.verdicts import check_kv, check_output, check_padding, check_state
 
 # When several checks fail, the class that says where to look first: a wrong KV pool
 # explains a wrong output, not the other way round.
@@ -62,8 +62,10 @@ def eager_verdict(fx: Fixture, out, before, memory: GuardCheck) -> Verdict:
     return Verdict(_judged(fx, out, before) + [memory])
 
 
-def replay_verdict(fx: Fixture, out, before, padded) -> Verdict:
-    return Verdict(_judged(fx, out, before) + [check_padding(padded)])
+def replay_verdict(fx: Fixture, replayed, before) -> Verdict:
+    """`replayed`: kit.graph.Replayed."""
+    return Verdict(_judged(fx, replayed.out, before) + [
+        replayed.memory, check_state(replayed.replaced), check_padding(replayed.padded)])
 
 
 def replay_failure(replay: Verdict, eager: Optional[Verdict]) -> Tuple[str, str]:

@@ -17,12 +17,26 @@ from kit.case import Case
 from kit.layer import Layer
 from kit.pools import KVPool, ReqToTokenPool
 
-GRAPH_HOOKS = (
-    "init_cuda_graph_state",
-    "init_forward_metadata_capture_cuda_graph",
-    "init_forward_metadata_replay_cuda_graph",
-)
+# The two styles of graph metadata hooks a backend may implement (one or the other):
+# SGLang 0.5.23's two-phase pair (host prep before capture / replay, recordable device
+# work inside the graph), and the older capture / replay pair.
+TWO_PHASE, CAPTURE_REPLAY = "two-phase", "capture/replay"
+GRAPH_HOOKS = {
+    TWO_PHASE: ("init_cuda_graph_state", "init_forward_metadata_out_graph"),
+    CAPTURE_REPLAY: ("init_cuda_graph_state", "init_forward_metadata_capture_cuda_graph",
+                     "init_forward_metadata_replay_cuda_graph"),
+}
 NO_CAPTURE_HOOKS = "no capture hooks"
+
+
+@dataclasses.dataclass(frozen=True)
+class SpeculativeConfig:
+    """What a serving engine's server config says of speculative decoding, read when the
+    backend is built (graph buffers are sized from it)."""
+
+    algorithm: str  # e.g. "EAGLE"
+    num_draft_tokens: int  # tokens per request in TARGET_VERIFY / DRAFT_EXTEND_V2
+    topk: int  # 1: chain drafts; > 1: tree
 
 
 @dataclasses.dataclass
@@ -36,6 +50,7 @@ class BackendContext:
     layer: Layer  # the model's attention config: heads, head_dim, scale, window, cap
     req_to_token_pool: ReqToTokenPool
     token_to_kv_pool: KVPool
+    speculative: Optional[SpeculativeConfig] = None  # set for the speculative modes
 
     @property
     def max_context_len(self) -> int:
@@ -45,7 +60,7 @@ class BackendContext:
     def for_case(cls, case: Case, pools, device) -> "BackendContext":
         return cls(device=torch.device(device), dtype=case.torch_dtype, kv_cache_dtype=case.torch_dtype,
                    page_size=case.page, layer=Layer.for_case(case), req_to_token_pool=pools.req_to_token_pool,
-                   token_to_kv_pool=pools.token_to_kv_pool)
+                   token_to_kv_pool=pools.token_to_kv_pool, speculative=case.mode.rules.speculative_config(case))
 
 
 class AttentionBackend:
@@ -56,9 +71,12 @@ class AttentionBackend:
     # say it is assumed supported (the four the protocol started with).
     modes: Optional[tuple] = None
     # True if forward() for EXTEND may be captured in a CUDA graph once per token
-    # bucket and replayed after init_forward_metadata() of a new batch (metadata
-    # filled in place). Otherwise EXTEND graph mode runs the padded call eagerly.
+    # bucket and replayed after the metadata hooks of a new batch (metadata filled in
+    # place). Otherwise EXTEND graph mode runs the padded call eagerly.
     extend_capture: bool = False
+    # True if forward() sees only the real tokens of a padded EXTEND batch: the caller
+    # (SGLang's attention layer) runs it on the real rows and zeroes the padded ones.
+    real_rows_only: bool = False
 
     @classmethod
     def supports(cls, case: Case) -> Optional[str]:
@@ -75,7 +93,13 @@ class AttentionBackend:
         self.ctx = ctx
 
     def init_forward_metadata(self, batch) -> None:
-        raise NotImplementedError
+        """Eager metadata; for a two-phase backend, out_graph then in_graph (as SGLang's base)."""
+        if not callable(getattr(self, "init_forward_metadata_out_graph", None)):
+            raise NotImplementedError
+        self.init_forward_metadata_out_graph(batch)
+        in_graph = getattr(self, "init_forward_metadata_in_graph", None)
+        if callable(in_graph):
+            in_graph(batch)
 
     def forward(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, layer: Layer, batch,
                 save_kv_cache: bool = True) -> torch.Tensor:
@@ -83,12 +107,18 @@ class AttentionBackend:
         write k/v to the pool at batch.out_cache_loc before attending."""
         raise NotImplementedError
 
-    # Optional graph hooks (absent: the graph cells read "no capture hooks"):
-    #   init_cuda_graph_state(max_bs, max_num_tokens)
-    #   init_forward_metadata_capture_cuda_graph(bs, num_tokens, req_pool_indices, seq_lens,
-    #                                            forward_mode, spec_info)
-    #   init_forward_metadata_replay_cuda_graph(bs, req_pool_indices, seq_lens, seq_lens_sum,
-    #                                           forward_mode, spec_info, seq_lens_cpu)
+    # Optional graph hooks (absent: the graph cells read "no capture hooks"), one style:
+    #   init_cuda_graph_state(max_bs, max_num_tokens), and
+    #   two-phase (SGLang 0.5.23):
+    #     init_forward_metadata_out_graph(batch, in_capture=False)  host prep, before capture
+    #                                                               (in_capture=True) and replay
+    #     init_forward_metadata_in_graph(batch)   optional; static-shape device work, recorded
+    #                                             in the graph and re-run by every replay
+    #   or capture/replay:
+    #     init_forward_metadata_capture_cuda_graph(bs, num_tokens, req_pool_indices, seq_lens,
+    #                                              forward_mode, spec_info)
+    #     init_forward_metadata_replay_cuda_graph(bs, req_pool_indices, seq_lens, seq_lens_sum,
+    #                                             forward_mode, spec_info, seq_lens_cpu)
     #   get_cuda_graph_seq_len_fill_value() -> int  (default 1)
 
 
@@ -110,8 +140,16 @@ def library_version(module: str) -> str:
         return "not installed"
 
 
+def graph_protocol(backend_cls) -> Optional[str]:
+    """TWO_PHASE or CAPTURE_REPLAY (the first a backend implements whole), or None."""
+    for style, hooks in GRAPH_HOOKS.items():
+        if all(callable(getattr(backend_cls, h, None)) for h in hooks):
+            return style
+    return None
+
+
 def has_graph_hooks(backend_cls) -> bool:
-    return all(callable(getattr(backend_cls, h, None)) for h in GRAPH_HOOKS)
+    return graph_protocol(backend_cls) is not None
 
 
 def seq_len_fill_value(backend) -> int:

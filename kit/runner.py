@@ -126,13 +126,36 @@ def _run(cls, case: Case, exec_: Exec, device, result: RunResult) -> None:
     setup = RunSetup.make(cls, case, exec_, device)
     backend = setup.new_backend()
     if exec_ is Exec.EAGER:
-        result.exec_detail = EAGER
-        v = _eager(backend, setup.fixtures[0], setup.layer)
-        result.max_err, result.tol = v.max_err, v.tol
-        if not v.ok:
-            result.outcome, result.message, result.failure_class = FAIL, v.text, v.failure_class()
+        _eager_sequence(backend, setup, result)
+    else:
+        _graph(backend, setup, result)
+
+
+def _eager_sequence(backend, setup: RunSetup, result: RunResult) -> None:
+    """Every batch of the sequence on one instance, each judged; the case is the last."""
+    result.exec_detail = EAGER
+    fixtures = setup.fixtures
+    for i, fx in enumerate(fixtures):
+        v = _eager(backend, fx, setup.layer)
+        result.max_err = max(result.max_err or 0.0, v.max_err)
+        result.tol = v.tol if result.tol is None else min(result.tol, v.tol)
+        if v.ok:
+            continue
+        result.outcome, result.failure_class = FAIL, v.failure_class()
+        result.message = f"{_describe_step(i, fixtures)}: {v.text}"
+        if i:  # the same batch on a fresh instance tells state kept across calls from a plain bug
+            fresh = _eager(setup.new_backend(), fx, setup.layer)
+            result.message += ("; on a fresh backend instance the same batch is right -> state kept from "
+                               "the earlier batches" if fresh.ok else "; wrong on a fresh backend instance too")
         return
-    _graph(backend, setup, result)
+
+
+def _describe_step(i: int, fixtures: List[Fixture]) -> str:
+    fx = fixtures[i]
+    text = f"eager batch {i + 1}/{len(fixtures)} (bs={fx.batch.batch_size}, {fx.plan.num_tokens} tokens"
+    if i:
+        text += f", on the instance that ran bs={fixtures[i - 1].batch.batch_size} before"
+    return text + ")"
 
 
 def _graph(backend, setup: RunSetup, result: RunResult) -> None:
@@ -145,8 +168,9 @@ def _graph(backend, setup: RunSetup, result: RunResult) -> None:
         _call("capture", harness.prepare, fx)
         fx.install()
         before = pools.token_to_kv_pool.snapshot()
-        out, padded = _call(f"replay {i + 1}", harness.replay, fx)
-        v = replay_verdict(fx, _output(out), before, padded)
+        replayed = _call(f"replay {i + 1}", harness.replay, fx)
+        _output(replayed.out)
+        v = replay_verdict(fx, replayed, before)
         worst = max(worst, v.max_err)
         result.tol = v.tol if result.tol is None else min(result.tol, v.tol)
         if v.ok:

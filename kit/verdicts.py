@@ -91,6 +91,26 @@ def check_padding(out_padded: torch.Tensor) -> PaddingCheck:
 
 
 @dataclasses.dataclass
+class StateCheck:
+    failure_class: ClassVar[str] = GRAPH
+    graph_class: ClassVar[str] = GRAPH
+    quiet: ClassVar[bool] = True
+    replay_only: ClassVar[bool] = True  # eager runs capture nothing
+    ok: bool
+    replaced: List[str]  # backend attributes holding another tensor than when the graph was captured
+
+    def describe(self) -> str:
+        if self.ok:
+            return "captured tensors kept"
+        return (f"the replay hooks replaced tensors the captured graph reads instead of refilling them in "
+                f"place: {', '.join(self.replaced[:4])} (a real graph keeps reading the old ones)")
+
+
+def check_state(replaced: List[str]) -> StateCheck:
+    return StateCheck(not replaced, list(replaced))
+
+
+@dataclasses.dataclass
 class KVCheck:
     failure_class: ClassVar[str] = KV_WRITE
     graph_class: ClassVar[str] = KV_WRITE

@@ -16,7 +16,8 @@ def run_setup(case, exec_=Exec.EAGER, device="cpu", backend_cls=None) -> RunSetu
 
 
 def make_fixture(case, device="cpu"):
-    """One installed fixture, built as the runner builds them."""
-    fx = run_setup(case, device=device).fixtures[0]
+    """The case's installed fixture, built as the runner builds them (an eager run's last batch)."""
+    fx = run_setup(case, device=device).fixtures[-1]
+    assert fx.case is case
     fx.install()
     return fx

@@ -5,12 +5,14 @@ graphs) and cuda when available (real CUDA graphs).
 """
 from __future__ import annotations
 
+import dataclasses
+
 import pytest
 import torch
 
 from backends.torch_native import TorchNativeBackend
 from kit.case import LAYOUTS
-from kit.graph import WARMUP_RUNS, BatchGraphs, harness_for
+from kit.graph import WARMUP_RUNS, BatchGraphs, full_capacity, harness_for
 from kit.modes import Exec, ForwardMode
 from kit.plan import plan_case
 from kit.pools import CASE_LAYER_ID
@@ -127,6 +129,25 @@ class RecordingFill2Backend(RecordingBackend):
     FILL = 2
 
 
+class TwoPhaseRecordingBackend(RecordingBackend):
+    """The same records through SGLang 0.5.23's two-phase hooks: out_graph stands for the
+    capture hook (in_capture=True) or the replay hook, in_graph is recorded in the graph."""
+
+    init_forward_metadata_capture_cuda_graph = None
+    init_forward_metadata_replay_cuda_graph = None
+
+    def init_forward_metadata_out_graph(self, batch, in_capture=False):
+        rec = dict(bs=batch.batch_size, rows=batch.req_pool_indices.tolist(), seq_lens=batch.seq_lens.tolist(),
+                   seq_lens_sum=batch.seq_lens_sum, seq_lens_cpu=batch.seq_lens_cpu.tolist(),
+                   seq_lens_cpu_device=batch.seq_lens_cpu.device.type, mode=batch.forward_mode,
+                   num_tokens=batch.num_tokens, out_cache_loc=batch.out_cache_loc.tolist(),
+                   positions=batch.positions.tolist(), **self._spec(batch.spec_info))
+        self.calls.append(("capture" if in_capture else "replay", rec))
+
+    def init_forward_metadata_in_graph(self, batch):
+        self.calls.append(("in_graph", batch.batch_size))
+
+
 def drive_batch_graphs(case, backend_cls, device):
     """Fixtures, backend and harness built by the runner's own setup; capture, then replay each."""
     setup = run_setup(case, Exec.GRAPH, device, backend_cls)
@@ -143,20 +164,24 @@ def drive_batch_graphs(case, backend_cls, device):
         fx.install()
         # Copied at once, as the runner judges at once: with real graphs sharing one memory pool,
         # a replay's output is only valid until the next replay.
-        outs.append(harness.replay(fx)[0].clone())
+        outs.append(harness.replay(fx).out.clone())
     return backend, harness, fixtures, outs, max_bs
 
 
+RECORDERS = [RecordingBackend, RecordingFill2Backend, TwoPhaseRecordingBackend]
+
+
 @pytest.mark.parametrize("device", DEVICES)
-@pytest.mark.parametrize("backend_cls", [RecordingBackend, RecordingFill2Backend], ids=["fill1", "fill2"])
+@pytest.mark.parametrize("backend_cls", RECORDERS, ids=["fill1", "fill2", "two_phase"])
 @pytest.mark.parametrize("mode", list(HARNESS_CASES), ids=[m.value for m in HARNESS_CASES])
 def test_batch_graphs_hook_calls(mode, backend_cls, device):
-    """State once first, one capture per bucket (largest first) with fill rows, then padded replays in order."""
+    """State once first, one capture per bucket (largest first) with fill rows, then padded replays
+    in order, every second one over full-capacity buffers; forward only where a graph runs it."""
     case = HARNESS_CASES[mode]
     fill, t = backend_cls.FILL, tokens_per_req(case)
     backend, harness, fixtures, outs, max_bs = drive_batch_graphs(case, backend_cls, device)
     assert harness.detail == graph_detail(device)
-    hooks = [c for c in backend.calls if c[0] != "forward"]
+    hooks = [c for c in backend.calls if c[0] not in ("forward", "in_graph")]
     assert max_bs == 8
     assert hooks[0] == ("state", max_bs, max_bs * t)
     assert [c[0] for c in hooks].count("state") == 1
@@ -178,15 +203,18 @@ def test_batch_graphs_hook_calls(mode, backend_cls, device):
         if mode is DRAFT_EXTEND_V2:
             assert cap["ext"] == [case.new] * bs and cap["num_tokens_per_bs"] == case.new
 
-    for rep, fx, out in zip(replays, fixtures, outs):
+    for i, (rep, fx, out) in enumerate(zip(replays, fixtures, outs)):
         b = fx.batch
         bs = b.batch_size
         pbs = bucket_for(bs, BS_BUCKETS)
         pad = pbs - bs
+        # full capacity: the buffers whole, rows past the bucket holding what earlier batches left
+        rows = max_bs if full_capacity(i) else pbs
         assert rep["bs"] == pbs and rep["mode"] is mode
-        assert rep["seq_lens"] == b.seq_lens.tolist() + [fill] * pad
+        assert len(rep["seq_lens"]) == len(rep["rows"]) == rows
+        assert rep["seq_lens"][:pbs] == b.seq_lens.tolist() + [fill] * pad
         assert rep["seq_lens_cpu"] == rep["seq_lens"] and rep["seq_lens_cpu_device"] == "cpu"
-        assert rep["rows"] == b.req_pool_indices.tolist() + [0] * pad
+        assert rep["rows"][:pbs] == b.req_pool_indices.tolist() + [0] * pad
         assert type(rep["seq_lens_sum"]) is int
         assert rep["seq_lens_sum"] == b.seq_lens_sum + fill * pad
         assert rep["out_cache_loc"] == b.out_cache_loc.tolist() + [0] * (pad * t)
@@ -201,15 +229,41 @@ def test_batch_graphs_hook_calls(mode, backend_cls, device):
             assert bool(rep["mask"][real.numel():].all())
         assert out.shape == fx.q.shape  # only real rows come back
     assert [r["bs"] for r in replays] == [8, 4, 1, 4]
+    assert [full_capacity(i) for i in range(4)] == [False, True, False, True]
     assert any(r["bs"] > bs for r, bs in zip(replays, [fx.batch.batch_size for fx in fixtures]))
 
+    # A real graph runs forward (and in_graph) only at warm-up and capture, never at replay; the
+    # emulation runs them again at each replay but undoes their Python side effects, records included.
+    runs = 1 if device == "cpu" else WARMUP_RUNS + 1
     forwards = [c for c in backend.calls if c[0] == "forward"]
-    if device == "cpu":  # emulated: one forward per capture and one per replay, at the padded size
-        expected = [(bs, bs * t) for bs in buckets] + [(r["bs"], r["bs"] * t) for r in replays]
-        assert [(f[1], f[2]) for f in forwards] == expected
-    else:  # real graphs: forward runs only at warm-up and capture, never at replay
-        expected = [(bs, bs * t) for bs in buckets for _ in range(WARMUP_RUNS + 1)]
-        assert [(f[1], f[2]) for f in forwards] == expected
+    assert [(f[1], f[2]) for f in forwards] == [(bs, bs * t) for bs in buckets for _ in range(runs)]
+    in_graph = [c[1] for c in backend.calls if c[0] == "in_graph"]
+    assert in_graph == ([bs for bs in buckets for _ in range(runs)] if backend_cls is TwoPhaseRecordingBackend
+                        else [])
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("mode", list(ForwardMode), ids=[m.value for m in ForwardMode])
+def test_capture_view_carries_every_field_of_the_replay_view(mode, device):
+    """What a two-phase backend reads at replay it can read at capture too (seq_lens_cpu,
+    out_cache_loc, positions, spec_info...)."""
+    case = HARNESS_CASES.get(mode) or small_case("gh_extend", EXTEND, (2, 9, 0), (3, 1, 5))
+    seen = {}
+
+    class FieldRecorder(TwoPhaseRecordingBackend):
+        extend_capture = True
+
+        def init_forward_metadata_out_graph(self, batch, in_capture=False):
+            fields = {f.name for f in dataclasses.fields(batch) if getattr(batch, f.name) is not None}
+            seen.setdefault(in_capture, set()).update(fields)
+
+    setup = run_setup(case, Exec.GRAPH, device, FieldRecorder)
+    harness = harness_for(setup.new_backend(), setup.layer, setup.fixtures)
+    harness.capture()
+    for fx in setup.fixtures:
+        harness.prepare(fx)
+        harness.replay(fx)
+    assert seen[True] >= seen[False] >= {"seq_lens_cpu", "out_cache_loc", "positions", "req_pool_indices"}
 
 
 @pytest.mark.parametrize("device", DEVICES)
@@ -321,7 +375,7 @@ def test_extend_graph_pads_tokens_to_slot0_and_judges_real_rows(device):
         # metadata: the real batch
         assert init["bs"] == len(reqs) and init["extend_num_tokens"] == n
         assert init["extend_seq_lens_cpu"] == [q.n_new for q in reqs]
-        assert init["seq_lens"] == [q.seq_len for q in reqs]
+        assert init["seq_lens"][:len(reqs)] == [q.seq_len for q in reqs]  # every second replay: full capacity
         # token axis: padded to the bucket; padded tokens at slot 0, position 0
         assert init["num_tokens"] == fwd["q_tokens"] == padded
         assert fwd["out_cache_loc"] == [s for q in reqs for s in q.slots[q.n_old:]] + [0] * (padded - n)

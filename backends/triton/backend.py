@@ -1,4 +1,5 @@
-"""The Triton backend: our own kernels behind the SPEC protocol, graph hooks included.
+"""The Triton backend: our own kernels behind the SPEC protocol, with the two-phase
+graph hooks of SGLang 0.5.23 (init_forward_metadata_out_graph / _in_graph).
 
 DECODE runs the split-KV decode kernel over all seq_len keys from the pool.
 EXTEND, TARGET_VERIFY and DRAFT_EXTEND_V2 run the extend kernel: the prefix
@@ -15,7 +16,8 @@ from typing import Optional
 import torch
 
 from backends.triton import kernels
-from backends.triton.metadata import BLOCK_M, MAX_KV_SPLITS, Buffers, Metadata, fill_decode, fill_extend, max_splits_for
+from backends.triton.metadata import (BLOCK_M, MAX_KV_SPLITS, Buffers, Metadata, extend_grid, fill_decode,
+                                      fill_extend, max_splits_for)
 from kit.modes import ForwardMode
 from kit.protocol import AttentionBackend, library_version
 
@@ -53,49 +55,75 @@ class TritonBackend(AttentionBackend):
         self.graph_bufs: Optional[Buffers] = None  # set by init_cuda_graph_state
         self.forward_metadata: Optional[Metadata] = None
 
-    # ---- metadata ----------------------------------------------------------
+    # ---- metadata: two-phase, as SGLang 0.5.23 backends are written -------------------
+    # out_graph: host work, before capture and before every replay (and first, eagerly):
+    #   buffers, grid sizes, the custom mask (its size follows the batch's lengths).
+    # in_graph: device work of a fixed shape per batch size, recorded in the graph and
+    #   re-run by every replay. EXTEND graphs are per token bucket, replayed with other
+    #   request counts, so EXTEND fills its metadata in out_graph.
 
     def _allocate(self, rows: int, num_tokens: int, kv_capacity: int, mask_capacity: int) -> Buffers:
         return Buffers.allocate(rows, num_tokens, kv_capacity, mask_capacity, self.num_q_heads, self.head_dim,
                                 self.ctx.device)
 
-    def _fill(self, bufs: Buffers, mode: ForwardMode, bs: int, req_pool_indices, seq_lens, spec_info,
-              num_tokens: int, extend_prefix_lens=None, extend_seq_lens=None) -> Metadata:
-        """The one place a batch becomes kernel metadata, eager and graph alike."""
-        rpi, seq_lens = req_pool_indices[:bs], seq_lens[:bs]
+    def _eager_buffers(self, batch) -> Buffers:
+        """Sized for this batch (seq_lens_sum bounds every mode's key count)."""
+        mask = batch.spec_info.custom_mask if batch.spec_info is not None else None
+        return self._allocate(batch.batch_size + 1, batch.num_tokens, batch.seq_lens_sum,
+                              0 if mask is None else mask.numel())
+
+    def init_forward_metadata_out_graph(self, batch, in_capture: bool = False) -> None:
+        bs, mode = batch.batch_size, batch.forward_mode
+        bufs = self.graph_bufs if self.graph_bufs is not None else self._eager_buffers(batch)
         if mode is ForwardMode.DECODE:
-            return self._fill_decode(bufs, rpi, seq_lens)
-        prefix, q_lens, mask = self._extend_inputs(mode, seq_lens, spec_info, extend_prefix_lens, extend_seq_lens)
-        return fill_extend(bufs, self.req_to_token, rpi, prefix, q_lens, num_tokens, mask,
-                           copy_mask=bufs is self.graph_bufs)
-
-    def _fill_decode(self, bufs: Buffers, req_pool_indices, seq_lens) -> Metadata:
-        bs = seq_lens.shape[0]
-        return fill_decode(bufs, self.req_to_token, req_pool_indices, seq_lens,
-                           max_splits_for(bs, self.num_kv_heads, self.num_sms))
-
-    def _extend_inputs(self, mode, seq_lens, spec_info, extend_prefix_lens, extend_seq_lens):
-        """(prefix lens, new tokens per request, custom mask or None) for the extend kernel."""
+            self.forward_metadata = Metadata(bufs, rows=bs, max_splits=self._max_splits(batch))
+            return
+        _, _, mask = self._extend_inputs(batch)
+        if mask is not None:
+            mask = mask.view(torch.uint8)
+            if bufs is self.graph_bufs:  # the graph reads the mask from its fixed buffer
+                bufs.mask[:mask.shape[0]].copy_(mask)
+                mask = bufs.mask
+        self.forward_metadata = Metadata(bufs, rows=bs + 1, num_blocks=extend_grid(bufs, self._extend_tokens(batch)),
+                                         mask=mask)
         if mode is ForwardMode.EXTEND:
-            return extend_prefix_lens, extend_seq_lens, None
+            self._fill_extend(batch)
+
+    def init_forward_metadata_in_graph(self, batch) -> None:
+        if batch.forward_mode is ForwardMode.DECODE:
+            bs = batch.batch_size
+            self._fill_decode(self.forward_metadata.bufs, batch.req_pool_indices[:bs], batch.seq_lens[:bs])
+        elif batch.forward_mode is not ForwardMode.EXTEND:
+            self._fill_extend(batch)
+
+    def _max_splits(self, batch) -> int:
+        return max_splits_for(batch.batch_size, self.num_kv_heads, self.num_sms)
+
+    def _fill_decode(self, bufs: Buffers, req_pool_indices, seq_lens) -> None:
+        fill_decode(bufs, self.req_to_token, req_pool_indices, seq_lens, self.forward_metadata.max_splits)
+
+    def _fill_extend(self, batch) -> None:
+        md, bs = self.forward_metadata, batch.batch_size
+        prefix, q_lens, _ = self._extend_inputs(batch)
+        fill_extend(md.bufs, self.req_to_token, batch.req_pool_indices[:bs], prefix, q_lens,
+                    self._extend_tokens(batch), md.num_blocks, with_mask=md.mask is not None)
+
+    def _extend_tokens(self, batch) -> int:
+        """Query rows the extend metadata covers: every token of the call, graph padding included."""
+        return batch.num_tokens
+
+    def _extend_inputs(self, batch):
+        """(prefix lens, new tokens per request, custom mask or None) of the batch's requests."""
+        mode, bs, spec_info = batch.forward_mode, batch.batch_size, batch.spec_info
+        seq_lens = batch.seq_lens[:bs]
+        if mode is ForwardMode.EXTEND:
+            return batch.extend_prefix_lens[:bs], batch.extend_seq_lens[:bs], None
         if mode is ForwardMode.TARGET_VERIFY:
             return seq_lens, torch.full_like(seq_lens, spec_info.draft_token_num), spec_info.custom_mask
         if mode is ForwardMode.DRAFT_EXTEND_V2:
-            q_lens = spec_info.extend_seq_lens_tensor[:seq_lens.shape[0]]
+            q_lens = spec_info.extend_seq_lens_tensor[:bs]
             return torch.clamp(seq_lens - q_lens, min=0), q_lens, None
         raise NotImplementedError(mode)
-
-    def init_forward_metadata(self, batch) -> None:
-        bs, mode = batch.batch_size, batch.forward_mode
-        bufs = self.graph_bufs
-        if bufs is None:  # eager: sized for this batch (seq_lens_sum bounds every mode's key count)
-            mask = batch.spec_info.custom_mask if batch.spec_info is not None else None
-            bufs = self._allocate(bs + 1, batch.num_tokens, batch.seq_lens_sum,
-                                  0 if mask is None else mask.numel())
-        self.forward_metadata = self._fill(bufs, mode, bs, batch.req_pool_indices, batch.seq_lens, batch.spec_info,
-                                           batch.num_tokens, batch.extend_prefix_lens, batch.extend_seq_lens)
-
-    # ---- graph hooks ---------------------------------------------------------
 
     def init_cuda_graph_state(self, max_bs: int, max_num_tokens: int) -> None:
         max_ctx = self.ctx.max_context_len
@@ -103,17 +131,6 @@ class TritonBackend(AttentionBackend):
         # A custom mask holds at most max_num_tokens rows of (context + drafts) columns.
         self.graph_bufs = self._allocate(rows, max_num_tokens, rows * max_ctx,
                                          max_num_tokens * (max_ctx + max_num_tokens))
-
-    def init_forward_metadata_capture_cuda_graph(self, bs, num_tokens, req_pool_indices, seq_lens, forward_mode,
-                                                 spec_info) -> None:
-        self.forward_metadata = self._fill(self.graph_bufs, forward_mode, bs, req_pool_indices, seq_lens,
-                                           spec_info, num_tokens)
-
-    def init_forward_metadata_replay_cuda_graph(self, bs, req_pool_indices, seq_lens, seq_lens_sum, forward_mode,
-                                                spec_info, seq_lens_cpu) -> None:
-        per_req = 1 if forward_mode is ForwardMode.DECODE else spec_info.draft_token_num
-        self.forward_metadata = self._fill(self.graph_bufs, forward_mode, bs, req_pool_indices, seq_lens,
-                                           spec_info, bs * per_req)
 
     # ---- forward -------------------------------------------------------------
 

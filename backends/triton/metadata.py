@@ -2,7 +2,9 @@
 
 Eager runs allocate buffers sized for the batch; graph runs allocate them once
 (`init_cuda_graph_state`) and every capture / replay fills them in place, so
-the pointers baked into a captured graph stay valid.
+the pointers baked into a captured graph stay valid. The host decides the grids
+(Metadata); the fill_* functions are device work of a fixed shape per batch
+size, so a graph can record them.
 """
 from __future__ import annotations
 
@@ -83,19 +85,27 @@ def max_splits_for(bs: int, num_kv_heads: int, num_sms: int) -> int:
     return max(1, min(MAX_KV_SPLITS, cdiv(2 * num_sms, bs * num_kv_heads)))
 
 
-def fill_decode(bufs: Buffers, req_to_token, req_pool_indices, seq_lens, max_splits: int) -> Metadata:
+def fill_decode(bufs: Buffers, req_to_token, req_pool_indices, seq_lens, max_splits: int) -> None:
+    """Device side of decode metadata: kv_indptr / kv_indices and the split count per request."""
     bs = seq_lens.shape[0]
     fill_kv(bufs, req_to_token, req_pool_indices, seq_lens)
     splits = torch.clamp((seq_lens + SPLIT_TOKENS - 1) // SPLIT_TOKENS, 1, max_splits)
     bufs.num_kv_splits[:bs].copy_(splits)
-    return Metadata(bufs, rows=bs, max_splits=max_splits)
+
+
+def extend_grid(bufs: Buffers, num_tokens: int) -> int:
+    """Query blocks of the extend grid: enough for any batch of the buffers' request
+    capacity over num_tokens (a graph captured for a token bucket is replayed with
+    other request counts)."""
+    return block_capacity(num_tokens, bufs.kv_indptr.shape[0] - 1)
 
 
 def fill_extend(bufs: Buffers, req_to_token, req_pool_indices, prefix_lens, q_lens, num_tokens: int,
-                custom_mask: Optional[torch.Tensor], copy_mask: bool) -> Metadata:
-    """Prefix keys from the pool and `q_lens` new tokens per request. Tokens past the
-    requests' (graph padding) go to a dummy request on row 0 with no prefix, so
-    every query row belongs to some request and qo_indptr ends at num_tokens."""
+                num_blocks: int, with_mask: bool) -> None:
+    """Device side of extend metadata: prefix keys from the pool and `q_lens` new tokens
+    per request. Tokens past the requests' (graph padding) go to a dummy request on
+    row 0 with no prefix, so every query row belongs to some request and qo_indptr
+    ends at num_tokens."""
     device = q_lens.device
     dummy_len = (num_tokens - q_lens.sum()).reshape(1).to(torch.int32)
     q_lens = torch.cat([q_lens.to(torch.int32), dummy_len])
@@ -104,17 +114,10 @@ def fill_extend(bufs: Buffers, req_to_token, req_pool_indices, prefix_lens, q_le
     dummy_row = torch.zeros(1, dtype=req_pool_indices.dtype, device=device)
     fill_kv(bufs, req_to_token, torch.cat([req_pool_indices, dummy_row]), kv_lens)
     torch.cumsum(q_lens, 0, dtype=torch.int32, out=bufs.qo_indptr[1:rows + 1])
-    mask = None
-    if custom_mask is not None:
+    if with_mask:
         block = q_lens.long() * (kv_lens.long() + q_lens.long())
         torch.cumsum(block, 0, out=bufs.mask_indptr[1:rows + 1])
-        mask = custom_mask.view(torch.uint8)
-        if copy_mask:
-            bufs.mask[:mask.shape[0]].copy_(mask)
-            mask = bufs.mask
-    num_blocks = block_capacity(num_tokens, rows)
     fill_blocks(bufs, q_lens, num_blocks)
-    return Metadata(bufs, rows=rows, num_blocks=num_blocks, mask=mask)
 
 
 def fill_blocks(bufs: Buffers, q_lens: torch.Tensor, num_blocks: int) -> None:

@@ -7,6 +7,7 @@ import torch
 
 from kit.batch import SpecInfo
 from kit.modes import ForwardMode
+from kit.protocol import SpeculativeConfig
 from kit.modes.rules import ModeRules, RequestShape, causal
 
 COLUMN = 4
@@ -19,6 +20,9 @@ class DraftExtendV2(ModeRules):
     def request(self, prefix, new, topk, rng):
         return RequestShape(n_old=prefix, n_new=new, seq_len=prefix + new, q_pos=[prefix + i for i in range(new)],
                             visible=causal(prefix, new))
+
+    def speculative_config(self, case):
+        return SpeculativeConfig(algorithm="EAGLE", num_draft_tokens=case.new, topk=case.topk)
 
     def batch_fields(self, plan, device):
         n = len(plan.requests)

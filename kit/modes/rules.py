@@ -59,6 +59,10 @@ class ModeRules:
         """Query tokens of each request (batch-size graphs size their buffers by it)."""
         return case.new
 
+    def speculative_config(self, case):
+        """The server's speculative config a backend is built with in this mode, or None."""
+        return None
+
     def batch_fields(self, plan, device) -> dict:
         """ForwardBatch fields this mode fills beyond the common ones."""
         return {}

@@ -12,6 +12,7 @@ import torch
 
 from kit.batch import SpecInfo
 from kit.modes import ForwardMode
+from kit.protocol import SpeculativeConfig
 from kit.modes.rules import ModeRules, RequestShape
 
 COLUMN = 3
@@ -66,6 +67,9 @@ class TargetVerify(ModeRules):
         visible = torch.cat([torch.ones((new, prefix), dtype=torch.bool), ancestry(parents)], dim=1)
         return RequestShape(n_old=prefix, n_new=new, seq_len=prefix, q_pos=[prefix + d for d in depths(parents)],
                             visible=visible, parents=parents)
+
+    def speculative_config(self, case):
+        return SpeculativeConfig(algorithm="EAGLE", num_draft_tokens=case.new, topk=case.topk)
 
     def batch_fields(self, plan, device):
         mask = torch.cat([r.visible.reshape(-1) for r in plan.requests]).to(device)

@@ -5,8 +5,9 @@ failure class the kit must report). `python -m kit.mutate` runs it.
 `harmless`: why a mutant changes nothing the contract judges in this backend
 (shown in the table with the reason; a negative length only hurts a kernel that
 reads it as a size, which the in-box ones do not).
-Emulated graphs call forward() again at each replay, so a bug that only a real
-captured graph exposes (stale pointers) needs the GPU.
+Emulated graphs call forward() again at each replay, with the backend's Python
+state put back to its capture-time values, so stale pointers and grids baked at
+capture are caught on CPU too.
 """
 from kit.modes import Exec, ForwardMode
 from kit.mutation import Mutant
@@ -22,7 +23,9 @@ G, K, KV, C = ("graph",), ("kernel",), ("kv-write",), ("crash",)
 OOB = K + C
 
 MUTANTS = [
-    Mutant(1, "replay_bs_from_buffer", T + "ReplayBsFromBuffer", G, (D, TV, DE), GRAPH, cpu=True),
+    # Mutant 1 lives in a capture/replay-style backend: in the two-phase Triton backend the
+    # graph records its device metadata with the capture's batch size, where it cannot go stale.
+    Mutant(1, "replay_bs_from_buffer", FI + "ReplayBsFromBuffer", G + C, (D, TV, DE), GRAPH, cpu=False),
     Mutant(2, "draft_extend_counts_drafts_twice", T + "DraftExtendCountsDraftsTwice", K, (DE,),
            EAGER + GRAPH, cpu=True),
     Mutant(3, "draft_extend_no_clamp", T + "DraftExtendNoClamp", G, (DE,), GRAPH, cpu=False,
@@ -32,7 +35,7 @@ MUTANTS = [
            harmless="the adapter plans kv = prefix + drafts in one paged pass, so the unclamped padded row "
                     "plans kv 1 < its query rows, never a negative length: the padded row attends less "
                     "(still finite), real rows are untouched"),
-    Mutant(4, "replay_rebinds_indptr", T + "ReplayRebindsIndptr", G, (D, TV, DE), GRAPH, cpu=False),
+    Mutant(4, "replay_rebinds_indptr", T + "ReplayRebindsIndptr", G, (E, TV), GRAPH, cpu=True),
     Mutant(5, "splits_from_capture_host_value", T + "SplitsFromCaptureHostValue", G, (D,), GRAPH, cpu=True),
     Mutant(6, "padded_rows_write_real_slot", T + "PaddedRowsWriteRealSlot", KV, ALL_MODES, GRAPH,
            cpu=True),
@@ -44,4 +47,10 @@ MUTANTS = [
     Mutant(10, "kv_indices_from_stale_sum", T + "KvIndicesFromStaleSum", OOB, ALL_MODES, EAGER, cpu=True),
     Mutant(11, "extend_padding_not_routed", T + "ExtendPaddingNotRouted", G, (E,), GRAPH, cpu=True),
     Mutant(12, "logit_cap_ignored_in_verify", T + "LogitCapIgnoredInVerify", K, (TV,), EAGER, cpu=True),
+    # Patterns of the production-harness issue (numbered from 20).
+    # In the two-phase Triton backend only the replay hook's own work can go wrong: EXTEND's
+    # metadata and DRAFT_EXTEND_V2's inputs (decode and verify metadata is recorded in the graph).
+    Mutant(20, "bs_from_buffer_length", T + "BsFromBufferLength", G + C, (E, DE), GRAPH, cpu=True),
+    Mutant(21, "metadata_cached_by_shape", T + "MetadataCachedByShape", K, ALL_MODES, EAGER, cpu=True),
+    Mutant(22, "extend_grid_from_request_count", T + "ExtendGridFromRequestCount", G, (E,), GRAPH, cpu=True),
 ]

@@ -17,3 +17,16 @@ class DraftExtendNoClamp(FlashInferBackend):
         if mode is ForwardMode.DRAFT_EXTEND_V2:
             kv = (seq_lens.to(q.dtype) - q) + q
         return q, kv
+
+
+class ReplayBsFromBuffer(FlashInferBackend):
+    """Replay takes the batch size from a buffer's length (the req_pool_indices view
+    the last capture was given) instead of its `bs` argument: it re-plans another
+    bucket's wrapper, and the graph of this bucket keeps stale metadata."""
+
+    def init_forward_metadata_capture_cuda_graph(self, bs, num_tokens, req_pool_indices, *args):
+        self.captured_rpi = req_pool_indices
+        super().init_forward_metadata_capture_cuda_graph(bs, num_tokens, req_pool_indices, *args)
+
+    def init_forward_metadata_replay_cuda_graph(self, bs, *args):
+        super().init_forward_metadata_replay_cuda_graph(len(self.captured_rpi), *args)

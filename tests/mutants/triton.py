@@ -9,31 +9,57 @@ import dataclasses
 import torch
 
 from backends.triton import TritonBackend
-from backends.triton.metadata import SPLIT_TOKENS, cdiv, max_splits_for
+from backends.triton.metadata import SPLIT_TOKENS, block_capacity, cdiv, fill_decode, max_splits_for
 from kit.modes import ForwardMode
 
 
-class ReplayBsFromBuffer(TritonBackend):
-    """Replay takes the batch size from a buffer's length (the req_pool_indices view
-    the last capture was given) instead of the `bs` argument: rows past it keep
-    stale metadata."""
+class BsFromBufferLength(TritonBackend):
+    """The replay hook takes the batch size from the length of the req_pool_indices it is
+    handed (SGLang PR 26134's review): right for exact-size views, wrong for the
+    full-capacity buffers SGLang's draft-extend runner passes."""
 
-    def init_forward_metadata_capture_cuda_graph(self, bs, num_tokens, req_pool_indices, *args):
-        self.captured_rpi = req_pool_indices
-        super().init_forward_metadata_capture_cuda_graph(bs, num_tokens, req_pool_indices, *args)
+    def init_forward_metadata_out_graph(self, batch, in_capture=False):
+        if not in_capture and self.graph_bufs is not None:
+            batch = dataclasses.replace(batch, batch_size=len(batch.req_pool_indices))
+        super().init_forward_metadata_out_graph(batch, in_capture)
 
-    def init_forward_metadata_replay_cuda_graph(self, bs, *args):
-        super().init_forward_metadata_replay_cuda_graph(len(self.captured_rpi), *args)
+
+class ExtendGridFromRequestCount(TritonBackend):
+    """The extend grid sized for the batch's own request count: a token-bucket graph
+    captured with few requests leaves rows unwritten when replayed with many, and
+    one captured with many reads a stale block table when replayed with few."""
+
+    def init_forward_metadata_out_graph(self, batch, in_capture=False):
+        super().init_forward_metadata_out_graph(batch, in_capture)
+        md = self.forward_metadata
+        if batch.forward_mode is not ForwardMode.DECODE:
+            md.num_blocks = block_capacity(self._extend_tokens(batch), batch.batch_size + 1)
+            if batch.forward_mode is ForwardMode.EXTEND:
+                self._fill_extend(batch)
+
+
+class MetadataCachedByShape(TritonBackend):
+    """Eager metadata cached by batch shape (mode, batch size, tokens) and reused for the
+    next batch of that shape: its kv indices are another batch's."""
+
+    def init_forward_metadata(self, batch):
+        key = (batch.forward_mode, batch.batch_size, batch.num_tokens)
+        cache = self.__dict__.setdefault("by_shape", {})
+        if key in cache:
+            self.forward_metadata = cache[key]
+            return
+        super().init_forward_metadata(batch)
+        cache[key] = self.forward_metadata
 
 
 class DraftExtendCountsDraftsTwice(TritonBackend):
     """DRAFT_EXTEND_V2 takes seq_lens as the prefix, though seq_lens already count
     the drafts: the drafts are attended twice (once from the pool)."""
 
-    def _extend_inputs(self, mode, seq_lens, spec_info, *args):
-        prefix, q_lens, mask = super()._extend_inputs(mode, seq_lens, spec_info, *args)
-        if mode is ForwardMode.DRAFT_EXTEND_V2:
-            prefix = seq_lens
+    def _extend_inputs(self, batch):
+        prefix, q_lens, mask = super()._extend_inputs(batch)
+        if batch.forward_mode is ForwardMode.DRAFT_EXTEND_V2:
+            prefix = batch.seq_lens[:batch.batch_size]
         return prefix, q_lens, mask
 
 
@@ -41,20 +67,23 @@ class DraftExtendNoClamp(TritonBackend):
     """DRAFT_EXTEND_V2 prefix = seq_lens - extend lens without the clamp at 0: padded
     graph rows (seq_len = fill value) get a negative KV length."""
 
-    def _extend_inputs(self, mode, seq_lens, spec_info, *args):
-        prefix, q_lens, mask = super()._extend_inputs(mode, seq_lens, spec_info, *args)
-        if mode is ForwardMode.DRAFT_EXTEND_V2:
-            prefix = seq_lens - q_lens
+    def _extend_inputs(self, batch):
+        prefix, q_lens, mask = super()._extend_inputs(batch)
+        if batch.forward_mode is ForwardMode.DRAFT_EXTEND_V2:
+            prefix = batch.seq_lens[:batch.batch_size] - q_lens
         return prefix, q_lens, mask
 
 
 class ReplayRebindsIndptr(TritonBackend):
-    """Replay builds kv_indptr as a new tensor instead of filling the captured buffer
-    in place: the graph keeps reading the old one."""
+    """Replay builds kv_indptr and the custom-mask buffer as new tensors instead of filling
+    the captured ones in place: the graph keeps reading the old ones (wrong wherever the
+    replay hook itself fills them: EXTEND's metadata, TARGET_VERIFY's mask)."""
 
-    def init_forward_metadata_replay_cuda_graph(self, *args):
-        self.graph_bufs.kv_indptr = torch.zeros_like(self.graph_bufs.kv_indptr)
-        super().init_forward_metadata_replay_cuda_graph(*args)
+    def init_forward_metadata_out_graph(self, batch, in_capture=False):
+        if not in_capture and self.graph_bufs is not None:
+            self.graph_bufs.kv_indptr = torch.zeros_like(self.graph_bufs.kv_indptr)
+            self.graph_bufs.mask = torch.zeros_like(self.graph_bufs.mask)
+        super().init_forward_metadata_out_graph(batch, in_capture)
 
 
 class SplitsFromCaptureHostValue(TritonBackend):
@@ -66,15 +95,16 @@ class SplitsFromCaptureHostValue(TritonBackend):
         super().__init__(ctx)
         self.host_splits = {}
 
+    def _max_splits(self, batch):
+        bs = batch.batch_size
+        if self.graph_bufs is None or bs not in self.host_splits:  # eager, or the capture of bs
+            longest = int(batch.seq_lens[:bs].max())
+            self.host_splits[bs] = min(super()._max_splits(batch), cdiv(longest, SPLIT_TOKENS))
+        return self.host_splits[bs]
+
     def _fill_decode(self, bufs, req_pool_indices, seq_lens):
-        md = super()._fill_decode(bufs, req_pool_indices, seq_lens)
-        bs = seq_lens.shape[0]
-        if bufs is not self.graph_bufs or bs not in self.host_splits:  # eager, or the capture of bs
-            longest = int(seq_lens.max())
-            self.host_splits[bs] = min(max_splits_for(bs, self.num_kv_heads, self.num_sms),
-                                       cdiv(longest, SPLIT_TOKENS))
-        md.max_splits = self.host_splits[bs]
-        return md
+        limit = max_splits_for(seq_lens.shape[0], self.num_kv_heads, self.num_sms)  # not the grid's
+        fill_decode(bufs, self.req_to_token, req_pool_indices, seq_lens, limit)
 
 
 class PaddedRowsWriteRealSlot(TritonBackend):
@@ -128,8 +158,8 @@ class VerifyIgnoresTreeMask(TritonBackend):
     """TARGET_VERIFY attends plain causal and ignores the custom mask: right for chains,
     wrong for trees."""
 
-    def _extend_inputs(self, mode, seq_lens, spec_info, *args):
-        prefix, q_lens, _ = super()._extend_inputs(mode, seq_lens, spec_info, *args)
+    def _extend_inputs(self, batch):
+        prefix, q_lens, _ = super()._extend_inputs(batch)
         return prefix, q_lens, None
 
 
@@ -137,14 +167,14 @@ class DecodeReadsOnePast(TritonBackend):
     """Decode attends seq_len + 1 keys: one past the end of the request."""
 
     def _fill_decode(self, bufs, req_pool_indices, seq_lens):
-        return super()._fill_decode(bufs, req_pool_indices, seq_lens + 1)
+        super()._fill_decode(bufs, req_pool_indices, seq_lens + 1)
 
 
 class DecodeReadsOneShort(TritonBackend):
     """Decode attends seq_len - 1 keys: the new token is missed."""
 
     def _fill_decode(self, bufs, req_pool_indices, seq_lens):
-        return super()._fill_decode(bufs, req_pool_indices, seq_lens - 1)
+        super()._fill_decode(bufs, req_pool_indices, seq_lens - 1)
 
 
 class KvIndicesFromStaleSum(TritonBackend):
@@ -159,9 +189,7 @@ class ExtendPaddingNotRouted(TritonBackend):
     """EXTEND graph mode: the padded tokens are not routed to a dummy request, so the
     kernel's query rows (the padded token count) and qo_indptr disagree."""
 
-    def _fill(self, bufs, mode, bs, req_pool_indices, seq_lens, spec_info, num_tokens, extend_prefix_lens=None,
-              extend_seq_lens=None):
-        if mode is ForwardMode.EXTEND:
-            num_tokens = int(extend_seq_lens.sum())  # the real tokens only
-        return super()._fill(bufs, mode, bs, req_pool_indices, seq_lens, spec_info, num_tokens, extend_prefix_lens,
-                             extend_seq_lens)
+    def _extend_tokens(self, batch):
+        if batch.forward_mode is ForwardMode.EXTEND:
+            return int(batch.extend_seq_lens[:batch.batch_size].sum())  # the real tokens only
+        return super()._extend_tokens(batch)
