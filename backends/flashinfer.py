@@ -48,8 +48,10 @@ class FlashInferBackend(AttentionBackend):
     # size at construction and its query-row limit at the first plan(), while one
     # captured token bucket is replayed with batches of other request counts and more
     # real tokens. Engines (SGLang's piecewise CUDA graphs) leave attention out of the
-    # captured pieces for the same reason.
+    # captured pieces for the same reason, and their attention layer hands the backend
+    # the real rows of a padded batch only.
     extend_capture = False
+    real_rows_only = True
 
     @classmethod
     def versions(cls):
@@ -63,6 +65,9 @@ class FlashInferBackend(AttentionBackend):
             return (f"head_dim {case.head_dim}: FlashInfer supports head_dim 64, 128, 256 "
                     f"(its SM90 kernels are instantiated for these only)")
         # No page size is out of scope: the paged wrappers take any page_size >= 1.
+        if case.hybrid:
+            return ("layers of different window / scale / cap: this adapter plans one kernel variant "
+                    "(FlashInfer fixes them at plan()) for the whole model")
         if _UNAVAILABLE is not None:
             return _UNAVAILABLE
         if not torch.cuda.is_available():
@@ -71,7 +76,7 @@ class FlashInferBackend(AttentionBackend):
 
     def __init__(self, ctx):
         super().__init__(ctx)
-        layer = ctx.layer
+        layer = ctx.layers[0]  # every layer alike (supports() declines hybrid models)
         self.page = ctx.page_size
         self.heads = (layer.tp_q_head_num, layer.tp_k_head_num, layer.head_dim)
         self.decode_tensor_cores = layer.tp_q_head_num // layer.tp_k_head_num >= TENSOR_CORE_MIN_GROUP
@@ -80,8 +85,7 @@ class FlashInferBackend(AttentionBackend):
         self.workspace = torch.zeros(WORKSPACE_BYTES, dtype=torch.uint8, device=ctx.device)
         self.eager_wrappers: Dict[ForwardMode, object] = {}
         self.graph_wrappers: Dict[Tuple[ForwardMode, int], object] = {}
-        self.wrapper = None  # the wrapper the next forward() runs, planned for num_q query rows
-        self.num_q = 0
+        self.wrapper = None  # the wrapper the next forward() runs
 
     # --- metadata ---------------------------------------------------------------------------
 
@@ -145,7 +149,7 @@ class FlashInferBackend(AttentionBackend):
             mask = spec_info.custom_mask if mode is ForwardMode.TARGET_VERIFY else None
             wrapper.plan(qo_indptr, kv_indptr, kv_indices, last_page_len, *self.heads, self.page,
                          causal=mask is None, custom_mask=mask, **self.variant)
-        self.wrapper, self.num_q = wrapper, int(q_lens.sum())
+        self.wrapper = wrapper
 
     def init_forward_metadata(self, batch) -> None:
         mode = batch.forward_mode
@@ -153,7 +157,8 @@ class FlashInferBackend(AttentionBackend):
             self.eager_wrappers[mode] = self._new_wrapper(mode)
         extend_lens = (torch.tensor(batch.extend_seq_lens_cpu, dtype=torch.int32)
                        if mode is ForwardMode.EXTEND else None)
-        self._plan(self.eager_wrappers[mode], mode, batch.req_pool_indices, batch.seq_lens_cpu,
+        bs = batch.batch_size  # request buffers may be longer (a runner's full-capacity views)
+        self._plan(self.eager_wrappers[mode], mode, batch.req_pool_indices[:bs], batch.seq_lens_cpu[:bs],
                    batch.spec_info, extend_lens)
 
     # --- CUDA graphs: one wrapper per batch-size bucket over shared fixed buffers -------------
@@ -172,12 +177,14 @@ class FlashInferBackend(AttentionBackend):
     def init_forward_metadata_capture_cuda_graph(self, bs, num_tokens, req_pool_indices, seq_lens,
                                                  forward_mode, spec_info) -> None:
         wrapper = self.graph_wrappers[(forward_mode, bs)] = self._new_wrapper(forward_mode, graph_bs=bs)
-        self._plan(wrapper, forward_mode, req_pool_indices, seq_lens.cpu(), spec_info)
+        self._plan(wrapper, forward_mode, req_pool_indices[:bs], seq_lens[:bs].cpu(), spec_info)
 
     def init_forward_metadata_replay_cuda_graph(self, bs, req_pool_indices, seq_lens, seq_lens_sum,
                                                 forward_mode, spec_info, seq_lens_cpu) -> None:
-        # plan() again before every replay: it rewrites the buffers the graph reads
-        self._plan(self.graph_wrappers[(forward_mode, bs)], forward_mode, req_pool_indices, seq_lens_cpu, spec_info)
+        # plan() again before every replay: it rewrites the buffers the graph reads. The request
+        # buffers may be the runner's whole static ones (SGLang's draft-extend runner): take bs rows.
+        self._plan(self.graph_wrappers[(forward_mode, bs)], forward_mode, req_pool_indices[:bs],
+                   seq_lens_cpu[:bs], spec_info)
 
     def get_cuda_graph_seq_len_fill_value(self) -> int:
         return 1
@@ -190,11 +197,4 @@ class FlashInferBackend(AttentionBackend):
             pool.set_kv_buffer(layer, batch.out_cache_loc, k, v)
         k_cache, v_cache = pool.get_kv_buffer(layer.layer_id)
         paged = (k_cache.view(-1, self.page, *k_cache.shape[1:]), v_cache.view(-1, self.page, *v_cache.shape[1:]))
-        if q.shape[0] == self.num_q:
-            return self.wrapper.run(q, paged)
-        # EXTEND graph mode pads the token axis past the planned rows: their output is
-        # ignored but must be finite (the rest of the model runs on it), so zeros
-        out = q.new_empty(q.shape)
-        out[self.num_q:].zero_()
-        self.wrapper.run(q[:self.num_q], paged, out=out[:self.num_q])
-        return out
+        return self.wrapper.run(q, paged)

@@ -14,6 +14,7 @@ SMOKE = [
     C("gqa_bs8_cap_p1_nonmono", prefix=(3, 9, 1, 27, 12, 0, 33, 6), cap=20.0, dtype="fp32", head_dim=64,
       layout="non_monotonic_extend"),
     C("gqa_bf16_p16", prefix=(20, 33), page=16, dtype="bf16"),
+    C("gqa_hybrid_p16_fp32", prefix=(9, 30, 17), page=16, dtype="fp32", head_dim=64, hybrid=True),
 ]
 
 # Cap cases use cap 5 at scale 0.25 (scores of std ~2.8): the cap bites, so a dropped cap
@@ -28,4 +29,5 @@ FULL = in_every_layout([
     C("gqa_cap_p1", prefix=(50, 700, 3), cap=5.0, scale=0.25),
     C("gqa_scale_p16_fp16", prefix=(64, 128, 9), page=16, scale=0.05, dtype="fp16"),
     C("mha_bs16_p16", prefix=tuple(range(3, 3 + 16 * 37, 37)), heads=MHA, page=16, head_dim=64),
+    C("gqa_hybrid_window_p16", prefix=(100, 40, 31, 300), page=16, window=32, hybrid=True),
 ])

@@ -16,6 +16,7 @@ SMOKE = [
     C("gqa_bs8_cap_p1_nonmono", prefix=(3, 9, 1, 27, 12, 0, 33, 6), new=3, cap=20.0, dtype="fp32",
       head_dim=64, layout="non_monotonic_extend"),
     C("gqa_bf16_p16", prefix=(20, 33), new=3, page=16, dtype="bf16"),
+    C("gqa_hybrid_draft3_p16_fp32", prefix=(12, 30), new=3, page=16, dtype="fp32", head_dim=64, hybrid=True),
 ]
 
 # Cap cases use cap 5 at scale 0.25 (scores of std ~2.8): the cap bites, so a dropped cap
@@ -31,4 +32,5 @@ FULL = in_every_layout([
     C("gqa_window_p16", prefix=(100, 40, 31, 7), new=6, page=16, window=8),
     C("gqa_cap_p1", prefix=(50, 700, 3), new=4, cap=5.0, scale=0.25),
     C("gqa_page_cross_p16", prefix=(14, 15, 30), new=4, page=16),
+    C("gqa_hybrid_window_p16", prefix=(100, 40, 31), new=4, page=16, window=8, hybrid=True),
 ])

@@ -16,6 +16,7 @@ SMOKE = [
     C("gqa_bs8_tree4_cap_p1_nonmono", prefix=(3, 9, 1, 27, 12, 2, 33, 6), new=4, topk=2, cap=20.0,
       dtype="fp32", head_dim=64, layout="non_monotonic_extend"),
     C("gqa_bf16_chain3_p16", prefix=(20, 33), new=3, page=16, dtype="bf16"),
+    C("gqa_hybrid_tree4_p16_fp32", prefix=(12, 30), new=4, topk=2, page=16, dtype="fp32", head_dim=64, hybrid=True),
 ]
 
 # Cap cases use cap 5 at scale 0.25 (scores of std ~2.8): the cap bites, so a dropped cap
@@ -32,4 +33,5 @@ FULL = in_every_layout([
     C("gqa_window_chain4_p16", prefix=(100, 40, 31, 7), new=4, page=16, window=16),
     C("gqa_cap_tree6_p16", prefix=(50, 700, 3), new=6, topk=2, page=16, cap=5.0, scale=0.25),
     C("gqa_page_exact_chain4_p16", prefix=(16, 32, 48), new=4, page=16),
+    C("gqa_hybrid_window_chain4_p16", prefix=(100, 40, 31), new=4, page=16, window=16, hybrid=True),
 ])

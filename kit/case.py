@@ -44,6 +44,10 @@ class Case:
     topk: int = 1  # TARGET_VERIFY: 1 = chain, >1 = tree
     layout: str = "contiguous"
     seed: int = 0
+    # The model's other layer (layer 0, run first each step) has another config: no window
+    # if this case has one (else a window of 8), half the scale, and the cap off (else 10).
+    # Otherwise it repeats this case's config (kit.layer.model_layers).
+    hybrid: bool = False
 
     def __post_init__(self):
         if not self.name or "-" in self.name or " " in self.name:

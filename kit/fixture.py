@@ -7,6 +7,7 @@ from typing import List, Sequence, Tuple
 import torch
 
 from kit.batch import ForwardBatch
+from kit.layer import Layer, model_layers
 from kit.plan import BatchPlan, plan_case
 from kit.pools import CASE_LAYER_ID, NUM_LAYERS, POOL_CACHE, Pools
 
@@ -18,26 +19,48 @@ POISON_V_STD = 5.0
 
 
 @dataclasses.dataclass
-class Fixture:
-    plan: BatchPlan
-    pools: Pools
+class LayerInputs:
+    """One layer's random inputs for a batch."""
+
     q: torch.Tensor  # [num_tokens, Hq, D] new tokens' queries
     k_new: torch.Tensor  # [num_tokens, Hkv, D] new tokens' keys, handed to forward()
     v_new: torch.Tensor
     k_old: torch.Tensor  # [sum n_old, Hkv, D] cached tokens' keys, in request order
     v_old: torch.Tensor
+
+
+@dataclasses.dataclass
+class Fixture:
+    plan: BatchPlan
+    pools: Pools
+    layers: Tuple[Layer, ...]  # the model, in layer order (layer_id = index)
+    inputs: List[LayerInputs]  # per layer
     batch: ForwardBatch
 
     @property
     def case(self):
         return self.plan.case
 
-    def logical_kv(self) -> List[Tuple[torch.Tensor, torch.Tensor]]:
-        """Per request, K and V of every logical token in order (cached, then new)."""
+    # The case's own layer, the one most checks and tests look at.
+    @property
+    def q(self) -> torch.Tensor:
+        return self.inputs[CASE_LAYER_ID].q
+
+    @property
+    def k_new(self) -> torch.Tensor:
+        return self.inputs[CASE_LAYER_ID].k_new
+
+    @property
+    def v_new(self) -> torch.Tensor:
+        return self.inputs[CASE_LAYER_ID].v_new
+
+    def logical_kv(self, layer_id: int = CASE_LAYER_ID) -> List[Tuple[torch.Tensor, torch.Tensor]]:
+        """Per request, K and V of every logical token of a layer in order (cached, then new)."""
+        x = self.inputs[layer_id]
         out, o, n = [], 0, 0
         for r in self.plan.requests:
-            k = torch.cat([self.k_old[o:o + r.n_old], self.k_new[n:n + r.n_new]])
-            v = torch.cat([self.v_old[o:o + r.n_old], self.v_new[n:n + r.n_new]])
+            k = torch.cat([x.k_old[o:o + r.n_old], x.k_new[n:n + r.n_new]])
+            v = torch.cat([x.v_old[o:o + r.n_old], x.v_new[n:n + r.n_new]])
             out.append((k, v))
             o, n = o + r.n_old, n + r.n_new
         return out
@@ -54,8 +77,9 @@ class Fixture:
         old_slots = [s for r in plan.requests for s in r.slots[:r.n_old]]
         if old_slots:
             idx = torch.tensor(old_slots, dtype=torch.int64, device=device)
-            kv.k_buffer[CASE_LAYER_ID][idx] = self.k_old
-            kv.v_buffer[CASE_LAYER_ID][idx] = self.v_old
+            for layer_id, x in enumerate(self.inputs):
+                kv.k_buffer[layer_id][idx] = x.k_old
+                kv.v_buffer[layer_id][idx] = x.v_old
         # Every req_to_token entry that is not a real token points at an unowned
         # (poisoned) slot, so reading past seq_len shows in the output.
         owned = torch.zeros(kv.size, dtype=torch.bool)
@@ -103,12 +127,13 @@ def build_fixture(plan: BatchPlan, pools: Pools) -> Fixture:
 
     n_tok = plan.num_tokens
     n_old = sum(r.n_old for r in plan.requests)
-    return Fixture(
-        plan=plan, pools=pools,
-        q=randn(n_tok, hq), k_new=randn(n_tok, hkv), v_new=randn(n_tok, hkv),
-        k_old=randn(n_old, hkv), v_old=randn(n_old, hkv),
-        batch=make_batch(plan, pools, device),
-    )
+    layers = model_layers(case)
+    inputs = {}
+    for layer in (layers[CASE_LAYER_ID],) + layers[:CASE_LAYER_ID]:  # the case's layer first: its data is stable
+        inputs[layer.layer_id] = LayerInputs(q=randn(n_tok, hq), k_new=randn(n_tok, hkv), v_new=randn(n_tok, hkv),
+                                             k_old=randn(n_old, hkv), v_old=randn(n_old, hkv))
+    return Fixture(plan=plan, pools=pools, layers=layers, inputs=[inputs[i] for i in range(len(layers))],
+                   batch=make_batch(plan, pools, device))
 
 
 def fixtures_for(cases: Sequence, device) -> List[Fixture]:

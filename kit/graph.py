@@ -30,7 +30,6 @@ from kit.batch import ForwardBatch
 from kit.fixture import Fixture
 from kit.guard import Guard, GuardCheck
 from kit.hoststate import Bindings, replaced, tensor_pointers
-from kit.layer import Layer
 from kit.modes.rules import BATCH_SIZE_GRAPHS, TOKEN_COUNT_GRAPHS
 from kit.nan_fill import nan_filled_allocations
 from kit.protocol import TWO_PHASE, graph_protocol, seq_len_fill_value
@@ -47,8 +46,8 @@ def full_capacity(i: int) -> bool:
 
 @dataclasses.dataclass
 class Replayed:
-    out: torch.Tensor  # output of the real rows
-    padded: torch.Tensor  # output of the padded rows
+    outs: List[torch.Tensor]  # per layer, the output of the real rows
+    padded: List[torch.Tensor]  # per layer, the output of the padded rows
     replaced: List[str]  # backend attributes holding another tensor than at capture (emulated graphs)
     memory: GuardCheck  # writes past what the hooks and the captured forward allocated
 
@@ -57,17 +56,18 @@ class Replayed:
 class _Captured:
     batch: ForwardBatch  # the batch object the captured step saw (views of static buffers)
     graph: Optional["torch.cuda.CUDAGraph"] = None
-    out: Optional[torch.Tensor] = None
+    outs: Optional[List[torch.Tensor]] = None
     guard: Optional[Guard] = None  # real graphs: canary tails of what the captured step allocated
     bindings: Optional[Bindings] = None  # emulated: the backend's Python state at capture
     pointers: Dict[str, int] = dataclasses.field(default_factory=dict)
 
 
 class _Harness:
-    """Static buffers, captures and replays for one run's fixtures (one pool, one layer)."""
+    """Static buffers, captures and replays for one run's fixtures (one pool, one model)."""
 
-    def __init__(self, backend, layer: Layer, fixtures: Sequence[Fixture], max_tokens: int):
-        self.backend, self.layer = backend, layer
+    def __init__(self, backend, fixtures: Sequence[Fixture], max_tokens: int):
+        self.backend = backend
+        self.layers = fixtures[0].layers
         self.pools = fixtures[0].pools
         self.case = fixtures[0].case
         self.mode = self.case.mode
@@ -78,9 +78,14 @@ class _Harness:
         self.real = self.device.type == "cuda"
         self.detail = CUDA_GRAPH if self.real else EMULATED
         self.fill = seq_len_fill_value(backend)
-        hq, hkv, d = layer.tp_q_head_num, layer.tp_k_head_num, layer.head_dim
+        model = self.layers[0]
+        hq, hkv, d = model.tp_q_head_num, model.tp_k_head_num, model.head_dim
         zeros = lambda *shape, dtype=kv.dtype: torch.zeros(shape, dtype=dtype, device=self.device)  # noqa: E731
-        self.q, self.k, self.v = zeros(max_tokens, hq, d), zeros(max_tokens, hkv, d), zeros(max_tokens, hkv, d)
+        # per layer: the token inputs forward() is handed
+        self.max_tokens = max_tokens
+        self.q = [zeros(max_tokens, hq, d) for _ in self.layers]
+        self.k = [zeros(max_tokens, hkv, d) for _ in self.layers]
+        self.v = [zeros(max_tokens, hkv, d) for _ in self.layers]
         self.out_cache_loc = zeros(max_tokens, dtype=torch.int64)
         self.positions = zeros(max_tokens, dtype=torch.int64)
         self.req_pool_indices = zeros(self.max_bs, dtype=torch.int32)
@@ -90,12 +95,14 @@ class _Harness:
         self.mempool = torch.cuda.graph_pool_handle() if self.real else None
         self.replays = 0
 
-    def _forward(self, batch: ForwardBatch, n: int) -> torch.Tensor:
+    def _forward(self, batch: ForwardBatch, n: int) -> List[torch.Tensor]:
+        """forward() for every layer of the model, on the same metadata."""
         with nan_filled_allocations():
-            return self.backend.forward(self.q[:n], self.k[:n], self.v[:n], self.layer, batch)
+            return [self.backend.forward(self.q[i][:n], self.k[i][:n], self.v[i][:n], layer, batch)
+                    for i, layer in enumerate(self.layers)]
 
-    def _step(self, batch: ForwardBatch, n: int) -> torch.Tensor:
-        """What a graph records: the two-phase backend's in-graph metadata, then forward."""
+    def _step(self, batch: ForwardBatch, n: int) -> List[torch.Tensor]:
+        """What a graph records: the two-phase backend's in-graph metadata, then forward per layer."""
         if self.two_phase and callable(getattr(self.backend, "init_forward_metadata_in_graph", None)):
             self.backend.init_forward_metadata_in_graph(batch)
         return self._forward(batch, n)
@@ -115,30 +122,32 @@ class _Harness:
         torch.cuda.synchronize()
         graph, guard = torch.cuda.CUDAGraph(), Guard()
         with torch.cuda.graph(graph, pool=self.mempool), guard.watching():
-            out = self._step(batch, n)
-        self.captured[key] = _Captured(batch, graph, out, guard)
+            outs = self._step(batch, n)
+        self.captured[key] = _Captured(batch, graph, outs, guard)
 
     def _run(self, key: int, n: int, guard: Guard):
-        """Replays graph `key` after its hooks ran (under `guard`): (out, replaced tensors, memory)."""
+        """Replays graph `key` after its hooks ran (under `guard`): (outs, replaced tensors, memory)."""
         cap = self.captured[key]
         if self.real:
             cap.graph.replay()
-            return cap.out, [], GuardCheck.merged(guard.check(), cap.guard.check())
+            return cap.outs, [], GuardCheck.merged(guard.check(), cap.guard.check())
         swapped = replaced(cap.pointers, tensor_pointers(self.backend))
         after_hooks = Bindings.of(self.backend)
         cap.bindings.restore()
         try:
             with guard.watching():
-                out = self._step(cap.batch, n)
+                outs = self._step(cap.batch, n)
         finally:
             after_hooks.restore()  # forward's own Python side effects do not happen in a real replay
-        return out, swapped, guard.check()
+        return outs, swapped, guard.check()
 
     def _load_tokens(self, fx: Fixture, padded: int) -> int:
         """Real tokens copied in; padded tokens write slot 0 at position 0."""
         n = fx.plan.num_tokens
-        for buf, src in ((self.q, fx.q), (self.k, fx.k_new), (self.v, fx.v_new),
-                         (self.out_cache_loc, fx.batch.out_cache_loc), (self.positions, fx.batch.positions)):
+        pairs = [(self.out_cache_loc, fx.batch.out_cache_loc), (self.positions, fx.batch.positions)]
+        for i, x in enumerate(fx.inputs):
+            pairs += [(self.q[i], x.q), (self.k[i], x.k_new), (self.v[i], x.v_new)]
+        for buf, src in pairs:
             buf[:n].copy_(src)
             buf[n:padded].zero_()
         return n
@@ -180,12 +189,12 @@ class BatchGraphs(_Harness):
     """One graph per batch-size bucket, a fixed number of tokens per request (DECODE,
     TARGET_VERIFY, DRAFT_EXTEND_V2)."""
 
-    def __init__(self, backend, layer, fixtures: Sequence[Fixture]):
+    def __init__(self, backend, fixtures: Sequence[Fixture]):
         case = fixtures[0].case
         self.rules = case.mode.rules
         self.tokens_per_req = self.rules.tokens_per_request(case)
         max_bs = max(bucket_for(fx.batch.batch_size, BS_BUCKETS) for fx in fixtures)
-        super().__init__(backend, layer, fixtures, max_bs * self.tokens_per_req)
+        super().__init__(backend, fixtures, max_bs * self.tokens_per_req)
         self.buckets = sorted({bucket_for(fx.batch.batch_size, BS_BUCKETS) for fx in fixtures}, reverse=True)
         backend.init_cuda_graph_state(max_bs, max_bs * self.tokens_per_req)
 
@@ -243,8 +252,8 @@ class BatchGraphs(_Harness):
                 self.backend.init_forward_metadata_replay_cuda_graph(
                     pbs, view.req_pool_indices, view.seq_lens, view.seq_lens_sum, self.mode, spec_info,
                     view.seq_lens_cpu)
-        out, swapped, memory = self._run(pbs, pbs * self.tokens_per_req, guard)
-        return Replayed(out[:n], out[n:], swapped, memory)
+        outs, swapped, memory = self._run(pbs, pbs * self.tokens_per_req, guard)
+        return _split(outs, n, swapped, memory)
 
     def _where(self, fx: Fixture) -> str:
         return f" in bucket {bucket_for(fx.batch.batch_size, BS_BUCKETS)}"
@@ -256,16 +265,16 @@ class ExtendGraphs(_Harness):
 
     EXTEND_FIELDS = ("extend_seq_lens", "extend_prefix_lens", "extend_start_loc")
 
-    def __init__(self, backend, layer, fixtures: Sequence[Fixture]):
+    def __init__(self, backend, fixtures: Sequence[Fixture]):
         max_tokens = max(fx.plan.num_tokens for fx in fixtures)
-        super().__init__(backend, layer, fixtures, bucket_for(max_tokens, TOKEN_BUCKETS))
+        super().__init__(backend, fixtures, bucket_for(max_tokens, TOKEN_BUCKETS))
         self.real_rows_only = bool(getattr(backend, "real_rows_only", False))
         # A backend that sees only the real rows cannot have them captured: their count varies.
         self.capturing = bool(getattr(backend, "extend_capture", False)) and not self.real_rows_only
         if not self.capturing:
             self.detail = PIECEWISE_EAGER
         self.extend = {f: torch.zeros(self.max_bs, dtype=torch.int32, device=self.device) for f in self.EXTEND_FIELDS}
-        backend.init_cuda_graph_state(self.max_bs, self.q.shape[0])
+        backend.init_cuda_graph_state(self.max_bs, self.max_tokens)
 
     def _view(self, fx: Fixture, padded: int, full: bool) -> ForwardBatch:
         """The batch over the static buffers: its requests copied in (rows past it keep what
@@ -304,30 +313,35 @@ class ExtendGraphs(_Harness):
         with guard.watching():
             self._metadata(batch)
         if self.capturing:
-            out, swapped, memory = self._run(padded, padded, guard)
+            outs, swapped, memory = self._run(padded, padded, guard)
         else:
             swapped = []
             with guard.watching():
-                out = self._step_piecewise(batch, n, padded)
+                outs = self._step_piecewise(batch, n, padded)
             memory = guard.check()
-        return Replayed(out[:n], out[n:], swapped, memory)
+        return _split(outs, n, swapped, memory)
 
-    def _step_piecewise(self, batch: ForwardBatch, n: int, padded: int) -> torch.Tensor:
+    def _step_piecewise(self, batch: ForwardBatch, n: int, padded: int) -> List[torch.Tensor]:
         """The padded call, eager; for a real-rows-only backend, what SGLang's layer does: the
         backend on the real rows, zeros for the padded ones."""
         if not self.real_rows_only:
             return self._step(batch, padded)
         real = dataclasses.replace(batch, out_cache_loc=batch.out_cache_loc[:n], positions=batch.positions[:n])
-        out = self._step(real, n)
-        return torch.cat([out, out.new_zeros((padded - n,) + tuple(out.shape[1:]))])
+        return [torch.cat([out, out.new_zeros((padded - n,) + tuple(out.shape[1:]))])
+                for out in self._step(real, n)]
 
     def _where(self, fx: Fixture) -> str:
         return f", {fx.plan.num_tokens} tokens"
 
 
+def _split(outs: List[torch.Tensor], n: int, swapped: List[str], memory: GuardCheck) -> Replayed:
+    """Real and padded rows, per layer."""
+    return Replayed([o[:n] for o in outs], [o[n:] for o in outs], swapped, memory)
+
+
 HARNESSES = {BATCH_SIZE_GRAPHS: BatchGraphs, TOKEN_COUNT_GRAPHS: ExtendGraphs}
 
 
-def harness_for(backend, layer: Layer, fixtures: Sequence[Fixture]) -> _Harness:
+def harness_for(backend, fixtures: Sequence[Fixture]) -> _Harness:
     """The harness of the fixtures' mode's graph contract (it sets up the backend's graph state)."""
-    return HARNESSES[fixtures[0].case.mode.rules.graph](backend, layer, fixtures)
+    return HARNESSES[fixtures[0].case.mode.rules.graph](backend, fixtures)

@@ -3,16 +3,15 @@ and the failure class they add up to. A new check is one more entry in a list be
 from __future__ import annotations
 
 import dataclasses
-from typing import Optional, Tuple
+from typing import List, Optional, Sequence, Tuple
 
 import torch
 
 from kit.fixture import Fixture
 from kit.guard import GuardCheck
-from kit.pools import CASE_LAYER_ID
 from kit.record import GRAPH, KERNEL, KV_WRITE
 from kit.reference import attention
-from kit.verdicts import check_kv, check_output, check_padding, check_state
+from kit.verdicts import OutputCheck, check_kv, check_output, check_padding, check_state
 
 # When several checks fail, the class that says where to look first: a wrong KV pool
 # explains a wrong output, not the other way round.
@@ -21,7 +20,7 @@ PRECEDENCE = (KV_WRITE, KERNEL, GRAPH)
 
 @dataclasses.dataclass
 class Verdict:
-    checks: list  # output first, then the KV pool, then the run kind's own checks
+    checks: list  # each layer's output first, then the KV pool, then the run kind's own checks
 
     @property
     def ok(self) -> bool:
@@ -32,12 +31,16 @@ class Verdict:
         return "; ".join(c.describe() for c in self.checks if not (c.quiet and c.ok))
 
     @property
+    def outputs(self) -> List[OutputCheck]:
+        return [c for c in self.checks if isinstance(c, OutputCheck)]
+
+    @property
     def max_err(self) -> float:
-        return self.checks[0].max_err
+        return max(c.max_err for c in self.outputs)
 
     @property
     def tol(self) -> float:
-        return self.checks[0].tol
+        return min(c.tol for c in self.outputs)
 
     def failure_class(self, eager_is_right: bool = False) -> str:
         """The run's class; with eager_is_right, the class of a replay whose batch runs right eagerly."""
@@ -50,21 +53,25 @@ class Verdict:
         return any(not c.ok and not c.replay_only for c in self.checks)
 
 
-def _judged(fx: Fixture, out, before) -> list:
-    golden = attention(fx, torch.float64)
-    same_dtype = attention(fx, fx.case.torch_dtype)
-    return [check_output(out, golden, same_dtype, fx.case.torch_dtype),
-            check_kv(fx.pools.token_to_kv_pool, before[0], before[1], CASE_LAYER_ID,
-                     fx.batch.out_cache_loc, fx.k_new, fx.v_new)]
+def _judged(fx: Fixture, outs: Sequence[torch.Tensor], before) -> list:
+    """Each layer's output against its golden (in layer order), then the KV pool of every layer."""
+    dtype = fx.case.torch_dtype
+    checks = [check_output(out, attention(fx, torch.float64, layer.layer_id), attention(fx, dtype, layer.layer_id),
+                           dtype, label=f"layer {layer.layer_id} ")
+              for layer, out in zip(fx.layers, outs)]
+    writes = {layer.layer_id: (fx.inputs[layer.layer_id].k_new, fx.inputs[layer.layer_id].v_new)
+              for layer in fx.layers}
+    return checks + [check_kv(fx.pools.token_to_kv_pool, before[0], before[1], fx.batch.out_cache_loc, writes)]
 
 
-def eager_verdict(fx: Fixture, out, before, memory: GuardCheck) -> Verdict:
-    return Verdict(_judged(fx, out, before) + [memory])
+def eager_verdict(fx: Fixture, outs: Sequence[torch.Tensor], before, memory: GuardCheck) -> Verdict:
+    """`outs`: forward's output for each layer of the model, in layer order."""
+    return Verdict(_judged(fx, outs, before) + [memory])
 
 
 def replay_verdict(fx: Fixture, replayed, before) -> Verdict:
     """`replayed`: kit.graph.Replayed."""
-    return Verdict(_judged(fx, replayed.out, before) + [
+    return Verdict(_judged(fx, replayed.outs, before) + [
         replayed.memory, check_state(replayed.replaced), check_padding(replayed.padded)])
 
 

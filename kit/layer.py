@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import dataclasses
+from typing import Tuple
 
 from kit.case import Case
 from kit.pools import CASE_LAYER_ID
@@ -31,6 +32,7 @@ class Layer:
 
     @classmethod
     def for_case(cls, case: Case) -> "Layer":
+        """The layer the case describes (layer CASE_LAYER_ID of its model)."""
         return cls(
             layer_id=CASE_LAYER_ID,
             tp_q_head_num=case.num_q_heads,
@@ -40,3 +42,19 @@ class Layer:
             logit_cap=case.cap,
             sliding_window_size=case.window,
         )
+
+
+HYBRID_WINDOW, HYBRID_CAP = 8, 10.0
+
+
+def model_layers(case: Case) -> Tuple[Layer, ...]:
+    """The model a case runs, in layer order: every step calls forward once per layer on
+    the same metadata. Layer 0 repeats the case's config, or (hybrid) differs in window,
+    scale and cap as hybrid models' layers do; layer 1 is the case's."""
+    layer = Layer.for_case(case)
+    other = dataclasses.replace(layer, layer_id=0)
+    if case.hybrid:
+        other = dataclasses.replace(
+            other, scaling=layer.scaling * 0.5, logit_cap=0.0 if layer.logit_cap > 0 else HYBRID_CAP,
+            sliding_window_size=-1 if layer.sliding_window_size >= 0 else HYBRID_WINDOW)
+    return (other, layer)

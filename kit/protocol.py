@@ -9,12 +9,12 @@ from __future__ import annotations
 
 import dataclasses
 import importlib
-from typing import Dict, Optional
+from typing import Dict, Optional, Tuple
 
 import torch
 
 from kit.case import Case
-from kit.layer import Layer
+from kit.layer import Layer, model_layers
 from kit.pools import KVPool, ReqToTokenPool
 
 # The two styles of graph metadata hooks a backend may implement (one or the other):
@@ -47,7 +47,7 @@ class BackendContext:
     dtype: torch.dtype  # model (q/k/v) dtype
     kv_cache_dtype: torch.dtype
     page_size: int
-    layer: Layer  # the model's attention config: heads, head_dim, scale, window, cap
+    layers: Tuple[Layer, ...]  # the model's attention layers (heads, head_dim, scale, window, cap), by layer_id
     req_to_token_pool: ReqToTokenPool
     token_to_kv_pool: KVPool
     speculative: Optional[SpeculativeConfig] = None  # set for the speculative modes
@@ -59,7 +59,7 @@ class BackendContext:
     @classmethod
     def for_case(cls, case: Case, pools, device) -> "BackendContext":
         return cls(device=torch.device(device), dtype=case.torch_dtype, kv_cache_dtype=case.torch_dtype,
-                   page_size=case.page, layer=Layer.for_case(case), req_to_token_pool=pools.req_to_token_pool,
+                   page_size=case.page, layers=model_layers(case), req_to_token_pool=pools.req_to_token_pool,
                    token_to_kv_pool=pools.token_to_kv_pool, speculative=case.mode.rules.speculative_config(case))
 
 

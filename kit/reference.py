@@ -8,6 +8,7 @@ from __future__ import annotations
 import torch
 
 from kit.fixture import Fixture
+from kit.pools import CASE_LAYER_ID
 
 
 def visibility(visible: torch.Tensor, q_pos, key_pos, window: int, device) -> torch.Tensor:
@@ -20,22 +21,22 @@ def visibility(visible: torch.Tensor, q_pos, key_pos, window: int, device) -> to
     return vis
 
 
-def attention(fixture: Fixture, dtype: torch.dtype = torch.float64) -> torch.Tensor:
-    """[num_tokens, Hq, D] in `dtype`. float64 is the golden; the case dtype gives
-    the same-dtype reference whose error scales the tolerance."""
-    case = fixture.case
-    q_all = fixture.q.to(dtype)
-    group = case.num_q_heads // case.num_kv_heads
+def attention(fixture: Fixture, dtype: torch.dtype = torch.float64, layer_id: int = CASE_LAYER_ID) -> torch.Tensor:
+    """[num_tokens, Hq, D] of one layer, in `dtype`. float64 is the golden; the case
+    dtype gives the same-dtype reference whose error scales the tolerance."""
+    layer = fixture.layers[layer_id]
+    q_all = fixture.inputs[layer_id].q.to(dtype)
+    group = layer.tp_q_head_num // layer.tp_k_head_num
     outs, n = [], 0
-    for req, (k, v) in zip(fixture.plan.requests, fixture.logical_kv()):
+    for req, (k, v) in zip(fixture.plan.requests, fixture.logical_kv(layer_id)):
         q = q_all[n:n + req.n_new]
         n += req.n_new
         k = k.to(dtype).repeat_interleave(group, dim=1)
         v = v.to(dtype).repeat_interleave(group, dim=1)
-        scores = torch.einsum("qhd,khd->hqk", q, k) * case.sm_scale
-        if case.cap > 0:
-            scores = case.cap * torch.tanh(scores / case.cap)
-        vis = visibility(req.visible, req.q_pos, req.key_pos, case.window, q.device)
+        scores = torch.einsum("qhd,khd->hqk", q, k) * layer.scaling
+        if layer.logit_cap > 0:
+            scores = layer.logit_cap * torch.tanh(scores / layer.logit_cap)
+        vis = visibility(req.visible, req.q_pos, req.key_pos, layer.sliding_window_size, q.device)
         scores = scores.masked_fill(~vis, float("-inf"))
         probs = torch.softmax(scores, dim=-1)
         outs.append(torch.einsum("hqk,khd->qhd", probs, v))

@@ -13,7 +13,6 @@ from kit.fixture import Fixture, fixtures_for
 from kit.graph import harness_for
 from kit.guard import Guard
 from kit.judge import Verdict, eager_verdict, replay_failure, replay_verdict
-from kit.layer import Layer
 from kit.modes import Exec
 from kit.nan_fill import nan_filled_allocations
 from kit.protocol import NO_CAPTURE_HOOKS, BackendContext, has_graph_hooks, mode_reason
@@ -54,18 +53,17 @@ def _call(stage: str, fn, *args, **kwargs):
 
 @dataclasses.dataclass
 class RunSetup:
-    """What one run is given: the backend class, its fixtures (one pool) and the layer."""
+    """What one run is given: the backend class and its fixtures (one pool, one model)."""
 
     backend_cls: type
     case: Case
     fixtures: List[Fixture]
-    layer: Layer
     device: torch.device
 
     @classmethod
     def make(cls, backend_cls, case: Case, exec_: Exec, device) -> "RunSetup":
         device = torch.device(device)
-        return cls(backend_cls, case, fixtures_for(batches(case, exec_), device), Layer.for_case(case), device)
+        return cls(backend_cls, case, fixtures_for(batches(case, exec_), device), device)
 
     def new_backend(self):
         ctx = BackendContext.for_case(self.case, self.fixtures[0].pools, self.device)
@@ -81,21 +79,26 @@ def unsupported_reason(backend_cls, case: Case, exec_: Exec) -> Optional[str]:
     return reason
 
 
-def _output(out) -> torch.Tensor:
-    if not isinstance(out, torch.Tensor):
-        raise _Crash("forward", TypeError(f"forward returned {type(out).__name__}, not a tensor"))
-    return out
+def _outputs(outs) -> List[torch.Tensor]:
+    for out in outs:
+        if not isinstance(out, torch.Tensor):
+            raise _Crash("forward", TypeError(f"forward returned {type(out).__name__}, not a tensor"))
+    return outs
 
 
-def _eager(backend, fx: Fixture, layer: Layer) -> Verdict:
+def _eager(backend, fx: Fixture) -> Verdict:
+    """One step: the metadata once, then forward for every layer of the model on it."""
     fx.install()
     before = fx.pools.token_to_kv_pool.snapshot()
     guard = Guard()
+    outs = []
     with guard.watching():
         _call("init_forward_metadata", backend.init_forward_metadata, fx.batch)
         with nan_filled_allocations():
-            out = _call("forward", backend.forward, fx.q, fx.k_new, fx.v_new, layer, fx.batch)
-    return eager_verdict(fx, _output(out), before, guard.check())
+            for layer, x in zip(fx.layers, fx.inputs):
+                outs.append(_call(f"forward (layer {layer.layer_id})", backend.forward, x.q, x.k_new, x.v_new,
+                                  layer, fx.batch))
+    return eager_verdict(fx, _outputs(outs), before, guard.check())
 
 
 def run_case(backend_spec: str, case: Case, exec_: Exec, device: Optional[torch.device] = None,
@@ -136,7 +139,7 @@ def _eager_sequence(backend, setup: RunSetup, result: RunResult) -> None:
     result.exec_detail = EAGER
     fixtures = setup.fixtures
     for i, fx in enumerate(fixtures):
-        v = _eager(backend, fx, setup.layer)
+        v = _eager(backend, fx)
         result.max_err = max(result.max_err or 0.0, v.max_err)
         result.tol = v.tol if result.tol is None else min(result.tol, v.tol)
         if v.ok:
@@ -144,7 +147,7 @@ def _eager_sequence(backend, setup: RunSetup, result: RunResult) -> None:
         result.outcome, result.failure_class = FAIL, v.failure_class()
         result.message = f"{_describe_step(i, fixtures)}: {v.text}"
         if i:  # the same batch on a fresh instance tells state kept across calls from a plain bug
-            fresh = _eager(setup.new_backend(), fx, setup.layer)
+            fresh = _eager(setup.new_backend(), fx)
             result.message += ("; on a fresh backend instance the same batch is right -> state kept from "
                                "the earlier batches" if fresh.ok else "; wrong on a fresh backend instance too")
         return
@@ -160,7 +163,7 @@ def _describe_step(i: int, fixtures: List[Fixture]) -> str:
 
 def _graph(backend, setup: RunSetup, result: RunResult) -> None:
     fixtures, pools = setup.fixtures, setup.fixtures[0].pools
-    harness = _call("init_cuda_graph_state", harness_for, backend, setup.layer, fixtures)
+    harness = _call("init_cuda_graph_state", harness_for, backend, fixtures)
     _call("capture", harness.capture)
     result.exec_detail = harness.detail
     worst = 0.0
@@ -169,14 +172,14 @@ def _graph(backend, setup: RunSetup, result: RunResult) -> None:
         fx.install()
         before = pools.token_to_kv_pool.snapshot()
         replayed = _call(f"replay {i + 1}", harness.replay, fx)
-        _output(replayed.out)
+        _outputs(replayed.outs)
         v = replay_verdict(fx, replayed, before)
         worst = max(worst, v.max_err)
         result.tol = v.tol if result.tol is None else min(result.tol, v.tol)
         if v.ok:
             continue
         # Diagnostic: the same batch run eagerly on a fresh backend says where to look.
-        eager = _eager(setup.new_backend(), fx, setup.layer) if v.needs_eager_diagnosis else None
+        eager = _eager(setup.new_backend(), fx) if v.needs_eager_diagnosis else None
         cls, why = replay_failure(v, eager)
         result.outcome, result.failure_class = FAIL, cls
         result.message = f"{harness.describe(i, fixtures)}: {v.text}{why}"

@@ -36,23 +36,25 @@ def variant(case: Case, bs: int, salt: int, new=None, tag: str = "replay") -> Ca
 def token_bucket_pairs(case: Case) -> List[Case]:
     """EXTEND graphs are per token bucket, and production replays one with any batch whose
     tokens fit it: each pair is captured with its first batch and replayed with the
-    second, of another request count (16 x 1 then 2 x 8; 1 x 32 then 32 x 1)."""
+    second, of another request count (16 x 1 then 2 x 8: fewer requests; 1 x 32 then
+    8 x 4: more)."""
     return [variant(case, 16, 4, new=(1,) * 16), variant(case, 2, 5, new=(8, 8)),
-            variant(case, 1, 6, new=(32,)), variant(case, 32, 7, new=(1,) * 32)]
+            variant(case, 1, 6, new=(32,)), variant(case, 8, 7, new=(4,) * 8)]
 
 
 def replay_schedule(case: Case) -> List[Case]:
-    """Batches replayed, in order: (token-bucket graphs: the bucket pairs first, so
-    they are what captures those buckets) a larger bucket, then the case (smaller
-    after larger), then a bs-1 batch, then the case's bucket again with other lengths."""
+    """Batches replayed, in order. Batch-size graphs: a larger bucket first, then the case
+    (smaller after larger), then a bs-1 batch, then the case's bucket again with other
+    lengths. Token graphs: the bucket pairs (they capture those buckets; other request
+    counts, a bs-1 batch among them), then the case, then its shape with other lengths."""
+    if case.mode.rules.graph == TOKEN_COUNT_GRAPHS:
+        return token_bucket_pairs(case) + [case, variant(case, case.bs, 3)]
     bucket = bucket_for(case.bs, BS_BUCKETS)
     larger = [b for b in BS_BUCKETS if b > bucket][:1]
     schedule = [variant(case, b, 1) for b in larger] + [case]
     if case.bs > 1:
         schedule.append(variant(case, 1, 2))
     schedule.append(variant(case, case.bs, 3))
-    if case.mode.rules.graph == TOKEN_COUNT_GRAPHS:
-        schedule = token_bucket_pairs(case) + schedule
     return schedule
 
 

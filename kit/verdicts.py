@@ -15,7 +15,7 @@ same-dtype reference computation, plus an absolute floor per dtype.
 from __future__ import annotations
 
 import dataclasses
-from typing import ClassVar, List, Sequence
+from typing import ClassVar, Dict, List, Sequence, Tuple
 
 import torch
 
@@ -38,13 +38,15 @@ class OutputCheck:
     bad_rows: List[int]  # token rows past tolerance (first few)
     nonfinite_rows: int
     problem: str = ""  # output unusable as such (wrong shape)
+    label: str = ""  # which output, e.g. "layer 0 "
 
     def describe(self) -> str:
+        what = f"{self.label}output"
         if self.problem:
-            return f"output wrong: {self.problem}"
+            return f"{what} wrong: {self.problem}"
         if self.ok:
-            return f"output ok: max err {self.max_err:.3g} <= tol {self.tol:.3g}"
-        parts = [f"output wrong: max err {self.max_err:.3g} > tol {self.tol:.3g}"]
+            return f"{what} ok: max err {self.max_err:.3g} <= tol {self.tol:.3g}"
+        parts = [f"{what} wrong: max err {self.max_err:.3g} > tol {self.tol:.3g}"]
         if self.nonfinite_rows:
             parts.append(f"{self.nonfinite_rows} rows NaN/inf (unwritten?)")
         parts.append(f"bad token rows {self.bad_rows}")
@@ -52,9 +54,9 @@ class OutputCheck:
 
 
 def check_output(out: torch.Tensor, golden: torch.Tensor, same_dtype_ref: torch.Tensor,
-                 dtype: torch.dtype) -> OutputCheck:
+                 dtype: torch.dtype, label: str = "") -> OutputCheck:
     if tuple(out.shape) != tuple(golden.shape):
-        return OutputCheck(False, float("inf"), 0.0, 0.0, [], 0,
+        return OutputCheck(False, float("inf"), 0.0, 0.0, [], 0, label=label,
                            problem=f"shape {tuple(out.shape)}, expected {tuple(golden.shape)}")
     err = (out.to(torch.float64) - golden).abs()
     ref_err = (same_dtype_ref.to(torch.float64) - golden).abs().max().item() if golden.numel() else 0.0
@@ -63,7 +65,7 @@ def check_output(out: torch.Tensor, golden: torch.Tensor, same_dtype_ref: torch.
     bad = (row_err > tol).nonzero().squeeze(1)
     nonfinite = int((~torch.isfinite(out.flatten(1))).any(dim=1).sum().item())
     max_err = row_err.max().item() if row_err.numel() else 0.0
-    return OutputCheck(bad.numel() == 0, max_err, ref_err, tol, bad[:8].tolist(), nonfinite)
+    return OutputCheck(bad.numel() == 0, max_err, ref_err, tol, bad[:8].tolist(), nonfinite, label=label)
 
 
 @dataclasses.dataclass
@@ -83,11 +85,15 @@ class PaddingCheck:
                 f"{self.nonfinite_rows[:8]} (unwritten or divided by zero?)")
 
 
-def check_padding(out_padded: torch.Tensor) -> PaddingCheck:
-    """Padded rows are compared to nothing, but must be finite: the rest of the model
-    runs on them too, and a NaN there reaches collectives and MoE routing."""
-    bad = (~torch.isfinite(out_padded.flatten(1))).any(dim=1).nonzero().squeeze(1)
-    return PaddingCheck(bad.numel() == 0, out_padded.shape[0], bad.tolist())
+def check_padding(padded: Sequence[torch.Tensor]) -> PaddingCheck:
+    """Padded rows (of each layer's output, counted across them) are compared to nothing,
+    but must be finite: the rest of the model runs on them too, and a NaN there reaches
+    collectives and MoE routing."""
+    bad, start = [], 0
+    for out in padded:
+        bad += [start + i for i in (~torch.isfinite(out.flatten(1))).any(dim=1).nonzero().squeeze(1).tolist()]
+        start += out.shape[0]
+    return PaddingCheck(not bad, start, bad)
 
 
 @dataclasses.dataclass
@@ -117,7 +123,7 @@ class KVCheck:
     quiet: ClassVar[bool] = False
     replay_only: ClassVar[bool] = False
     ok: bool
-    missing: List[int]  # slots that should hold the new K/V but do not (first few)
+    missing: List[Tuple[int, int]]  # (layer, slot) that should hold the new K/V but do not (first few)
     collateral: List[int]  # slots changed that no real row owns (first few)
     num_missing: int
     num_collateral: int
@@ -127,7 +133,7 @@ class KVCheck:
             return "kv pool ok"
         parts = []
         if self.num_missing:
-            parts.append(f"{self.num_missing} new-token slots not written correctly, e.g. {self.missing}")
+            parts.append(f"{self.num_missing} new-token slots not written correctly, e.g. {self.missing} (layer, slot)")
         if self.num_collateral:
             parts.append(f"{self.num_collateral} stray writes, e.g. slots {self.collateral} (layer, slot)")
         return "kv pool wrong: " + "; ".join(parts)
@@ -140,25 +146,28 @@ def _differs(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
     return (a != b).any(dim=1)
 
 
-def check_kv(pool, before_k: Sequence[torch.Tensor], before_v: Sequence[torch.Tensor], layer_id: int,
-             loc: torch.Tensor, k_new: torch.Tensor, v_new: torch.Tensor) -> KVCheck:
-    """New k/v must sit at `loc` of `layer_id`; nothing else may change but scratch slot 0."""
+def check_kv(pool, before_k: Sequence[torch.Tensor], before_v: Sequence[torch.Tensor], loc: torch.Tensor,
+             writes: Dict[int, Tuple[torch.Tensor, torch.Tensor]]) -> KVCheck:
+    """Each layer's new k/v (`writes`: layer_id -> (k, v)) must sit at `loc`; nothing else
+    may change but scratch slot 0."""
     loc = loc.to(torch.int64)
-    missing = torch.empty(0, dtype=torch.int64)
+    missing: List[Tuple[int, int]] = []
+    num_missing = 0
     collateral, num_collateral = [], 0
     for lid, (exp_k, exp_v) in enumerate(zip(before_k, before_v)):
         written = torch.zeros(exp_k.shape[0], dtype=torch.bool, device=exp_k.device)
-        if lid == layer_id:
+        if lid in writes:
             exp_k, exp_v = exp_k.clone(), exp_v.clone()
-            exp_k[loc] = k_new.to(exp_k.dtype)
-            exp_v[loc] = v_new.to(exp_v.dtype)
+            exp_k[loc] = writes[lid][0].to(exp_k.dtype)
+            exp_v[loc] = writes[lid][1].to(exp_v.dtype)
             written[loc] = True
         diff = _differs(pool.k_buffer[lid], exp_k) | _differs(pool.v_buffer[lid], exp_v)
         diff[0] = False
-        if lid == layer_id:
-            missing = (diff & written).nonzero().squeeze(1)
+        lost = (diff & written).nonzero().squeeze(1)
+        missing += [(lid, s) for s in lost[:8].tolist()]
+        num_missing += lost.numel()
         stray = (diff & ~written).nonzero().squeeze(1)
         collateral += [(lid, s) for s in stray[:8].tolist()]
         num_collateral += stray.numel()
-    ok = missing.numel() == 0 and num_collateral == 0
-    return KVCheck(ok, missing[:8].tolist(), collateral[:8], int(missing.numel()), num_collateral)
+    ok = num_missing == 0 and num_collateral == 0
+    return KVCheck(ok, missing[:8], collateral[:8], num_missing, num_collateral)

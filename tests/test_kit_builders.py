@@ -232,13 +232,13 @@ def test_kv_and_q_not_constant(case):
         assert t.dtype == case.torch_dtype
         assert t.std().item() > 0.1, name
     n_old = sum(case.prefix)
-    assert fx.k_old.shape[0] == fx.v_old.shape[0] == n_old
+    assert fx.inputs[CASE_LAYER_ID].k_old.shape[0] == fx.inputs[CASE_LAYER_ID].v_old.shape[0] == n_old
     if n_old > 1:
-        assert fx.k_old.std().item() > 0.1 and fx.v_old.std().item() > 0.1
-        assert not torch.equal(fx.k_old, fx.v_old)
+        assert fx.inputs[CASE_LAYER_ID].k_old.std().item() > 0.1 and fx.inputs[CASE_LAYER_ID].v_old.std().item() > 0.1
+        assert not torch.equal(fx.inputs[CASE_LAYER_ID].k_old, fx.inputs[CASE_LAYER_ID].v_old)
     k_buf, v_buf = fx.pools.token_to_kv_pool.get_kv_buffer(CASE_LAYER_ID)
     old_slots = torch.tensor([s for r in fx.plan.requests for s in r.slots[:r.n_old]], dtype=torch.int64)
-    assert torch.equal(k_buf[old_slots], fx.k_old)
-    assert torch.equal(v_buf[old_slots], fx.v_old)
+    assert torch.equal(k_buf[old_slots], fx.inputs[CASE_LAYER_ID].k_old)
+    assert torch.equal(v_buf[old_slots], fx.inputs[CASE_LAYER_ID].v_old)
     for req, (k, v) in zip(fx.plan.requests, fx.logical_kv()):
         assert k.shape[0] == v.shape[0] == req.total

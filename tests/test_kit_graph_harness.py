@@ -153,7 +153,7 @@ def drive_batch_graphs(case, backend_cls, device):
     setup = run_setup(case, Exec.GRAPH, device, backend_cls)
     fixtures = setup.fixtures
     backend = setup.new_backend()
-    harness = harness_for(backend, setup.layer, fixtures)
+    harness = harness_for(backend, fixtures)
     assert isinstance(harness, BatchGraphs)
     backend.harness = harness
     max_bs = harness.max_bs
@@ -164,7 +164,7 @@ def drive_batch_graphs(case, backend_cls, device):
         fx.install()
         # Copied at once, as the runner judges at once: with real graphs sharing one memory pool,
         # a replay's output is only valid until the next replay.
-        outs.append(harness.replay(fx).out.clone())
+        outs.append(harness.replay(fx).outs[1].clone())  # the case's layer
     return backend, harness, fixtures, outs, max_bs
 
 
@@ -236,7 +236,9 @@ def test_batch_graphs_hook_calls(mode, backend_cls, device):
     # emulation runs them again at each replay but undoes their Python side effects, records included.
     runs = 1 if device == "cpu" else WARMUP_RUNS + 1
     forwards = [c for c in backend.calls if c[0] == "forward"]
-    assert [(f[1], f[2]) for f in forwards] == [(bs, bs * t) for bs in buckets for _ in range(runs)]
+    layers = len(fixtures[0].layers)  # forward once per layer of the model, each step
+    assert layers == 2
+    assert [(f[1], f[2]) for f in forwards] == [(bs, bs * t) for bs in buckets for _ in range(runs * layers)]
     in_graph = [c[1] for c in backend.calls if c[0] == "in_graph"]
     assert in_graph == ([bs for bs in buckets for _ in range(runs)] if backend_cls is TwoPhaseRecordingBackend
                         else [])
@@ -258,7 +260,7 @@ def test_capture_view_carries_every_field_of_the_replay_view(mode, device):
             seen.setdefault(in_capture, set()).update(fields)
 
     setup = run_setup(case, Exec.GRAPH, device, FieldRecorder)
-    harness = harness_for(setup.new_backend(), setup.layer, setup.fixtures)
+    harness = harness_for(setup.new_backend(), setup.fixtures)
     harness.capture()
     for fx in setup.fixtures:
         harness.prepare(fx)
@@ -344,6 +346,8 @@ class PaddingProbeBackend(TorchNativeBackend):
         out = super().forward(q, k, v, layer, batch, save_kv_cache)
         if self.ZERO_PADDING:
             out[batch.extend_num_tokens:] = 0
+        if layer.layer_id != CASE_LAYER_ID:  # records of the case's layer are enough
+            return out
         k0 = batch.token_to_kv_pool.get_key_buffer(layer.layer_id)[0]
         self.RECORD.append(("forward", dict(q_tokens=q.shape[0], k_pad=k[batch.extend_num_tokens:].cpu().clone(),
                                             out_cache_loc=batch.out_cache_loc.tolist(),
@@ -453,3 +457,43 @@ def test_dense_toy_extend_is_unsupported():
     """The toy declines EXTEND through supports(), shown as 'unsupported' with its reason."""
     r = run_case(DENSE, small_case("toy_ext", EXTEND, (2,), (3,)), Exec.GRAPH, torch.device("cpu"))
     assert r.outcome == "unsupported" and r.message.startswith("toy:")
+
+
+class RealRowsOnlyProbe(UnwrittenPaddingProbe):
+    """Leaves padded rows unwritten, but declares it sees real rows only: the harness does
+    what SGLang's attention layer does (real rows to the backend, zeros for the padded)."""
+
+    real_rows_only = True
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_real_rows_only_backend_gets_real_rows_and_zero_padding(device):
+    case = small_case("gh_extend", EXTEND, (2, 9, 0), (3, 1, 5), layout="non_monotonic_extend")
+    PaddingProbeBackend.RECORD.clear()
+    r = run_case(f"{MODULE}:RealRowsOnlyProbe", case, Exec.GRAPH, torch.device(device))
+    assert r.outcome == "pass" and r.exec_detail == "piecewise-eager", r.message
+    forwards = [x[1] for x in PaddingProbeBackend.RECORD if x[0] == "forward"]
+    plans = [plan_case(c) for c in replay_schedule(case)]
+    assert [f["q_tokens"] for f in forwards] == [p.num_tokens for p in plans]
+    assert all(len(f["out_cache_loc"]) == f["q_tokens"] for f in forwards)
+
+
+@pytest.mark.parametrize("mode", list(ForwardMode), ids=[m.value for m in ForwardMode])
+def test_context_describes_the_model_and_the_speculative_config(mode):
+    """The backend is built knowing every layer of the model and, in the speculative modes,
+    the draft count, topk and algorithm (SGLang reads them from its server config)."""
+    case = {EXTEND: small_case("ctx_ext", EXTEND, (2, 5), (3, 1))}.get(mode) or HARNESS_CASES[mode]
+    for hybrid in (False, True):
+        setup = run_setup(case.with_(hybrid=hybrid), Exec.GRAPH, "cpu", RecordingBackend)
+        ctx = setup.new_backend().ctx
+        assert [layer.layer_id for layer in ctx.layers] == [0, 1] and ctx.layers == setup.fixtures[0].layers
+        first, case_layer = ctx.layers
+        differs = (first.scaling, first.logit_cap, first.sliding_window_size) != (
+            case_layer.scaling, case_layer.logit_cap, case_layer.sliding_window_size)
+        assert differs == hybrid
+        assert (first.scaling != case_layer.scaling and first.sliding_window_size != case_layer.sliding_window_size
+                and first.logit_cap != case_layer.logit_cap) == hybrid
+        if mode in (TARGET_VERIFY, DRAFT_EXTEND_V2):
+            assert (ctx.speculative.num_draft_tokens, ctx.speculative.topk) == (case.new, case.topk)
+        else:
+            assert ctx.speculative is None

@@ -10,6 +10,7 @@ from kit.case import LAYOUTS
 from kit.layouts import place_pages, slots_of
 from kit.modes import ForwardMode
 from kit.plan import plan_case
+from kit.pools import CASE_LAYER_ID
 from tests.helpers import make_fixture, small_case
 
 DECODE, EXTEND = ForwardMode.DECODE, ForwardMode.EXTEND
@@ -167,4 +168,4 @@ def test_poisoned_slots_differ_from_real_kv(case):
     owned[0] = True
     owned[[s for r in fx.plan.requests for s in r.slots]] = True
     v = kv.get_value_buffer(1)[~owned]
-    assert v.mean().item() > 10 * fx.v_old.abs().mean().item()
+    assert v.mean().item() > 10 * fx.inputs[CASE_LAYER_ID].v_old.abs().mean().item()

@@ -115,7 +115,7 @@ def _kv_setup(case=EXTEND_CASE):
 
 
 def _check(fx, pool, before):
-    return check_kv(pool, before[0], before[1], CASE_LAYER_ID, fx.batch.out_cache_loc, fx.k_new, fx.v_new)
+    return check_kv(pool, before[0], before[1], fx.batch.out_cache_loc, {CASE_LAYER_ID: (fx.k_new, fx.v_new)})
 
 
 def _unowned_slot(fx):
@@ -159,7 +159,7 @@ def test_kv_missing_write_is_caught():
     pool.set_kv_buffer(layer, loc[1:], fx.k_new[1:], fx.v_new[1:])
     chk = _check(fx, pool, before)
     assert not chk.ok
-    assert chk.missing == [loc[0].item()] and chk.num_missing == 1 and chk.num_collateral == 0
+    assert chk.missing == [(CASE_LAYER_ID, loc[0].item())] and chk.num_missing == 1 and chk.num_collateral == 0
     assert "not written" in chk.describe()
 
 
@@ -171,7 +171,7 @@ def test_kv_half_written_slot_is_caught():
     v[3] = 0.0
     pool.set_kv_buffer(layer, loc, fx.k_new, v)
     chk = _check(fx, pool, before)
-    assert chk.missing == [loc[3].item()] and chk.num_collateral == 0
+    assert chk.missing == [(CASE_LAYER_ID, loc[3].item())] and chk.num_collateral == 0
 
 
 def test_kv_write_into_other_layer_is_caught():
@@ -274,10 +274,11 @@ def test_run_case_unwritten_row_is_kernel_failure(case):
 
 
 def test_run_case_wrong_slot_is_kv_write_failure():
-    """K/V of one token written to a wrong slot fails as 'kv-write' (missing + stray)."""
+    """K/V of one token written to a wrong slot fails as 'kv-write' (missing + stray), in each
+    of the model's two layers."""
     r = run_case(f"{MODULE}:WrongSlotBackend", DECODE_CASE, Exec.EAGER, torch.device("cpu"))
     assert (r.outcome, r.failure_class) == ("fail", "kv-write"), r.message
-    assert "1 new-token slots not written" in r.message and "1 stray writes" in r.message
+    assert "2 new-token slots not written" in r.message and "2 stray writes" in r.message
     assert r.repro.startswith("python -m kit run")
 
 
@@ -294,7 +295,7 @@ def test_run_case_exception_is_crash_naming_stage():
     """An exception in forward is a 'crash' whose message names the stage and the error."""
     r = run_case(f"{MODULE}:CrashingBackend", DECODE_CASE, Exec.EAGER, torch.device("cpu"))
     assert (r.outcome, r.failure_class) == ("fail", "crash")
-    assert r.message.startswith("forward: RuntimeError: planted crash in forward")
+    assert r.message.startswith("forward (layer 0): RuntimeError: planted crash in forward")
     assert "test_kit_verdicts.py" in r.message  # where it happened
     assert r.repro.startswith("python -m kit run")
 

@@ -192,7 +192,7 @@ def test_dead_worker_is_recorded_as_crash_and_the_run_completes(tmp_path):
     proc, records = run_suite(tmp_path, "tests.toys.crashing:HardCrashBackend", (), "-n", "2", "--exec", "eager")
     assert proc.returncode == 1
     crashed = [c for c in SMOKE_DECODE if records[f"{c}/eager"]["outcome"] == "fail"]
-    assert crashed == ["mqa_p1_shuf"]  # the one bs=3 case
+    assert crashed == ["mqa_p1_shuf"]  # the one bs=3 MQA case
     r = records["mqa_p1_shuf/eager"]
     assert r["failure_class"] == "crash" and "crashed while running" in r["message"]
     assert r["repro"].startswith("python -m kit run --backend tests.toys.crashing:HardCrashBackend")

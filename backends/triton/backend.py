@@ -48,8 +48,9 @@ class TritonBackend(AttentionBackend):
     def __init__(self, ctx):
         super().__init__(ctx)
         self.req_to_token = ctx.req_to_token_pool.req_to_token
-        self.num_q_heads, self.num_kv_heads = ctx.layer.tp_q_head_num, ctx.layer.tp_k_head_num
-        self.head_dim = ctx.layer.head_dim
+        model = ctx.layers[0]  # heads and head_dim are the model's; scale, window and cap come per layer
+        self.num_q_heads, self.num_kv_heads = model.tp_q_head_num, model.tp_k_head_num
+        self.head_dim = model.head_dim
         self.num_sms = (torch.cuda.get_device_properties(ctx.device).multi_processor_count
                         if ctx.device.type == "cuda" else CPU_NOMINAL_SMS)
         self.graph_bufs: Optional[Buffers] = None  # set by init_cuda_graph_state

@@ -53,4 +53,5 @@ MUTANTS = [
     Mutant(20, "bs_from_buffer_length", T + "BsFromBufferLength", G + C, (E, DE), GRAPH, cpu=True),
     Mutant(21, "metadata_cached_by_shape", T + "MetadataCachedByShape", K, ALL_MODES, EAGER, cpu=True),
     Mutant(22, "extend_grid_from_request_count", T + "ExtendGridFromRequestCount", G, (E,), GRAPH, cpu=True),
+    Mutant(23, "first_layer_config_for_all", T + "FirstLayerConfigForAll", K, ALL_MODES, EAGER, cpu=True),
 ]

@@ -129,6 +129,16 @@ class _LayerMutant(TritonBackend):
         return super().forward(q, k, v, self.mutate(layer, batch), batch, save_kv_cache)
 
 
+class FirstLayerConfigForAll(_LayerMutant):
+    """The first layer's window, scale and cap, kept from the step's first forward, are used
+    for every layer (a config cached per step, not per layer): wrong on hybrid models."""
+
+    def mutate(self, layer, batch):
+        first = self.__dict__.setdefault("first_layer", layer)
+        return dataclasses.replace(layer, scaling=first.scaling, logit_cap=first.logit_cap,
+                                   sliding_window_size=first.sliding_window_size)
+
+
 class WindowOneShort(_LayerMutant):
     """Sliding window of W keys instead of W + 1 (the query's own position forgotten)."""
 
