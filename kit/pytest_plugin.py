@@ -19,7 +19,7 @@ from kit.catalog import load_catalog, resolve_set
 from kit.modes import EXECS, MODES, parse_exec, parse_mode
 from kit.record import CRASH, FAIL, RunResult, parse_run_id, repro_command, run_id
 from kit.registry import UnknownBackend, backend_label, known_backends, load_backend
-from kit.results import REPO, to_record, versions, write_results
+from kit.results import REPO, device_name, to_record, versions, write_results
 
 RECORD_KEY = "conformance_record"
 WRITE_EVERY_S = 2.0  # an interrupted run keeps what finished
@@ -66,6 +66,7 @@ def _selection(config):
             catalog_target=opt("--cases"),
             catalog=load_catalog(opt("--cases")),
             known=_known_failures(opt("--known-failures")),
+            device=device_name(),
         )
     except (UnknownBackend, ValueError, ImportError, AttributeError, TypeError) as exc:
         raise pytest.UsageError(str(exc)) from None
@@ -80,7 +81,8 @@ def pytest_generate_tests(metafunc):
         for mode in sel["modes"]:
             for exec_ in sel["execs"]:
                 for case in sel["catalog"].cases(sel["case_set"], mode):
-                    entry = known_failures.match(sel["known"], label, mode.value, exec_.value, case.name)
+                    entry = known_failures.match(sel["known"], label, mode.value, exec_.value, case.name,
+                                                 sel["device"])
                     marks = [] if entry is None else [pytest.mark.xfail(
                         strict=True, raises=KnownFailureHit,
                         reason=f"{entry.id} expects [{entry.failure_class}]: {entry.reason} ({entry.where})")]

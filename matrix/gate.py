@@ -58,8 +58,7 @@ def _coverage(records: List[Dict], sources: Dict[int, str], entries) -> List[str
             problems.append(f"uncovered failure: {_id(r)} [{r['failure_class']}] in {sources[id(r)]}: fix it or "
                             f"add a KNOWN_FAILURES.md entry; repro: {r.get('repro', '')}")
     for e in entries:
-        matched = [r for r in records if r["outcome"] != UNSUPPORTED
-                   and e.matches(r["backend"], r["mode"], r["exec"], r["case"])]
+        matched = [r for r in records if r["outcome"] != UNSUPPORTED and e.matches_record(r)]
         passing = [_id(r) for r in matched if r["outcome"] == PASS]
         if not matched:
             problems.append(f"stale known failure: {e.id} ({e.where}) matches no run in the results: "
