@@ -110,6 +110,19 @@ def library_version(module: str) -> str:
         return "not installed"
 
 
+REQUIRED = ("supports", "init_forward_metadata", "forward")
+
+
+def backend_problem(obj) -> Optional[str]:
+    """Why `obj` cannot be a backend (not a class, or lacking a required method), or None."""
+    if not isinstance(obj, type):
+        return f"a {type(obj).__name__}, not a backend class (see 'Adding a backend' in the README)"
+    missing = [m for m in REQUIRED if not callable(getattr(obj, m, None))]
+    if missing:
+        return f"the class {obj.__name__} lacks {', '.join(missing)} (see 'Adding a backend' in the README)"
+    return None
+
+
 def has_graph_hooks(backend_cls) -> bool:
     return all(callable(getattr(backend_cls, h, None)) for h in GRAPH_HOOKS)
 

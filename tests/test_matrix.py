@@ -33,6 +33,13 @@ def rec(case, outcome="pass", cls=None, backend="be", mode="decode", exec_="eage
                 versions=dict(torch="2.13.0", cuda="none", triton="3.9.0"), kit_commit="abc", date="2026-11-22", repro="python -m kit run ...", **kw)
 
 
+def write_fresh(path, records, selected=None, status="complete"):
+    """A fresh results file as the plugin writes it: what the session selected, and how it ended."""
+    ids = [f"{r['backend']}-{r['mode']}-{r['exec']}-{r['case']}" for r in records]
+    write_results(path, records, run=dict(status=status, selected=ids if selected is None else selected,
+                                          catalog=ids if selected is None else selected))
+
+
 @pytest.fixture
 def project(tmp_path):
     """A README, KNOWN_FAILURES.md and results/ in a temp dir, with tables written."""
@@ -94,21 +101,21 @@ def test_stale_mutation_table_is_caught(project):
 
 def test_uncovered_failure_is_caught(project, tmp_path):
     fresh = tmp_path / "fresh.json"
-    write_results(fresh, [rec("a"), rec("b", "fail", "graph"), rec("c", "fail", "kernel")])
+    write_fresh(fresh, [rec("a"), rec("b", "fail", "graph"), rec("c", "fail", "kernel")])
     problems = gate.check(**project, fresh_paths=[str(fresh)])
     assert any(p.startswith("uncovered failure: be-decode-eager-b [graph]") for p in problems), problems
 
 
 def test_known_failure_with_another_class_is_uncovered(project, tmp_path):
     fresh = tmp_path / "fresh.json"
-    write_results(fresh, [rec("a"), rec("b"), rec("c", "fail", "kv-write")])
+    write_fresh(fresh, [rec("a"), rec("b"), rec("c", "fail", "kv-write")])
     problems = gate.check(**project, fresh_paths=[str(fresh)])
     assert any("uncovered failure: be-decode-eager-c [kv-write]" in p for p in problems), problems
 
 
 def test_known_failure_that_now_passes_is_caught(project, tmp_path):
     fresh = tmp_path / "fresh.json"
-    write_results(fresh, [rec("a"), rec("b"), rec("c")])
+    write_fresh(fresh, [rec("a"), rec("b"), rec("c")])
     problems = gate.check(**project, fresh_paths=[str(fresh)])
     assert any("stale known failure: KF-1" in p and "now passes for be-decode-eager-c" in p for p in problems)
 
@@ -172,7 +179,7 @@ def test_header_of_the_shipped_table_is_the_parsed_one():
 def test_fresh_run_disagreeing_with_committed_results_is_caught(project, tmp_path):
     """The CPU table cannot lie: a fresh run must match the committed results of its device."""
     fresh = tmp_path / "fresh.json"
-    write_results(fresh, [rec("a"), rec("c", "fail", "kernel")])
+    write_fresh(fresh, [rec("a"), rec("c", "fail", "kernel")])
     problems = gate.check(**project, fresh_paths=[str(fresh)])
     assert any("be-decode-eager-b: committed results/cpu.json say pass, this run says not run" in p for p in problems)
 
