@@ -58,22 +58,31 @@ def _known_failures(path):
 
 
 def _selection(config):
-    """Parsed options; a bad value is a usage error that says what is known or how to fix it."""
+    """Parsed options; a bad value is a usage error, one line naming the option and the fix."""
     opt = config.getoption
+
+    def parsed(option, parse, *values, fix=""):
+        try:
+            return parse(*values)
+        except (UnknownBackend, ValueError, ImportError, AttributeError, TypeError) as exc:
+            hint = f"; {fix}" if fix and not isinstance(exc, UnknownBackend) else ""  # that one lists the known
+            raise pytest.UsageError(f"{option}: {exc}{hint}") from None
+
     specs = _csv(opt("--backend")) or known_backends()
-    try:
-        return dict(
-            labels={spec: backend_label(spec) for spec in specs},
-            modes=[parse_mode(m) for m in _csv(opt("--mode"))] or list(MODES),
-            execs=[parse_exec(e) for e in _csv(opt("exec_"))] or list(EXECS),
-            case_set=resolve_set(opt("--case-set")),
-            catalog_target=opt("--cases"),
-            catalog=load_catalog(opt("--cases")),
-            known=_known_failures(opt("--known-failures")),
-            device=device_name(),
-        )
-    except (UnknownBackend, ValueError, ImportError, AttributeError, TypeError) as exc:
-        raise pytest.UsageError(str(exc)) from None
+    labels = {spec: parsed(f"--backend {spec}", backend_label, spec,
+                           fix=f"give a registered name ({', '.join(known_backends())}) or module:attr of a "
+                               f"backend class that imports") for spec in specs}
+    return dict(
+        labels=labels,
+        modes=parsed("--mode", lambda: [parse_mode(m) for m in _csv(opt("--mode"))] or list(MODES)),
+        execs=parsed("--exec", lambda: [parse_exec(e) for e in _csv(opt("exec_"))] or list(EXECS)),
+        case_set=parsed("--case-set", resolve_set, opt("--case-set")),
+        catalog_target=opt("--cases"),
+        catalog=parsed(f"--cases {opt('--cases')}", load_catalog, opt("--cases"),
+                       fix="give module:attr of a kit.catalog.Catalog that imports"),
+        known=parsed("--known-failures", _known_failures, opt("--known-failures")),
+        device=device_name(),
+    )
 
 
 def pytest_generate_tests(metafunc):
