@@ -272,14 +272,16 @@ def test_interrupted_run_keeps_what_finished(tmp_path):
                             cwd=REPO, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     try:
         deadline = time.monotonic() + 120
-        while not out.exists() and time.monotonic() < deadline:
-            time.sleep(0.2)
+        while not (out.exists() and json.loads(out.read_text())["records"]) and time.monotonic() < deadline:
+            time.sleep(0.2)  # the file exists from the first run on; wait for the first record
         assert out.exists(), "no results written while the run was going"
     finally:
         proc.kill()
         proc.wait()
-    records = json.loads(out.read_text())["records"]
+    doc = json.loads(out.read_text())
+    records = doc["records"]
     assert [r["case"] for r in records] == [SMOKE_DECODE[0]] and records[0]["outcome"] == "pass"
+    assert doc["run"]["status"] == "running", "a killed run's file says it never finished"
 
 
 def test_device_fault_ends_the_worker_and_keeps_its_record(tmp_path):
