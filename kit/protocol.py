@@ -110,16 +110,13 @@ def library_version(module: str) -> str:
         return "not installed"
 
 
-REQUIRED = ("supports", "init_forward_metadata", "forward")
-
-
 def backend_problem(obj) -> Optional[str]:
-    """Why `obj` cannot be a backend (not a class, or lacking a required method), or None."""
+    """Why `obj` cannot be a backend before anything runs (not a class, or no `supports`, the
+    first thing the kit calls), or None. The instance methods fail at their own stage."""
     if not isinstance(obj, type):
         return f"a {type(obj).__name__}, not a backend class (see 'Adding a backend' in the README)"
-    missing = [m for m in REQUIRED if not callable(getattr(obj, m, None))]
-    if missing:
-        return f"the class {obj.__name__} lacks {', '.join(missing)} (see 'Adding a backend' in the README)"
+    if not callable(getattr(obj, "supports", None)):
+        return f"the class {obj.__name__} has no `supports` classmethod (see 'Adding a backend' in the README)"
     return None
 
 

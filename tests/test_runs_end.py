@@ -19,8 +19,8 @@ BS3 = catalog.find_case(ForwardMode.DECODE, "mqa_p1_shuf")  # the smoke decode c
 @pytest.mark.parametrize("backend, message", [
     (f"{TOYS}:SysExitBackend", "forward: SystemExit: 3 at "),
     (f"{TOYS}:BaseExceptionBackend", "forward: Abort: raised past except Exception at "),
-    (f"{TOYS}:NoSupports", "loading backend: TypeError: tests.toys.crashing:NoSupports: the class NoSupports lacks "
-                           "supports, init_forward_metadata, forward"),
+    (f"{TOYS}:NoSupports", "loading backend: TypeError: tests.toys.crashing:NoSupports: the class NoSupports has no "
+                           "`supports` classmethod"),
     ("os:path", "loading backend: TypeError: os:path: a module, not a backend class"),
 ], ids=["sys_exit", "base_exception", "no_supports", "not_a_class"])
 def test_misbehaving_backend_is_a_crash_record(backend, message):
@@ -42,7 +42,8 @@ def test_hung_backend_times_out_at_its_stage():
     assert r.message.startswith("forward: RunTimeout: timeout after 3 s at ") and r.seconds < 60, r.message
 
 
-@pytest.mark.parametrize("backend", [f"{TOYS}:SysExitBackend", f"{TOYS}:BaseExceptionBackend", "os:path"])
+@pytest.mark.parametrize("backend", [f"{TOYS}:SysExitBackend", f"{TOYS}:BaseExceptionBackend", "os:path",
+                                     f"{TOYS}:NoSupports"])
 def test_suite_records_every_run(tmp_path, backend):
     proc, records = run_suite(tmp_path, backend, (), "--exec", "eager")
     assert proc.returncode == 1 and "INTERNALERROR" not in proc.stdout + proc.stderr, proc.stdout[-2000:]
