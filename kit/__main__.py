@@ -1,54 +1,125 @@
-"""Command line: `python -m kit run ...` re-runs one case (the repro line every failure
-prints); `python -m kit list` shows the catalog."""
+"""python -m kit run | list — re-run one case (the repro line every failure prints), or show
+the catalog and the backends."""
 from __future__ import annotations
 
-import argparse
+import collections
 import dataclasses
 import json
 import sys
 
 import torch
 
-from kit.catalog import load_catalog
-from kit.modes import MODES, parse_exec, parse_mode
+from kit.catalog import CASE_SETS, load_catalog, resolve_set
+from kit.cli import FAILED, Parser, fail
+from kit.modes import EXECS, MODES, parse_exec, parse_mode
+from kit.protocol import backend_problem, has_graph_hooks, mode_reason
 from kit.record import FAIL
+from kit.registry import known_backends, load_backend
 from kit.runner import run_case
+from kit.timeout import DEFAULT_S
+
+PROG = "python -m kit"
 
 
-def main(argv=None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m kit")
-    sub = parser.add_subparsers(dest="command", required=True)
-    run = sub.add_parser("run", help="run one backend x mode x exec x case and print the verdict")
-    run.add_argument("--backend", required=True, help="backend name or module:attr")
-    run.add_argument("--mode", required=True, type=parse_mode)
-    run.add_argument("--exec", required=True, type=parse_exec, dest="exec_")
+def build_parser() -> Parser:
+    parser = Parser(prog=PROG, description=__doc__)
+    sub = parser.add_subparsers(dest="command", required=True, metavar="{run,list}")
+    run = sub.add_parser("run", prog=f"{PROG} run", help="run one backend x mode x exec x case and print the verdict "
+                                                         "(exit 1 if it fails)")
+    run.add_argument("--backend", required=True, help="a registered backend name, or module:attr of a backend class")
+    run.add_argument("--mode", required=True, help=", ".join(m.value for m in MODES))
+    run.add_argument("--exec", required=True, dest="exec_", help=", ".join(e.value for e in EXECS))
     run.add_argument("--case", required=True, help="case name (see `python -m kit list`)")
     run.add_argument("--device", default=None, help="cpu or cuda (default: cuda when present)")
+    run.add_argument("--timeout", type=float, default=DEFAULT_S,
+                     help=f"seconds after which the run stops as a crash (default {DEFAULT_S:g}; 0: none)")
     run.add_argument("--json", action="store_true", help="print the result record as JSON on the last line")
-    lst = sub.add_parser("list", help="list the cases of a set")
-    lst.add_argument("--case-set", default="auto")
+    lst = sub.add_parser("list", prog=f"{PROG} list", help="list the cases of a set (mode, name, batch, page, dtype, "
+                                                           "heads, head_dim, layout), or the backends")
+    lst.add_argument("--case-set", default="auto", help=f"{', '.join(CASE_SETS)}, or auto (full with CUDA, smoke "
+                                                        f"without; default)")
+    lst.add_argument("--backends", action="store_true",
+                     help="list the registered backends instead: available here or not, and why")
     for p in (run, lst):
         p.add_argument("--cases", default=None, help="case catalog as module:attr (default: the in-box one)")
-    args = parser.parse_args(argv)
-    catalog = load_catalog(args.cases)
+    return parser
 
-    if args.command == "list":
-        for mode in MODES:
-            for case in catalog.cases(args.case_set, mode):
-                print(f"{mode.value:16} {case.name:36} bs={case.bs:<3} page={case.page:<3} {case.dtype} "
-                      f"heads={case.heads} d={case.head_dim} layout={case.layout}")
-        return 0
-    case = catalog.find_case(args.mode, args.case)
-    device = torch.device(args.device) if args.device else None
-    result = run_case(args.backend, case, args.exec_, device=device, catalog=args.cases)
+
+def _list_cases(catalog, case_set: str) -> None:
+    for mode in MODES:
+        for case in catalog.cases(case_set, mode):
+            print(f"{mode.value:16} {case.name:36} bs={case.bs:<3} page={case.page:<3} {case.dtype} "
+                  f"heads={case.heads} d={case.head_dim} layout={case.layout}")
+
+
+def availability(spec: str, catalog, case_set: str) -> str:
+    """`available: ...` or `unavailable: <reason>`, from the backend's own `supports()` over the set."""
+    try:
+        cls = load_backend(spec)
+    except Exception as exc:  # noqa: BLE001 - a backend that cannot load is what this reports
+        return f"unavailable: cannot be loaded ({type(exc).__name__}: {exc})"
+    problem = backend_problem(cls)
+    if problem:
+        return f"unavailable: {problem}"
+    reasons = collections.Counter()
+    runs = 0
+    for mode in MODES:
+        for case in catalog.cases(case_set, mode):
+            try:
+                reason = cls.supports(case) or mode_reason(cls, mode)
+            except Exception as exc:  # noqa: BLE001
+                reason = f"supports() raised {type(exc).__name__}: {exc}"
+            runs += 1
+            if reason:
+                reasons[str(reason)] += 1
+    ok = runs - sum(reasons.values())
+    why = " | ".join(reason for reason, _ in reasons.most_common())
+    if not ok:
+        return f"unavailable: {why or f'no {case_set} cases'}"
+    graph = "graph hooks" if has_graph_hooks(cls) else "eager only (no capture hooks)"
+    return f"available: {ok}/{runs} {case_set} cases, {graph}" + (f"; the others: {why}" if why else "")
+
+
+def _run(args, catalog) -> int:
+    try:
+        mode, exec_ = parse_mode(args.mode), parse_exec(args.exec_)
+        case = catalog.find_case(mode, args.case)
+        device = torch.device(args.device) if args.device else None
+    except KeyError as exc:
+        return fail(PROG, f"{exc.args[0]} (see `python -m kit list`)")
+    except (ValueError, RuntimeError) as exc:
+        return fail(PROG, f"{exc}")
+    if device is not None and device.type == "cuda" and not torch.cuda.is_available():
+        return fail(PROG, f"--device {args.device}: CUDA is not available here (torch {torch.__version__}); "
+                          f"use --device cpu, or leave --device out")
+    result = run_case(args.backend, case, exec_, device=device, catalog=args.cases, timeout=args.timeout)
     if args.json:
         print(json.dumps(dataclasses.asdict(result)))
-        return 1 if result.outcome == FAIL else 0
+        return FAILED if result.outcome == FAIL else 0
     status = result.outcome + (f" [{result.failure_class}]" if result.failure_class else "")
     print(f"{result.test_id}: {status} ({result.exec_detail or '-'}, {result.seconds:.2f}s)")
     if result.message:
         print(result.message)
-    return 1 if result.outcome == FAIL else 0
+    return FAILED if result.outcome == FAIL else 0
+
+
+def main(argv=None) -> int:
+    args = build_parser().parse_args(argv)
+    try:
+        catalog = load_catalog(args.cases)
+        case_set = resolve_set(getattr(args, "case_set", "auto"))
+    except (ImportError, AttributeError, TypeError) as exc:
+        return fail(PROG, f"--cases {args.cases}: {exc}")
+    except ValueError as exc:
+        return fail(PROG, f"{exc}")
+    if args.command == "run":
+        return _run(args, catalog)
+    if args.backends:
+        for name in known_backends():
+            print(f"{name:14} {availability(name, catalog, case_set)}")
+    else:
+        _list_cases(catalog, case_set)
+    return 0
 
 
 if __name__ == "__main__":

@@ -2,6 +2,8 @@
 from __future__ import annotations
 
 import dataclasses
+import functools
+import sys
 import zlib
 from typing import Optional, Tuple, Union
 
@@ -50,19 +52,41 @@ class Case:
     hybrid: bool = False
 
     def __post_init__(self):
-        if not self.name or "-" in self.name or " " in self.name:
-            raise ValueError(f"case name {self.name!r}: use letters, digits and _ (test ids split on '-')")
-        if self.dtype not in DTYPES:
-            raise ValueError(f"case {self.name}: dtype {self.dtype!r} not in {list(DTYPES)}")
-        if self.layout not in LAYOUTS:
-            raise ValueError(f"case {self.name}: layout {self.layout!r} not in {LAYOUTS}")
-        if self.page < 1 or not self.prefix or min(self.prefix) < 0:
-            raise ValueError(f"case {self.name}: bad page size or prefix lengths")
-        if not isinstance(self.mode, ForwardMode):
-            raise ValueError(f"case {self.name}: mode {self.mode!r} is not a ForwardMode (e.g. ForwardMode.DECODE)")
-        problem = self.mode.rules.validate(self)
+        problem = self._problem()
         if problem:
-            raise ValueError(f"case {self.name}: {problem}")
+            raise ValueError(f"{_declared_at(self)}: case {self.name!r}: {problem}")
+
+    def _problem(self) -> Optional[str]:
+        """What is wrong with this line, or None: caught here, not later inside the kit or a backend."""
+        if not isinstance(self.name, str) or not self.name or "-" in self.name or " " in self.name:
+            return "use letters, digits and _ in the name (test ids split on '-')"
+        if not isinstance(self.mode, ForwardMode):
+            return f"mode {self.mode!r} is not a ForwardMode (e.g. ForwardMode.DECODE)"
+        if self.dtype not in DTYPES:
+            return f"dtype {self.dtype!r} not in {list(DTYPES)}"
+        if self.layout not in LAYOUTS:
+            return f"layout {self.layout!r} not in {LAYOUTS}"
+        if not _is_int(self.page) or self.page < 1:
+            return f"page {self.page!r} must be an int >= 1"
+        if not isinstance(self.prefix, (tuple, list)) or not self.prefix or not all(
+                _is_int(p) and p >= 0 for p in self.prefix):
+            return f"bad prefix lengths {self.prefix!r}: one int >= 0 per request"
+        if not (_is_int(self.new) or isinstance(self.new, (tuple, list)) and all(_is_int(n) for n in self.new)):
+            return f"new {self.new!r} must be an int or one int per request"
+        if (not isinstance(self.heads, tuple) or len(self.heads) != 2 or not all(_is_int(h) and h >= 1 for h in self.heads)
+                or self.heads[0] % self.heads[1]):
+            return f"heads {self.heads!r} must be (q, kv) ints >= 1 with kv dividing q"
+        if not _is_int(self.head_dim) or self.head_dim < 1:
+            return f"head_dim {self.head_dim!r} must be an int >= 1"
+        if not _is_int(self.topk) or self.topk < 1:
+            return f"topk {self.topk!r} must be an int >= 1"
+        if not _is_int(self.window) or self.window < -1:
+            return f"window {self.window!r} must be an int >= 0, or -1 for none"
+        if not _is_number(self.cap) or self.cap < 0:
+            return f"cap {self.cap!r} must be a number >= 0 (0: no cap)"
+        if self.scale is not None and (not _is_number(self.scale) or self.scale <= 0):
+            return f"scale {self.scale!r} must be a number > 0, or None for 1/sqrt(head_dim)"
+        return self.mode.rules.validate(self)
 
     @property
     def bs(self) -> int:
@@ -94,6 +118,27 @@ class Case:
 
     def with_(self, **changes) -> "Case":
         return dataclasses.replace(self, **changes)
+
+
+def _is_int(value) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool)
+
+
+def _is_number(value) -> bool:
+    return isinstance(value, (int, float)) and not isinstance(value, bool)
+
+
+_NOT_THE_DECLARATION = (__file__, dataclasses.__file__, functools.__file__)
+
+
+def _declared_at(case) -> str:
+    """file:line of the Case(...) call being validated (the first frame outside the case's own
+    generated __init__, dataclasses, functools.partial and this module): where to fix the line."""
+    frame = sys._getframe(1)
+    while frame is not None and (frame.f_code.co_filename in _NOT_THE_DECLARATION
+                                 or frame.f_locals.get("self") is case):
+        frame = frame.f_back
+    return f"{frame.f_code.co_filename}:{frame.f_lineno}" if frame else "<unknown>"
 
 
 _LAYOUT_SUFFIX = {"contiguous": "", "shuffled_pages": "_shuf", "interleaved_pages": "_inter",

@@ -17,19 +17,65 @@ from kit.record import GRAPH, KERNEL
 GUARD_BYTES = 1024
 CANARY = 0xA5
 aten = torch.ops.aten
-FACTORIES = {
-    aten.empty.memory_format, aten.zeros.default, aten.ones.default, aten.full.default, aten.arange.default,
-    aten.arange.start, aten.arange.start_step, aten.empty_like.default, aten.zeros_like.default,
-    aten.ones_like.default, aten.full_like.default, aten.new_empty.default, aten.new_zeros.default,
-    aten.new_ones.default, aten.new_full.default,
-}
+# The factories watched, by how the guarded buffer gets their values: allocated in place of the
+# backend's tensor (torch.empty already applies the deterministic NaN fill), then filled.
+EMPTY = {aten.empty.memory_format, aten.empty_like.default, aten.new_empty.default}
+ZEROS = {aten.zeros.default, aten.zeros_like.default, aten.new_zeros.default}
+ONES = {aten.ones.default, aten.ones_like.default, aten.new_ones.default}
+FULL = {aten.full.default: 1, aten.full_like.default: 1, aten.new_full.default: 2}  # -> fill_value's position
+ARANGE = {aten.arange.default, aten.arange.start, aten.arange.start_step}
+FACTORIES = EMPTY | ZEROS | ONES | set(FULL) | ARANGE
 
 
 @dataclasses.dataclass
 class _Guarded:
-    base: torch.Tensor  # uint8: the tensor's bytes, then GUARD_BYTES of canary
+    base: torch.Tensor  # the backend's tensor, then at least GUARD_BYTES of canary, in one allocation
     nbytes: int
     what: str
+
+    @property
+    def canary(self) -> torch.Tensor:
+        return self.base.view(-1).view(torch.uint8)[self.nbytes:]
+
+
+def _device(args, kwargs) -> torch.device:
+    if kwargs.get("device") is not None:
+        return torch.device(kwargs["device"])
+    if args and isinstance(args[0], torch.Tensor):  # *_like and new_*
+        return args[0].device
+    return torch.get_default_device()
+
+
+def _fill(func, head: torch.Tensor, args) -> None:
+    """Give the guarded tensor the values the factory would have given it."""
+    if func in ZEROS:
+        head.zero_()
+    elif func in ONES:
+        head.fill_(1)
+    elif func in FULL:
+        head.fill_(args[FULL[func]])
+    elif func in ARANGE:
+        torch.arange(*args, out=head)
+
+
+def _guarded_alloc(func, args, kwargs):
+    """The factory's tensor as the head of a larger allocation whose tail is the canary: one
+    allocation of the tensor's size plus GUARD_BYTES, no copy (the old guard allocated the tensor,
+    then a second buffer to copy it into: twice the memory). None where it cannot be guarded."""
+    try:
+        meta = func(*args, **{**kwargs, "device": torch.device("meta")})
+    except (RuntimeError, TypeError, NotImplementedError):
+        return None
+    if not isinstance(meta, torch.Tensor) or meta.numel() == 0 or not meta.is_contiguous():
+        return None
+    extra = -(-GUARD_BYTES // meta.element_size())
+    base = torch.empty(meta.numel() + extra, dtype=meta.dtype, device=_device(args, kwargs))
+    head = base[:meta.numel()].view(meta.shape)
+    _fill(func, head, args)
+    guarded = _Guarded(base, meta.numel() * meta.element_size(),
+                       f"{tuple(meta.shape)} {str(meta.dtype).replace('torch.', '')}")
+    guarded.canary.fill_(CANARY)
+    return head, guarded
 
 
 class _GuardMode(TorchDispatchMode):
@@ -38,16 +84,13 @@ class _GuardMode(TorchDispatchMode):
         self.guarded: List[_Guarded] = []
 
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
-        out = func(*args, **(kwargs or {}))
-        if func not in FACTORIES or not isinstance(out, torch.Tensor) or out.numel() == 0 or not out.is_contiguous():
-            return out
-        nbytes = out.numel() * out.element_size()
-        base = torch.empty(nbytes + GUARD_BYTES, dtype=torch.uint8, device=out.device)
-        base[nbytes:].fill_(CANARY)
-        guarded = base[:nbytes].view(out.dtype).view(out.shape)
-        guarded.copy_(out)
-        self.guarded.append(_Guarded(base, nbytes, f"{tuple(out.shape)} {str(out.dtype).replace('torch.', '')}"))
-        return guarded
+        kwargs = kwargs or {}
+        made = _guarded_alloc(func, args, kwargs) if func in FACTORIES else None
+        if made is None:
+            return func(*args, **kwargs)
+        head, guarded = made
+        self.guarded.append(guarded)
+        return head
 
 
 @dataclasses.dataclass
@@ -82,7 +125,7 @@ class Guard:
     def check(self) -> GuardCheck:
         overruns = []
         for g in self._mode.guarded:
-            changed = int((g.base[g.nbytes:] != CANARY).sum())
+            changed = int((g.canary != CANARY).sum())
             if changed:
                 overruns.append(f"{g.what}: {changed} of the {GUARD_BYTES} bytes past its end changed")
         return GuardCheck(not overruns, overruns)

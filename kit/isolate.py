@@ -9,21 +9,24 @@ from typing import Optional
 from kit.case import Case
 from kit.modes import Exec
 from kit.record import CRASH, FAIL, RunResult, repro_command
+from kit.timeout import GRACE_S
 
-TIMEOUT_S = 600
 
-
-def run_isolated(backend_spec: str, case: Case, exec_: Exec, label: str, catalog: Optional[str] = None) -> RunResult:
+def run_isolated(backend_spec: str, case: Case, exec_: Exec, label: str, catalog: Optional[str] = None,
+                 timeout: Optional[float] = None) -> RunResult:
+    """`timeout`: the run's limit, applied in the subprocess (which records the stage); the
+    subprocess itself is ended if it outlives it by more than the grace period."""
     cmd = [sys.executable, "-m", "kit", "run", "--backend", backend_spec, "--mode", case.mode.value,
-           "--exec", exec_.value, "--case", case.name, "--json"] + (["--cases", catalog] if catalog else [])
+           "--exec", exec_.value, "--case", case.name, "--json", "--timeout", str(timeout or 0)] + (
+           ["--cases", catalog] if catalog else [])
     crashed = RunResult(backend=label, mode=case.mode.value, exec=exec_.value, case=case.name, dtype=case.dtype,
                         outcome=FAIL, failure_class=CRASH,
                         repro=repro_command(backend_spec, case.mode.value, exec_.value, case.name, catalog),
                         isolated=True)
     try:
-        proc = subprocess.run(cmd, capture_output=True, text=True, timeout=TIMEOUT_S)
+        proc = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout and timeout + 2 * GRACE_S)
     except subprocess.TimeoutExpired:
-        crashed.message = f"subprocess timed out after {TIMEOUT_S}s"
+        crashed.message = f"timeout after {timeout:g} s: the subprocess was stuck and ended"
         return crashed
     lines = proc.stdout.strip().splitlines()
     if proc.returncode in (0, 1) and lines:

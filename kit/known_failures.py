@@ -12,10 +12,12 @@ from kit.modes import EXECS, MODES
 from kit.record import FAIL, FAILURE_CLASSES as CLASSES
 
 BEGIN, END = "<!-- known-failures:begin -->", "<!-- known-failures:end -->"
-COLUMNS = ("id", "backend", "mode", "exec", "case", "class", "mark", "reason", "link")
+COLUMNS = ("id", "backend", "mode", "exec", "case", "device", "class", "mark", "reason", "link")
 XFAIL, QUARANTINE = "xfail", "quarantine"
-ROW_TEMPLATE = "| KF-<n> | <backend> | <mode or *> | <eager|graph|*> | <case glob> | " \
-               "<kernel|graph|kv-write|crash> | <xfail|quarantine> | <reason> | <link> |"
+ROW_TEMPLATE = "| KF-<n> | <backend> | <mode or *> | <eager|graph|*> | <case glob> | <device glob, e.g. *H100* or *> | " \
+               "<kernel|graph|kv-write|crash> | <xfail|quarantine> | <reason> | <link: URL or repo path> |"
+# An upstream issue or PR (a URL), or a file in the repo that shows the failure (a path, maybe with #anchor).
+LINK = re.compile(r"https?://[\w.-]+\.\w+\S*|(?!/|\.\./)[\w.-]+(/[\w.-]+)*(\.\w+|/[\w.-]+)/?(#\S+)?")
 
 
 class KnownFailuresError(ValueError):
@@ -29,15 +31,21 @@ class KnownFailure:
     mode: str
     exec: str
     case: str
+    device: str
     failure_class: str
     mark: str
     reason: str
     link: str
     where: str  # path:line, for messages
 
-    def matches(self, backend: str, mode: str, exec_: str, case: str) -> bool:
+    def matches(self, backend: str, mode: str, exec_: str, case: str, device: str) -> bool:
         return all(fnmatch.fnmatchcase(value, pattern) for value, pattern in (
-            (backend, self.backend), (mode, self.mode), (exec_, self.exec), (case, self.case)))
+            (backend, self.backend), (mode, self.mode), (exec_, self.exec), (case, self.case),
+            (device, self.device)))
+
+    def matches_record(self, record: Dict) -> bool:
+        return self.matches(record["backend"], record["mode"], record["exec"], record["case"],
+                            record.get("device", ""))
 
 
 def _cells(line: str) -> List[str]:
@@ -62,9 +70,11 @@ def _problems(cells: List[str], seen_ids) -> List[str]:
         out.append(f"class {row['class']!r} is not one of {', '.join(CLASSES)}")
     if row["mark"] not in (XFAIL, QUARANTINE):
         out.append(f"mark {row['mark']!r} is not xfail or quarantine")
-    for field in ("backend", "case", "reason", "link"):
+    for field in ("backend", "case", "device", "reason", "link"):
         if not row[field]:
             out.append(f"empty {field}")
+    if row["link"] and not LINK.fullmatch(row["link"]):
+        out.append(f"link {row['link']!r} is neither a URL nor a repo path")
     return out
 
 
@@ -90,7 +100,7 @@ def parse(text: str, path: str = "KNOWN_FAILURES.md") -> List[KnownFailure]:
             continue
         row = dict(zip(COLUMNS, cells))
         seen.add(row["id"])
-        entries.append(KnownFailure(row["id"], row["backend"], row["mode"], row["exec"], row["case"],
+        entries.append(KnownFailure(row["id"], row["backend"], row["mode"], row["exec"], row["case"], row["device"],
                                     row["class"], row["mark"], row["reason"], row["link"], where))
     if errors:
         raise KnownFailuresError("\n".join(errors))
@@ -98,16 +108,19 @@ def parse(text: str, path: str = "KNOWN_FAILURES.md") -> List[KnownFailure]:
 
 
 def load(path) -> List[KnownFailure]:
-    return parse(Path(path).read_text(), str(path))
+    path = Path(path)
+    if not path.is_file():
+        raise KnownFailuresError(f"{path}: no such file; fix: restore it (git checkout -- {path.name}) "
+                                 f"or name another with --known-failures")
+    return parse(path.read_text(), str(path))
 
 
-def match(entries: Sequence[KnownFailure], backend: str, mode: str, exec_: str,
-          case: str) -> Optional[KnownFailure]:
-    """The first entry whose patterns match this run, if any."""
-    for entry in entries:
-        if entry.matches(backend, mode, exec_, case):
-            return entry
-    return None
+def match(entries: Sequence[KnownFailure], backend: str, mode: str, exec_: str, case: str,
+          device: str) -> Optional[KnownFailure]:
+    """The entry for this run, if any: a quarantine entry wins over xfail entries (the run must
+    not take its process down, whatever the table's order), else the first match."""
+    found = [e for e in entries if e.matches(backend, mode, exec_, case, device)]
+    return next((e for e in found if e.mark == QUARANTINE), found[0] if found else None)
 
 
 def is_expected(entry: Optional[KnownFailure], outcome: str, failure_class: Optional[str]) -> bool:
@@ -118,5 +131,6 @@ def is_expected(entry: Optional[KnownFailure], outcome: str, failure_class: Opti
 
 def covering(entries: Sequence[KnownFailure], record: Dict) -> Optional[KnownFailure]:
     """The entry a results record is the expected failure of, if any."""
-    entry = match(entries, record["backend"], record["mode"], record["exec"], record["case"])
+    entry = match(entries, record["backend"], record["mode"], record["exec"], record["case"],
+                  record.get("device", ""))
     return entry if is_expected(entry, record["outcome"], record.get("failure_class")) else None

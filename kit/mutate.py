@@ -16,31 +16,41 @@ import sys
 
 import torch
 
-from kit.catalog import resolve_set
+from kit.catalog import load_catalog, resolve_set
+from kit.cli import Parser, fail
 from kit.mutation import score_all, worker
 from kit.registry import import_target, load_backend
 from kit.results import environment, versions
 from matrix.mutation import table
 
+PROG = "python -m kit.mutate"
+
 
 def main(argv=None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m kit.mutate", description=__doc__,
-                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = Parser(prog=PROG, description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--catalog", default="tests.mutants:MUTANTS", help="the mutant catalog (module:attr)")
     parser.add_argument("--cases", default=None, help="the case catalog (module:attr; default: the in-box one)")
-    parser.add_argument("--case-set", default="auto")
+    parser.add_argument("--case-set", default="auto", help="smoke, full, or auto (full with CUDA, smoke without)")
     parser.add_argument("--only", default="", help="comma-separated mutant names")
     parser.add_argument("--cpu-only", action="store_true", help="only the mutants the CPU can catch")
-    parser.add_argument("-j", "--jobs", type=int, default=os.cpu_count() or 1)
+    parser.add_argument("-j", "--jobs", type=int, default=os.cpu_count() or 1,
+                        help="mutants scored at once, each in its own process (default: one per CPU)")
     parser.add_argument("--json", help="write the scores here")
     parser.add_argument("--stop-when-caught", action="store_true", help="stop a mutant at its first catch")
     parser.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
+    try:
+        case_set = resolve_set(args.case_set)
+        mutants = list(import_target(args.catalog))
+        load_catalog(args.cases)
+    except ValueError as exc:
+        return fail(PROG, str(exc))
+    except (ImportError, AttributeError, TypeError) as exc:
+        return fail(PROG, f"--catalog {args.catalog} / --cases {args.cases}: {exc}")
     if args.worker:
-        worker(args.catalog, args.only, resolve_set(args.case_set), args.stop_when_caught, args.cases)
+        worker(args.catalog, args.only, case_set, args.stop_when_caught, args.cases)
         return 0
 
-    mutants = list(import_target(args.catalog))
     if args.only:
         wanted = set(args.only.split(","))
         unknown = wanted - {m.name for m in mutants}
@@ -50,7 +60,6 @@ def main(argv=None) -> int:
     on_gpu = torch.cuda.is_available()
     if args.cpu_only or not on_gpu:
         mutants = [m for m in mutants if m.cpu]
-    case_set = resolve_set(args.case_set)
     scores = score_all(mutants, args.catalog, case_set, args.jobs, args.stop_when_caught, args.cases)
     env = dict(environment(), versions={})
     for m in mutants:

@@ -148,6 +148,16 @@ def graph_protocol(backend_cls) -> Optional[str]:
     return None
 
 
+def backend_problem(obj) -> Optional[str]:
+    """Why `obj` cannot be a backend before anything runs (not a class, or no `supports`, the
+    first thing the kit calls), or None. The instance methods fail at their own stage."""
+    if not isinstance(obj, type):
+        return f"a {type(obj).__name__}, not a backend class (see 'Adding a backend' in the README)"
+    if not callable(getattr(obj, "supports", None)):
+        return f"the class {obj.__name__} has no `supports` classmethod (see 'Adding a backend' in the README)"
+    return None
+
+
 def has_graph_hooks(backend_cls) -> bool:
     return graph_protocol(backend_cls) is not None
 

@@ -11,18 +11,22 @@ import shutil
 import sys
 import time
 from pathlib import Path
+from typing import List, Optional
 
 import pytest
 
 from kit import known_failures
 from kit.catalog import load_catalog, resolve_set
 from kit.modes import EXECS, MODES, parse_exec, parse_mode
-from kit.record import CRASH, FAIL, RunResult, parse_run_id, repro_command, run_id
+from kit.record import (COMPLETE, CRASH, FAIL, INTERRUPTED, RUNNING, RunResult, parse_run_id, record_id,
+                        repro_command, run_id)
 from kit.registry import UnknownBackend, backend_label, known_backends, load_backend
-from kit.results import REPO, to_record, versions, write_results
+from kit.results import REPO, device_name, to_record, versions, write_results
+from kit.timeout import DEFAULT_S
 
 RECORD_KEY = "conformance_record"
 WRITE_EVERY_S = 2.0  # an interrupted run keeps what finished
+RUN_TIMEOUT = pytest.StashKey[float]()
 
 
 class KnownFailureHit(Exception):
@@ -54,21 +58,31 @@ def _known_failures(path):
 
 
 def _selection(config):
-    """Parsed options; a bad value is a usage error that says what is known or how to fix it."""
+    """Parsed options; a bad value is a usage error, one line naming the option and the fix."""
     opt = config.getoption
+
+    def parsed(option, parse, *values, fix=""):
+        try:
+            return parse(*values)
+        except (UnknownBackend, ValueError, ImportError, AttributeError, TypeError) as exc:
+            hint = f"; {fix}" if fix and not isinstance(exc, UnknownBackend) else ""  # that one lists the known
+            raise pytest.UsageError(f"{option}: {exc}{hint}") from None
+
     specs = _csv(opt("--backend")) or known_backends()
-    try:
-        return dict(
-            labels={spec: backend_label(spec) for spec in specs},
-            modes=[parse_mode(m) for m in _csv(opt("--mode"))] or list(MODES),
-            execs=[parse_exec(e) for e in _csv(opt("exec_"))] or list(EXECS),
-            case_set=resolve_set(opt("--case-set")),
-            catalog_target=opt("--cases"),
-            catalog=load_catalog(opt("--cases")),
-            known=_known_failures(opt("--known-failures")),
-        )
-    except (UnknownBackend, ValueError, ImportError, AttributeError, TypeError) as exc:
-        raise pytest.UsageError(str(exc)) from None
+    labels = {spec: parsed(f"--backend {spec}", backend_label, spec,
+                           fix=f"give a registered name ({', '.join(known_backends())}) or module:attr of a "
+                               f"backend class that imports") for spec in specs}
+    return dict(
+        labels=labels,
+        modes=parsed("--mode", lambda: [parse_mode(m) for m in _csv(opt("--mode"))] or list(MODES)),
+        execs=parsed("--exec", lambda: [parse_exec(e) for e in _csv(opt("exec_"))] or list(EXECS)),
+        case_set=parsed("--case-set", resolve_set, opt("--case-set")),
+        catalog_target=opt("--cases"),
+        catalog=parsed(f"--cases {opt('--cases')}", load_catalog, opt("--cases"),
+                       fix="give module:attr of a kit.catalog.Catalog that imports"),
+        known=parsed("--known-failures", _known_failures, opt("--known-failures")),
+        device=device_name(),
+    )
 
 
 def pytest_generate_tests(metafunc):
@@ -80,7 +94,8 @@ def pytest_generate_tests(metafunc):
         for mode in sel["modes"]:
             for exec_ in sel["execs"]:
                 for case in sel["catalog"].cases(sel["case_set"], mode):
-                    entry = known_failures.match(sel["known"], label, mode.value, exec_.value, case.name)
+                    entry = known_failures.match(sel["known"], label, mode.value, exec_.value, case.name,
+                                                 sel["device"])
                     marks = [] if entry is None else [pytest.mark.xfail(
                         strict=True, raises=KnownFailureHit,
                         reason=f"{entry.id} expects [{entry.failure_class}]: {entry.reason} ({entry.where})")]
@@ -88,6 +103,32 @@ def pytest_generate_tests(metafunc):
                     params.append(pytest.param(run, marks=marks,
                                                id=run_id(label, mode.value, exec_.value, case.name)))
     metafunc.parametrize("conformance_run", params)
+
+
+def _default_timeout(config) -> None:
+    """pytest-timeout's limit is kit.timeout.DEFAULT_S unless --timeout, PYTEST_TIMEOUT or the `timeout`
+    ini value say otherwise (0: none): a hung backend must not hang the run."""
+    try:
+        ini = config.getini("timeout")
+    except ValueError:  # pytest-timeout disabled (-p no:timeout)
+        return
+    if config.getoption("timeout", None) is None and not os.environ.get("PYTEST_TIMEOUT") and not ini:
+        config.option.timeout = DEFAULT_S
+
+
+@pytest.hookimpl(tryfirst=True, optionalhook=True)
+def pytest_timeout_set_timer(item, settings):
+    """A conformance run applies the limit itself (kit.timeout, in the runner), so that a run past
+    it is recorded as a crash at its stage and the session goes on; other tests keep pytest-timeout's."""
+    if _run_of(item.nodeid) is None:
+        return None
+    item.stash[RUN_TIMEOUT] = settings.timeout
+    return True
+
+
+def run_timeout(item) -> Optional[float]:
+    """The time limit of a conformance run, in seconds (None: none)."""
+    return item.stash.get(RUN_TIMEOUT, None)
 
 
 def _last_words_path(results_path, nodeid: str) -> Path:
@@ -117,8 +158,24 @@ def _end_process(config, nodeid: str, result) -> None:
     os._exit(70)
 
 
+def _run_of(nodeid: str) -> Optional[str]:
+    """The run id of a conformance test's node id, None for the kit's other tests."""
+    if "::test_conformance[" not in nodeid:
+        return None
+    return nodeid.split("[", 1)[1].rstrip("]")
+
+
+def _catalog_ids(sel) -> List[str]:
+    """Every run the catalog has for this case set: each registered backend (and each one named on
+    the command line), every mode and exec. A results file lacking some of them is partial."""
+    labels = sorted(set(known_backends()) | set(sel["labels"].values()))
+    return [run_id(label, mode.value, exec_.value, case.name) for label in labels for mode in MODES
+            for exec_ in EXECS for case in sel["catalog"].cases(sel["case_set"], mode)]
+
+
 class _Recorder:
-    """Collects records from call reports (on the xdist controller they arrive from workers)."""
+    """Collects records from reports (on the xdist controller they arrive from workers), and
+    writes them with what the session selected and how it ended (kit.record.ResultsFile)."""
 
     def __init__(self, config):
         self.config = config
@@ -126,19 +183,47 @@ class _Recorder:
         self.writes = bool(self.path) and not hasattr(config, "workerinput")  # the controller, or a plain run
         self.records = {}
         self.last_write = 0.0
+        self.selected: Optional[List[str]] = None  # run ids, once collection is known
+        self.started = False  # runs began: from then on the file is this session's
         self.spec_of = {label: spec for spec, label in config._conformance_selection["labels"].items()}
+        self.catalog = _catalog_ids(config._conformance_selection) if self.writes else []
+
+    def _select(self, nodeids) -> None:
+        if self.selected is None:
+            self.selected = [rid for rid in map(_run_of, nodeids) if rid is not None]
+
+    def pytest_collection_finish(self, session):
+        self._select(item.nodeid for item in session.items)
+
+    @pytest.hookimpl(optionalhook=True)
+    def pytest_xdist_node_collection_finished(self, node, ids):
+        self._select(ids)  # the controller collects nothing itself: a worker's (selected) ids
+        self._start()
+
+    @pytest.hookimpl(hookwrapper=True)
+    def pytest_runtestloop(self, session):
+        if self.selected is not None and not session.config.option.collectonly:
+            self._start()
+        yield
+
+    def _start(self) -> None:
+        """Mark the file as this session's before the first run: a process that dies without a word
+        (os._exit) then leaves a `running` file, never the previous run's results."""
+        if self.selected and not self.started:
+            self.started = True
+            self._write(RUNNING)
 
     def pytest_runtest_logreport(self, report):
-        if report.when == "call":
-            for key, value in report.user_properties:
-                if key == RECORD_KEY:
-                    self.records[report.nodeid] = json.loads(value)
-        elif report.when == "???" and report.failed and "test_conformance[" in report.nodeid:
-            self.records[report.nodeid] = self._crash_record(report)  # xdist: the worker died
-        else:
+        if _run_of(report.nodeid) is None:
             return
+        record = next((json.loads(v) for k, v in report.user_properties if k == RECORD_KEY), None)
+        if record is None and report.failed and report.nodeid not in self.records:
+            record = self._crash_record(report)  # the worker died, or the test failed before its verdict
+        if record is None:
+            return
+        self.records[report.nodeid] = record
         if time.monotonic() - self.last_write > WRITE_EVERY_S:
-            self._write()
+            self._write(RUNNING)
 
     def _crash_record(self, report):
         if self.path:
@@ -148,26 +233,36 @@ class _Recorder:
                 lost.unlink()
                 return record
         sel = self.config._conformance_selection
-        label, mode, exec_, name = parse_run_id(report.nodeid.split("[", 1)[1].rstrip("]"))
+        label, mode, exec_, name = parse_run_id(_run_of(report.nodeid))
         case = sel["catalog"].find_case(parse_mode(mode), name)
         spec = self.spec_of.get(label, label)
+        if report.when == "???":  # xdist: the worker died
+            message = f"the test process died (a hard crash, or stuck past the time limit): {report.longrepr}"
+        else:
+            last = (report.longreprtext.strip().splitlines() or ["?"])[-1]
+            message = f"the run ended without a verdict ({report.when}): {last}"
         result = RunResult(backend=label, mode=mode, exec=exec_, case=name, dtype=case.dtype, outcome=FAIL,
-                           failure_class=CRASH, message=f"the test process died: {report.longrepr}",
+                           failure_class=CRASH, message=message,
                            repro=repro_command(spec, mode, exec_, name, sel["catalog_target"]),
                            versions=versions(load_backend(spec)))
         return to_record(result)
 
-    def _write(self):
-        if self.writes:
-            write_results(self.path, list(self.records.values()))
+    def _write(self, status: str) -> None:
+        if self.writes and (self.started or self.records):  # never for --co or a run that selected nothing
+            write_results(self.path, list(self.records.values()),
+                          run=dict(status=status, selected=self.selected or [], catalog=self.catalog))
             self.last_write = time.monotonic()
 
-    def pytest_sessionfinish(self, session):
-        self._write()
+    def pytest_sessionfinish(self, session, exitstatus):
+        recorded = {record_id(r) for r in self.records.values()}
+        whole = exitstatus in (pytest.ExitCode.OK, pytest.ExitCode.TESTS_FAILED) and recorded >= set(self.selected or [])
+        self._write(COMPLETE if whole else INTERRUPTED)
         if self.writes:
             shutil.rmtree(f"{self.path}.lost", ignore_errors=True)
 
 
+@pytest.hookimpl(tryfirst=True)
 def pytest_configure(config):
+    _default_timeout(config)
     config._conformance_selection = _selection(config)
     config.pluginmanager.register(_Recorder(config), "conformance-recorder")

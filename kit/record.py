@@ -79,10 +79,63 @@ def repro_command(backend: str, mode: str, exec_: str, case: str, catalog: Optio
     return "python -m kit run " + " ".join(shlex.quote(a) for a in args)
 
 
+# A results file's `run`: what the session selected and how it ended. `running` while it writes
+# as it goes (a process killed mid-run leaves that), `interrupted` when it ended early.
+COMPLETE, INTERRUPTED, RUNNING = "complete", "interrupted", "running"
+
+
+class ResultsError(ValueError):
+    """A results file that cannot be read; one line: the path, the problem, the fix."""
+
+
+@dataclasses.dataclass
+class ResultsFile:
+    path: str
+    records: List[Dict]
+    status: str = COMPLETE
+    # Run ids this session selected, and every run id the catalog has for its case set and the
+    # registered backends. None: not recorded (files written before the `run` section).
+    selected: Optional[List[str]] = None
+    catalog: Optional[List[str]] = None
+
+    @property
+    def has_run_list(self) -> bool:
+        return self.selected is not None and self.catalog is not None
+
+    def missing(self, wanted: Optional[List[str]]) -> List[str]:
+        """Run ids of `wanted` without a record here."""
+        have = {record_id(r) for r in self.records}
+        return [rid for rid in wanted or [] if rid not in have]
+
+    def not_selected(self) -> set:
+        """Catalog runs this session left out on purpose (narrowed by options)."""
+        return set(self.catalog or []) - set(self.selected or [])
+
+
+def read_results_file(path) -> ResultsFile:
+    """A results file written by kit.results.write_results, or ResultsError saying what is wrong."""
+    p = Path(path)
+    fix = "regenerate it with `python -m pytest ... --results-json` (README, Run)"
+    if not p.exists():
+        raise ResultsError(f"{path}: no such results file; check the path (a run writes it with --results-json)")
+    if not p.is_file():
+        raise ResultsError(f"{path}: is a directory, not a results file; name the .json file in it")
+    try:
+        doc = json.loads(p.read_text())
+    except (UnicodeDecodeError, json.JSONDecodeError) as exc:
+        raise ResultsError(f"{path}: not a results file (bad JSON: {exc}; truncated?); {fix}") from None
+    if not isinstance(doc, dict) or doc.get("schema") != SCHEMA:
+        schema = doc.get("schema") if isinstance(doc, dict) else None
+        raise ResultsError(f"{path}: results schema {schema!r}, expected {SCHEMA}; {fix}")
+    records, run = doc.get("records"), doc.get("run", {})
+    if not isinstance(records, list) or not all(isinstance(r, dict) and _RECORD_KEYS <= set(r) for r in records):
+        raise ResultsError(f"{path}: records missing or malformed (each needs {', '.join(sorted(_RECORD_KEYS))}); {fix}")
+    return ResultsFile(str(path), records, run.get("status", COMPLETE), run.get("selected"), run.get("catalog"))
+
+
+_RECORD_KEYS = {"backend", "mode", "exec", "case", "outcome", "device"}
+
+
 def read_results(path) -> List[Dict]:
-    """The records of a results file written by kit.results.write_results."""
-    doc = json.loads(Path(path).read_text())
-    if doc.get("schema") != SCHEMA:
-        raise ValueError(f"{path}: results schema {doc.get('schema')!r}, expected {SCHEMA}; "
-                         f"regenerate it with this kit")
-    return doc["records"]
+    """The records of a results file (see read_results_file)."""
+    return read_results_file(path).records

@@ -10,7 +10,7 @@ import platform
 import subprocess
 import tempfile
 from pathlib import Path
-from typing import Dict, List
+from typing import Dict, List, Optional
 
 import torch
 
@@ -62,11 +62,14 @@ def to_record(result: RunResult) -> Dict:
     return {**dataclasses.asdict(result), **environment()}
 
 
-def write_results(path: str, records: List[Dict]) -> None:
-    """Atomic: readers never see a half-written file."""
+def write_results(path: str, records: List[Dict], run: Optional[Dict] = None) -> None:
+    """Atomic: readers never see a half-written file. `run`: what the session selected and how it
+    ended (kit.record.ResultsFile's status, selected, catalog)."""
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     doc = {"schema": SCHEMA, "records": sorted(records, key=lambda r: (r["backend"], r["mode"], r["exec"], r["case"]))}
+    if run is not None:
+        doc["run"] = run
     fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=path.name, suffix=".tmp")
     with os.fdopen(fd, "w") as f:
         json.dump(doc, f, indent=1, sort_keys=True)

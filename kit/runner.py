@@ -15,11 +15,12 @@ from kit.guard import Guard
 from kit.judge import Verdict, eager_verdict, replay_failure, replay_verdict
 from kit.modes import Exec
 from kit.nan_fill import nan_filled_allocations
-from kit.protocol import NO_CAPTURE_HOOKS, BackendContext, has_graph_hooks, mode_reason
+from kit.protocol import NO_CAPTURE_HOOKS, BackendContext, backend_problem, has_graph_hooks, mode_reason
 from kit.record import CRASH, EAGER, FAIL, PASS, UNSUPPORTED, RunResult, repro_command
 from kit.registry import load_backend
 from kit.results import versions
 from kit.schedule import batches
+from kit.timeout import RunTimeout, time_limit
 
 
 def default_device() -> torch.device:
@@ -47,7 +48,9 @@ def _call(stage: str, fn, *args, **kwargs):
         if torch.cuda.is_available():
             torch.cuda.synchronize()  # surface device faults here, not in the next case
         return result
-    except Exception as exc:  # noqa: BLE001 - every backend error is a verdict
+    except KeyboardInterrupt:
+        raise  # the user stops the session (what finished is kept)
+    except BaseException as exc:  # noqa: BLE001 - every backend error is a verdict: sys.exit and timeouts too
         raise _Crash(stage, exc) from exc
 
 
@@ -102,8 +105,10 @@ def _eager(backend, fx: Fixture) -> Verdict:
 
 
 def run_case(backend_spec: str, case: Case, exec_: Exec, device: Optional[torch.device] = None,
-             label: Optional[str] = None, catalog: Optional[str] = None) -> RunResult:
-    """`catalog`: the catalog target the case came from, named in the repro when not the in-box one."""
+             label: Optional[str] = None, catalog: Optional[str] = None,
+             timeout: Optional[float] = None) -> RunResult:
+    """`catalog`: the catalog target the case came from, named in the repro when not the in-box one;
+    `timeout`: seconds after which the run stops as a crash (kit.timeout)."""
     device = device or default_device()
     result = RunResult(backend=label or backend_spec, mode=case.mode.value, exec=exec_.value, case=case.name,
                        dtype=case.dtype, outcome=PASS,
@@ -111,12 +116,18 @@ def run_case(backend_spec: str, case: Case, exec_: Exec, device: Optional[torch.
     start = time.perf_counter()
     result.versions = versions()
     try:
-        cls = _call("loading backend", load_backend, backend_spec)
-        result.versions = _call("versions()", versions, cls)
-        _run(cls, case, exec_, device, result)
+        with time_limit(timeout):
+            cls = _call("loading backend", load_backend, backend_spec)
+            problem = backend_problem(cls)
+            if problem:
+                raise _Crash("loading backend", TypeError(f"{backend_spec}: {problem}"))
+            result.versions = _call("versions()", versions, cls)
+            _run(cls, case, exec_, device, result)
     except _Crash as crash:
         result.outcome, result.failure_class, result.message = FAIL, CRASH, str(crash)
         result.device_lost = crash.device_lost
+    except RunTimeout as exc:  # in the kit's own code, between backend calls
+        result.outcome, result.failure_class, result.message = FAIL, CRASH, f"{exc} in the kit, between backend calls"
     result.seconds = round(time.perf_counter() - start, 4)
     return result
 

@@ -1,53 +1,84 @@
 """python -m matrix write | check — the README tables from results, and the gate."""
 from __future__ import annotations
 
-import argparse
 import sys
 from pathlib import Path
 
+from kit.cli import FAILED, Parser, fail
 from kit.known_failures import KnownFailuresError, load
 from matrix import gate, readme
 
 REPO = Path(__file__).resolve().parent.parent
+PROG = "python -m matrix"
 
 
-def main(argv=None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m matrix")
-    parser.add_argument("command", choices=("write", "check"))
-    parser.add_argument("--readme", default=str(REPO / "README.md"))
-    parser.add_argument("--known-failures", default=str(REPO / "KNOWN_FAILURES.md"))
-    parser.add_argument("--results-dir", default=str(REPO / "results"),
-                        help="committed results files (*.json) the tables are made from")
-    parser.add_argument("--fresh", action="append", default=[],
-                        help="check: results of a run just made (repeatable)")
-    args = parser.parse_args(argv)
+def build_parser() -> Parser:
+    common = Parser(add_help=False)
+    common.add_argument("--readme", default=str(REPO / "README.md"),
+                        help="the README whose generated blocks are written or checked (default: the kit's)")
+    common.add_argument("--known-failures", default=str(REPO / "KNOWN_FAILURES.md"),
+                        help="the known-failures table (default: the kit's KNOWN_FAILURES.md)")
+    common.add_argument("--results-dir", default=str(REPO / "results"),
+                        help="committed results files (*.json, and mutation/*.json) the tables are made from "
+                             "(default: the kit's results/)")
+    parser = Parser(prog=PROG, description=__doc__)
+    sub = parser.add_subparsers(dest="command", required=True, metavar="{write,check}")
+    sub.add_parser("write", parents=[common], prog=f"{PROG} write",
+                   help="write the README's matrix and mutation tables from the committed results; refuses "
+                        "an unreadable or partial results file")
+    check = sub.add_parser("check", parents=[common], prog=f"{PROG} check",
+                           help="the gate: fails, one line per problem, on stale tables, uncovered failures, stale "
+                                "known failures, and fresh results that are interrupted or disagree with the "
+                                "committed ones")
+    check.add_argument("--fresh", action="append", default=[], metavar="FILE",
+                       help="results of a run just made (repeatable): each must be a whole run, every failure "
+                            "known, verdicts equal to the committed results of its device")
+    return parser
 
-    if args.command == "write":
-        try:
-            entries = load(args.known_failures)
-        except KnownFailuresError as exc:
-            print(exc, file=sys.stderr)
-            return 1
-        problems = []
-        committed = gate.committed_results(args.results_dir, problems)
-        if problems:
-            print("\n".join(problems), file=sys.stderr)
-            return 1
-        path = Path(args.readme)
-        text = path.read_text()
-        for _, begin, end, block in gate.readme_blocks(committed, entries, args.results_dir):
-            text = readme.replace(text, block, str(path), begin, end)
-        path.write_text(text)
-        print(f"wrote {len(committed)} results file(s) and the mutation scores into {path}")
-        return 0
 
+def _write(args) -> int:
+    problems = []
+    try:
+        entries = load(args.known_failures)
+    except KnownFailuresError as exc:
+        problems += str(exc).splitlines()
+        entries = []
+    committed = gate.committed_results(args.results_dir, problems)
+    blocks = gate.readme_blocks(committed, entries, args.results_dir, problems)
+    if problems:
+        print("\n".join(f"matrix write: {p}" for p in problems), file=sys.stderr)
+        return FAILED
+    path = Path(args.readme)
+    text = path.read_text()
+    for _, begin, end, block in blocks:
+        text = readme.replace(text, block, str(path), begin, end)
+    path.write_text(text)
+    print(f"wrote {len(committed)} results file(s) and the mutation scores into {path}")
+    return 0
+
+
+def _check(args) -> int:
     problems = gate.check(args.readme, args.known_failures, args.results_dir, args.fresh)
     for p in problems:
         print(f"matrix check: {p}", file=sys.stderr)
     if problems:
-        return 1
+        return FAILED
     print(f"matrix check: ok ({len(args.fresh)} fresh results file(s) checked against {args.results_dir})")
     return 0
+
+
+def main(argv=None) -> int:
+    args = build_parser().parse_args(argv)
+    if not Path(args.readme).is_file():
+        return fail(PROG, f"--readme {args.readme}: no such file; name the README with the generated blocks")
+    for path in getattr(args, "fresh", []):
+        if not Path(path).is_file():
+            what = "a directory, not a results file" if Path(path).is_dir() else "no such file"
+            return fail(PROG, f"--fresh {path}: {what}; name the file the run wrote with --results-json")
+    try:
+        return _write(args) if args.command == "write" else _check(args)
+    except readme.MarkersMissing as exc:
+        return fail(PROG, f"{exc}; restore them around the generated block", FAILED)
 
 
 if __name__ == "__main__":

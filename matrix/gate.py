@@ -3,23 +3,46 @@ and a fresh run agreeing with the committed results of its device."""
 from __future__ import annotations
 
 import difflib
-import json
 from pathlib import Path
 from typing import Dict, List, Sequence, Tuple
 
 from kit.known_failures import KnownFailuresError, covering, load
-from kit.record import FAIL, PASS, UNSUPPORTED, read_results, record_id as _id, verdict as _verdict
+from kit.record import (COMPLETE, FAIL, PASS, UNSUPPORTED, ResultsError, ResultsFile, read_results_file,
+                        record_id as _id, verdict as _verdict)
 from matrix import mutation, readme
 from matrix.table import render
 
+REGENERATE = "regenerate it with the README's full command for its device (The matrix)"
+
+
+def _first(ids: List[str]) -> str:
+    return f"{ids[0]}{' ...' if len(ids) > 1 else ''}"
+
+
+def _partial(f: ResultsFile) -> str:
+    """Why a committed results file is not a whole run of the catalog, or ''."""
+    if f.status != COMPLETE:
+        return f"{f.path}: partial results: the run that wrote it is {f.status}; {REGENERATE}"
+    lacking = f.missing(f.catalog)
+    if lacking:
+        return (f"{f.path}: partial results: lacks {len(lacking)} of the catalog's {len(f.catalog)} runs "
+                f"for its device (first: {_first(lacking)}); {REGENERATE}")
+    return ""
+
 
 def committed_results(results_dir, problems: List[str]) -> Dict[str, List[Dict]]:
+    """source -> records of each committed results file; a problem for each unreadable or partial one
+    (so `matrix write` never makes tables from a narrowed or interrupted run)."""
     out = {}
     for path in sorted(Path(results_dir).glob("*.json")):
         try:
-            out[f"{Path(results_dir).name}/{path.name}"] = read_results(path)
-        except (ValueError, KeyError, json.JSONDecodeError) as exc:
-            problems.append(f"{path}: unreadable results file: {exc}")
+            f = read_results_file(path)
+        except ResultsError as exc:
+            problems.append(str(exc))
+            continue
+        if _partial(f):
+            problems.append(_partial(f))
+        out[f"{Path(results_dir).name}/{path.name}"] = f.records
     return out
 
 
@@ -27,10 +50,16 @@ def expected_block(results: Dict[str, List[Dict]], entries) -> str:
     return render(results, entries) if results else "No results yet."
 
 
-def readme_blocks(results: Dict[str, List[Dict]], entries, results_dir) -> List[Tuple[str, str, str, str]]:
-    """(what, begin marker, end marker, generated text) of each generated README block."""
-    return [("matrix tables", readme.BEGIN, readme.END, expected_block(results, entries)),
-            ("mutation tables", readme.MUTANTS_BEGIN, readme.MUTANTS_END, mutation.block(results_dir))]
+def readme_blocks(results: Dict[str, List[Dict]], entries, results_dir,
+                  problems: List[str]) -> List[Tuple[str, str, str, str]]:
+    """(what, begin marker, end marker, generated text) of each generated README block that can be
+    made; a problem for each that cannot."""
+    blocks = [("matrix tables", readme.BEGIN, readme.END, expected_block(results, entries))]
+    try:
+        blocks.append(("mutation tables", readme.MUTANTS_BEGIN, readme.MUTANTS_END, mutation.block(results_dir)))
+    except mutation.ScoresError as exc:
+        problems.append(str(exc))
+    return blocks
 
 
 def _stale_readme(readme_path, blocks) -> List[str]:
@@ -58,8 +87,7 @@ def _coverage(records: List[Dict], sources: Dict[int, str], entries) -> List[str
             problems.append(f"uncovered failure: {_id(r)} [{r['failure_class']}] in {sources[id(r)]}: fix it or "
                             f"add a KNOWN_FAILURES.md entry; repro: {r.get('repro', '')}")
     for e in entries:
-        matched = [r for r in records if r["outcome"] != UNSUPPORTED
-                   and e.matches(r["backend"], r["mode"], r["exec"], r["case"])]
+        matched = [r for r in records if r["outcome"] != UNSUPPORTED and e.matches_record(r)]
         passing = [_id(r) for r in matched if r["outcome"] == PASS]
         if not matched:
             problems.append(f"stale known failure: {e.id} ({e.where}) matches no run in the results: "
@@ -70,14 +98,37 @@ def _coverage(records: List[Dict], sources: Dict[int, str], entries) -> List[str
     return problems
 
 
-def _agreement(fresh: List[Dict], committed: Dict[str, List[Dict]]) -> List[str]:
-    """Per device, for the backends this run covered: the same runs with the same verdicts."""
+def _fresh_problems(f: ResultsFile) -> List[str]:
+    """A fresh run must say what it selected, have selected something, and have a record for each."""
+    if not f.has_run_list:
+        return [f"{f.path}: no run list (written by an older kit or by hand); run the suite again with this kit"]
+    if not f.selected:
+        return [f"{f.path}: no runs: the session selected none; check --backend/--mode/--exec/--case-set/-k"]
+    missing = f.missing(f.selected)
+    if f.status != COMPLETE or missing:
+        return [f"{f.path}: interrupted run ({f.status}): {len(f.selected) - len(missing)} of {len(f.selected)} "
+                f"selected runs recorded{f' (first missing: {_first(missing)})' if missing else ''}; run it again "
+                f"to the end (not compared with the committed results)"]
+    return []
+
+
+def _left_out(fresh: List[ResultsFile]) -> set:
+    """Catalog runs the fresh sessions left out by their options (and none of them ran)."""
+    ran = {_id(r) for f in fresh for r in f.records}
+    return set().union(*(f.not_selected() for f in fresh)) - ran
+
+
+def _agreement(fresh: List[ResultsFile], committed: Dict[str, List[Dict]]) -> List[str]:
+    """Per device, for the backends these runs covered: the same runs with the same verdicts
+    (catalog runs the session left out by its options are not compared)."""
     problems = []
-    for device in sorted({r["device"] for r in fresh}):
-        mine = {_id(r): _verdict(r) for r in fresh if r["device"] == device}
-        backends = {r["backend"] for r in fresh if r["device"] == device}
+    records = [r for f in fresh for r in f.records]
+    left_out = _left_out(fresh)
+    for device in sorted({r["device"] for r in records}):
+        mine = {_id(r): _verdict(r) for r in records if r["device"] == device}
+        backends = {r["backend"] for r in records if r["device"] == device}
         theirs = {_id(r): (_verdict(r), src) for src, recs in committed.items() for r in recs
-                  if r["device"] == device and r["backend"] in backends}
+                  if r["device"] == device and r["backend"] in backends and _id(r) not in left_out}
         if not theirs:
             continue  # nothing committed for this device and these backends: nothing to agree with
         for tid in sorted(set(mine) | set(theirs)):
@@ -96,20 +147,31 @@ def check(readme_path, known_path, results_dir, fresh_paths: Sequence[str] = ())
         problems += str(exc).splitlines()
         entries = []
     committed = committed_results(results_dir, problems)
-    problems += _stale_readme(readme_path, readme_blocks(committed, entries, results_dir))
+    problems += _stale_readme(readme_path, readme_blocks(committed, entries, results_dir, problems))
     fresh: List[Dict] = []
+    whole: List[ResultsFile] = []
     sources: Dict[int, str] = {}
     for path in fresh_paths:
-        for r in read_results(path):
+        try:
+            f = read_results_file(path)
+        except ResultsError as exc:
+            problems.append(str(exc))
+            continue
+        trouble = _fresh_problems(f)
+        problems += trouble
+        if not trouble:
+            whole.append(f)
+        for r in f.records:
             fresh.append(r)
             sources[id(r)] = str(path)
     fresh_devices = {r["device"] for r in fresh}
+    left_out = _left_out(whole)
     judged = list(fresh)
     for src, recs in committed.items():
         for r in recs:
-            if r["device"] not in fresh_devices:
+            if r["device"] not in fresh_devices or _id(r) in left_out:  # what no fresh run speaks for
                 judged.append(r)
                 sources[id(r)] = src
     problems += _coverage(judged, sources, entries)
-    problems += _agreement(fresh, committed)
+    problems += _agreement(whole, committed)
     return problems

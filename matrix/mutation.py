@@ -27,11 +27,19 @@ def header(env: Dict, case_set: str, source: str) -> str:
             f"{env['date']} · from `{source}`")
 
 
+class ScoresError(ValueError):
+    """An unreadable mutation scores file; one line: the path, the problem, the fix."""
+
+
 def block(results_dir) -> str:
     """One score table per committed results/mutation/*.json, as that run produced it."""
     parts = []
     for path in sorted((Path(results_dir) / "mutation").glob("*.json")):
-        data = json.loads(path.read_text())
-        parts.append(table(data["scores"], header(data["environment"], data["case_set"],
-                                                  f"results/mutation/{path.name}")))
+        try:
+            data = json.loads(path.read_text())
+            parts.append(table(data["scores"], header(data["environment"], data["case_set"],
+                                                      f"results/mutation/{path.name}")))
+        except (ValueError, KeyError, TypeError, AttributeError) as exc:
+            raise ScoresError(f"{path}: not a mutation scores file ({type(exc).__name__}: {exc}); regenerate it "
+                              f"with `python -m kit.mutate --json {path}`") from None
     return "\n\n".join(parts) or "No mutation scores yet."

@@ -3,17 +3,18 @@ import pytest
 
 from kit.isolate import run_isolated
 from kit.known_failures import QUARANTINE, is_expected
-from kit.pytest_plugin import KnownFailureHit
+from kit.pytest_plugin import KnownFailureHit, run_timeout
 from kit.record import FAIL, UNSUPPORTED
 from kit.runner import run_case
 
 
-def test_conformance(conformance_run, record_conformance):
+def test_conformance(conformance_run, record_conformance, request):
     spec, label, case, exec_, known, catalog = conformance_run
+    timeout = run_timeout(request.node)
     if known is not None and known.mark == QUARANTINE:
-        result = run_isolated(spec, case, exec_, label, catalog)
+        result = run_isolated(spec, case, exec_, label, catalog, timeout=timeout)
     else:
-        result = run_case(spec, case, exec_, label=label, catalog=catalog)
+        result = run_case(spec, case, exec_, label=label, catalog=catalog, timeout=timeout)
     record_conformance(result)
     if result.outcome == UNSUPPORTED:
         pytest.skip(f"unsupported: {result.message}")

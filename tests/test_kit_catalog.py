@@ -1,5 +1,6 @@
 """The case catalog keeps its promises: unique names, and the coverage the kit claims."""
 import json
+import os
 import re
 import shlex
 import subprocess
@@ -64,13 +65,46 @@ def test_smoke_runs_on_cpu_dtypes():
     (dict(mode=ForwardMode.TARGET_VERIFY, new=(2, 2)), "takes one int"),
     (dict(new=2), "exactly one new token"),
     (dict(topk=2), "topk > 1 only applies"),
-    (dict(prefix=(3, -1)), "bad page size or prefix"),
+    (dict(prefix=(3, -1)), "bad prefix lengths"),
+    (dict(prefix=(3.5, 4)), "bad prefix lengths"),
+    (dict(page=0), "page 0 must be an int >= 1"),
+    (dict(head_dim=0), "head_dim 0 must be an int >= 1"),
+    (dict(head_dim=-64), "head_dim -64 must be an int >= 1"),
+    (dict(heads=(8, 3)), "kv dividing q"),
+    (dict(heads=(8, 0)), "kv dividing q"),
+    (dict(mode=ForwardMode.TARGET_VERIFY, new=2, topk=0), "topk 0 must be an int >= 1"),
+    (dict(window=-2), "window -2 must be an int >= 0, or -1"),
+    (dict(cap=-1.0), "cap -1.0 must be a number >= 0"),
+    (dict(scale=0.0), "scale 0.0 must be a number > 0"),
+    (dict(scale=-0.1), "scale -0.1 must be a number > 0"),
+    (dict(mode="decode"), "is not a ForwardMode"),
+    (dict(mode=ForwardMode.EXTEND, new=(1, 2.5)), "must be an int or one int per request"),
 ], ids=lambda v: v if isinstance(v, str) else None)
 def test_case_rejects_bad_lines(bad, message):
-    """A malformed case line fails at import, saying what is wrong."""
+    """A malformed case line fails where it is declared (file:line), saying what is wrong,
+    instead of failing later inside the kit or being blamed on a backend."""
     fields = dict(name="ok", mode=ForwardMode.DECODE, prefix=(3, 4))
-    with pytest.raises(ValueError, match=re.escape(message)):
-        Case(**{**fields, **bad})
+    with pytest.raises(ValueError, match=re.escape(message)) as err:
+        Case(**{**fields, **bad})  # the line the error must name
+    assert str(err.value).startswith(f"{__file__}:{_line_of('Case(**{**fields, **bad})')}: case ")
+
+
+def _line_of(text: str) -> int:
+    return next(n for n, line in enumerate(Path(__file__).read_text().splitlines(), 1)
+                if line.strip().startswith(text))
+
+
+def test_case_error_names_the_catalog_line(tmp_path):
+    """A case made through a partial (as cases/*.py make them) or with_() is blamed on the
+    catalog's own line, not on the kit."""
+    (tmp_path / "bad_cases.py").write_text(
+        "from functools import partial\nfrom kit.case import Case\nfrom kit.modes import ForwardMode\n"
+        "C = partial(Case, mode=ForwardMode.DECODE)\nOK = C('ok', prefix=(3,))\n"
+        "BAD = OK.with_(head_dim=0)\n")
+    proc = subprocess.run([sys.executable, "-c", "import bad_cases"], cwd=tmp_path, capture_output=True, text=True,
+                          env={**os.environ, "PYTHONPATH": str(REPO)})
+    assert f"ValueError: {tmp_path / 'bad_cases.py'}:6: case 'ok': head_dim 0 must be an int >= 1" in proc.stderr, \
+        proc.stderr
 
 
 def test_run_id_round_trips():

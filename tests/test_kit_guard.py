@@ -1,7 +1,8 @@
 """Guarded allocations catch a write past the end of a tensor the backend allocated."""
 import torch
+from torch.utils._python_dispatch import TorchDispatchMode
 
-from kit.guard import Guard
+from kit.guard import GUARD_BYTES, Guard
 
 
 def test_write_inside_is_fine_and_write_past_end_is_caught():
@@ -24,3 +25,50 @@ def test_values_and_shapes_survive_guarding():
         b = torch.full((2, 3), 4.5)
         c = torch.zeros_like(b)
     assert a.tolist() == list(range(2, 9)) and torch.equal(b, torch.full((2, 3), 4.5)) and not c.any()
+
+
+class _Allocations(TorchDispatchMode):
+    """Bytes of every real (not meta) storage the ops under it create (entered before the guard,
+    it sees the guard's own allocations)."""
+
+    def __init__(self):
+        super().__init__()
+        self.bytes = 0
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        out = func(*args, **(kwargs or {}))
+        if isinstance(out, torch.Tensor) and not out.is_meta and out.untyped_storage().data_ptr() not in self.seen:
+            self.seen.add(out.untyped_storage().data_ptr())
+            self.bytes += out.untyped_storage().nbytes()
+        return out
+
+    def __enter__(self):
+        self.seen = set()
+        return super().__enter__()
+
+
+def test_guarding_does_not_double_memory():
+    """A backend's 64 MiB allocation costs 64 MiB plus the canary, not a second copy of it."""
+    size = 64 << 20
+    guard = Guard()
+    with _Allocations() as alloc, guard.watching():
+        big = torch.empty(size // 4, dtype=torch.float32)
+    assert big.numel() == size // 4
+    assert size <= alloc.bytes <= size + 2 * GUARD_BYTES, alloc.bytes
+    kept = sum(g.base.untyped_storage().nbytes() for g in guard._mode.guarded)
+    assert kept <= size + 2 * GUARD_BYTES and big.untyped_storage().data_ptr() == \
+        guard._mode.guarded[0].base.untyped_storage().data_ptr(), "the backend's tensor is the guarded buffer itself"
+
+
+def test_every_factory_keeps_its_values():
+    guard = Guard()
+    ref = torch.arange(6, dtype=torch.float64).view(2, 3)
+    with guard.watching():
+        made = dict(ones=torch.ones(2, 3), full_like=torch.full_like(ref, 2.5), new_full=ref.new_full((4,), 7),
+                    new_zeros=ref.new_zeros(3), ones_like=torch.ones_like(ref, dtype=torch.int32),
+                    arange3=torch.arange(1, 10, 3), new_ones=ref.new_ones((2,)))
+    assert torch.equal(made["ones"], torch.ones(2, 3)) and torch.equal(made["full_like"], torch.full_like(ref, 2.5))
+    assert made["new_full"].tolist() == [7.0] * 4 and made["new_full"].dtype == torch.float64
+    assert made["new_zeros"].tolist() == [0.0] * 3 and made["ones_like"].dtype == torch.int32
+    assert made["arange3"].tolist() == [1, 4, 7] and made["new_ones"].tolist() == [1.0, 1.0]
+    assert len(guard._mode.guarded) == len(made) and guard.check().ok

@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 
 from cases import CATALOG as catalog
-from kit.known_failures import KnownFailuresError, parse
+from kit.known_failures import COLUMNS, KnownFailuresError, covering, match, parse
 from kit.modes import ForwardMode
 from kit.results import write_results
 from matrix import gate, readme
@@ -22,8 +22,8 @@ SMOKE_DECODE = [c.name for c in catalog.cases("smoke", ForwardMode.DECODE)]
 
 
 def kf_text(*rows: str) -> str:
-    return (KF_HEADER + "<!-- known-failures:begin -->\n| id | backend | mode | exec | case | class | mark | reason | link |\n"
-            "|----|----|----|----|----|----|----|----|----|\n" + "".join(r + "\n" for r in rows)
+    return (KF_HEADER + "<!-- known-failures:begin -->\n| id | backend | mode | exec | case | device | class | mark | reason | link |\n"
+            "|----|----|----|----|----|----|----|----|----|----|\n" + "".join(r + "\n" for r in rows)
             + "<!-- known-failures:end -->\n")
 
 
@@ -33,12 +33,19 @@ def rec(case, outcome="pass", cls=None, backend="be", mode="decode", exec_="eage
                 versions=dict(torch="2.13.0", cuda="none", triton="3.9.0"), kit_commit="abc", date="2026-11-22", repro="python -m kit run ...", **kw)
 
 
+def write_fresh(path, records, selected=None, status="complete"):
+    """A fresh results file as the plugin writes it: what the session selected, and how it ended."""
+    ids = [f"{r['backend']}-{r['mode']}-{r['exec']}-{r['case']}" for r in records]
+    write_results(path, records, run=dict(status=status, selected=ids if selected is None else selected,
+                                          catalog=ids if selected is None else selected))
+
+
 @pytest.fixture
 def project(tmp_path):
     """A README, KNOWN_FAILURES.md and results/ in a temp dir, with tables written."""
     (tmp_path / "results").mkdir()
     write_results(tmp_path / "results" / "cpu.json", [rec("a"), rec("b"), rec("c", "fail", "kernel")])
-    (tmp_path / "KNOWN_FAILURES.md").write_text(kf_text("| KF-1 | be | decode | eager | c | kernel | xfail | why | link |"))
+    (tmp_path / "KNOWN_FAILURES.md").write_text(kf_text("| KF-1 | be | decode | eager | c | * | kernel | xfail | why | tests/toys |"))
     (tmp_path / "results" / "mutation").mkdir()
     (tmp_path / "results" / "mutation" / "gpu.json").write_text(json.dumps(dict(
         environment=dict(device="GPU X", versions=dict(torch="2.11", triton="3.6"), kit_commit="abc", date="2026-11-22"),
@@ -94,50 +101,85 @@ def test_stale_mutation_table_is_caught(project):
 
 def test_uncovered_failure_is_caught(project, tmp_path):
     fresh = tmp_path / "fresh.json"
-    write_results(fresh, [rec("a"), rec("b", "fail", "graph"), rec("c", "fail", "kernel")])
+    write_fresh(fresh, [rec("a"), rec("b", "fail", "graph"), rec("c", "fail", "kernel")])
     problems = gate.check(**project, fresh_paths=[str(fresh)])
     assert any(p.startswith("uncovered failure: be-decode-eager-b [graph]") for p in problems), problems
 
 
 def test_known_failure_with_another_class_is_uncovered(project, tmp_path):
     fresh = tmp_path / "fresh.json"
-    write_results(fresh, [rec("a"), rec("b"), rec("c", "fail", "kv-write")])
+    write_fresh(fresh, [rec("a"), rec("b"), rec("c", "fail", "kv-write")])
     problems = gate.check(**project, fresh_paths=[str(fresh)])
     assert any("uncovered failure: be-decode-eager-c [kv-write]" in p for p in problems), problems
 
 
 def test_known_failure_that_now_passes_is_caught(project, tmp_path):
     fresh = tmp_path / "fresh.json"
-    write_results(fresh, [rec("a"), rec("b"), rec("c")])
+    write_fresh(fresh, [rec("a"), rec("b"), rec("c")])
     problems = gate.check(**project, fresh_paths=[str(fresh)])
     assert any("stale known failure: KF-1" in p and "now passes for be-decode-eager-c" in p for p in problems)
 
 
 def test_entry_matching_nothing_is_caught(project):
     project["known_path"].write_text(kf_text(
-        "| KF-1 | be | decode | eager | c | kernel | xfail | why | link |",
-        "| KF-2 | be | extend | graph | nothing_* | graph | xfail | why | link |"))
+        "| KF-1 | be | decode | eager | c | * | kernel | xfail | why | tests/toys |",
+        "| KF-2 | be | extend | graph | nothing_* | * | graph | xfail | why | tests/toys |"))
     problems = gate.check(**project)
     assert any("stale known failure: KF-2" in p and "matches no run" in p for p in problems), problems
 
 
 def test_malformed_line_names_file_line_and_fix(project):
-    project["known_path"].write_text(kf_text("| KF-1 | be | decode | eagr | c | kernel | xfail | why | link |",
-                                             "| KF-2 | be | decode | eager | c | kernel | xfail | why |"))
+    project["known_path"].write_text(kf_text("| KF-1 | be | decode | eagr | c | * | kernel | xfail | why | tests/toys |",
+                                             "| KF-2 | be | decode | eager | c | * | kernel | xfail | why |"))
     proc = run_matrix("check", project)
     assert proc.returncode == 1
     lines = [l for l in proc.stderr.splitlines() if "KNOWN_FAILURES.md:" in l]
     assert len(lines) == 2
     assert "exec 'eagr' is not eager, graph or *" in lines[0] and "fix: write the row as" in lines[0]
-    assert "expected 9 cells" in lines[1]
+    assert "expected 10 cells" in lines[1]
     with pytest.raises(KnownFailuresError, match=r"KNOWN_FAILURES.md:\d+: id 'K1'"):
-        parse(kf_text("| K1 | be | decode | eager | c | kernel | xfail | why | link |"))
+        parse(kf_text("| K1 | be | decode | eager | c | * | kernel | xfail | why | tests/toys |"))
+
+
+def test_entry_is_scoped_to_its_device():
+    """A failure only the H100 shows: its entry covers the H100 record and not a CPU one."""
+    entries = parse(kf_text("| KF-1 | be | decode | eager | c | *H100* | kernel | xfail | why | results/gpu-h100.json |"))
+    gpu = rec("c", "fail", "kernel", device="NVIDIA H100 80GB HBM3")
+    assert covering(entries, gpu) is entries[0]
+    assert covering(entries, rec("c", "fail", "kernel")) is None
+    assert match(entries, "be", "decode", "eager", "c", "CPU (x86_64)") is None
+
+
+def test_quarantine_wins_over_xfail_whatever_the_order():
+    entries = parse(kf_text("| KF-1 | be | * | * | * | * | crash | xfail | flaky | tests/toys |",
+                            "| KF-2 | be | decode | eager | c | * | crash | quarantine | kills it | tests/toys |"))
+    assert match(entries, "be", "decode", "eager", "c", "CPU (x86_64)").id == "KF-2"
+    assert match(entries, "be", "decode", "eager", "d", "CPU (x86_64)").id == "KF-1"
+
+
+@pytest.mark.parametrize("link, ok", [("https://github.com/org/repo/issues/12", True), ("results/gpu-h100.json", True),
+                                      ("backends/triton/kernels.py#L40", True), ("tests/toys", True),
+                                      ("link", False), ("x", False), ("see issue 12", False), ("/etc/passwd", False)])
+def test_link_must_look_like_one(link, ok):
+    row = f"| KF-1 | be | decode | eager | c | * | kernel | xfail | why | {link} |"
+    if ok:
+        assert parse(kf_text(row))[0].link == link
+    else:
+        with pytest.raises(KnownFailuresError, match="is neither a URL nor a repo path"):
+            parse(kf_text(row))
+
+
+def test_header_of_the_shipped_table_is_the_parsed_one():
+    """KNOWN_FAILURES.md's own header row names the columns the parser reads, device included."""
+    text = (REPO / "KNOWN_FAILURES.md").read_text()
+    assert "| " + " | ".join(COLUMNS) + " |" in text
+    assert parse(text) == []
 
 
 def test_fresh_run_disagreeing_with_committed_results_is_caught(project, tmp_path):
     """The CPU table cannot lie: a fresh run must match the committed results of its device."""
     fresh = tmp_path / "fresh.json"
-    write_results(fresh, [rec("a"), rec("c", "fail", "kernel")])
+    write_fresh(fresh, [rec("a"), rec("c", "fail", "kernel")])
     problems = gate.check(**project, fresh_paths=[str(fresh)])
     assert any("be-decode-eager-b: committed results/cpu.json say pass, this run says not run" in p for p in problems)
 
@@ -148,7 +190,7 @@ def test_cells():
     assert cell([rec("a", "unsupported", message="no capture hooks")] * 2, []) == "— no capture hooks"
     assert cell([rec("a"), rec("b", "unsupported", message="x")], []) == "✓ 1/1, 1 unsupported"
     assert cell([rec("a", exec_="graph", exec_detail="emulated")], []) == "✓ 1/1 (emulated)"
-    entries = parse(kf_text("| KF-7 | * | * | * | b | crash | quarantine | faults | link |"))
+    entries = parse(kf_text("| KF-7 | * | * | * | b | * | crash | quarantine | faults | tests/toys |"))
     assert cell([rec("a"), rec("b", "fail", "crash", isolated=True)], entries) == \
         "✓ 1/2, quarantine 1 (KF-7, subprocess)"
 
@@ -174,17 +216,27 @@ STALE = "tests.toys.dense:StaleReplayBackend"
 def test_known_failures_become_strict_xfails(tmp_path):
     """Matching failures xfail; a matching pass (XPASS strict) and a class mismatch fail the run."""
     proc, records = run_suite(tmp_path, STALE, [
-        "| KF-1 | toy_stale_replay | decode | graph | * | graph | xfail | replay keeps capture metadata | tests/toys |"])
+        "| KF-1 | toy_stale_replay | decode | graph | * | * | graph | xfail | replay keeps capture metadata | tests/toys |"])
     assert proc.returncode == 0, proc.stdout[-2000:]
     assert f"{len(SMOKE_DECODE)} xfailed" in proc.stdout and "KF-1" in proc.stdout
     assert all(records[f"{c}/graph"]["failure_class"] == "graph" for c in SMOKE_DECODE)
 
     proc, _ = run_suite(tmp_path, STALE, [
-        "| KF-1 | toy_stale_replay | decode | eager | gqa_bf16_p16 | kernel | xfail | claims eager fails | x |",
-        "| KF-2 | toy_stale_replay | decode | graph | gqa_bf16_p16 | kernel | xfail | wrong class | x |"])
+        "| KF-1 | toy_stale_replay | decode | eager | gqa_bf16_p16 | * | kernel | xfail | claims eager fails | tests/toys |",
+        "| KF-2 | toy_stale_replay | decode | graph | gqa_bf16_p16 | * | kernel | xfail | wrong class | tests/toys |"])
     assert proc.returncode == 1
     assert "XPASS(strict)" in proc.stdout and "KF-1" in proc.stdout
     assert "KF-2 expects [kernel], got [graph]" in proc.stdout
+
+
+def test_entry_for_another_device_does_not_xfail_here(tmp_path):
+    """An entry scoped to the H100 leaves CPU runs alone: they fail as plain failures here, and a
+    CPU pass is no strict XPASS."""
+    proc, records = run_suite(tmp_path, STALE, [
+        "| KF-1 | toy_stale_replay | decode | * | * | *H100* | graph | xfail | H100 only | tests/toys |"])
+    assert proc.returncode == 1
+    assert "XPASS" not in proc.stdout and "xfailed" not in proc.stdout
+    assert f"{len(SMOKE_DECODE)} failed" in proc.stdout, proc.stdout[-1500:]
 
 
 def test_dead_worker_is_recorded_as_crash_and_the_run_completes(tmp_path):
@@ -203,7 +255,7 @@ def test_dead_worker_is_recorded_as_crash_and_the_run_completes(tmp_path):
 def test_quarantined_failure_runs_in_a_subprocess(tmp_path):
     """A quarantine entry keeps the crash out of the test process: no worker dies, the case xfails."""
     proc, records = run_suite(tmp_path, "tests.toys.crashing:HardCrashBackend", [
-        "| KF-1 | toy_hard_crash | decode | eager | mqa_p1_shuf | crash | quarantine | kills the process | x |"],
+        "| KF-1 | toy_hard_crash | decode | eager | mqa_p1_shuf | * | crash | quarantine | kills the process | tests/toys |"],
         "--exec", "eager")
     assert proc.returncode == 0, proc.stdout[-2000:]
     r = records["mqa_p1_shuf/eager"]
@@ -220,14 +272,16 @@ def test_interrupted_run_keeps_what_finished(tmp_path):
                             cwd=REPO, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     try:
         deadline = time.monotonic() + 120
-        while not out.exists() and time.monotonic() < deadline:
-            time.sleep(0.2)
+        while not (out.exists() and json.loads(out.read_text())["records"]) and time.monotonic() < deadline:
+            time.sleep(0.2)  # the file exists from the first run on; wait for the first record
         assert out.exists(), "no results written while the run was going"
     finally:
         proc.kill()
         proc.wait()
-    records = json.loads(out.read_text())["records"]
+    doc = json.loads(out.read_text())
+    records = doc["records"]
     assert [r["case"] for r in records] == [SMOKE_DECODE[0]] and records[0]["outcome"] == "pass"
+    assert doc["run"]["status"] == "running", "a killed run's file says it never finished"
 
 
 def test_device_fault_ends_the_worker_and_keeps_its_record(tmp_path):

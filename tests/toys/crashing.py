@@ -1,7 +1,9 @@
-"""Backends that take their process down (as a device fault would) or hang, on batches of 3
-requests of an MQA model: of the smoke decode cases, only mqa_p1_shuf (bs 3) ever hands them
-one, eager (its second and third batches) or in graph replays."""
+"""Backends that take their process down (as a device fault would), exit, raise past `except
+Exception`, or hang, on batches of 3 requests of an MQA model (of the smoke decode cases, only
+mqa_p1_shuf, bs 3, ever hands them one: eager, its 2nd and 3rd batches; or in graph replays);
+and a class that is no backend."""
 import os
+import sys
 import time
 
 from backends.torch_native import TorchNativeBackend
@@ -48,3 +50,49 @@ class DeviceFaultBackend(_MisbehavesOnThree):
             k_cache[bad].sum().item()
         except IndexError as exc:
             raise RuntimeError(f"CUDA error: device-side assert triggered (simulated on CPU: {exc})") from exc
+
+
+class ExitZeroBackend(_MisbehavesOnThree):
+    """Ends its process with exit code 0, as a backend calling os._exit(0) would: no exception,
+    no report, and a plain pytest run that exits 'successfully'."""
+
+    name = "toy_exit_zero"
+
+    def misbehave(self, layer, batch):
+        os._exit(0)
+
+
+class SysExitBackend(_MisbehavesOnThree):
+    name = "toy_sys_exit"
+
+    def misbehave(self, layer, batch):
+        sys.exit(3)
+
+
+class Abort(BaseException):
+    """Not an Exception: escapes `except Exception`."""
+
+
+class BaseExceptionBackend(_MisbehavesOnThree):
+    name = "toy_base_exception"
+
+    def misbehave(self, layer, batch):
+        raise Abort("raised past except Exception")
+
+
+class InterruptBackend(_MisbehavesOnThree):
+    """Stands for the user pressing Ctrl-C during a run."""
+
+    name = "toy_interrupt"
+
+    def misbehave(self, layer, batch):
+        raise KeyboardInterrupt
+
+
+class NoSupports:
+    """A class that forgot `supports` (and the rest of the protocol)."""
+
+    name = "toy_no_supports"
+
+    def __init__(self, ctx):
+        self.ctx = ctx

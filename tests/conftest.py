@@ -1,1 +1,0 @@
-pytest_plugins = ["kit.pytest_plugin"]

@@ -1,0 +1,139 @@
+"""Command lines on bad input end in one line naming the problem and the fix (exit 2 for a usage
+error, 1 otherwise; pytest's own code for a usage error is 4), and --help describes everything."""
+import argparse
+import json
+import shutil
+import subprocess
+import sys
+
+import pytest
+
+from kit.__main__ import build_parser as kit_parser
+from matrix.__main__ import build_parser as matrix_parser
+from tests.test_matrix import REPO, project, run_matrix  # noqa: F401
+
+RUN = ["run", "--backend", "torch_native", "--mode", "decode", "--exec", "eager"]
+
+
+def _one_line_error(proc, code, *words):
+    out = (proc.stdout + proc.stderr).strip()
+    assert proc.returncode == code, out[-2000:]
+    assert "Traceback" not in out and "INTERNALERROR" not in out, out[-2000:]
+    lines = proc.stderr.strip().splitlines()
+    assert len(lines) == 1, lines
+    for w in words:
+        assert w in lines[0], lines[0]
+
+
+def _run(*args):
+    return subprocess.run([sys.executable, *args], cwd=REPO, capture_output=True, text=True)
+
+
+@pytest.mark.parametrize("args, words", [
+    (RUN + ["--case", "nosuch"], ["no decode case named 'nosuch'", "python -m kit list"]),
+    (["list", "--case-set", "nosuch"], ["unknown case set 'nosuch'", "smoke"]),
+    (RUN + ["--case", "mqa_p1_shuf", "--device", "cuda"], ["CUDA is not available", "--device cpu"]),
+    (["run", "--backend", "torch_native", "--mode", "decod", "--exec", "eager", "--case", "x"], ["unknown mode"]),
+    (["list", "--cases", "nosuch:CATALOG"], ["--cases nosuch:CATALOG", "No module named 'nosuch'"]),
+    (["list", "--no-such-option"], ["unrecognized arguments", "--help"]),
+], ids=["case", "case_set", "device", "mode", "cases", "option"])
+def test_kit_usage_errors(args, words):
+    if "cuda" in args:
+        pytest.importorskip("torch").cuda.is_available() and pytest.skip("CUDA is present here")
+    _one_line_error(_run("-m", "kit", *args), 2, *words)
+
+
+@pytest.mark.parametrize("backend, words", [
+    ("nosuchmodule:Thing", ["--backend nosuchmodule:Thing: No module named 'nosuchmodule'", "module:attr"]),
+    ("os:missing_attr", ["--backend os:missing_attr: module 'os' has no attribute 'missing_attr'"]),
+    ("nosuch", ["unknown backend 'nosuch'; known:", "torch_native"]),
+], ids=["module", "attr", "name"])
+@pytest.mark.parametrize("xdist", [[], ["-n", "2"]], ids=["plain", "xdist"])
+def test_pytest_bad_backend_is_one_line(backend, words, xdist):
+    proc = _run("-m", "pytest", "tests/test_conformance.py", "-q", "-p", "no:cacheprovider", "--backend", backend, *xdist)
+    _one_line_error(proc, 4, "ERROR: ", *words)
+
+
+def _fresh_problem(project, tmp_path, write, code, *words):
+    path = tmp_path / "fresh.json"
+    write(path)
+    _one_line_error(run_matrix("check", project, "--fresh", str(path)), code, *words)
+
+
+@pytest.mark.parametrize("write, code, words", [
+    (lambda p: None, 2, ["--fresh", "no such file", "--results-json"]),
+    (lambda p: p.mkdir(), 2, ["a directory, not a results file"]),
+    (lambda p: p.write_text('{"schema": 2, "records": [{"backend": "a"'), 1, ["bad JSON", "truncated?"]),
+    (lambda p: p.write_text("not json at all"), 1, ["bad JSON"]),
+    (lambda p: p.write_text('{"schema": 9, "records": []}'), 1, ["results schema 9, expected 2", "regenerate"]),
+    (lambda p: p.write_text('{"schema": 2, "records": [{"x": 1}]}'), 1, ["records missing or malformed"]),
+], ids=["missing", "directory", "truncated", "not_json", "schema", "records"])
+def test_matrix_check_fresh_errors(project, tmp_path, write, code, words):
+    _fresh_problem(project, tmp_path, write, code, *words)
+
+
+def test_corrupted_committed_files_and_deleted_known_failures(project):
+    results = project["results_dir"]
+    (results / "cpu.json").write_text((results / "cpu.json").read_text()[:50])
+    for command in ("check", "write"):
+        proc = run_matrix(command, project)
+        assert proc.returncode == 1 and "Traceback" not in proc.stderr
+        assert [l for l in proc.stderr.splitlines() if "cpu.json" in l and "bad JSON" in l], proc.stderr
+    shutil.rmtree(results / "mutation")
+    (results / "mutation").mkdir()
+    (results / "mutation" / "gpu.json").write_text(json.dumps({"scores": []}))
+    project["known_path"].unlink()
+    proc = run_matrix("write", project)
+    assert proc.returncode == 1 and "Traceback" not in proc.stderr, proc.stderr
+    assert any("gpu.json: not a mutation scores file" in l and "kit.mutate --json" in l
+               for l in proc.stderr.splitlines()), proc.stderr
+    assert any("KNOWN_FAILURES.md: no such file" in l and "--known-failures" in l for l in proc.stderr.splitlines())
+
+
+def test_mutate_usage_error():
+    _one_line_error(_run("-m", "kit.mutate", "--case-set", "nosuch"), 2, "unknown case set 'nosuch'")
+
+
+# ------------------------------------------------------------------------------------------- help
+
+
+def _actions(parser):
+    for action in parser._actions:
+        if isinstance(action, argparse._SubParsersAction):
+            for choice in action._choices_actions:
+                yield choice
+            for sub in action.choices.values():
+                yield from _actions(sub)
+        elif action.help != argparse.SUPPRESS:
+            yield action
+
+
+@pytest.mark.parametrize("parser", [kit_parser, matrix_parser], ids=["kit", "matrix"])
+def test_every_subcommand_and_option_has_help(parser):
+    undocumented = [a.option_strings or a.dest for a in _actions(parser()) if not a.help]
+    assert not undocumented
+
+
+@pytest.mark.parametrize("args, words", [
+    (["-m", "kit", "--help"], ["run", "list"]),
+    (["-m", "kit", "list", "--help"], ["--backends", "--case-set", "--cases"]),
+    (["-m", "kit", "run", "--help"], ["--timeout", "--device", "--json"]),
+    (["-m", "matrix", "--help"], ["write", "check"]),
+    (["-m", "matrix", "check", "--help"], ["--fresh", "--results-dir", "--known-failures", "--readme"]),
+])
+def test_help_shows_them(args, words):
+    proc = _run(*args)
+    assert proc.returncode == 0 and all(w in proc.stdout for w in words), proc.stdout
+
+
+def test_list_backends_says_what_is_available_and_why_not():
+    proc = _run("-m", "kit", "list", "--backends")
+    assert proc.returncode == 0, proc.stderr
+    lines = {line.split()[0]: line for line in proc.stdout.splitlines()}
+    assert {"torch_native", "triton", "flashinfer"} <= set(lines)
+    assert "available: " in lines["torch_native"] and "eager only (no capture hooks)" in lines["torch_native"]
+    assert "graph hooks" in lines["triton"]
+    try:
+        import flashinfer  # noqa: F401
+    except ImportError:
+        assert "unavailable: " in lines["flashinfer"] and "cannot be imported" in lines["flashinfer"]

@@ -1,0 +1,77 @@
+"""First use from a clean clone: the plugin's options are always known, and the install
+instructions put the CPU build of torch first."""
+import importlib.metadata
+import subprocess
+import sys
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parent.parent
+
+
+def test_plugin_is_registered_as_a_pytest11_entry_point():
+    """Not a conftest: registered twice it would error, and a conftest under tests/ is not loaded
+    when the command line names no test path (below)."""
+    plugins = {ep.value for ep in importlib.metadata.entry_points(group="pytest11")}
+    assert "kit.pytest_plugin" in plugins
+    assert not (REPO / "tests" / "conftest.py").exists()
+
+
+def test_readme_command_runs_twice(tmp_path):
+    """With the results file already there, pytest must still take it as --results-json's value
+    (before the entry point, the existing file was read as a test path and the option was unknown)."""
+    existing = tmp_path / "results-local.json"
+    existing.write_text("{}")
+    proc = subprocess.run([sys.executable, "-m", "pytest", "--co", "-q", "-p", "no:cacheprovider",
+                           "--results-json", str(existing)], cwd=REPO, capture_output=True, text=True)
+    assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-2000:]
+    assert "tests/test_conformance.py::test_conformance[" in proc.stdout
+
+
+CPU_INDEX = "--index-url https://download.pytorch.org/whl/cpu"
+
+
+def _section(title: str) -> str:
+    text = (REPO / "README.md").read_text()
+    return text.split(f"\n## {title}\n", 1)[1].split("\n## ", 1)[0]
+
+
+def test_readme_installs_cpu_torch_first_from_the_cpu_index():
+    """In the install code block the CPU torch line, from PyTorch's CPU index, comes before
+    `pip install -e .` (the other order resolves the CUDA build and its NVIDIA packages)."""
+    install = _section("Install")
+    block = install.split("```bash\n", 1)[1].split("```", 1)[0].splitlines()
+    torch_line = next(i for i, line in enumerate(block) if line.startswith("pip install torch=="))
+    kit_line = next(i for i, line in enumerate(block) if line.startswith("pip install -e ."))
+    assert torch_line < kit_line and CPU_INDEX in block[torch_line]
+    assert install.index("CPU build of PyTorch") < install.index("```bash")
+
+
+def test_ci_installs_cpu_torch_first_and_says_how_elsewhere():
+    lines = (REPO / ".ci" / "run").read_text().splitlines()
+    torch_line = next(i for i, line in enumerate(lines) if "pip install -q torch==" in line)
+    kit_line = next(i for i, line in enumerate(lines) if "pip install -q -e ." in line)
+    assert torch_line < kit_line and "TORCH_INDEX_URL" in lines[torch_line]
+    assert any("https://download.pytorch.org/whl/cpu" in line for line in lines[:torch_line] if line.startswith("#"))
+    workflow = (REPO / ".github" / "workflows" / "conformance.yml").read_text()
+    assert 'TORCH_INDEX_URL: "https://download.pytorch.org/whl/cpu"' in workflow
+
+
+def test_adding_a_backend_names_every_field_a_backend_reads():
+    """The section names the Layer fields, the context, the pool readers and every batch field
+    (common and per mode), says where the test-id label comes from and which backend to copy."""
+    import dataclasses
+
+    from kit.batch import ForwardBatch, SpecInfo
+    from kit.layer import Layer
+    from kit.protocol import BackendContext
+
+    section = _section("Adding a backend")
+    properties = lambda cls: [n for n, v in vars(cls).items() if isinstance(v, property)]  # noqa: E731
+    names = [f.name for cls in (Layer, ForwardBatch, BackendContext) for f in dataclasses.fields(cls)]
+    names += properties(Layer) + properties(ForwardBatch) + properties(BackendContext)
+    names += [f"spec_info.{f.name}" for f in dataclasses.fields(SpecInfo)]
+    names += ["req_to_token_pool.req_to_token", "get_key_buffer(layer_id)", "get_value_buffer(layer_id)",
+              "get_kv_buffer(layer_id)", "set_kv_buffer", "page_size"]
+    missing = [n for n in names if f"`{n}`" not in section and f"`{n} " not in section]
+    assert not missing, missing
+    assert "`name`" in section and "test ids" in section and "backends/torch_native.py" in section

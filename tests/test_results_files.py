@@ -1,0 +1,99 @@
+"""Results files lose nothing and prove nothing they do not hold: --co writes nothing, a narrowed
+or interrupted run says so in the file, `matrix write` refuses it, and the gate fails on nothing."""
+import json
+import subprocess
+import sys
+
+from kit.results import write_results
+from tests.test_matrix import REPO, SMOKE_DECODE, project, rec, run_matrix, run_suite, write_fresh  # noqa: F401
+
+TOYS = "tests.toys.crashing"
+
+
+def _doc(tmp_path):
+    return json.loads((tmp_path / "results.json").read_text())
+
+
+def test_collect_only_leaves_the_results_file_alone(tmp_path):
+    out = tmp_path / "results.json"
+    out.write_text("precious\n")
+    proc = subprocess.run([sys.executable, "-m", "pytest", "tests/test_conformance.py", "--co", "-q",
+                           "-p", "no:cacheprovider", "--results-json", str(out)], cwd=REPO, capture_output=True, text=True)
+    assert proc.returncode == 0, proc.stdout[-1000:] + proc.stderr[-1000:]
+    assert out.read_text() == "precious\n"
+
+
+def test_file_records_what_was_selected(tmp_path):
+    proc, records = run_suite(tmp_path, "torch_native", (), "--exec", "eager")
+    assert proc.returncode == 0, proc.stdout[-1500:]
+    run = _doc(tmp_path)["run"]
+    assert run["status"] == "complete"
+    assert sorted(run["selected"]) == sorted(f"torch_native-decode-eager-{c}" for c in SMOKE_DECODE)
+    assert set(run["selected"]) < set(run["catalog"])
+    assert any(rid.startswith("triton-extend-graph-") for rid in run["catalog"])
+
+
+def test_write_refuses_a_narrowed_run(project, tmp_path):
+    """`matrix write` cannot replace committed results with a narrowed run (README: Regenerate)."""
+    proc, _ = run_suite(tmp_path, "torch_native", (), "--exec", "eager")
+    assert proc.returncode == 0, proc.stdout[-1500:]
+    (tmp_path / "results.json").replace(project["results_dir"] / "cpu.json")
+    before = project["readme_path"].read_text()
+    proc = run_matrix("write", project)
+    assert proc.returncode == 1
+    line = [l for l in proc.stderr.splitlines() if "cpu.json" in l]
+    assert len(line) == 1 and "partial results: lacks" in line[0] and "of the catalog's" in line[0], proc.stderr
+    assert project["readme_path"].read_text() == before
+
+
+def test_interrupted_session_keeps_what_finished_and_says_so(project, tmp_path):
+    """Ctrl-C stops the session (KeyboardInterrupt is not a backend crash); the file keeps the finished
+    run, is marked interrupted, and the gate says 'interrupted run', not 'regenerate'."""
+    proc, records = run_suite(tmp_path, f"{TOYS}:InterruptBackend", (), "--exec", "eager")
+    assert proc.returncode == 2, proc.stdout[-1500:]
+    doc = _doc(tmp_path)
+    assert doc["run"]["status"] == "interrupted"
+    assert [r["case"] for r in doc["records"]] == [SMOKE_DECODE[0]] and doc["records"][0]["outcome"] == "pass"
+    proc = run_matrix("check", project, "--fresh", str(tmp_path / "results.json"))
+    assert proc.returncode == 1
+    assert "interrupted run (interrupted): 1 of 5 selected runs recorded" in proc.stderr, proc.stderr
+    assert "regenerate the committed results" not in proc.stderr
+
+
+def test_process_ending_with_exit_code_0_fails_the_gate(project, tmp_path):
+    """Without xdist a backend calling os._exit(0) ends pytest 'green': the file it leaves is marked
+    running (not complete), so `pytest && matrix check` still fails."""
+    proc, _ = run_suite(tmp_path, f"{TOYS}:ExitZeroBackend", (), "--exec", "eager")
+    assert proc.returncode == 0
+    assert _doc(tmp_path)["run"]["status"] == "running"
+    proc = run_matrix("check", project, "--fresh", str(tmp_path / "results.json"))
+    assert proc.returncode == 1 and "interrupted run (running)" in proc.stderr, proc.stderr
+
+
+def test_gate_fails_on_nothing(project, tmp_path):
+    empty, old, nothing_selected = tmp_path / "empty.json", tmp_path / "old.json", tmp_path / "none.json"
+    empty.write_text('{"schema": 2, "records": []}')
+    old.write_text('{"schema": 1, "records": []}')
+    write_fresh(nothing_selected, [], selected=[])
+    for path, message in [(empty, "no run list"), (old, "results schema 1, expected 2"),
+                          (nothing_selected, "no runs: the session selected none")]:
+        proc = run_matrix("check", project, "--fresh", str(path))
+        assert proc.returncode == 1 and message in proc.stderr, (path, proc.stderr)
+        assert len(proc.stderr.strip().splitlines()) == 1
+
+
+def test_missing_runs_fail_the_gate(project, tmp_path):
+    fresh = tmp_path / "fresh.json"
+    write_fresh(fresh, [rec("a"), rec("c", "fail", "kernel")], selected=["be-decode-eager-a", "be-decode-eager-b",
+                                                                      "be-decode-eager-c"])
+    proc = run_matrix("check", project, "--fresh", str(fresh))
+    assert proc.returncode == 1 and "2 of 3 selected runs recorded (first missing: be-decode-eager-b)" in proc.stderr
+
+
+def test_narrowed_fresh_run_is_compared_on_what_it_selected(project, tmp_path):
+    """A run narrowed to case a (its catalog has a, b, c) agrees with the committed results on a."""
+    fresh = tmp_path / "fresh.json"
+    write_results(fresh, [rec("a")], run=dict(status="complete", selected=["be-decode-eager-a"],
+                                              catalog=[f"be-decode-eager-{c}" for c in "abc"]))
+    proc = run_matrix("check", project, "--fresh", str(fresh))
+    assert proc.returncode == 0, proc.stderr

@@ -1,0 +1,68 @@
+"""Every collected run ends with a record: a backend that exits, raises past `except Exception`,
+is no backend class, or hangs is a `crash` naming its stage, and the session goes on."""
+import json
+import subprocess
+import sys
+
+import pytest
+
+from cases import CATALOG as catalog
+from kit.modes import Exec, ForwardMode
+from kit.record import CRASH, FAIL, PASS
+from kit.runner import run_case
+from tests.test_matrix import REPO, SMOKE_DECODE, run_suite
+
+TOYS = "tests.toys.crashing"
+BS3 = catalog.find_case(ForwardMode.DECODE, "mqa_p1_shuf")  # the smoke decode case the toys misbehave on
+
+
+@pytest.mark.parametrize("backend, message", [
+    (f"{TOYS}:SysExitBackend", "forward: SystemExit: 3 at "),
+    (f"{TOYS}:BaseExceptionBackend", "forward: Abort: raised past except Exception at "),
+    (f"{TOYS}:NoSupports", "loading backend: TypeError: tests.toys.crashing:NoSupports: the class NoSupports has no "
+                           "`supports` classmethod"),
+    ("os:path", "loading backend: TypeError: os:path: a module, not a backend class"),
+], ids=["sys_exit", "base_exception", "no_supports", "not_a_class"])
+def test_misbehaving_backend_is_a_crash_record(backend, message):
+    r = run_case(backend, BS3, Exec.EAGER)
+    assert (r.outcome, r.failure_class) == (FAIL, CRASH) and message in r.message, r.message
+
+
+def test_keyboard_interrupt_is_not_swallowed():
+    with pytest.raises(KeyboardInterrupt):
+        run_case(f"{TOYS}:InterruptBackend", BS3, Exec.EAGER)
+
+
+def test_hung_backend_times_out_at_its_stage():
+    # A run within its limit first (it also does this process's first-run imports, which a short
+    # limit must not interrupt).
+    assert run_case(f"{TOYS}:HangBackend", BS3.with_(prefix=(5, 30)), Exec.EAGER, timeout=120).outcome == PASS
+    r = run_case(f"{TOYS}:HangBackend", BS3, Exec.EAGER, timeout=3)
+    assert (r.outcome, r.failure_class) == (FAIL, CRASH)
+    assert r.message.startswith("forward: RunTimeout: timeout after 3 s at ") and r.seconds < 60, r.message
+
+
+@pytest.mark.parametrize("backend", [f"{TOYS}:SysExitBackend", f"{TOYS}:BaseExceptionBackend", "os:path",
+                                     f"{TOYS}:NoSupports"])
+def test_suite_records_every_run(tmp_path, backend):
+    proc, records = run_suite(tmp_path, backend, (), "--exec", "eager")
+    assert proc.returncode == 1 and "INTERNALERROR" not in proc.stdout + proc.stderr, proc.stdout[-2000:]
+    assert sorted(records) == sorted(f"{c}/eager" for c in SMOKE_DECODE)
+    assert records["mqa_p1_shuf/eager"]["failure_class"] == CRASH
+    assert json.loads((tmp_path / "results.json").read_text())["run"]["status"] == "complete"
+
+
+def test_hang_under_xdist_times_out_and_the_session_completes(tmp_path):
+    # The limit leaves room for a worker's first run (imports) on a slow machine.
+    proc, records = run_suite(tmp_path, f"{TOYS}:HangBackend", (), "--exec", "eager", "-n", "2", "--timeout", "20")
+    assert proc.returncode == 1, proc.stdout[-2000:]
+    r = records["mqa_p1_shuf/eager"]
+    assert r["failure_class"] == CRASH and "timeout after 20 s" in r["message"] and r["message"].startswith("forward")
+    assert [c for c in SMOKE_DECODE if records[f"{c}/eager"]["outcome"] != PASS] == ["mqa_p1_shuf"]
+    assert json.loads((tmp_path / "results.json").read_text())["run"]["status"] == "complete"
+
+
+def test_runs_have_a_time_limit_by_default():
+    proc = subprocess.run([sys.executable, "-m", "pytest", "--co", "-p", "no:cacheprovider",
+                           "tests/test_kit_guard.py"], cwd=REPO, capture_output=True, text=True)
+    assert "timeout: 600.0s" in proc.stdout, proc.stdout[-1000:]
