@@ -17,8 +17,8 @@ BS3 = catalog.find_case(ForwardMode.DECODE, "mqa_p1_shuf")  # the smoke decode c
 
 
 @pytest.mark.parametrize("backend, message", [
-    (f"{TOYS}:SysExitBackend", "forward: SystemExit: 3 at "),
-    (f"{TOYS}:BaseExceptionBackend", "forward: Abort: raised past except Exception at "),
+    (f"{TOYS}:SysExitBackend", "forward (layer 0): SystemExit: 3 at "),
+    (f"{TOYS}:BaseExceptionBackend", "forward (layer 0): Abort: raised past except Exception at "),
     (f"{TOYS}:NoSupports", "loading backend: TypeError: tests.toys.crashing:NoSupports: the class NoSupports has no "
                            "`supports` classmethod"),
     ("os:path", "loading backend: TypeError: os:path: a module, not a backend class"),
@@ -39,7 +39,7 @@ def test_hung_backend_times_out_at_its_stage():
     assert run_case(f"{TOYS}:HangBackend", BS3.with_(prefix=(5, 30)), Exec.EAGER, timeout=120).outcome == PASS
     r = run_case(f"{TOYS}:HangBackend", BS3, Exec.EAGER, timeout=3)
     assert (r.outcome, r.failure_class) == (FAIL, CRASH)
-    assert r.message.startswith("forward: RunTimeout: timeout after 3 s at ") and r.seconds < 60, r.message
+    assert r.message.startswith("forward (layer 0): RunTimeout: timeout after 3 s at ") and r.seconds < 60, r.message
 
 
 @pytest.mark.parametrize("backend", [f"{TOYS}:SysExitBackend", f"{TOYS}:BaseExceptionBackend", "os:path",
