@@ -12,7 +12,7 @@ from kit.guard import GuardCheck
 from kit.pools import CASE_LAYER_ID
 from kit.record import GRAPH, KERNEL, KV_WRITE
 from kit.reference import attention
-from kit.verdicts import check_kv, check_output, check_padding
+from kit.verdicts import check_form, check_kv, check_output, check_padding
 
 # When several checks fail, the class that says where to look first: a wrong KV pool
 # explains a wrong output, not the other way round.
@@ -21,7 +21,7 @@ PRECEDENCE = (KV_WRITE, KERNEL, GRAPH)
 
 @dataclasses.dataclass
 class Verdict:
-    checks: list  # output first, then the KV pool, then the run kind's own checks
+    checks: list  # output first, then the KV pool and the output's form, then the run kind's own checks
 
     @property
     def ok(self) -> bool:
@@ -55,7 +55,8 @@ def _judged(fx: Fixture, out, before) -> list:
     same_dtype = attention(fx, fx.case.torch_dtype)
     return [check_output(out, golden, same_dtype, fx.case.torch_dtype),
             check_kv(fx.pools.token_to_kv_pool, before[0], before[1], CASE_LAYER_ID,
-                     fx.batch.out_cache_loc, fx.k_new, fx.v_new)]
+                     fx.batch.out_cache_loc, fx.k_new, fx.v_new),
+            check_form(out, fx.q)]
 
 
 def eager_verdict(fx: Fixture, out, before, memory: GuardCheck) -> Verdict:

@@ -37,11 +37,11 @@ class OutputCheck:
     tol: float
     bad_rows: List[int]  # token rows past tolerance (first few)
     nonfinite_rows: int
-    problem: str = ""  # output unusable as such (wrong shape)
+    compared: bool = True  # False: shapes differ (FormCheck says how)
 
     def describe(self) -> str:
-        if self.problem:
-            return f"output wrong: {self.problem}"
+        if not self.compared:
+            return "output not compared (its shape is wrong)"
         if self.ok:
             return f"output ok: max err {self.max_err:.3g} <= tol {self.tol:.3g}"
         parts = [f"output wrong: max err {self.max_err:.3g} > tol {self.tol:.3g}"]
@@ -54,9 +54,8 @@ class OutputCheck:
 def check_output(out: torch.Tensor, golden: torch.Tensor, same_dtype_ref: torch.Tensor,
                  dtype: torch.dtype) -> OutputCheck:
     if tuple(out.shape) != tuple(golden.shape):
-        return OutputCheck(False, float("inf"), 0.0, 0.0, [], 0,
-                           problem=f"shape {tuple(out.shape)}, expected {tuple(golden.shape)}")
-    err = (out.to(torch.float64) - golden).abs()
+        return OutputCheck(False, float("inf"), 0.0, 0.0, [], 0, compared=False)
+    err = (out.to(golden.device, torch.float64) - golden).abs()
     ref_err = (same_dtype_ref.to(torch.float64) - golden).abs().max().item() if golden.numel() else 0.0
     tol = RATIO * ref_err + ABS_FLOOR[dtype]
     row_err = err.flatten(1).amax(dim=1).nan_to_num(nan=float("inf"))
@@ -64,6 +63,30 @@ def check_output(out: torch.Tensor, golden: torch.Tensor, same_dtype_ref: torch.
     nonfinite = int((~torch.isfinite(out.flatten(1))).any(dim=1).sum().item())
     max_err = row_err.max().item() if row_err.numel() else 0.0
     return OutputCheck(bad.numel() == 0, max_err, ref_err, tol, bad[:8].tolist(), nonfinite)
+
+
+@dataclasses.dataclass
+class FormCheck:
+    """The output is the tensor the layer takes: [T, Hq, D], q's dtype, on q's device. A
+    float64 or fp16 output for a bf16 case can hold right values and still break o_proj."""
+
+    failure_class: ClassVar[str] = KERNEL
+    graph_class: ClassVar[str] = GRAPH
+    quiet: ClassVar[bool] = True
+    replay_only: ClassVar[bool] = False
+    ok: bool
+    problems: List[str]
+
+    def describe(self) -> str:
+        return "output form ok" if self.ok else "output form wrong: " + "; ".join(self.problems)
+
+
+def check_form(out: torch.Tensor, q: torch.Tensor) -> FormCheck:
+    """Against the q handed to forward() ([T, Hq, D], the case's dtype and device)."""
+    expected = {"shape": tuple(q.shape), "dtype": q.dtype, "device": q.device}
+    found = {"shape": tuple(out.shape), "dtype": out.dtype, "device": out.device}
+    return FormCheck(found == expected, [f"{k} {found[k]}, expected {expected[k]}" for k in expected
+                                         if found[k] != expected[k]])
 
 
 @dataclasses.dataclass

@@ -13,7 +13,7 @@ from kit.modes import Exec, ForwardMode
 from kit.pools import CASE_LAYER_ID
 from kit.reference import attention
 from kit.runner import run_case
-from kit.verdicts import ABS_FLOOR, RATIO, check_kv, check_output
+from kit.verdicts import ABS_FLOOR, RATIO, check_form, check_kv, check_output
 from tests.helpers import make_fixture, small_case
 
 DECODE, EXTEND = ForwardMode.DECODE, ForwardMode.EXTEND
@@ -97,11 +97,28 @@ def test_output_tolerance_is_ratio_times_ref_err_plus_floor():
     assert not bad.ok and bad.bad_rows == [2]
 
 
-def test_output_shape_mismatch_fails():
-    """An output of the wrong shape fails, saying both shapes."""
+def test_output_shape_mismatch_is_not_compared():
+    """An output of the wrong shape fails without a comparison; the form check says both shapes."""
     golden, same = _output_inputs()
     chk = check_output(same[:-1], golden, same, torch.float32)
-    assert not chk.ok and "shape" in chk.describe() and str(tuple(golden.shape)) in chk.describe()
+    assert not chk.ok and "not compared" in chk.describe()
+    form = check_form(same[:-1], same)
+    assert not form.ok and f"shape {tuple(same[:-1].shape)}, expected {tuple(golden.shape)}" in form.describe()
+
+
+# ---------------------------------------------------------------- check_form
+
+
+def test_form_needs_q_dtype_shape_and_device():
+    """The layer takes [T, Hq, D] in q's dtype on q's device: right values in fp32, float64 or
+    fp16 for a bf16 q fail, as does an output on another device."""
+    q = torch.randn(5, 4, 16).to(torch.bfloat16)
+    assert check_form(q.clone(), q).ok and check_form(q.clone(), q).describe() == "output form ok"
+    for dtype in (torch.float32, torch.float64, torch.float16):
+        chk = check_form(q.to(dtype), q)
+        assert not chk.ok and chk.problems == [f"dtype {dtype}, expected torch.bfloat16"]
+    chk = check_form(torch.empty(5, 4, 16, dtype=torch.bfloat16, device="meta"), q)
+    assert not chk.ok and chk.problems == ["device meta, expected cpu"]
 
 
 # ---------------------------------------------------------------- check_kv
@@ -320,3 +337,17 @@ def test_wrong_shape_and_missing_output_are_verdicts_not_errors():
     assert (r.outcome, r.failure_class) == ("fail", "kernel") and "shape (5, 4, 16), expected (6, 4, 16)" in r.message
     r = run_case(f"{__name__}:NoOutputBackend", case, Exec.EAGER)
     assert (r.outcome, r.failure_class) == ("fail", "crash") and "returned NoneType" in r.message
+
+
+class Float64OutputBackend(TorchNativeBackend):
+    """Planted bug: returns its output in float64 (right values, wrong dtype for the layer)."""
+
+    def forward(self, q, k, v, layer, batch, save_kv_cache=True):
+        return super().forward(q, k, v, layer, batch, save_kv_cache).double()
+
+
+def test_wrong_dtype_output_is_kernel_failure():
+    """An output of right values in the wrong dtype fails as 'kernel', saying so."""
+    r = run_case(f"{MODULE}:Float64OutputBackend", EXTEND_CASE, Exec.EAGER, torch.device("cpu"))
+    assert (r.outcome, r.failure_class) == ("fail", "kernel"), r.message
+    assert "output ok" in r.message and "output form wrong: dtype torch.float64, expected torch.float32" in r.message

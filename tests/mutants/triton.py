@@ -165,3 +165,18 @@ class ExtendPaddingNotRouted(TritonBackend):
             num_tokens = int(extend_seq_lens.sum())  # the real tokens only
         return super()._fill(bufs, mode, bs, req_pool_indices, seq_lens, spec_info, num_tokens, extend_prefix_lens,
                              extend_seq_lens)
+
+
+class OutputInFp32(TritonBackend):
+    """The output comes back in fp32, the kernels' accumulator dtype, instead of q's dtype
+    (an output buffer allocated as float32): right values, a wrong tensor for o_proj."""
+
+    def forward(self, q, k, v, layer, batch, save_kv_cache=True):
+        return super().forward(q, k, v, layer, batch, save_kv_cache).float()
+
+
+class OutputOnHost(TritonBackend):
+    """The output comes back on the host (a CPU fallback path): right values, wrong device."""
+
+    def forward(self, q, k, v, layer, batch, save_kv_cache=True):
+        return super().forward(q, k, v, layer, batch, save_kv_cache).cpu()
