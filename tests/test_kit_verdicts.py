@@ -13,7 +13,7 @@ from kit.modes import Exec, ForwardMode
 from kit.pools import CASE_LAYER_ID
 from kit.reference import attention
 from kit.runner import run_case
-from kit.verdicts import ABS_FLOOR, RATIO, check_form, check_kv, check_output
+from kit.verdicts import ABS_FLOOR, RATIO, REL_RMS, check_form, check_kv, check_output
 from tests.helpers import make_fixture, small_case
 
 DECODE, EXTEND = ForwardMode.DECODE, ForwardMode.EXTEND
@@ -82,19 +82,62 @@ def test_output_tolerance_is_ratio_times_ref_err_plus_floor():
     ref_err = (same.double() - golden).abs().max().item()
     assert chk.ref_err == ref_err
     assert chk.tol == pytest.approx(RATIO * ref_err + ABS_FLOOR[torch.float32], rel=1e-12)
-    # Synthetic: the same-dtype reference is off by exactly 1e-3, so tol = 2e-3 + floor.
-    golden = torch.zeros(3, 2, 4, dtype=torch.float64)
+    # Synthetic: the same-dtype reference is off by exactly 1e-3, so tol = 2e-3 + floor. Outputs
+    # of magnitude 100 keep the magnitude rule out of the way.
+    golden = torch.full((3, 2, 4), 100.0, dtype=torch.float64)
     same = golden.clone()
-    same[1, 0, 0] = 1e-3
+    same[1, 0, 0] += 1e-3
     tol = RATIO * 1e-3 + ABS_FLOOR[torch.float32]
     for dtype in (torch.float32, torch.float16, torch.bfloat16):
         assert check_output(golden, golden, same, dtype).tol == pytest.approx(RATIO * 1e-3 + ABS_FLOOR[dtype])
     inside, outside = golden.clone(), golden.clone()
-    inside[2, 1, 3] = 0.99 * tol
-    outside[2, 1, 3] = 1.01 * tol
+    inside[2, 1, 3] += 0.99 * tol
+    outside[2, 1, 3] += 1.01 * tol
     assert check_output(inside, golden, same, torch.float32).ok
     bad = check_output(outside, golden, same, torch.float32)
     assert not bad.ok and bad.bad_rows == [2]
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float16, torch.bfloat16], ids=str)
+def test_output_magnitude_rule_boundary(dtype):
+    """Per head, RMS(error) <= REL_RMS[dtype] x RMS(golden): a head moved by 0.99 of that passes,
+    by 1.01 fails with only its row reported, whatever the absolute floor says."""
+    golden = torch.randn(4, 3, 64, dtype=torch.float64, generator=torch.Generator().manual_seed(0)) * 1e-3
+    direction = torch.randn(64, dtype=torch.float64, generator=torch.Generator().manual_seed(1))
+    direction /= direction.pow(2).mean().sqrt()  # unit RMS
+
+    def moved(fraction):
+        out = golden.clone()
+        out[2, 1] += fraction * REL_RMS[dtype] * golden[2, 1].pow(2).mean().sqrt() * direction
+        return out
+
+    assert check_output(moved(0.99), golden, golden, dtype).ok
+    bad = check_output(moved(1.01), golden, golden, dtype)
+    assert not bad.ok and bad.bad_rows == [2] and bad.max_err < bad.tol
+    assert bad.max_rel == pytest.approx(1.01 * REL_RMS[dtype], rel=1e-9)
+    assert "of its output's magnitude" in bad.describe()
+
+
+LONG_DECODE = Case("verdict_long", DECODE, prefix=(1100,), heads=(8, 8), head_dim=128, dtype="bf16")
+
+
+@pytest.mark.parametrize("dtype", ["bf16", "fp16", "fp32"])
+def test_one_key_short_in_a_long_context_is_caught(dtype):
+    """Planted bug: decode of 1,101 keys attends 1,100 (the new token missed). In bf16 it moves
+    the output by less than the absolute floor, so the ratio rule alone passes it; the
+    magnitude rule catches it, while the honest computation (fp32, output rounded) stays
+    well inside both."""
+    fx = make_fixture(LONG_DECODE.with_(dtype=dtype))
+    dt = fx.case.torch_dtype
+    golden, same = attention(fx, torch.float64), attention(fx, dt)
+    honest = check_output(attention(fx, torch.float32).to(dt), golden, same, dt)
+    assert honest.ok and honest.excess < 1 / 3, honest.describe()
+    req = fx.plan.requests[0]
+    req.visible[:, -1] = False
+    short = check_output(attention(fx, torch.float64).to(dt), golden, same, dt)
+    assert not short.ok and short.max_rel > short.rel_tol, short.describe()
+    if dtype == "bf16":
+        assert short.max_err < short.tol  # what the ratio rule alone let through
 
 
 def test_output_shape_mismatch_is_not_compared():

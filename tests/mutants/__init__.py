@@ -41,6 +41,7 @@ MUTANTS = [
     Mutant(8, "verify_ignores_tree_mask", T + "VerifyIgnoresTreeMask", K, (TV,), EAGER, cpu=True),
     Mutant(9, "decode_reads_one_past", T + "DecodeReadsOnePast", OOB, (D,), EAGER, cpu=True),
     Mutant(9, "decode_reads_one_short", T + "DecodeReadsOneShort", K, (D,), EAGER, cpu=True),
+    Mutant(9, "prefix_reads_one_short", T + "PrefixReadsOneShort", K, (E, TV, DE), EAGER, cpu=True),
     Mutant(10, "kv_indices_from_stale_sum", T + "KvIndicesFromStaleSum", OOB, ALL_MODES, EAGER, cpu=True),
     Mutant(11, "extend_padding_not_routed", T + "ExtendPaddingNotRouted", G, (E,), GRAPH, cpu=True),
     Mutant(12, "logit_cap_ignored_in_verify", T + "LogitCapIgnoredInVerify", K, (TV,), EAGER, cpu=True),

@@ -147,6 +147,15 @@ class DecodeReadsOneShort(TritonBackend):
         return super()._fill_decode(bufs, req_pool_indices, seq_lens - 1)
 
 
+class PrefixReadsOneShort(TritonBackend):
+    """EXTEND, TARGET_VERIFY and DRAFT_EXTEND_V2 read one cached key fewer than the prefix
+    holds (an off-by-one in the prefix length): the last cached token is missed."""
+
+    def _extend_inputs(self, mode, seq_lens, spec_info, *args):
+        prefix, q_lens, mask = super()._extend_inputs(mode, seq_lens, spec_info, *args)
+        return torch.clamp(prefix - 1, min=0), q_lens, mask
+
+
 class KvIndicesFromStaleSum(TritonBackend):
     """Eager kv_indices sized from a stale seq_lens_sum (the sum before this step's
     tokens were added): the index builder writes past its end."""
