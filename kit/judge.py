@@ -64,7 +64,7 @@ def eager_verdict(fx: Fixture, out, before, memory: GuardCheck) -> Verdict:
 
 
 def replay_verdict(fx: Fixture, out, before, padded) -> Verdict:
-    return Verdict(_judged(fx, out, before) + [check_padding(padded)])
+    return Verdict(_judged(fx, out, before) + [check_padding(padded, fx.pools.token_to_kv_pool)])
 
 
 def replay_failure(replay: Verdict, eager: Optional[Verdict]) -> Tuple[str, str]:

@@ -122,6 +122,11 @@ def check_form(out: torch.Tensor, q: torch.Tensor) -> FormCheck:
                                          if found[k] != expected[k]])
 
 
+# A softmax average cannot leave the range of the values it averages; rounding P and the
+# output may overshoot by a few units of roundoff.
+PADDED_RANGE_SLACK = 1 + 2.0 ** -6
+
+
 @dataclasses.dataclass
 class PaddingCheck:
     failure_class: ClassVar[str] = GRAPH
@@ -131,19 +136,36 @@ class PaddingCheck:
     ok: bool
     num_rows: int
     nonfinite_rows: List[int]  # padded rows (counted from the first padded one) holding NaN/inf, first few
+    out_of_range_rows: List[int]  # finite padded rows past the pool's values, first few
+    bound: float  # the largest |V| in the pool
 
     def describe(self) -> str:
         if self.ok:
-            return f"{self.num_rows} padded rows finite"
-        return (f"padded rows not finite: {len(self.nonfinite_rows)} of {self.num_rows} hold NaN/inf, e.g. "
-                f"{self.nonfinite_rows[:8]} (unwritten or divided by zero?)")
+            return f"{self.num_rows} padded rows finite and within the pool's values"
+        parts = []
+        if self.nonfinite_rows:
+            parts.append(f"padded rows not finite: {len(self.nonfinite_rows)} of {self.num_rows} hold NaN/inf, e.g. "
+                         f"{self.nonfinite_rows[:8]} (unwritten or divided by zero?)")
+        if self.out_of_range_rows:
+            parts.append(f"padded rows out of range: {len(self.out_of_range_rows)} of {self.num_rows} exceed the "
+                         f"largest |V| in the pool ({self.bound:.3g}), e.g. {self.out_of_range_rows[:8]} "
+                         f"(unnormalized, or read outside the pool?)")
+        return "; ".join(parts)
 
 
-def check_padding(out_padded: torch.Tensor) -> PaddingCheck:
-    """Padded rows are compared to nothing, but must be finite: the rest of the model
-    runs on them too, and a NaN there reaches collectives and MoE routing."""
-    bad = (~torch.isfinite(out_padded.flatten(1))).any(dim=1).nonzero().squeeze(1)
-    return PaddingCheck(bad.numel() == 0, out_padded.shape[0], bad.tolist())
+def check_padding(out_padded: torch.Tensor, pool) -> PaddingCheck:
+    """Padded rows are compared to nothing: engines drop their results, and what they attend
+    (the fill value, a clamped length) is the backend's choice. But the rest of the model
+    runs on them, so they must be finite (a NaN reaches MoE routing and collectives) and,
+    as any softmax over any slots of the pool is, within the range of the pool's values:
+    a huge finite row overflows in the next norm, or sets the scale of a dynamic
+    per-tensor activation quantization and with it the real rows' precision."""
+    bound = max(v.abs().max().item() for v in pool.v_buffer)
+    rows = out_padded.flatten(1)
+    nonfinite = ~torch.isfinite(rows).all(dim=1)
+    out_of_range = ~nonfinite & (rows.abs() > bound * PADDED_RANGE_SLACK).any(dim=1)
+    return PaddingCheck(not (nonfinite.any() or out_of_range.any()), out_padded.shape[0],
+                        nonfinite.nonzero().squeeze(1).tolist(), out_of_range.nonzero().squeeze(1).tolist(), bound)
 
 
 @dataclasses.dataclass

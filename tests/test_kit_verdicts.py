@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import dataclasses
+import types
 
 import pytest
 import torch
@@ -13,7 +14,7 @@ from kit.modes import Exec, ForwardMode
 from kit.pools import CASE_LAYER_ID
 from kit.reference import attention
 from kit.runner import run_case
-from kit.verdicts import ABS_FLOOR, RATIO, REL_RMS, check_form, check_kv, check_output
+from kit.verdicts import ABS_FLOOR, RATIO, REL_RMS, check_form, check_kv, check_output, check_padding
 from tests.helpers import make_fixture, small_case
 
 DECODE, EXTEND = ForwardMode.DECODE, ForwardMode.EXTEND
@@ -162,6 +163,19 @@ def test_form_needs_q_dtype_shape_and_device():
         assert not chk.ok and chk.problems == [f"dtype {dtype}, expected torch.bfloat16"]
     chk = check_form(torch.empty(5, 4, 16, dtype=torch.bfloat16, device="meta"), q)
     assert not chk.ok and chk.problems == ["device meta, expected cpu"]
+
+
+# ---------------------------------------------------------------- check_padding
+
+
+def test_padding_must_be_finite_and_within_the_pool():
+    """Padded rows may hold anything a softmax over the pool could give, nothing else: NaN/inf
+    rows and finite rows past the largest |V| in the pool fail, each reported."""
+    pool = types.SimpleNamespace(v_buffer=[torch.tensor([[1.0, -3.0]]), torch.tensor([[2.0, 0.5]])])
+    assert check_padding(torch.tensor([[3.0, -3.0], [0.0, 2.9]]), pool).ok
+    bad = check_padding(torch.tensor([[0.0, 0.0], [float("nan"), 0.0], [1e4, 0.0], [-3.5, 0.0]]), pool)
+    assert not bad.ok and bad.nonfinite_rows == [1] and bad.out_of_range_rows == [2, 3] and bad.bound == 3.0
+    assert "not finite" in bad.describe() and "out of range" in bad.describe()
 
 
 # ---------------------------------------------------------------- check_kv
@@ -389,8 +403,34 @@ class Float64OutputBackend(TorchNativeBackend):
         return super().forward(q, k, v, layer, batch, save_kv_cache).double()
 
 
+class OutOfRangePaddingBackend(TorchNativeBackend):
+    """Planted bug (EXTEND graph, run piecewise-eager): the padded tokens' rows hold 1e4, finite
+    but past every value in the pool (an unnormalized accumulator, memory read as values)."""
+
+    def init_cuda_graph_state(self, max_bs, max_num_tokens) -> None:
+        pass
+
+    def init_forward_metadata_capture_cuda_graph(self, *args) -> None:
+        pass
+
+    def init_forward_metadata_replay_cuda_graph(self, *args) -> None:
+        pass
+
+    def forward(self, q, k, v, layer, batch, save_kv_cache=True):
+        out = super().forward(q, k, v, layer, batch, save_kv_cache)
+        out[batch.extend_num_tokens:] = 1e4
+        return out
+
+
 def test_wrong_dtype_output_is_kernel_failure():
     """An output of right values in the wrong dtype fails as 'kernel', saying so."""
     r = run_case(f"{MODULE}:Float64OutputBackend", EXTEND_CASE, Exec.EAGER, torch.device("cpu"))
     assert (r.outcome, r.failure_class) == ("fail", "kernel"), r.message
     assert "output ok" in r.message and "output form wrong: dtype torch.float64, expected torch.float32" in r.message
+
+
+def test_out_of_range_padded_rows_are_graph_failure():
+    """Finite padded rows past the pool's values fail the replay as 'graph' (real rows are right)."""
+    r = run_case(f"{MODULE}:OutOfRangePaddingBackend", EXTEND_CASE, Exec.GRAPH, torch.device("cpu"))
+    assert (r.outcome, r.failure_class) == ("fail", "graph"), r.message
+    assert "output ok" in r.message and "padded rows out of range" in r.message
