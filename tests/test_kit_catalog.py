@@ -49,6 +49,9 @@ def test_zero_prefix_and_trees_covered():
         assert any(0 in c.prefix for c in catalog.cases("full", mode)), mode
     assert {c.topk for c in catalog.cases("full", ForwardMode.TARGET_VERIFY)} >= {1, 2}
     assert {c.topk for c in catalog.cases("smoke", ForwardMode.TARGET_VERIFY)} >= {1, 2}
+    for case_set in CASE_SETS:  # only a window shows whether a draft sits at seq_len + depth or + index
+        assert any(c.topk > 1 and c.window >= 0 for c in catalog.cases(case_set, ForwardMode.TARGET_VERIFY))
+        assert any(c.window >= 0 and c.window < max(c.prefix) for c in catalog.cases(case_set, ForwardMode.DRAFT_EXTEND_V2))
 
 
 def test_smoke_runs_on_cpu_dtypes():

@@ -45,6 +45,9 @@ MUTANTS = [
     Mutant(10, "kv_indices_from_stale_sum", T + "KvIndicesFromStaleSum", OOB, ALL_MODES, EAGER, cpu=True),
     Mutant(11, "extend_padding_not_routed", T + "ExtendPaddingNotRouted", G, (E,), GRAPH, cpu=True),
     Mutant(12, "logit_cap_ignored_in_verify", T + "LogitCapIgnoredInVerify", K, (TV,), EAGER, cpu=True),
+    Mutant(13, "verify_window_by_index", T + "VerifyWindowByIndex", K, (TV,), EAGER, cpu=True),
+    Mutant(14, "draft_extend_positions_from_seq_lens", T + "DraftExtendPositionsFromSeqLens", K, (DE,), EAGER,
+           cpu=True),
     Mutant(15, "output_in_fp32", T + "OutputInFp32", K, ALL_MODES, EAGER + GRAPH, cpu=True),
     # On CPU the host is the case's device: only a GPU run can tell.
     Mutant(15, "output_on_host", T + "OutputOnHost", K, ALL_MODES, EAGER, cpu=False),

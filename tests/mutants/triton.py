@@ -176,6 +176,41 @@ class ExtendPaddingNotRouted(TritonBackend):
                              extend_seq_lens)
 
 
+class _PositionsMutant(TritonBackend):
+    """Base: forward() runs with other query positions (the kernels read them for the window)."""
+
+    def positions(self, batch):
+        return batch.positions
+
+    def forward(self, q, k, v, layer, batch, save_kv_cache=True):
+        return super().forward(q, k, v, layer, dataclasses.replace(batch, positions=self.positions(batch)),
+                               save_kv_cache)
+
+
+def _from_seq_lens(batch):
+    """seq_len + token index, for every request's fixed count of new tokens."""
+    per_req = batch.spec_info.draft_token_num
+    index = torch.arange(per_req, device=batch.seq_lens.device).repeat(batch.batch_size)
+    return batch.seq_lens.long().repeat_interleave(per_req) + index
+
+
+class VerifyWindowByIndex(_PositionsMutant):
+    """TARGET_VERIFY applies the sliding window on the token index (seq_len + draft index)
+    instead of the position (seq_len + tree depth), as a kernel that infers positions
+    from kv_len - qo_len does: right for chains, wrong for trees."""
+
+    def positions(self, batch):
+        return _from_seq_lens(batch) if batch.forward_mode is ForwardMode.TARGET_VERIFY else batch.positions
+
+
+class DraftExtendPositionsFromSeqLens(_PositionsMutant):
+    """DRAFT_EXTEND_V2 positions taken as seq_len + draft index, the TARGET_VERIFY convention,
+    though its seq_lens already count the drafts: every window sits num_draft_tokens late."""
+
+    def positions(self, batch):
+        return _from_seq_lens(batch) if batch.forward_mode is ForwardMode.DRAFT_EXTEND_V2 else batch.positions
+
+
 class OutputInFp32(TritonBackend):
     """The output comes back in fp32, the kernels' accumulator dtype, instead of q's dtype
     (an output buffer allocated as float32): right values, a wrong tensor for o_proj."""
