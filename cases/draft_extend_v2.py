@@ -16,6 +16,9 @@ SMOKE = [
     C("gqa_bs8_cap_p1_nonmono", prefix=(3, 9, 1, 27, 12, 0, 33, 6), new=3, cap=20.0, dtype="fp32",
       head_dim=64, layout="non_monotonic_extend"),
     C("gqa_bf16_p16", prefix=(20, 33), new=3, page=16, dtype="bf16"),
+    C("gqa32_scale_fp16_p16_shuf", prefix=(9, 33), new=3, heads=GQA_32_8, page=16, scale=0.1, dtype="fp16",
+      head_dim=64, layout="shuffled_pages"),
+    C("mha_bs1_long_cap_p1", prefix=(1100,), new=3, heads=MHA, cap=5.0, scale=0.25, dtype="fp32", head_dim=64),
 ]
 
 # Cap cases use cap 5 at scale 0.25 (scores of std ~2.8): the cap bites, so a dropped cap

@@ -16,6 +16,10 @@ SMOKE = [
     C("gqa_bs8_tree4_cap_p1_nonmono", prefix=(3, 9, 1, 27, 12, 2, 33, 6), new=4, topk=2, cap=20.0,
       dtype="fp32", head_dim=64, layout="non_monotonic_extend"),
     C("gqa_bf16_chain3_p16", prefix=(20, 33), new=3, page=16, dtype="bf16"),
+    C("gqa32_chain3_scale_fp16_p16_shuf", prefix=(9, 33), new=3, heads=GQA_32_8, page=16, scale=0.1,
+      dtype="fp16", head_dim=64, layout="shuffled_pages"),
+    C("mha_bs1_long_tree6_cap_p1", prefix=(1100,), new=6, topk=2, heads=MHA, cap=5.0, scale=0.25, dtype="fp32",
+      head_dim=64),
     C("gqa_tree8_window4_p16_inter", prefix=(20, 9, 33), new=8, topk=2, page=16, window=4, dtype="fp32",
       head_dim=64, layout="interleaved_pages"),
 ]

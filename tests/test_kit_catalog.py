@@ -1,4 +1,5 @@
 """The case catalog keeps its promises: unique names, and the coverage the kit claims."""
+import dataclasses
 import json
 import re
 import shlex
@@ -52,6 +53,66 @@ def test_zero_prefix_and_trees_covered():
     for case_set in CASE_SETS:  # only a window shows whether a draft sits at seq_len + depth or + index
         assert any(c.topk > 1 and c.window >= 0 for c in catalog.cases(case_set, ForwardMode.TARGET_VERIFY))
         assert any(c.window >= 0 and c.window < max(c.prefix) for c in catalog.cases(case_set, ForwardMode.DRAFT_EXTEND_V2))
+
+
+def _cap_bites(c: Case) -> bool:
+    """Scores of unit-variance q and k have std sm_scale * sqrt(head_dim); a cap within 3 of
+    those changes the softmax (cap 5 at scale 0.25), a looser one barely does."""
+    return c.cap < 3 * c.sm_scale * c.head_dim ** 0.5
+
+
+def _page_features(c: Case) -> set:
+    found = {f"page {c.page}"}
+    if c.page > 1 and any(p % c.page == 0 and p > 0 for p in c.prefix):
+        found.add("prefix exactly a page multiple")
+    if c.page > 1 and any(p % c.page for p in c.prefix):
+        found.add("prefix crossing a page boundary")
+    return found
+
+
+def _new_features(c: Case) -> set:
+    if c.mode is not ForwardMode.EXTEND:
+        return set()  # one count for the batch
+    return ({"ragged extend"} if len(set(c.new_lens)) > 1 else set()) | (
+        {"one-token extend"} if 1 in c.new_lens else set()) | ({"extend of 64+ tokens"} if max(c.new_lens) >= 64 else set())
+
+
+# The features a case has, field by field (a field added to Case needs its line here; None:
+# identity, not a feature). The dtype feature puts bf16 and fp32 together: the CPU runs fp32
+# where the GPU runs bf16.
+FEATURES = {
+    "name": None, "mode": None, "seed": None,
+    "prefix": lambda c: {f"bs {'1' if c.bs == 1 else '8+' if c.bs >= 8 else '2-7'}"}
+    | ({"zero prefix"} if 0 in c.prefix else set())
+    | ({"context past 1,000 tokens"} if max(map(sum, zip(c.prefix, c.new_lens))) > 1000 else set()),
+    "new": _new_features,
+    "page": _page_features,
+    "heads": lambda c: {f"heads {c.heads}"},
+    "head_dim": lambda c: {f"head_dim {c.head_dim}"},
+    "dtype": lambda c: {"fp16" if c.dtype == "fp16" else "bf16 or fp32"},
+    "window": lambda c: {"window" if c.window >= 0 else "no window"},
+    "cap": lambda c: {"no cap" if not c.cap else "cap that bites" if _cap_bites(c) else "loose cap"},
+    "scale": lambda c: {"default sm_scale" if c.scale is None else "sm_scale set"},
+    "topk": lambda c: {"chain"} if c.topk == 1 else {"tree"} | ({"tree with window"} if c.window >= 0 else set())
+    | ({"tree with cap"} if c.cap else set()),
+    "layout": lambda c: {c.layout},
+}
+
+
+def case_features(c: Case) -> set:
+    return set().union(*(f(c) for f in FEATURES.values() if f))
+
+
+def test_features_cover_every_case_field():
+    assert set(FEATURES) == {f.name for f in dataclasses.fields(Case)}
+
+
+@pytest.mark.parametrize("mode", MODES, ids=lambda m: m.value)
+def test_smoke_has_every_feature_of_full(mode):
+    """CI runs the smoke set: whatever the GPU's full set exercises, the CPU exercises too."""
+    full = set().union(*map(case_features, catalog.cases("full", mode)))
+    smoke = set().union(*map(case_features, catalog.cases("smoke", mode)))
+    assert full <= smoke, f"in the full set, not in the smoke set: {sorted(full - smoke)}"
 
 
 def test_smoke_runs_on_cpu_dtypes():
