@@ -22,6 +22,7 @@ SMOKE = [
 
 # Cap cases use cap 5 at scale 0.25 (scores of std ~2.8): the cap bites, so a dropped cap
 # moves bf16 output past tolerance. At cap 30 and the default scale it never did (mutant 12).
+# Three window cases, so that no single case stands between the kit and a window bug (mutant 7).
 FULL = in_every_layout([
     C("mha_bs1_long_p1", prefix=(1000,), new=(100,), heads=MHA),
     C("gqa_ragged_p16", prefix=(0, 17, 33, 64), new=(5, 1, 16, 3), page=16),
@@ -34,4 +35,7 @@ FULL = in_every_layout([
     C("gqa_cap_p1", prefix=(50, 0, 3), new=(30, 60, 1), cap=5.0, scale=0.25),
     C("gqa_all_ones_bs9_p16", prefix=(0, 1, 15, 16, 17, 31, 32, 100, 64), new=(1,) * 9, page=16),
     C("gqa_zero_prefix_p64", prefix=(0, 0, 0, 0), new=(64, 65, 1, 130), page=64),
+    C("mha_window_long_p1", prefix=(1000, 0), new=(100, 300), heads=MHA, window=256),
+    C("gqa_window_cap_p64_fp16", prefix=(70, 0, 130), new=(40, 100, 3), page=64, window=16, cap=5.0, scale=0.25,
+      dtype="fp16"),
 ])

@@ -27,7 +27,9 @@ SMOKE = [
 # Cap cases use cap 5 at scale 0.25 (scores of std ~2.8): the cap bites, so a dropped cap
 # moves bf16 output past tolerance. At cap 30 and the default scale it never did (mutant 12).
 # Trees with a window: a draft sits at seq_len + its depth, not seq_len + its index, and
-# only a window shows which one a backend used (mutant 13).
+# only a window shows which one a backend used (mutant 13). Three cases of each bug's
+# feature (cap, window, tree with window), so that no single case stands between the kit
+# and a miss.
 FULL = in_every_layout([
     C("mha_bs1_tree6_long_p1", prefix=(1100,), new=6, topk=2, heads=MHA),
     C("gqa_chain4_p16", prefix=(17, 64, 1, 33), new=4, page=16),
@@ -44,4 +46,6 @@ FULL = in_every_layout([
     C("mha_bs1_tree6_window_long_p1", prefix=(1100,), new=6, topk=2, heads=MHA, window=100),
     C("gqa32_tree8_window_cap_p16", prefix=(300, 45, 1023), new=8, topk=4, heads=GQA_32_8, page=16, window=24,
       cap=5.0, scale=0.25),
+    C("mqa_tree6_cap_p64_fp16", prefix=(63, 64, 200, 7), new=6, topk=3, heads=MQA, page=64, cap=5.0, scale=0.25,
+      dtype="fp16"),
 ])

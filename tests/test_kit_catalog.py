@@ -8,12 +8,17 @@ import sys
 from pathlib import Path
 
 import pytest
+import torch
 
 from cases import CATALOG as catalog
 from kit.case import GQA, LAYOUTS, MHA, MQA, Case
 from kit.catalog import CASE_SETS, Catalog
 from kit.modes import MODES, ForwardMode
+from kit.modes.rules import causal
 from kit.record import parse_run_id, run_id
+from kit.reference import attention
+from kit.verdicts import check_output
+from tests.helpers import run_setup
 
 REPO = Path(__file__).resolve().parent.parent
 
@@ -172,3 +177,76 @@ def test_cases_option_takes_another_catalog(tmp_path):
     proc = subprocess.run([sys.executable] + shlex.split(records[0]["repro"])[1:], cwd=REPO,
                           capture_output=True, text=True)
     assert proc.returncode == 0 and ": pass" in proc.stdout, proc.stdout + proc.stderr
+
+
+# Depth of catching: each kernel bug class of the mutant catalog, planted in the reference
+# (the float64 attention of the bug, rounded to the case's dtype as a kernel rounds its
+# output), must fail the kit's output check in at least MIN_CATCHING distinct full-set
+# cases of every mode it affects, with MARGIN to spare: the GPU draws other inputs.
+MIN_CATCHING, MARGIN = 3, 1.5
+DECODE, EXTEND = ForwardMode.DECODE, ForwardMode.EXTEND
+TARGET_VERIFY, DRAFT_EXTEND_V2 = ForwardMode.TARGET_VERIFY, ForwardMode.DRAFT_EXTEND_V2
+
+
+def _case_bug(changes):
+    """A bug in the layer config: changes(case) -> the Case fields to replace; the plan stays."""
+    def plant(fx):
+        return dataclasses.replace(fx, plan=dataclasses.replace(fx.plan, case=fx.case.with_(**changes(fx.case))))
+    return plant
+
+
+def _request_bug(change):
+    """A bug in what each request attends: change(request) -> its RequestPlan fields to replace."""
+    def plant(fx):
+        requests = [dataclasses.replace(r, **change(r)) for r in fx.plan.requests]
+        return dataclasses.replace(fx, plan=dataclasses.replace(fx.plan, requests=requests))
+    return plant
+
+
+def _without_key(r, key):
+    visible = r.visible.clone()
+    visible[:, key] = False
+    return dict(visible=visible)
+
+
+# mutant number, name -> (modes, applies to case, the bug planted in a fixture)
+BUG_CLASSES = {
+    (7, "window one short"): (MODES, lambda c: c.window > 0, _case_bug(lambda c: dict(window=c.window - 1))),
+    (7, "window one long"): (MODES, lambda c: c.window >= 0, _case_bug(lambda c: dict(window=c.window + 1))),
+    (8, "tree mask ignored"): ((TARGET_VERIFY,), lambda c: c.topk > 1, _request_bug(
+        lambda r: dict(visible=causal(r.n_old, r.n_new)))),
+    (9, "decode one key short"): ((DECODE,), lambda c: True, _request_bug(lambda r: _without_key(r, r.total - 1))),
+    (9, "prefix one key short"): ((EXTEND, TARGET_VERIFY, DRAFT_EXTEND_V2), lambda c: max(c.prefix) > 0,
+                                  _request_bug(lambda r: _without_key(r, r.n_old - 1) if r.n_old else {})),
+    (12, "cap ignored"): ((TARGET_VERIFY,), lambda c: c.cap > 0, _case_bug(lambda c: dict(cap=0.0))),
+    (13, "verify window on token index"): ((TARGET_VERIFY,), lambda c: c.window >= 0 and c.topk > 1, _request_bug(
+        lambda r: dict(q_pos=[r.seq_len + i for i in range(r.n_new)]))),
+    (14, "draft positions from seq_lens"): ((DRAFT_EXTEND_V2,), lambda c: c.window >= 0, _request_bug(
+        lambda r: dict(q_pos=[r.seq_len + i for i in range(r.n_new)]))),
+}
+
+
+def catching_cases(mode) -> dict:
+    """(number, bug) -> the base cases (contiguous layout: the others only move pages) whose
+    output check the bug fails by MARGIN."""
+    bugs = {key: (applies, plant) for key, (modes, applies, plant) in BUG_CLASSES.items() if mode in modes}
+    caught = {key: [] for key in bugs}
+    for case in catalog.cases("full", mode):
+        if case.layout != "contiguous":
+            continue
+        fx = run_setup(case).fixtures[0]  # the reference reads the fixture's inputs, never the pool
+        dtype = case.torch_dtype
+        golden, same = attention(fx, torch.float64), attention(fx, dtype)
+        for key, (applies, plant) in bugs.items():
+            if applies(case) and check_output(attention(plant(fx), torch.float64).to(dtype), golden, same,
+                                              dtype).excess >= MARGIN:
+                caught[key].append(case.name)
+    return caught
+
+
+@pytest.mark.parametrize("mode", MODES, ids=lambda m: m.value)
+def test_every_kernel_bug_class_is_caught_by_three_full_cases(mode):
+    """No single case stands between the kit and a kernel bug (the GPU mutation table counts
+    the real mutants; this is its CPU proxy on the same cases)."""
+    short = {f"{n} {bug}": cases for (n, bug), cases in catching_cases(mode).items() if len(cases) < MIN_CATCHING}
+    assert not short, f"bug classes caught by fewer than {MIN_CATCHING} full cases: {short}"
