@@ -21,6 +21,8 @@ from kit.verdicts import check_output
 from tests.helpers import run_setup
 
 REPO = Path(__file__).resolve().parent.parent
+DECODE, EXTEND = ForwardMode.DECODE, ForwardMode.EXTEND
+TARGET_VERIFY, DRAFT_EXTEND_V2 = ForwardMode.TARGET_VERIFY, ForwardMode.DRAFT_EXTEND_V2
 
 
 @pytest.mark.parametrize("mode", MODES, ids=lambda m: m.value)
@@ -56,8 +58,8 @@ def test_zero_prefix_and_trees_covered():
     assert {c.topk for c in catalog.cases("full", ForwardMode.TARGET_VERIFY)} >= {1, 2}
     assert {c.topk for c in catalog.cases("smoke", ForwardMode.TARGET_VERIFY)} >= {1, 2}
     for case_set in CASE_SETS:  # only a window shows whether a draft sits at seq_len + depth or + index
-        assert any(c.topk > 1 and c.window >= 0 for c in catalog.cases(case_set, ForwardMode.TARGET_VERIFY))
-        assert any(c.window >= 0 and c.window < max(c.prefix) for c in catalog.cases(case_set, ForwardMode.DRAFT_EXTEND_V2))
+        assert any(c.topk > 1 and c.window >= 0 for c in catalog.cases(case_set, TARGET_VERIFY))
+        assert any(0 <= c.window < max(c.prefix) for c in catalog.cases(case_set, DRAFT_EXTEND_V2))
 
 
 def _cap_bites(c: Case) -> bool:
@@ -78,8 +80,9 @@ def _page_features(c: Case) -> set:
 def _new_features(c: Case) -> set:
     if c.mode is not ForwardMode.EXTEND:
         return set()  # one count for the batch
-    return ({"ragged extend"} if len(set(c.new_lens)) > 1 else set()) | (
-        {"one-token extend"} if 1 in c.new_lens else set()) | ({"extend of 64+ tokens"} if max(c.new_lens) >= 64 else set())
+    return (({"ragged extend"} if len(set(c.new_lens)) > 1 else set())
+            | ({"one-token extend"} if 1 in c.new_lens else set())
+            | ({"extend of 64+ tokens"} if max(c.new_lens) >= 64 else set()))
 
 
 # The features a case has, field by field (a field added to Case needs its line here; None:
@@ -184,8 +187,6 @@ def test_cases_option_takes_another_catalog(tmp_path):
 # output), must fail the kit's output check in at least MIN_CATCHING distinct full-set
 # cases of every mode it affects, with MARGIN to spare: the GPU draws other inputs.
 MIN_CATCHING, MARGIN = 3, 1.5
-DECODE, EXTEND = ForwardMode.DECODE, ForwardMode.EXTEND
-TARGET_VERIFY, DRAFT_EXTEND_V2 = ForwardMode.TARGET_VERIFY, ForwardMode.DRAFT_EXTEND_V2
 
 
 def _case_bug(changes):
