@@ -18,6 +18,11 @@ build per variant serves all modes.
 FlashInfer fixes the kernel variant at plan() (dtypes, head_dim, window_left,
 logits_soft_cap; sm_scale is kept from there too), so every plan passes them
 all, with the dtypes explicit: the library defaults q to fp16.
+
+Its window_left counts on the token index (kv_len - qo_len + i): right for
+EXTEND, DECODE, DRAFT_EXTEND_V2 and chains, wrong for a tree, whose draft sits
+at seq_len + its depth. TARGET_VERIFY therefore plans no window and folds it,
+on positions, into the custom mask (window_on_positions).
 """
 from __future__ import annotations
 
@@ -40,6 +45,20 @@ else:
 WORKSPACE_BYTES = 128 << 20  # the size FlashInfer recommends for its split-k scratch
 HEAD_DIMS = (64, 128, 256)
 TENSOR_CORE_MIN_GROUP = 4
+
+
+def window_on_positions(mask: torch.Tensor, seq_lens, draft: int, window: int) -> torch.Tensor:
+    """TARGET_VERIFY's custom mask (per request a row-major [draft, seq_len + draft] block)
+    with the sliding window applied on positions: a draft's row tells its depth (its
+    ancestors, itself included, number depth + 1), so its position is seq_len + depth."""
+    blocks, start = [], 0
+    for s in seq_lens.tolist():
+        block = mask[start:start + draft * (s + draft)].view(draft, s + draft)
+        start += block.numel()
+        q_pos = s + block[:, s:].sum(dim=1) - 1
+        k_pos = torch.cat([torch.arange(s, device=mask.device), q_pos])
+        blocks.append((block & (k_pos[None, :] >= q_pos[:, None] - window)).reshape(-1))
+    return torch.cat(blocks)
 
 
 class FlashInferBackend(AttentionBackend):
@@ -146,9 +165,14 @@ class FlashInferBackend(AttentionBackend):
             wrapper.plan(kv_indptr, kv_indices, last_page_len, *self.heads, self.page, **self.variant)
         else:
             qo_indptr = torch.cat([torch.zeros(1, dtype=torch.int32), torch.cumsum(q_lens, 0, dtype=torch.int32)])
-            mask = spec_info.custom_mask if mode is ForwardMode.TARGET_VERIFY else None
+            mask, variant = None, self.variant
+            if mode is ForwardMode.TARGET_VERIFY:
+                mask, window = spec_info.custom_mask, self.variant["window_left"]
+                if window >= 0:
+                    mask = window_on_positions(mask, seq_lens_cpu, spec_info.draft_token_num, window)
+                    variant = dict(self.variant, window_left=-1)
             wrapper.plan(qo_indptr, kv_indptr, kv_indices, last_page_len, *self.heads, self.page,
-                         causal=mask is None, custom_mask=mask, **self.variant)
+                         causal=mask is None, custom_mask=mask, **variant)
         self.wrapper = wrapper
 
     def init_forward_metadata(self, batch) -> None:

@@ -14,11 +14,15 @@ SMOKE = [
     C("gqa_bs8_cap_p1_nonmono", prefix=(3, 9, 1, 27, 12, 0, 33, 6), cap=20.0, dtype="fp32", head_dim=64,
       layout="non_monotonic_extend"),
     C("gqa_bf16_p16", prefix=(20, 33), page=16, dtype="bf16"),
+    C("gqa32_scale_fp16_p16_shuf", prefix=(9, 33), heads=GQA_32_8, page=16, scale=0.1, dtype="fp16", head_dim=64,
+      layout="shuffled_pages"),
+    C("mha_bs1_long_cap_p1", prefix=(1100,), heads=MHA, cap=5.0, scale=0.25, dtype="fp32", head_dim=64),
     C("gqa_hybrid_p16_fp32", prefix=(9, 30, 17), page=16, dtype="fp32", head_dim=64, hybrid=True),
 ]
 
 # Cap cases use cap 5 at scale 0.25 (scores of std ~2.8): the cap bites, so a dropped cap
 # moves bf16 output past tolerance. At cap 30 and the default scale it never did (mutant 12).
+# Three window cases, so that no single case stands between the kit and a window bug (mutant 7).
 FULL = in_every_layout([
     C("mha_bs1_long_p1", prefix=(1100,), heads=MHA),
     C("gqa_ragged_p16", prefix=(0, 15, 16, 17, 33, 64, 100, 257), page=16),
@@ -29,5 +33,7 @@ FULL = in_every_layout([
     C("gqa_cap_p1", prefix=(50, 700, 3), cap=5.0, scale=0.25),
     C("gqa_scale_p16_fp16", prefix=(64, 128, 9), page=16, scale=0.05, dtype="fp16"),
     C("mha_bs16_p16", prefix=tuple(range(3, 3 + 16 * 37, 37)), heads=MHA, page=16, head_dim=64),
+    C("mha_window_long_p1", prefix=(1100, 600), heads=MHA, window=128),
+    C("gqa_window_cap_p64_fp16", prefix=(70, 200, 5, 129), page=64, window=64, cap=5.0, scale=0.25, dtype="fp16"),
     C("gqa_hybrid_window_p16", prefix=(100, 40, 31, 300), page=16, window=32, hybrid=True),
 ])

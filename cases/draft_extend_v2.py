@@ -16,11 +16,17 @@ SMOKE = [
     C("gqa_bs8_cap_p1_nonmono", prefix=(3, 9, 1, 27, 12, 0, 33, 6), new=3, cap=20.0, dtype="fp32",
       head_dim=64, layout="non_monotonic_extend"),
     C("gqa_bf16_p16", prefix=(20, 33), new=3, page=16, dtype="bf16"),
+    C("gqa32_scale_fp16_p16_shuf", prefix=(9, 33), new=3, heads=GQA_32_8, page=16, scale=0.1, dtype="fp16",
+      head_dim=64, layout="shuffled_pages"),
+    C("mha_bs1_long_cap_p1", prefix=(1100,), new=3, heads=MHA, cap=5.0, scale=0.25, dtype="fp32", head_dim=64),
     C("gqa_hybrid_draft3_p16_fp32", prefix=(12, 30), new=3, page=16, dtype="fp32", head_dim=64, hybrid=True),
 ]
 
 # Cap cases use cap 5 at scale 0.25 (scores of std ~2.8): the cap bites, so a dropped cap
 # moves bf16 output past tolerance. At cap 30 and the default scale it never did (mutant 12).
+# Window cases reach into the prefix: positions off by the draft count (seq_lens counted
+# twice, mutant 14) move every window. Three of them, so that no single case stands
+# between the kit and a window bug (mutant 7).
 FULL = in_every_layout([
     C("mha_bs1_long_p1", prefix=(1100,), new=3, heads=MHA),
     C("gqa_draft4_p16", prefix=(0, 17, 33, 64), new=4, page=16),
@@ -32,5 +38,8 @@ FULL = in_every_layout([
     C("gqa_window_p16", prefix=(100, 40, 31, 7), new=6, page=16, window=8),
     C("gqa_cap_p1", prefix=(50, 700, 3), new=4, cap=5.0, scale=0.25),
     C("gqa_page_cross_p16", prefix=(14, 15, 30), new=4, page=16),
+    C("mha_window_long_p1", prefix=(1100,), new=3, heads=MHA, window=64),
+    C("gqa_window_cap_p64_fp16", prefix=(63, 64, 130, 7), new=5, page=64, window=4, cap=5.0, scale=0.25,
+      dtype="fp16"),
     C("gqa_hybrid_window_p16", prefix=(100, 40, 31), new=4, page=16, window=8, hybrid=True),
 ])

@@ -15,11 +15,15 @@ SMOKE = [
     C("gqa_bs8_cap_p1_nonmono", prefix=(3, 9, 1, 27, 12, 0, 33, 6), new=(2, 1, 5, 3, 1, 4, 2, 6), cap=20.0,
       dtype="fp32", head_dim=64, layout="non_monotonic_extend"),
     C("gqa_bf16_p16", prefix=(20, 0), new=(9, 17), page=16, dtype="bf16"),
+    C("gqa32_scale_fp16_p16_shuf", prefix=(17, 5), new=(9, 1), heads=GQA_32_8, page=16, scale=0.1,
+      dtype="fp16", head_dim=64, layout="shuffled_pages"),
+    C("mha_bs1_long_cap_p1", prefix=(1000,), new=(70,), heads=MHA, cap=5.0, scale=0.25, dtype="fp32", head_dim=64),
     C("gqa_hybrid_p16_fp32", prefix=(12, 30), new=(6, 11), page=16, dtype="fp32", head_dim=64, hybrid=True),
 ]
 
 # Cap cases use cap 5 at scale 0.25 (scores of std ~2.8): the cap bites, so a dropped cap
 # moves bf16 output past tolerance. At cap 30 and the default scale it never did (mutant 12).
+# Three window cases, so that no single case stands between the kit and a window bug (mutant 7).
 FULL = in_every_layout([
     C("mha_bs1_long_p1", prefix=(1000,), new=(100,), heads=MHA),
     C("gqa_ragged_p16", prefix=(0, 17, 33, 64), new=(5, 1, 16, 3), page=16),
@@ -32,5 +36,8 @@ FULL = in_every_layout([
     C("gqa_cap_p1", prefix=(50, 0, 3), new=(30, 60, 1), cap=5.0, scale=0.25),
     C("gqa_all_ones_bs9_p16", prefix=(0, 1, 15, 16, 17, 31, 32, 100, 64), new=(1,) * 9, page=16),
     C("gqa_zero_prefix_p64", prefix=(0, 0, 0, 0), new=(64, 65, 1, 130), page=64),
+    C("mha_window_long_p1", prefix=(1000, 0), new=(100, 300), heads=MHA, window=256),
+    C("gqa_window_cap_p64_fp16", prefix=(70, 0, 130), new=(40, 100, 3), page=64, window=16, cap=5.0, scale=0.25,
+      dtype="fp16"),
     C("gqa_hybrid_window_p16", prefix=(100, 0, 37), new=(40, 60, 9), page=16, window=32, hybrid=True),
 ])

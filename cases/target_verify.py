@@ -16,11 +16,21 @@ SMOKE = [
     C("gqa_bs8_tree4_cap_p1_nonmono", prefix=(3, 9, 1, 27, 12, 2, 33, 6), new=4, topk=2, cap=20.0,
       dtype="fp32", head_dim=64, layout="non_monotonic_extend"),
     C("gqa_bf16_chain3_p16", prefix=(20, 33), new=3, page=16, dtype="bf16"),
+    C("gqa32_chain3_scale_fp16_p16_shuf", prefix=(9, 33), new=3, heads=GQA_32_8, page=16, scale=0.1,
+      dtype="fp16", head_dim=64, layout="shuffled_pages"),
+    C("mha_bs1_long_tree6_cap_p1", prefix=(1100,), new=6, topk=2, heads=MHA, cap=5.0, scale=0.25, dtype="fp32",
+      head_dim=64),
+    C("gqa_tree8_window4_p16_inter", prefix=(20, 9, 33), new=8, topk=2, page=16, window=4, dtype="fp32",
+      head_dim=64, layout="interleaved_pages"),
     C("gqa_hybrid_tree4_p16_fp32", prefix=(12, 30), new=4, topk=2, page=16, dtype="fp32", head_dim=64, hybrid=True),
 ]
 
 # Cap cases use cap 5 at scale 0.25 (scores of std ~2.8): the cap bites, so a dropped cap
 # moves bf16 output past tolerance. At cap 30 and the default scale it never did (mutant 12).
+# Trees with a window: a draft sits at seq_len + its depth, not seq_len + its index, and
+# only a window shows which one a backend used (mutant 13). Three cases of each bug's
+# feature (cap, window, tree with window), so that no single case stands between the kit
+# and a miss.
 FULL = in_every_layout([
     C("mha_bs1_tree6_long_p1", prefix=(1100,), new=6, topk=2, heads=MHA),
     C("gqa_chain4_p16", prefix=(17, 64, 1, 33), new=4, page=16),
@@ -33,5 +43,11 @@ FULL = in_every_layout([
     C("gqa_window_chain4_p16", prefix=(100, 40, 31, 7), new=4, page=16, window=16),
     C("gqa_cap_tree6_p16", prefix=(50, 700, 3), new=6, topk=2, page=16, cap=5.0, scale=0.25),
     C("gqa_page_exact_chain4_p16", prefix=(16, 32, 48), new=4, page=16),
+    C("gqa_tree8_window_p16", prefix=(17, 64, 1, 33, 250), new=8, topk=2, page=16, window=6),
+    C("mha_bs1_tree6_window_long_p1", prefix=(1100,), new=6, topk=2, heads=MHA, window=100),
+    C("gqa32_tree8_window_cap_p16", prefix=(300, 45, 1023), new=8, topk=4, heads=GQA_32_8, page=16, window=24,
+      cap=5.0, scale=0.25),
+    C("mqa_tree6_cap_p64_fp16", prefix=(63, 64, 200, 7), new=6, topk=3, heads=MQA, page=64, cap=5.0, scale=0.25,
+      dtype="fp16"),
     C("gqa_hybrid_window_chain4_p16", prefix=(100, 40, 31), new=4, page=16, window=16, hybrid=True),
 ])

@@ -11,7 +11,7 @@ from kit.fixture import Fixture
 from kit.guard import GuardCheck
 from kit.record import GRAPH, KERNEL, KV_WRITE
 from kit.reference import attention
-from kit.verdicts import OutputCheck, check_kv, check_output, check_padding, check_state
+from kit.verdicts import OutputCheck, check_form, check_kv, check_output, check_padding, check_state
 
 # When several checks fail, the class that says where to look first: a wrong KV pool
 # explains a wrong output, not the other way round.
@@ -20,7 +20,7 @@ PRECEDENCE = (KV_WRITE, KERNEL, GRAPH)
 
 @dataclasses.dataclass
 class Verdict:
-    checks: list  # each layer's output first, then the KV pool, then the run kind's own checks
+    checks: list  # each layer's output, the KV pool, each output's form, then the run kind's own checks
 
     @property
     def ok(self) -> bool:
@@ -54,14 +54,17 @@ class Verdict:
 
 
 def _judged(fx: Fixture, outs: Sequence[torch.Tensor], before) -> list:
-    """Each layer's output against its golden (in layer order), then the KV pool of every layer."""
+    """Each layer's output against its golden (in layer order), the KV pool of every layer,
+    then each output's form (shape, dtype, device)."""
     dtype = fx.case.torch_dtype
     checks = [check_output(out, attention(fx, torch.float64, layer.layer_id), attention(fx, dtype, layer.layer_id),
                            dtype, label=f"layer {layer.layer_id} ")
               for layer, out in zip(fx.layers, outs)]
     writes = {layer.layer_id: (fx.inputs[layer.layer_id].k_new, fx.inputs[layer.layer_id].v_new)
               for layer in fx.layers}
-    return checks + [check_kv(fx.pools.token_to_kv_pool, before[0], before[1], fx.batch.out_cache_loc, writes)]
+    checks.append(check_kv(fx.pools.token_to_kv_pool, before[0], before[1], fx.batch.out_cache_loc, writes))
+    return checks + [check_form(out, fx.inputs[layer.layer_id].q, label=f"layer {layer.layer_id} ")
+                     for layer, out in zip(fx.layers, outs)]
 
 
 def eager_verdict(fx: Fixture, outs: Sequence[torch.Tensor], before, memory: GuardCheck) -> Verdict:
@@ -72,7 +75,8 @@ def eager_verdict(fx: Fixture, outs: Sequence[torch.Tensor], before, memory: Gua
 def replay_verdict(fx: Fixture, replayed, before) -> Verdict:
     """`replayed`: kit.graph.Replayed."""
     return Verdict(_judged(fx, replayed.outs, before) + [
-        replayed.memory, check_state(replayed.replaced), check_padding(replayed.padded)])
+        replayed.memory, check_state(replayed.replaced),
+        check_padding(replayed.padded, fx.pools.token_to_kv_pool)])
 
 
 def replay_failure(replay: Verdict, eager: Optional[Verdict]) -> Tuple[str, str]:

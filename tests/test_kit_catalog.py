@@ -1,4 +1,5 @@
 """The case catalog keeps its promises: unique names, and the coverage the kit claims."""
+import dataclasses
 import json
 import os
 import re
@@ -8,14 +9,22 @@ import sys
 from pathlib import Path
 
 import pytest
+import torch
 
 from cases import CATALOG as catalog
 from kit.case import GQA, LAYOUTS, MHA, MQA, Case
 from kit.catalog import CASE_SETS, Catalog
+from kit.layer import model_layers
 from kit.modes import MODES, ForwardMode
+from kit.modes.rules import causal
 from kit.record import parse_run_id, run_id
+from kit.reference import attention
+from kit.verdicts import check_output
+from tests.helpers import run_setup
 
 REPO = Path(__file__).resolve().parent.parent
+DECODE, EXTEND = ForwardMode.DECODE, ForwardMode.EXTEND
+TARGET_VERIFY, DRAFT_EXTEND_V2 = ForwardMode.TARGET_VERIFY, ForwardMode.DRAFT_EXTEND_V2
 
 
 @pytest.mark.parametrize("mode", MODES, ids=lambda m: m.value)
@@ -50,6 +59,71 @@ def test_zero_prefix_and_trees_covered():
         assert any(0 in c.prefix for c in catalog.cases("full", mode)), mode
     assert {c.topk for c in catalog.cases("full", ForwardMode.TARGET_VERIFY)} >= {1, 2}
     assert {c.topk for c in catalog.cases("smoke", ForwardMode.TARGET_VERIFY)} >= {1, 2}
+    for case_set in CASE_SETS:  # only a window shows whether a draft sits at seq_len + depth or + index
+        assert any(c.topk > 1 and c.window >= 0 for c in catalog.cases(case_set, TARGET_VERIFY))
+        assert any(0 <= c.window < max(c.prefix) for c in catalog.cases(case_set, DRAFT_EXTEND_V2))
+
+
+def _cap_bites(c: Case) -> bool:
+    """Scores of unit-variance q and k have std sm_scale * sqrt(head_dim); a cap within 3 of
+    those changes the softmax (cap 5 at scale 0.25), a looser one barely does."""
+    return c.cap < 3 * c.sm_scale * c.head_dim ** 0.5
+
+
+def _page_features(c: Case) -> set:
+    found = {f"page {c.page}"}
+    if c.page > 1 and any(p % c.page == 0 and p > 0 for p in c.prefix):
+        found.add("prefix exactly a page multiple")
+    if c.page > 1 and any(p % c.page for p in c.prefix):
+        found.add("prefix crossing a page boundary")
+    return found
+
+
+def _new_features(c: Case) -> set:
+    if c.mode is not ForwardMode.EXTEND:
+        return set()  # one count for the batch
+    return (({"ragged extend"} if len(set(c.new_lens)) > 1 else set())
+            | ({"one-token extend"} if 1 in c.new_lens else set())
+            | ({"extend of 64+ tokens"} if max(c.new_lens) >= 64 else set()))
+
+
+# The features a case has, field by field (a field added to Case needs its line here; None:
+# identity, not a feature). The dtype feature puts bf16 and fp32 together: the CPU runs fp32
+# where the GPU runs bf16.
+FEATURES = {
+    "name": None, "mode": None, "seed": None,
+    "prefix": lambda c: {f"bs {'1' if c.bs == 1 else '8+' if c.bs >= 8 else '2-7'}"}
+    | ({"zero prefix"} if 0 in c.prefix else set())
+    | ({"context past 1,000 tokens"} if max(map(sum, zip(c.prefix, c.new_lens))) > 1000 else set()),
+    "new": _new_features,
+    "page": _page_features,
+    "heads": lambda c: {f"heads {c.heads}"},
+    "head_dim": lambda c: {f"head_dim {c.head_dim}"},
+    "dtype": lambda c: {"fp16" if c.dtype == "fp16" else "bf16 or fp32"},
+    "window": lambda c: {"window" if c.window >= 0 else "no window"},
+    "cap": lambda c: {"no cap" if not c.cap else "cap that bites" if _cap_bites(c) else "loose cap"},
+    "scale": lambda c: {"default sm_scale" if c.scale is None else "sm_scale set"},
+    "topk": lambda c: {"chain"} if c.topk == 1 else {"tree"} | ({"tree with window"} if c.window >= 0 else set())
+    | ({"tree with cap"} if c.cap else set()),
+    "layout": lambda c: {c.layout},
+    "hybrid": lambda c: {"hybrid layers" if c.hybrid else "uniform layers"},
+}
+
+
+def case_features(c: Case) -> set:
+    return set().union(*(f(c) for f in FEATURES.values() if f))
+
+
+def test_features_cover_every_case_field():
+    assert set(FEATURES) == {f.name for f in dataclasses.fields(Case)}
+
+
+@pytest.mark.parametrize("mode", MODES, ids=lambda m: m.value)
+def test_smoke_has_every_feature_of_full(mode):
+    """CI runs the smoke set: whatever the GPU's full set exercises, the CPU exercises too."""
+    full = set().union(*map(case_features, catalog.cases("full", mode)))
+    smoke = set().union(*map(case_features, catalog.cases("smoke", mode)))
+    assert full <= smoke, f"in the full set, not in the smoke set: {sorted(full - smoke)}"
 
 
 def test_smoke_runs_on_cpu_dtypes():
@@ -142,3 +216,76 @@ def test_cases_option_takes_another_catalog(tmp_path):
     proc = subprocess.run([sys.executable] + shlex.split(records[0]["repro"])[1:], cwd=REPO,
                           capture_output=True, text=True)
     assert proc.returncode == 0 and ": pass" in proc.stdout, proc.stdout + proc.stderr
+
+
+# Depth of catching: each kernel bug class of the mutant catalog, planted in the reference
+# (the float64 attention of the bug, rounded to the case's dtype as a kernel rounds its
+# output), must fail the kit's output check in at least MIN_CATCHING distinct full-set
+# cases of every mode it affects, with MARGIN to spare: the GPU draws other inputs.
+MIN_CATCHING, MARGIN = 3, 1.5
+
+
+def _case_bug(changes):
+    """A bug in the layer config: changes(case) -> the Case fields to replace; the plan stays,
+    the model's layers follow the changed case."""
+    def plant(fx):
+        case = fx.case.with_(**changes(fx.case))
+        return dataclasses.replace(fx, plan=dataclasses.replace(fx.plan, case=case), layers=model_layers(case))
+    return plant
+
+
+def _request_bug(change):
+    """A bug in what each request attends: change(request) -> its RequestPlan fields to replace."""
+    def plant(fx):
+        requests = [dataclasses.replace(r, **change(r)) for r in fx.plan.requests]
+        return dataclasses.replace(fx, plan=dataclasses.replace(fx.plan, requests=requests))
+    return plant
+
+
+def _without_key(r, key):
+    visible = r.visible.clone()
+    visible[:, key] = False
+    return dict(visible=visible)
+
+
+# mutant number, name -> (modes, applies to case, the bug planted in a fixture)
+BUG_CLASSES = {
+    (7, "window one short"): (MODES, lambda c: c.window > 0, _case_bug(lambda c: dict(window=c.window - 1))),
+    (7, "window one long"): (MODES, lambda c: c.window >= 0, _case_bug(lambda c: dict(window=c.window + 1))),
+    (8, "tree mask ignored"): ((TARGET_VERIFY,), lambda c: c.topk > 1, _request_bug(
+        lambda r: dict(visible=causal(r.n_old, r.n_new)))),
+    (9, "decode one key short"): ((DECODE,), lambda c: True, _request_bug(lambda r: _without_key(r, r.total - 1))),
+    (9, "prefix one key short"): ((EXTEND, TARGET_VERIFY, DRAFT_EXTEND_V2), lambda c: max(c.prefix) > 0,
+                                  _request_bug(lambda r: _without_key(r, r.n_old - 1) if r.n_old else {})),
+    (12, "cap ignored"): ((TARGET_VERIFY,), lambda c: c.cap > 0, _case_bug(lambda c: dict(cap=0.0))),
+    (13, "verify window on token index"): ((TARGET_VERIFY,), lambda c: c.window >= 0 and c.topk > 1, _request_bug(
+        lambda r: dict(q_pos=[r.seq_len + i for i in range(r.n_new)]))),
+    (14, "draft positions from seq_lens"): ((DRAFT_EXTEND_V2,), lambda c: c.window >= 0, _request_bug(
+        lambda r: dict(q_pos=[r.seq_len + i for i in range(r.n_new)]))),
+}
+
+
+def catching_cases(mode) -> dict:
+    """(number, bug) -> the base cases (contiguous layout: the others only move pages) whose
+    output check the bug fails by MARGIN."""
+    bugs = {key: (applies, plant) for key, (modes, applies, plant) in BUG_CLASSES.items() if mode in modes}
+    caught = {key: [] for key in bugs}
+    for case in catalog.cases("full", mode):
+        if case.layout != "contiguous":
+            continue
+        fx = run_setup(case).fixtures[-1]  # the case (last of the eager sequence); never the pool
+        dtype = case.torch_dtype
+        golden, same = attention(fx, torch.float64), attention(fx, dtype)
+        for key, (applies, plant) in bugs.items():
+            if applies(case) and check_output(attention(plant(fx), torch.float64).to(dtype), golden, same,
+                                              dtype).excess >= MARGIN:
+                caught[key].append(case.name)
+    return caught
+
+
+@pytest.mark.parametrize("mode", MODES, ids=lambda m: m.value)
+def test_every_kernel_bug_class_is_caught_by_three_full_cases(mode):
+    """No single case stands between the kit and a kernel bug (the GPU mutation table counts
+    the real mutants; this is its CPU proxy on the same cases)."""
+    short = {f"{n} {bug}": cases for (n, bug), cases in catching_cases(mode).items() if len(cases) < MIN_CATCHING}
+    assert not short, f"bug classes caught by fewer than {MIN_CATCHING} full cases: {short}"

@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import dataclasses
+import types
 
 import pytest
 import torch
@@ -13,7 +14,7 @@ from kit.modes import Exec, ForwardMode
 from kit.pools import CASE_LAYER_ID
 from kit.reference import attention
 from kit.runner import run_case
-from kit.verdicts import ABS_FLOOR, RATIO, check_kv, check_output
+from kit.verdicts import ABS_FLOOR, RATIO, REL_RMS, check_form, check_kv, check_output, check_padding
 from tests.helpers import make_fixture, small_case
 
 DECODE, EXTEND = ForwardMode.DECODE, ForwardMode.EXTEND
@@ -82,26 +83,100 @@ def test_output_tolerance_is_ratio_times_ref_err_plus_floor():
     ref_err = (same.double() - golden).abs().max().item()
     assert chk.ref_err == ref_err
     assert chk.tol == pytest.approx(RATIO * ref_err + ABS_FLOOR[torch.float32], rel=1e-12)
-    # Synthetic: the same-dtype reference is off by exactly 1e-3, so tol = 2e-3 + floor.
-    golden = torch.zeros(3, 2, 4, dtype=torch.float64)
+    # Synthetic: the same-dtype reference is off by exactly 1e-3, so tol = 2e-3 + floor. Outputs
+    # of magnitude 100 keep the magnitude rule out of the way.
+    golden = torch.full((3, 2, 4), 100.0, dtype=torch.float64)
     same = golden.clone()
-    same[1, 0, 0] = 1e-3
+    same[1, 0, 0] += 1e-3
     tol = RATIO * 1e-3 + ABS_FLOOR[torch.float32]
     for dtype in (torch.float32, torch.float16, torch.bfloat16):
         assert check_output(golden, golden, same, dtype).tol == pytest.approx(RATIO * 1e-3 + ABS_FLOOR[dtype])
     inside, outside = golden.clone(), golden.clone()
-    inside[2, 1, 3] = 0.99 * tol
-    outside[2, 1, 3] = 1.01 * tol
+    inside[2, 1, 3] += 0.99 * tol
+    outside[2, 1, 3] += 1.01 * tol
     assert check_output(inside, golden, same, torch.float32).ok
     bad = check_output(outside, golden, same, torch.float32)
     assert not bad.ok and bad.bad_rows == [2]
 
 
-def test_output_shape_mismatch_fails():
-    """An output of the wrong shape fails, saying both shapes."""
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float16, torch.bfloat16], ids=str)
+def test_output_magnitude_rule_boundary(dtype):
+    """Per head, RMS(error) <= REL_RMS[dtype] x RMS(golden): a head moved by 0.99 of that passes,
+    by 1.01 fails with only its row reported, whatever the absolute floor says."""
+    golden = torch.randn(4, 3, 64, dtype=torch.float64, generator=torch.Generator().manual_seed(0)) * 1e-3
+    direction = torch.randn(64, dtype=torch.float64, generator=torch.Generator().manual_seed(1))
+    direction /= direction.pow(2).mean().sqrt()  # unit RMS
+
+    def moved(fraction):
+        out = golden.clone()
+        out[2, 1] += fraction * REL_RMS[dtype] * golden[2, 1].pow(2).mean().sqrt() * direction
+        return out
+
+    assert check_output(moved(0.99), golden, golden, dtype).ok
+    bad = check_output(moved(1.01), golden, golden, dtype)
+    assert not bad.ok and bad.bad_rows == [2] and bad.max_err < bad.tol
+    assert bad.max_rel == pytest.approx(1.01 * REL_RMS[dtype], rel=1e-9)
+    assert "of its output's magnitude" in bad.describe()
+
+
+LONG_DECODE = Case("verdict_long", DECODE, prefix=(1100,), heads=(8, 8), head_dim=128, dtype="bf16")
+
+
+@pytest.mark.parametrize("dtype", ["bf16", "fp16", "fp32"])
+def test_one_key_short_in_a_long_context_is_caught(dtype):
+    """Planted bug: decode of 1,101 keys attends 1,100 (the new token missed). In bf16 it moves
+    the output by less than the absolute floor, so the ratio rule alone passes it; the
+    magnitude rule catches it, while the honest computation (fp32, output rounded) stays
+    well inside both."""
+    fx = make_fixture(LONG_DECODE.with_(dtype=dtype))
+    dt = fx.case.torch_dtype
+    golden, same = attention(fx, torch.float64), attention(fx, dt)
+    honest = check_output(attention(fx, torch.float32).to(dt), golden, same, dt)
+    assert honest.ok and honest.excess < 1 / 3, honest.describe()
+    req = fx.plan.requests[0]
+    req.visible[:, -1] = False
+    short = check_output(attention(fx, torch.float64).to(dt), golden, same, dt)
+    assert not short.ok and short.max_rel > short.rel_tol, short.describe()
+    if dtype == "bf16":
+        assert short.max_err < short.tol  # what the ratio rule alone let through
+
+
+def test_output_shape_mismatch_is_not_compared():
+    """An output of the wrong shape fails without a comparison; the form check says both shapes."""
     golden, same = _output_inputs()
     chk = check_output(same[:-1], golden, same, torch.float32)
-    assert not chk.ok and "shape" in chk.describe() and str(tuple(golden.shape)) in chk.describe()
+    assert not chk.ok and "not compared" in chk.describe()
+    form = check_form(same[:-1], same)
+    assert not form.ok and f"shape {tuple(same[:-1].shape)}, expected {tuple(golden.shape)}" in form.describe()
+
+
+# ---------------------------------------------------------------- check_form
+
+
+def test_form_needs_q_dtype_shape_and_device():
+    """The layer takes [T, Hq, D] in q's dtype on q's device: right values in fp32, float64 or
+    fp16 for a bf16 q fail, as does an output on another device."""
+    q = torch.randn(5, 4, 16).to(torch.bfloat16)
+    assert check_form(q.clone(), q).ok and check_form(q.clone(), q).describe() == "output form ok"
+    for dtype in (torch.float32, torch.float64, torch.float16):
+        chk = check_form(q.to(dtype), q)
+        assert not chk.ok and chk.problems == [f"dtype {dtype}, expected torch.bfloat16"]
+    chk = check_form(torch.empty(5, 4, 16, dtype=torch.bfloat16, device="meta"), q)
+    assert not chk.ok and chk.problems == ["device meta, expected cpu"]
+
+
+# ---------------------------------------------------------------- check_padding
+
+
+def test_padding_must_be_finite_and_within_the_pool():
+    """Padded rows may hold anything a softmax over the pool could give, nothing else: NaN/inf
+    rows and finite rows past the largest |V| in the pool fail, each reported."""
+    pool = types.SimpleNamespace(v_buffer=[torch.tensor([[1.0, -3.0]]), torch.tensor([[2.0, 0.5]])])
+    assert check_padding([torch.tensor([[3.0, -3.0]]), torch.tensor([[0.0, 2.9]])], pool).ok
+    bad = check_padding([torch.tensor([[0.0, 0.0], [float("nan"), 0.0]]), torch.tensor([[1e4, 0.0], [-3.5, 0.0]])],
+                        pool)
+    assert not bad.ok and bad.nonfinite_rows == [1] and bad.out_of_range_rows == [2, 3] and bad.bound == 3.0
+    assert "not finite" in bad.describe() and "out of range" in bad.describe()
 
 
 # ---------------------------------------------------------------- check_kv
@@ -322,3 +397,43 @@ def test_wrong_shape_and_missing_output_are_verdicts_not_errors():
     assert (r.outcome, r.failure_class) == ("fail", "kernel") and "shape (11, 4, 16), expected (12, 4, 16)" in r.message
     r = run_case(f"{__name__}:NoOutputBackend", case, Exec.EAGER)
     assert (r.outcome, r.failure_class) == ("fail", "crash") and "returned NoneType" in r.message
+
+
+class Float64OutputBackend(TorchNativeBackend):
+    """Planted bug: returns its output in float64 (right values, wrong dtype for the layer)."""
+
+    def forward(self, q, k, v, layer, batch, save_kv_cache=True):
+        return super().forward(q, k, v, layer, batch, save_kv_cache).double()
+
+
+class OutOfRangePaddingBackend(TorchNativeBackend):
+    """Planted bug (EXTEND graph, run piecewise-eager): the padded tokens' rows hold 1e4, finite
+    but past every value in the pool (an unnormalized accumulator, memory read as values)."""
+
+    def init_cuda_graph_state(self, max_bs, max_num_tokens) -> None:
+        pass
+
+    def init_forward_metadata_capture_cuda_graph(self, *args) -> None:
+        pass
+
+    def init_forward_metadata_replay_cuda_graph(self, *args) -> None:
+        pass
+
+    def forward(self, q, k, v, layer, batch, save_kv_cache=True):
+        out = super().forward(q, k, v, layer, batch, save_kv_cache)
+        out[batch.extend_num_tokens:] = 1e4
+        return out
+
+
+def test_wrong_dtype_output_is_kernel_failure():
+    """An output of right values in the wrong dtype fails as 'kernel', saying so."""
+    r = run_case(f"{MODULE}:Float64OutputBackend", EXTEND_CASE, Exec.EAGER, torch.device("cpu"))
+    assert (r.outcome, r.failure_class) == ("fail", "kernel"), r.message
+    assert "output ok" in r.message and "output form wrong: dtype torch.float64, expected torch.float32" in r.message
+
+
+def test_out_of_range_padded_rows_are_graph_failure():
+    """Finite padded rows past the pool's values fail the replay as 'graph' (real rows are right)."""
+    r = run_case(f"{MODULE}:OutOfRangePaddingBackend", EXTEND_CASE, Exec.GRAPH, torch.device("cpu"))
+    assert (r.outcome, r.failure_class) == ("fail", "graph"), r.message
+    assert "output ok" in r.message and "padded rows out of range" in r.message

@@ -44,9 +44,16 @@ MUTANTS = [
     Mutant(8, "verify_ignores_tree_mask", T + "VerifyIgnoresTreeMask", K, (TV,), EAGER, cpu=True),
     Mutant(9, "decode_reads_one_past", T + "DecodeReadsOnePast", OOB, (D,), EAGER, cpu=True),
     Mutant(9, "decode_reads_one_short", T + "DecodeReadsOneShort", K, (D,), EAGER, cpu=True),
+    Mutant(9, "prefix_reads_one_short", T + "PrefixReadsOneShort", K, (E, TV, DE), EAGER, cpu=True),
     Mutant(10, "kv_indices_from_stale_sum", T + "KvIndicesFromStaleSum", OOB, ALL_MODES, EAGER, cpu=True),
     Mutant(11, "extend_padding_not_routed", T + "ExtendPaddingNotRouted", G, (E,), GRAPH, cpu=True),
     Mutant(12, "logit_cap_ignored_in_verify", T + "LogitCapIgnoredInVerify", K, (TV,), EAGER, cpu=True),
+    Mutant(13, "verify_window_by_index", T + "VerifyWindowByIndex", K, (TV,), EAGER, cpu=True),
+    Mutant(14, "draft_extend_positions_from_seq_lens", T + "DraftExtendPositionsFromSeqLens", K, (DE,), EAGER,
+           cpu=True),
+    Mutant(15, "output_in_fp32", T + "OutputInFp32", K, ALL_MODES, EAGER + GRAPH, cpu=True),
+    # On CPU the host is the case's device: only a GPU run can tell.
+    Mutant(15, "output_on_host", T + "OutputOnHost", K, ALL_MODES, EAGER, cpu=False),
     # Patterns of the production-harness issue (numbered from 20).
     # In the two-phase Triton backend only the replay hook's own work can go wrong: EXTEND's
     # metadata and DRAFT_EXTEND_V2's inputs (decode and verify metadata is recorded in the graph).

@@ -187,6 +187,15 @@ class DecodeReadsOneShort(TritonBackend):
         super()._fill_decode(bufs, req_pool_indices, seq_lens - 1)
 
 
+class PrefixReadsOneShort(TritonBackend):
+    """EXTEND, TARGET_VERIFY and DRAFT_EXTEND_V2 read one cached key fewer than the prefix
+    holds (an off-by-one in the prefix length): the last cached token is missed."""
+
+    def _extend_inputs(self, mode, seq_lens, spec_info, *args):
+        prefix, q_lens, mask = super()._extend_inputs(mode, seq_lens, spec_info, *args)
+        return torch.clamp(prefix - 1, min=0), q_lens, mask
+
+
 class KvIndicesFromStaleSum(TritonBackend):
     """Eager kv_indices sized from a stale seq_lens_sum (the sum before this step's
     tokens were added): the index builder writes past its end."""
@@ -203,3 +212,53 @@ class ExtendPaddingNotRouted(TritonBackend):
         if batch.forward_mode is ForwardMode.EXTEND:
             return int(batch.extend_seq_lens[:batch.batch_size].sum())  # the real tokens only
         return super()._extend_tokens(batch)
+
+
+class _PositionsMutant(TritonBackend):
+    """Base: forward() runs with other query positions (the kernels read them for the window)."""
+
+    def positions(self, batch):
+        return batch.positions
+
+    def forward(self, q, k, v, layer, batch, save_kv_cache=True):
+        return super().forward(q, k, v, layer, dataclasses.replace(batch, positions=self.positions(batch)),
+                               save_kv_cache)
+
+
+def _from_seq_lens(batch):
+    """seq_len + token index, for every request's fixed count of new tokens."""
+    per_req = batch.spec_info.draft_token_num
+    index = torch.arange(per_req, device=batch.seq_lens.device).repeat(batch.batch_size)
+    return batch.seq_lens.long().repeat_interleave(per_req) + index
+
+
+class VerifyWindowByIndex(_PositionsMutant):
+    """TARGET_VERIFY applies the sliding window on the token index (seq_len + draft index)
+    instead of the position (seq_len + tree depth), as a kernel that infers positions
+    from kv_len - qo_len does: right for chains, wrong for trees."""
+
+    def positions(self, batch):
+        return _from_seq_lens(batch) if batch.forward_mode is ForwardMode.TARGET_VERIFY else batch.positions
+
+
+class DraftExtendPositionsFromSeqLens(_PositionsMutant):
+    """DRAFT_EXTEND_V2 positions taken as seq_len + draft index, the TARGET_VERIFY convention,
+    though its seq_lens already count the drafts: every window sits num_draft_tokens late."""
+
+    def positions(self, batch):
+        return _from_seq_lens(batch) if batch.forward_mode is ForwardMode.DRAFT_EXTEND_V2 else batch.positions
+
+
+class OutputInFp32(TritonBackend):
+    """The output comes back in fp32, the kernels' accumulator dtype, instead of q's dtype
+    (an output buffer allocated as float32): right values, a wrong tensor for o_proj."""
+
+    def forward(self, q, k, v, layer, batch, save_kv_cache=True):
+        return super().forward(q, k, v, layer, batch, save_kv_cache).float()
+
+
+class OutputOnHost(TritonBackend):
+    """The output comes back on the host (a CPU fallback path): right values, wrong device."""
+
+    def forward(self, q, k, v, layer, batch, save_kv_cache=True):
+        return super().forward(q, k, v, layer, batch, save_kv_cache).cpu()

@@ -1,0 +1,29 @@
+"""The FlashInfer adapter's host-side logic, on CPU (its kernels need CUDA)."""
+import pytest
+import torch
+
+from backends.flashinfer import window_on_positions
+from cases import CATALOG
+from kit.catalog import CASE_SETS
+from kit.modes import ForwardMode
+from kit.plan import plan_case
+from kit.reference import visibility
+from tests.helpers import small_case
+
+TV = ForwardMode.TARGET_VERIFY
+WINDOWED = [small_case("tree_w2", TV, (9, 0, 4), 7, topk=2, window=2),
+            small_case("tree_w5_topk3", TV, (30, 6), 8, topk=3, window=5)] + [
+    c for s in CASE_SETS for c in CATALOG.cases(s, TV) if c.window >= 0]
+
+
+@pytest.mark.parametrize("case", WINDOWED, ids=lambda c: c.name)
+def test_verify_window_folds_into_the_mask_on_positions(case):
+    """The mask FlashInfer gets for a windowed TARGET_VERIFY is the kit's own visibility:
+    tree structure and the window on positions (seq_len + depth), not on token index."""
+    plan = plan_case(case)
+    mask = torch.cat([r.visible.reshape(-1) for r in plan.requests])
+    seq_lens = torch.tensor([r.seq_len for r in plan.requests], dtype=torch.int32)
+    folded = window_on_positions(mask, seq_lens, case.new, case.window)
+    expected = torch.cat([visibility(r.visible, r.q_pos, r.key_pos, case.window, "cpu").reshape(-1)
+                          for r in plan.requests])
+    assert torch.equal(folded, expected)
