@@ -191,8 +191,8 @@ class PrefixReadsOneShort(TritonBackend):
     """EXTEND, TARGET_VERIFY and DRAFT_EXTEND_V2 read one cached key fewer than the prefix
     holds (an off-by-one in the prefix length): the last cached token is missed."""
 
-    def _extend_inputs(self, mode, seq_lens, spec_info, *args):
-        prefix, q_lens, mask = super()._extend_inputs(mode, seq_lens, spec_info, *args)
+    def _extend_inputs(self, batch):
+        prefix, q_lens, mask = super()._extend_inputs(batch)
         return torch.clamp(prefix - 1, min=0), q_lens, mask
 
 
