@@ -6,7 +6,7 @@ import dataclasses
 import pytest
 import torch
 
-from backends.sglang.adapter import SGLangTritonBackend, sglang_problem
+from backends.sglang.adapter import SGLangTorchNativeBackend, SGLangTritonBackend, sglang_problem
 from kit.catalog import load_catalog
 from kit.modes import Exec, ForwardMode
 from kit.reference import attention
@@ -71,3 +71,19 @@ def test_kf3_triton_eager_extend_metadata_reads_whole_request_tensors():
     backend.init_forward_metadata(b)  # exact-size tensors: fine
     with pytest.raises(RuntimeError, match="must match the existing size"):
         backend.init_forward_metadata(dataclasses.replace(b, **longer))
+
+
+def test_kf5_torch_native_ignores_logit_cap():
+    """TorchNativeAttnBackend attends without the layer's soft cap: the kit's reference with the cap
+    off is what it computes."""
+    case = load_catalog().find_case(ForwardMode.DECODE, "gqa_bs8_cap_p1_nonmono")
+    setup = RunSetup.make(SGLangTorchNativeBackend, case, Exec.EAGER, "cpu")
+    fx = setup.fixtures[-1]
+    fx.install()
+    backend = setup.new_backend()
+    backend.init_forward_metadata(fx.batch)
+    layer, x = fx.layers[1], fx.inputs[1]
+    out = backend.forward(x.q, x.k_new, x.v_new, layer, fx.batch).double()
+    uncapped = dataclasses.replace(fx, layers=tuple(dataclasses.replace(l, logit_cap=0.0) for l in fx.layers))
+    assert _err(out, attention(fx, layer_id=1)) > 1e-3
+    assert _err(out, attention(uncapped, layer_id=1)) < TIGHT

@@ -247,6 +247,10 @@ class SGLangTritonBackend(_GraphHooks, SGLangBackend):
     name = "sglang_triton"
     sglang_class = "sglang.srt.layers.attention.triton_backend:TritonAttnBackend"
     server_name = "triton"
+    # A plain CPU run (CI) gives it one short case per mode: in Triton's interpreter SGLang's
+    # kernels take 5-60 s a run. `--case-set smoke` runs every smoke case (results/cpu.json).
+    ci_cases = {"decode": ("mqa_p1_shuf",), "extend": ("mqa_p1_shuf",),
+                "target_verify": ("mha_bs1_chain4_window_p64_inter",), "draft_extend_v2": ("mqa_draft3_p1_shuf",)}
 
     @classmethod
     def supports(cls, case):

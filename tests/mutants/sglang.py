@@ -6,6 +6,7 @@ patch whose line no longer reads as expected raises, naming it."""
 from __future__ import annotations
 
 import functools
+import importlib
 import importlib.util
 import linecache
 import sys
@@ -22,6 +23,7 @@ def patched_module(module: str, line: int, old: str, new: str) -> types.ModuleTy
     same indentation."""
     import backends.sglang.runtime  # noqa: F401 - sglang's set-up (shims, interpreter) first
 
+    original = importlib.import_module(module)  # imported as it is first: the copy is put back after
     spec = importlib.util.find_spec(module)
     lines = open(spec.origin).read().splitlines(keepends=True)
     got = lines[line - 1]
@@ -33,7 +35,6 @@ def patched_module(module: str, line: int, old: str, new: str) -> types.ModuleTy
     copy = types.ModuleType(module)
     copy.__file__, copy.__package__ = spec.origin, spec.parent
     # Registered while it executes (its dataclasses look their module up), then the original back.
-    original = sys.modules[module]
     sys.modules[module] = copy
     try:
         exec(compile("".join(lines), filename, "exec"), copy.__dict__)
