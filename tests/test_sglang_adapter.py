@@ -29,9 +29,10 @@ def test_supports_says_how_to_install_when_sglang_is_missing(monkeypatch):
         raise importlib.metadata.PackageNotFoundError(name)
 
     monkeypatch.setattr(importlib.metadata, "version", missing)
-    case = small_case("c", ForwardMode.DECODE, (3,))
-    for cls in (SGLangTritonBackend, SGLangTorchNativeBackend):
-        assert cls.supports(case) == f"sglang {PINNED} is not installed: {INSTALL}"
+    for case in (small_case("c", ForwardMode.DECODE, (3,)), small_case("v", ForwardMode.TARGET_VERIFY, (3,), 2,
+                                                                        dtype="bf16")):
+        for cls in ADAPTERS:  # first, before any reason of the backend's own
+            assert cls.supports(case) == f"sglang {PINNED} is not installed: {INSTALL}"
 
 
 def test_supports_names_another_installed_version(monkeypatch):

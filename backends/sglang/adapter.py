@@ -254,9 +254,10 @@ class SGLangTritonBackend(_GraphHooks, SGLangBackend):
 
     @classmethod
     def supports(cls, case):
-        if case.dtype == "bf16" and not torch.cuda.is_available():
-            return "bf16 on CPU: Triton's interpreter computes bf16 tl.dot wrong (CPU runs fp16/fp32)"
-        return super().supports(case)
+        interpreted_bf16 = case.dtype == "bf16" and not torch.cuda.is_available()
+        return super().supports(case) or (
+            "bf16 on CPU: Triton's interpreter computes bf16 tl.dot wrong (CPU runs fp16/fp32)" if interpreted_bf16
+            else None)
 
     def __init__(self, ctx):
         super().__init__(ctx)
@@ -274,10 +275,9 @@ class SGLangTorchNativeBackend(SGLangBackend):
 
     @classmethod
     def supports(cls, case):
-        if case.mode is ForwardMode.TARGET_VERIFY:
-            return ("TorchNativeAttnBackend has no verify path: it never reads spec_info, so no custom "
-                    "(tree) mask (torch_native_backend.py forward_extend)")
-        return super().supports(case)
+        return super().supports(case) or (
+            "TorchNativeAttnBackend has no verify path: it never reads spec_info, so no custom (tree) mask "
+            "(torch_native_backend.py forward_extend)" if case.mode is ForwardMode.TARGET_VERIFY else None)
 
 
 class SGLangFlashInferBackend(_GraphHooks, SGLangBackend):
@@ -291,6 +291,6 @@ class SGLangFlashInferBackend(_GraphHooks, SGLangBackend):
 
     @classmethod
     def supports(cls, case):
-        if not torch.cuda.is_available():
-            return "FlashInferAttnBackend runs on CUDA GPUs only; no CUDA device here"
-        return super().supports(case)
+        return super().supports(case) or (
+            "FlashInferAttnBackend runs on CUDA GPUs only; no CUDA device here" if not torch.cuda.is_available()
+            else None)
