@@ -41,7 +41,7 @@ class ForwardBatch:
     positions: torch.Tensor
     req_to_token_pool: ReqToTokenPool
     token_to_kv_pool: KVPool
-    # EXTEND only
+    # EXTEND; DRAFT_EXTEND_V2's eager batches too (its graph views carry spec_info only)
     extend_num_tokens: Optional[int] = None
     extend_seq_lens: Optional[torch.Tensor] = None
     extend_prefix_lens: Optional[torch.Tensor] = None

@@ -77,6 +77,9 @@ class AttentionBackend:
     # True if forward() sees only the real tokens of a padded EXTEND batch: the caller
     # (SGLang's attention layer) runs it on the real rows and zeroes the padded ones.
     real_rows_only: bool = False
+    # {mode value: case names}: the smoke cases a plain CPU run (`--case-set auto`) gives a backend
+    # too slow on CPU for all of them; None: every case. `--case-set smoke` runs them all.
+    ci_cases: Optional[dict] = None
 
     @classmethod
     def supports(cls, case: Case) -> Optional[str]:

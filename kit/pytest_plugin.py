@@ -72,11 +72,16 @@ def _selection(config):
     labels = {spec: parsed(f"--backend {spec}", backend_label, spec,
                            fix=f"give a registered name ({', '.join(known_backends())}) or module:attr of a "
                                f"backend class that imports") for spec in specs}
+    case_set = parsed("--case-set", resolve_set, opt("--case-set"))
+    # `--case-set auto` on CPU: a backend naming `ci_cases` (too slow here for every smoke case) runs
+    # those; `--case-set smoke` runs them all. The catalog of the results file keeps every run.
+    auto_smoke = opt("--case-set") == "auto" and case_set == "smoke"
     return dict(
         labels=labels,
+        ci_cases={spec: getattr(load_backend(spec), "ci_cases", None) if auto_smoke else None for spec in specs},
         modes=parsed("--mode", lambda: [parse_mode(m) for m in _csv(opt("--mode"))] or list(MODES)),
         execs=parsed("--exec", lambda: [parse_exec(e) for e in _csv(opt("exec_"))] or list(EXECS)),
-        case_set=parsed("--case-set", resolve_set, opt("--case-set")),
+        case_set=case_set,
         catalog_target=opt("--cases"),
         catalog=parsed(f"--cases {opt('--cases')}", load_catalog, opt("--cases"),
                        fix="give module:attr of a kit.catalog.Catalog that imports"),
@@ -91,9 +96,12 @@ def pytest_generate_tests(metafunc):
     sel = metafunc.config._conformance_selection
     params = []
     for spec, label in sel["labels"].items():
+        ci_cases = sel["ci_cases"][spec]
         for mode in sel["modes"]:
             for exec_ in sel["execs"]:
                 for case in sel["catalog"].cases(sel["case_set"], mode):
+                    if ci_cases is not None and case.name not in ci_cases.get(mode.value, ()):
+                        continue
                     entry = known_failures.match(sel["known"], label, mode.value, exec_.value, case.name,
                                                  sel["device"])
                     marks = [] if entry is None else [pytest.mark.xfail(

@@ -178,3 +178,18 @@ def test_library_versions_come_from_the_backend():
     case = catalog.cases("smoke", ForwardMode.DECODE)[0]
     assert set(run_case("torch_native", case, Exec.EAGER).versions) == {"torch", "cuda"}
     assert set(run_case("triton", case, Exec.EAGER).versions) == {"torch", "cuda", "triton"}
+
+
+@pytest.mark.skipif(__import__("torch").cuda.is_available(), reason="`auto` is the smoke set on CPU only")
+def test_ci_cases_narrow_a_plain_cpu_run_and_smoke_runs_them_all(tmp_path):
+    """A backend's `ci_cases` are what `--case-set auto` on CPU gives it; `--case-set smoke` gives every
+    smoke case; either way the results file's catalog lists every run."""
+    def collected(*args):
+        proc = subprocess.run([sys.executable, "-m", "pytest", "tests/test_conformance.py", "--co", "-q",
+                               "-p", "no:cacheprovider", "--backend", "tests.toys.dense:CiSubsetBackend",
+                               "--mode", "decode", *args], cwd=REPO, capture_output=True, text=True)
+        assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-2000:]
+        return sorted(line.split("[", 1)[1].rstrip("]") for line in proc.stdout.splitlines() if "[" in line)
+
+    assert collected() == ["toy_ci_subset-decode-eager-mqa_p1_shuf", "toy_ci_subset-decode-graph-mqa_p1_shuf"]
+    assert len(collected("--case-set", "smoke")) == 2 * len(catalog.cases("smoke", ForwardMode.DECODE))

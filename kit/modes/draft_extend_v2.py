@@ -8,7 +8,7 @@ import torch
 from kit.batch import SpecInfo
 from kit.modes import ForwardMode
 from kit.protocol import SpeculativeConfig
-from kit.modes.rules import ModeRules, RequestShape, causal
+from kit.modes.rules import ModeRules, RequestShape, causal, extend_fields
 
 COLUMN = 4
 
@@ -25,8 +25,11 @@ class DraftExtendV2(ModeRules):
         return SpeculativeConfig(algorithm="EAGLE", num_draft_tokens=case.new, topk=case.topk)
 
     def batch_fields(self, plan, device):
+        # The extend_* fields too: an engine's eager draft extend is an extend over the drafts
+        # (SGLang's ForwardBatch.init_new fills them for every mode but decode and idle).
         n = len(plan.requests)
-        return dict(spec_info=self.spec_info(plan.case, n, n, None, fill=1, device=device))
+        return dict(spec_info=self.spec_info(plan.case, n, n, None, fill=1, device=device),
+                    **extend_fields(plan, device))
 
     def spec_info(self, case, rows, real_rows, real_mask, fill, device):
         lens = torch.full((rows,), case.new, dtype=torch.int32, device=device)

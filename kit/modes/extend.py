@@ -3,10 +3,8 @@ extend_* fields. Graphs follow the piecewise contract: the token axis padded to
 a token bucket."""
 from __future__ import annotations
 
-import torch
-
 from kit.modes import ForwardMode
-from kit.modes.rules import TOKEN_COUNT_GRAPHS, ModeRules, RequestShape, causal
+from kit.modes.rules import TOKEN_COUNT_GRAPHS, ModeRules, RequestShape, causal, extend_fields
 
 
 COLUMN = 2
@@ -32,12 +30,7 @@ class Extend(ModeRules):
         raise TypeError("EXTEND requests have ragged token counts; its graphs are per token bucket")
 
     def batch_fields(self, plan, device):
-        new = [r.n_new for r in plan.requests]
-        old = [r.n_old for r in plan.requests]
-        i32 = lambda values: torch.tensor(values, dtype=torch.int32, device=device)  # noqa: E731
-        return dict(extend_num_tokens=sum(new), extend_seq_lens=i32(new), extend_prefix_lens=i32(old),
-                    extend_start_loc=i32([sum(new[:i]) for i in range(len(new))]),
-                    extend_seq_lens_cpu=new, extend_prefix_lens_cpu=old)
+        return extend_fields(plan, device)
 
 
 RULES = Extend()

@@ -36,6 +36,17 @@ def causal(n_old: int, n_new: int) -> torch.Tensor:
     return k <= q
 
 
+def extend_fields(plan, device) -> dict:
+    """The extend_* ForwardBatch fields of a batch whose requests add tokens to a cached
+    prefix, as SGLang's ForwardBatch.init_new fills them for every extend-like mode."""
+    new = [r.n_new for r in plan.requests]
+    old = [r.n_old for r in plan.requests]
+    i32 = lambda values: torch.tensor(values, dtype=torch.int32, device=device)  # noqa: E731
+    return dict(extend_num_tokens=sum(new), extend_seq_lens=i32(new), extend_prefix_lens=i32(old),
+                extend_start_loc=i32([sum(new[:i]) for i in range(len(new))]),
+                extend_seq_lens_cpu=new, extend_prefix_lens_cpu=old)
+
+
 class ModeRules:
     mode = None  # the ForwardMode this file defines
     graph = BATCH_SIZE_GRAPHS

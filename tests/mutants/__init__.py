@@ -17,6 +17,7 @@ ALL_MODES = (D, E, TV, DE)
 EAGER, GRAPH = (Exec.EAGER,), (Exec.GRAPH,)
 T = "tests.mutants.triton:"
 FI = "tests.mutants.flashinfer:"
+SG = "tests.mutants.sglang:"
 G, K, KV, C = ("graph",), ("kernel",), ("kv-write",), ("crash",)
 # Reading or writing past a buffer the backend sized itself: wrong output where the
 # stray access lands in readable memory, a crash where it corrupts the heap.
@@ -61,4 +62,18 @@ MUTANTS = [
     Mutant(21, "metadata_cached_by_shape", T + "MetadataCachedByShape", K, ALL_MODES, EAGER, cpu=True),
     Mutant(22, "extend_grid_from_request_count", T + "ExtendGridFromRequestCount", G, (E,), GRAPH, cpu=True),
     Mutant(23, "first_layer_config_for_all", T + "FirstLayerConfigForAll", K, ALL_MODES, EAGER, cpu=True),
+    # Real-code mutants (numbered from 30): known SGLang bugs replayed as one-line patches of a copy
+    # of SGLang's own triton_backend.py, run through the sglang_triton adapter.
+    # In DECODE and TARGET_VERIFY a bs taken from a full-capacity buffer only fills rows past the batch
+    # too (TARGET_VERIFY's replay takes it so already, triton_backend.py:1425): DRAFT_EXTEND_V2 shows it.
+    Mutant(30, "sglang_replay_bs_from_buffer", SG + "ReplayBsFromBuffer", G + C, (DE,), GRAPH, cpu=True),
+    Mutant(31, "sglang_draft_extend_counts_drafts_twice", SG + "DraftExtendCountsDraftsTwice", G, (DE,), GRAPH,
+           cpu=True),
+    Mutant(32, "sglang_verify_mask_not_refreshed", SG + "VerifyMaskNotRefreshed", G, (TV,), GRAPH, cpu=True),
+    Mutant(33, "sglang_replay_writes_fresh_kv_indptr", SG + "ReplayWritesFreshKvIndptr", G, (D, TV, DE), GRAPH,
+           cpu=True),
+    Mutant(34, "sglang_draft_extend_no_clamp", SG + "DraftExtendNoClamp", G + C, (DE,), GRAPH, cpu=True,
+           harmless="padded rows follow the real ones, so their negative lengths only lower kv_indptr past "
+                    "the real rows; SGLang's kernels take lengths as loop bounds (an empty loop), and the "
+                    "padded rows' output stays finite"),
 ]

@@ -129,3 +129,10 @@ class StaleReplayBackend(DenseGraphBackend):
 
     def init_forward_metadata_replay_cuda_graph(self, *args, **kwargs) -> None:
         self.md = self.graph_md
+
+
+class CiSubsetBackend(DenseGraphBackend):
+    """A backend that names its CPU CI subset: one decode case."""
+
+    name = "toy_ci_subset"
+    ci_cases = {"decode": ("mqa_p1_shuf",)}

@@ -1,0 +1,20 @@
+"""SGLang's own attention backends (sglang 0.5.23), unmodified, under the kit:
+`sglang_triton` (TritonAttnBackend), `sglang_torch_native` (TorchNativeAttnBackend)
+and `sglang_flashinfer` (FlashInferAttnBackend, CUDA only). adapter.py maps the
+kit's context, pools, batch and layers to SGLang's; runtime.py imports and sets
+up SGLang when a backend is built; install.py installs it (README "Testing
+SGLang's backends").
+
+Without CUDA SGLang's kernels run in Triton's interpreter, which Triton picks when a
+kernel (its own `tl` helpers included) is defined: set before anything imports triton.
+"""
+import os
+
+import torch
+
+if not torch.cuda.is_available():
+    os.environ.setdefault("TRITON_INTERPRET", "1")
+
+from backends.sglang.adapter import SGLangFlashInferBackend, SGLangTorchNativeBackend, SGLangTritonBackend  # noqa: E402
+
+__all__ = ["SGLangFlashInferBackend", "SGLangTorchNativeBackend", "SGLangTritonBackend"]

@@ -1,0 +1,296 @@
+"""SGLang's own attention backends, unmodified, behind the kit's protocol.
+
+What is mapped, and nothing more (a bug here could hide one in SGLang):
+- the kit's context -> the model runner SGLang's constructors read (`_ModelRunner`), and the
+  server args they read through SGLang's runtime context (`runtime.install_server_args`);
+- the kit's pools -> SGLang's pool interface: the kit's ReqToTokenPool as is (`size`,
+  `req_to_token`), the kit's KV pool behind SGLang's readers and `set_kv_buffer`, whose
+  location is SGLang's KVWriteLoc (`_KVPool`);
+- the kit's batch -> SGLang's own ForwardBatch with its real ForwardMode, bound to a KV
+  location plan by SGLang's KVIndexTranslator, and the kit's spec_info -> EagleVerifyInput
+  (TARGET_VERIFY) or EagleDraftExtendInput (DRAFT_EXTEND_V2) (`_forward_batch`); a new one
+  on every call, over the kit's tensors (views, never copies), so a graph's replays re-read
+  the kit's static buffers;
+- the kit's layer -> a RadixAttention (one per layer config), called as a model calls it:
+  the layer narrows a token-padded EXTEND batch to its real rows itself.
+"""
+from __future__ import annotations
+
+import importlib
+import importlib.metadata
+from typing import Optional
+
+import torch
+
+from kit.modes import ForwardMode
+from kit.protocol import AttentionBackend, library_version
+
+PINNED = "0.5.23"
+INSTALL = "python -m backends.sglang.install"
+# SGLang sizes its decode KV splits by the SM count, 0 without CUDA (srt/utils/common.py:1161),
+# and with 0 skips its planner (triton_backend.py:448): an H100 SXM's count runs it on CPU.
+NOMINAL_SMS = 132
+
+
+def sglang_problem() -> Optional[str]:
+    """Why the pinned sglang cannot be used here, or None."""
+    try:
+        version = importlib.metadata.version("sglang")
+    except importlib.metadata.PackageNotFoundError:
+        return f"sglang {PINNED} is not installed: {INSTALL}"
+    if version != PINNED:
+        return (f"sglang {version} is installed, the adapter is pinned to {PINNED} "
+                f"(README 'Testing SGLang's backends' says how to move the pin)")
+    return None
+
+
+class _ModelConfig:
+    """The ModelConfig fields SGLang's attention backends read: one dense (MHA/GQA) model."""
+
+    def __init__(self, ctx, sg):
+        layer = ctx.layers[0]  # the kit's layers share heads and head_dim
+        self.attention_arch = sg.AttentionArch.MHA
+        self.context_len = ctx.max_context_len
+        self.num_attention_heads = layer.tp_q_head_num
+        self.num_key_value_heads = layer.tp_k_head_num
+        self.head_dim = self.v_head_dim = self.swa_v_head_dim = layer.head_dim
+        self.is_encoder_decoder = self.is_multimodal = False
+        # A plain config: hybrid_arch.mambaish_config() isinstance-checks it and finds no hybrid.
+        self.hf_config = self.hf_text_config = sg.PretrainedConfig(architectures=["KitForCausalLM"])
+        self.linear_attn_registry_result = None
+
+    def get_max_num_attention_heads(self):
+        return self.num_attention_heads
+
+    def get_num_kv_heads(self, tensor_parallel_size, dcp_size=1):
+        return self.num_key_value_heads // (tensor_parallel_size // dcp_size)
+
+
+class _KVPool:
+    """The kit's KV pool behind SGLang's KV-cache interface (MHATokenToKVPool's readers and writer)."""
+
+    start_layer = 0
+
+    def __init__(self, pool, unwrap_write_loc):
+        self.pool = pool
+        self.size, self.page_size, self.dtype = pool.size, pool.page_size, pool.dtype
+        self.head_num, self.head_dim = pool.head_num, pool.head_dim
+        self.unwrap_write_loc = unwrap_write_loc
+
+    def get_key_buffer(self, layer_id):
+        return self.pool.get_key_buffer(layer_id)
+
+    def get_value_buffer(self, layer_id):
+        return self.pool.get_value_buffer(layer_id)
+
+    def get_kv_buffer(self, layer_id):
+        return self.pool.get_kv_buffer(layer_id)
+
+    def set_kv_buffer(self, layer, loc_info, cache_k, cache_v):
+        """`loc_info`: a KVWriteLoc or a bare location tensor (memory_pool.py:1880, :1958)."""
+        loc, _, _ = self.unwrap_write_loc(loc_info)
+        self.pool.set_kv_buffer(layer, loc, cache_k, cache_v)
+
+
+class _ModelRunner:
+    """The model-runner attributes SGLang's attention backends read at construction."""
+
+    def __init__(self, ctx, sg, attention_backend: str):
+        self.device = ctx.device
+        self.gpu_id = ctx.device.index or 0
+        self.dtype = ctx.dtype
+        self.kv_cache_dtype = ctx.kv_cache_dtype
+        self.page_size = ctx.page_size
+        self.model_config = _ModelConfig(ctx, sg)
+        # One window for the model's window layers (kit and SGLang count it alike: a query at p
+        # sees keys p-W..p); None without one. The kit's layers have at most one window size.
+        windows = {layer.sliding_window_size for layer in ctx.layers if layer.sliding_window_size >= 0}
+        self.sliding_window_size = max(windows) if windows else None
+        # Decides only whether the backend allocates the target's verify-mask scratch.
+        self.is_draft_worker = False
+        self.prefill_attention_backend_str = self.decode_attention_backend_str = attention_backend
+        self.server_args = sg.get_context().server_args
+        self.speculative = ctx.speculative
+        self.req_to_token_pool = ctx.req_to_token_pool
+        self.token_to_kv_pool = _KVPool(ctx.token_to_kv_pool, sg.unwrap_write_loc)
+        self.token_to_kv_pool_allocator = _Allocator(self.token_to_kv_pool)
+        # As ModelRunner.init_kv_index_translator (model_runner.py:950).
+        self.kv_index_translator = sg.KVIndexTranslator(
+            req_to_token=ctx.req_to_token_pool.req_to_token, token_to_kv_pool_allocator=self.token_to_kv_pool_allocator,
+            token_to_kv_pool=self.token_to_kv_pool, page_size=ctx.page_size, device=ctx.device,
+            is_draft_worker=self.is_draft_worker)
+
+    def decode_num_tokens_per_req(self, num_draft_tokens=None):
+        """Query tokens per request of a decode-shaped step: the drafts on a speculative target."""
+        return self.speculative.num_draft_tokens if self.speculative else 1
+
+
+class _Allocator:
+    """The token allocator, as far as the translator asks: its page size and its pool."""
+
+    def __init__(self, pool):
+        self.page_size = pool.page_size
+        self.pool = pool
+
+    def get_kvcache(self):
+        return self.pool
+
+
+class SGLangBackend(AttentionBackend):
+    """The eager protocol, common to SGLang's backends; subclasses name the one they wrap."""
+
+    sglang_class: str = ""  # module:attr in sglang
+    server_name: str = ""  # its --attention-backend name
+    # Forward gets a token-padded EXTEND batch whole: SGLang's RadixAttention runs the backend on
+    # its real rows and zeroes the rest (graph_utils.py:146, :161). Its piecewise prefill graphs
+    # leave attention out of the capture (the breakable backend runs it eagerly).
+    real_rows_only = False
+    extend_capture = False
+
+    @classmethod
+    def versions(cls):
+        return {"sglang": library_version("sglang"), "triton": library_version("triton")}
+
+    @classmethod
+    def supports(cls, case) -> Optional[str]:
+        return sglang_problem()
+
+    def __init__(self, ctx):
+        super().__init__(ctx)
+        from backends.sglang import runtime as sg
+
+        self.sg = sg
+        sg.install_server_args(self.server_name, ctx.device, ctx.speculative)
+        self.runner = _ModelRunner(ctx, sg, self.server_name)
+        self.impl = self._impl_class()(self.runner)
+        self.layers = {layer: sg.RadixAttention(
+            num_heads=layer.tp_q_head_num, head_dim=layer.head_dim, scaling=layer.scaling,
+            num_kv_heads=layer.tp_k_head_num, layer_id=layer.layer_id, logit_cap=layer.logit_cap,
+            sliding_window_size=layer.sliding_window_size) for layer in ctx.layers}
+
+    def _impl_class(self):
+        """The SGLang class wrapped (a real-code mutant gives a patched copy's)."""
+        module, _, attr = self.sglang_class.partition(":")
+        return getattr(importlib.import_module(module), attr)
+
+    def _forward_batch(self, b, in_capture: bool = False):
+        sg = self.sg
+        fb = sg.ForwardBatch(
+            forward_mode=sg.MODES[b.forward_mode.value], batch_size=b.batch_size, input_ids=None,
+            req_pool_indices=b.req_pool_indices, seq_lens=b.seq_lens, seq_lens_cpu=b.seq_lens_cpu,
+            seq_lens_sum=b.seq_lens_sum, out_cache_loc=b.out_cache_loc, positions=b.positions,
+            extend_num_tokens=b.extend_num_tokens, extend_seq_lens=b.extend_seq_lens,
+            extend_prefix_lens=b.extend_prefix_lens, extend_start_loc=b.extend_start_loc,
+            extend_seq_lens_cpu=b.extend_seq_lens_cpu, extend_prefix_lens_cpu=b.extend_prefix_lens_cpu,
+            # The real tokens of a token-padded EXTEND batch, read by RadixAttention (graph_utils.py:146).
+            global_num_token_non_padded_cpu=b.extend_num_tokens,
+            spec_info=self._spec_info(b))
+        translator = self.runner.kv_index_translator
+        # A batch built outside ForwardBatch.init_new binds its own KV location plan; a capture
+        # batch over a runner's buffers binds those (kv_index_translator.py:398, :678).
+        (translator.bind_runner_slots if in_capture else translator.bind_own_plan)(fb)
+        return fb
+
+    def _spec_info(self, b):
+        s, sg = b.spec_info, self.sg
+        if b.forward_mode is ForwardMode.TARGET_VERIFY:
+            return sg.EagleVerifyInput(
+                draft_token=None, custom_mask=s.custom_mask, positions=b.positions, retrieve_index=None,
+                retrieve_next_token=None, retrieve_next_sibling=None, retrieve_cum_len=None,
+                spec_steps=s.draft_token_num - 1, topk=s.topk, draft_token_num=s.draft_token_num,
+                capture_hidden_mode=sg.CaptureHiddenMode.FULL, seq_lens_sum=b.seq_lens_sum,
+                seq_lens_cpu=b.seq_lens_cpu)
+        if b.forward_mode is ForwardMode.DRAFT_EXTEND_V2:
+            info = sg.EagleDraftExtendInput(num_tokens_per_req=s.num_tokens_per_bs)
+            # Set by SGLang's draft-extend runner, not dataclass fields
+            # (eagle_draft_extend_cuda_graph_runner.py:628).
+            info.extend_seq_lens_tensor = s.extend_seq_lens_tensor
+            info.extend_seq_lens_cpu = s.extend_seq_lens_tensor.tolist()
+            return info
+        return None
+
+    def init_forward_metadata(self, batch) -> None:
+        self.impl.init_forward_metadata(self._forward_batch(batch))
+
+    def forward(self, q, k, v, layer, batch, save_kv_cache=True):
+        sg = self.sg
+        t = q.shape[0]
+        with sg.forward_context(sg.ForwardContext(attn_backend=self.impl)):
+            out = self.layers[layer](q.reshape(t, -1), k, v, self._forward_batch(batch), save_kv_cache=save_kv_cache)
+        return out.view(t, layer.tp_q_head_num, layer.head_dim)
+
+
+class _GraphHooks:
+    """SGLang 0.5.23's two-phase graph hooks, for the backends that have them."""
+
+    def init_cuda_graph_state(self, max_bs, max_num_tokens):
+        self.impl.init_cuda_graph_state(max_bs, max_num_tokens)
+
+    def get_cuda_graph_seq_len_fill_value(self):
+        return self.impl.get_cuda_graph_seq_len_fill_value()
+
+    def init_forward_metadata_out_graph(self, batch, in_capture=False):
+        fb = self._forward_batch(batch, in_capture)
+        if batch.forward_mode is ForwardMode.EXTEND:
+            # SGLang's prefill graphs (breakable, piecewise) prepare attention with the eager
+            # metadata at capture and before every replay (prefill_cuda_graph_runner.py:1234,
+            # :1256); out_graph is for the decode-shaped runners.
+            self.impl.init_forward_metadata(fb)
+        else:
+            self.impl.init_forward_metadata_out_graph(fb, in_capture=in_capture)
+
+    def init_forward_metadata_in_graph(self, batch):
+        self.impl.init_forward_metadata_in_graph(self._forward_batch(batch))
+
+
+class SGLangTritonBackend(_GraphHooks, SGLangBackend):
+    name = "sglang_triton"
+    sglang_class = "sglang.srt.layers.attention.triton_backend:TritonAttnBackend"
+    server_name = "triton"
+    # A plain CPU run (CI) gives it one short case per mode: in Triton's interpreter SGLang's
+    # kernels take 5-60 s a run. `--case-set smoke` runs every smoke case (results/cpu.json).
+    ci_cases = {"decode": ("mqa_p1_shuf",), "extend": ("mqa_p1_shuf",),
+                "target_verify": ("mha_bs1_chain4_window_p64_inter",), "draft_extend_v2": ("mqa_draft3_p1_shuf",)}
+
+    @classmethod
+    def supports(cls, case):
+        interpreted_bf16 = case.dtype == "bf16" and not torch.cuda.is_available()
+        return super().supports(case) or (
+            "bf16 on CPU: Triton's interpreter computes bf16 tl.dot wrong (CPU runs fp16/fp32)" if interpreted_bf16
+            else None)
+
+    def __init__(self, ctx):
+        super().__init__(ctx)
+        if self.impl.device_core_count <= 0:  # read at :315, used by get_num_kv_splits (:448)
+            self.impl.device_core_count = NOMINAL_SMS
+
+
+class SGLangTorchNativeBackend(SGLangBackend):
+    """No graph hooks: TorchNativeAttnBackend has only the eager init_forward_metadata
+    (torch_native_backend.py:50); SGLang disables CUDA graphs with it (attention_hook.py:124)."""
+
+    name = "sglang_torch_native"
+    sglang_class = "sglang.srt.layers.attention.torch_native_backend:TorchNativeAttnBackend"
+    server_name = "torch_native"
+
+    @classmethod
+    def supports(cls, case):
+        return super().supports(case) or (
+            "TorchNativeAttnBackend has no verify path: it never reads spec_info, so no custom (tree) mask "
+            "(torch_native_backend.py forward_extend)" if case.mode is ForwardMode.TARGET_VERIFY else None)
+
+
+class SGLangFlashInferBackend(_GraphHooks, SGLangBackend):
+    name = "sglang_flashinfer"
+    sglang_class = "sglang.srt.layers.attention.flashinfer_backend:FlashInferAttnBackend"
+    server_name = "flashinfer"
+
+    @classmethod
+    def versions(cls):
+        return dict(super().versions(), flashinfer=library_version("flashinfer"))
+
+    @classmethod
+    def supports(cls, case):
+        return super().supports(case) or (
+            "FlashInferAttnBackend runs on CUDA GPUs only; no CUDA device here" if not torch.cuda.is_available()
+            else None)

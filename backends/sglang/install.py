@@ -1,0 +1,36 @@
+"""python -m backends.sglang.install — make the pinned sglang usable by the kit.
+
+On a serving machine that has sglang already: nothing is installed, the installed
+sglang is used as it is (a version other than the pin is named, not replaced). Else
+(CPU CI): `pip install --no-deps -r requirements-cpu.txt`, the sglang wheel and the
+packages its attention import chain imports, never its serving stack.
+"""
+from __future__ import annotations
+
+import importlib.metadata
+import subprocess
+import sys
+from pathlib import Path
+
+from backends.sglang.adapter import PINNED
+
+REQUIREMENTS = Path(__file__).with_name("requirements-cpu.txt")
+
+
+def main() -> int:
+    try:
+        version = importlib.metadata.version("sglang")
+    except importlib.metadata.PackageNotFoundError:
+        cmd = [sys.executable, "-m", "pip", "install", "-q", "--no-deps", "-r", str(REQUIREMENTS)]
+        print("installing sglang", PINNED, "without its serving stack:", " ".join(cmd[2:]), flush=True)
+        return subprocess.call(cmd)
+    if version != PINNED:
+        print(f"sglang {version} is installed, the adapter is pinned to {PINNED}: its backends read "
+              f"`unsupported` until the pin moves (README 'Testing SGLang's backends')", file=sys.stderr)
+        return 1
+    print(f"sglang {version} is installed: using it as it is")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

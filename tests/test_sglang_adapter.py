@@ -1,0 +1,180 @@
+"""The SGLang adapter's own tests: what it maps (context, pools, batch, layers), which modes and
+hooks it exposes, its reasons for what it does not run, and the real-code mutant loader.
+Skipped, with the reason, only where the pinned sglang is not installed (CI installs it)."""
+import importlib.metadata
+import inspect
+import sys
+
+import pytest
+import torch
+
+from backends.sglang.adapter import (INSTALL, PINNED, SGLangBackend, SGLangFlashInferBackend,
+                                     SGLangTorchNativeBackend, SGLangTritonBackend, sglang_problem)
+from kit.modes import ForwardMode
+from kit.protocol import BackendContext, has_graph_hooks
+from tests.helpers import make_fixture, small_case
+
+pytestmark = pytest.mark.skipif(sglang_problem() is not None, reason=str(sglang_problem()))
+
+ADAPTERS = (SGLangTritonBackend, SGLangTorchNativeBackend, SGLangFlashInferBackend)
+
+
+def _built(case, cls=SGLangTritonBackend):
+    fx = make_fixture(case)
+    return fx, cls(BackendContext.for_case(case, fx.pools, "cpu"))
+
+
+def test_supports_says_how_to_install_when_sglang_is_missing(monkeypatch):
+    def missing(name):
+        raise importlib.metadata.PackageNotFoundError(name)
+
+    monkeypatch.setattr(importlib.metadata, "version", missing)
+    for case in (small_case("c", ForwardMode.DECODE, (3,)), small_case("v", ForwardMode.TARGET_VERIFY, (3,), 2,
+                                                                        dtype="bf16")):
+        for cls in ADAPTERS:  # first, before any reason of the backend's own
+            assert cls.supports(case) == f"sglang {PINNED} is not installed: {INSTALL}"
+
+
+def test_supports_names_another_installed_version(monkeypatch):
+    monkeypatch.setattr(importlib.metadata, "version", lambda name: "0.5.99")
+    reason = SGLangTorchNativeBackend.supports(small_case("c", ForwardMode.DECODE, (3,)))
+    assert "sglang 0.5.99 is installed" in reason and PINNED in reason
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="the CPU reasons")
+def test_supports_reasons_on_cpu():
+    decode = small_case("c", ForwardMode.DECODE, (3,))
+    assert "CUDA" in SGLangFlashInferBackend.supports(decode)
+    assert "interpreter" in SGLangTritonBackend.supports(decode.with_(dtype="bf16"))
+    assert SGLangTorchNativeBackend.supports(decode.with_(dtype="bf16")) is None  # no Triton in it
+    assert "no verify path" in SGLangTorchNativeBackend.supports(small_case("v", ForwardMode.TARGET_VERIFY, (3,), 2))
+
+
+@pytest.mark.parametrize("cls", ADAPTERS, ids=lambda c: c.name)
+def test_graph_hooks_exactly_where_the_sglang_backend_has_them(cls):
+    """The kit reads `no capture hooks` from the class: the adapter has the two-phase hooks iff
+    the SGLang class overrides them (its base defines them as no-ops / NotImplementedError)."""
+    from backends.sglang import runtime as sg
+
+    module, _, attr = cls.sglang_class.partition(":")
+    wrapped = getattr(__import__(module, fromlist=[attr]), attr)
+    own = all(getattr(wrapped, h) is not getattr(sg.AttentionBackend, h)
+              for h in ("init_cuda_graph_state", "init_forward_metadata_out_graph"))
+    assert has_graph_hooks(cls) == own
+
+
+def test_context_maps_to_the_model_runner_and_pools():
+    case = small_case("c", ForwardMode.DECODE, (5, 9), page=4, window=6, hybrid=True)
+    fx, backend = _built(case)
+    runner = backend.runner
+    assert runner.page_size == 4 and runner.sliding_window_size == 6
+    assert runner.model_config.num_attention_heads == 4 and runner.model_config.get_num_kv_heads(1) == 2
+    assert runner.model_config.context_len == fx.pools.req_to_token_pool.max_context_len
+    assert runner.req_to_token_pool is fx.pools.req_to_token_pool
+    assert backend.impl.token_to_kv_pool.get_key_buffer(1) is fx.pools.token_to_kv_pool.k_buffer[1]
+    assert backend.impl.device_core_count > 0  # the real KV-split planner runs
+
+
+def test_set_kv_buffer_takes_sglangs_write_location():
+    from sglang.srt.mem_cache.memory_pool import KVWriteLoc
+
+    fx, backend = _built(small_case("c", ForwardMode.DECODE, (5,)))
+    pool = backend.runner.token_to_kv_pool
+    layer = backend.layers[fx.layers[1]]
+    k = torch.randn(2, 2, 16)
+    pool.set_kv_buffer(layer, KVWriteLoc(torch.tensor([3, 7]), physical=True), k, -k)
+    assert torch.equal(fx.pools.token_to_kv_pool.k_buffer[1][[3, 7]], k)
+    assert torch.equal(fx.pools.token_to_kv_pool.v_buffer[1][[3, 7]], -k)
+
+
+def test_one_radix_attention_per_layer_config():
+    fx, backend = _built(small_case("c", ForwardMode.DECODE, (5,), cap=3.0, hybrid=True))
+    for layer in fx.layers:
+        radix = backend.layers[layer]
+        assert (radix.layer_id, radix.scaling, radix.logit_cap, radix.sliding_window_size) == (
+            layer.layer_id, layer.scaling, layer.logit_cap, layer.sliding_window_size)
+
+
+@pytest.mark.parametrize("mode", [ForwardMode.DECODE, ForwardMode.EXTEND, ForwardMode.TARGET_VERIFY,
+                                  ForwardMode.DRAFT_EXTEND_V2], ids=lambda m: m.value)
+def test_batch_maps_to_sglangs_forward_batch_over_the_kits_tensors(mode):
+    from sglang.srt.speculative.eagle_info import EagleDraftExtendInput, EagleVerifyInput
+
+    new = (2, 3) if mode is ForwardMode.EXTEND else (1 if mode is ForwardMode.DECODE else 3)
+    case = small_case("c", mode, (5, 9), new, topk=2 if mode is ForwardMode.TARGET_VERIFY else 1)
+    fx, backend = _built(case)
+    b = fx.batch
+    fb = backend._forward_batch(b)
+    assert fb.forward_mode.name == mode.name and fb.batch_size == b.batch_size
+    for field in ("req_pool_indices", "seq_lens", "seq_lens_cpu", "out_cache_loc", "positions",
+                  "extend_seq_lens", "extend_prefix_lens", "extend_start_loc"):
+        assert getattr(fb, field) is getattr(b, field), field  # views over the kit's buffers, never copies
+    assert fb.seq_lens_sum == b.seq_lens_sum and fb.kv_loc_plan is not None and fb.out_cache_loc_is_physical
+    assert fb.global_num_token_non_padded_cpu == b.extend_num_tokens
+    if mode is ForwardMode.TARGET_VERIFY:
+        assert isinstance(fb.spec_info, EagleVerifyInput)
+        assert fb.spec_info.custom_mask is b.spec_info.custom_mask
+        assert (fb.spec_info.draft_token_num, fb.spec_info.topk, fb.spec_info.num_tokens_per_req) == (3, 2, 3)
+    elif mode is ForwardMode.DRAFT_EXTEND_V2:
+        assert isinstance(fb.spec_info, EagleDraftExtendInput)
+        assert fb.spec_info.extend_seq_lens_tensor is b.spec_info.extend_seq_lens_tensor
+        assert fb.spec_info.num_tokens_per_req == 3 and fb.extend_prefix_lens_cpu == [5, 9]
+    else:
+        assert fb.spec_info is None
+
+
+def test_server_args_carry_the_speculative_config():
+    from sglang.srt.runtime_context import get_spec
+
+    _built(small_case("v", ForwardMode.TARGET_VERIFY, (5,), 5, topk=2))
+    assert (get_spec().speculative_num_draft_tokens, get_spec().speculative_eagle_topk) == (5, 2)
+
+
+def test_extend_graph_metadata_is_sglangs_eager_one(monkeypatch):
+    """SGLang's prefill graphs prepare attention with init_forward_metadata; its out_graph
+    handles decode-shaped modes only."""
+    fx, backend = _built(small_case("e", ForwardMode.EXTEND, (5,), (3,)))
+    called = []
+    monkeypatch.setattr(backend.impl, "init_forward_metadata", lambda fb: called.append(fb.forward_mode))
+    backend.init_forward_metadata_out_graph(fx.batch)
+    assert [m.name for m in called] == ["EXTEND"]
+
+
+def test_forward_runs_through_radix_attention_on_the_real_rows_of_a_padded_extend():
+    """A token-padded EXTEND batch reaches the backend narrowed to its real tokens by SGLang's layer."""
+    import dataclasses
+
+    fx, backend = _built(small_case("e", ForwardMode.EXTEND, (5,), (3,)), SGLangTorchNativeBackend)
+    b, x, layer = fx.batch, fx.inputs[1], fx.layers[1]
+    pad = lambda t: torch.cat([t, t.new_zeros((2,) + tuple(t.shape[1:]))])  # noqa: E731
+    padded = dataclasses.replace(b, out_cache_loc=pad(b.out_cache_loc), positions=pad(b.positions))
+    seen = []
+    real_forward = backend.impl.forward
+    backend.impl.forward = lambda q, *a, **k: seen.append(q.shape[0]) or real_forward(q, *a, **k)
+    backend.init_forward_metadata(b)
+    out = backend.forward(pad(x.q), pad(x.k_new), pad(x.v_new), layer, padded)
+    assert seen == [3] and out.shape[0] == 5 and torch.all(out[3:] == 0)
+
+
+def test_mutant_loader_patches_a_copy_never_the_installed_module():
+    from tests.mutants.sglang import TRITON, ReplayBsFromBuffer, patched_module
+
+    original = sys.modules[TRITON]
+    text = open(original.__file__).read()
+    copy = patched_module(TRITON, *ReplayBsFromBuffer.patch)
+    assert copy is not original and sys.modules[TRITON] is original
+    assert open(original.__file__).read() == text
+    src = inspect.getsource(copy.TritonAttnBackend._init_forward_metadata_out_graph)
+    assert "bs = len(forward_batch.req_pool_indices)" in src
+    assert "bs = len(forward_batch.req_pool_indices)" not in inspect.getsource(
+        original.TritonAttnBackend._init_forward_metadata_out_graph)
+    with pytest.raises(ValueError, match="another sglang"):
+        patched_module(TRITON, 759, "not this line", "x = 1")
+
+
+def test_the_readme_names_the_install_command():
+    from pathlib import Path
+
+    readme = (Path(__file__).resolve().parent.parent / "README.md").read_text()
+    assert INSTALL in readme and "requirements-cpu.txt" in readme
+    assert issubclass(SGLangTritonBackend, SGLangBackend)

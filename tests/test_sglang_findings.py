@@ -1,0 +1,89 @@
+"""Evidence for the SGLang findings in KNOWN_FAILURES.md: for each, a reference that follows
+the convention SGLang follows instead of the kit's reproduces what SGLang computes, on the
+failing run's own batch. Skipped, with the reason, only where the pinned sglang is not installed."""
+import dataclasses
+
+import pytest
+import torch
+
+from backends.sglang.adapter import SGLangTorchNativeBackend, SGLangTritonBackend, sglang_problem
+from kit.catalog import load_catalog
+from kit.modes import Exec, ForwardMode
+from kit.reference import attention
+from kit.runner import RunSetup
+
+pytestmark = pytest.mark.skipif(sglang_problem() is not None, reason=str(sglang_problem()))
+
+TIGHT = 1e-4  # fp32 cases: SGLang's error against the reference it follows
+
+
+def _sglang_outputs(mode, case_name):
+    """SGLang's per-layer outputs on the case's own batch (an eager run's last step)."""
+    case = load_catalog().find_case(mode, case_name)
+    setup = RunSetup.make(SGLangTritonBackend, case, Exec.EAGER, "cpu")
+    fx = setup.fixtures[-1]
+    fx.install()
+    backend = setup.new_backend()
+    backend.init_forward_metadata(fx.batch)
+    return fx, [backend.forward(x.q, x.k_new, x.v_new, layer, fx.batch).double()
+                for layer, x in zip(fx.layers, fx.inputs)]
+
+
+def _err(a, b):
+    return (a - b).abs().max().item()
+
+
+def test_kf1_triton_decode_window_attends_one_key_fewer():
+    """Decode with window W attends W keys (p-W+1..p), extend W+1 (p-W..p): the kit's reference
+    with window W-1 is what SGLang's decode computes."""
+    fx, outs = _sglang_outputs(ForwardMode.DECODE, "mha_bs1_window_p64_inter")
+    layer_id = 1
+    one_fewer = dataclasses.replace(fx, layers=tuple(
+        dataclasses.replace(layer, sliding_window_size=layer.sliding_window_size - 1) for layer in fx.layers))
+    assert _err(outs[layer_id], attention(fx, layer_id=layer_id)) > 0.1
+    assert _err(outs[layer_id], attention(one_fewer, layer_id=layer_id)) < TIGHT
+
+
+def test_kf2_triton_tree_verify_windows_drafts_by_index_not_position():
+    """In a verify tree a draft at depth d < its index i has position seq_len + d; SGLang's extend
+    kernel windows it as if at seq_len + i (extend_attention.py:563-568): the kit's reference
+    with draft positions = index is what SGLang computes."""
+    fx, outs = _sglang_outputs(ForwardMode.TARGET_VERIFY, "gqa_hybrid_tree4_p16_fp32")
+    layer_id = next(i for i, layer in enumerate(fx.layers) if layer.sliding_window_size >= 0)
+    by_index = dataclasses.replace(fx, plan=dataclasses.replace(fx.plan, requests=[
+        dataclasses.replace(r, q_pos=[r.n_old + i for i in range(r.n_new)]) for r in fx.plan.requests]))
+    assert _err(outs[layer_id], attention(fx, layer_id=layer_id)) > 0.1
+    assert _err(outs[layer_id], attention(by_index, layer_id=layer_id)) < TIGHT
+
+
+def test_kf3_triton_eager_extend_metadata_reads_whole_request_tensors():
+    """SGLang's eager EXTEND metadata takes bs from batch_size but cumsums the whole
+    extend_seq_lens (triton_backend.py:1116): request tensors longer than the batch, as the kit's
+    full-capacity replays hand them, do not fit its bs + 1 indptr."""
+    case = load_catalog().find_case(ForwardMode.EXTEND, "mqa_p1_shuf")
+    setup = RunSetup.make(SGLangTritonBackend, case, Exec.EAGER, "cpu")
+    fx = setup.fixtures[-1]
+    fx.install()
+    b = fx.batch
+    longer = {f: torch.cat([getattr(b, f), getattr(b, f)]) for f in (
+        "req_pool_indices", "seq_lens", "seq_lens_cpu", "extend_seq_lens", "extend_prefix_lens", "extend_start_loc")}
+    backend = setup.new_backend()
+    backend.init_forward_metadata(b)  # exact-size tensors: fine
+    with pytest.raises(RuntimeError, match="must match the existing size"):
+        backend.init_forward_metadata(dataclasses.replace(b, **longer))
+
+
+def test_kf5_torch_native_ignores_logit_cap():
+    """TorchNativeAttnBackend attends without the layer's soft cap: the kit's reference with the cap
+    off is what it computes."""
+    case = load_catalog().find_case(ForwardMode.DECODE, "gqa_bs8_cap_p1_nonmono")
+    setup = RunSetup.make(SGLangTorchNativeBackend, case, Exec.EAGER, "cpu")
+    fx = setup.fixtures[-1]
+    fx.install()
+    backend = setup.new_backend()
+    backend.init_forward_metadata(fx.batch)
+    layer, x = fx.layers[1], fx.inputs[1]
+    out = backend.forward(x.q, x.k_new, x.v_new, layer, fx.batch).double()
+    uncapped = dataclasses.replace(fx, layers=tuple(dataclasses.replace(l, logit_cap=0.0) for l in fx.layers))
+    assert _err(out, attention(fx, layer_id=1)) > 1e-3
+    assert _err(out, attention(uncapped, layer_id=1)) < TIGHT
