@@ -19,13 +19,16 @@ class SpecInfo:
 
     TARGET_VERIFY: custom_mask (bool, True = attend; per request a row-major
     [draft, seq_len + draft] block, blocks concatenated).
-    DRAFT_EXTEND_V2: extend_seq_lens_tensor and num_tokens_per_bs.
+    DRAFT_EXTEND_V2: extend_seq_lens_tensor, its host copy extend_seq_lens_cpu (a graph
+    runner fills it on the host: reading the tensor back inside a capture is not allowed),
+    and num_tokens_per_bs.
     """
 
     draft_token_num: int
     topk: int = 1
     custom_mask: Optional[torch.Tensor] = None
     extend_seq_lens_tensor: Optional[torch.Tensor] = None
+    extend_seq_lens_cpu: Optional[List[int]] = None
     num_tokens_per_bs: Optional[int] = None
 
 

@@ -1,6 +1,7 @@
 """The SGLang adapter's own tests: what it maps (context, pools, batch, layers), which modes and
 hooks it exposes, its reasons for what it does not run, and the real-code mutant loader.
 Skipped, with the reason, only where the pinned sglang is not installed (CI installs it)."""
+import importlib
 import importlib.metadata
 import inspect
 import sys
@@ -12,16 +13,18 @@ from backends.sglang.adapter import (INSTALL, PINNED, SGLangBackend, SGLangFlash
                                      SGLangTorchNativeBackend, SGLangTritonBackend, sglang_problem)
 from kit.modes import ForwardMode
 from kit.protocol import BackendContext, has_graph_hooks
+from kit.runner import default_device
 from tests.helpers import make_fixture, small_case
 
 pytestmark = pytest.mark.skipif(sglang_problem() is not None, reason=str(sglang_problem()))
 
+DEVICE = default_device()
 ADAPTERS = (SGLangTritonBackend, SGLangTorchNativeBackend, SGLangFlashInferBackend)
 
 
 def _built(case, cls=SGLangTritonBackend):
-    fx = make_fixture(case)
-    return fx, cls(BackendContext.for_case(case, fx.pools, "cpu"))
+    fx = make_fixture(case, DEVICE)
+    return fx, cls(BackendContext.for_case(case, fx.pools, DEVICE))
 
 
 def test_supports_says_how_to_install_when_sglang_is_missing(monkeypatch):
@@ -159,7 +162,7 @@ def test_forward_runs_through_radix_attention_on_the_real_rows_of_a_padded_exten
 def test_mutant_loader_patches_a_copy_never_the_installed_module():
     from tests.mutants.sglang import TRITON, ReplayBsFromBuffer, patched_module
 
-    original = sys.modules[TRITON]
+    original = importlib.import_module(TRITON)
     text = open(original.__file__).read()
     copy = patched_module(TRITON, *ReplayBsFromBuffer.patch)
     assert copy is not original and sys.modules[TRITON] is original

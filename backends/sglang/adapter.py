@@ -205,7 +205,7 @@ class SGLangBackend(AttentionBackend):
             # Set by SGLang's draft-extend runner, not dataclass fields
             # (eagle_draft_extend_cuda_graph_runner.py:628).
             info.extend_seq_lens_tensor = s.extend_seq_lens_tensor
-            info.extend_seq_lens_cpu = s.extend_seq_lens_tensor.tolist()
+            info.extend_seq_lens_cpu = s.extend_seq_lens_cpu
             return info
         return None
 

@@ -33,7 +33,8 @@ class DraftExtendV2(ModeRules):
 
     def spec_info(self, case, rows, real_rows, real_mask, fill, device):
         lens = torch.full((rows,), case.new, dtype=torch.int32, device=device)
-        return SpecInfo(draft_token_num=case.new, topk=1, extend_seq_lens_tensor=lens, num_tokens_per_bs=case.new)
+        return SpecInfo(draft_token_num=case.new, topk=1, extend_seq_lens_tensor=lens,
+                        extend_seq_lens_cpu=[case.new] * rows, num_tokens_per_bs=case.new)
 
 
 RULES = DraftExtendV2()
