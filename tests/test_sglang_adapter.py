@@ -79,15 +79,19 @@ def test_context_maps_to_the_model_runner_and_pools():
 
 
 def test_set_kv_buffer_takes_sglangs_write_location():
+    fx, backend = _built(small_case("c", ForwardMode.DECODE, (5,)))
     from sglang.srt.mem_cache.memory_pool import KVWriteLoc
 
-    fx, backend = _built(small_case("c", ForwardMode.DECODE, (5,)))
     pool = backend.runner.token_to_kv_pool
     layer = backend.layers[fx.layers[1]]
-    k = torch.randn(2, 2, 16)
-    pool.set_kv_buffer(layer, KVWriteLoc(torch.tensor([3, 7]), physical=True), k, -k)
+    k = torch.randn(2, 2, 16, device=DEVICE)
+    # FlashInfer's backend passes the layer's (unquantized: None) scales too.
+    pool.set_kv_buffer(layer, KVWriteLoc(torch.tensor([3, 7], device=DEVICE), physical=True), k, -k, None, None)
     assert torch.equal(fx.pools.token_to_kv_pool.k_buffer[1][[3, 7]], k)
     assert torch.equal(fx.pools.token_to_kv_pool.v_buffer[1][[3, 7]], -k)
+    assert pool.get_kv_cache_quant_method().name == "unquantized"
+    with pytest.raises(ValueError, match="quantized"):
+        pool.set_kv_buffer(layer, torch.tensor([3], device=DEVICE), k[:1], k[:1], 0.5, 0.5)
 
 
 def test_one_radix_attention_per_layer_config():
@@ -101,7 +105,7 @@ def test_one_radix_attention_per_layer_config():
 @pytest.mark.parametrize("mode", [ForwardMode.DECODE, ForwardMode.EXTEND, ForwardMode.TARGET_VERIFY,
                                   ForwardMode.DRAFT_EXTEND_V2], ids=lambda m: m.value)
 def test_batch_maps_to_sglangs_forward_batch_over_the_kits_tensors(mode):
-    from sglang.srt.speculative.eagle_info import EagleDraftExtendInput, EagleVerifyInput
+    from backends.sglang.runtime import EagleDraftExtendInput, EagleVerifyInput  # after sglang's set-up
 
     new = (2, 3) if mode is ForwardMode.EXTEND else (1 if mode is ForwardMode.DECODE else 3)
     case = small_case("c", mode, (5, 9), new, topk=2 if mode is ForwardMode.TARGET_VERIFY else 1)

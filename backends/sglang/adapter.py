@@ -71,11 +71,16 @@ class _KVPool:
 
     start_layer = 0
 
-    def __init__(self, pool, unwrap_write_loc):
+    def __init__(self, pool, sg):
         self.pool = pool
         self.size, self.page_size, self.dtype = pool.size, pool.page_size, pool.dtype
         self.head_num, self.head_dim = pool.head_num, pool.head_dim
-        self.unwrap_write_loc = unwrap_write_loc
+        self.unwrap_write_loc = sg.unwrap_write_loc
+        # MHATokenToKVPool's default (memory_pool.py:2289): the kit's KV cache is unquantized.
+        self.quant_method = sg.UnquantizedKVCacheMethod()
+
+    def get_kv_cache_quant_method(self):
+        return self.quant_method
 
     def get_key_buffer(self, layer_id):
         return self.pool.get_key_buffer(layer_id)
@@ -86,8 +91,11 @@ class _KVPool:
     def get_kv_buffer(self, layer_id):
         return self.pool.get_kv_buffer(layer_id)
 
-    def set_kv_buffer(self, layer, loc_info, cache_k, cache_v):
-        """`loc_info`: a KVWriteLoc or a bare location tensor (memory_pool.py:1880, :1958)."""
+    def set_kv_buffer(self, layer, loc_info, cache_k, cache_v, k_scale=None, v_scale=None):
+        """`loc_info`: a KVWriteLoc or a bare location tensor (memory_pool.py:1880, :1958); the
+        scales (passed by FlashInferAttnBackend) are those of a quantized KV cache, never the kit's."""
+        if k_scale is not None or v_scale is not None:
+            raise ValueError("KV scales given, but the kit's KV cache is not quantized")
         loc, _, _ = self.unwrap_write_loc(loc_info)
         self.pool.set_kv_buffer(layer, loc, cache_k, cache_v)
 
@@ -112,7 +120,7 @@ class _ModelRunner:
         self.server_args = sg.get_context().server_args
         self.speculative = ctx.speculative
         self.req_to_token_pool = ctx.req_to_token_pool
-        self.token_to_kv_pool = _KVPool(ctx.token_to_kv_pool, sg.unwrap_write_loc)
+        self.token_to_kv_pool = _KVPool(ctx.token_to_kv_pool, sg)
         self.token_to_kv_pool_allocator = _Allocator(self.token_to_kv_pool)
         # As ModelRunner.init_kv_index_translator (model_runner.py:950).
         self.kv_index_translator = sg.KVIndexTranslator(

@@ -19,6 +19,7 @@ with warnings.catch_warnings():
     warnings.simplefilter("ignore")  # import-time deprecation chatter of the serving stack
     from sglang.srt.configs.model_config import AttentionArch
     from sglang.srt.layers.attention.base_attn_backend import AttentionBackend
+    from sglang.srt.layers.quantization.fp4_kv_cache_quant_method import UnquantizedKVCacheMethod
     from sglang.srt.layers.radix_attention import RadixAttention
     from sglang.srt.mem_cache.kv_index_translator import KVIndexTranslator
     from sglang.srt.mem_cache.memory_pool import unwrap_write_loc
@@ -61,4 +62,4 @@ MODES = {"decode": ForwardMode.DECODE, "extend": ForwardMode.EXTEND, "target_ver
 
 __all__ = ["AttentionArch", "AttentionBackend", "CaptureHiddenMode", "EagleDraftExtendInput", "EagleVerifyInput",
            "ForwardBatch", "ForwardContext", "KVIndexTranslator", "MODES", "PretrainedConfig", "RadixAttention",
-           "forward_context", "install_server_args", "unwrap_write_loc"]
+           "UnquantizedKVCacheMethod", "forward_context", "install_server_args", "unwrap_write_loc"]
