@@ -209,7 +209,11 @@ class SGLangBackend(AttentionBackend):
                 capture_hidden_mode=sg.CaptureHiddenMode.FULL, seq_lens_sum=b.seq_lens_sum,
                 seq_lens_cpu=b.seq_lens_cpu)
         if b.forward_mode is ForwardMode.DRAFT_EXTEND_V2:
-            info = sg.EagleDraftExtendInput(num_tokens_per_req=s.num_tokens_per_bs)
+            # Every draft accepted: SGLang keeps num_accept_tokens = num_correct_drafts + 1 per request
+            # (eagle_info.py:332); its draft-extend runner fills both (FlashInfer reads them).
+            info = sg.EagleDraftExtendInput(
+                num_tokens_per_req=s.num_tokens_per_bs, num_accept_tokens=s.extend_seq_lens_tensor,
+                num_correct_drafts=s.extend_seq_lens_tensor - 1, num_accept_tokens_cpu=s.extend_seq_lens_cpu)
             # Set by SGLang's draft-extend runner, not dataclass fields
             # (eagle_draft_extend_cuda_graph_runner.py:628).
             info.extend_seq_lens_tensor = s.extend_seq_lens_tensor
