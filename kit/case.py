@@ -112,6 +112,16 @@ class Case:
     def sm_scale(self) -> float:
         return self.scale if self.scale is not None else self.head_dim ** -0.5
 
+    @property
+    def kernel_variant(self) -> str:
+        """What commonly selects a backend's compiled kernel (a JIT build, a Triton
+        specialization): dtype, head_dim, GQA group, page size, and whether window, cap,
+        a second layer config (hybrid) or a tree mask are on. kit.pytest_plugin groups
+        runs by it, so that a worker loads each kernel once."""
+        flags = "".join(f"-{name}" for name, on in (("window", self.window >= 0), ("cap", self.cap > 0),
+                                                     ("hybrid", self.hybrid), ("tree", self.topk > 1)) if on)
+        return f"{self.dtype}-d{self.head_dim}-g{self.heads[0] // self.heads[1]}-p{self.page}{flags}"
+
     def rng_seed(self, salt: int = 0) -> int:
         """Deterministic across processes (xdist workers must agree)."""
         return zlib.crc32(f"{self.mode.value}/{self.name}/{self.seed}/{salt}".encode())

@@ -1,21 +1,29 @@
-"""A plan made concrete: random q/k/v, poisoned pools, and the batch object."""
+"""A plan made concrete: random q/k/v, poisoned pools, and the batch object.
+
+What a batch case determines and no backend can change (plan, model, inputs, the
+references computed from them) is built once per process and shared by every run
+of that batch (`_Shared`, SHARED_BATCHES): the same batch is run by every backend
+and, for the case itself, by eager and graph runs. What a backend can write is
+never shared: each run gets its own batch object, the pools are re-installed
+before every step, and forward() is handed copies of the inputs (kit.runner).
+"""
 from __future__ import annotations
 
+import collections
 import dataclasses
-from typing import List, Sequence, Tuple
+from typing import Dict, List, Sequence, Tuple
 
 import torch
 
 from kit.batch import ForwardBatch
+from kit.case import Case
 from kit.layer import Layer, model_layers
 from kit.plan import BatchPlan, plan_case
-from kit.pools import CASE_LAYER_ID, NUM_LAYERS, POOL_CACHE, Pools
+from kit.pools import CASE_LAYER_ID, POOL_CACHE, Pools
 
-# Poison: unowned slots hold K that wins softmax mass and V far from real
-# values, so reading one moves the output well past any tolerance.
-POISON_K_STD = 4.0
-POISON_V_MEAN = 20.0
-POISON_V_STD = 5.0
+# Batches kept built: one run's (at most 6) and more. The runs of one case follow each
+# other (kit.pytest_plugin orders them so), so every backend finds the case's batches here.
+SHARED_BATCHES = 8
 
 
 @dataclasses.dataclass
@@ -36,6 +44,11 @@ class Fixture:
     layers: Tuple[Layer, ...]  # the model, in layer order (layer_id = index)
     inputs: List[LayerInputs]  # per layer
     batch: ForwardBatch
+    # Per layer id, the (float64 golden, same-dtype) references (kit.reference.references),
+    # shared by every fixture of this batch in the process. init=False: a fixture made from
+    # another with dataclasses.replace (a planted bug) starts without them.
+    references: Dict[int, Tuple[torch.Tensor, torch.Tensor]] = dataclasses.field(
+        default_factory=dict, init=False, repr=False, compare=False)
 
     @property
     def case(self):
@@ -66,14 +79,13 @@ class Fixture:
         return out
 
     def install(self) -> None:
-        """Write this fixture into the (shared, reused) pools, in place."""
+        """Write this fixture into the (shared, reused) pools, in place: poison everywhere,
+        then the cached tokens' K/V and the requests' req_to_token rows."""
         plan, case = self.plan, self.plan.case
         kv, r2t = self.pools.token_to_kv_pool, self.pools.req_to_token_pool.req_to_token
         device = kv.device
         gen = torch.Generator(device=device).manual_seed(case.rng_seed(1))
-        for layer in range(NUM_LAYERS):
-            kv.k_buffer[layer].normal_(0.0, POISON_K_STD, generator=gen)
-            kv.v_buffer[layer].normal_(POISON_V_MEAN, POISON_V_STD, generator=gen)
+        kv.reset()
         old_slots = [s for r in plan.requests for s in r.slots[:r.n_old]]
         if old_slots:
             idx = torch.tensor(old_slots, dtype=torch.int64, device=device)
@@ -115,10 +127,19 @@ def make_batch(plan: BatchPlan, pools: Pools, device) -> ForwardBatch:
     )
 
 
-def build_fixture(plan: BatchPlan, pools: Pools) -> Fixture:
-    """Random inputs for the plan (never constant); call install() before each use."""
+@dataclasses.dataclass
+class _Shared:
+    """What a batch case determines, without pools: shared by the fixtures of every run of it."""
+
+    plan: BatchPlan
+    layers: Tuple[Layer, ...]
+    inputs: List[LayerInputs]  # never handed to a backend (kit.runner hands copies)
+    references: Dict[int, Tuple[torch.Tensor, torch.Tensor]]
+
+
+def _inputs(plan: BatchPlan, layers: Tuple[Layer, ...], device) -> List[LayerInputs]:
+    """Random inputs for the plan (never constant), per layer."""
     case = plan.case
-    device = pools.token_to_kv_pool.device
     gen = torch.Generator(device=device).manual_seed(case.rng_seed(2))
     hq, hkv, d, dt = case.num_q_heads, case.num_kv_heads, case.head_dim, case.torch_dtype
 
@@ -127,24 +148,55 @@ def build_fixture(plan: BatchPlan, pools: Pools) -> Fixture:
 
     n_tok = plan.num_tokens
     n_old = sum(r.n_old for r in plan.requests)
-    layers = model_layers(case)
     inputs = {}
     for layer in (layers[CASE_LAYER_ID],) + layers[:CASE_LAYER_ID]:  # the case's layer first: its data is stable
         inputs[layer.layer_id] = LayerInputs(q=randn(n_tok, hq), k_new=randn(n_tok, hkv), v_new=randn(n_tok, hkv),
                                              k_old=randn(n_old, hkv), v_old=randn(n_old, hkv))
-    return Fixture(plan=plan, pools=pools, layers=layers, inputs=[inputs[i] for i in range(len(layers))],
-                   batch=make_batch(plan, pools, device))
+    return [inputs[i] for i in range(len(layers))]
 
 
-def fixtures_for(cases: Sequence, device) -> List[Fixture]:
+class _SharedBatches:
+    """The last SHARED_BATCHES batches built, by everything that determines them: the batch
+    case (every field, the layer config included; its repr, as a catalog may give lists)
+    and the device."""
+
+    def __init__(self):
+        self._built: "collections.OrderedDict[Tuple[str, str], _Shared]" = collections.OrderedDict()
+
+    def get(self, case: Case, device: torch.device) -> _Shared:
+        key = (repr(case), str(device))
+        if key in self._built:
+            self._built.move_to_end(key)
+            return self._built[key]
+        plan, layers = plan_case(case), model_layers(case)
+        shared = _Shared(plan, layers, _inputs(plan, layers, device), {})
+        self._built[key] = shared
+        while len(self._built) > SHARED_BATCHES:
+            self._built.popitem(last=False)
+        return shared
+
+
+SHARED = _SharedBatches()
+
+
+def fixtures_for(cases: Sequence[Case], device) -> List[Fixture]:
     """Fixtures for `cases` (one run: the same page size and layer config), sharing one
     (cached) pool big enough for all of them: a graph's replays must all read the pool
-    it was captured against. The pool's page size is set here, once per run."""
-    plans = [plan_case(c) for c in cases]
+    it was captured against. The pool's page size is set here, once per run; each
+    fixture's batch object is its own; call install() before each use."""
+    device = torch.device(device)
+    shared = [SHARED.get(c, device) for c in cases]
+    plans = [s.plan for s in shared]
     first = cases[0]
     pools = POOL_CACHE.get(
         num_slots=max(p.num_slots for p in plans), max_reqs=max(p.max_reqs for p in plans),
         max_context=max(p.max_context for p in plans), num_kv_heads=first.num_kv_heads,
         head_dim=first.head_dim, dtype=first.torch_dtype, device=device)
     pools.token_to_kv_pool.page_size = first.page
-    return [build_fixture(p, pools) for p in plans]
+    fixtures = []
+    for s in shared:
+        fx = Fixture(plan=s.plan, pools=pools, layers=s.layers, inputs=s.inputs,
+                     batch=make_batch(s.plan, pools, device))
+        fx.references = s.references
+        fixtures.append(fx)
+    return fixtures

@@ -10,7 +10,7 @@ import torch
 from kit.fixture import Fixture
 from kit.guard import GuardCheck
 from kit.record import GRAPH, KERNEL, KV_WRITE
-from kit.reference import attention
+from kit.reference import references
 from kit.verdicts import OutputCheck, check_form, check_kv, check_output, check_padding, check_state
 
 # When several checks fail, the class that says where to look first: a wrong KV pool
@@ -57,8 +57,7 @@ def _judged(fx: Fixture, outs: Sequence[torch.Tensor], before) -> list:
     """Each layer's output against its golden (in layer order), the KV pool of every layer,
     then each output's form (shape, dtype, device)."""
     dtype = fx.case.torch_dtype
-    checks = [check_output(out, attention(fx, torch.float64, layer.layer_id), attention(fx, dtype, layer.layer_id),
-                           dtype, label=f"layer {layer.layer_id} ")
+    checks = [check_output(out, *references(fx, layer.layer_id), dtype, label=f"layer {layer.layer_id} ")
               for layer, out in zip(fx.layers, outs)]
     writes = {layer.layer_id: (fx.inputs[layer.layer_id].k_new, fx.inputs[layer.layer_id].v_new)
               for layer in fx.layers}

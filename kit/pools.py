@@ -1,7 +1,8 @@
 """The objects a backend reads and writes: request-to-token table and paged KV pool.
 
 Conventions (SPEC): slot 0 is scratch, request row 0 is the dummy request
-(all zeros); real requests use rows >= 1 and slots >= page_size.
+(all zeros); real requests use rows >= 1 and slots >= page_size. Every slot a
+batch does not own holds poison (KVPool.reset, before each batch is installed).
 """
 from __future__ import annotations
 
@@ -15,6 +16,13 @@ import torch
 NUM_LAYERS = 2
 CASE_LAYER_ID = 1
 
+# Poison: unowned slots hold K that wins softmax mass and V far from real
+# values, so reading one moves the output well past any tolerance.
+POISON_K_STD = 4.0
+POISON_V_MEAN = 20.0
+POISON_V_STD = 5.0
+POISON_SEED = 1
+
 
 class ReqToTokenPool:
     def __init__(self, max_reqs: int, max_context: int, device):
@@ -24,7 +32,9 @@ class ReqToTokenPool:
 
 
 class KVPool:
-    """Per layer k_buffer/v_buffer[num_slots, num_kv_heads, head_dim], in pages of page_size slots."""
+    """Per layer k_buffer/v_buffer[num_slots, num_kv_heads, head_dim], in pages of page_size slots.
+    The poison is drawn once, with the pool, and copied back by reset(): a copy costs a
+    fraction of drawing it again (on CPU most of what installing a batch cost)."""
 
     def __init__(self, num_slots: int, num_kv_heads: int, head_dim: int, dtype, device):
         self.size = num_slots
@@ -36,6 +46,17 @@ class KVPool:
         shape = (num_slots, num_kv_heads, head_dim)
         self.k_buffer: List[torch.Tensor] = [torch.empty(shape, dtype=dtype, device=device) for _ in range(NUM_LAYERS)]
         self.v_buffer: List[torch.Tensor] = [torch.empty(shape, dtype=dtype, device=device) for _ in range(NUM_LAYERS)]
+        gen = torch.Generator(device=device).manual_seed(POISON_SEED)
+        self._poison_k = [torch.empty(shape, dtype=dtype, device=device).normal_(0.0, POISON_K_STD, generator=gen)
+                          for _ in range(NUM_LAYERS)]
+        self._poison_v = [torch.empty(shape, dtype=dtype, device=device).normal_(POISON_V_MEAN, POISON_V_STD,
+                                                                                  generator=gen)
+                          for _ in range(NUM_LAYERS)]
+
+    def reset(self) -> None:
+        """Every slot of every layer back to poison."""
+        for buf, poison in zip(self.k_buffer + self.v_buffer, self._poison_k + self._poison_v):
+            buf.copy_(poison)
 
     def get_key_buffer(self, layer_id: int) -> torch.Tensor:
         return self.k_buffer[layer_id]

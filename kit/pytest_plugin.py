@@ -91,22 +91,30 @@ def _selection(config):
 
 
 def pytest_generate_tests(metafunc):
+    """One test per run. A case's eager and graph runs follow each other: they share the case's
+    batch (kit.fixture keeps the last few built). Under xdist each run is marked with its
+    group (`--dist loadgroup` keeps a group on one worker): backend, mode and kernel variant,
+    so that a worker loads (JIT-builds, compiles) each kernel once, while the groups stay
+    small enough to keep every worker busy."""
     if "conformance_run" not in metafunc.fixturenames:
         return
     sel = metafunc.config._conformance_selection
+    grouped = metafunc.config.pluginmanager.hasplugin("xdist")
     params = []
     for spec, label in sel["labels"].items():
         ci_cases = sel["ci_cases"][spec]
         for mode in sel["modes"]:
-            for exec_ in sel["execs"]:
-                for case in sel["catalog"].cases(sel["case_set"], mode):
-                    if ci_cases is not None and case.name not in ci_cases.get(mode.value, ()):
-                        continue
+            for case in sel["catalog"].cases(sel["case_set"], mode):
+                if ci_cases is not None and case.name not in ci_cases.get(mode.value, ()):
+                    continue
+                for exec_ in sel["execs"]:
                     entry = known_failures.match(sel["known"], label, mode.value, exec_.value, case.name,
                                                  sel["device"])
                     marks = [] if entry is None else [pytest.mark.xfail(
                         strict=True, raises=KnownFailureHit,
                         reason=f"{entry.id} expects [{entry.failure_class}]: {entry.reason} ({entry.where})")]
+                    if grouped:
+                        marks.append(pytest.mark.xdist_group(f"{label}-{mode.value}-{case.kernel_variant}"))
                     run = (spec, label, case, exec_, entry, sel["catalog_target"])
                     params.append(pytest.param(run, marks=marks,
                                                id=run_id(label, mode.value, exec_.value, case.name)))
@@ -167,10 +175,11 @@ def _end_process(config, nodeid: str, result) -> None:
 
 
 def _run_of(nodeid: str) -> Optional[str]:
-    """The run id of a conformance test's node id, None for the kit's other tests."""
+    """The run id of a conformance test's node id (`...::test_conformance[<run id>]`, plus
+    `@<group>` under `--dist loadgroup`), None for the kit's other tests."""
     if "::test_conformance[" not in nodeid:
         return None
-    return nodeid.split("[", 1)[1].rstrip("]")
+    return nodeid.split("[", 1)[1].rsplit("]", 1)[0]
 
 
 def _catalog_ids(sel) -> List[str]:

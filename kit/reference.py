@@ -5,6 +5,8 @@ Never reads the pool, req_to_token or any backend metadata: only the plan
 """
 from __future__ import annotations
 
+from typing import Tuple
+
 import torch
 
 from kit.fixture import Fixture
@@ -41,3 +43,12 @@ def attention(fixture: Fixture, dtype: torch.dtype = torch.float64, layer_id: in
         probs = torch.softmax(scores, dim=-1)
         outs.append(torch.einsum("hqk,khd->qhd", probs, v))
     return torch.cat(outs) if outs else q_all.new_zeros(q_all.shape)
+
+
+def references(fixture: Fixture, layer_id: int) -> Tuple[torch.Tensor, torch.Tensor]:
+    """(float64 golden, same-dtype reference) of one layer: computed once per batch and
+    process (Fixture.references is shared by every run of the batch), never by a run."""
+    if layer_id not in fixture.references:
+        fixture.references[layer_id] = (attention(fixture, torch.float64, layer_id),
+                                        attention(fixture, fixture.case.torch_dtype, layer_id))
+    return fixture.references[layer_id]

@@ -93,14 +93,16 @@ def _eager(backend, fx: Fixture) -> Verdict:
     """One step: the metadata once, then forward for every layer of the model on it."""
     fx.install()
     before = fx.pools.token_to_kv_pool.snapshot()
+    # Copies: the inputs are shared with other runs of the batch (kit.fixture) and judged after,
+    # while a backend may write its arguments.
+    given = [(x.q.clone(), x.k_new.clone(), x.v_new.clone()) for x in fx.inputs]
     guard = Guard()
     outs = []
     with guard.watching():
         _call("init_forward_metadata", backend.init_forward_metadata, fx.batch)
         with nan_filled_allocations():
-            for layer, x in zip(fx.layers, fx.inputs):
-                outs.append(_call(f"forward (layer {layer.layer_id})", backend.forward, x.q, x.k_new, x.v_new,
-                                  layer, fx.batch))
+            for layer, (q, k, v) in zip(fx.layers, given):
+                outs.append(_call(f"forward (layer {layer.layer_id})", backend.forward, q, k, v, layer, fx.batch))
     return eager_verdict(fx, _outputs(outs), before, guard.check())
 
 

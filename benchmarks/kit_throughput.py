@@ -1,0 +1,102 @@
+"""Times the conformance matrix as a user runs it: runs per second of the whole kit.
+
+    python -m benchmarks.kit_throughput [--case-set full] [--workers auto] [--cold] [--out PATH] [PYTEST ARGS]
+
+Runs the README's matrix command in a subprocess,
+
+    python -m pytest -n <workers> --dist loadgroup tests/test_conformance.py --case-set <set> --results-json <tmp>
+
+(`--workers 0`: one process, no xdist), times it from start to exit (startup,
+collection and worker spawn included), and appends a row to
+`results/bench/kit-throughput-<device>.json` (or --out): device, workers, runs
+(executed runs: records not `unsupported`), seconds, runs_per_s, cold,
+kit_commit, and the ten slowest runs (run id, seconds). Other arguments go to
+pytest as they are (e.g. `--backend triton --mode decode`). `--cold` only labels
+the row: run it first on a fresh machine (JIT caches restored, nothing loaded);
+the script clears nothing.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import re
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import List, Tuple
+
+import torch
+
+from kit.record import UNSUPPORTED, record_id
+
+REPO = Path(__file__).resolve().parent.parent
+SLOWEST = 10
+
+
+def device() -> Tuple[str, str]:
+    """(name, its slug for the file name): `NVIDIA H100 80GB HBM3`, `nvidia-h100-80gb-hbm3`; `cpu`."""
+    name = torch.cuda.get_device_name() if torch.cuda.is_available() else "cpu"
+    return name, re.sub(r"[^a-z0-9]+", "-", name.lower()).strip("-")
+
+
+def kit_commit() -> str:
+    if os.environ.get("KIT_COMMIT"):  # a copy of the tree without .git
+        return os.environ["KIT_COMMIT"]
+    out = subprocess.run(["git", "-C", str(REPO), "rev-parse", "--short", "HEAD"], capture_output=True, text=True)
+    return out.stdout.strip() or "unknown"
+
+
+def matrix_command(workers: str, case_set: str, results: str, extra: List[str]) -> List[str]:
+    xdist = [] if workers == "0" else ["-n", workers, "--dist", "loadgroup"]
+    return [sys.executable, "-m", "pytest", *xdist, "tests/test_conformance.py", "--case-set", case_set,
+            "--results-json", results, "-q", "-p", "no:cacheprovider", *extra]
+
+
+def measure(name: str, workers: str, case_set: str, cold: bool, extra: List[str]) -> dict:
+    """One timed run of the matrix command: the row (exits if it did not complete)."""
+    with tempfile.TemporaryDirectory() as tmp:
+        results = os.path.join(tmp, "results.json")
+        cmd = matrix_command(workers, case_set, results, extra)
+        start = time.perf_counter()
+        proc = subprocess.run(cmd, cwd=REPO, capture_output=True, text=True)
+        seconds = time.perf_counter() - start
+        doc = json.loads(Path(results).read_text()) if os.path.exists(results) else {}
+    # 0: all passed, 1: some run failed (still a timing); anything else stopped the session
+    if proc.returncode not in (0, 1) or doc.get("run", {}).get("status") != "complete":
+        tail = "\n".join((proc.stdout + proc.stderr).strip().splitlines()[-5:])
+        raise SystemExit(f"the matrix run did not complete (exit code {proc.returncode}): {' '.join(cmd)}\n{tail}")
+    executed = [r for r in doc["records"] if r["outcome"] != UNSUPPORTED]
+    slowest = sorted(executed, key=lambda r: -r["seconds"])[:SLOWEST]
+    return dict(device=name, workers=workers, runs=len(executed), seconds=round(seconds, 2),
+                runs_per_s=round(len(executed) / seconds, 2), cold=cold, kit_commit=kit_commit(),
+                case_set=case_set, args=extra,
+                slowest=[dict(run=record_id(r), seconds=r["seconds"]) for r in slowest])
+
+
+def append_row(path: Path, row: dict) -> None:
+    rows = json.loads(path.read_text()) if path.exists() else []
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps(rows + [row], indent=1) + "\n")
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--case-set", default="full", help="smoke, full or auto (default: full)")
+    parser.add_argument("--workers", default="auto", help="xdist workers: a number or auto (default); 0: no xdist")
+    parser.add_argument("--cold", action="store_true", help="label the row as a cold run (fresh machine)")
+    parser.add_argument("--out", help="the rows file (default: results/bench/kit-throughput-<device>.json)")
+    args, extra = parser.parse_known_args()
+    name, slug = device()
+    row = measure(name, args.workers, args.case_set, args.cold, extra)
+    out = Path(args.out) if args.out else REPO / "results" / "bench" / f"kit-throughput-{slug}.json"
+    append_row(out, row)
+    print(f"{row['device']}: {row['runs']} runs in {row['seconds']} s with {row['workers']} workers: "
+          f"{row['runs_per_s']} runs/s ({'cold' if row['cold'] else 'warm'}); slowest: "
+          + ", ".join(f"{s['run']} {s['seconds']:.2f} s" for s in row["slowest"][:3]) + f"\n-> {out}")
+
+
+if __name__ == "__main__":
+    main()
