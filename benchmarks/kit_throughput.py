@@ -1,6 +1,7 @@
 """Times the conformance matrix as a user runs it: runs per second of the whole kit.
 
-    python -m benchmarks.kit_throughput [--case-set full] [--workers auto] [--cold] [--out PATH] [PYTEST ARGS]
+    python -m benchmarks.kit_throughput [--case-set full] [--workers auto] [--cold] [--out PATH]
+                                        [--results-json PATH] [PYTEST ARGS]
 
 Runs the README's matrix command in a subprocess,
 
@@ -55,10 +56,11 @@ def matrix_command(workers: str, case_set: str, results: str, extra: List[str]) 
             "--results-json", results, "-q", "-p", "no:cacheprovider", *extra]
 
 
-def measure(name: str, workers: str, case_set: str, cold: bool, extra: List[str]) -> dict:
-    """One timed run of the matrix command: the row (exits if it did not complete)."""
+def measure(name: str, workers: str, case_set: str, cold: bool, extra: List[str], keep=None) -> dict:
+    """One timed run of the matrix command: the row (exits if it did not complete). `keep`: where
+    the run's results file stays (else a temporary one)."""
     with tempfile.TemporaryDirectory() as tmp:
-        results = os.path.join(tmp, "results.json")
+        results = keep or os.path.join(tmp, "results.json")
         cmd = matrix_command(workers, case_set, results, extra)
         start = time.perf_counter()
         proc = subprocess.run(cmd, cwd=REPO, capture_output=True, text=True)
@@ -88,9 +90,10 @@ def main() -> None:
     parser.add_argument("--workers", default="auto", help="xdist workers: a number or auto (default); 0: no xdist")
     parser.add_argument("--cold", action="store_true", help="label the row as a cold run (fresh machine)")
     parser.add_argument("--out", help="the rows file (default: results/bench/kit-throughput-<device>.json)")
+    parser.add_argument("--results-json", help="keep the timed run's results file here (the matrix's results)")
     args, extra = parser.parse_known_args()
     name, slug = device()
-    row = measure(name, args.workers, args.case_set, args.cold, extra)
+    row = measure(name, args.workers, args.case_set, args.cold, extra, args.results_json)
     out = Path(args.out) if args.out else REPO / "results" / "bench" / f"kit-throughput-{slug}.json"
     append_row(out, row)
     print(f"{row['device']}: {row['runs']} runs in {row['seconds']} s with {row['workers']} workers: "
