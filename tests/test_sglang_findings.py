@@ -6,7 +6,8 @@ import dataclasses
 import pytest
 import torch
 
-from backends.sglang.adapter import SGLangTorchNativeBackend, SGLangTritonBackend, sglang_problem
+from backends.sglang.adapter import (SGLangFlashInferBackend, SGLangTorchNativeBackend, SGLangTritonBackend,
+                                     sglang_problem)
 from kit.catalog import load_catalog
 from kit.modes import Exec, ForwardMode
 from kit.reference import attention
@@ -20,10 +21,10 @@ DEVICE = default_device()
 TIGHT = 1e-4 if DEVICE.type == "cpu" else 5e-3
 
 
-def _sglang_outputs(mode, case_name):
+def _sglang_outputs(mode, case_name, backend_cls=SGLangTritonBackend):
     """SGLang's per-layer outputs on the case's own batch (an eager run's last step)."""
     case = load_catalog().find_case(mode, case_name)
-    setup = RunSetup.make(SGLangTritonBackend, case, Exec.EAGER, DEVICE)
+    setup = RunSetup.make(backend_cls, case, Exec.EAGER, DEVICE)
     fx = setup.fixtures[-1]
     fx.install()
     backend = setup.new_backend()
@@ -91,3 +92,48 @@ def test_kf5_torch_native_ignores_logit_cap():
     uncapped = dataclasses.replace(fx, layers=tuple(dataclasses.replace(l, logit_cap=0.0) for l in fx.layers))
     assert _err(out, attention(fx, layer_id=1)) > 1e-3
     assert _err(out, attention(uncapped, layer_id=1)) < TIGHT
+
+
+def _rel(out, ref):
+    """The error's RMS relative to the reference's (the kit's magnitude measure)."""
+    return ((out - ref).pow(2).mean().sqrt() / ref.pow(2).mean().sqrt()).item()
+
+
+on_cuda = pytest.mark.skipif(not torch.cuda.is_available(), reason="FlashInferAttnBackend runs on CUDA GPUs only")
+BF16_CLOSE = 0.01  # bf16 cases: a few of bf16's units (2**-8) of relative RMS
+
+
+@on_cuda
+@pytest.mark.parametrize("mode", [ForwardMode.DECODE, ForwardMode.EXTEND, ForwardMode.TARGET_VERIFY],
+                         ids=lambda m: m.value)
+def test_kf12_flashinfer_plans_without_the_logit_cap(mode):
+    """FlashInfer fixes the soft cap at plan(); SGLang passes it only at forward (flashinfer_backend.py
+    :1370-1570, no plan call has it), so the kernel runs uncapped: the reference without the cap is what
+    SGLang computes."""
+    name = "gqa_cap_tree6_p16" if mode is ForwardMode.TARGET_VERIFY else "gqa_cap_p1"
+    fx, outs = _sglang_outputs(mode, name, SGLangFlashInferBackend)
+    uncapped = dataclasses.replace(fx, layers=tuple(dataclasses.replace(l, logit_cap=0.0) for l in fx.layers))
+    for layer_id, out in enumerate(outs):
+        assert _rel(out, attention(fx, layer_id=layer_id)) > 0.1
+        assert _rel(out, attention(uncapped, layer_id=layer_id)) < BF16_CLOSE
+
+
+@on_cuda
+def test_kf13_flashinfer_extend_leaves_the_window_off_the_new_tokens():
+    """SGLang's FlashInfer EXTEND attends the cached prefix through a windowed paged pass and the new
+    tokens through a ragged pass planned without window_left (flashinfer_backend.py:1460-1503): a new
+    token sees every earlier new token. The reference whose window applies to prefix keys only is what
+    SGLang computes."""
+    fx, outs = _sglang_outputs(ForwardMode.EXTEND, "gqa_window_p16", SGLangFlashInferBackend)
+    requests = []
+    for r in fx.plan.requests:
+        q_pos, key_pos = torch.tensor(r.q_pos).unsqueeze(1), torch.tensor(r.key_pos).unsqueeze(0)
+        new_key = torch.arange(r.total).unsqueeze(0) >= r.n_old
+        window = fx.layers[0].sliding_window_size
+        requests.append(dataclasses.replace(r, visible=r.visible & (new_key | (key_pos >= q_pos - window))))
+    prefix_window_only = dataclasses.replace(
+        fx, plan=dataclasses.replace(fx.plan, requests=requests),
+        layers=tuple(dataclasses.replace(l, sliding_window_size=-1) for l in fx.layers))
+    for layer_id, out in enumerate(outs):
+        assert _rel(out, attention(fx, layer_id=layer_id)) > 0.1
+        assert _rel(out, attention(prefix_window_only, layer_id=layer_id)) < BF16_CLOSE
