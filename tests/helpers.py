@@ -18,6 +18,6 @@ def run_setup(case, exec_=Exec.EAGER, device="cpu", backend_cls=None) -> RunSetu
 def make_fixture(case, device="cpu"):
     """The case's installed fixture, built as the runner builds them (an eager run's last batch)."""
     fx = run_setup(case, device=device).fixtures[-1]
-    assert fx.case is case
+    assert fx.case == case  # equal, maybe not the same object: batches are cached per process
     fx.install()
     return fx
