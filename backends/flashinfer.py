@@ -37,10 +37,10 @@ try:
     import flashinfer
 except Exception as exc:  # noqa: BLE001 - not installed, or a build that cannot load here: a reason, not a crash
     flashinfer = None
-    _UNAVAILABLE: Optional[str] = (f"flashinfer-python cannot be imported here ({type(exc).__name__}: {exc}); "
+    UNAVAILABLE: Optional[str] = (f"flashinfer-python cannot be imported here ({type(exc).__name__}: {exc}); "
                                    f"install it with `pip install .[flashinfer]`")
 else:
-    _UNAVAILABLE = None
+    UNAVAILABLE = None
 
 WORKSPACE_BYTES = 128 << 20  # the size FlashInfer recommends for its split-k scratch
 HEAD_DIMS = (64, 128, 256)
@@ -87,8 +87,8 @@ class FlashInferBackend(AttentionBackend):
         if case.hybrid:
             return ("layers of different window / scale / cap: this adapter plans one kernel variant "
                     "(FlashInfer fixes them at plan()) for the whole model")
-        if _UNAVAILABLE is not None:
-            return _UNAVAILABLE
+        if UNAVAILABLE is not None:
+            return UNAVAILABLE
         if not torch.cuda.is_available():
             return "FlashInfer runs on CUDA GPUs only; no CUDA device here"
         return None

@@ -53,6 +53,16 @@ def test_supports_reasons_on_cpu():
     assert "no verify path" in SGLangTorchNativeBackend.supports(small_case("v", ForwardMode.TARGET_VERIFY, (3,), 2))
 
 
+def test_flashinfer_adapter_names_a_flashinfer_that_cannot_load(monkeypatch):
+    """On a GPU without a loadable FlashInfer, SGLang's FlashInfer backend is `unsupported` with the
+    reason, as the in-box one is, rather than a crash in every run."""
+    import backends.flashinfer as fi
+
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(fi, "UNAVAILABLE", "flashinfer-python cannot be imported here (planted)")
+    assert SGLangFlashInferBackend.supports(small_case("c", ForwardMode.DECODE, (3,))) == fi.UNAVAILABLE
+
+
 @pytest.mark.parametrize("cls", ADAPTERS, ids=lambda c: c.name)
 def test_graph_hooks_exactly_where_the_sglang_backend_has_them(cls):
     """The kit reads `no capture hooks` from the class: the adapter has the two-phase hooks iff

@@ -303,6 +303,8 @@ class SGLangFlashInferBackend(_GraphHooks, SGLangBackend):
 
     @classmethod
     def supports(cls, case):
-        return super().supports(case) or (
-            "FlashInferAttnBackend runs on CUDA GPUs only; no CUDA device here" if not torch.cuda.is_available()
-            else None)
+        if not torch.cuda.is_available():
+            return super().supports(case) or "FlashInferAttnBackend runs on CUDA GPUs only; no CUDA device here"
+        from backends import flashinfer  # FlashInfer itself: SGLang's backend needs it as ours does
+
+        return super().supports(case) or flashinfer.UNAVAILABLE
