@@ -9,6 +9,7 @@ import json
 import os
 import shutil
 import sys
+import threading
 import time
 from pathlib import Path
 from typing import List, Optional
@@ -25,7 +26,7 @@ from kit.results import REPO, device_name, to_record, versions, write_results
 from kit.timeout import DEFAULT_S
 
 RECORD_KEY = "conformance_record"
-WRITE_EVERY_S = 2.0  # an interrupted run keeps what finished
+WRITE_EVERY_S = 2.0  # at most one write of the results file this often; an interrupted run keeps what finished
 RUN_TIMEOUT = pytest.StashKey[float]()
 
 
@@ -200,6 +201,10 @@ class _Recorder:
         self.writes = bool(self.path) and not hasattr(config, "workerinput")  # the controller, or a plain run
         self.records = {}
         self.last_write = 0.0
+        # A record that arrives within WRITE_EVERY_S of the last write is written by a timer: the next
+        # run may hang, and nothing else would write it. The lock orders the timer's and the session's.
+        self.pending: Optional[threading.Timer] = None
+        self.lock = threading.Lock()
         self.selected: Optional[List[str]] = None  # run ids, once collection is known
         self.started = False  # runs began: from then on the file is this session's
         self.spec_of = {label: spec for spec, label in config._conformance_selection["labels"].items()}
@@ -239,8 +244,18 @@ class _Recorder:
         if record is None:
             return
         self.records[report.nodeid] = record
-        if time.monotonic() - self.last_write > WRITE_EVERY_S:
-            self._write(RUNNING)
+        self._write_soon()
+
+    def _write_soon(self) -> None:
+        if not self.writes:
+            return
+        with self.lock:
+            if self.pending is not None:
+                return  # a write is due: it takes this record too
+            wait = max(0.0, WRITE_EVERY_S - (time.monotonic() - self.last_write))
+            self.pending = threading.Timer(wait, self._write, args=(RUNNING,))
+            self.pending.daemon = True
+            self.pending.start()
 
     def _crash_record(self, report):
         if self.path:
@@ -265,12 +280,19 @@ class _Recorder:
         return to_record(result)
 
     def _write(self, status: str) -> None:
-        if self.writes and (self.started or self.records):  # never for --co or a run that selected nothing
-            write_results(self.path, list(self.records.values()),
-                          run=dict(status=status, selected=self.selected or [], catalog=self.catalog))
-            self.last_write = time.monotonic()
+        with self.lock:
+            self.pending = None
+            if self.writes and (self.started or self.records):  # never for --co or a run that selected nothing
+                write_results(self.path, list(self.records.values()),
+                              run=dict(status=status, selected=self.selected or [], catalog=self.catalog))
+                self.last_write = time.monotonic()
 
     def pytest_sessionfinish(self, session, exitstatus):
+        with self.lock:
+            pending = self.pending
+        if pending is not None:  # the final write below takes its records, and must be the last
+            pending.cancel()
+            pending.join()
         recorded = {record_id(r) for r in self.records.values()}
         whole = exitstatus in (pytest.ExitCode.OK, pytest.ExitCode.TESTS_FAILED) and recorded >= set(self.selected or [])
         self._write(COMPLETE if whole else INTERRUPTED)
