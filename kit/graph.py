@@ -21,7 +21,9 @@ too, so a write past one is seen after each replay.
 """
 from __future__ import annotations
 
+import contextlib
 import dataclasses
+import gc
 from typing import Dict, List, Optional, Sequence
 
 import torch
@@ -43,6 +45,19 @@ def full_capacity(i: int) -> bool:
     """Whether replay i (from 0) hands the backend full-capacity request buffers: every second."""
     return i % 2 == 1
 
+
+@contextlib.contextmanager
+def _no_collection():
+    """No garbage collection during a capture: collecting an earlier run's graph or stream there
+    is a CUDA call the capture forbids, and it fails ("operation failed due to a previous error
+    during capture") at whatever op comes next. torch.cuda.graph collects just before."""
+    enabled = gc.isenabled()
+    gc.disable()
+    try:
+        yield
+    finally:
+        if enabled:
+            gc.enable()
 
 @dataclasses.dataclass
 class Replayed:
@@ -121,7 +136,7 @@ class _Harness:
         torch.cuda.current_stream().wait_stream(side)
         torch.cuda.synchronize()
         graph, guard = torch.cuda.CUDAGraph(), Guard()
-        with torch.cuda.graph(graph, pool=self.mempool), guard.watching():
+        with _no_collection(), torch.cuda.graph(graph, pool=self.mempool), guard.watching():
             outs = self._step(batch, n)
         self.captured[key] = _Captured(batch, graph, outs, guard)
 
