@@ -60,7 +60,7 @@ def measure(name: str, workers: str, case_set: str, cold: bool, extra: List[str]
     """One timed run of the matrix command: the row (exits if it did not complete). `keep`: where
     the run's results file stays (else a temporary one)."""
     with tempfile.TemporaryDirectory() as tmp:
-        results = keep or os.path.join(tmp, "results.json")
+        results = os.path.abspath(keep) if keep else os.path.join(tmp, "results.json")
         cmd = matrix_command(workers, case_set, results, extra)
         start = time.perf_counter()
         proc = subprocess.run(cmd, cwd=REPO, capture_output=True, text=True)

@@ -4,9 +4,12 @@ from __future__ import annotations
 import pytest
 import torch
 
+from cases import CATALOG
 from kit.case import LAYOUTS
-from kit.modes import ForwardMode
+from kit.modes import Exec, ForwardMode
 from kit.pools import CASE_LAYER_ID
+from kit.record import PASS
+from kit.runner import run_case
 from tests.helpers import make_fixture, small_case
 
 DECODE, EXTEND = ForwardMode.DECODE, ForwardMode.EXTEND
@@ -242,3 +245,13 @@ def test_kv_and_q_not_constant(case):
     assert torch.equal(v_buf[old_slots], fx.inputs[CASE_LAYER_ID].v_old)
     for req, (k, v) in zip(fx.plan.requests, fx.logical_kv()):
         assert k.shape[0] == v.shape[0] == req.total
+
+
+def test_a_backend_writing_its_inputs_changes_no_other_run():
+    """A batch's inputs and references are built once per process and shared by every run of it
+    (kit.fixture); each run's forward() gets copies, so a backend that writes its arguments is
+    judged on what it was given, and the next run of the batch gets the batch as built."""
+    case = CATALOG.cases("smoke", ForwardMode.DECODE)[0]
+    first = run_case("tests.toys.scribbling:ScribblingBackend", case, Exec.EAGER)
+    after = run_case("torch_native", case, Exec.EAGER)
+    assert (first.outcome, after.outcome) == (PASS, PASS), (first.message, after.message)

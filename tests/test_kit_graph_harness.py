@@ -6,13 +6,14 @@ graphs) and cuda when available (real CUDA graphs).
 from __future__ import annotations
 
 import dataclasses
+import gc
 
 import pytest
 import torch
 
 from backends.torch_native import TorchNativeBackend
 from kit.case import LAYOUTS
-from kit.graph import WARMUP_RUNS, BatchGraphs, full_capacity, harness_for
+from kit.graph import WARMUP_RUNS, BatchGraphs, _no_collection, full_capacity, harness_for
 from kit.modes import Exec, ForwardMode
 from kit.plan import plan_case
 from kit.pools import CASE_LAYER_ID
@@ -497,3 +498,34 @@ def test_context_describes_the_model_and_the_speculative_config(mode):
             assert (ctx.speculative.num_draft_tokens, ctx.speculative.topk) == (case.new, case.topk)
         else:
             assert ctx.speculative is None
+
+
+class _GcWatchingBackend(TwoPhaseRecordingBackend):
+    """Records whether garbage collection is on while its in-graph work runs."""
+
+    def init_forward_metadata_in_graph(self, batch):
+        self.calls.append(("gc", gc.isenabled()))
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="only a real CUDA graph capture turns collection off")
+def test_no_garbage_collection_inside_a_capture():
+    """A collection inside a capture can destroy an earlier graph's CUDA objects, a call that
+    invalidates the capture: collection is off while one records, and back on after."""
+    backend, harness, *_ = drive_batch_graphs(HARNESS_CASES[ForwardMode.DECODE], _GcWatchingBackend, "cuda")
+    seen = [on for kind, *rest in backend.calls if kind == "gc" for on in rest]
+    # Warm-up runs before each capture collect as usual; the captured run does not.
+    assert seen.count(False) == len(harness.captured) and gc.isenabled()
+
+
+def test_collection_is_off_in_the_capture_context_and_restored_after():
+    """The context a real capture runs in (checked on every device; the capture itself on CUDA above)."""
+    with _no_collection():
+        assert not gc.isenabled()
+    assert gc.isenabled()
+    gc.disable()
+    try:
+        with _no_collection():
+            pass
+        assert not gc.isenabled()  # left as the caller had it
+    finally:
+        gc.enable()

@@ -4,6 +4,8 @@ Skipped, with the reason, only where the pinned sglang is not installed (CI inst
 import importlib
 import importlib.metadata
 import inspect
+import os
+import subprocess
 import sys
 
 import pytest
@@ -13,6 +15,7 @@ from backends.sglang.adapter import (INSTALL, PINNED, SGLangBackend, SGLangFlash
                                      SGLangTorchNativeBackend, SGLangTritonBackend, sglang_problem)
 from kit.modes import ForwardMode
 from kit.protocol import BackendContext, has_graph_hooks
+from kit.results import REPO
 from kit.runner import default_device
 from tests.helpers import make_fixture, small_case
 
@@ -135,6 +138,10 @@ def test_batch_maps_to_sglangs_forward_batch_over_the_kits_tensors(mode):
     elif mode is ForwardMode.DRAFT_EXTEND_V2:
         assert isinstance(fb.spec_info, EagleDraftExtendInput)
         assert fb.spec_info.extend_seq_lens_tensor is b.spec_info.extend_seq_lens_tensor
+        # The host counts as the kit's batch carries them: never read back from the device (a capture
+        # forbids it); every draft accepted.
+        assert fb.spec_info.extend_seq_lens_cpu is b.spec_info.extend_seq_lens_cpu
+        assert fb.spec_info.num_accept_tokens is b.spec_info.extend_seq_lens_tensor
         assert fb.spec_info.num_tokens_per_req == 3 and fb.extend_prefix_lens_cpu == [5, 9]
     else:
         assert fb.spec_info is None
@@ -195,3 +202,17 @@ def test_the_readme_names_the_install_command():
     readme = (Path(__file__).resolve().parent.parent / "README.md").read_text()
     assert INSTALL in readme and "requirements-cpu.txt" in readme
     assert issubclass(SGLangTritonBackend, SGLangBackend)
+
+
+def test_importing_sglang_leaves_the_jit_caches_where_they_were(tmp_path):
+    """sglang's import points FlashInfer's and Triton's caches at its own directory for the whole
+    process; after the adapter's set-up they stay each library's default (restored caches, and
+    the other backends of the worker, find theirs)."""
+    env = {k: v for k, v in os.environ.items() if k not in ("FLASHINFER_WORKSPACE_BASE", "TRITON_CACHE_DIR",
+                                                            "TRITON_HOME", "SGLANG_CACHE_DIR")}
+    env["HOME"] = str(tmp_path)
+    code = ("import os, backends.sglang.runtime; "
+            "print(os.environ['FLASHINFER_WORKSPACE_BASE']); print(os.environ['TRITON_CACHE_DIR'])")
+    proc = subprocess.run([sys.executable, "-c", code], cwd=REPO, env=env, capture_output=True, text=True)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    assert proc.stdout.split() == [str(tmp_path), str(tmp_path / ".triton" / "cache")]
