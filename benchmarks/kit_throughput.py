@@ -31,10 +31,12 @@ from typing import List, Tuple
 
 import torch
 
+from benchmarks.timeline import ENV as TIMELINE_ENV, phases
 from kit.record import UNSUPPORTED, record_id
 
 REPO = Path(__file__).resolve().parent.parent
 SLOWEST = 10
+IN_BOX = ("triton", "torch_native", "flashinfer")  # the matrix timed unless --backend names others
 
 
 def device() -> Tuple[str, str]:
@@ -52,20 +54,28 @@ def kit_commit() -> str:
 
 def matrix_command(workers: str, case_set: str, results: str, extra: List[str]) -> List[str]:
     xdist = [] if workers == "0" else ["-n", workers, "--dist", "loadgroup"]
+    named = any(a == "--backend" or a.startswith("--backend=") for a in extra)
+    backends = [] if named else [f"--backend={b}" for b in IN_BOX]
     return [sys.executable, "-m", "pytest", *xdist, "tests/test_conformance.py", "--case-set", case_set,
-            "--results-json", results, "-q", "-p", "no:cacheprovider", *extra]
+            "--results-json", results, "-q", "-p", "no:cacheprovider", "-p", "benchmarks.timeline",
+            *backends, *extra]
 
 
-def measure(name: str, workers: str, case_set: str, cold: bool, extra: List[str], keep=None) -> dict:
+def measure(name: str, workers: str, case_set: str, cold: bool, extra: List[str], keep=None,
+            timeline=None) -> dict:
     """One timed run of the matrix command: the row (exits if it did not complete). `keep`: where
-    the run's results file stays (else a temporary one)."""
+    the run's results file stays, `timeline`: the folder its processes' timelines stay in
+    (benchmarks.timeline; else temporary ones)."""
     with tempfile.TemporaryDirectory() as tmp:
         results = os.path.abspath(keep) if keep else os.path.join(tmp, "results.json")
         cmd = matrix_command(workers, case_set, results, extra)
-        start = time.perf_counter()
-        proc = subprocess.run(cmd, cwd=REPO, capture_output=True, text=True)
+        timeline = os.path.abspath(timeline) if timeline else os.path.join(tmp, "timeline")
+        os.makedirs(timeline, exist_ok=True)
+        t0, start = time.time(), time.perf_counter()
+        proc = subprocess.run(cmd, cwd=REPO, capture_output=True, text=True, env={**os.environ, TIMELINE_ENV: timeline})
         seconds = time.perf_counter() - start
         doc = json.loads(Path(results).read_text()) if os.path.exists(results) else {}
+        where = phases(timeline, t0, seconds)
     # 0: all passed, 1: some run failed (still a timing); anything else stopped the session
     if proc.returncode not in (0, 1) or doc.get("run", {}).get("status") != "complete":
         tail = "\n".join((proc.stdout + proc.stderr).strip().splitlines()[-5:])
@@ -74,7 +84,7 @@ def measure(name: str, workers: str, case_set: str, cold: bool, extra: List[str]
     slowest = sorted(executed, key=lambda r: -r["seconds"])[:SLOWEST]
     return dict(device=name, workers=workers, runs=len(executed), seconds=round(seconds, 2),
                 runs_per_s=round(len(executed) / seconds, 2), cold=cold, kit_commit=kit_commit(),
-                case_set=case_set, args=extra,
+                case_set=case_set, args=extra, phases=where,
                 slowest=[dict(run=record_id(r), seconds=r["seconds"]) for r in slowest])
 
 
@@ -91,9 +101,10 @@ def main() -> None:
     parser.add_argument("--cold", action="store_true", help="label the row as a cold run (fresh machine)")
     parser.add_argument("--out", help="the rows file (default: results/bench/kit-throughput-<device>.json)")
     parser.add_argument("--results-json", help="keep the timed run's results file here (the matrix's results)")
+    parser.add_argument("--timeline", help="keep the processes' timelines (benchmarks.timeline) in this folder")
     args, extra = parser.parse_known_args()
     name, slug = device()
-    row = measure(name, args.workers, args.case_set, args.cold, extra, args.results_json)
+    row = measure(name, args.workers, args.case_set, args.cold, extra, args.results_json, args.timeline)
     out = Path(args.out) if args.out else REPO / "results" / "bench" / f"kit-throughput-{slug}.json"
     append_row(out, row)
     print(f"{row['device']}: {row['runs']} runs in {row['seconds']} s with {row['workers']} workers: "

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import collections
 import dataclasses
-from typing import Dict, List, Sequence, Tuple
+from typing import Dict, List, Optional, Sequence, Tuple
 
 import torch
 
@@ -49,6 +49,8 @@ class Fixture:
     # another with dataclasses.replace (a planted bug) starts without them.
     references: Dict[int, Tuple[torch.Tensor, torch.Tensor]] = dataclasses.field(
         default_factory=dict, init=False, repr=False, compare=False)
+    # Per pool size, what install() copies in (Fixture._installed), shared the same way.
+    tables: Dict[tuple, tuple] = dataclasses.field(default_factory=dict, init=False, repr=False, compare=False)
 
     @property
     def case(self):
@@ -81,31 +83,39 @@ class Fixture:
     def install(self) -> None:
         """Write this fixture into the (shared, reused) pools, in place: poison everywhere,
         then the cached tokens' K/V and the requests' req_to_token rows."""
-        plan, case = self.plan, self.plan.case
         kv, r2t = self.pools.token_to_kv_pool, self.pools.req_to_token_pool.req_to_token
-        device = kv.device
-        gen = torch.Generator(device=device).manual_seed(case.rng_seed(1))
         kv.reset()
-        old_slots = [s for r in plan.requests for s in r.slots[:r.n_old]]
-        if old_slots:
-            idx = torch.tensor(old_slots, dtype=torch.int64, device=device)
+        old_slots, table = self._installed(kv, r2t)
+        if old_slots is not None:
             for layer_id, x in enumerate(self.inputs):
-                kv.k_buffer[layer_id][idx] = x.k_old
-                kv.v_buffer[layer_id][idx] = x.v_old
-        # Every req_to_token entry that is not a real token points at an unowned
-        # (poisoned) slot, so reading past seq_len shows in the output.
-        owned = torch.zeros(kv.size, dtype=torch.bool)
-        owned[0] = True
-        owned[[s for r in plan.requests for s in r.slots]] = True
-        unowned = (~owned).nonzero().squeeze(1).to(device=device, dtype=torch.int32)
-        pick = torch.randint(0, unowned.numel(), tuple(r2t.shape), generator=gen, device=device)
-        r2t.copy_(unowned[pick])
-        r2t[0].zero_()
-        rows = [r.row for r in plan.requests for _ in range(r.total)]
-        cols = [t for r in plan.requests for t in range(r.total)]
-        slots = [s for r in plan.requests for s in r.slots]
-        r2t[torch.tensor(rows, device=device), torch.tensor(cols, device=device)] = torch.tensor(
-            slots, dtype=torch.int32, device=device)
+                kv.k_buffer[layer_id][old_slots] = x.k_old
+                kv.v_buffer[layer_id][old_slots] = x.v_old
+        r2t.copy_(table)
+
+    def _installed(self, kv, r2t) -> Tuple[Optional[torch.Tensor], torch.Tensor]:
+        """(slots of the cached tokens, the req_to_token table) for pools of this size: built
+        once per batch and pool size (shared like the references), copied in by install()."""
+        key = (kv.size, tuple(r2t.shape))
+        if key not in self.tables:
+            plan, device = self.plan, kv.device
+            gen = torch.Generator(device=device).manual_seed(plan.case.rng_seed(1))
+            old = [s for r in plan.requests for s in r.slots[:r.n_old]]
+            old_slots = torch.tensor(old, dtype=torch.int64, device=device) if old else None
+            # Every req_to_token entry that is not a real token points at an unowned
+            # (poisoned) slot, so reading past seq_len shows in the output.
+            owned = torch.zeros(kv.size, dtype=torch.bool)
+            owned[0] = True
+            owned[[s for r in plan.requests for s in r.slots]] = True
+            unowned = (~owned).nonzero().squeeze(1).to(device=device, dtype=torch.int32)
+            table = unowned[torch.randint(0, unowned.numel(), tuple(r2t.shape), generator=gen, device=device)]
+            table[0].zero_()
+            rows = [r.row for r in plan.requests for _ in range(r.total)]
+            cols = [t for r in plan.requests for t in range(r.total)]
+            slots = [s for r in plan.requests for s in r.slots]
+            table[torch.tensor(rows, device=device), torch.tensor(cols, device=device)] = torch.tensor(
+                slots, dtype=torch.int32, device=device)
+            self.tables[key] = (old_slots, table)
+        return self.tables[key]
 
 
 def make_batch(plan: BatchPlan, pools: Pools, device) -> ForwardBatch:
@@ -135,6 +145,7 @@ class _Shared:
     layers: Tuple[Layer, ...]
     inputs: List[LayerInputs]  # never handed to a backend (kit.runner hands copies)
     references: Dict[int, Tuple[torch.Tensor, torch.Tensor]]
+    tables: Dict[tuple, tuple]
 
 
 def _inputs(plan: BatchPlan, layers: Tuple[Layer, ...], device) -> List[LayerInputs]:
@@ -169,7 +180,7 @@ class _SharedBatches:
             self._built.move_to_end(key)
             return self._built[key]
         plan, layers = plan_case(case), model_layers(case)
-        shared = _Shared(plan, layers, _inputs(plan, layers, device), {})
+        shared = _Shared(plan, layers, _inputs(plan, layers, device), {}, {})
         self._built[key] = shared
         while len(self._built) > SHARED_BATCHES:
             self._built.popitem(last=False)
@@ -197,6 +208,6 @@ def fixtures_for(cases: Sequence[Case], device) -> List[Fixture]:
     for s in shared:
         fx = Fixture(plan=s.plan, pools=pools, layers=s.layers, inputs=s.inputs,
                      batch=make_batch(s.plan, pools, device))
-        fx.references = s.references
+        fx.references, fx.tables = s.references, s.tables
         fixtures.append(fx)
     return fixtures

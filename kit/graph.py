@@ -50,7 +50,7 @@ def full_capacity(i: int) -> bool:
 def _no_collection():
     """No garbage collection during a capture: collecting an earlier run's graph or stream there
     is a CUDA call the capture forbids, and it fails ("operation failed due to a previous error
-    during capture") at whatever op comes next. torch.cuda.graph collects just before."""
+    during capture") at whatever op comes next."""
     enabled = gc.isenabled()
     gc.disable()
     try:
@@ -136,8 +136,14 @@ class _Harness:
         torch.cuda.current_stream().wait_stream(side)
         torch.cuda.synchronize()
         graph, guard = torch.cuda.CUDAGraph(), Guard()
-        with _no_collection(), torch.cuda.graph(graph, pool=self.mempool), guard.watching():
-            outs = self._step(batch, n)
+        # capture_begin/end on a side stream, as torch.cuda.graph does, without its empty_cache():
+        # run after run, that handed the cache back and the next batch's allocations went to cudaMalloc.
+        with _no_collection(), torch.cuda.stream(side), guard.watching():
+            graph.capture_begin(pool=self.mempool)
+            try:
+                outs = self._step(batch, n)
+            finally:
+                graph.capture_end()
         self.captured[key] = _Captured(batch, graph, outs, guard)
 
     def _run(self, key: int, n: int, guard: Guard):

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
-from typing import ClassVar, Iterator, List
+from typing import ClassVar, Dict, Iterator, List
 
 import torch
 from torch.utils._python_dispatch import TorchDispatchMode
@@ -32,10 +32,10 @@ class _Guarded:
     base: torch.Tensor  # the backend's tensor, then at least GUARD_BYTES of canary, in one allocation
     nbytes: int
     what: str
+    canary: torch.Tensor = dataclasses.field(init=False)  # the GUARD_BYTES bytes past the tensor's end
 
-    @property
-    def canary(self) -> torch.Tensor:
-        return self.base.view(-1).view(torch.uint8)[self.nbytes:]
+    def __post_init__(self):
+        self.canary = self.base.view(-1).view(torch.uint8)[self.nbytes:self.nbytes + GUARD_BYTES]
 
 
 def _device(args, kwargs) -> torch.device:
@@ -79,6 +79,12 @@ def _guarded_alloc(func, args, kwargs):
 
 
 class _GuardMode(TorchDispatchMode):
+    @classmethod
+    def _should_skip_dynamo(cls) -> bool:
+        # Else PyTorch wraps __torch_dispatch__ in torch._dynamo.disable, whose first call imports
+        # torch._dynamo: ~5 s of each worker's start on the GPU host. The kit compiles nothing.
+        return False
+
     def __init__(self):
         super().__init__()
         self.guarded: List[_Guarded] = []
@@ -123,9 +129,13 @@ class Guard:
             yield
 
     def check(self) -> GuardCheck:
-        overruns = []
+        """Every canary compared at once, per device: one read back from the GPU, not one per tensor."""
+        by_device: Dict[torch.device, List[_Guarded]] = {}
         for g in self._mode.guarded:
-            changed = int((g.canary != CANARY).sum())
-            if changed:
-                overruns.append(f"{g.what}: {changed} of the {GUARD_BYTES} bytes past its end changed")
+            by_device.setdefault(g.base.device, []).append(g)
+        overruns = []
+        for guarded in by_device.values():
+            changed = (torch.stack([g.canary for g in guarded]) != CANARY).sum(dim=1).tolist()
+            overruns += [f"{g.what}: {n} of the {GUARD_BYTES} bytes past its end changed"
+                         for g, n in zip(guarded, changed) if n]
         return GuardCheck(not overruns, overruns)

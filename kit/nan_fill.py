@@ -12,13 +12,17 @@ import warnings
 
 import torch
 
+# The flag itself: torch.use_deterministic_algorithms also sets torch.compile's copy of it, and
+# importing that config imports torch._dynamo (~5 s of each worker's start on the GPU host).
+_set_deterministic = getattr(torch._C, "_set_deterministic_algorithms", torch.use_deterministic_algorithms)
+
 
 @contextlib.contextmanager
 def nan_filled_allocations():
     was_on = torch.are_deterministic_algorithms_enabled()
     was_warn_only = torch.is_deterministic_algorithms_warn_only_enabled()
     was_fill = torch.utils.deterministic.fill_uninitialized_memory
-    torch.use_deterministic_algorithms(True, warn_only=True)  # warn_only: never change what runs
+    _set_deterministic(True, warn_only=True)  # warn_only: never change what runs
     torch.utils.deterministic.fill_uninitialized_memory = True
     try:
         with warnings.catch_warnings():
@@ -26,4 +30,4 @@ def nan_filled_allocations():
             yield
     finally:
         torch.utils.deterministic.fill_uninitialized_memory = was_fill
-        torch.use_deterministic_algorithms(was_on, warn_only=was_warn_only)
+        _set_deterministic(was_on, warn_only=was_warn_only)

@@ -2,15 +2,24 @@
 
 Never reads the pool, req_to_token or any backend metadata: only the plan
 (which keys each query may see, and positions) and the generated q/k/v.
+
+The requests are computed together, padded to the longest (a padded key is
+masked out, a padded query dropped): a few dozen operations per batch, where
+one request at a time took a few dozen per request.
 """
 from __future__ import annotations
 
-from typing import Tuple
+import dataclasses
+from typing import List, Tuple
 
 import torch
 
 from kit.fixture import Fixture
+from kit.plan import BatchPlan, RequestPlan
 from kit.pools import CASE_LAYER_ID
+
+# Requests are taken in groups whose padded float64 scores stay under this size.
+CHUNK_BYTES = 256 << 20
 
 
 def visibility(visible: torch.Tensor, q_pos, key_pos, window: int, device) -> torch.Tensor:
@@ -23,32 +32,90 @@ def visibility(visible: torch.Tensor, q_pos, key_pos, window: int, device) -> to
     return vis
 
 
-def attention(fixture: Fixture, dtype: torch.dtype = torch.float64, layer_id: int = CASE_LAYER_ID) -> torch.Tensor:
+@dataclasses.dataclass
+class _Group:
+    """Consecutive requests, padded to [B, Q, K]: where each query and key comes from."""
+
+    q_rows: torch.Tensor  # [B, Q] row of the batch's q (padding: 0)
+    k_rows: torch.Tensor  # [B, K] row of cat(k_old, k_new) (padding: 0)
+    mask: torch.Tensor  # [B, Q, K] query may see key
+    out_rows: torch.Tensor  # [tokens] the group's tokens in [B * Q] order
+
+
+def _group(requests: List[Tuple[RequestPlan, int, int]], num_old: int, window: int, device) -> _Group:
+    """`requests`: (plan, first old-key row, first new-token row) each."""
+    b, q, k = len(requests), max(r.n_new for r, _, _ in requests), max(r.total for r, _, _ in requests)
+    q_rows = torch.zeros(b, q, dtype=torch.int64)
+    k_rows = torch.zeros(b, k, dtype=torch.int64)
+    mask = torch.zeros(b, q, k, dtype=torch.bool)
+    out_rows = []
+    for i, (r, o, n) in enumerate(requests):
+        q_rows[i, :r.n_new] = torch.arange(n, n + r.n_new)
+        k_rows[i, :r.n_old] = torch.arange(o, o + r.n_old)
+        k_rows[i, r.n_old:r.total] = torch.arange(num_old + n, num_old + n + r.n_new)
+        mask[i, :r.n_new, :r.total] = visibility(r.visible, r.q_pos, r.key_pos, window, "cpu")
+        out_rows += range(i * q, i * q + r.n_new)
+    return _Group(*(t.to(device) for t in (q_rows, k_rows, mask, torch.tensor(out_rows, dtype=torch.int64))))
+
+
+def _groups(plan: BatchPlan, num_heads: int, window: int, device) -> List[_Group]:
+    """The plan's requests in order, in groups of padded scores under CHUNK_BYTES, seen
+    through a layer's sliding window."""
+    num_old = sum(r.n_old for r in plan.requests)
+    groups, current, o, n = [], [], 0, 0
+    for r in plan.requests:
+        grown = current + [(r, o, n)]
+        size = len(grown) * max(x.n_new for x, _, _ in grown) * max(x.total for x, _, _ in grown) * num_heads * 8
+        if current and size > CHUNK_BYTES:
+            groups.append(_group(current, num_old, window, device))
+            grown = [(r, o, n)]
+        current = grown
+        o, n = o + r.n_old, n + r.n_new
+    if current:
+        groups.append(_group(current, num_old, window, device))
+    return groups
+
+
+def _attend(group: _Group, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, layer) -> torch.Tensor:
+    """[group tokens, Hq, D]; q: the batch's queries, k/v: cat(old, new) keys and values."""
+    b, nq = group.q_rows.shape
+    hq, hkv, d = q.shape[1], k.shape[1], q.shape[2]
+    qg = q[group.q_rows].view(b, nq, hkv, hq // hkv, d)  # a query head's KV head: h // group
+    kg, vg = k[group.k_rows], v[group.k_rows]
+    scores = torch.einsum("bqhgd,bkhd->bhgqk", qg, kg) * layer.scaling
+    if layer.logit_cap > 0:
+        scores = layer.logit_cap * torch.tanh(scores / layer.logit_cap)
+    scores = scores.masked_fill(~group.mask[:, None, None], float("-inf"))
+    out = torch.einsum("bhgqk,bkhd->bqhgd", torch.softmax(scores, dim=-1), vg)
+    return out.reshape(b * nq, hq, d)[group.out_rows]  # padded queries (all keys masked: NaN) dropped
+
+
+def attention(fixture: Fixture, dtype: torch.dtype = torch.float64, layer_id: int = CASE_LAYER_ID,
+              groups: List[_Group] = None) -> torch.Tensor:
     """[num_tokens, Hq, D] of one layer, in `dtype`. float64 is the golden; the case
     dtype gives the same-dtype reference whose error scales the tolerance."""
     layer = fixture.layers[layer_id]
-    q_all = fixture.inputs[layer_id].q.to(dtype)
-    group = layer.tp_q_head_num // layer.tp_k_head_num
-    outs, n = [], 0
-    for req, (k, v) in zip(fixture.plan.requests, fixture.logical_kv(layer_id)):
-        q = q_all[n:n + req.n_new]
-        n += req.n_new
-        k = k.to(dtype).repeat_interleave(group, dim=1)
-        v = v.to(dtype).repeat_interleave(group, dim=1)
-        scores = torch.einsum("qhd,khd->hqk", q, k) * layer.scaling
-        if layer.logit_cap > 0:
-            scores = layer.logit_cap * torch.tanh(scores / layer.logit_cap)
-        vis = visibility(req.visible, req.q_pos, req.key_pos, layer.sliding_window_size, q.device)
-        scores = scores.masked_fill(~vis, float("-inf"))
-        probs = torch.softmax(scores, dim=-1)
-        outs.append(torch.einsum("hqk,khd->qhd", probs, v))
-    return torch.cat(outs) if outs else q_all.new_zeros(q_all.shape)
+    x = fixture.inputs[layer_id]
+    q = x.q.to(dtype)
+    if groups is None:
+        groups = _groups(fixture.plan, layer.tp_q_head_num, layer.sliding_window_size, q.device)
+    k, v = torch.cat([x.k_old, x.k_new]).to(dtype), torch.cat([x.v_old, x.v_new]).to(dtype)
+    outs = [_attend(g, q, k, v, layer) for g in groups]
+    return torch.cat(outs) if outs else q.new_zeros(q.shape)
 
 
 def references(fixture: Fixture, layer_id: int) -> Tuple[torch.Tensor, torch.Tensor]:
     """(float64 golden, same-dtype reference) of one layer: computed once per batch and
-    process (Fixture.references is shared by every run of the batch), never by a run."""
+    process for every layer (Fixture.references is shared by every run of the batch),
+    never by a run."""
     if layer_id not in fixture.references:
-        fixture.references[layer_id] = (attention(fixture, torch.float64, layer_id),
-                                        attention(fixture, fixture.case.torch_dtype, layer_id))
+        by_window = {}  # layers of a hybrid model differ in their window
+        for layer in fixture.layers:
+            window = layer.sliding_window_size
+            if window not in by_window:
+                by_window[window] = _groups(fixture.plan, max(x.tp_q_head_num for x in fixture.layers), window,
+                                            fixture.q.device)
+            fixture.references[layer.layer_id] = (
+                attention(fixture, torch.float64, layer.layer_id, by_window[window]),
+                attention(fixture, fixture.case.torch_dtype, layer.layer_id, by_window[window]))
     return fixture.references[layer_id]

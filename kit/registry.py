@@ -2,6 +2,7 @@
 registered in pyproject.toml in the same group external ones use), or module:attr."""
 from __future__ import annotations
 
+import functools
 import importlib
 import importlib.metadata
 from typing import Dict, List
@@ -22,6 +23,7 @@ def import_target(target: str):
     return obj
 
 
+@functools.lru_cache(maxsize=None)  # read once per process: scanning every installed package costs ~40 ms
 def _entry_points() -> Dict[str, importlib.metadata.EntryPoint]:
     return {ep.name: ep for ep in importlib.metadata.entry_points(group=ENTRY_POINT_GROUP)}
 
@@ -45,9 +47,10 @@ def load_backend(spec: str):
 
 
 def backend_label(spec: str) -> str:
-    """Name used in test ids and results (resolving it, so an unknown name fails early):
-    the spec itself for registered names, else the class's `name` or its attribute name."""
-    cls = load_backend(spec)
-    if ":" not in spec:
+    """Name used in test ids and results, failing early on an unknown name: the spec itself for
+    registered names (not loaded here: importing a backend's library, FlashInfer's ~2.5 s, is
+    left to the process that runs it), else the class's `name` or its attribute name."""
+    if spec in _entry_points():
         return spec
+    cls = load_backend(spec)
     return getattr(cls, "name", None) or spec.rsplit(":", 1)[1].split(".")[-1]

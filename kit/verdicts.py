@@ -88,19 +88,23 @@ def check_output(out: torch.Tensor, golden: torch.Tensor, same_dtype_ref: torch.
                  dtype: torch.dtype, label: str = "") -> OutputCheck:
     if tuple(out.shape) != tuple(golden.shape):
         return OutputCheck(False, float("inf"), 0.0, 0.0, [], 0, compared=False, label=label)
+    if not golden.numel():
+        return OutputCheck(True, 0.0, 0.0, ABS_FLOOR[dtype], [], 0, 0.0, REL_RMS[dtype], label=label)
     err = out.to(golden.device, torch.float64) - golden
-    ref_err = (same_dtype_ref.to(torch.float64) - golden).abs().max().item() if golden.numel() else 0.0
+    ref_err = (same_dtype_ref.to(torch.float64) - golden).abs().max()
     tol = RATIO * ref_err + ABS_FLOOR[dtype]
     row_err = err.abs().flatten(1).amax(dim=1).nan_to_num(nan=float("inf"))
     err_rms = _rms(err)  # [T, Hq]
     head_rel = torch.where(err_rms == 0, 0.0, err_rms / _rms(golden)).nan_to_num(nan=float("inf"))
     row_rel = head_rel.amax(dim=1)
-    bad = ((row_err > tol) | (row_rel > REL_RMS[dtype])).nonzero().squeeze(1)
-    nonfinite = int((~torch.isfinite(out.flatten(1))).any(dim=1).sum().item())
-    max_err = row_err.max().item() if row_err.numel() else 0.0
-    max_rel = row_rel.max().item() if row_rel.numel() else 0.0
-    return OutputCheck(bad.numel() == 0, max_err, ref_err, tol, bad[:8].tolist(), nonfinite, max_rel,
-                       REL_RMS[dtype], label=label)
+    bad = (row_err > tol) | (row_rel > REL_RMS[dtype])
+    nonfinite = (~torch.isfinite(out.flatten(1))).any(dim=1).sum().to(golden.device, torch.float64)
+    # One read back from the device for every figure (each .item() waits for the GPU).
+    ref_err, tol, max_err, max_rel, num_bad, nonfinite = torch.stack(
+        [ref_err, tol, row_err.max(), row_rel.max(), bad.sum().double(), nonfinite]).tolist()
+    bad_rows = bad.nonzero().squeeze(1)[:8].tolist() if num_bad else []
+    return OutputCheck(not num_bad, max_err, ref_err, tol, bad_rows, int(nonfinite), max_rel, REL_RMS[dtype],
+                       label=label)
 
 
 @dataclasses.dataclass
@@ -168,12 +172,16 @@ def check_padding(padded: Sequence[torch.Tensor], pool) -> PaddingCheck:
     is, within the range of the pool's values: a huge finite row overflows in the next norm,
     or sets the scale of a dynamic per-tensor activation quantization and with it the real
     rows' precision."""
-    bound = max(v.abs().max().item() for v in pool.v_buffer)
+    bound = torch.stack([v.abs().max() for v in pool.v_buffer]).max().float()
     rows = torch.cat([out.flatten(1).to(torch.float32) for out in padded]) if padded else torch.zeros(0, 1)
+    rows = rows.to(bound.device)
     nonfinite = ~torch.isfinite(rows).all(dim=1)
     out_of_range = ~nonfinite & (rows.abs() > bound * PADDED_RANGE_SLACK).any(dim=1)
-    return PaddingCheck(not (nonfinite.any() or out_of_range.any()), rows.shape[0],
-                        nonfinite.nonzero().squeeze(1).tolist(), out_of_range.nonzero().squeeze(1).tolist(), bound)
+    bound_value, num_bad = torch.stack([bound, (nonfinite | out_of_range).sum().float()]).tolist()
+    if not num_bad:
+        return PaddingCheck(True, rows.shape[0], [], [], bound_value)
+    return PaddingCheck(False, rows.shape[0], nonfinite.nonzero().squeeze(1).tolist(),
+                        out_of_range.nonzero().squeeze(1).tolist(), bound_value)
 
 
 @dataclasses.dataclass
@@ -231,23 +239,24 @@ def check_kv(pool, before_k: Sequence[torch.Tensor], before_v: Sequence[torch.Te
     """Each layer's new k/v (`writes`: layer_id -> (k, v)) must sit at `loc`; nothing else
     may change but scratch slot 0."""
     loc = loc.to(torch.int64)
-    missing: List[Tuple[int, int]] = []
-    num_missing = 0
-    collateral, num_collateral = [], 0
-    for lid, (exp_k, exp_v) in enumerate(zip(before_k, before_v)):
-        written = torch.zeros(exp_k.shape[0], dtype=torch.bool, device=exp_k.device)
+    lost, stray = [], []  # per layer: bool over loc, bool over slots
+    for lid, (old_k, old_v) in enumerate(zip(before_k, before_v)):
+        k, v = pool.k_buffer[lid], pool.v_buffer[lid]
+        changed = _differs(k, old_k) | _differs(v, old_v)
+        changed[0] = False
         if lid in writes:
-            exp_k, exp_v = exp_k.clone(), exp_v.clone()
-            exp_k[loc] = writes[lid][0].to(exp_k.dtype)
-            exp_v[loc] = writes[lid][1].to(exp_v.dtype)
-            written[loc] = True
-        diff = _differs(pool.k_buffer[lid], exp_k) | _differs(pool.v_buffer[lid], exp_v)
-        diff[0] = False
-        lost = (diff & written).nonzero().squeeze(1)
-        missing += [(lid, s) for s in lost[:8].tolist()]
-        num_missing += lost.numel()
-        stray = (diff & ~written).nonzero().squeeze(1)
-        collateral += [(lid, s) for s in stray[:8].tolist()]
-        num_collateral += stray.numel()
-    ok = num_missing == 0 and num_collateral == 0
-    return KVCheck(ok, missing[:8], collateral[:8], num_missing, num_collateral)
+            new_k, new_v = writes[lid]
+            lost.append((_differs(k[loc], new_k.to(k.dtype)) | _differs(v[loc], new_v.to(v.dtype))) & (loc != 0))
+            changed[loc] = False
+        else:
+            lost.append(torch.zeros_like(loc, dtype=torch.bool))
+        stray.append(changed)
+    counts = torch.stack([m.sum() for m in lost + stray]).tolist()  # one read back from the device
+    num_missing, num_collateral = sum(counts[:len(lost)]), sum(counts[len(lost):])
+    missing, collateral = [], []
+    if num_missing or num_collateral:
+        for lid, (gone, extra) in enumerate(zip(lost, stray)):
+            missing += [(lid, s) for s in loc[gone].unique()[:8].tolist()]
+            collateral += [(lid, s) for s in extra.nonzero().squeeze(1)[:8].tolist()]
+    return KVCheck(num_missing == 0 and num_collateral == 0, missing[:8], collateral[:8], num_missing,
+                   num_collateral)

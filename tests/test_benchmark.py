@@ -3,7 +3,8 @@ import json
 import subprocess
 import sys
 
-from benchmarks.kit_throughput import device
+from benchmarks.kit_throughput import IN_BOX, device, matrix_command
+from benchmarks.timeline import phases
 from kit.results import REPO
 
 SMOKE_DECODE_RUNS = 8  # torch_native's smoke decode cases, eager (graph: unsupported, not counted)
@@ -28,3 +29,32 @@ def test_throughput_row(tmp_path):
     assert [s["seconds"] for s in row["slowest"]] == sorted((s["seconds"] for s in row["slowest"]), reverse=True)
     # --results-json keeps the timed run's results: the matrix and its timing from one run
     assert len(json.loads(kept.read_text())["records"]) == 2 * SMOKE_DECODE_RUNS
+    where = row["phases"]  # from the workers' timelines
+    assert 0 < where["workers_ready_median_s"] <= where["workers_ready_last_s"] < row["seconds"]
+    assert 0 < where["test_s"] and 0 < where["busy_share"] <= 1 and where["other_runs_median_s"] > 0
+
+
+def test_the_in_box_matrix_unless_backends_are_named():
+    default = matrix_command("auto", "full", "r.json", [])
+    assert [a for a in default if a.startswith("--backend")] == [f"--backend={b}" for b in IN_BOX]
+    named = matrix_command("auto", "full", "r.json", ["--backend", "triton"])
+    assert [a for a in named if a.startswith("--backend")] == ["--backend"]
+
+
+def _timeline(path, events):
+    path.write_text("".join(json.dumps(e) + "\n" for e in events))
+
+
+def test_phases_from_timelines(tmp_path):
+    """Two workers started at 1 s and 2 s: ready when their first test starts, each backend's first
+    test apart from the rest."""
+    test = lambda run, t, end: dict(event="test", id=run, t=t, end=end)  # noqa: E731
+    _timeline(tmp_path / "gw0.jsonl", [dict(event="start", t=101.0), test("a-decode-eager-x", 104.0, 106.0),
+                                       test("a-decode-graph-x", 106.0, 106.5), test("b-decode-eager-x", 106.5, 109.0),
+                                       dict(event="end", t=110.0)])
+    _timeline(tmp_path / "gw1.jsonl", [dict(event="start", t=102.0), test("a-extend-eager-y", 105.0, 105.5),
+                                       test("a-extend-graph-y", 105.5, 106.0)])
+    _timeline(tmp_path / "main.jsonl", [dict(event="start", t=100.0)])  # the controller: no tests
+    where = phases(str(tmp_path), t0=100.0, seconds=10.0)
+    assert where == dict(workers=2, workers_ready_median_s=4.5, workers_ready_last_s=5.0, test_s=6.0, busy_share=0.3,
+                         first_of_backend_s=5.0, other_runs_median_s=0.5)

@@ -517,6 +517,16 @@ def test_no_garbage_collection_inside_a_capture():
     assert seen.count(False) == len(harness.captured) and gc.isenabled()
 
 
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="only a real CUDA graph capture empties the cache")
+def test_a_capture_keeps_the_allocator_cache(monkeypatch):
+    """torch.cuda.graph empties the allocator's cache before every capture: run after run, each
+    batch's allocations then went back to cudaMalloc. The harness captures without that."""
+    emptied = []
+    monkeypatch.setattr(torch.cuda, "empty_cache", lambda: emptied.append(True))
+    _, harness, *_ = drive_batch_graphs(HARNESS_CASES[ForwardMode.DECODE], TwoPhaseRecordingBackend, "cuda")
+    assert harness.captured and not emptied
+
+
 def test_collection_is_off_in_the_capture_context_and_restored_after():
     """The context a real capture runs in (checked on every device; the capture itself on CUDA above)."""
     with _no_collection():

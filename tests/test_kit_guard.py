@@ -1,8 +1,12 @@
 """Guarded allocations catch a write past the end of a tensor the backend allocated."""
+import subprocess
+import sys
+
 import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 
 from kit.guard import GUARD_BYTES, Guard
+from kit.results import REPO
 
 
 def test_write_inside_is_fine_and_write_past_end_is_caught():
@@ -72,3 +76,20 @@ def test_every_factory_keeps_its_values():
     assert made["new_zeros"].tolist() == [0.0] * 3 and made["ones_like"].dtype == torch.int32
     assert made["arange3"].tolist() == [1, 4, 7] and made["new_ones"].tolist() == [1.0, 1.0]
     assert len(guard._mode.guarded) == len(made) and guard.check().ok
+
+
+def test_watching_imports_no_compiler():
+    """A guarded, NaN-filled step imports neither torch._dynamo nor torch._inductor: PyTorch's default
+    for a dispatch mode and torch.use_deterministic_algorithms import them on first use, ~5 s of
+    each worker's start on the GPU host."""
+    code = ("import sys, torch\n"
+            "from kit.guard import Guard\n"
+            "from kit.nan_fill import nan_filled_allocations\n"
+            "guard = Guard()\n"
+            "with guard.watching(), nan_filled_allocations():\n"
+            "    x = torch.empty(4)\n"
+            "assert torch.isnan(x).all() and guard.check().ok\n"
+            "print(sorted(m for m in ('torch._dynamo', 'torch._inductor') if m in sys.modules))\n")
+    proc = subprocess.run([sys.executable, "-c", code], cwd=REPO, capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stdout.strip() == "[]", proc.stdout

@@ -7,8 +7,10 @@ import pytest
 import torch
 
 
+from kit import reference
 from kit.modes import ForwardMode
-from kit.reference import attention
+from kit.pools import CASE_LAYER_ID
+from kit.reference import attention, references
 from tests.helpers import make_fixture, small_case
 
 DECODE, EXTEND = ForwardMode.DECODE, ForwardMode.EXTEND
@@ -50,18 +52,18 @@ def visible_keys(req, i, window):
     return keys
 
 
-def brute_force(fx):
-    """Plain-float softmax attention, one query / head / key at a time."""
-    case = fx.case
-    hq, hkv, d = case.num_q_heads, case.num_kv_heads, case.head_dim
+def brute_force(fx, layer_id=CASE_LAYER_ID):
+    """Plain-float softmax attention, one query / head / key at a time, of one layer."""
+    layer = fx.layers[layer_id]
+    hq, hkv, d = layer.tp_q_head_num, layer.tp_k_head_num, layer.head_dim
     group = hq // hkv
-    q_all = fx.q.double().tolist()
+    q_all = fx.inputs[layer_id].q.double().tolist()
     out = [[[0.0] * d for _ in range(hq)] for _ in range(len(q_all))]
     t = 0
-    for req, (k, v) in zip(fx.plan.requests, fx.logical_kv()):
+    for req, (k, v) in zip(fx.plan.requests, fx.logical_kv(layer_id)):
         k, v = k.double().tolist(), v.double().tolist()
         for i in range(req.n_new):
-            keys = visible_keys(req, i, case.window)
+            keys = visible_keys(req, i, layer.sliding_window_size)
             for h in range(hq):
                 kh = h // group
                 scores = []
@@ -69,9 +71,9 @@ def brute_force(fx):
                     s = 0.0
                     for x in range(d):
                         s += q_all[t][h][x] * k[j][kh][x]
-                    s *= case.sm_scale
-                    if case.cap > 0:
-                        s = case.cap * math.tanh(s / case.cap)
+                    s *= layer.scaling
+                    if layer.logit_cap > 0:
+                        s = layer.logit_cap * math.tanh(s / layer.logit_cap)
                     scores.append(s)
                 m = max(scores)
                 w = [math.exp(s - m) for s in scores]
@@ -137,3 +139,30 @@ def test_reference_never_reads_the_pool():
         buf.zero_()
     fx.pools.req_to_token_pool.req_to_token.zero_()
     torch.testing.assert_close(attention(fx), before, rtol=0, atol=0)
+
+
+HYBRID = [_case("dec_hybrid_window", DECODE, (12, 3, 5), window=4, hybrid=True),
+          _case("ext_hybrid", EXTEND, (5, 0, 9), (6, 8, 1), hybrid=True, cap=1.5)]
+
+
+@pytest.mark.parametrize("case", HYBRID, ids=[c.name for c in HYBRID])
+def test_every_layer_of_a_hybrid_model_has_its_own_golden(case):
+    """references() computes every layer at once; a hybrid model's layers differ in window,
+    scale and cap, and each layer's golden follows its own."""
+    fx = make_fixture(case)
+    assert fx.layers[0].sliding_window_size != fx.layers[1].sliding_window_size
+    for layer in fx.layers:
+        golden, same_dtype = references(fx, layer.layer_id)
+        torch.testing.assert_close(golden, brute_force(fx, layer.layer_id), rtol=1e-10, atol=1e-10)
+        assert same_dtype.dtype == case.torch_dtype
+
+
+def test_requests_taken_in_groups_give_the_same_golden(monkeypatch):
+    """Requests are padded together in groups under CHUNK_BYTES; one request per group (the
+    smallest budget) gives the same golden as all at once."""
+    case = CASES[4]  # ext_gqa_ragged: 3 requests of different lengths
+    fx = make_fixture(case)
+    together = attention(fx)
+    monkeypatch.setattr(reference, "CHUNK_BYTES", 1)
+    assert len(reference._groups(fx.plan, case.num_q_heads, case.window, "cpu")) == case.bs
+    torch.testing.assert_close(attention(fx), together, rtol=0, atol=1e-15)
