@@ -3,9 +3,9 @@
 Never reads the pool, req_to_token or any backend metadata: only the plan
 (which keys each query may see, and positions) and the generated q/k/v.
 
-The requests are computed together, padded to the longest (a padded key is
-masked out, a padded query dropped): a few dozen operations per batch, where
-one request at a time took a few dozen per request.
+The float64 golden computes the requests together, padded to the longest (a
+padded key is masked out, a padded query dropped): a few dozen operations per
+batch, where one request at a time took a few dozen per request.
 """
 from __future__ import annotations
 
@@ -76,32 +76,57 @@ def _groups(plan: BatchPlan, num_heads: int, window: int, device) -> List[_Group
     return groups
 
 
+def _probs(scores: torch.Tensor, visible: torch.Tensor, layer) -> torch.Tensor:
+    """Softmax of scaled (and capped) scores over the visible keys (last axis)."""
+    scores = scores * layer.scaling
+    if layer.logit_cap > 0:
+        scores = layer.logit_cap * torch.tanh(scores / layer.logit_cap)
+    return torch.softmax(scores.masked_fill(~visible, float("-inf")), dim=-1)
+
+
 def _attend(group: _Group, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, layer) -> torch.Tensor:
     """[group tokens, Hq, D]; q: the batch's queries, k/v: cat(old, new) keys and values."""
     b, nq = group.q_rows.shape
     hq, hkv, d = q.shape[1], k.shape[1], q.shape[2]
     qg = q[group.q_rows].view(b, nq, hkv, hq // hkv, d)  # a query head's KV head: h // group
     kg, vg = k[group.k_rows], v[group.k_rows]
-    scores = torch.einsum("bqhgd,bkhd->bhgqk", qg, kg) * layer.scaling
-    if layer.logit_cap > 0:
-        scores = layer.logit_cap * torch.tanh(scores / layer.logit_cap)
-    scores = scores.masked_fill(~group.mask[:, None, None], float("-inf"))
-    out = torch.einsum("bhgqk,bkhd->bqhgd", torch.softmax(scores, dim=-1), vg)
+    probs = _probs(torch.einsum("bqhgd,bkhd->bhgqk", qg, kg), group.mask[:, None, None], layer)
+    out = torch.einsum("bhgqk,bkhd->bqhgd", probs, vg)
     return out.reshape(b * nq, hq, d)[group.out_rows]  # padded queries (all keys masked: NaN) dropped
 
 
-def attention(fixture: Fixture, dtype: torch.dtype = torch.float64, layer_id: int = CASE_LAYER_ID,
-              groups: List[_Group] = None) -> torch.Tensor:
-    """[num_tokens, Hq, D] of one layer, in `dtype`. float64 is the golden; the case
-    dtype gives the same-dtype reference whose error scales the tolerance."""
+def golden(fixture: Fixture, layer_id: int = CASE_LAYER_ID, groups: List[_Group] = None) -> torch.Tensor:
+    """[num_tokens, Hq, D] float64 attention of one layer, every request at once."""
     layer = fixture.layers[layer_id]
     x = fixture.inputs[layer_id]
-    q = x.q.to(dtype)
+    q = x.q.to(torch.float64)
     if groups is None:
         groups = _groups(fixture.plan, layer.tp_q_head_num, layer.sliding_window_size, q.device)
-    k, v = torch.cat([x.k_old, x.k_new]).to(dtype), torch.cat([x.v_old, x.v_new]).to(dtype)
+    k, v = torch.cat([x.k_old, x.k_new]).to(torch.float64), torch.cat([x.v_old, x.v_new]).to(torch.float64)
     outs = [_attend(g, q, k, v, layer) for g in groups]
     return torch.cat(outs) if outs else q.new_zeros(q.shape)
+
+
+def attention(fixture: Fixture, dtype: torch.dtype = torch.float64, layer_id: int = CASE_LAYER_ID) -> torch.Tensor:
+    """[num_tokens, Hq, D] of one layer, in `dtype`. float64 is the golden (computed by
+    golden()); the case dtype gives the same-dtype reference whose error scales the
+    tolerance. That one is computed request by request, always with the same matrix shapes:
+    a half-precision matmul's rounding depends on the kernel the shape selects (on CPUs
+    with AMX measurably), and the tolerance must not move with it."""
+    if dtype == torch.float64:
+        return golden(fixture, layer_id)
+    layer = fixture.layers[layer_id]
+    q_all = fixture.inputs[layer_id].q.to(dtype)
+    group = layer.tp_q_head_num // layer.tp_k_head_num
+    outs, n = [], 0
+    for req, (k, v) in zip(fixture.plan.requests, fixture.logical_kv(layer_id)):
+        q = q_all[n:n + req.n_new]
+        n += req.n_new
+        k = k.to(dtype).repeat_interleave(group, dim=1)
+        v = v.to(dtype).repeat_interleave(group, dim=1)
+        vis = visibility(req.visible, req.q_pos, req.key_pos, layer.sliding_window_size, q.device)
+        outs.append(torch.einsum("hqk,khd->qhd", _probs(torch.einsum("qhd,khd->hqk", q, k), vis, layer), v))
+    return torch.cat(outs) if outs else q_all.new_zeros(q_all.shape)
 
 
 def references(fixture: Fixture, layer_id: int) -> Tuple[torch.Tensor, torch.Tensor]:
@@ -115,7 +140,6 @@ def references(fixture: Fixture, layer_id: int) -> Tuple[torch.Tensor, torch.Ten
             if window not in by_window:
                 by_window[window] = _groups(fixture.plan, max(x.tp_q_head_num for x in fixture.layers), window,
                                             fixture.q.device)
-            fixture.references[layer.layer_id] = (
-                attention(fixture, torch.float64, layer.layer_id, by_window[window]),
-                attention(fixture, fixture.case.torch_dtype, layer.layer_id, by_window[window]))
+            fixture.references[layer.layer_id] = (golden(fixture, layer.layer_id, by_window[window]),
+                                                   attention(fixture, fixture.case.torch_dtype, layer.layer_id))
     return fixture.references[layer_id]
