@@ -88,7 +88,8 @@ def phases(directory: str, t0: float, seconds: float) -> Optional[Dict[str, floa
                 first_loads += took
     if not ready:
         return None
-    return dict(workers=len(ready), workers_ready_median_s=round(statistics.median(ready), 2), workers_ready_last_s=round(max(ready), 2),
+    return dict(workers=len(ready), workers_ready_median_s=round(statistics.median(ready), 2),
+                workers_ready_last_s=round(max(ready), 2),
                 test_s=round(busy, 1), busy_share=round(busy / (len(ready) * seconds), 3),
                 first_of_backend_s=round(first_loads, 1),
                 other_runs_median_s=round(statistics.median(rest), 4) if rest else 0.0)

@@ -10,7 +10,7 @@ batch, where one request at a time took a few dozen per request.
 from __future__ import annotations
 
 import dataclasses
-from typing import List, Tuple
+from typing import List, Optional, Tuple
 
 import torch
 
@@ -95,7 +95,8 @@ def _attend(group: _Group, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, la
     return out.reshape(b * nq, hq, d)[group.out_rows]  # padded queries (all keys masked: NaN) dropped
 
 
-def golden(fixture: Fixture, layer_id: int = CASE_LAYER_ID, groups: List[_Group] = None) -> torch.Tensor:
+def golden(fixture: Fixture, layer_id: int = CASE_LAYER_ID,
+           groups: Optional[List[_Group]] = None) -> torch.Tensor:
     """[num_tokens, Hq, D] float64 attention of one layer, every request at once."""
     layer = fixture.layers[layer_id]
     x = fixture.inputs[layer_id]

@@ -1,5 +1,6 @@
 """How the matrix is laid out: case by case (every backend's runs of a case in a row, so they share
 its batches and references), grouped by mode and kernel variant, one worker per GPU under `-n auto`."""
+import os
 import subprocess
 import sys
 import types
@@ -42,6 +43,25 @@ def test_auto_workers_are_one_per_gpu_for_the_matrix(monkeypatch):
     assert pytest_plugin.pytest_xdist_auto_num_workers(_config("tests/test_conformance.py", "tests/x.py")) is None
     monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
     assert pytest_plugin.pytest_xdist_auto_num_workers(_config("tests/test_conformance.py")) is None
+
+
+FAKE_ONE_GPU = ("import sys, torch, pytest\n"
+                "torch.cuda.is_available = lambda: True\n"
+                "torch.cuda.device_count = lambda: 1\n"
+                "torch.cuda.get_device_name = lambda *a: 'fake GPU'\n"
+                "sys.exit(pytest.main(sys.argv[1:]))\n")
+
+
+def test_auto_workers_hook_wins_over_xdists_own():
+    """End to end, in the controller: xdist's own hook would say 3 (its environment variable),
+    the kit's says one per GPU, and the kit's is asked first."""
+    proc = subprocess.run([sys.executable, "-c", FAKE_ONE_GPU, "-n", "auto", "tests/test_conformance.py",
+                           "-p", "no:cacheprovider", "--backend", "torch_native", "--case-set", "smoke",
+                           "--mode", "decode", "--exec", "eager"],
+                          cwd=REPO, capture_output=True, text=True, timeout=300,
+                          env={**os.environ, "PYTEST_XDIST_AUTO_NUM_WORKERS": "3"})
+    assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-2000:]
+    assert "created: 1/1 worker" in proc.stdout, proc.stdout[:2000]
 
 
 def test_each_worker_runs_on_its_own_gpu(monkeypatch):
