@@ -15,7 +15,6 @@ from pathlib import Path
 from typing import List, Optional
 
 import pytest
-import torch
 
 from kit import known_failures
 from kit.catalog import load_catalog, resolve_set
@@ -93,20 +92,23 @@ def _selection(config):
 
 
 def pytest_generate_tests(metafunc):
-    """One test per run, case by case: every backend's eager and graph runs of a case follow
-    each other, so they share its batches, inputs and references (kit.fixture keeps the last
-    few built). Under xdist each run is marked with its group (`--dist loadgroup` keeps a
-    group on one worker): mode and kernel variant, so that a worker loads (JIT-builds,
-    compiles) each kernel once, while the groups stay small enough to keep every worker busy."""
+    """One test per run. A case's eager and graph runs follow each other: they share the case's
+    batch (kit.fixture keeps the last few built). Backends are not interleaved case by case:
+    a backend's stray write into the kit's memory (outside its pool and its own allocations,
+    where no check sees it) would then corrupt the batch the next backend is judged on, as
+    SGLang's EXTEND graphs under full-capacity replays did on the H100. Under xdist each run
+    is marked with its group (`--dist loadgroup` keeps a group on one worker): backend, mode
+    and kernel variant, so that a worker loads (JIT-builds, compiles) each kernel once, while
+    the groups stay small enough to keep every worker busy."""
     if "conformance_run" not in metafunc.fixturenames:
         return
     sel = metafunc.config._conformance_selection
     grouped = metafunc.config.pluginmanager.hasplugin("xdist")
     params = []
-    for mode in sel["modes"]:
-        for case in sel["catalog"].cases(sel["case_set"], mode):
-            for spec, label in sel["labels"].items():
-                ci_cases = sel["ci_cases"][spec]
+    for spec, label in sel["labels"].items():
+        ci_cases = sel["ci_cases"][spec]
+        for mode in sel["modes"]:
+            for case in sel["catalog"].cases(sel["case_set"], mode):
                 if ci_cases is not None and case.name not in ci_cases.get(mode.value, ()):
                     continue
                 for exec_ in sel["execs"]:
@@ -116,30 +118,11 @@ def pytest_generate_tests(metafunc):
                         strict=True, raises=KnownFailureHit,
                         reason=f"{entry.id} expects [{entry.failure_class}]: {entry.reason} ({entry.where})")]
                     if grouped:
-                        marks.append(pytest.mark.xdist_group(f"{mode.value}-{case.kernel_variant}"))
+                        marks.append(pytest.mark.xdist_group(f"{label}-{mode.value}-{case.kernel_variant}"))
                     run = (spec, label, case, exec_, entry, sel["catalog_target"])
                     params.append(pytest.param(run, marks=marks,
                                                id=run_id(label, mode.value, exec_.value, case.name)))
     metafunc.parametrize("conformance_run", params)
-
-
-@pytest.hookimpl(tryfirst=True, optionalhook=True)  # before xdist's own (the CPU count)
-def pytest_xdist_auto_num_workers(config):
-    """`-n auto` for the matrix alone (every path given is the conformance suite) with CUDA: one
-    worker per GPU. Processes sharing a GPU are time-sliced on it: measured on an H100, one
-    process ran 20 runs/s alone and 3 with three others beside it. Otherwise (no CUDA, or the
-    kit's own tests, mostly host work): xdist's own choice, the CPU count."""
-    matrix_only = bool(config.args) and all("test_conformance" in arg for arg in config.args)
-    if matrix_only and torch.cuda.is_available():
-        return torch.cuda.device_count()
-    return None
-
-
-def _worker_gpu(config) -> None:
-    """Under xdist with CUDA, worker k runs on GPU k (modulo their number)."""
-    worker = getattr(config, "workerinput", {}).get("workerid")
-    if worker and torch.cuda.is_available() and torch.cuda.device_count() > 1:
-        torch.cuda.set_device(int(worker.lstrip("gw")) % torch.cuda.device_count())
 
 
 def _default_timeout(config) -> None:
@@ -323,6 +306,5 @@ class _Recorder:
 @pytest.hookimpl(tryfirst=True)
 def pytest_configure(config):
     _default_timeout(config)
-    _worker_gpu(config)
     config._conformance_selection = _selection(config)
     config.pluginmanager.register(_Recorder(config), "conformance-recorder")
