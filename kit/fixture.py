@@ -1,28 +1,33 @@
 """A plan made concrete: random q/k/v, poisoned pools, and the batch object.
 
 What a batch case determines and no backend can change (plan, model, inputs, the
-references computed from them) is built once per process and shared by every run
-of that batch (`_Shared`, SHARED_BATCHES): the same batch is run by every backend
-and, for the case itself, by eager and graph runs. What a backend can write is
-never shared: each run gets its own batch object, the pools are re-installed
-before every step, and forward() is handed copies of the inputs (kit.runner).
+references computed from them, the req_to_token table) is built once per process
+and shared by every run of that batch (`_Shared`, SHARED): the same batch is run by
+every backend and, for the case itself, by eager and graph runs. Before each reuse
+its fingerprint is compared (kit.fingerprint): a stray write by an earlier run is
+not judged against. What a backend can write is never shared: each run gets its
+own batch object, the pools are re-installed before every step, and forward() is
+handed copies of the inputs (kit.runner).
 """
 from __future__ import annotations
 
 import collections
 import dataclasses
+import os
 from typing import Dict, List, Optional, Sequence, Tuple
 
 import torch
 
 from kit.batch import ForwardBatch
 from kit.case import Case
+from kit.fingerprint import fingerprint, unchanged
 from kit.layer import Layer, model_layers
 from kit.plan import BatchPlan, plan_case
 from kit.pools import CASE_LAYER_ID, POOL_CACHE, Pools
+from kit.reference import references
 
-# Batches kept built: one run's (at most 6) and more. The runs of one case follow each
-# other (kit.pytest_plugin orders them so), so every backend finds the case's batches here.
+# Batches kept built past the budget (_budget): one run's (at most 6) and more, so that a
+# case's graph run finds the batch its eager run built (kit.pytest_plugin orders them so).
 SHARED_BATCHES = 8
 
 
@@ -146,6 +151,28 @@ class _Shared:
     inputs: List[LayerInputs]  # never handed to a backend (kit.runner hands copies)
     references: Dict[int, Tuple[torch.Tensor, torch.Tensor]]
     tables: Dict[tuple, tuple]
+    sealed: Optional[torch.Tensor] = None  # fingerprint of tensors(), once complete
+
+    def tensors(self) -> List[torch.Tensor]:
+        held = [t for x in self.inputs for t in (x.q, x.k_new, x.v_new, x.k_old, x.v_old)]
+        held += [t for pair in self.references.values() for t in pair]
+        return held + [t for pair in self.tables.values() for t in pair if t is not None]
+
+    @property
+    def nbytes(self) -> int:
+        return sum(t.numel() * t.element_size() for t in self.tensors())
+
+
+def _budget(device: torch.device) -> int:
+    """Bytes of batches kept for the whole process: on CPU 1 GiB, split between the
+    pytest-xdist workers; on a GPU a quarter of its memory for a process alone on it, none
+    for processes that share it (kept tensors pin the segments of the caching allocator they
+    were cut from: 16 workers keeping 1.2 GiB each ran the H100 out of memory, and a worker
+    runs few of the other backends' runs of a batch)."""
+    workers = max(1, int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "1")))
+    if device.type == "cuda":
+        return torch.cuda.get_device_properties(device).total_memory // 4 if workers == 1 else 0
+    return (1 << 30) // workers
 
 
 def _inputs(plan: BatchPlan, layers: Tuple[Layer, ...], device) -> List[LayerInputs]:
@@ -167,24 +194,44 @@ def _inputs(plan: BatchPlan, layers: Tuple[Layer, ...], device) -> List[LayerInp
 
 
 class _SharedBatches:
-    """The last SHARED_BATCHES batches built, by everything that determines them: the batch
-    case (every field, the layer config included; its repr, as a catalog may give lists)
-    and the device."""
+    """Batches built, by everything that determines them: the batch case (every field, the
+    layer config included; its repr, as a catalog may give lists) and the device. The runs
+    of a backend go case after case, then the next backend's (kit.pytest_plugin): each
+    batch is kept for the whole process while the budget (_budget) lasts, so that every
+    backend is judged on it as built once; past the budget, the last SHARED_BATCHES are."""
 
     def __init__(self):
-        self._built: "collections.OrderedDict[Tuple[str, str], _Shared]" = collections.OrderedDict()
+        self._kept: Dict[Tuple[str, str], _Shared] = {}
+        self._kept_bytes = 0
+        self._recent: "collections.OrderedDict[Tuple[str, str], _Shared]" = collections.OrderedDict()
 
     def get(self, case: Case, device: torch.device) -> _Shared:
         key = (repr(case), str(device))
-        if key in self._built:
-            self._built.move_to_end(key)
-            return self._built[key]
+        shared = self._kept.get(key) or self._recent.get(key)
+        if shared is not None and (shared.sealed is None  # a run that failed while building it
+                                   or unchanged(shared.sealed, shared.tensors(), f"the batch {case.name}")):
+            if key in self._recent:
+                self._recent.move_to_end(key)
+            return shared
+        if shared is not None:  # changed behind the kit's back: built again
+            if self._kept.pop(key, None) is not None:
+                self._kept_bytes -= shared.nbytes
+            self._recent.pop(key, None)
         plan, layers = plan_case(case), model_layers(case)
         shared = _Shared(plan, layers, _inputs(plan, layers, device), {}, {})
-        self._built[key] = shared
-        while len(self._built) > SHARED_BATCHES:
-            self._built.popitem(last=False)
+        self._recent[key] = shared
+        while len(self._recent) > SHARED_BATCHES:
+            self._recent.popitem(last=False)
         return shared
+
+    def seal(self, case: Case, device: torch.device, shared: _Shared) -> None:
+        """`shared` is complete (references, the table of this run's pool): fingerprinted, and
+        kept for the process if the budget allows."""
+        shared.sealed = fingerprint(shared.tensors())
+        key = (repr(case), str(device))
+        if key in self._recent and self._kept_bytes + shared.nbytes <= _budget(device):
+            self._kept[key] = self._recent.pop(key)
+            self._kept_bytes += shared.nbytes
 
 
 SHARED = _SharedBatches()
@@ -194,7 +241,8 @@ def fixtures_for(cases: Sequence[Case], device) -> List[Fixture]:
     """Fixtures for `cases` (one run: the same page size and layer config), sharing one
     (cached) pool big enough for all of them: a graph's replays must all read the pool
     it was captured against. The pool's page size is set here, once per run; each
-    fixture's batch object is its own; call install() before each use."""
+    fixture's batch object is its own; call install() before each use. Everything shared
+    (references, the pool's req_to_token table) is complete before a backend is made."""
     device = torch.device(device)
     shared = [SHARED.get(c, device) for c in cases]
     plans = [s.plan for s in shared]
@@ -205,9 +253,14 @@ def fixtures_for(cases: Sequence[Case], device) -> List[Fixture]:
         head_dim=first.head_dim, dtype=first.torch_dtype, device=device)
     pools.token_to_kv_pool.page_size = first.page
     fixtures = []
-    for s in shared:
+    for case, s in zip(cases, shared):
         fx = Fixture(plan=s.plan, pools=pools, layers=s.layers, inputs=s.inputs,
                      batch=make_batch(s.plan, pools, device))
         fx.references, fx.tables = s.references, s.tables
+        held = len(s.tensors())
+        references(fx, CASE_LAYER_ID)
+        fx._installed(pools.token_to_kv_pool, pools.req_to_token_pool.req_to_token)
+        if s.sealed is None or len(s.tensors()) != held:
+            SHARED.seal(case, device, s)
         fixtures.append(fx)
     return fixtures

@@ -11,6 +11,7 @@ from typing import Dict, List, Tuple
 
 import torch
 
+from kit.fingerprint import fingerprint, unchanged
 # The layer every case runs on. The pool holds one more layer before it, so a
 # backend that ignores layer_id reads poison and writes the wrong layer.
 NUM_LAYERS = 2
@@ -46,12 +47,23 @@ class KVPool:
         shape = (num_slots, num_kv_heads, head_dim)
         self.k_buffer: List[torch.Tensor] = [torch.empty(shape, dtype=dtype, device=device) for _ in range(NUM_LAYERS)]
         self.v_buffer: List[torch.Tensor] = [torch.empty(shape, dtype=dtype, device=device) for _ in range(NUM_LAYERS)]
+        self._draw_poison()
+
+    def _draw_poison(self) -> None:
+        shape, dtype, device = self.k_buffer[0].shape, self.dtype, self.device
         gen = torch.Generator(device=device).manual_seed(POISON_SEED)
         self._poison_k = [torch.empty(shape, dtype=dtype, device=device).normal_(0.0, POISON_K_STD, generator=gen)
                           for _ in range(NUM_LAYERS)]
         self._poison_v = [torch.empty(shape, dtype=dtype, device=device).normal_(POISON_V_MEAN, POISON_V_STD,
                                                                                   generator=gen)
                           for _ in range(NUM_LAYERS)]
+        self._sealed = fingerprint(self._poison_k + self._poison_v)
+
+    def check_poison(self) -> None:
+        """The poison is kept for every run the pool serves: drawn again if it changed (a stray
+        write would otherwise leave slots a backend must not read less poisonous, unseen)."""
+        if not unchanged(self._sealed, self._poison_k + self._poison_v, "the KV pool's poison"):
+            self._draw_poison()
 
     def reset(self) -> None:
         """Every slot of every layer back to poison."""
@@ -108,6 +120,8 @@ class PoolCache:
                 KVPool(_round_up_pow2(num_slots), num_kv_heads, head_dim, dtype, device),
             )
             self._pools[key] = have
+        else:
+            have.token_to_kv_pool.check_poison()
         return have
 
 

@@ -10,13 +10,15 @@ batch, where one request at a time took a few dozen per request.
 from __future__ import annotations
 
 import dataclasses
-from typing import List, Optional, Tuple
+from typing import TYPE_CHECKING, List, Optional, Tuple
 
 import torch
 
-from kit.fixture import Fixture
 from kit.plan import BatchPlan, RequestPlan
 from kit.pools import CASE_LAYER_ID
+
+if TYPE_CHECKING:  # kit.fixture computes references with this module
+    from kit.fixture import Fixture
 
 # Requests are taken in groups whose padded float64 scores stay under this size.
 CHUNK_BYTES = 256 << 20
@@ -108,24 +110,29 @@ def golden(fixture: Fixture, layer_id: int = CASE_LAYER_ID,
     return torch.cat(outs) if outs else q.new_zeros(q.shape)
 
 
-def attention(fixture: Fixture, dtype: torch.dtype = torch.float64, layer_id: int = CASE_LAYER_ID) -> torch.Tensor:
+def attention(fixture: Fixture, dtype: torch.dtype = torch.float64, layer_id: int = CASE_LAYER_ID,
+              groups: Optional[List[_Group]] = None) -> torch.Tensor:
     """[num_tokens, Hq, D] of one layer, in `dtype`. float64 is the golden (computed by
     golden()); the case dtype gives the same-dtype reference whose error scales the
     tolerance. That one is computed request by request, always with the same matrix shapes:
     a half-precision matmul's rounding depends on the kernel the shape selects (on CPUs
-    with AMX measurably), and the tolerance must not move with it."""
+    with AMX measurably), and the tolerance must not move with it. `groups`: the layer's
+    (golden's), whose masks say what each request's queries see."""
     if dtype == torch.float64:
-        return golden(fixture, layer_id)
+        return golden(fixture, layer_id, groups)
     layer = fixture.layers[layer_id]
     q_all = fixture.inputs[layer_id].q.to(dtype)
+    if groups is None:
+        groups = _groups(fixture.plan, layer.tp_q_head_num, layer.sliding_window_size, q_all.device)
+    masks = [mask for g in groups for mask in g.mask]  # per request, padded to its group
     group = layer.tp_q_head_num // layer.tp_k_head_num
     outs, n = [], 0
-    for req, (k, v) in zip(fixture.plan.requests, fixture.logical_kv(layer_id)):
+    for req, (k, v), mask in zip(fixture.plan.requests, fixture.logical_kv(layer_id), masks):
         q = q_all[n:n + req.n_new]
         n += req.n_new
         k = k.to(dtype).repeat_interleave(group, dim=1)
         v = v.to(dtype).repeat_interleave(group, dim=1)
-        vis = visibility(req.visible, req.q_pos, req.key_pos, layer.sliding_window_size, q.device)
+        vis = mask[:req.n_new, :req.total]
         outs.append(torch.einsum("hqk,khd->qhd", _probs(torch.einsum("qhd,khd->hqk", q, k), vis, layer), v))
     return torch.cat(outs) if outs else q_all.new_zeros(q_all.shape)
 
@@ -141,6 +148,7 @@ def references(fixture: Fixture, layer_id: int) -> Tuple[torch.Tensor, torch.Ten
             if window not in by_window:
                 by_window[window] = _groups(fixture.plan, max(x.tp_q_head_num for x in fixture.layers), window,
                                             fixture.q.device)
-            fixture.references[layer.layer_id] = (golden(fixture, layer.layer_id, by_window[window]),
-                                                   attention(fixture, fixture.case.torch_dtype, layer.layer_id))
+            fixture.references[layer.layer_id] = (
+                golden(fixture, layer.layer_id, by_window[window]),
+                attention(fixture, fixture.case.torch_dtype, layer.layer_id, by_window[window]))
     return fixture.references[layer_id]

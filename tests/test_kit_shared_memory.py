@@ -1,0 +1,90 @@
+"""What the kit keeps across runs (kit.fixture's batches, the pools' poison) is built once,
+and never reused once something outside the kit changed it."""
+import pytest
+import torch
+
+import kit.fixture
+import kit.reference
+from kit.fingerprint import KitMemoryChanged
+from kit.fixture import fixtures_for
+from kit.modes import ForwardMode
+from kit.pools import CASE_LAYER_ID
+from tests.helpers import small_case
+
+CASE = small_case("kept", ForwardMode.EXTEND, (5, 9), (3, 2))
+OTHERS = [small_case(f"other{i}", ForwardMode.EXTEND, (4 + i,), (2,)) for i in range(kit.fixture.SHARED_BATCHES + 2)]
+
+
+@pytest.fixture
+def goldens(monkeypatch):
+    """A fresh batch cache; the list of the float64 goldens computed from here on."""
+    monkeypatch.setattr(kit.fixture, "SHARED", kit.fixture._SharedBatches())
+    made, golden = [], kit.reference.golden
+    monkeypatch.setattr(kit.reference, "golden", lambda fx, *a, **k: made.append(fx.case.name) or golden(fx, *a, **k))
+    return made
+
+
+def _after_other_batches(case):
+    for other in OTHERS:  # more batches than are kept past the budget
+        fixtures_for([other], "cpu")
+    return fixtures_for([case], "cpu")[0]
+
+
+def test_a_batch_is_built_once_for_every_backend(goldens):
+    """The runs of a backend go case after case, then the next backend's: a batch is kept
+    (within the budget) until the next backend runs it, and its references are not computed again."""
+    first = fixtures_for([CASE], "cpu")[0]
+    again = _after_other_batches(CASE)
+    assert again.plan is first.plan and again.references is first.references
+    assert goldens.count(CASE.name) == len(first.layers)
+
+
+def test_past_the_budget_only_the_last_batches_are_kept(goldens, monkeypatch):
+    monkeypatch.setattr(kit.fixture, "_budget", lambda device: 0)
+    first = fixtures_for([CASE], "cpu")[0]
+    assert fixtures_for([CASE], "cpu")[0].plan is first.plan  # the graph run after the eager run
+    again = _after_other_batches(CASE)
+    assert again.plan is not first.plan and goldens.count(CASE.name) == 2 * len(first.layers)
+
+
+CHANGES = {
+    "input": lambda fx: fx.inputs[CASE_LAYER_ID].k_old[0].add_(1),
+    "golden": lambda fx: fx.references[CASE_LAYER_ID][0][-1].zero_(),
+    "same-dtype reference": lambda fx: fx.references[0][1].mul_(2),
+    "req_to_token table": lambda fx: next(iter(fx.tables.values()))[1][1, 0].add_(1),
+}
+
+
+@pytest.mark.parametrize("change", CHANGES, ids=list(CHANGES))
+def test_a_batch_changed_between_runs_is_built_again(goldens, change):
+    """A stray write by one run into a batch the kit keeps (a graph replaying into freed
+    buffers, say) must not reach the runs judged on it next: it is seen and rebuilt, with a warning."""
+    first = fixtures_for([CASE], "cpu")[0]
+    kept = {k: (g.clone(), s.clone()) for k, (g, s) in first.references.items()}
+    table = next(iter(first.tables.values()))[1].clone()
+    CHANGES[change](first)
+    with pytest.warns(KitMemoryChanged, match="the batch kept"):
+        again = fixtures_for([CASE], "cpu")[0]
+    assert again.plan is not first.plan
+    for k, (g, s) in kept.items():
+        assert torch.equal(again.references[k][0].nan_to_num(), g.nan_to_num())
+        assert torch.equal(again.references[k][1], s)
+    assert torch.equal(next(iter(again.tables.values()))[1], table)
+
+
+def test_changed_poison_is_drawn_again(goldens):
+    kv = fixtures_for([CASE], "cpu")[0].pools.token_to_kv_pool
+    poison = [p.clone() for p in kv._poison_v]
+    kv._poison_v[CASE_LAYER_ID].zero_()
+    with pytest.warns(KitMemoryChanged, match="poison"):
+        fixtures_for([CASE], "cpu")
+    assert all(torch.equal(a, b) for a, b in zip(kv._poison_v, poison))
+
+
+@pytest.mark.parametrize("device", ["cpu", pytest.param("cuda", marks=pytest.mark.skipif(
+    not torch.cuda.is_available(), reason="the budget of a GPU shared by workers"))])
+def test_the_budget_is_split_between_workers(monkeypatch, device):
+    monkeypatch.setenv("PYTEST_XDIST_WORKER_COUNT", "1")
+    alone = kit.fixture._budget(torch.device(device))
+    monkeypatch.setenv("PYTEST_XDIST_WORKER_COUNT", "16")
+    assert alone > 0 and kit.fixture._budget(torch.device(device)) == (alone // 16 if device == "cpu" else 0)
