@@ -152,6 +152,7 @@ class _Shared:
     references: Dict[int, Tuple[torch.Tensor, torch.Tensor]]
     tables: Dict[tuple, tuple]
     sealed: Optional[torch.Tensor] = None  # fingerprint of tensors(), once complete
+    counted: int = 0  # bytes counted against the budget, while kept
 
     def tensors(self) -> List[torch.Tensor]:
         held = [t for x in self.inputs for t in (x.q, x.k_new, x.v_new, x.k_old, x.v_old)]
@@ -215,7 +216,7 @@ class _SharedBatches:
             return shared
         if shared is not None:  # changed behind the kit's back: built again
             if self._kept.pop(key, None) is not None:
-                self._kept_bytes -= shared.nbytes
+                self._kept_bytes -= shared.counted
             self._recent.pop(key, None)
         plan, layers = plan_case(case), model_layers(case)
         shared = _Shared(plan, layers, _inputs(plan, layers, device), {}, {})
@@ -229,9 +230,14 @@ class _SharedBatches:
         kept for the process if the budget allows."""
         shared.sealed = fingerprint(shared.tensors())
         key = (repr(case), str(device))
-        if key in self._recent and self._kept_bytes + shared.nbytes <= _budget(device):
+        if key in self._kept:  # grown while kept (the table of a larger pool): counted again
+            self._kept_bytes -= shared.counted
+        elif key in self._recent and self._kept_bytes + shared.nbytes <= _budget(device):
             self._kept[key] = self._recent.pop(key)
-            self._kept_bytes += shared.nbytes
+        else:
+            return
+        shared.counted = shared.nbytes
+        self._kept_bytes += shared.counted
 
 
 SHARED = _SharedBatches()

@@ -88,3 +88,14 @@ def test_the_budget_is_split_between_workers(monkeypatch, device):
     alone = kit.fixture._budget(torch.device(device))
     monkeypatch.setenv("PYTEST_XDIST_WORKER_COUNT", "16")
     assert alone > 0 and kit.fixture._budget(torch.device(device)) == (alone // 16 if device == "cpu" else 0)
+
+
+def test_a_kept_batch_is_counted_again_when_it_grows(goldens):
+    """A kept batch gets the table of each larger pool it is installed in: the budget counts it."""
+    first = fixtures_for([CASE], "cpu")[0]
+    big = small_case("big", ForwardMode.EXTEND, (4 * first.pools.token_to_kv_pool.size,), (2,))
+    fixtures_for([big], "cpu")  # the pool grows
+    again = fixtures_for([CASE], "cpu")[0]
+    assert len(again.tables) == 2
+    shared = kit.fixture.SHARED
+    assert shared._kept_bytes == sum(s.nbytes for s in shared._kept.values())
