@@ -12,6 +12,7 @@ from typing import Dict, List, Tuple
 import torch
 
 from kit.fingerprint import fingerprint, unchanged
+
 # The layer every case runs on. The pool holds one more layer before it, so a
 # backend that ignores layer_id reads poison and writes the wrong layer.
 NUM_LAYERS = 2

@@ -93,10 +93,11 @@ def _selection(config):
 
 def pytest_generate_tests(metafunc):
     """One test per run. A case's eager and graph runs follow each other: they share the case's
-    batch (kit.fixture). Backends are not interleaved case by case:
-    a backend's stray write into the kit's memory (outside its pool and its own allocations,
-    where no check sees it) would then corrupt the batch the next backend is judged on, as
-    SGLang's EXTEND graphs under full-capacity replays did on the H100. Under xdist each run
+    batch (kit.fixture). Backends are not interleaved case by case: a backend's stray write
+    into the kit's memory (outside its pool and its own allocations, where no verdict sees it)
+    would reach the batch the next backend is judged on, as SGLang's EXTEND graphs under
+    full-capacity replays seemed to on the H100; kit.fixture's fingerprints rebuild a batch
+    that changed, but cannot say which run changed it. Under xdist each run
     is marked with its group (`--dist loadgroup` keeps a group on one worker): backend, mode
     and kernel variant, so that a worker loads (JIT-builds, compiles) each kernel once, while
     the groups stay small enough to keep every worker busy."""
