@@ -32,6 +32,7 @@ import torch
 
 from kit.modes import ForwardMode
 from kit.protocol import AttentionBackend, library_version
+from kit.transfer import to_device
 
 try:
     import flashinfer
@@ -151,11 +152,11 @@ class FlashInferBackend(AttentionBackend):
         indptr = torch.cat([torch.zeros(1, dtype=torch.int32), torch.cumsum(n_pages, 0, dtype=torch.int32)])
         last_page_len = kv_lens - (n_pages - 1) * p
         total = int(indptr[-1])
-        req = torch.repeat_interleave(rows.long(), n_pages.to(rows.device), output_size=total)
+        req = torch.repeat_interleave(rows.long(), to_device(n_pages, rows.device), output_size=total)
         page_no = torch.arange(total, dtype=torch.int64) - torch.repeat_interleave(indptr[:-1].long(), n_pages)
         # Pages are whole (token t at page_ids[t // P] * P + t % P): a page's id is the
         # slot of its first token over P.
-        first_slot = self.ctx.req_to_token_pool.req_to_token[req, (page_no * p).to(rows.device)]
+        first_slot = self.ctx.req_to_token_pool.req_to_token[req, to_device(page_no * p, rows.device)]
         return indptr, (first_slot // p).to(torch.int32), last_page_len
 
     def _plan(self, wrapper, mode: ForwardMode, rows, seq_lens_cpu, spec_info, extend_lens=None) -> None:

@@ -25,6 +25,7 @@ from kit.layer import Layer, model_layers
 from kit.plan import BatchPlan, plan_case
 from kit.pools import CASE_LAYER_ID, POOL_CACHE, Pools
 from kit.reference import references
+from kit.transfer import to_device
 
 # Batches kept built past the budget (_budget): one run's (at most 6) and more, so that a
 # case's graph run finds the batch its eager run built (kit.pytest_plugin orders them so).
@@ -105,20 +106,19 @@ class Fixture:
             plan, device = self.plan, kv.device
             gen = torch.Generator(device=device).manual_seed(plan.case.rng_seed(1))
             old = [s for r in plan.requests for s in r.slots[:r.n_old]]
-            old_slots = torch.tensor(old, dtype=torch.int64, device=device) if old else None
+            old_slots = to_device(old, device, torch.int64) if old else None
             # Every req_to_token entry that is not a real token points at an unowned
             # (poisoned) slot, so reading past seq_len shows in the output.
             owned = torch.zeros(kv.size, dtype=torch.bool)
             owned[0] = True
             owned[[s for r in plan.requests for s in r.slots]] = True
-            unowned = (~owned).nonzero().squeeze(1).to(device=device, dtype=torch.int32)
+            unowned = to_device((~owned).nonzero().squeeze(1), device, torch.int32)
             table = unowned[torch.randint(0, unowned.numel(), tuple(r2t.shape), generator=gen, device=device)]
             table[0].zero_()
             rows = [r.row for r in plan.requests for _ in range(r.total)]
             cols = [t for r in plan.requests for t in range(r.total)]
             slots = [s for r in plan.requests for s in r.slots]
-            table[torch.tensor(rows, device=device), torch.tensor(cols, device=device)] = torch.tensor(
-                slots, dtype=torch.int32, device=device)
+            table[to_device(rows, device), to_device(cols, device)] = to_device(slots, device, torch.int32)
             self.tables[key] = (old_slots, table)
         return self.tables[key]
 
@@ -130,12 +130,12 @@ def make_batch(plan: BatchPlan, pools: Pools, device) -> ForwardBatch:
     return ForwardBatch(
         forward_mode=plan.case.mode,
         batch_size=len(reqs),
-        req_pool_indices=torch.tensor([r.row for r in reqs], dtype=torch.int32, device=device),
-        seq_lens=torch.tensor(seq_lens, dtype=torch.int32, device=device),
+        req_pool_indices=to_device([r.row for r in reqs], device, torch.int32),
+        seq_lens=to_device(seq_lens, device, torch.int32),
         seq_lens_cpu=torch.tensor(seq_lens, dtype=torch.int32),
         seq_lens_sum=sum(seq_lens),
-        out_cache_loc=torch.tensor([s for r in reqs for s in r.slots[r.n_old:]], dtype=torch.int64, device=device),
-        positions=torch.tensor([p for r in reqs for p in r.q_pos], dtype=torch.int64, device=device),
+        out_cache_loc=to_device([s for r in reqs for s in r.slots[r.n_old:]], device, torch.int64),
+        positions=to_device([p for r in reqs for p in r.q_pos], device, torch.int64),
         req_to_token_pool=pools.req_to_token_pool,
         token_to_kv_pool=pools.token_to_kv_pool,
         **plan.case.mode.rules.batch_fields(plan, device),

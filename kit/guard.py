@@ -46,24 +46,29 @@ def _device(args, kwargs) -> torch.device:
     return torch.get_default_device()
 
 
-def _fill(func, head: torch.Tensor, args) -> None:
-    """Give the guarded tensor the values the factory would have given it."""
-    if func in ZEROS:
+def _fill(func, head: torch.Tensor, args, made) -> None:
+    """Give the guarded tensor the values the factory would have given it (`made`: arange's
+    own result)."""
+    if made is not None:
+        head.copy_(made)
+    elif func in ZEROS:
         head.zero_()
     elif func in ONES:
         head.fill_(1)
     elif func in FULL:
         head.fill_(args[FULL[func]])
-    elif func in ARANGE:
-        torch.arange(*args, out=head)
 
 
 def _guarded_alloc(func, args, kwargs):
     """The factory's tensor as the head of a larger allocation whose tail is the canary: one
     allocation of the tensor's size plus GUARD_BYTES, no copy (the old guard allocated the tensor,
-    then a second buffer to copy it into: twice the memory). None where it cannot be guarded."""
+    then a second buffer to copy it into: twice the memory). None where it cannot be guarded.
+    arange runs for real and is copied in (its result is an index vector, small): on the meta
+    device it goes through PyTorch's symbolic-shape checks, whose first use imports sympy, ~4 s
+    of each worker's first run on the GPU host."""
+    made = func(*args, **kwargs) if func in ARANGE else None
     try:
-        meta = func(*args, **{**kwargs, "device": torch.device("meta")})
+        meta = made if made is not None else func(*args, **{**kwargs, "device": torch.device("meta")})
     except (RuntimeError, TypeError, NotImplementedError):
         return None
     if not isinstance(meta, torch.Tensor) or meta.numel() == 0 or not meta.is_contiguous():
@@ -71,7 +76,7 @@ def _guarded_alloc(func, args, kwargs):
     extra = -(-GUARD_BYTES // meta.element_size())
     base = torch.empty(meta.numel() + extra, dtype=meta.dtype, device=_device(args, kwargs))
     head = base[:meta.numel()].view(meta.shape)
-    _fill(func, head, args)
+    _fill(func, head, args, made)
     guarded = _Guarded(base, meta.numel() * meta.element_size(),
                        f"{tuple(meta.shape)} {str(meta.dtype).replace('torch.', '')}")
     guarded.canary.fill_(CANARY)

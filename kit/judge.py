@@ -11,7 +11,8 @@ from kit.fixture import Fixture
 from kit.guard import GuardCheck
 from kit.record import GRAPH, KERNEL, KV_WRITE
 from kit.reference import references
-from kit.verdicts import OutputCheck, check_form, check_kv, check_output, check_padding, check_state
+from kit.verdicts import (OutputCheck, Pending, check_form, check_state, kv_figures, output_figures, padding_figures,
+                          read_back)
 
 # When several checks fail, the class that says where to look first: a wrong KV pool
 # explains a wrong output, not the other way round.
@@ -53,17 +54,20 @@ class Verdict:
         return any(not c.ok and not c.replay_only for c in self.checks)
 
 
-def _judged(fx: Fixture, outs: Sequence[torch.Tensor], before) -> list:
+def _judged(fx: Fixture, outs: Sequence[torch.Tensor], before, *more: Pending) -> list:
     """Each layer's output against its golden (in layer order), the KV pool of every layer,
-    then each output's form (shape, dtype, device)."""
+    then each output's form (shape, dtype, device), then `more`: read back from the device
+    at once."""
     dtype = fx.case.torch_dtype
-    checks = [check_output(out, *references(fx, layer.layer_id), dtype, label=f"layer {layer.layer_id} ")
-              for layer, out in zip(fx.layers, outs)]
+    pending = [output_figures(out, *references(fx, layer.layer_id), dtype, label=f"layer {layer.layer_id} ")
+               for layer, out in zip(fx.layers, outs)]
     writes = {layer.layer_id: (fx.inputs[layer.layer_id].k_new, fx.inputs[layer.layer_id].v_new)
               for layer in fx.layers}
-    checks.append(check_kv(fx.pools.token_to_kv_pool, before[0], before[1], fx.batch.out_cache_loc, writes))
-    return checks + [check_form(out, fx.inputs[layer.layer_id].q, label=f"layer {layer.layer_id} ")
-                     for layer, out in zip(fx.layers, outs)]
+    pending.append(kv_figures(fx.pools.token_to_kv_pool, before[0], before[1], fx.batch.out_cache_loc, writes))
+    checks = read_back(pending + list(more))
+    forms = [check_form(out, fx.inputs[layer.layer_id].q, label=f"layer {layer.layer_id} ")
+             for layer, out in zip(fx.layers, outs)]
+    return checks[:len(pending)] + forms + checks[len(pending):]
 
 
 def eager_verdict(fx: Fixture, outs: Sequence[torch.Tensor], before, memory: GuardCheck) -> Verdict:
@@ -73,9 +77,8 @@ def eager_verdict(fx: Fixture, outs: Sequence[torch.Tensor], before, memory: Gua
 
 def replay_verdict(fx: Fixture, replayed, before) -> Verdict:
     """`replayed`: kit.graph.Replayed."""
-    return Verdict(_judged(fx, replayed.outs, before) + [
-        replayed.memory, check_state(replayed.replaced),
-        check_padding(replayed.padded, fx.pools.token_to_kv_pool)])
+    judged = _judged(fx, replayed.outs, before, padding_figures(replayed.padded, fx.pools.token_to_kv_pool))
+    return Verdict(judged[:-1] + [replayed.memory, check_state(replayed.replaced), judged[-1]])
 
 
 def replay_failure(replay: Verdict, eager: Optional[Verdict]) -> Tuple[str, str]:

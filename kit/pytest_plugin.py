@@ -326,3 +326,12 @@ def pytest_configure(config):
     _default_timeout(config)
     config._conformance_selection = _selection(config)
     config.pluginmanager.register(_Recorder(config), "conformance-recorder")
+
+
+@pytest.hookimpl(optionalhook=True)
+def pytest_xdist_make_scheduler(config, log):
+    """`--dist loadgroup`: each worker keeps to one backend (kit.worker_affinity)."""
+    if config.getoption("dist", None) != "loadgroup":
+        return None
+    from kit.worker_affinity import BackendAffinityScheduling
+    return BackendAffinityScheduling(config, log, config._conformance_selection["labels"].values())

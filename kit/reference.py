@@ -16,6 +16,7 @@ import torch
 
 from kit.plan import BatchPlan, RequestPlan
 from kit.pools import CASE_LAYER_ID
+from kit.transfer import to_device
 
 if TYPE_CHECKING:  # kit.fixture computes references with this module
     from kit.fixture import Fixture
@@ -26,10 +27,10 @@ CHUNK_BYTES = 256 << 20
 
 def visibility(visible: torch.Tensor, q_pos, key_pos, window: int, device) -> torch.Tensor:
     """Structural visibility (causal / tree) intersected with the sliding window (W+1 keys)."""
-    vis = visible.to(device)
+    vis = to_device(visible, device)
     if window >= 0:
-        qp = torch.tensor(q_pos, device=device).unsqueeze(1)
-        kp = torch.tensor(key_pos, device=device).unsqueeze(0)
+        qp = to_device(q_pos, device).unsqueeze(1)
+        kp = to_device(key_pos, device).unsqueeze(0)
         vis = vis & (kp >= qp - window) & (kp <= qp)
     return vis
 
@@ -57,7 +58,7 @@ def _group(requests: List[Tuple[RequestPlan, int, int]], num_old: int, window: i
         k_rows[i, r.n_old:r.total] = torch.arange(num_old + n, num_old + n + r.n_new)
         mask[i, :r.n_new, :r.total] = visibility(r.visible, r.q_pos, r.key_pos, window, "cpu")
         out_rows += range(i * q, i * q + r.n_new)
-    return _Group(*(t.to(device) for t in (q_rows, k_rows, mask, torch.tensor(out_rows, dtype=torch.int64))))
+    return _Group(*(to_device(t, device) for t in (q_rows, k_rows, mask, torch.tensor(out_rows, dtype=torch.int64))))
 
 
 def _groups(plan: BatchPlan, num_heads: int, window: int, device) -> List[_Group]:

@@ -42,16 +42,25 @@ class _Crash(Exception):
         super().__init__(f"{stage}: {type(exc).__name__}: {exc}{where}")
 
 
-def _call(stage: str, fn, *args, **kwargs):
+def _unsynced(stage: str, fn, *args, **kwargs):
     try:
-        result = fn(*args, **kwargs)
-        if torch.cuda.is_available():
-            torch.cuda.synchronize()  # surface device faults here, not in the next case
-        return result
+        return fn(*args, **kwargs)
     except KeyboardInterrupt:
         raise  # the user stops the session (what finished is kept)
     except BaseException as exc:  # noqa: BLE001 - every backend error is a verdict: sys.exit and timeouts too
         raise _Crash(stage, exc) from exc
+
+
+def _device_done() -> None:
+    if torch.cuda.is_available():
+        torch.cuda.synchronize()
+
+
+def _call(stage: str, fn, *args, **kwargs):
+    """fn, then a wait for the device: its faults surface in this stage, not in the next case."""
+    result = _unsynced(stage, fn, *args, **kwargs)
+    _unsynced(stage, _device_done)
+    return result
 
 
 @dataclasses.dataclass
@@ -102,7 +111,9 @@ def _eager(backend, fx: Fixture) -> Verdict:
         _call("init_forward_metadata", backend.init_forward_metadata, fx.batch)
         with nan_filled_allocations():
             for layer, (q, k, v) in zip(fx.layers, given):
-                outs.append(_call(f"forward (layer {layer.layer_id})", backend.forward, q, k, v, layer, fx.batch))
+                outs.append(_unsynced(f"forward (layer {layer.layer_id})", backend.forward, q, k, v, layer, fx.batch))
+            # One wait for every layer's kernels (each wait is a context switch when processes share the GPU).
+            _unsynced(f"forward (layers 0-{len(fx.layers) - 1}, on the device)", _device_done)
     return eager_verdict(fx, _outputs(outs), before, guard.check())
 
 

@@ -20,11 +20,34 @@ Output rules, both per token row:
 from __future__ import annotations
 
 import dataclasses
-from typing import ClassVar, Dict, List, Sequence, Tuple
+from typing import Callable, ClassVar, Dict, List, Sequence, Tuple
 
 import torch
 
 from kit.record import GRAPH, KERNEL, KV_WRITE
+
+@dataclasses.dataclass
+class Pending:
+    """A check whose figures are still on the device: the judge reads every check of a step
+    back at once (`read_back`). Each read back waits for the GPU, and with several processes
+    on one GPU each wait is a switch between their contexts (kit.transfer)."""
+
+    figures: torch.Tensor  # 1-D
+    finish: Callable[[List[float]], object]  # the figures' values -> the check
+
+
+def read_back(pending: Sequence[Pending]) -> list:
+    """The checks of `pending`, in order, from one read back per device."""
+    by_device: Dict[torch.device, List[Pending]] = {}
+    for p in pending:
+        by_device.setdefault(p.figures.device, []).append(p)
+    values = {}
+    for group in by_device.values():
+        flat = torch.cat([p.figures.to(torch.float64) for p in group]).tolist()
+        for p in group:
+            values[id(p)], flat = flat[:p.figures.numel()], flat[p.figures.numel():]
+    return [p.finish(values[id(p)]) for p in pending]
+
 
 RATIO = 2.0
 ABS_FLOOR = {torch.float32: 1e-4, torch.float16: 2e-3, torch.bfloat16: 1.6e-2}
@@ -84,12 +107,22 @@ def _rms(x: torch.Tensor) -> torch.Tensor:
     return x.pow(2).mean(dim=-1).sqrt()
 
 
+def _known(check) -> Pending:
+    """A check decided without the device."""
+    return Pending(torch.zeros(0), lambda values: check)
+
+
 def check_output(out: torch.Tensor, golden: torch.Tensor, same_dtype_ref: torch.Tensor,
                  dtype: torch.dtype, label: str = "") -> OutputCheck:
+    return read_back([output_figures(out, golden, same_dtype_ref, dtype, label)])[0]
+
+
+def output_figures(out: torch.Tensor, golden: torch.Tensor, same_dtype_ref: torch.Tensor,
+                   dtype: torch.dtype, label: str = "") -> Pending:
     if tuple(out.shape) != tuple(golden.shape):
-        return OutputCheck(False, float("inf"), 0.0, 0.0, [], 0, compared=False, label=label)
+        return _known(OutputCheck(False, float("inf"), 0.0, 0.0, [], 0, compared=False, label=label))
     if not golden.numel():
-        return OutputCheck(True, 0.0, 0.0, ABS_FLOOR[dtype], [], 0, 0.0, REL_RMS[dtype], label=label)
+        return _known(OutputCheck(True, 0.0, 0.0, ABS_FLOOR[dtype], [], 0, 0.0, REL_RMS[dtype], label=label))
     err = out.to(golden.device, torch.float64) - golden
     ref_err = (same_dtype_ref.to(torch.float64) - golden).abs().max()
     tol = RATIO * ref_err + ABS_FLOOR[dtype]
@@ -99,12 +132,14 @@ def check_output(out: torch.Tensor, golden: torch.Tensor, same_dtype_ref: torch.
     row_rel = head_rel.amax(dim=1)
     bad = (row_err > tol) | (row_rel > REL_RMS[dtype])
     nonfinite = (~torch.isfinite(out.flatten(1))).any(dim=1).sum().to(golden.device, torch.float64)
-    # One read back from the device for every figure (each .item() waits for the GPU).
-    ref_err, tol, max_err, max_rel, num_bad, nonfinite = torch.stack(
-        [ref_err, tol, row_err.max(), row_rel.max(), bad.sum().double(), nonfinite]).tolist()
-    bad_rows = bad.nonzero().squeeze(1)[:8].tolist() if num_bad else []
-    return OutputCheck(not num_bad, max_err, ref_err, tol, bad_rows, int(nonfinite), max_rel, REL_RMS[dtype],
-                       label=label)
+    figures = torch.stack([ref_err, tol, row_err.max(), row_rel.max(), bad.sum().double(), nonfinite])
+
+    def finish(values: List[float]) -> OutputCheck:
+        ref_err, tol, max_err, max_rel, num_bad, nonfinite = values
+        bad_rows = bad.nonzero().squeeze(1)[:8].tolist() if num_bad else []
+        return OutputCheck(not num_bad, max_err, ref_err, tol, bad_rows, int(nonfinite), max_rel, REL_RMS[dtype],
+                           label=label)
+    return Pending(figures, finish)
 
 
 @dataclasses.dataclass
@@ -165,6 +200,10 @@ class PaddingCheck:
 
 
 def check_padding(padded: Sequence[torch.Tensor], pool) -> PaddingCheck:
+    return read_back([padding_figures(padded, pool)])[0]
+
+
+def padding_figures(padded: Sequence[torch.Tensor], pool) -> Pending:
     """Padded rows (of each layer's output, counted across them) are compared to nothing:
     engines drop their results, and what they attend (the fill value, a clamped length) is
     the backend's choice. But the rest of the model runs on them, so they must be finite (a
@@ -177,11 +216,14 @@ def check_padding(padded: Sequence[torch.Tensor], pool) -> PaddingCheck:
     rows = rows.to(bound.device)
     nonfinite = ~torch.isfinite(rows).all(dim=1)
     out_of_range = ~nonfinite & (rows.abs() > bound * PADDED_RANGE_SLACK).any(dim=1)
-    bound_value, num_bad = torch.stack([bound, (nonfinite | out_of_range).sum().float()]).tolist()
-    if not num_bad:
-        return PaddingCheck(True, rows.shape[0], [], [], bound_value)
-    return PaddingCheck(False, rows.shape[0], nonfinite.nonzero().squeeze(1).tolist(),
-                        out_of_range.nonzero().squeeze(1).tolist(), bound_value)
+
+    def finish(values: List[float]) -> PaddingCheck:
+        bound_value, num_bad = values
+        if not num_bad:
+            return PaddingCheck(True, rows.shape[0], [], [], bound_value)
+        return PaddingCheck(False, rows.shape[0], nonfinite.nonzero().squeeze(1).tolist(),
+                            out_of_range.nonzero().squeeze(1).tolist(), bound_value)
+    return Pending(torch.stack([bound, (nonfinite | out_of_range).sum().float()]), finish)
 
 
 @dataclasses.dataclass
@@ -236,6 +278,11 @@ def _differs(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
 
 def check_kv(pool, before_k: Sequence[torch.Tensor], before_v: Sequence[torch.Tensor], loc: torch.Tensor,
              writes: Dict[int, Tuple[torch.Tensor, torch.Tensor]]) -> KVCheck:
+    return read_back([kv_figures(pool, before_k, before_v, loc, writes)])[0]
+
+
+def kv_figures(pool, before_k: Sequence[torch.Tensor], before_v: Sequence[torch.Tensor], loc: torch.Tensor,
+               writes: Dict[int, Tuple[torch.Tensor, torch.Tensor]]) -> Pending:
     """Each layer's new k/v (`writes`: layer_id -> (k, v)) must sit at `loc`; nothing else
     may change but scratch slot 0."""
     loc = loc.to(torch.int64)
@@ -243,20 +290,22 @@ def check_kv(pool, before_k: Sequence[torch.Tensor], before_v: Sequence[torch.Te
     for lid, (old_k, old_v) in enumerate(zip(before_k, before_v)):
         k, v = pool.k_buffer[lid], pool.v_buffer[lid]
         changed = _differs(k, old_k) | _differs(v, old_v)
-        changed[0] = False
+        changed[:1].fill_(False)  # a fill, not `changed[0] = False`: that copies False from the host and waits
         if lid in writes:
             new_k, new_v = writes[lid]
             lost.append((_differs(k[loc], new_k.to(k.dtype)) | _differs(v[loc], new_v.to(v.dtype))) & (loc != 0))
-            changed[loc] = False
+            changed.index_fill_(0, loc, False)
         else:
             lost.append(torch.zeros_like(loc, dtype=torch.bool))
         stray.append(changed)
-    counts = torch.stack([m.sum() for m in lost + stray]).tolist()  # one read back from the device
-    num_missing, num_collateral = sum(counts[:len(lost)]), sum(counts[len(lost):])
-    missing, collateral = [], []
-    if num_missing or num_collateral:
-        for lid, (gone, extra) in enumerate(zip(lost, stray)):
-            missing += [(lid, s) for s in loc[gone].unique()[:8].tolist()]
-            collateral += [(lid, s) for s in extra.nonzero().squeeze(1)[:8].tolist()]
-    return KVCheck(num_missing == 0 and num_collateral == 0, missing[:8], collateral[:8], num_missing,
-                   num_collateral)
+
+    def finish(counts: List[float]) -> KVCheck:
+        num_missing, num_collateral = int(sum(counts[:len(lost)])), int(sum(counts[len(lost):]))
+        missing, collateral = [], []
+        if num_missing or num_collateral:
+            for lid, (gone, extra) in enumerate(zip(lost, stray)):
+                missing += [(lid, s) for s in loc[gone].unique()[:8].tolist()]
+                collateral += [(lid, s) for s in extra.nonzero().squeeze(1)[:8].tolist()]
+        return KVCheck(num_missing == 0 and num_collateral == 0, missing[:8], collateral[:8], num_missing,
+                       num_collateral)
+    return Pending(torch.stack([m.sum() for m in lost + stray]), finish)

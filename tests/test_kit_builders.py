@@ -255,3 +255,21 @@ def test_a_backend_writing_its_inputs_changes_no_other_run():
     first = run_case("tests.toys.scribbling:ScribblingBackend", case, Exec.EAGER)
     after = run_case("torch_native", case, Exec.EAGER)
     assert (first.outcome, after.outcome) == (PASS, PASS), (first.message, after.message)
+
+
+def test_to_device_keeps_values_and_does_not_wait_for_the_gpu():
+    """kit.transfer: host values reach the device as given, without waiting for the GPU (each wait
+    is a context switch when xdist workers share it); to the host it waits (else the values are
+    not there yet)."""
+    from kit.transfer import to_device
+    assert to_device([3, 1, 2], "cpu", torch.int32).tolist() == [3, 1, 2]
+    if not torch.cuda.is_available():
+        return
+    torch.cuda.set_sync_debug_mode("error")
+    try:
+        on_gpu = to_device([3, 1, 2], "cuda", torch.int32)
+        with pytest.raises(RuntimeError):
+            torch.tensor([3, 1, 2], device="cuda")  # what it replaces: this one waits
+    finally:
+        torch.cuda.set_sync_debug_mode(0)
+    assert on_gpu.dtype == torch.int32 and to_device(on_gpu, "cpu").tolist() == [3, 1, 2]

@@ -79,17 +79,18 @@ def test_every_factory_keeps_its_values():
 
 
 def test_watching_imports_no_compiler():
-    """A guarded, NaN-filled step imports neither torch._dynamo nor torch._inductor: PyTorch's default
-    for a dispatch mode and torch.use_deterministic_algorithms import them on first use, ~5 s of
-    each worker's start on the GPU host."""
+    """A guarded, NaN-filled step imports neither torch._dynamo nor torch._inductor nor sympy: PyTorch's
+    default for a dispatch mode and torch.use_deterministic_algorithms import the first two on first
+    use, ~5 s of each worker's start on the GPU host; arange on the meta device imports sympy, ~4 s."""
     code = ("import sys, torch\n"
             "from kit.guard import Guard\n"
             "from kit.nan_fill import nan_filled_allocations\n"
             "guard = Guard()\n"
             "with guard.watching(), nan_filled_allocations():\n"
             "    x = torch.empty(4)\n"
-            "assert torch.isnan(x).all() and guard.check().ok\n"
-            "print(sorted(m for m in ('torch._dynamo', 'torch._inductor') if m in sys.modules))\n")
+            "    i = torch.arange(3, 9, 2)\n"
+            "assert torch.isnan(x).all() and i.tolist() == [3, 5, 7] and guard.check().ok\n"
+            "print(sorted(m for m in ('torch._dynamo', 'torch._inductor', 'sympy') if m in sys.modules))\n")
     proc = subprocess.run([sys.executable, "-c", code], cwd=REPO, capture_output=True, text=True, timeout=120)
     assert proc.returncode == 0, proc.stderr
     assert proc.stdout.strip() == "[]", proc.stdout

@@ -1,6 +1,7 @@
 """How the matrix is laid out: one backend at a time (a backend's stray write into the kit's memory
 must not reach the batch another backend is judged on), a case's eager and graph runs together."""
 import os
+import types
 import subprocess
 import sys
 
@@ -37,3 +38,71 @@ def test_xdist_workers_split_the_cores(tmp_path):
                            str(tmp_path / "test_threads.py")], cwd=tmp_path, capture_output=True, text=True,
                           timeout=120, env=env)
     assert proc.returncode == 0, proc.stdout + proc.stderr
+
+
+class _Worker:
+    """What xdist's scheduler asks of a worker: the runs sent to it, by index in the collection."""
+
+    shutting_down = False
+
+    def __init__(self, name):
+        self.name, self.sent = name, []
+        self.gateway = types.SimpleNamespace(id=name)
+
+    def send_runtest_some(self, indices):
+        self.sent += indices
+
+    def shutdown(self):
+        self.shutting_down = True
+
+
+class _Config:
+    option = types.SimpleNamespace(loadscopereorder=True)
+
+    def __init__(self, workers):
+        self.workers = workers
+
+    def getvalue(self, name):
+        return [f"{self.workers}*popen"] if name == "tx" else None
+
+
+def _scheduled(scheduler_cls, groups, workers, **kwargs):
+    """Runs per group {group: count}, scheduled on `workers` fake workers, each finishing its runs
+    in the order sent, the workers in turn: the backends each worker ran, in order."""
+    sched = scheduler_cls(_Config(workers), **kwargs)
+    collection = [f"tests/test_conformance.py::test_conformance[{g}-{i}]@{g}" for g, n in groups.items()
+                  for i in range(n)]
+    nodes = [_Worker(f"gw{i}") for i in range(workers)]
+    for node in nodes:
+        sched.add_node(node)
+        sched.add_node_collection(node, collection)
+    sched.schedule()
+    done = {node: 0 for node in nodes}
+    while any(done[n] < len(n.sent) for n in nodes):
+        for node in nodes:
+            if done[node] < len(node.sent):
+                sched.mark_test_complete(node, node.sent[done[node]])
+                done[node] += 1
+    ran = {node.name: [] for node in nodes}
+    for node in nodes:
+        for i in node.sent:
+            backend = collection[i].rsplit("@", 1)[1].split("-", 1)[0]
+            if not ran[node.name] or ran[node.name][-1] != backend:
+                ran[node.name].append(backend)
+    assert sum(len(n.sent) for n in nodes) == len(collection)
+    return ran
+
+
+def test_xdist_workers_keep_to_one_backend():
+    """Under --dist loadgroup each worker runs one backend's groups while it has any: its first run
+    of a backend loads it (seconds each). Three backends, 8 groups of 10 runs each, 6 workers: every
+    worker starts on its own backend, two per backend, and none goes back to one it left."""
+    from xdist.scheduler import LoadGroupScheduling
+
+    from kit.worker_affinity import BackendAffinityScheduling
+    groups = {f"{b}-decode-v{i}": 10 for b in ("flashinfer", "triton", "torch_native") for i in range(8)}
+    ran = _scheduled(BackendAffinityScheduling, groups, 6, labels=["flashinfer", "triton", "torch_native"])
+    assert sorted(r[0] for r in ran.values()) == sorted(["flashinfer", "triton", "torch_native"] * 2), ran
+    assert all(len(r) == len(set(r)) for r in ran.values()) and sum(len(r) for r in ran.values()) <= 8, ran
+    plain = _scheduled(LoadGroupScheduling, groups, 6)  # xdist's order: the check above can fail
+    assert sum(len(r) for r in plain.values()) > 8, plain

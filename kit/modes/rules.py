@@ -13,6 +13,8 @@ from typing import List, Optional
 
 import torch
 
+from kit.transfer import to_device
+
 # Graph contracts: one graph per batch-size bucket (a fixed number of tokens per
 # request), or the token axis padded to a token bucket (EXTEND's piecewise contract).
 BATCH_SIZE_GRAPHS, TOKEN_COUNT_GRAPHS = "one graph per batch-size bucket", "one graph per token bucket"
@@ -41,7 +43,7 @@ def extend_fields(plan, device) -> dict:
     prefix, as SGLang's ForwardBatch.init_new fills them for every extend-like mode."""
     new = [r.n_new for r in plan.requests]
     old = [r.n_old for r in plan.requests]
-    i32 = lambda values: torch.tensor(values, dtype=torch.int32, device=device)  # noqa: E731
+    i32 = lambda values: to_device(values, device, torch.int32)  # noqa: E731
     return dict(extend_num_tokens=sum(new), extend_seq_lens=i32(new), extend_prefix_lens=i32(old),
                 extend_start_loc=i32([sum(new[:i]) for i in range(len(new))]),
                 extend_seq_lens_cpu=new, extend_prefix_lens_cpu=old)

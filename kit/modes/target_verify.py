@@ -14,6 +14,7 @@ from kit.batch import SpecInfo
 from kit.modes import ForwardMode
 from kit.protocol import SpeculativeConfig
 from kit.modes.rules import ModeRules, RequestShape
+from kit.transfer import to_device
 
 COLUMN = 3
 
@@ -72,7 +73,7 @@ class TargetVerify(ModeRules):
         return SpeculativeConfig(algorithm="EAGLE", num_draft_tokens=case.new, topk=case.topk)
 
     def batch_fields(self, plan, device):
-        mask = torch.cat([r.visible.reshape(-1) for r in plan.requests]).to(device)
+        mask = to_device(torch.cat([r.visible.reshape(-1) for r in plan.requests]), device)
         n = len(plan.requests)
         return dict(spec_info=self.spec_info(plan.case, n, n, mask, fill=1, device=device))
 
