@@ -12,7 +12,7 @@ import sys
 import threading
 import time
 from pathlib import Path
-from typing import List, Optional
+from typing import Dict, List, Optional, Tuple
 
 import pytest
 
@@ -97,14 +97,11 @@ def pytest_generate_tests(metafunc):
     into the kit's memory (outside its pool and its own allocations, where no verdict sees it)
     would reach the batch the next backend is judged on, as SGLang's EXTEND graphs under
     full-capacity replays seemed to on the H100; kit.fixture's fingerprints rebuild a batch
-    that changed, but cannot say which run changed it. Under xdist each run
-    is marked with its group (`--dist loadgroup` keeps a group on one worker): backend, mode
-    and kernel variant, so that a worker loads (JIT-builds, compiles) each kernel once, while
-    the groups stay small enough to keep every worker busy."""
+    that changed, but cannot say which run changed it. Under `--dist loadgroup` the runs of
+    a group (_groups) go to one worker."""
     if "conformance_run" not in metafunc.fixturenames:
         return
     sel = metafunc.config._conformance_selection
-    grouped = metafunc.config.pluginmanager.hasplugin("xdist")
     params = []
     for spec, label in sel["labels"].items():
         ci_cases = sel["ci_cases"][spec]
@@ -118,8 +115,6 @@ def pytest_generate_tests(metafunc):
                     marks = [] if entry is None else [pytest.mark.xfail(
                         strict=True, raises=KnownFailureHit,
                         reason=f"{entry.id} expects [{entry.failure_class}]: {entry.reason} ({entry.where})")]
-                    if grouped:
-                        marks.append(pytest.mark.xdist_group(f"{label}-{mode.value}-{case.kernel_variant}"))
                     run = (spec, label, case, exec_, entry, sel["catalog_target"])
                     params.append(pytest.param(run, marks=marks,
                                                id=run_id(label, mode.value, exec_.value, case.name)))
@@ -177,6 +172,18 @@ def _end_process(config, nodeid: str, result) -> None:
                      f"(under -n the run goes on in a fresh worker)\n")
     sys.stderr.flush()
     os._exit(70)
+
+
+def _groups(sel) -> Dict[str, Tuple[str, str]]:
+    """Each run's (group, backend), by run id: a group is a backend's runs of one mode and kernel
+    variant, so that a worker loads (JIT-builds, compiles) each kernel once, while the groups stay
+    small enough to keep every worker busy. kit.worker_affinity schedules by them; not by
+    xdist_group marks, whose `@group` suffix pytest 9 drops from the node ids (xdist 3.8 sets
+    `item._nodeid`, which pytest 9 no longer reads): every run was a group of its own."""
+    return {run_id(label, mode.value, exec_.value, case.name):
+            (f"{label}-{mode.value}-{case.kernel_variant}", label)
+            for label in sel["labels"].values() for mode in sel["modes"]
+            for case in sel["catalog"].cases(sel["case_set"], mode) for exec_ in sel["execs"]}
 
 
 def _run_of(nodeid: str) -> Optional[str]:
@@ -334,4 +341,5 @@ def pytest_xdist_make_scheduler(config, log):
     if config.getoption("dist", None) != "loadgroup":
         return None
     from kit.worker_affinity import BackendAffinityScheduling
-    return BackendAffinityScheduling(config, log, config._conformance_selection["labels"].values())
+    groups = _groups(config._conformance_selection)
+    return BackendAffinityScheduling(config, log, lambda nodeid: groups.get(_run_of(nodeid) or ""))

@@ -26,6 +26,7 @@ import torch
 
 from kit.record import GRAPH, KERNEL, KV_WRITE
 
+
 @dataclasses.dataclass
 class Pending:
     """A check whose figures are still on the device: the judge reads every check of a step

@@ -1,5 +1,6 @@
 """How the matrix is laid out: one backend at a time (a backend's stray write into the kit's memory
 must not reach the batch another backend is judged on), a case's eager and graph runs together."""
+import json
 import os
 import types
 import subprocess
@@ -66,12 +67,17 @@ class _Config:
         return [f"{self.workers}*popen"] if name == "tx" else None
 
 
-def _scheduled(scheduler_cls, groups, workers, **kwargs):
-    """Runs per group {group: count}, scheduled on `workers` fake workers, each finishing its runs
-    in the order sent, the workers in turn: the backends each worker ran, in order."""
+GROUPS = {f"{b}-decode-v{i}": (b, 10) for b in ("flashinfer", "triton", "torch_native") for i in range(8)}
+# Node ids as pytest 9 has them under --dist loadgroup (no `@group` suffix): run id -> (group, backend)
+RUNS = {f"tests/test_conformance.py::test_conformance[{g}-eager-case{i}]": (g, b)
+        for g, (b, n) in GROUPS.items() for i in range(n)}
+
+
+def _scheduled(scheduler_cls, workers, **kwargs):
+    """RUNS scheduled on `workers` fake workers, each finishing its runs in the order sent, the
+    workers in turn: (the backends each worker ran, in order; the workers each group ran on)."""
     sched = scheduler_cls(_Config(workers), **kwargs)
-    collection = [f"tests/test_conformance.py::test_conformance[{g}-{i}]@{g}" for g, n in groups.items()
-                  for i in range(n)]
+    collection = list(RUNS)
     nodes = [_Worker(f"gw{i}") for i in range(workers)]
     for node in nodes:
         sched.add_node(node)
@@ -83,26 +89,47 @@ def _scheduled(scheduler_cls, groups, workers, **kwargs):
             if done[node] < len(node.sent):
                 sched.mark_test_complete(node, node.sent[done[node]])
                 done[node] += 1
-    ran = {node.name: [] for node in nodes}
+    ran, on = {node.name: [] for node in nodes}, {}
     for node in nodes:
         for i in node.sent:
-            backend = collection[i].rsplit("@", 1)[1].split("-", 1)[0]
+            group, backend = RUNS[collection[i]]
+            on.setdefault(group, set()).add(node.name)
             if not ran[node.name] or ran[node.name][-1] != backend:
                 ran[node.name].append(backend)
     assert sum(len(n.sent) for n in nodes) == len(collection)
-    return ran
+    return ran, on
 
 
 def test_xdist_workers_keep_to_one_backend():
-    """Under --dist loadgroup each worker runs one backend's groups while it has any: its first run
-    of a backend loads it (seconds each). Three backends, 8 groups of 10 runs each, 6 workers: every
-    worker starts on its own backend, two per backend, and none goes back to one it left."""
+    """Under --dist loadgroup a group's runs go to one worker, and each worker runs one backend's
+    groups while it has any: its first run of a backend loads it (seconds each). Three backends, 8
+    groups of 10 runs each, 6 workers: every worker starts on its own backend, two per backend,
+    and none goes back to one it left."""
     from xdist.scheduler import LoadGroupScheduling
 
     from kit.worker_affinity import BackendAffinityScheduling
-    groups = {f"{b}-decode-v{i}": 10 for b in ("flashinfer", "triton", "torch_native") for i in range(8)}
-    ran = _scheduled(BackendAffinityScheduling, groups, 6, labels=["flashinfer", "triton", "torch_native"])
+    ran, on = _scheduled(BackendAffinityScheduling, 6, group_of=RUNS.get)
     assert sorted(r[0] for r in ran.values()) == sorted(["flashinfer", "triton", "torch_native"] * 2), ran
     assert all(len(r) == len(set(r)) for r in ran.values()) and sum(len(r) for r in ran.values()) <= 8, ran
-    plain = _scheduled(LoadGroupScheduling, groups, 6)  # xdist's order: the check above can fail
-    assert sum(len(r) for r in plain.values()) > 8, plain
+    assert all(len(workers) == 1 for workers in on.values()), on
+    # xdist's own scheduler on pytest 9's node ids: every run a group of its own, every worker every backend
+    ran, on = _scheduled(LoadGroupScheduling, 6)
+    assert sum(len(r) for r in ran.values()) > 8 and any(len(workers) > 1 for workers in on.values()), (ran, on)
+
+
+def test_the_matrix_command_groups_runs_by_backend(tmp_path):
+    """End to end (`-n 2 --dist loadgroup`, two backends, benchmarks.timeline): the two workers
+    start on different backends. With xdist_group marks alone, pytest 9 dropped the groups and
+    both started on the first backend in the queue."""
+    env = {**os.environ, "KIT_TIMELINE_DIR": str(tmp_path)}
+    proc = subprocess.run([sys.executable, "-m", "pytest", "-n", "2", "--dist", "loadgroup", "-q", "-p",
+                           "no:cacheprovider", "-p", "benchmarks.timeline", "tests/test_conformance.py",
+                           "--backend", "torch_native", "--backend", "tests.toys.dense:DenseGraphBackend",
+                           "--case-set", "smoke", "--mode", "decode,extend"], cwd=REPO, capture_output=True,
+                          text=True, timeout=300, env=env)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    first = []
+    for path in sorted(tmp_path.glob("gw*.jsonl")):
+        tests = [json.loads(line) for line in path.read_text().splitlines() if '"test"' in line]
+        first.append(parse_run_id(min(tests, key=lambda e: e["t"])["id"])[0])
+    assert sorted(first) == ["torch_native", "toy_dense"], first
