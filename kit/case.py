@@ -5,13 +5,14 @@ import dataclasses
 import functools
 import sys
 import zlib
-from typing import Optional, Tuple, Union
-
-import torch
+from typing import TYPE_CHECKING, Optional, Tuple, Union
 
 from kit.modes import ForwardMode
 
-DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32}
+if TYPE_CHECKING:
+    import torch
+
+DTYPES = {"bf16": "bfloat16", "fp16": "float16", "fp32": "float32"}  # torch's dtypes, by name
 LAYOUTS = ("contiguous", "shuffled_pages", "interleaved_pages", "non_monotonic_extend")
 
 # (num_q_heads, num_kv_heads) presets
@@ -105,8 +106,9 @@ class Case:
         return self.heads[1]
 
     @property
-    def torch_dtype(self) -> torch.dtype:
-        return DTYPES[self.dtype]
+    def torch_dtype(self) -> "torch.dtype":
+        import torch  # here: importing a case (the plugin does) must not import torch
+        return getattr(torch, DTYPES[self.dtype])
 
     @property
     def sm_scale(self) -> float:

@@ -4,6 +4,7 @@ controller (correct under xdist: each run's record travels back on its report;
 a worker that dies is recorded as a crash of the case it was running)."""
 from __future__ import annotations
 
+import concurrent.futures
 import hashlib
 import json
 import os
@@ -58,37 +59,66 @@ def _known_failures(path):
     return known_failures.load(path)
 
 
+def _parsed(option, parse, *values, fix=""):
+    """parse(*values); a bad value is a usage error, one line naming the option and the fix."""
+    try:
+        return parse(*values)
+    except (UnknownBackend, ValueError, ImportError, AttributeError, TypeError) as exc:
+        hint = f"; {fix}" if fix and not isinstance(exc, UnknownBackend) else ""  # that one lists the known
+        raise pytest.UsageError(f"{option}: {exc}{hint}") from None
+
+
 def _selection(config):
-    """Parsed options; a bad value is a usage error, one line naming the option and the fix."""
+    """Parsed options. The catalog and the case set import torch (cases check themselves against
+    their mode's rules, `auto` asks for CUDA): `_cases` gives them; the xdist controller, which
+    runs no case, loads them in a thread while its workers start (_is_xdist_controller)."""
     opt = config.getoption
-
-    def parsed(option, parse, *values, fix=""):
-        try:
-            return parse(*values)
-        except (UnknownBackend, ValueError, ImportError, AttributeError, TypeError) as exc:
-            hint = f"; {fix}" if fix and not isinstance(exc, UnknownBackend) else ""  # that one lists the known
-            raise pytest.UsageError(f"{option}: {exc}{hint}") from None
-
     specs = _csv(opt("--backend")) or known_backends()
-    labels = {spec: parsed(f"--backend {spec}", backend_label, spec,
-                           fix=f"give a registered name ({', '.join(known_backends())}) or module:attr of a "
-                               f"backend class that imports") for spec in specs}
-    case_set = parsed("--case-set", resolve_set, opt("--case-set"))
-    # `--case-set auto` on CPU: a backend naming `ci_cases` (too slow here for every smoke case) runs
-    # those; `--case-set smoke` runs them all. The catalog of the results file keeps every run.
+    labels = {spec: _parsed(f"--backend {spec}", backend_label, spec,
+                            fix=f"give a registered name ({', '.join(known_backends())}) or module:attr of a "
+                                f"backend class that imports") for spec in specs}
+    if opt("--case-set") != "auto":
+        _parsed("--case-set", resolve_set, opt("--case-set"))
+    sel = dict(
+        labels=labels,
+        modes=_parsed("--mode", lambda: [parse_mode(m) for m in _csv(opt("--mode"))] or list(MODES)),
+        execs=_parsed("--exec", lambda: [parse_exec(e) for e in _csv(opt("exec_"))] or list(EXECS)),
+        catalog_target=opt("--cases"),
+        known=_parsed("--known-failures", _known_failures, opt("--known-failures")),
+    )
+    if _is_xdist_controller(config):
+        sel["loading"] = concurrent.futures.ThreadPoolExecutor(1).submit(_load_cases, opt, specs)
+    else:
+        sel.update(_load_cases(opt, specs))
+    return sel
+
+
+def _load_cases(opt, specs) -> dict:
+    """The catalog, the case set and, for `--case-set auto` on CPU, each backend's `ci_cases`
+    (a backend too slow here for every smoke case names those; `--case-set smoke` runs them all.
+    The catalog of the results file keeps every run)."""
+    case_set = _parsed("--case-set", resolve_set, opt("--case-set"))
     auto_smoke = opt("--case-set") == "auto" and case_set == "smoke"
     return dict(
-        labels=labels,
-        ci_cases={spec: getattr(load_backend(spec), "ci_cases", None) if auto_smoke else None for spec in specs},
-        modes=parsed("--mode", lambda: [parse_mode(m) for m in _csv(opt("--mode"))] or list(MODES)),
-        execs=parsed("--exec", lambda: [parse_exec(e) for e in _csv(opt("exec_"))] or list(EXECS)),
+        catalog=_parsed(f"--cases {opt('--cases')}", load_catalog, opt("--cases"),
+                        fix="give module:attr of a kit.catalog.Catalog that imports"),
         case_set=case_set,
-        catalog_target=opt("--cases"),
-        catalog=parsed(f"--cases {opt('--cases')}", load_catalog, opt("--cases"),
-                       fix="give module:attr of a kit.catalog.Catalog that imports"),
-        known=parsed("--known-failures", _known_failures, opt("--known-failures")),
-        device=device_name(),
+        ci_cases={spec: getattr(load_backend(spec), "ci_cases", None) if auto_smoke else None for spec in specs},
     )
+
+
+def _cases(sel) -> dict:
+    """The selection with its catalog, case set and ci_cases loaded (waits for the controller's
+    thread; its usage error is raised here)."""
+    loading = sel.pop("loading", None)
+    if loading is not None:
+        sel.update(loading.result())
+    return sel
+
+
+def _is_xdist_controller(config) -> bool:
+    return (config.getoption("dist", "no") != "no" and not config.getoption("collectonly")
+            and not hasattr(config, "workerinput"))
 
 
 def pytest_generate_tests(metafunc):
@@ -101,7 +131,8 @@ def pytest_generate_tests(metafunc):
     a group (_groups) go to one worker."""
     if "conformance_run" not in metafunc.fixturenames:
         return
-    sel = metafunc.config._conformance_selection
+    sel = _cases(metafunc.config._conformance_selection)
+    device = device_name()
     params = []
     for spec, label in sel["labels"].items():
         ci_cases = sel["ci_cases"][spec]
@@ -111,7 +142,7 @@ def pytest_generate_tests(metafunc):
                     continue
                 for exec_ in sel["execs"]:
                     entry = known_failures.match(sel["known"], label, mode.value, exec_.value, case.name,
-                                                 sel["device"])
+                                                 device)
                     marks = [] if entry is None else [pytest.mark.xfail(
                         strict=True, raises=KnownFailureHit,
                         reason=f"{entry.id} expects [{entry.failure_class}]: {entry.reason} ({entry.where})")]
@@ -180,6 +211,7 @@ def _groups(sel) -> Dict[str, Tuple[str, str]]:
     small enough to keep every worker busy. kit.worker_affinity schedules by them; not by
     xdist_group marks, whose `@group` suffix pytest 9 drops from the node ids (xdist 3.8 sets
     `item._nodeid`, which pytest 9 no longer reads): every run was a group of its own."""
+    sel = _cases(sel)
     return {run_id(label, mode.value, exec_.value, case.name):
             (f"{label}-{mode.value}-{case.kernel_variant}", label)
             for label in sel["labels"].values() for mode in sel["modes"]
@@ -197,6 +229,7 @@ def _run_of(nodeid: str) -> Optional[str]:
 def _catalog_ids(sel) -> List[str]:
     """Every run the catalog has for this case set: each registered backend (and each one named on
     the command line), every mode and exec. A results file lacking some of them is partial."""
+    sel = _cases(sel)
     labels = sorted(set(known_backends()) | set(sel["labels"].values()))
     return [run_id(label, mode.value, exec_.value, case.name) for label in labels for mode in MODES
             for exec_ in EXECS for case in sel["catalog"].cases(sel["case_set"], mode)]
@@ -219,7 +252,7 @@ class _Recorder:
         self.selected: Optional[List[str]] = None  # run ids, once collection is known
         self.started = False  # runs began: from then on the file is this session's
         self.spec_of = {label: spec for spec, label in config._conformance_selection["labels"].items()}
-        self.catalog = _catalog_ids(config._conformance_selection) if self.writes else []
+        self.catalog: Optional[List[str]] = None  # _catalog_ids, at the first write (the controller loads it late)
 
     def _select(self, nodeids) -> None:
         if self.selected is None:
@@ -275,7 +308,7 @@ class _Recorder:
                 record = json.loads(lost.read_text())
                 lost.unlink()
                 return record
-        sel = self.config._conformance_selection
+        sel = _cases(self.config._conformance_selection)
         label, mode, exec_, name = parse_run_id(_run_of(report.nodeid))
         case = sel["catalog"].find_case(parse_mode(mode), name)
         spec = self.spec_of.get(label, label)
@@ -294,6 +327,8 @@ class _Recorder:
         with self.lock:
             self.pending = None
             if self.writes and (self.started or self.records):  # never for --co or a run that selected nothing
+                if self.catalog is None:
+                    self.catalog = _catalog_ids(self.config._conformance_selection)
                 write_results(self.path, list(self.records.values()),
                               run=dict(status=status, selected=self.selected or [], catalog=self.catalog))
                 self.last_write = time.monotonic()
@@ -333,6 +368,14 @@ def pytest_configure(config):
     _default_timeout(config)
     config._conformance_selection = _selection(config)
     config.pluginmanager.register(_Recorder(config), "conformance-recorder")
+
+
+@pytest.hookimpl(wrapper=True)
+def pytest_sessionstart(session):
+    """Once the xdist controller has started its workers (in xdist's sessionstart, wrapped here),
+    its catalog is wanted: a bad `--cases` is a usage error here, before any run."""
+    yield
+    _cases(session.config._conformance_selection)
 
 
 @pytest.hookimpl(optionalhook=True)

@@ -12,8 +12,6 @@ import tempfile
 from pathlib import Path
 from typing import Dict, List, Optional
 
-import torch
-
 from kit.record import SCHEMA, RunResult
 
 REPO = Path(__file__).resolve().parent.parent
@@ -33,7 +31,12 @@ def _kit_commit() -> str:
         return "unknown"
 
 
+# torch is imported where it is needed: the xdist controller writes results and imports this
+# module, but should not wait for torch before starting its workers.
+
+
 def device_name() -> str:
+    import torch
     if torch.cuda.is_available():
         return torch.cuda.get_device_name()
     return f"CPU ({platform.machine()})"
@@ -51,6 +54,7 @@ def environment() -> Dict[str, str]:
 
 def versions(backend_cls=None) -> Dict[str, str]:
     """torch and CUDA, then what the backend reports of its own libraries (its `versions()`)."""
+    import torch
     out = {"torch": torch.__version__, "cuda": torch.version.cuda or "none"}
     own = getattr(backend_cls, "versions", None)
     if callable(own):

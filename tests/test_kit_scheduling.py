@@ -133,3 +133,21 @@ def test_the_matrix_command_groups_runs_by_backend(tmp_path):
         tests = [json.loads(line) for line in path.read_text().splitlines() if '"test"' in line]
         first.append(parse_run_id(min(tests, key=lambda e: e["t"])["id"])[0])
     assert sorted(first) == ["torch_native", "toy_dense"], first
+
+
+def test_the_xdist_controller_starts_its_workers_before_importing_torch(tmp_path):
+    """The controller runs no case: importing the plugin (and a case) must not import torch, and
+    the catalog (whose cases import it, via their modes' rules) loads in a thread while the workers
+    start. Before, the controller spent 4-5 s of every matrix run on the H100 host importing torch
+    before it started a worker."""
+    probe = subprocess.run([sys.executable, "-c", "import sys, kit.pytest_plugin, kit.case, kit.results\n"
+                            "print(sorted(m for m in sys.modules if m.split('.')[0] == 'torch')[:3])"],
+                           cwd=REPO, capture_output=True, text=True, timeout=120)
+    assert probe.stdout.strip() == "[]", probe.stdout + probe.stderr
+    env = {**os.environ, "KIT_SPAWN_PROBE": str(tmp_path / "probe.json")}
+    proc = subprocess.run([sys.executable, "-m", "pytest", "-n", "1", "-q", "-p", "no:cacheprovider", "-p",
+                           "tests.toys.spawn_probe", "tests/test_conformance.py", "--backend", "torch_native",
+                           "--case-set", "smoke", "--mode", "decode", "--exec", "eager"], cwd=REPO,
+                          capture_output=True, text=True, timeout=300, env=env)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert json.loads((tmp_path / "probe.json").read_text()) == {"catalog_loaded": False}
