@@ -11,7 +11,8 @@ Runs the README's matrix command in a subprocess,
 collection and worker spawn included), and appends a row to
 `results/bench/kit-throughput-<device>.json` (or --out): device, workers, runs
 (executed runs: records not `unsupported`), seconds, runs_per_s, cold,
-kit_commit, and the ten slowest runs (run id, seconds). Other arguments go to
+kit_commit, whether torch's bytecode was cached (bytecode_cached), where the seconds went
+(phases, from benchmarks.timeline), and the ten slowest runs (run id, seconds). Other arguments go to
 pytest as they are (e.g. `--backend triton --mode decode`). `--cold` only labels
 the row: run it first on a fresh machine (JIT caches restored, nothing loaded);
 the script clears nothing.
@@ -19,6 +20,7 @@ the script clears nothing.
 from __future__ import annotations
 
 import argparse
+import importlib.util
 import json
 import os
 import re
@@ -52,6 +54,14 @@ def kit_commit() -> str:
     return out.stdout.strip() or "unknown"
 
 
+def bytecode_cached() -> bool:
+    """Whether torch's compiled bytecode is there for the run to load. pip writes it at install;
+    a host that runs with PYTHONDONTWRITEBYTECODE and sources alone (the device host did) compiles
+    torch, Triton and FlashInfer in every process: ~2.5 s of each worker's start, ~2 s of its
+    first FlashInfer run."""
+    return os.path.exists(importlib.util.cache_from_source(torch.__file__))
+
+
 def matrix_command(workers: str, case_set: str, results: str, extra: List[str]) -> List[str]:
     xdist = [] if workers == "0" else ["-n", workers, "--dist", "loadgroup"]
     named = any(a == "--backend" or a.startswith("--backend=") for a in extra)
@@ -66,6 +76,7 @@ def measure(name: str, workers: str, case_set: str, cold: bool, extra: List[str]
     """One timed run of the matrix command: the row (exits if it did not complete). `keep`: where
     the run's results file stays, `timeline`: the folder its processes' timelines stay in
     (benchmarks.timeline; else temporary ones)."""
+    cached = bytecode_cached()
     with tempfile.TemporaryDirectory() as tmp:
         results = os.path.abspath(keep) if keep else os.path.join(tmp, "results.json")
         cmd = matrix_command(workers, case_set, results, extra)
@@ -85,7 +96,7 @@ def measure(name: str, workers: str, case_set: str, cold: bool, extra: List[str]
     seconds = round(seconds, 2)  # runs_per_s from the figure the row shows: the row agrees with itself
     return dict(device=name, workers=workers, runs=len(executed), seconds=seconds,
                 runs_per_s=round(len(executed) / seconds, 2), cold=cold, kit_commit=kit_commit(),
-                case_set=case_set, args=extra, phases=where,
+                case_set=case_set, args=extra, bytecode_cached=cached, phases=where,
                 slowest=[dict(run=record_id(r), seconds=r["seconds"]) for r in slowest])
 
 

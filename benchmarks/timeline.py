@@ -1,11 +1,13 @@
 """Where a timed matrix run's seconds go: a pytest plugin (`-p benchmarks.timeline`) that,
 in every process of the session (the xdist controller and each worker), writes when the
-process started, when collection ended, and when each test ran, to
+process started, when collection ended, when each test ran (and its CPU seconds), when the
+session finished and when the interpreter began to exit, to
 `$KIT_TIMELINE_DIR/<worker id>.jsonl`, a line as it happens (a worker that dies keeps
 what it wrote). `phases()` reads them back into the figures a benchmark row shows.
 """
 from __future__ import annotations
 
+import atexit
 import json
 import os
 import statistics
@@ -34,6 +36,7 @@ class _Timeline:
         worker = getattr(config, "workerinput", {}).get("workerid", "main")
         self.file = open(Path(directory) / f"{worker}.jsonl", "a", buffering=1)
         self._line(event="start", t=_process_start())
+        atexit.register(self._exit)
 
     def _line(self, **fields) -> None:
         self.file.write(json.dumps(fields) + "\n")
@@ -43,12 +46,20 @@ class _Timeline:
 
     @pytest.hookimpl(hookwrapper=True)
     def pytest_runtest_protocol(self, item, nextitem):
-        start = time.time()
+        start, cpu = time.time(), time.process_time()
         yield
-        self._line(event="test", id=item.nodeid.split("[", 1)[-1].split("]")[0], t=start, end=time.time())
+        self._line(event="test", id=item.nodeid.split("[", 1)[-1].split("]")[0], t=start, end=time.time(),
+                   cpu=round(time.process_time() - cpu, 4))
+
+    @pytest.hookimpl(tryfirst=True)
+    def pytest_sessionfinish(self, session):
+        self._line(event="finish", t=time.time())
 
     def pytest_unconfigure(self, config):
         self._line(event="end", t=time.time())
+
+    def _exit(self):
+        self._line(event="exit", t=time.time())
         self.file.close()
 
 
@@ -66,16 +77,20 @@ def phases(directory: str, t0: float, seconds: float) -> Optional[Dict[str, floa
     """From the workers' timelines (the controller's, without xdist) of a run started at `t0`
     and lasting `seconds`: how many processes ran tests, when they were ready (median and
     last first test start), the seconds in tests, the share of worker time spent in them,
-    each worker's first test of each backend (which loads it: CUDA context, imports,
-    kernels) and the rest's median."""
+    the share of test seconds the workers spent on a CPU (where recorded), each worker's
+    first test of each backend (which loads it: CUDA context, imports, kernels) and the
+    rest's median, and when the last test ended (the rest of `seconds` is the session's end:
+    workers exiting, the last results write)."""
     files = sorted(Path(directory).glob("*.jsonl"))
     workers = [f for f in files if f.stem != "main"] or files
-    ready, busy, first_loads, rest = [], 0.0, 0.0, []
+    ready, busy, first_loads, rest, cpu, last = [], 0.0, 0.0, [], [], 0.0
     for f in workers:
         tests = [e for e in _read(f) if e["event"] == "test"]
         if not tests:
             continue
         ready.append(min(e["t"] for e in tests) - t0)
+        last = max([last] + [e["end"] - t0 for e in tests])
+        cpu += [(e["cpu"], e["end"] - e["t"]) for e in tests if "cpu" in e]
         seen = set()
         for e in sorted(tests, key=lambda e: e["t"]):
             took = e["end"] - e["t"]
@@ -91,5 +106,7 @@ def phases(directory: str, t0: float, seconds: float) -> Optional[Dict[str, floa
     return dict(workers=len(ready), workers_ready_median_s=round(statistics.median(ready), 2),
                 workers_ready_last_s=round(max(ready), 2),
                 test_s=round(busy, 1), busy_share=round(busy / (len(ready) * seconds), 3),
+                cpu_share=round(sum(c for c, _ in cpu) / sum(w for _, w in cpu), 3) if cpu else None,
                 first_of_backend_s=round(first_loads, 1),
-                other_runs_median_s=round(statistics.median(rest), 4) if rest else 0.0)
+                other_runs_median_s=round(statistics.median(rest), 4) if rest else 0.0,
+                last_run_end_s=round(last, 2))

@@ -370,6 +370,15 @@ def pytest_configure(config):
     config.pluginmanager.register(_Recorder(config), "conformance-recorder")
 
 
+@pytest.hookimpl(tryfirst=True)
+def pytest_runtestloop(session):
+    """An xdist worker has sent its collection, and no run comes before every worker has: it makes
+    its CUDA context meanwhile, not in its first run (where 16 workers made theirs at once)."""
+    if hasattr(session.config, "workerinput") and any(_run_of(item.nodeid) for item in session.items):
+        from kit.runner import make_device_context
+        make_device_context()
+
+
 @pytest.hookimpl(wrapper=True)
 def pytest_sessionstart(session):
     """Once the xdist controller has started its workers (in xdist's sessionstart, wrapped here),

@@ -27,6 +27,12 @@ def default_device() -> torch.device:
     return torch.device("cuda" if torch.cuda.is_available() else "cpu")
 
 
+def make_device_context() -> None:
+    """Makes the CUDA context now (a first allocation does) rather than in the first run."""
+    if torch.cuda.is_available():
+        torch.empty(1, device=default_device())
+
+
 # CUDA errors after which the context is unusable: every later call in the process fails too.
 STICKY_DEVICE_ERRORS = ("illegal memory access", "device-side assert", "unspecified launch failure",
                         "misaligned address", "illegal instruction", "an illegal address")

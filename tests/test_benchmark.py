@@ -32,6 +32,8 @@ def test_throughput_row(tmp_path):
     where = row["phases"]  # from the workers' timelines
     assert 0 < where["workers_ready_median_s"] <= where["workers_ready_last_s"] < row["seconds"]
     assert 0 < where["test_s"] and 0 < where["busy_share"] <= 1 and where["other_runs_median_s"] > 0
+    assert where["workers_ready_last_s"] < where["last_run_end_s"] < row["seconds"] and 0 < where["cpu_share"]
+    assert isinstance(row["bytecode_cached"], bool)
 
 
 def test_the_in_box_matrix_unless_backends_are_named():
@@ -47,14 +49,14 @@ def _timeline(path, events):
 
 def test_phases_from_timelines(tmp_path):
     """Two workers started at 1 s and 2 s: ready when their first test starts, each backend's first
-    test apart from the rest."""
-    test = lambda run, t, end: dict(event="test", id=run, t=t, end=end)  # noqa: E731
+    test apart from the rest, the CPU share of the tests that recorded theirs."""
+    test = lambda run, t, end, **cpu: dict(event="test", id=run, t=t, end=end, **cpu)  # noqa: E731
     _timeline(tmp_path / "gw0.jsonl", [dict(event="start", t=101.0), test("a-decode-eager-x", 104.0, 106.0),
-                                       test("a-decode-graph-x", 106.0, 106.5), test("b-decode-eager-x", 106.5, 109.0),
+                                       test("a-decode-graph-x", 106.0, 106.5), test("b-decode-eager-x", 106.5, 109.0, cpu=2.0),
                                        dict(event="end", t=110.0)])
     _timeline(tmp_path / "gw1.jsonl", [dict(event="start", t=102.0), test("a-extend-eager-y", 105.0, 105.5),
-                                       test("a-extend-graph-y", 105.5, 106.0)])
+                                       test("a-extend-graph-y", 105.5, 106.0, cpu=0.4)])
     _timeline(tmp_path / "main.jsonl", [dict(event="start", t=100.0)])  # the controller: no tests
     where = phases(str(tmp_path), t0=100.0, seconds=10.0)
     assert where == dict(workers=2, workers_ready_median_s=4.5, workers_ready_last_s=5.0, test_s=6.0, busy_share=0.3,
-                         first_of_backend_s=5.0, other_runs_median_s=0.5)
+                         cpu_share=0.8, first_of_backend_s=5.0, other_runs_median_s=0.5, last_run_end_s=9.0)
