@@ -1,7 +1,9 @@
 """Where a timed matrix run's seconds go: a pytest plugin (`-p benchmarks.timeline`) that,
 in every process of the session (the xdist controller and each worker), writes when the
-process started, when collection ended, when each test ran (and its CPU seconds), when the
-session finished and when the interpreter began to exit, to
+process started, when pytest had configured it (imports done), when collection began and
+ended, when each test ran (and its CPU seconds), when the session's end began and ended
+(sessionfinish: xdist stops its workers, the results are written), and when the interpreter
+began to exit, to
 `$KIT_TIMELINE_DIR/<worker id>.jsonl`, a line as it happens (a worker that dies keeps
 what it wrote). `phases()` reads them back into the figures a benchmark row shows.
 """
@@ -36,10 +38,14 @@ class _Timeline:
         worker = getattr(config, "workerinput", {}).get("workerid", "main")
         self.file = open(Path(directory) / f"{worker}.jsonl", "a", buffering=1)
         self._line(event="start", t=_process_start())
+        self._line(event="configure", t=time.time())
         atexit.register(self._exit)
 
     def _line(self, **fields) -> None:
         self.file.write(json.dumps(fields) + "\n")
+
+    def pytest_collection(self, session):
+        self._line(event="collect", t=time.time())
 
     def pytest_collection_finish(self, session):
         self._line(event="collected", t=time.time())
@@ -51,9 +57,11 @@ class _Timeline:
         self._line(event="test", id=item.nodeid.split("[", 1)[-1].split("]")[0], t=start, end=time.time(),
                    cpu=round(time.process_time() - cpu, 4))
 
-    @pytest.hookimpl(tryfirst=True)
+    @pytest.hookimpl(hookwrapper=True)
     def pytest_sessionfinish(self, session):
         self._line(event="finish", t=time.time())
+        yield
+        self._line(event="finished", t=time.time())
 
     def pytest_unconfigure(self, config):
         self._line(event="end", t=time.time())
