@@ -151,3 +151,18 @@ def test_the_xdist_controller_starts_its_workers_before_importing_torch(tmp_path
                           capture_output=True, text=True, timeout=300, env=env)
     assert proc.returncode == 0, proc.stdout + proc.stderr
     assert json.loads((tmp_path / "probe.json").read_text()) == {"catalog_loaded": False}
+
+
+def test_an_xdist_worker_skips_the_interpreters_teardown(tmp_path):
+    """After its session a worker runs its exit handlers, then exits: an object freed only by the
+    interpreter's teardown is never freed, an atexit handler still runs."""
+    (tmp_path / "test_end.py").write_text(
+        "import atexit, pathlib\n\n"
+        "class _Freed:\n    def __init__(self):\n        self.open, self.path = open, str(pathlib.Path('freed').resolve())\n\n"
+        "    def __del__(self):\n        self.open(self.path, 'w').close()\n\n"
+        "KEPT = _Freed()\natexit.register(pathlib.Path('atexit').write_text, '')\n\n"
+        "def test_end():\n    pass\n")
+    proc = subprocess.run([sys.executable, "-m", "pytest", "-n", "1", "-q", "-p", "no:cacheprovider",
+                           str(tmp_path / "test_end.py")], cwd=tmp_path, capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert (tmp_path / "atexit").exists() and not (tmp_path / "freed").exists()
