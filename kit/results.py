@@ -14,6 +14,9 @@ from typing import Dict, List, Optional
 
 from kit.record import SCHEMA, RunResult
 
+# torch is imported in the functions that need it: the xdist controller imports this module and
+# should not wait for torch before it starts its workers.
+
 REPO = Path(__file__).resolve().parent.parent
 
 
@@ -29,10 +32,6 @@ def _kit_commit() -> str:
         return commit + ("+dirty" if dirty.stdout.strip() else "")
     except (OSError, subprocess.SubprocessError):
         return "unknown"
-
-
-# torch is imported where it is needed: the xdist controller writes results and imports this
-# module, but should not wait for torch before starting its workers.
 
 
 def device_name() -> str:
