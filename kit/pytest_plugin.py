@@ -18,7 +18,7 @@ from typing import Dict, List, Optional, Tuple
 
 import pytest
 
-from kit import known_failures
+from kit import cuda_context, known_failures, parallel_spawn
 from kit.catalog import load_catalog, resolve_set
 from kit.modes import EXECS, MODES, parse_exec, parse_mode
 from kit.record import (COMPLETE, CRASH, FAIL, INTERRUPTED, RUNNING, RunResult, parse_run_id, record_id,
@@ -30,6 +30,10 @@ from kit.timeout import DEFAULT_S
 RECORD_KEY = "conformance_record"
 WRITE_EVERY_S = 2.0  # at most one write of the results file this often; an interrupted run keeps what finished
 RUN_TIMEOUT = pytest.StashKey[float]()
+
+
+if os.environ.get("PYTEST_XDIST_WORKER"):  # an xdist worker (set before its plugins load): kit.cuda_context
+    cuda_context.begin()
 
 
 class KnownFailureHit(Exception):
@@ -359,18 +363,29 @@ def _split_threads(config) -> None:
 
 
 def _exit_without_teardown(config) -> None:
-    """An xdist worker ends right after its exit handlers (atexit: registered first here, it runs
-    last), skipping the interpreter's teardown of torch, Triton and FlashInfer, which the controller
-    waits for at the end of every matrix run. Its results were sent before (xdist's workerfinished);
-    exit handlers, logging's included, still run. On the H100 host the run's end (last run to
-    exit) took 2.1 s with it, 2.5-3.4 s without (one session, few rounds)."""
+    """An xdist worker ends as soon as its session has: after pytest's unconfigure and cleanups it
+    runs its exit handlers (atexit's os._exit, registered first, runs last) and exits, skipping the
+    interpreter's teardown of torch, Triton and FlashInfer. Its results were sent before (xdist's
+    workerfinished, at sessionfinish). Left to xdist, every worker waits for the controller to end
+    it after the last run anywhere, and all of them then free their CUDA contexts at once, which
+    the controller waits for: on the H100 host the in-box matrix took 22.5-22.8 s this way, 22.9-23.2
+    s left to xdist (alternating, one machine)."""
     if hasattr(config, "workerinput"):
         atexit.register(os._exit, 0)
+        config.add_cleanup(_run_exit_handlers)  # registered early: the cleanups run last to first
+
+
+def _run_exit_handlers() -> None:
+    for stream in (sys.stdout, sys.stderr):
+        stream.flush()
+    atexit._run_exitfuncs()  # CPython's own at-exit step, which ends here with the os._exit above
 
 
 @pytest.hookimpl(tryfirst=True)
 def pytest_configure(config):
     _exit_without_teardown(config)
+    if _is_xdist_controller(config):
+        parallel_spawn.install()
     _split_threads(config)
     _default_timeout(config)
     config._conformance_selection = _selection(config)
@@ -379,8 +394,8 @@ def pytest_configure(config):
 
 @pytest.hookimpl(tryfirst=True)
 def pytest_runtestloop(session):
-    """An xdist worker has sent its collection, and no run comes before every worker has: it makes
-    its CUDA context meanwhile, not in its first run (where 16 workers made theirs at once)."""
+    """An xdist worker sets up torch's CUDA state (on the context kit.cuda_context began) before its
+    first run rather than in it, where the run's time would count it."""
     if hasattr(session.config, "workerinput") and any(_run_of(item.nodeid) for item in session.items):
         from kit.runner import make_device_context
         make_device_context()

@@ -6,6 +6,8 @@ import types
 import subprocess
 import sys
 
+import pytest
+
 from kit.pytest_plugin import threads_per_worker
 from kit.record import parse_run_id
 from kit.results import REPO
@@ -73,11 +75,12 @@ RUNS = {f"tests/test_conformance.py::test_conformance[{g}-eager-case{i}]": (g, b
         for g, (b, n) in GROUPS.items() for i in range(n)}
 
 
-def _scheduled(scheduler_cls, workers, **kwargs):
-    """RUNS scheduled on `workers` fake workers, each finishing its runs in the order sent, the
-    workers in turn: (the backends each worker ran, in order; the workers each group ran on)."""
+def _scheduled(scheduler_cls, workers, runs=RUNS, **kwargs):
+    """`runs` (node id -> (group, backend)) scheduled on `workers` fake workers, each finishing its
+    runs in the order sent, the workers in turn: (the backends each worker ran, in order; the
+    workers each group ran on)."""
     sched = scheduler_cls(_Config(workers), **kwargs)
-    collection = list(RUNS)
+    collection = list(runs)
     nodes = [_Worker(f"gw{i}") for i in range(workers)]
     for node in nodes:
         sched.add_node(node)
@@ -92,7 +95,7 @@ def _scheduled(scheduler_cls, workers, **kwargs):
     ran, on = {node.name: [] for node in nodes}, {}
     for node in nodes:
         for i in node.sent:
-            group, backend = RUNS[collection[i]]
+            group, backend = runs[collection[i]]
             on.setdefault(group, set()).add(node.name)
             if not ran[node.name] or ran[node.name][-1] != backend:
                 ran[node.name].append(backend)
@@ -115,6 +118,49 @@ def test_xdist_workers_keep_to_one_backend():
     # xdist's own scheduler on pytest 9's node ids: every run a group of its own, every worker every backend
     ran, on = _scheduled(LoadGroupScheduling, 6)
     assert sum(len(r) for r in ran.values()) > 8 and any(len(workers) > 1 for workers in on.values()), (ran, on)
+
+
+def test_runs_start_as_soon_as_the_first_worker_has_collected():
+    """xdist's loadgroup starts no run before every worker has collected; here the first worker to
+    collect starts, a later one joins when its collection arrives, and a late collection that
+    differs fails the session's collection (the worker gets nothing)."""
+    from kit.worker_affinity import BackendAffinityScheduling
+    config = _Config(3)
+    reports = []
+    config.hook = types.SimpleNamespace(pytest_collectreport=lambda report: reports.append(report))
+    sched = BackendAffinityScheduling(config, group_of=RUNS.get)
+    first, second, odd = (_Worker(f"gw{i}") for i in range(3))
+    for node in (first, second, odd):
+        sched.add_node(node)
+    collection = list(RUNS)
+    sched.add_node_collection(first, collection)
+    assert sched.collection_is_completed
+    sched.schedule()
+    assert first.sent and not second.sent
+    sched.add_node_collection(second, collection)
+    sched.schedule()
+    assert second.sent and not set(first.sent) & set(second.sent)
+    sched.add_node_collection(odd, collection[1:])
+    sched.schedule()
+    assert not odd.sent and [r.nodeid for r in reports if r.failed] == ["gw2"], reports
+
+
+def _runs(groups):
+    """Node ids -> (group, backend) for {group: (backend, number of runs)}."""
+    return {f"tests/test_conformance.py::test_conformance[{g}-eager-case{i}]": (g, b)
+            for g, (b, n) in groups.items() for i in range(n)}
+
+
+@pytest.mark.parametrize("last_group_runs, moves", [(2, False), (20, True)])
+def test_a_worker_moves_to_another_backend_only_for_more_runs_than_a_load_costs(last_group_runs, moves):
+    """Two workers: one on the big `slow` group, the other on `fast`'s only group. When `fast` is
+    done, its worker takes slow's last group only if that group outlasts a backend load
+    (kit.worker_affinity.LOAD_RUNS) on the worker that has slow loaded; else it ends."""
+    from kit.worker_affinity import LOAD_RUNS, BackendAffinityScheduling
+    assert 2 < LOAD_RUNS < 20
+    runs = _runs({"slow-1": ("slow", 30), "slow-2": ("slow", last_group_runs), "fast-1": ("fast", 12)})
+    ran, on = _scheduled(BackendAffinityScheduling, 2, runs, group_of=runs.get)
+    assert sorted(ran.values()) == sorted([["slow"], ["fast", "slow"] if moves else ["fast"]]), ran
 
 
 def test_the_matrix_command_groups_runs_by_backend(tmp_path):
@@ -166,3 +212,69 @@ def test_an_xdist_worker_skips_the_interpreters_teardown(tmp_path):
                            str(tmp_path / "test_end.py")], cwd=tmp_path, capture_output=True, text=True, timeout=120)
     assert proc.returncode == 0, proc.stdout + proc.stderr
     assert (tmp_path / "atexit").exists() and not (tmp_path / "freed").exists()
+
+
+def test_an_xdist_worker_ends_when_its_own_session_does(tmp_path):
+    """A worker whose runs are done exits then, not when the controller ends every worker after the
+    last run anywhere: the fast worker's exit handler runs while the other worker's test still runs."""
+    (tmp_path / "test_two.py").write_text(
+        "import atexit, os, pathlib, time\n\n"
+        "def _mark(name):\n    pathlib.Path(name + '.' + os.environ['PYTEST_XDIST_WORKER']).write_text(repr(time.time()))\n\n"
+        "def test_fast():\n    atexit.register(_mark, 'fast-exit')\n\n"
+        "def test_slow():\n    time.sleep(4)\n    _mark('slow-end')\n")
+    proc = subprocess.run([sys.executable, "-m", "pytest", "-n", "2", "--dist", "load", "-q", "-p", "no:cacheprovider",
+                           str(tmp_path / "test_two.py")], cwd=tmp_path, capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    (fast,), (slow,) = tmp_path.glob("fast-exit.*"), tmp_path.glob("slow-end.*")
+    assert fast.suffix != slow.suffix, "both tests ran on one worker"
+    assert float(fast.read_text()) < float(slow.read_text())
+
+
+def test_workers_are_started_together():
+    """kit.parallel_spawn: xdist's NodeManager starts its workers from threads (each start here
+    takes 0.3 s: four one after another would take 1.2 s)."""
+    import threading
+    import time
+
+    from xdist.workermanage import NodeManager
+
+    from kit import parallel_spawn
+    parallel_spawn.install()
+    started = []
+
+    class _Nodes(NodeManager):
+        def __init__(self):
+            self.specs, self.trace = ["gw0", "gw1", "gw2", "gw3"], lambda *args: None
+            self.config = types.SimpleNamespace(hook=types.SimpleNamespace(pytest_xdist_setupnodes=lambda **_: None))
+
+        def setup_node(self, spec, putevent):
+            started.append(threading.get_ident())
+            time.sleep(0.3)
+            return spec
+
+    t = time.perf_counter()
+    assert _Nodes().setup_nodes(putevent=None) == ["gw0", "gw1", "gw2", "gw3"]
+    assert time.perf_counter() - t < 0.9 and len(set(started)) == 4
+
+
+def test_a_worker_begins_its_cuda_context_through_the_driver(monkeypatch):
+    """kit.cuda_context: the device's primary context, retained through libcuda (no torch); without
+    a driver, nothing."""
+    import ctypes
+
+    from kit import cuda_context
+    calls = []
+
+    class _Driver:
+        def __getattr__(self, name):
+            return lambda *args: calls.append(name) or 0
+
+    monkeypatch.setattr(ctypes, "CDLL", lambda name: _Driver() if name == "libcuda.so.1" else None)
+    cuda_context.begin().join()
+    assert calls == ["cuInit", "cuDeviceGet", "cuDevicePrimaryCtxRetain"]
+
+    def _missing(name):
+        raise OSError(name)
+    monkeypatch.setattr(ctypes, "CDLL", _missing)
+    cuda_context._retain_primary_context()  # no driver: returns, raises nothing
+    assert len(calls) == 3
