@@ -1,11 +1,12 @@
 """Fingerprints of memory the kit keeps across runs (a batch's inputs and references, the
 pools' poison): a backend that writes outside its own memory (a graph replaying into
 buffers freed since its capture, say) could change them, and every later run would be
-judged on the change. Each holder compares its fingerprint before reuse and rebuilds."""
+judged on the change. Before a run, whatever it reuses is compared to its fingerprint, and
+rebuilt where it changed (kit.fixture.fixtures_for)."""
 from __future__ import annotations
 
 import warnings
-from typing import Iterable
+from typing import Iterable, List, Sequence, Tuple
 
 import torch
 
@@ -21,11 +22,19 @@ def fingerprint(tensors: Iterable[torch.Tensor]) -> torch.Tensor:
     return torch.stack([t.reshape(-1).view(torch.uint8).sum(dtype=torch.int64) for t in tensors])
 
 
-def unchanged(sealed: torch.Tensor, tensors: Iterable[torch.Tensor], what: str) -> bool:
-    """Whether `tensors` still have fingerprint `sealed`; warns (KitMemoryChanged) if not."""
-    now = fingerprint(tensors)
-    if now.shape == sealed.shape and torch.equal(now, sealed):
-        return True
-    warnings.warn(KitMemoryChanged(f"{what} changed since the kit built it (an earlier run wrote outside "
-                                   f"its own memory); rebuilt"), stacklevel=2)
-    return False
+def unchanged(kept: Sequence[Tuple[torch.Tensor, Sequence[torch.Tensor], str]]) -> List[bool]:
+    """For each (sealed, tensors, what): whether `tensors` still have fingerprint `sealed`,
+    read back at once (each wait is a switch between contexts when processes share a GPU);
+    warns (KitMemoryChanged) for each that changed."""
+    if not kept:
+        return []
+    flags = []
+    for sealed, tensors, _ in kept:
+        now = fingerprint(tensors)
+        flags.append((now == sealed).all() if now.shape == sealed.shape else torch.zeros((), dtype=torch.bool))
+    same = [bool(x) for x in torch.stack([f.to(kept[0][0].device) for f in flags]).tolist()]
+    for (_, _, what), ok in zip(kept, same):
+        if not ok:
+            warnings.warn(KitMemoryChanged(f"{what} changed since the kit built it (an earlier run wrote outside "
+                                           f"its own memory); rebuilt"), stacklevel=3)
+    return same

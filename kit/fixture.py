@@ -207,23 +207,27 @@ class _SharedBatches:
         self._recent: "collections.OrderedDict[Tuple[str, str], _Shared]" = collections.OrderedDict()
 
     def get(self, case: Case, device: torch.device) -> _Shared:
+        """The batch as kept, unchecked (fixtures_for checks it), else built."""
         key = (repr(case), str(device))
         shared = self._kept.get(key) or self._recent.get(key)
-        if shared is not None and (shared.sealed is None  # a run that failed while building it
-                                   or unchanged(shared.sealed, shared.tensors(), f"the batch {case.name}")):
+        if shared is not None:
             if key in self._recent:
                 self._recent.move_to_end(key)
             return shared
-        if shared is not None:  # changed behind the kit's back: built again
-            if self._kept.pop(key, None) is not None:
-                self._kept_bytes -= shared.counted
-            self._recent.pop(key, None)
         plan, layers = plan_case(case), model_layers(case)
         shared = _Shared(plan, layers, _inputs(plan, layers, device), {}, {})
         self._recent[key] = shared
         while len(self._recent) > SHARED_BATCHES:
             self._recent.popitem(last=False)
         return shared
+
+    def forget(self, case: Case, device: torch.device) -> None:
+        """Changed behind the kit's back: built again by the next get()."""
+        key = (repr(case), str(device))
+        shared = self._kept.pop(key, None)
+        if shared is not None:
+            self._kept_bytes -= shared.counted
+        self._recent.pop(key, None)
 
     def seal(self, case: Case, device: torch.device, shared: _Shared) -> None:
         """`shared` is complete (references, the table of this run's pool): fingerprinted, and
@@ -243,6 +247,16 @@ class _SharedBatches:
 SHARED = _SharedBatches()
 
 
+def _pools_for(plans: Sequence[BatchPlan], first: Case, device: torch.device) -> Pools:
+    """The (cached) pools big enough for every plan, the page size set to the case's."""
+    pools = POOL_CACHE.get(
+        num_slots=max(p.num_slots for p in plans), max_reqs=max(p.max_reqs for p in plans),
+        max_context=max(p.max_context for p in plans), num_kv_heads=first.num_kv_heads,
+        head_dim=first.head_dim, dtype=first.torch_dtype, device=device)
+    pools.token_to_kv_pool.page_size = first.page
+    return pools
+
+
 def fixtures_for(cases: Sequence[Case], device) -> List[Fixture]:
     """Fixtures for `cases` (one run: the same page size and layer config), sharing one
     (cached) pool big enough for all of them: a graph's replays must all read the pool
@@ -251,13 +265,18 @@ def fixtures_for(cases: Sequence[Case], device) -> List[Fixture]:
     (references, the pool's req_to_token table) is complete before a backend is made."""
     device = torch.device(device)
     shared = [SHARED.get(c, device) for c in cases]
-    plans = [s.plan for s in shared]
-    first = cases[0]
-    pools = POOL_CACHE.get(
-        num_slots=max(p.num_slots for p in plans), max_reqs=max(p.max_reqs for p in plans),
-        max_context=max(p.max_context for p in plans), num_kv_heads=first.num_kv_heads,
-        head_dim=first.head_dim, dtype=first.torch_dtype, device=device)
-    pools.token_to_kv_pool.page_size = first.page
+    pools = _pools_for([s.plan for s in shared], cases[0], device)
+    kv = pools.token_to_kv_pool
+    # What this run reuses (kept batches, the pool's poison) against its fingerprint, in one read back.
+    reused = [i for i, s in enumerate(shared) if s.sealed is not None]  # unsealed: a run failed building it
+    kept = unchanged([(shared[i].sealed, shared[i].tensors(), f"the batch {cases[i].name}") for i in reused]
+                     + [kv.sealed_poison()])
+    for i, ok in zip(reused, kept):
+        if not ok:
+            SHARED.forget(cases[i], device)
+            shared[i] = SHARED.get(cases[i], device)
+    if not kept[-1]:
+        kv.draw_poison()
     fixtures = []
     for case, s in zip(cases, shared):
         fx = Fixture(plan=s.plan, pools=pools, layers=s.layers, inputs=s.inputs,

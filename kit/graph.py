@@ -30,13 +30,14 @@ import torch
 
 from kit.batch import ForwardBatch
 from kit.fixture import Fixture
-from kit.guard import Guard, GuardCheck
+from kit.guard import Guard, canary_figures
 from kit.hoststate import Bindings, replaced, tensor_pointers
 from kit.modes.rules import BATCH_SIZE_GRAPHS, TOKEN_COUNT_GRAPHS
 from kit.nan_fill import nan_filled_allocations
 from kit.protocol import TWO_PHASE, graph_protocol, seq_len_fill_value
 from kit.record import CUDA_GRAPH, EMULATED, PIECEWISE_EAGER
 from kit.schedule import BS_BUCKETS, TOKEN_BUCKETS, bucket_for
+from kit.verdicts import Pending
 
 WARMUP_RUNS = 2
 
@@ -64,7 +65,7 @@ class Replayed:
     outs: List[torch.Tensor]  # per layer, the output of the real rows
     padded: List[torch.Tensor]  # per layer, the output of the padded rows
     replaced: List[str]  # backend attributes holding another tensor than at capture (emulated graphs)
-    memory: GuardCheck  # writes past what the hooks and the captured forward allocated
+    memory: Pending  # canaries of what the hooks and the captured forward allocated (kit.guard)
 
 
 @dataclasses.dataclass
@@ -151,7 +152,7 @@ class _Harness:
         cap = self.captured[key]
         if self.real:
             cap.graph.replay()
-            return cap.outs, [], GuardCheck.merged(guard.check(), cap.guard.check())
+            return cap.outs, [], canary_figures(guard, cap.guard)
         swapped = replaced(cap.pointers, tensor_pointers(self.backend))
         after_hooks = Bindings.of(self.backend)
         cap.bindings.restore()
@@ -160,7 +161,7 @@ class _Harness:
                 outs = self._step(cap.batch, n)
         finally:
             after_hooks.restore()  # forward's own Python side effects do not happen in a real replay
-        return outs, swapped, guard.check()
+        return outs, swapped, canary_figures(guard)
 
     def _load_tokens(self, fx: Fixture, padded: int) -> int:
         """Real tokens copied in; padded tokens write slot 0 at position 0."""
@@ -339,7 +340,7 @@ class ExtendGraphs(_Harness):
             swapped = []
             with guard.watching():
                 outs = self._step_piecewise(batch, n, padded)
-            memory = guard.check()
+            memory = canary_figures(guard)
         return _split(outs, n, swapped, memory)
 
     def _step_piecewise(self, batch: ForwardBatch, n: int, padded: int) -> List[torch.Tensor]:
@@ -355,7 +356,7 @@ class ExtendGraphs(_Harness):
         return f", {fx.plan.num_tokens} tokens"
 
 
-def _split(outs: List[torch.Tensor], n: int, swapped: List[str], memory: GuardCheck) -> Replayed:
+def _split(outs: List[torch.Tensor], n: int, swapped: List[str], memory: Pending) -> Replayed:
     """Real and padded rows, per layer."""
     return Replayed([o[:n] for o in outs], [o[n:] for o in outs], swapped, memory)
 

@@ -13,6 +13,7 @@ import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 
 from kit.record import GRAPH, KERNEL
+from kit.verdicts import Pending, read_back
 
 GUARD_BYTES = 1024
 CANARY = 0xA5
@@ -113,11 +114,6 @@ class GuardCheck:
     ok: bool
     overruns: List[str]  # "<tensor>: N of the first GUARD_BYTES bytes past its end changed"
 
-    @classmethod
-    def merged(cls, *checks: "GuardCheck") -> "GuardCheck":
-        overruns = [o for c in checks for o in c.overruns]
-        return cls(not overruns, overruns)
-
     def describe(self) -> str:
         if self.ok:
             return "no write past a backend allocation"
@@ -134,13 +130,21 @@ class Guard:
             yield
 
     def check(self) -> GuardCheck:
-        """Every canary compared at once, per device: one read back from the GPU, not one per tensor."""
-        by_device: Dict[torch.device, List[_Guarded]] = {}
-        for g in self._mode.guarded:
+        return read_back([canary_figures(self)])[0]
+
+
+def canary_figures(*guards: Guard) -> Pending:
+    """Every canary of `guards` compared at once, per device: read back with the step's other
+    checks (kit.verdicts.read_back), not one wait per guard."""
+    by_device: Dict[torch.device, List[_Guarded]] = {}
+    for guard in guards:
+        for g in guard._mode.guarded:
             by_device.setdefault(g.base.device, []).append(g)
-        overruns = []
-        for guarded in by_device.values():
-            changed = (torch.stack([g.canary for g in guarded]) != CANARY).sum(dim=1).tolist()
-            overruns += [f"{g.what}: {n} of the {GUARD_BYTES} bytes past its end changed"
-                         for g, n in zip(guarded, changed) if n]
+    groups = list(by_device.values())
+    counts = tuple((torch.stack([g.canary for g in group]) != CANARY).sum(dim=1) for group in groups)
+
+    def finish(changed: List[float]) -> GuardCheck:
+        overruns = [f"{g.what}: {int(n)} of the {GUARD_BYTES} bytes past its end changed"
+                    for g, n in zip([g for group in groups for g in group], changed) if n]
         return GuardCheck(not overruns, overruns)
+    return Pending(counts or torch.zeros(0), finish)

@@ -8,7 +8,6 @@ from typing import List, Optional, Sequence, Tuple
 import torch
 
 from kit.fixture import Fixture
-from kit.guard import GuardCheck
 from kit.record import GRAPH, KERNEL, KV_WRITE
 from kit.reference import references
 from kit.verdicts import (OutputCheck, Pending, check_form, check_state, kv_figures, output_figures, padding_figures,
@@ -58,27 +57,30 @@ def _judged(fx: Fixture, outs: Sequence[torch.Tensor], before, *more: Pending) -
     """Each layer's output against its golden (in layer order), the KV pool of every layer,
     then each output's form (shape, dtype, device), then `more`: read back from the device
     at once."""
-    dtype = fx.case.torch_dtype
-    pending = [output_figures(out, *references(fx, layer.layer_id), dtype, label=f"layer {layer.layer_id} ")
-               for layer, out in zip(fx.layers, outs)]
+    refs = [references(fx, layer.layer_id) for layer in fx.layers]
+    labels = [f"layer {layer.layer_id} " for layer in fx.layers]
     writes = {layer.layer_id: (fx.inputs[layer.layer_id].k_new, fx.inputs[layer.layer_id].v_new)
               for layer in fx.layers}
-    pending.append(kv_figures(fx.pools.token_to_kv_pool, before[0], before[1], fx.batch.out_cache_loc, writes))
-    checks = read_back(pending + list(more))
-    forms = [check_form(out, fx.inputs[layer.layer_id].q, label=f"layer {layer.layer_id} ")
-             for layer, out in zip(fx.layers, outs)]
-    return checks[:len(pending)] + forms + checks[len(pending):]
+    outputs, kv, *rest = read_back([
+        output_figures(outs, [r[0] for r in refs], [r[1] for r in refs], fx.case.torch_dtype, labels),
+        kv_figures(fx.pools.token_to_kv_pool, before[0], before[1], fx.batch.out_cache_loc, writes),
+        *more])
+    forms = [check_form(out, fx.inputs[layer.layer_id].q, label=label)
+             for layer, out, label in zip(fx.layers, outs, labels)]
+    return outputs + [kv] + forms + rest
 
 
-def eager_verdict(fx: Fixture, outs: Sequence[torch.Tensor], before, memory: GuardCheck) -> Verdict:
-    """`outs`: forward's output for each layer of the model, in layer order."""
-    return Verdict(_judged(fx, outs, before) + [memory])
+def eager_verdict(fx: Fixture, outs: Sequence[torch.Tensor], before, memory: Pending) -> Verdict:
+    """`outs`: forward's output for each layer of the model, in layer order; `memory`: the
+    guard's canaries (kit.guard.canary_figures)."""
+    return Verdict(_judged(fx, outs, before, memory))
 
 
 def replay_verdict(fx: Fixture, replayed, before) -> Verdict:
     """`replayed`: kit.graph.Replayed."""
-    judged = _judged(fx, replayed.outs, before, padding_figures(replayed.padded, fx.pools.token_to_kv_pool))
-    return Verdict(judged[:-1] + [replayed.memory, check_state(replayed.replaced), judged[-1]])
+    judged = _judged(fx, replayed.outs, before, replayed.memory,
+                     padding_figures(replayed.padded, fx.pools.token_to_kv_pool))
+    return Verdict(judged[:-1] + [check_state(replayed.replaced), judged[-1]])
 
 
 def replay_failure(replay: Verdict, eager: Optional[Verdict]) -> Tuple[str, str]:

@@ -11,7 +11,7 @@ from typing import Dict, List, Tuple
 
 import torch
 
-from kit.fingerprint import fingerprint, unchanged
+from kit.fingerprint import fingerprint
 
 # The layer every case runs on. The pool holds one more layer before it, so a
 # backend that ignores layer_id reads poison and writes the wrong layer.
@@ -45,31 +45,34 @@ class KVPool:
         self.head_dim = head_dim
         self.dtype = dtype
         self.device = torch.device(device)
-        shape = (num_slots, num_kv_heads, head_dim)
-        self.k_buffer: List[torch.Tensor] = [torch.empty(shape, dtype=dtype, device=device) for _ in range(NUM_LAYERS)]
-        self.v_buffer: List[torch.Tensor] = [torch.empty(shape, dtype=dtype, device=device) for _ in range(NUM_LAYERS)]
-        self._draw_poison()
+        shape = (NUM_LAYERS, num_slots, num_kv_heads, head_dim)
+        # Every layer in one allocation (k_buffer/v_buffer are its views, as backends index them):
+        # the pool is reset, snapshot and compared with a few operations for all layers at once.
+        self.k_layers = torch.empty(shape, dtype=dtype, device=device)
+        self.v_layers = torch.empty(shape, dtype=dtype, device=device)
+        self.k_buffer: List[torch.Tensor] = list(self.k_layers.unbind(0))
+        self.v_buffer: List[torch.Tensor] = list(self.v_layers.unbind(0))
+        self.draw_poison()
 
-    def _draw_poison(self) -> None:
-        shape, dtype, device = self.k_buffer[0].shape, self.dtype, self.device
-        gen = torch.Generator(device=device).manual_seed(POISON_SEED)
-        self._poison_k = [torch.empty(shape, dtype=dtype, device=device).normal_(0.0, POISON_K_STD, generator=gen)
-                          for _ in range(NUM_LAYERS)]
-        self._poison_v = [torch.empty(shape, dtype=dtype, device=device).normal_(POISON_V_MEAN, POISON_V_STD,
-                                                                                  generator=gen)
-                          for _ in range(NUM_LAYERS)]
-        self._sealed = fingerprint(self._poison_k + self._poison_v)
+    def draw_poison(self) -> None:
+        gen = torch.Generator(device=self.device).manual_seed(POISON_SEED)
+        self._poison_k, self._poison_v = torch.empty_like(self.k_layers), torch.empty_like(self.v_layers)
+        for layer in self._poison_k:  # layer by layer, K then V: the values the pool always had
+            layer.normal_(0.0, POISON_K_STD, generator=gen)
+        for layer in self._poison_v:
+            layer.normal_(POISON_V_MEAN, POISON_V_STD, generator=gen)
+        self._sealed = fingerprint([self._poison_k, self._poison_v])
 
-    def check_poison(self) -> None:
-        """The poison is kept for every run the pool serves: drawn again if it changed (a stray
-        write would otherwise leave slots a backend must not read less poisonous, unseen)."""
-        if not unchanged(self._sealed, self._poison_k + self._poison_v, "the KV pool's poison"):
-            self._draw_poison()
+    def sealed_poison(self) -> Tuple[torch.Tensor, List[torch.Tensor], str]:
+        """(fingerprint, tensors, name) of the poison, for kit.fingerprint.unchanged: it is kept for
+        every run the pool serves, and drawn again if it changed (a stray write would otherwise
+        leave slots a backend must not read less poisonous, unseen)."""
+        return self._sealed, [self._poison_k, self._poison_v], "the KV pool's poison"
 
     def reset(self) -> None:
         """Every slot of every layer back to poison."""
-        for buf, poison in zip(self.k_buffer + self.v_buffer, self._poison_k + self._poison_v):
-            buf.copy_(poison)
+        self.k_layers.copy_(self._poison_k)
+        self.v_layers.copy_(self._poison_v)
 
     def get_key_buffer(self, layer_id: int) -> torch.Tensor:
         return self.k_buffer[layer_id]
@@ -84,8 +87,9 @@ class KVPool:
         self.k_buffer[layer.layer_id][loc] = cache_k.to(self.dtype)
         self.v_buffer[layer.layer_id][loc] = cache_v.to(self.dtype)
 
-    def snapshot(self) -> Tuple[List[torch.Tensor], List[torch.Tensor]]:
-        return [b.clone() for b in self.k_buffer], [b.clone() for b in self.v_buffer]
+    def snapshot(self) -> Tuple[torch.Tensor, torch.Tensor]:
+        """Copies of every layer's K and V: [layers, slots, heads, head_dim] each."""
+        return self.k_layers.clone(), self.v_layers.clone()
 
 
 @dataclasses.dataclass
@@ -99,7 +103,8 @@ def _round_up_pow2(n: int) -> int:
 
 
 class PoolCache:
-    """Pools built once per worker and reused while big enough (SPEC speed rule)."""
+    """Pools built once per worker and reused while big enough (SPEC speed rule); their poison is
+    checked before each run (kit.fixture.fixtures_for)."""
 
     def __init__(self):
         self._pools: Dict[tuple, Pools] = {}
@@ -121,8 +126,6 @@ class PoolCache:
                 KVPool(_round_up_pow2(num_slots), num_kv_heads, head_dim, dtype, device),
             )
             self._pools[key] = have
-        else:
-            have.token_to_kv_pool.check_poison()
         return have
 
 

@@ -41,7 +41,7 @@ class _Group:
 
     q_rows: torch.Tensor  # [B, Q] row of the batch's q (padding: 0)
     k_rows: torch.Tensor  # [B, K] row of cat(k_old, k_new) (padding: 0)
-    mask: torch.Tensor  # [B, Q, K] query may see key
+    hidden: torch.Tensor  # [B, Q, K] query may not see key (negated on the host: no device operation)
     out_rows: torch.Tensor  # [tokens] the group's tokens in [B * Q] order
 
 
@@ -58,7 +58,7 @@ def _group(requests: List[Tuple[RequestPlan, int, int]], num_old: int, window: i
         k_rows[i, r.n_old:r.total] = torch.arange(num_old + n, num_old + n + r.n_new)
         mask[i, :r.n_new, :r.total] = visibility(r.visible, r.q_pos, r.key_pos, window, "cpu")
         out_rows += range(i * q, i * q + r.n_new)
-    return _Group(*(to_device(t, device) for t in (q_rows, k_rows, mask, torch.tensor(out_rows, dtype=torch.int64))))
+    return _Group(*(to_device(t, device) for t in (q_rows, k_rows, ~mask, torch.tensor(out_rows, dtype=torch.int64))))
 
 
 def _groups(plan: BatchPlan, num_heads: int, window: int, device) -> List[_Group]:
@@ -79,12 +79,12 @@ def _groups(plan: BatchPlan, num_heads: int, window: int, device) -> List[_Group
     return groups
 
 
-def _probs(scores: torch.Tensor, visible: torch.Tensor, layer) -> torch.Tensor:
-    """Softmax of scaled (and capped) scores over the visible keys (last axis)."""
+def _probs(scores: torch.Tensor, hidden: torch.Tensor, layer) -> torch.Tensor:
+    """Softmax of scaled (and capped) scores over the keys not hidden (last axis)."""
     scores = scores * layer.scaling
     if layer.logit_cap > 0:
         scores = layer.logit_cap * torch.tanh(scores / layer.logit_cap)
-    return torch.softmax(scores.masked_fill(~visible, float("-inf")), dim=-1)
+    return torch.softmax(scores.masked_fill(hidden, float("-inf")), dim=-1)
 
 
 def _attend(group: _Group, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, layer) -> torch.Tensor:
@@ -93,7 +93,7 @@ def _attend(group: _Group, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, la
     hq, hkv, d = q.shape[1], k.shape[1], q.shape[2]
     qg = q[group.q_rows].view(b, nq, hkv, hq // hkv, d)  # a query head's KV head: h // group
     kg, vg = k[group.k_rows], v[group.k_rows]
-    probs = _probs(torch.einsum("bqhgd,bkhd->bhgqk", qg, kg), group.mask[:, None, None], layer)
+    probs = _probs(torch.einsum("bqhgd,bkhd->bhgqk", qg, kg), group.hidden[:, None, None], layer)
     out = torch.einsum("bhgqk,bkhd->bqhgd", probs, vg)
     return out.reshape(b * nq, hq, d)[group.out_rows]  # padded queries (all keys masked: NaN) dropped
 
@@ -118,23 +118,23 @@ def attention(fixture: Fixture, dtype: torch.dtype = torch.float64, layer_id: in
     tolerance. That one is computed request by request, always with the same matrix shapes:
     a half-precision matmul's rounding depends on the kernel the shape selects (on CPUs
     with AMX measurably), and the tolerance must not move with it. `groups`: the layer's
-    (golden's), whose masks say what each request's queries see."""
+    (golden's), whose masks say what each request's queries may not see."""
     if dtype == torch.float64:
         return golden(fixture, layer_id, groups)
     layer = fixture.layers[layer_id]
     q_all = fixture.inputs[layer_id].q.to(dtype)
     if groups is None:
         groups = _groups(fixture.plan, layer.tp_q_head_num, layer.sliding_window_size, q_all.device)
-    masks = [mask for g in groups for mask in g.mask]  # per request, padded to its group
+    hidden = [h for g in groups for h in g.hidden]  # per request, padded to its group
     group = layer.tp_q_head_num // layer.tp_k_head_num
     outs, n = [], 0
-    for req, (k, v), mask in zip(fixture.plan.requests, fixture.logical_kv(layer_id), masks):
+    for req, (k, v), req_hidden in zip(fixture.plan.requests, fixture.logical_kv(layer_id), hidden):
         q = q_all[n:n + req.n_new]
         n += req.n_new
         k = k.to(dtype).repeat_interleave(group, dim=1)
         v = v.to(dtype).repeat_interleave(group, dim=1)
-        vis = mask[:req.n_new, :req.total]
-        outs.append(torch.einsum("hqk,khd->qhd", _probs(torch.einsum("qhd,khd->hqk", q, k), vis, layer), v))
+        scores = torch.einsum("qhd,khd->hqk", q, k)
+        outs.append(torch.einsum("hqk,khd->qhd", _probs(scores, req_hidden[:req.n_new, :req.total], layer), v))
     return torch.cat(outs) if outs else q_all.new_zeros(q_all.shape)
 
 

@@ -11,7 +11,7 @@ import torch
 from kit.case import Case
 from kit.fixture import Fixture, fixtures_for
 from kit.graph import harness_for
-from kit.guard import Guard
+from kit.guard import Guard, canary_figures
 from kit.judge import Verdict, eager_verdict, replay_failure, replay_verdict
 from kit.modes import Exec
 from kit.nan_fill import nan_filled_allocations
@@ -55,6 +55,19 @@ def _unsynced(stage: str, fn, *args, **kwargs):
         raise  # the user stops the session (what finished is kept)
     except BaseException as exc:  # noqa: BLE001 - every backend error is a verdict: sys.exit and timeouts too
         raise _Crash(stage, exc) from exc
+
+
+def _judged_on_device(stage: str, judge):
+    """`judge()`, whose first read back is the first wait for the device after the backend's
+    kernels (no wait of their own: each is a switch between contexts when workers share the
+    GPU). A device fault those kernels caused surfaces in it, and is the backend's, in `stage`;
+    the kit's own errors stay the kit's."""
+    try:
+        return judge()
+    except RuntimeError as exc:
+        if any(e in str(exc) for e in STICKY_DEVICE_ERRORS):
+            raise _Crash(stage, exc) from exc
+        raise
 
 
 def _device_done() -> None:
@@ -118,9 +131,9 @@ def _eager(backend, fx: Fixture) -> Verdict:
         with nan_filled_allocations():
             for layer, (q, k, v) in zip(fx.layers, given):
                 outs.append(_unsynced(f"forward (layer {layer.layer_id})", backend.forward, q, k, v, layer, fx.batch))
-            # One wait for every layer's kernels (each wait is a context switch when processes share the GPU).
-            _unsynced(f"forward (layers 0-{len(fx.layers) - 1}, on the device)", _device_done)
-    return eager_verdict(fx, _outputs(outs), before, guard.check())
+    outs = _outputs(outs)
+    return _judged_on_device(f"forward (layers 0-{len(fx.layers) - 1}, on the device)",
+                             lambda: eager_verdict(fx, outs, before, canary_figures(guard)))
 
 
 def run_case(backend_spec: str, case: Case, exec_: Exec, device: Optional[torch.device] = None,
@@ -201,9 +214,9 @@ def _graph(backend, setup: RunSetup, result: RunResult) -> None:
         _call("capture", harness.prepare, fx)
         fx.install()
         before = pools.token_to_kv_pool.snapshot()
-        replayed = _call(f"replay {i + 1}", harness.replay, fx)
+        replayed = _unsynced(f"replay {i + 1}", harness.replay, fx)
         _outputs(replayed.outs)
-        v = replay_verdict(fx, replayed, before)
+        v = _judged_on_device(f"replay {i + 1}", lambda: replay_verdict(fx, replayed, before))
         worst = max(worst, v.max_err)
         result.tol = v.tol if result.tol is None else min(result.tol, v.tol)
         if v.ok:

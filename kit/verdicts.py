@@ -20,7 +20,7 @@ Output rules, both per token row:
 from __future__ import annotations
 
 import dataclasses
-from typing import Callable, ClassVar, Dict, List, Sequence, Tuple
+from typing import Callable, ClassVar, Dict, List, Sequence, Tuple, Union
 
 import torch
 
@@ -33,21 +33,28 @@ class Pending:
     back at once (`read_back`). Each read back waits for the GPU, and with several processes
     on one GPU each wait is a switch between their contexts (kit.transfer)."""
 
-    figures: torch.Tensor  # 1-D
-    finish: Callable[[List[float]], object]  # the figures' values -> the check
+    figures: Union[torch.Tensor, Tuple[torch.Tensor, ...]]  # 1-D; a tuple where they lie on several devices
+    finish: Callable[[List[float]], object]  # the figures' values, in order -> the check (or checks)
+
+    def parts(self) -> Tuple[torch.Tensor, ...]:
+        return self.figures if isinstance(self.figures, tuple) else (self.figures,)
 
 
 def read_back(pending: Sequence[Pending]) -> list:
-    """The checks of `pending`, in order, from one read back per device."""
-    by_device: Dict[torch.device, List[Pending]] = {}
-    for p in pending:
-        by_device.setdefault(p.figures.device, []).append(p)
-    values = {}
-    for group in by_device.values():
-        flat = torch.cat([p.figures.to(torch.float64) for p in group]).tolist()
-        for p in group:
-            values[id(p)], flat = flat[:p.figures.numel()], flat[p.figures.numel():]
-    return [p.finish(values[id(p)]) for p in pending]
+    """What each of `pending` finishes to, in order, from one read back per device."""
+    parts = [(i, t) for i, p in enumerate(pending) for t in p.parts()]
+    by_device: Dict[torch.device, List[int]] = {}
+    for k, (_, t) in enumerate(parts):
+        by_device.setdefault(t.device, []).append(k)
+    got: Dict[int, List[float]] = {}
+    for keys in by_device.values():
+        flat = torch.cat([parts[k][1].to(torch.float64) for k in keys]).tolist()
+        for k in keys:
+            got[k], flat = flat[:parts[k][1].numel()], flat[parts[k][1].numel():]
+    values: List[List[float]] = [[] for _ in pending]
+    for k, (i, _) in enumerate(parts):
+        values[i] += got[k]
+    return [p.finish(v) for p, v in zip(pending, values)]
 
 
 RATIO = 2.0
@@ -115,32 +122,46 @@ def _known(check) -> Pending:
 
 def check_output(out: torch.Tensor, golden: torch.Tensor, same_dtype_ref: torch.Tensor,
                  dtype: torch.dtype, label: str = "") -> OutputCheck:
-    return read_back([output_figures(out, golden, same_dtype_ref, dtype, label)])[0]
+    return read_back([output_figures([out], [golden], [same_dtype_ref], dtype, [label])])[0][0]
 
 
-def output_figures(out: torch.Tensor, golden: torch.Tensor, same_dtype_ref: torch.Tensor,
-                   dtype: torch.dtype, label: str = "") -> Pending:
-    if tuple(out.shape) != tuple(golden.shape):
-        return _known(OutputCheck(False, float("inf"), 0.0, 0.0, [], 0, compared=False, label=label))
-    if not golden.numel():
-        return _known(OutputCheck(True, 0.0, 0.0, ABS_FLOOR[dtype], [], 0, 0.0, REL_RMS[dtype], label=label))
-    err = out.to(golden.device, torch.float64) - golden
-    ref_err = (same_dtype_ref.to(torch.float64) - golden).abs().max()
+def output_figures(outs: Sequence[torch.Tensor], goldens: Sequence[torch.Tensor], same_dtype_refs: Sequence[torch.Tensor],
+                   dtype: torch.dtype, labels: Sequence[str]) -> Pending:
+    """Each layer's output against its golden (finishes to one OutputCheck per layer). The
+    layers compared are stacked and judged by one set of operations, not one per layer: the
+    maxima are those of each layer alone; a head's RMS may differ from one computed on a
+    layer alone in float64's last bit (on the GPU the order of a sum follows the shape)."""
+    checks: List[object] = [None] * len(outs)
+    for i, (out, golden, label) in enumerate(zip(outs, goldens, labels)):
+        if tuple(out.shape) != tuple(golden.shape):
+            checks[i] = OutputCheck(False, float("inf"), 0.0, 0.0, [], 0, compared=False, label=label)
+        elif not golden.numel():
+            checks[i] = OutputCheck(True, 0.0, 0.0, ABS_FLOOR[dtype], [], 0, 0.0, REL_RMS[dtype], label=label)
+    judged = [i for i, c in enumerate(checks) if c is None]
+    if not judged:
+        return _known(checks)
+    golden = torch.stack([goldens[i] for i in judged])  # [layers, T, Hq, D]
+    out = torch.stack([outs[i].to(golden.device) for i in judged])
+    err = out.to(torch.float64) - golden
+    ref_err = (torch.stack([same_dtype_refs[i] for i in judged]).to(torch.float64) - golden).abs().flatten(1).amax(dim=1)
     tol = RATIO * ref_err + ABS_FLOOR[dtype]
-    row_err = err.abs().flatten(1).amax(dim=1).nan_to_num(nan=float("inf"))
-    err_rms = _rms(err)  # [T, Hq]
+    row_err = err.abs().flatten(2).amax(dim=2).nan_to_num(nan=float("inf"))  # [layers, T]
+    err_rms = _rms(err)  # [layers, T, Hq]
     head_rel = torch.where(err_rms == 0, 0.0, err_rms / _rms(golden)).nan_to_num(nan=float("inf"))
-    row_rel = head_rel.amax(dim=1)
-    bad = (row_err > tol) | (row_rel > REL_RMS[dtype])
-    nonfinite = (~torch.isfinite(out.flatten(1))).any(dim=1).sum().to(golden.device, torch.float64)
-    figures = torch.stack([ref_err, tol, row_err.max(), row_rel.max(), bad.sum().double(), nonfinite])
+    row_rel = head_rel.amax(dim=2)
+    bad = (row_err > tol[:, None]) | (row_rel > REL_RMS[dtype])
+    nonfinite = (~torch.isfinite(out.flatten(2))).any(dim=2).sum(dim=1).to(torch.float64)
+    figures = torch.stack([ref_err, tol, row_err.amax(dim=1), row_rel.amax(dim=1), bad.sum(dim=1).double(), nonfinite],
+                          dim=1)
 
-    def finish(values: List[float]) -> OutputCheck:
-        ref_err, tol, max_err, max_rel, num_bad, nonfinite = values
-        bad_rows = bad.nonzero().squeeze(1)[:8].tolist() if num_bad else []
-        return OutputCheck(not num_bad, max_err, ref_err, tol, bad_rows, int(nonfinite), max_rel, REL_RMS[dtype],
-                           label=label)
-    return Pending(figures, finish)
+    def finish(values: List[float]) -> List[OutputCheck]:
+        for j, i in enumerate(judged):
+            ref_err, tol, max_err, max_rel, num_bad, nonfinite = values[6 * j:6 * j + 6]
+            bad_rows = bad[j].nonzero().squeeze(1)[:8].tolist() if num_bad else []
+            checks[i] = OutputCheck(not num_bad, max_err, ref_err, tol, bad_rows, int(nonfinite), max_rel,
+                                    REL_RMS[dtype], label=labels[i])
+        return checks
+    return Pending(figures.flatten(), finish)
 
 
 @dataclasses.dataclass
@@ -212,7 +233,7 @@ def padding_figures(padded: Sequence[torch.Tensor], pool) -> Pending:
     is, within the range of the pool's values: a huge finite row overflows in the next norm,
     or sets the scale of a dynamic per-tensor activation quantization and with it the real
     rows' precision."""
-    bound = torch.stack([v.abs().max() for v in pool.v_buffer]).max().float()
+    bound = pool.v_layers.abs().max().float()
     rows = torch.cat([out.flatten(1).to(torch.float32) for out in padded]) if padded else torch.zeros(0, 1)
     rows = rows.to(bound.device)
     nonfinite = ~torch.isfinite(rows).all(dim=1)
@@ -271,42 +292,46 @@ class KVCheck:
 
 
 def _differs(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
-    """Per-slot bitwise difference (NaN-safe)."""
-    a = a.flatten(1).view(torch.int16 if a.element_size() == 2 else torch.int32)
-    b = b.flatten(1).view(torch.int16 if b.element_size() == 2 else torch.int32)
-    return (a != b).any(dim=1)
+    """Per-slot bitwise difference (NaN-safe) of [..., slots, heads, head_dim] tensors."""
+    a = a.flatten(-2).view(torch.int16 if a.element_size() == 2 else torch.int32)
+    b = b.flatten(-2).view(torch.int16 if b.element_size() == 2 else torch.int32)
+    return (a != b).any(dim=-1)
 
 
-def check_kv(pool, before_k: Sequence[torch.Tensor], before_v: Sequence[torch.Tensor], loc: torch.Tensor,
+def check_kv(pool, before_k: torch.Tensor, before_v: torch.Tensor, loc: torch.Tensor,
              writes: Dict[int, Tuple[torch.Tensor, torch.Tensor]]) -> KVCheck:
     return read_back([kv_figures(pool, before_k, before_v, loc, writes)])[0]
 
 
-def kv_figures(pool, before_k: Sequence[torch.Tensor], before_v: Sequence[torch.Tensor], loc: torch.Tensor,
+def kv_figures(pool, before_k: torch.Tensor, before_v: torch.Tensor, loc: torch.Tensor,
                writes: Dict[int, Tuple[torch.Tensor, torch.Tensor]]) -> Pending:
-    """Each layer's new k/v (`writes`: layer_id -> (k, v)) must sit at `loc`; nothing else
-    may change but scratch slot 0."""
+    """The new k/v of a run of consecutive layers (`writes`: layer_id -> (k, v)) must sit at
+    `loc`; nothing else may change but scratch slot 0. `before_k`/`before_v`: the pool's
+    snapshot ([layers, slots, heads, head_dim]). All layers at once."""
     loc = loc.to(torch.int64)
-    lost, stray = [], []  # per layer: bool over loc, bool over slots
-    for lid, (old_k, old_v) in enumerate(zip(before_k, before_v)):
-        k, v = pool.k_buffer[lid], pool.v_buffer[lid]
-        changed = _differs(k, old_k) | _differs(v, old_v)
-        changed[:1].fill_(False)  # a fill, not `changed[0] = False`: that copies False from the host and waits
-        if lid in writes:
-            new_k, new_v = writes[lid]
-            lost.append((_differs(k[loc], new_k.to(k.dtype)) | _differs(v[loc], new_v.to(v.dtype))) & (loc != 0))
-            changed.index_fill_(0, loc, False)
-        else:
-            lost.append(torch.zeros_like(loc, dtype=torch.bool))
-        stray.append(changed)
+    k, v = pool.k_layers, pool.v_layers
+    changed = _differs(k, before_k) | _differs(v, before_v)  # [layers, slots]
+    changed[:, :1].fill_(False)  # a fill, not `changed[:, 0] = False`: that copies False from the host and waits
+    first, last = (min(writes), max(writes)) if writes else (0, -1)
+    if sorted(writes) != list(range(first, last + 1)):
+        raise ValueError(f"writes must be of consecutive layers, got layers {sorted(writes)}")
+    written = slice(first, last + 1)
+    if writes:
+        new_k = torch.stack([writes[lid][0] for lid in range(first, last + 1)]).to(k.dtype)
+        new_v = torch.stack([writes[lid][1] for lid in range(first, last + 1)]).to(v.dtype)
+        lost = (_differs(k[written][:, loc], new_k) | _differs(v[written][:, loc], new_v)) & (loc != 0)
+        changed[written].index_fill_(1, loc, False)
+    else:
+        lost = torch.zeros((0, loc.numel()), dtype=torch.bool, device=k.device)
 
     def finish(counts: List[float]) -> KVCheck:
-        num_missing, num_collateral = int(sum(counts[:len(lost)])), int(sum(counts[len(lost):]))
+        num_missing, num_collateral = int(sum(counts[:lost.shape[0]])), int(sum(counts[lost.shape[0]:]))
         missing, collateral = [], []
         if num_missing or num_collateral:
-            for lid, (gone, extra) in enumerate(zip(lost, stray)):
-                missing += [(lid, s) for s in loc[gone].unique()[:8].tolist()]
+            for lid, extra in enumerate(changed):
+                if first <= lid <= last:
+                    missing += [(lid, s) for s in loc[lost[lid - first]].unique()[:8].tolist()]
                 collateral += [(lid, s) for s in extra.nonzero().squeeze(1)[:8].tolist()]
         return KVCheck(num_missing == 0 and num_collateral == 0, missing[:8], collateral[:8], num_missing,
                        num_collateral)
-    return Pending(torch.stack([m.sum() for m in lost + stray]), finish)
+    return Pending(torch.cat([lost.sum(dim=1), changed.sum(dim=1)]), finish)

@@ -4,10 +4,13 @@ each worker keeps to one backend while that backend has groups left. A worker's 
 of a backend loads it (CUDA context, imports, kernels: 3-6 s on the H100 for FlashInfer's
 and for Triton's), and xdist's own order gave every one of 16 workers every backend: 107 of
 the 279 worker-seconds of the in-box matrix were such first runs. A worker without a
-backend takes the one with the most pending runs per worker on it; when its backend's
-groups are gone it moves on by the same rule, but only to a backend whose pending runs
-outlast a load on its workers (LOAD_RUNS each), else it ends: on the H100 three workers that
-moved to FlashInfer for its last groups ended the matrix 1.5 s after the rest.
+backend takes the one with the most pending work per worker on it; when its backend's
+groups are gone it moves on by the same rule, but only to a backend whose pending work
+outlasts a load on its workers (LOAD_RUNS runs each), else it ends: on the H100 three workers
+that moved to FlashInfer for its last groups ended the matrix 1.5 s after the rest. Pending
+work is pending runs times the mean time of the backend's finished runs (runs alone before
+any has finished): a FlashInfer run takes longer than a Triton one, and with workers moved
+by run counts the FlashInfer workers ended the in-box matrix up to 1.6 s after the Triton ones.
 
 Runs start as soon as the first worker has collected: xdist's loadgroup waits for every
 worker's collection, and 16 workers, started one after another and importing torch at once,
@@ -37,12 +40,29 @@ class BackendAffinityScheduling(LoadGroupScheduling):
         self._group_of = group_of
         self._backend_of_group: Dict[str, str] = {}
         self._backend_of: Dict[object, str] = {}
+        self._finished: Dict[str, int] = collections.Counter()  # per backend: runs finished
+        self._spent: Dict[str, float] = collections.Counter()  # and the seconds they took
 
     def _split_scope(self, nodeid: str) -> str:
         found = self._group_of(nodeid)
         group, backend = found if found else (super()._split_scope(nodeid),) * 2  # its own backend
         self._backend_of_group[group] = backend
         return group
+
+    def mark_test_complete(self, node, item_index: int, duration: float = 0) -> None:
+        backend = self._backend_of_group[self._split_scope(self.registered_collections[node][item_index])]
+        self._finished[backend] += 1
+        self._spent[backend] += duration
+        super().mark_test_complete(node, item_index, duration)
+
+    def _seconds_per_run(self, backend: Optional[str] = None) -> float:
+        """The mean time of the finished runs of `backend` (of every backend where it has none);
+        1 before any: pending runs then count as runs."""
+        runs = self._finished[backend] if backend else sum(self._finished.values())
+        spent = self._spent[backend] if backend else sum(self._spent.values())
+        if runs and spent > 0:
+            return spent / runs
+        return self._seconds_per_run() if backend else 1.0
 
     @property
     def collection_is_completed(self) -> bool:
@@ -63,13 +83,15 @@ class BackendAffinityScheduling(LoadGroupScheduling):
     def _assign_work_unit(self, node) -> None:
         if node not in self.registered_collections:  # not ready: it gets runs once it has collected
             return
-        pending = collections.Counter()
-        for group, runs in self.workqueue.items():
-            pending[self._backend_of_group[group]] += len(runs)
+        runs = collections.Counter()
+        for group, queued in self.workqueue.items():
+            runs[self._backend_of_group[group]] += len(queued)
+        pending = {b: n * self._seconds_per_run(b) for b, n in runs.items()}  # seconds no worker has been sent
         backend = self._backend_of.get(node)
-        if not pending[backend]:
+        if not pending.get(backend):
             crowd = collections.Counter(b for n, b in self._backend_of.items() if n is not node and n in self.nodes)
-            worth = [b for b in pending if pending[b] and (backend is None or pending[b] > LOAD_RUNS * crowd[b])]
+            load = LOAD_RUNS * self._seconds_per_run()
+            worth = [b for b in pending if pending[b] and (backend is None or pending[b] > load * crowd[b])]
             if not worth:  # what is left ends sooner on the workers that have its backend loaded
                 node.shutdown()
                 return

@@ -163,6 +163,33 @@ def test_a_worker_moves_to_another_backend_only_for_more_runs_than_a_load_costs(
     assert sorted(ran.values()) == sorted([["slow"], ["fast", "slow"] if moves else ["fast"]]), ran
 
 
+@pytest.mark.parametrize("timed", [False, True])
+def test_a_free_worker_goes_where_the_pending_work_takes_longest(timed):
+    """Workers on `slow` (1 s a run) and `quick` (0.1 s), each 5 runs into its first group; a third
+    collects then. By run counts quick has more pending per worker (20 runs against 10), by the
+    time its runs took slow has (10 s against 2 s): the third goes to slow, and to quick when
+    the runs say nothing of their time."""
+    from kit.worker_affinity import BackendAffinityScheduling
+    runs = _runs({"slow-1": ("slow", 10), "slow-2": ("slow", 10), "quick-1": ("quick", 10),
+                  "quick-2": ("quick", 10), "quick-3": ("quick", 10)})
+    sched = BackendAffinityScheduling(_Config(3), group_of=runs.get)
+    first, second, third = (_Worker(f"gw{i}") for i in range(3))
+    collection = list(runs)
+    for node in (first, second, third):
+        sched.add_node(node)
+    for node in (first, second):
+        sched.add_node_collection(node, collection)
+    sched.schedule()
+    seconds = {"slow": 1.0, "quick": 0.1}
+    for node in (first, second):
+        for i in node.sent[:5]:
+            sched.mark_test_complete(node, i, seconds[runs[collection[i]][1]] if timed else 0)
+    assert {runs[collection[n.sent[0]]][1] for n in (first, second)} == {"slow", "quick"}
+    sched.add_node_collection(third, collection)
+    sched.schedule()
+    assert runs[collection[third.sent[0]]][1] == ("slow" if timed else "quick")
+
+
 def test_the_matrix_command_groups_runs_by_backend(tmp_path):
     """End to end (`-n 2 --dist loadgroup`, two backends, benchmarks.timeline): the two workers
     start on different backends. With xdist_group marks alone, pytest 9 dropped the groups and

@@ -72,6 +72,18 @@ def test_a_batch_changed_between_runs_is_built_again(goldens, change):
     assert torch.equal(next(iter(again.tables.values()))[1], table)
 
 
+def test_what_a_run_reuses_is_checked_in_one_read_back(goldens, monkeypatch):
+    """Kept batches and the pool's poison are compared to their fingerprints before a run, from one
+    read back: each is a wait for the GPU, a switch between contexts when workers share it."""
+    cases = [CASE, OTHERS[0], OTHERS[1]]
+    fixtures_for(cases, "cpu")
+    reads = []
+    real = torch.Tensor.tolist
+    monkeypatch.setattr(torch.Tensor, "tolist", lambda t: reads.append(t.shape) or real(t))
+    again = fixtures_for(cases, "cpu")
+    assert again[0].references is not None and len(reads) == 1, reads
+
+
 def test_changed_poison_is_drawn_again(goldens):
     kv = fixtures_for([CASE], "cpu")[0].pools.token_to_kv_pool
     poison = [p.clone() for p in kv._poison_v]

@@ -171,7 +171,7 @@ def test_form_needs_q_dtype_shape_and_device():
 def test_padding_must_be_finite_and_within_the_pool():
     """Padded rows may hold anything a softmax over the pool could give, nothing else: NaN/inf
     rows and finite rows past the largest |V| in the pool fail, each reported."""
-    pool = types.SimpleNamespace(v_buffer=[torch.tensor([[1.0, -3.0]]), torch.tensor([[2.0, 0.5]])])
+    pool = types.SimpleNamespace(v_layers=torch.tensor([[[1.0, -3.0]], [[2.0, 0.5]]]))
     assert check_padding([torch.tensor([[3.0, -3.0]]), torch.tensor([[0.0, 2.9]])], pool).ok
     bad = check_padding([torch.tensor([[0.0, 0.0], [float("nan"), 0.0]]), torch.tensor([[1e4, 0.0], [-3.5, 0.0]])],
                         pool)
@@ -440,11 +440,11 @@ def test_out_of_range_padded_rows_are_graph_failure():
 
 
 def test_a_step_is_read_back_from_the_device_once(monkeypatch):
-    """Every layer's output and the KV pool of a step are judged from one read back: each read back
+    """Every layer's output, the KV pool and the guard's canaries of a step are judged from one read back: each read back
     waits for the GPU, a switch between contexts when xdist workers share it (the in-box matrix's
     runs took 0.29 s at 89 waits a run on the H100, 0.15 s at 36)."""
     from kit.judge import eager_verdict
-    from kit.guard import GuardCheck
+    from kit.guard import Guard, canary_figures
     from kit.reference import references
     fx = make_fixture(EXTEND_CASE)
     pool, loc = fx.pools.token_to_kv_pool, fx.batch.out_cache_loc.long()
@@ -453,9 +453,45 @@ def test_a_step_is_read_back_from_the_device_once(monkeypatch):
         pool.k_buffer[layer.layer_id][loc] = fx.inputs[layer.layer_id].k_new
         pool.v_buffer[layer.layer_id][loc] = fx.inputs[layer.layer_id].v_new
     outs = [references(fx, layer.layer_id)[0].to(fx.case.torch_dtype) for layer in fx.layers]
+    guard = Guard()
+    with guard.watching():  # what a backend allocates gets a canary, read back with the rest
+        torch.empty(4, device=fx.q.device)
     reads = []
     real = torch.Tensor.tolist
     monkeypatch.setattr(torch.Tensor, "tolist", lambda t: reads.append(t.shape) or real(t))
-    verdict = eager_verdict(fx, outs, before, GuardCheck(True, []))
+    verdict = eager_verdict(fx, outs, before, canary_figures(guard))
     assert verdict.ok, verdict.text
     assert len(fx.layers) > 1 and len(reads) == 1, reads
+
+
+@pytest.mark.parametrize("error, blamed", [("CUDA error: an illegal memory access was encountered", True),
+                                           ("a bug in the kit's judge", False)])
+def test_a_device_fault_seen_while_judging_is_the_backends(monkeypatch, error, blamed):
+    """The kit does not wait for a step's forward kernels before judging it (the judge's read back
+    is the wait): a device fault they caused surfaces there and is the backend's crash, in the step
+    that launched them; any other error while judging is the kit's own, raised as it is."""
+    import kit.runner
+
+    def judge(*args):
+        raise RuntimeError(error)
+    monkeypatch.setattr(kit.runner, "eager_verdict", judge)
+    if not blamed:
+        with pytest.raises(RuntimeError, match="a bug in the kit"):
+            run_case("torch_native", DECODE_CASE, Exec.EAGER, torch.device("cpu"))
+        return
+    r = run_case("torch_native", DECODE_CASE, Exec.EAGER, torch.device("cpu"))
+    assert r.failure_class == "crash" and r.device_lost, r
+    assert r.message.startswith("forward (layers 0-1, on the device): RuntimeError: CUDA error: an illegal"), r.message
+
+
+def test_an_eager_step_waits_for_the_device_once_before_its_read_back(monkeypatch):
+    """After the metadata (its faults are its own), nothing waits for the device until the judge
+    reads the step back: each wait is a switch between contexts when workers share the GPU."""
+    import kit.runner
+    from kit.protocol import BackendContext
+    fx = make_fixture(DECODE_CASE)
+    backend = TorchNativeBackend(BackendContext.for_case(DECODE_CASE, fx.pools, torch.device("cpu")))
+    waits = []
+    monkeypatch.setattr(kit.runner, "_device_done", lambda: waits.append(1))
+    assert kit.runner._eager(backend, fx).ok
+    assert len(waits) == 1, waits
