@@ -84,6 +84,21 @@ def test_what_a_run_reuses_is_checked_in_one_read_back(goldens, monkeypatch):
     assert again[0].references is not None and len(reads) == 1, reads
 
 
+def test_a_fingerprint_copies_nothing():
+    """Kept batches and the pool's poison are fingerprinted before every run: the sums must not copy
+    them (bytes summed into int64 were copied to int64 first, 8 times the tensor)."""
+    from torch.profiler import ProfilerActivity, profile
+
+    from kit.fingerprint import fingerprint
+    big = torch.randn(1 << 20, dtype=torch.bfloat16)
+    with profile(activities=[ProfilerActivity.CPU], profile_memory=True) as prof:
+        sealed = fingerprint([big, big[:-1]])  # whole 32-bit words, and a last odd half word
+    assert max(e.cpu_memory_usage for e in prof.key_averages()) < 1024
+    changed = big.clone()
+    changed[3] += 1
+    assert not torch.equal(fingerprint([changed, big[:-1]]), sealed)
+
+
 def test_changed_poison_is_drawn_again(goldens):
     kv = fixtures_for([CASE], "cpu")[0].pools.token_to_kv_pool
     poison = [p.clone() for p in kv._poison_v]
