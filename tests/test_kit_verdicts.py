@@ -280,6 +280,15 @@ def test_kv_scratch_slot_write_is_ignored():
     assert _check(fx, pool, before).ok
 
 
+def test_kv_writes_of_layers_with_a_gap_are_refused():
+    """The new k/v are compared for a run of consecutive layers at once: a set with a gap would be
+    compared against the wrong layers, so it is refused, not judged."""
+    fx, pool, before, _ = _kv_setup()
+    writes = {0: (fx.k_new, fx.v_new), 2: (fx.k_new, fx.v_new)}
+    with pytest.raises(ValueError, match="consecutive layers, got layers \\[0, 2\\]"):
+        check_kv(pool, before[0], before[1], fx.batch.out_cache_loc, writes)
+
+
 # ---------------------------------------------------------------- end to end through run_case
 
 
@@ -440,9 +449,9 @@ def test_out_of_range_padded_rows_are_graph_failure():
 
 
 def test_a_step_is_read_back_from_the_device_once(monkeypatch):
-    """Every layer's output, the KV pool and the guard's canaries of a step are judged from one read back: each read back
-    waits for the GPU, a switch between contexts when xdist workers share it (the in-box matrix's
-    runs took 0.29 s at 89 waits a run on the H100, 0.15 s at 36)."""
+    """Every layer's output, the KV pool and the guard's canaries of a step are judged from one
+    read back: each read back waits for the GPU, a switch between contexts when xdist workers
+    share it (the in-box matrix's runs took 0.29 s at 89 waits a run on the H100, 0.15 s at 36)."""
     from kit.judge import eager_verdict
     from kit.guard import Guard, canary_figures
     from kit.reference import references
@@ -464,24 +473,28 @@ def test_a_step_is_read_back_from_the_device_once(monkeypatch):
     assert len(fx.layers) > 1 and len(reads) == 1, reads
 
 
+@pytest.mark.parametrize("backend, exec_, judge, stage", [
+    ("torch_native", Exec.EAGER, "eager_verdict", "forward (layers 0-1, on the device)"),
+    ("tests.toys.dense:DenseGraphBackend", Exec.GRAPH, "replay_verdict", "replay 1")])
 @pytest.mark.parametrize("error, blamed", [("CUDA error: an illegal memory access was encountered", True),
                                            ("a bug in the kit's judge", False)])
-def test_a_device_fault_seen_while_judging_is_the_backends(monkeypatch, error, blamed):
-    """The kit does not wait for a step's forward kernels before judging it (the judge's read back
-    is the wait): a device fault they caused surfaces there and is the backend's crash, in the step
-    that launched them; any other error while judging is the kit's own, raised as it is."""
+def test_a_device_fault_seen_while_judging_is_the_backends(monkeypatch, backend, exec_, judge, stage, error, blamed):
+    """The kit does not wait for a step's forward kernels (or a replay's) before judging it (the
+    judge's read back is the wait): a device fault they caused surfaces there and is the backend's
+    crash, in the step that launched them; any other error while judging is the kit's own, raised
+    as it is."""
     import kit.runner
 
-    def judge(*args):
+    def failing(*args):
         raise RuntimeError(error)
-    monkeypatch.setattr(kit.runner, "eager_verdict", judge)
+    monkeypatch.setattr(kit.runner, judge, failing)
     if not blamed:
         with pytest.raises(RuntimeError, match="a bug in the kit"):
-            run_case("torch_native", DECODE_CASE, Exec.EAGER, torch.device("cpu"))
+            run_case(backend, DECODE_CASE, exec_, torch.device("cpu"))
         return
-    r = run_case("torch_native", DECODE_CASE, Exec.EAGER, torch.device("cpu"))
+    r = run_case(backend, DECODE_CASE, exec_, torch.device("cpu"))
     assert r.failure_class == "crash" and r.device_lost, r
-    assert r.message.startswith("forward (layers 0-1, on the device): RuntimeError: CUDA error: an illegal"), r.message
+    assert r.message.startswith(f"{stage}: RuntimeError: CUDA error: an illegal"), r.message
 
 
 def test_an_eager_step_waits_for_the_device_once_before_its_read_back(monkeypatch):
