@@ -31,8 +31,8 @@ from typing import Dict, Optional, Tuple
 import torch
 
 from kit.modes import ForwardMode
-from kit.protocol import AttentionBackend, library_version
-from kit.transfer import to_device
+from kit.harness.protocol import AttentionBackend, library_version
+from kit.engine.transfer import to_device
 
 try:
     import flashinfer

@@ -6,7 +6,7 @@ from __future__ import annotations
 import torch
 
 from kit.modes import ForwardMode
-from kit.protocol import AttentionBackend
+from kit.harness.protocol import AttentionBackend
 
 
 class TorchNativeBackend(AttentionBackend):

@@ -34,7 +34,7 @@ from typing import List, Tuple
 import torch
 
 from benchmarks.timeline import ENV as TIMELINE_ENV, phases
-from kit.record import UNSUPPORTED, record_id
+from kit.report.record import UNSUPPORTED, record_id
 
 REPO = Path(__file__).resolve().parent.parent
 SLOWEST = 10

@@ -14,12 +14,12 @@ import json
 import torch
 import triton.testing
 
-from kit.case import GQA_32_8, Case
-from kit.fixture import fixtures_for
-from kit.layer import Layer
+from kit.engine.case import GQA_32_8, Case
+from kit.engine.fixture import fixtures_for
+from kit.engine.layer import Layer
 from kit.modes import ForwardMode
-from kit.protocol import BackendContext
-from kit.registry import load_backend
+from kit.harness.protocol import BackendContext
+from kit.harness.registry import load_backend
 
 BACKENDS = ("triton", "torch_native")
 # (mode, batch size, cached tokens per request, new tokens per request)

@@ -1,7 +1,7 @@
 """DECODE cases: `prefix` = tokens cached before the step (seq_len = prefix + 1)."""
 from functools import partial
 
-from kit.case import GQA_32_8, MHA, MQA, Case, in_every_layout
+from kit.engine.case import GQA_32_8, MHA, MQA, Case, in_every_layout
 from kit.modes import ForwardMode
 
 C = partial(Case, mode=ForwardMode.DECODE)

@@ -2,7 +2,7 @@
 (seq_lens = prefix + new, bumped)."""
 from functools import partial
 
-from kit.case import GQA_32_8, MHA, MQA, Case, in_every_layout
+from kit.engine.case import GQA_32_8, MHA, MQA, Case, in_every_layout
 from kit.modes import ForwardMode
 
 C = partial(Case, mode=ForwardMode.DRAFT_EXTEND_V2)

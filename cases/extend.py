@@ -1,7 +1,7 @@
 """EXTEND cases: `prefix` = extend_prefix_lens, `new` = extend_seq_lens (ragged, may be 1)."""
 from functools import partial
 
-from kit.case import GQA_32_8, MHA, MQA, Case, in_every_layout
+from kit.engine.case import GQA_32_8, MHA, MQA, Case, in_every_layout
 from kit.modes import ForwardMode
 
 C = partial(Case, mode=ForwardMode.EXTEND)

@@ -9,14 +9,14 @@ import sys
 
 import torch
 
-from kit.catalog import CASE_SETS, load_catalog, resolve_set
+from kit.engine.catalog import CASE_SETS, load_catalog, resolve_set
 from kit.cli import FAILED, Parser, fail
 from kit.modes import EXECS, MODES, parse_exec, parse_mode
-from kit.protocol import backend_problem, has_graph_hooks, mode_reason
-from kit.record import FAIL
-from kit.registry import known_backends, load_backend
-from kit.runner import run_case
-from kit.timeout import DEFAULT_S
+from kit.harness.protocol import backend_problem, has_graph_hooks, mode_reason
+from kit.report.record import FAIL
+from kit.harness.registry import known_backends, load_backend
+from kit.harness.runner import run_case
+from kit.harness.timeout import DEFAULT_S
 
 PROG = "python -m kit"
 

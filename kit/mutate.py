@@ -16,11 +16,11 @@ import sys
 
 import torch
 
-from kit.catalog import load_catalog, resolve_set
+from kit.engine.catalog import load_catalog, resolve_set
 from kit.cli import Parser, fail
 from kit.mutation import score_all, worker
-from kit.registry import import_target, load_backend
-from kit.results import environment, versions
+from kit.harness.registry import import_target, load_backend
+from kit.report.results import environment, versions
 from matrix.mutation import table
 
 PROG = "python -m kit.mutate"

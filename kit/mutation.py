@@ -14,11 +14,11 @@ import subprocess
 import sys
 from typing import Dict, List, Optional, Sequence, Tuple
 
-from kit.catalog import load_catalog
+from kit.engine.catalog import load_catalog
 from kit.modes import Exec, ForwardMode
-from kit.record import CRASH, FAIL, UNSUPPORTED, parse_run_id, repro_command, run_id
-from kit.registry import import_target, load_backend
-from kit.runner import run_case
+from kit.report.record import CRASH, FAIL, UNSUPPORTED, parse_run_id, repro_command, run_id
+from kit.harness.registry import import_target, load_backend
+from kit.harness.runner import run_case
 
 
 @dataclasses.dataclass(frozen=True)

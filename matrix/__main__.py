@@ -5,7 +5,7 @@ import sys
 from pathlib import Path
 
 from kit.cli import FAILED, Parser, fail
-from kit.known_failures import KnownFailuresError, load
+from kit.report.known_failures import KnownFailuresError, load
 from matrix import gate, readme
 
 REPO = Path(__file__).resolve().parent.parent

@@ -6,8 +6,8 @@ import difflib
 from pathlib import Path
 from typing import Dict, List, Sequence, Tuple
 
-from kit.known_failures import KnownFailuresError, covering, load
-from kit.record import (COMPLETE, FAIL, PASS, UNSUPPORTED, ResultsError, ResultsFile, read_results_file,
+from kit.report.known_failures import KnownFailuresError, covering, load
+from kit.report.record import (COMPLETE, FAIL, PASS, UNSUPPORTED, ResultsError, ResultsFile, read_results_file,
                         record_id as _id, verdict as _verdict)
 from matrix import mutation, readme
 from matrix.table import render

@@ -7,9 +7,9 @@ from typing import Dict, List, Sequence
 
 from tabulate import tabulate
 
-from kit.known_failures import KnownFailure, covering
+from kit.report.known_failures import KnownFailure, covering
 from kit.modes import EXECS, MODES
-from kit.record import FAIL, PASS, UNSUPPORTED, WEAKER_THAN_A_GRAPH
+from kit.report.record import FAIL, PASS, UNSUPPORTED, WEAKER_THAN_A_GRAPH
 
 FIRST_VERSIONS = ("torch", "cuda")  # then the backends' libraries, by name
 

@@ -1,8 +1,8 @@
 """Shared helpers of the kit's own tests: one case builder, and fixtures and runs
-set up by the runner's own code (kit.runner.RunSetup)."""
-from kit.case import Case
+set up by the runner's own code (kit.harness.runner.RunSetup)."""
+from kit.engine.case import Case
 from kit.modes import Exec
-from kit.runner import RunSetup
+from kit.harness.runner import RunSetup
 
 
 def small_case(name, mode, prefix, new=1, *, heads=(4, 2), head_dim=16, dtype="fp32", **kw) -> Case:

@@ -5,7 +5,7 @@ import sys
 
 from benchmarks.kit_throughput import IN_BOX, device, matrix_command
 from benchmarks.timeline import phases
-from kit.results import REPO
+from kit.report.results import REPO
 
 SMOKE_DECODE_RUNS = 8  # torch_native's smoke decode cases, eager (graph: unsupported, not counted)
 

@@ -1,11 +1,11 @@
 """The conformance suite: backend x mode x exec x case, each judged against the float64 reference."""
 import pytest
 
-from kit.isolate import run_isolated
-from kit.known_failures import QUARANTINE, is_expected
-from kit.pytest_plugin import KnownFailureHit, run_timeout
-from kit.record import FAIL, UNSUPPORTED
-from kit.runner import run_case
+from kit.harness.isolate import run_isolated
+from kit.report.known_failures import QUARANTINE, is_expected
+from kit.plugin.pytest_plugin import KnownFailureHit, run_timeout
+from kit.report.record import FAIL, UNSUPPORTED
+from kit.harness.runner import run_case
 
 
 def test_conformance(conformance_run, record_conformance, request):

@@ -4,10 +4,10 @@ import torch
 
 from backends.flashinfer import window_on_positions
 from cases import CATALOG
-from kit.catalog import CASE_SETS
+from kit.engine.catalog import CASE_SETS
 from kit.modes import ForwardMode
-from kit.plan import plan_case
-from kit.reference import visibility
+from kit.engine.plan import plan_case
+from kit.engine.reference import visibility
 from tests.helpers import small_case
 
 TV = ForwardMode.TARGET_VERIFY

@@ -12,7 +12,7 @@ def test_plugin_is_registered_as_a_pytest11_entry_point():
     """Not a conftest: registered twice it would error, and a conftest under tests/ is not loaded
     when the command line names no test path (below)."""
     plugins = {ep.value for ep in importlib.metadata.entry_points(group="pytest11")}
-    assert "kit.pytest_plugin" in plugins
+    assert "kit.plugin.pytest_plugin" in plugins
     assert not (REPO / "tests" / "conftest.py").exists()
 
 
@@ -61,9 +61,9 @@ def test_adding_a_backend_names_every_field_a_backend_reads():
     (common and per mode), says where the test-id label comes from and which backend to copy."""
     import dataclasses
 
-    from kit.batch import ForwardBatch, SpecInfo
-    from kit.layer import Layer
-    from kit.protocol import BackendContext
+    from kit.engine.batch import ForwardBatch, SpecInfo
+    from kit.engine.layer import Layer
+    from kit.harness.protocol import BackendContext
 
     section = _section("Adding a backend")
     properties = lambda cls: [n for n, v in vars(cls).items() if isinstance(v, property)]  # noqa: E731

@@ -5,11 +5,11 @@ import pytest
 import torch
 
 from cases import CATALOG
-from kit.case import LAYOUTS
+from kit.engine.case import LAYOUTS
 from kit.modes import Exec, ForwardMode
-from kit.pools import CASE_LAYER_ID
-from kit.record import PASS
-from kit.runner import run_case
+from kit.engine.pools import CASE_LAYER_ID
+from kit.report.record import PASS
+from kit.harness.runner import run_case
 from tests.helpers import make_fixture, small_case
 
 DECODE, EXTEND = ForwardMode.DECODE, ForwardMode.EXTEND
@@ -249,7 +249,7 @@ def test_kv_and_q_not_constant(case):
 
 def test_a_backend_writing_its_inputs_changes_no_other_run():
     """A batch's inputs and references are built once per process and shared by every run of it
-    (kit.fixture); each run's forward() gets copies, so a backend that writes its arguments is
+    (kit.engine.fixture); each run's forward() gets copies, so a backend that writes its arguments is
     judged on what it was given, and the next run of the batch gets the batch as built."""
     case = CATALOG.cases("smoke", ForwardMode.DECODE)[0]
     first = run_case("tests.toys.scribbling:ScribblingBackend", case, Exec.EAGER)
@@ -258,10 +258,10 @@ def test_a_backend_writing_its_inputs_changes_no_other_run():
 
 
 def test_to_device_keeps_values_and_does_not_wait_for_the_gpu():
-    """kit.transfer: host values reach the device as given, without waiting for the GPU (each wait
+    """kit.engine.transfer: host values reach the device as given, without waiting for the GPU (each wait
     is a context switch when xdist workers share it); to the host it waits (else the values are
     not there yet)."""
-    from kit.transfer import to_device
+    from kit.engine.transfer import to_device
     assert to_device([3, 1, 2], "cpu", torch.int32).tolist() == [3, 1, 2]
     if not torch.cuda.is_available():
         return

@@ -12,14 +12,14 @@ import pytest
 import torch
 
 from cases import CATALOG as catalog
-from kit.case import GQA, LAYOUTS, MHA, MQA, Case
-from kit.catalog import CASE_SETS, Catalog
-from kit.layer import model_layers
+from kit.engine.case import GQA, LAYOUTS, MHA, MQA, Case
+from kit.engine.catalog import CASE_SETS, Catalog
+from kit.engine.layer import model_layers
 from kit.modes import MODES, ForwardMode
 from kit.modes.rules import causal
-from kit.record import parse_run_id, run_id
-from kit.reference import attention
-from kit.verdicts import check_output
+from kit.report.record import parse_run_id, run_id
+from kit.engine.reference import attention
+from kit.harness.verdicts import check_output
 from tests.helpers import run_setup
 
 REPO = Path(__file__).resolve().parent.parent
@@ -172,7 +172,7 @@ def test_case_error_names_the_catalog_line(tmp_path):
     """A case made through a partial (as cases/*.py make them) or with_() is blamed on the
     catalog's own line, not on the kit."""
     (tmp_path / "bad_cases.py").write_text(
-        "from functools import partial\nfrom kit.case import Case\nfrom kit.modes import ForwardMode\n"
+        "from functools import partial\nfrom kit.engine.case import Case\nfrom kit.modes import ForwardMode\n"
         "C = partial(Case, mode=ForwardMode.DECODE)\nOK = C('ok', prefix=(3,))\n"
         "BAD = OK.with_(head_dim=0)\n")
     proc = subprocess.run([sys.executable, "-c", "import bad_cases"], cwd=tmp_path, capture_output=True, text=True,

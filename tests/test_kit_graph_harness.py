@@ -12,14 +12,14 @@ import pytest
 import torch
 
 from backends.torch_native import TorchNativeBackend
-from kit.case import LAYOUTS
-from kit.graph import WARMUP_RUNS, BatchGraphs, _no_collection, full_capacity, harness_for
+from kit.engine.case import LAYOUTS
+from kit.harness.graph import WARMUP_RUNS, BatchGraphs, _no_collection, full_capacity, harness_for
 from kit.modes import Exec, ForwardMode
-from kit.plan import plan_case
-from kit.pools import CASE_LAYER_ID
-from kit.protocol import AttentionBackend
-from kit.schedule import BS_BUCKETS, TOKEN_BUCKETS, bucket_for, replay_schedule
-from kit.runner import run_case
+from kit.engine.plan import plan_case
+from kit.engine.pools import CASE_LAYER_ID
+from kit.harness.protocol import AttentionBackend
+from kit.harness.schedule import BS_BUCKETS, TOKEN_BUCKETS, bucket_for, replay_schedule
+from kit.harness.runner import run_case
 from tests.helpers import run_setup, small_case
 
 DECODE, EXTEND = ForwardMode.DECODE, ForwardMode.EXTEND

@@ -5,8 +5,8 @@ import sys
 import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 
-from kit.guard import GUARD_BYTES, Guard
-from kit.results import REPO
+from kit.harness.guard import GUARD_BYTES, Guard
+from kit.report.results import REPO
 
 
 def test_write_inside_is_fine_and_write_past_end_is_caught():
@@ -83,8 +83,8 @@ def test_watching_imports_no_compiler():
     default for a dispatch mode and torch.use_deterministic_algorithms import the first two on first
     use, ~5 s of each worker's start on the GPU host; arange on the meta device imports sympy, ~4 s."""
     code = ("import sys, torch\n"
-            "from kit.guard import Guard\n"
-            "from kit.nan_fill import nan_filled_allocations\n"
+            "from kit.harness.guard import Guard\n"
+            "from kit.harness.nan_fill import nan_filled_allocations\n"
             "guard = Guard()\n"
             "with guard.watching(), nan_filled_allocations():\n"
             "    x = torch.empty(4)\n"

@@ -6,11 +6,11 @@ import random
 import pytest
 import torch
 
-from kit.case import LAYOUTS
-from kit.layouts import place_pages, slots_of
+from kit.engine.case import LAYOUTS
+from kit.engine.layouts import place_pages, slots_of
 from kit.modes import ForwardMode
-from kit.plan import plan_case
-from kit.pools import CASE_LAYER_ID
+from kit.engine.plan import plan_case
+from kit.engine.pools import CASE_LAYER_ID
 from tests.helpers import make_fixture, small_case
 
 DECODE, EXTEND = ForwardMode.DECODE, ForwardMode.EXTEND

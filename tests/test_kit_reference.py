@@ -1,4 +1,4 @@
-"""kit.reference.attention matches a brute-force triple loop over the fixture's logical tokens."""
+"""kit.engine.reference.attention matches a brute-force triple loop over the fixture's logical tokens."""
 from __future__ import annotations
 
 import math
@@ -7,10 +7,10 @@ import pytest
 import torch
 
 
-from kit import reference
+from kit.engine import reference
 from kit.modes import ForwardMode
-from kit.pools import CASE_LAYER_ID
-from kit.reference import attention, references
+from kit.engine.pools import CASE_LAYER_ID
+from kit.engine.reference import attention, references
 from tests.helpers import make_fixture, small_case
 
 DECODE, EXTEND = ForwardMode.DECODE, ForwardMode.EXTEND

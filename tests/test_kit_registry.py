@@ -11,9 +11,9 @@ import pytest
 from cases import CATALOG as catalog
 from backends.torch_native import TorchNativeBackend
 from kit.modes import Exec, ForwardMode
-from kit.registry import UnknownBackend, load_backend
-from kit.record import FAIL, PASS, UNSUPPORTED
-from kit.runner import run_case
+from kit.harness.registry import UnknownBackend, load_backend
+from kit.report.record import FAIL, PASS, UNSUPPORTED
+from kit.harness.runner import run_case
 
 REPO = Path(__file__).resolve().parent.parent
 
@@ -141,7 +141,7 @@ def test_in_box_and_external_backends_share_one_lookup(external_dir):
     """`triton` and an external entry point resolve through the same entry-point group."""
     code = textwrap.dedent('''
         import importlib.metadata as md
-        from kit import registry
+        from kit.harness import registry
         group = {ep.name: ep for ep in md.entry_points(group=registry.ENTRY_POINT_GROUP)}
         assert {"torch_native", "triton", "flashinfer", "external_decode"} <= set(group), sorted(group)
         loaded = []

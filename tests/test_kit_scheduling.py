@@ -8,9 +8,9 @@ import sys
 
 import pytest
 
-from kit.pytest_plugin import threads_per_worker
-from kit.record import parse_run_id
-from kit.results import REPO
+from kit.plugin.pytest_plugin import threads_per_worker
+from kit.report.record import parse_run_id
+from kit.report.results import REPO
 
 
 def test_backends_are_not_interleaved_and_a_cases_runs_follow_each_other():
@@ -110,7 +110,7 @@ def test_xdist_workers_keep_to_one_backend():
     and none goes back to one it left."""
     from xdist.scheduler import LoadGroupScheduling
 
-    from kit.worker_affinity import BackendAffinityScheduling
+    from kit.plugin.worker_affinity import BackendAffinityScheduling
     ran, on = _scheduled(BackendAffinityScheduling, 6, group_of=RUNS.get)
     assert sorted(r[0] for r in ran.values()) == sorted(["flashinfer", "triton", "torch_native"] * 2), ran
     assert all(len(r) == len(set(r)) for r in ran.values()) and sum(len(r) for r in ran.values()) <= 8, ran
@@ -124,7 +124,7 @@ def test_runs_start_as_soon_as_the_first_worker_has_collected():
     """xdist's loadgroup starts no run before every worker has collected; here the first worker to
     collect starts, a later one joins when its collection arrives, and a late collection that
     differs fails the session's collection (the worker gets nothing)."""
-    from kit.worker_affinity import BackendAffinityScheduling
+    from kit.plugin.worker_affinity import BackendAffinityScheduling
     config = _Config(3)
     reports = []
     config.hook = types.SimpleNamespace(pytest_collectreport=lambda report: reports.append(report))
@@ -155,8 +155,8 @@ def _runs(groups):
 def test_a_worker_moves_to_another_backend_only_for_more_runs_than_a_load_costs(last_group_runs, moves):
     """Two workers: one on the big `slow` group, the other on `fast`'s only group. When `fast` is
     done, its worker takes slow's last group only if that group outlasts a backend load
-    (kit.worker_affinity.LOAD_RUNS) on the worker that has slow loaded; else it ends."""
-    from kit.worker_affinity import LOAD_RUNS, BackendAffinityScheduling
+    (kit.plugin.worker_affinity.LOAD_RUNS) on the worker that has slow loaded; else it ends."""
+    from kit.plugin.worker_affinity import LOAD_RUNS, BackendAffinityScheduling
     assert 2 < LOAD_RUNS < 20
     runs = _runs({"slow-1": ("slow", 30), "slow-2": ("slow", last_group_runs), "fast-1": ("fast", 12)})
     ran, on = _scheduled(BackendAffinityScheduling, 2, runs, group_of=runs.get)
@@ -169,7 +169,7 @@ def test_a_free_worker_goes_where_the_pending_work_takes_longest(timed):
     collects then. By run counts quick has more pending per worker (20 runs against 10), by the
     time its runs took slow has (10 s against 2 s): the third goes to slow, and to quick when
     the runs say nothing of their time."""
-    from kit.worker_affinity import BackendAffinityScheduling
+    from kit.plugin.worker_affinity import BackendAffinityScheduling
     runs = _runs({"slow-1": ("slow", 10), "slow-2": ("slow", 10), "quick-1": ("quick", 10),
                   "quick-2": ("quick", 10), "quick-3": ("quick", 10)})
     sched = BackendAffinityScheduling(_Config(3), group_of=runs.get)
@@ -213,7 +213,7 @@ def test_the_xdist_controller_starts_its_workers_before_importing_torch(tmp_path
     the catalog (whose cases import it, via their modes' rules) loads once the workers are started.
     Before, the controller spent 4-5 s of every matrix run on the H100 host importing torch before
     it started a worker."""
-    probe = subprocess.run([sys.executable, "-c", "import sys, kit.pytest_plugin, kit.case, kit.results\n"
+    probe = subprocess.run([sys.executable, "-c", "import sys, kit.plugin.pytest_plugin, kit.engine.case, kit.report.results\n"
                             "print(sorted(m for m in sys.modules if m.split('.')[0] == 'torch')[:3])"],
                            cwd=REPO, capture_output=True, text=True, timeout=120)
     assert probe.stdout.strip() == "[]", probe.stdout + probe.stderr
@@ -258,14 +258,14 @@ def test_an_xdist_worker_ends_when_its_own_session_does(tmp_path):
 
 
 def test_workers_are_started_together():
-    """kit.parallel_spawn: xdist's NodeManager starts its workers from threads (each start here
+    """kit.plugin.parallel_spawn: xdist's NodeManager starts its workers from threads (each start here
     takes 0.3 s: four one after another would take 1.2 s)."""
     import threading
     import time
 
     from xdist.workermanage import NodeManager
 
-    from kit import parallel_spawn
+    from kit.plugin import parallel_spawn
     parallel_spawn.install()
     started = []
 
@@ -285,11 +285,11 @@ def test_workers_are_started_together():
 
 
 def test_a_worker_begins_its_cuda_context_through_the_driver(monkeypatch):
-    """kit.cuda_context: the device's primary context, retained through libcuda (no torch); without
+    """kit.plugin.cuda_context: the device's primary context, retained through libcuda (no torch); without
     a driver, nothing."""
     import ctypes
 
-    from kit import cuda_context
+    from kit.plugin import cuda_context
     calls = []
 
     class _Driver:

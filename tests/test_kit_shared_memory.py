@@ -1,26 +1,26 @@
-"""What the kit keeps across runs (kit.fixture's batches, the pools' poison) is built once,
+"""What the kit keeps across runs (kit.engine.fixture's batches, the pools' poison) is built once,
 and never reused once something outside the kit changed it."""
 import pytest
 import torch
 
-import kit.fixture
-import kit.reference
-from kit.fingerprint import KitMemoryChanged
-from kit.fixture import fixtures_for
+import kit.engine.fixture
+import kit.engine.reference
+from kit.engine.fingerprint import KitMemoryChanged
+from kit.engine.fixture import fixtures_for
 from kit.modes import ForwardMode
-from kit.pools import CASE_LAYER_ID
+from kit.engine.pools import CASE_LAYER_ID
 from tests.helpers import small_case
 
 CASE = small_case("kept", ForwardMode.EXTEND, (5, 9), (3, 2))
-OTHERS = [small_case(f"other{i}", ForwardMode.EXTEND, (4 + i,), (2,)) for i in range(kit.fixture.SHARED_BATCHES + 2)]
+OTHERS = [small_case(f"other{i}", ForwardMode.EXTEND, (4 + i,), (2,)) for i in range(kit.engine.fixture.SHARED_BATCHES + 2)]
 
 
 @pytest.fixture
 def goldens(monkeypatch):
     """A fresh batch cache; the list of the float64 goldens computed from here on."""
-    monkeypatch.setattr(kit.fixture, "SHARED", kit.fixture._SharedBatches())
-    made, golden = [], kit.reference.golden
-    monkeypatch.setattr(kit.reference, "golden", lambda fx, *a, **k: made.append(fx.case.name) or golden(fx, *a, **k))
+    monkeypatch.setattr(kit.engine.fixture, "SHARED", kit.engine.fixture._SharedBatches())
+    made, golden = [], kit.engine.reference.golden
+    monkeypatch.setattr(kit.engine.reference, "golden", lambda fx, *a, **k: made.append(fx.case.name) or golden(fx, *a, **k))
     return made
 
 
@@ -40,7 +40,7 @@ def test_a_batch_is_built_once_for_every_backend(goldens):
 
 
 def test_past_the_budget_only_the_last_batches_are_kept(goldens, monkeypatch):
-    monkeypatch.setattr(kit.fixture, "_budget", lambda device: 0)
+    monkeypatch.setattr(kit.engine.fixture, "_budget", lambda device: 0)
     first = fixtures_for([CASE], "cpu")[0]
     assert fixtures_for([CASE], "cpu")[0].plan is first.plan  # the graph run after the eager run
     again = _after_other_batches(CASE)
@@ -89,7 +89,7 @@ def test_a_fingerprint_copies_nothing():
     them (bytes summed into int64 were copied to int64 first, 8 times the tensor)."""
     from torch.profiler import ProfilerActivity, profile
 
-    from kit.fingerprint import fingerprint
+    from kit.engine.fingerprint import fingerprint
     big = torch.randn(1 << 20, dtype=torch.bfloat16)
     with profile(activities=[ProfilerActivity.CPU], profile_memory=True) as prof:
         sealed = fingerprint([big, big[:-1]])  # whole 32-bit words, and a last odd half word
@@ -112,9 +112,9 @@ def test_changed_poison_is_drawn_again(goldens):
     not torch.cuda.is_available(), reason="the budget of a GPU shared by workers"))])
 def test_the_budget_is_split_between_workers(monkeypatch, device):
     monkeypatch.setenv("PYTEST_XDIST_WORKER_COUNT", "1")
-    alone = kit.fixture._budget(torch.device(device))
+    alone = kit.engine.fixture._budget(torch.device(device))
     monkeypatch.setenv("PYTEST_XDIST_WORKER_COUNT", "16")
-    assert alone > 0 and kit.fixture._budget(torch.device(device)) == (alone // 16 if device == "cpu" else 0)
+    assert alone > 0 and kit.engine.fixture._budget(torch.device(device)) == (alone // 16 if device == "cpu" else 0)
 
 
 def test_a_kept_batch_is_counted_again_when_it_grows(goldens):
@@ -124,5 +124,5 @@ def test_a_kept_batch_is_counted_again_when_it_grows(goldens):
     fixtures_for([big], "cpu")  # the pool grows
     again = fixtures_for([CASE], "cpu")[0]
     assert len(again.tables) == 2
-    shared = kit.fixture.SHARED
+    shared = kit.engine.fixture.SHARED
     assert shared._kept_bytes == sum(s.nbytes for s in shared._kept.values())

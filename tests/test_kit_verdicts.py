@@ -1,4 +1,4 @@
-"""kit.verdicts catches what it should (and only that), unit by unit and end to end via run_case."""
+"""kit.harness.verdicts catches what it should (and only that), unit by unit and end to end via run_case."""
 from __future__ import annotations
 
 import dataclasses
@@ -8,13 +8,13 @@ import pytest
 import torch
 
 from backends.torch_native import TorchNativeBackend
-from kit.case import Case
-from kit.layer import Layer
+from kit.engine.case import Case
+from kit.engine.layer import Layer
 from kit.modes import Exec, ForwardMode
-from kit.pools import CASE_LAYER_ID
-from kit.reference import attention
-from kit.runner import run_case
-from kit.verdicts import ABS_FLOOR, RATIO, REL_RMS, check_form, check_kv, check_output, check_padding
+from kit.engine.pools import CASE_LAYER_ID
+from kit.engine.reference import attention
+from kit.harness.runner import run_case
+from kit.harness.verdicts import ABS_FLOOR, RATIO, REL_RMS, check_form, check_kv, check_output, check_padding
 from tests.helpers import make_fixture, small_case
 
 DECODE, EXTEND = ForwardMode.DECODE, ForwardMode.EXTEND
@@ -452,9 +452,9 @@ def test_a_step_is_read_back_from_the_device_once(monkeypatch):
     """Every layer's output, the KV pool and the guard's canaries of a step are judged from one
     read back: each read back waits for the GPU, a switch between contexts when xdist workers
     share it (the in-box matrix's runs took 0.29 s at 89 waits a run on the H100, 0.15 s at 36)."""
-    from kit.judge import eager_verdict
-    from kit.guard import Guard, canary_figures
-    from kit.reference import references
+    from kit.harness.judge import eager_verdict
+    from kit.harness.guard import Guard, canary_figures
+    from kit.engine.reference import references
     fx = make_fixture(EXTEND_CASE)
     pool, loc = fx.pools.token_to_kv_pool, fx.batch.out_cache_loc.long()
     before = pool.snapshot()
@@ -483,11 +483,11 @@ def test_a_device_fault_seen_while_judging_is_the_backends(monkeypatch, backend,
     judge's read back is the wait): a device fault they caused surfaces there and is the backend's
     crash, in the step that launched them; any other error while judging is the kit's own, raised
     as it is."""
-    import kit.runner
+    import kit.harness.runner
 
     def failing(*args):
         raise RuntimeError(error)
-    monkeypatch.setattr(kit.runner, judge, failing)
+    monkeypatch.setattr(kit.harness.runner, judge, failing)
     if not blamed:
         with pytest.raises(RuntimeError, match="a bug in the kit"):
             run_case(backend, DECODE_CASE, exec_, torch.device("cpu"))
@@ -500,11 +500,11 @@ def test_a_device_fault_seen_while_judging_is_the_backends(monkeypatch, backend,
 def test_an_eager_step_waits_for_the_device_once_before_its_read_back(monkeypatch):
     """After the metadata (its faults are its own), nothing waits for the device until the judge
     reads the step back: each wait is a switch between contexts when workers share the GPU."""
-    import kit.runner
-    from kit.protocol import BackendContext
+    import kit.harness.runner
+    from kit.harness.protocol import BackendContext
     fx = make_fixture(DECODE_CASE)
     backend = TorchNativeBackend(BackendContext.for_case(DECODE_CASE, fx.pools, torch.device("cpu")))
     waits = []
-    monkeypatch.setattr(kit.runner, "_device_done", lambda: waits.append(1))
-    assert kit.runner._eager(backend, fx).ok
+    monkeypatch.setattr(kit.harness.runner, "_device_done", lambda: waits.append(1))
+    assert kit.harness.runner._eager(backend, fx).ok
     assert len(waits) == 1, waits

@@ -10,9 +10,9 @@ from pathlib import Path
 import pytest
 
 from cases import CATALOG as catalog
-from kit.known_failures import COLUMNS, KnownFailuresError, covering, match, parse
+from kit.report.known_failures import COLUMNS, KnownFailuresError, covering, match, parse
 from kit.modes import ForwardMode
-from kit.results import write_results
+from kit.report.results import write_results
 from matrix import gate, readme
 from matrix.table import cell
 
@@ -305,6 +305,6 @@ def test_matrix_check_runs_without_torch(project):
             "try:\n    runpy.run_module('matrix', run_name='__main__')\n"
             "except SystemExit as e:\n    assert e.code == 0, e.code\n"
             "assert sys.modules['torch'] is None\n"
-            "assert not [m for m in sys.modules if m.startswith(('kit.runner', 'kit.graph', 'kit.fixture'))]\n")
+            "assert not [m for m in sys.modules if m.startswith(('kit.harness.runner', 'kit.harness.graph', 'kit.engine.fixture'))]\n")
     proc = subprocess.run([sys.executable, "-c", code], cwd=REPO, capture_output=True, text=True)
     assert proc.returncode == 0, proc.stdout + proc.stderr

@@ -4,7 +4,7 @@ import json
 import subprocess
 import sys
 
-from kit.results import write_results
+from kit.report.results import write_results
 from tests.test_matrix import REPO, SMOKE_DECODE, project, rec, run_matrix, run_suite, write_fresh  # noqa: F401
 
 TOYS = "tests.toys.crashing"

@@ -8,8 +8,8 @@ import pytest
 
 from cases import CATALOG as catalog
 from kit.modes import Exec, ForwardMode
-from kit.record import CRASH, FAIL, PASS
-from kit.runner import run_case
+from kit.report.record import CRASH, FAIL, PASS
+from kit.harness.runner import run_case
 from tests.test_matrix import REPO, SMOKE_DECODE, run_suite
 
 TOYS = "tests.toys.crashing"

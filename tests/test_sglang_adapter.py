@@ -14,9 +14,9 @@ import torch
 from backends.sglang.adapter import (INSTALL, PINNED, SGLangBackend, SGLangFlashInferBackend,
                                      SGLangTorchNativeBackend, SGLangTritonBackend, sglang_problem)
 from kit.modes import ForwardMode
-from kit.protocol import BackendContext, has_graph_hooks
-from kit.results import REPO
-from kit.runner import default_device
+from kit.harness.protocol import BackendContext, has_graph_hooks
+from kit.report.results import REPO
+from kit.harness.runner import default_device
 from tests.helpers import make_fixture, small_case
 
 pytestmark = pytest.mark.skipif(sglang_problem() is not None, reason=str(sglang_problem()))

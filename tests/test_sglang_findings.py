@@ -8,10 +8,10 @@ import torch
 
 from backends.sglang.adapter import (SGLangFlashInferBackend, SGLangTorchNativeBackend, SGLangTritonBackend,
                                      sglang_problem)
-from kit.catalog import load_catalog
+from kit.engine.catalog import load_catalog
 from kit.modes import Exec, ForwardMode
-from kit.reference import attention
-from kit.runner import RunSetup, default_device
+from kit.engine.reference import attention
+from kit.harness.runner import RunSetup, default_device
 
 pytestmark = pytest.mark.skipif(sglang_problem() is not None, reason=str(sglang_problem()))
 

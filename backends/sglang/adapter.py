@@ -23,7 +23,7 @@ from typing import Optional
 import torch
 
 from kit.modes import ForwardMode
-from kit.protocol import AttentionBackend, library_version
+from kit.harness.protocol import AttentionBackend, library_version
 
 PINNED = "0.5.23"
 INSTALL = "python -m backends.sglang.install"

@@ -19,7 +19,7 @@ from backends.triton import kernels
 from backends.triton.metadata import (BLOCK_M, MAX_KV_SPLITS, Buffers, Metadata, extend_grid, fill_decode,
                                       fill_extend, max_splits_for)
 from kit.modes import ForwardMode
-from kit.protocol import AttentionBackend, library_version
+from kit.harness.protocol import AttentionBackend, library_version
 
 # Tuned on an H100 (bf16, 32/8 heads, head_dim 128) over BLOCK_M/N 32-128, 4-8 warps, 2-4 stages.
 DECODE_BLOCK_N = 64

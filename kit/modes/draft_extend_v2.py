@@ -5,9 +5,9 @@ from __future__ import annotations
 
 import torch
 
-from kit.batch import SpecInfo
+from kit.engine.batch import SpecInfo
 from kit.modes import ForwardMode
-from kit.protocol import SpeculativeConfig
+from kit.harness.protocol import SpeculativeConfig
 from kit.modes.rules import ModeRules, RequestShape, causal, extend_fields
 
 COLUMN = 4

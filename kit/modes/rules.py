@@ -13,7 +13,7 @@ from typing import List, Optional
 
 import torch
 
-from kit.transfer import to_device
+from kit.engine.transfer import to_device
 
 # Graph contracts: one graph per batch-size bucket (a fixed number of tokens per
 # request), or the token axis padded to a token bucket (EXTEND's piecewise contract).

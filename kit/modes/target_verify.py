@@ -10,11 +10,11 @@ from typing import List
 
 import torch
 
-from kit.batch import SpecInfo
+from kit.engine.batch import SpecInfo
 from kit.modes import ForwardMode
-from kit.protocol import SpeculativeConfig
+from kit.harness.protocol import SpeculativeConfig
 from kit.modes.rules import ModeRules, RequestShape
-from kit.transfer import to_device
+from kit.engine.transfer import to_device
 
 COLUMN = 3
 

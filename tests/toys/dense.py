@@ -11,7 +11,7 @@ import dataclasses
 import torch
 
 from kit.modes import ForwardMode
-from kit.protocol import AttentionBackend
+from kit.harness.protocol import AttentionBackend
 
 
 @dataclasses.dataclass

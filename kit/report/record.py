@@ -113,7 +113,7 @@ class ResultsFile:
 
 
 def read_results_file(path) -> ResultsFile:
-    """A results file written by kit.results.write_results, or ResultsError saying what is wrong."""
+    """A results file written by kit.report.results.write_results, or ResultsError saying what is wrong."""
     p = Path(path)
     fix = "regenerate it with `python -m pytest ... --results-json` (README, Run)"
     if not p.exists():

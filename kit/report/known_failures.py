@@ -9,7 +9,7 @@ from pathlib import Path
 from typing import Dict, List, Optional, Sequence
 
 from kit.modes import EXECS, MODES
-from kit.record import FAIL, FAILURE_CLASSES as CLASSES
+from kit.report.record import FAIL, FAILURE_CLASSES as CLASSES
 
 BEGIN, END = "<!-- known-failures:begin -->", "<!-- known-failures:end -->"
 COLUMNS = ("id", "backend", "mode", "exec", "case", "device", "class", "mark", "reason", "link")

@@ -1,4 +1,4 @@
-"""A verdict: the checks of one eager run or one replay (kit/verdicts.py, kit/guard.py),
+"""A verdict: the checks of one eager run or one replay (kit/harness/verdicts.py, kit/harness/guard.py),
 and the failure class they add up to. A new check is one more entry in a list below."""
 from __future__ import annotations
 
@@ -7,10 +7,10 @@ from typing import List, Optional, Sequence, Tuple
 
 import torch
 
-from kit.fixture import Fixture
-from kit.record import GRAPH, KERNEL, KV_WRITE
-from kit.reference import references
-from kit.verdicts import (OutputCheck, Pending, check_form, check_state, kv_figures, output_figures, padding_figures,
+from kit.engine.fixture import Fixture
+from kit.report.record import GRAPH, KERNEL, KV_WRITE
+from kit.engine.reference import references
+from kit.harness.verdicts import (OutputCheck, Pending, check_form, check_state, kv_figures, output_figures, padding_figures,
                           read_back)
 
 # When several checks fail, the class that says where to look first: a wrong KV pool
@@ -72,12 +72,12 @@ def _judged(fx: Fixture, outs: Sequence[torch.Tensor], before, *more: Pending) -
 
 def eager_verdict(fx: Fixture, outs: Sequence[torch.Tensor], before, memory: Pending) -> Verdict:
     """`outs`: forward's output for each layer of the model, in layer order; `memory`: the
-    guard's canaries (kit.guard.canary_figures)."""
+    guard's canaries (kit.harness.guard.canary_figures)."""
     return Verdict(_judged(fx, outs, before, memory))
 
 
 def replay_verdict(fx: Fixture, replayed, before) -> Verdict:
-    """`replayed`: kit.graph.Replayed."""
+    """`replayed`: kit.harness.graph.Replayed."""
     judged = _judged(fx, replayed.outs, before, replayed.memory,
                      padding_figures(replayed.padded, fx.pools.token_to_kv_pool))
     return Verdict(judged[:-1] + [check_state(replayed.replaced), judged[-1]])

@@ -1,4 +1,4 @@
-"""Writing results: one record per run (kit.record), plus where, when and with what it ran."""
+"""Writing results: one record per run (kit.report.record), plus where, when and with what it ran."""
 from __future__ import annotations
 
 import dataclasses
@@ -12,12 +12,12 @@ import tempfile
 from pathlib import Path
 from typing import Dict, List, Optional
 
-from kit.record import SCHEMA, RunResult
+from kit.report.record import SCHEMA, RunResult
 
 # torch is imported in the functions that need it: the xdist controller imports this module and
 # should not wait for torch before it starts its workers.
 
-REPO = Path(__file__).resolve().parent.parent
+REPO = Path(__file__).resolve().parents[2]
 
 
 def _kit_commit() -> str:
@@ -43,7 +43,7 @@ def device_name() -> str:
 
 @functools.lru_cache(maxsize=1)
 def environment() -> Dict[str, str]:
-    """kit.record.ENVIRONMENT_FIELDS of this process."""
+    """kit.report.record.ENVIRONMENT_FIELDS of this process."""
     return {
         "device": device_name(),
         "kit_commit": _kit_commit(),
@@ -67,7 +67,7 @@ def to_record(result: RunResult) -> Dict:
 
 def write_results(path: str, records: List[Dict], run: Optional[Dict] = None) -> None:
     """Atomic: readers never see a half-written file. `run`: what the session selected and how it
-    ended (kit.record.ResultsFile's status, selected, catalog)."""
+    ended (kit.report.record.ResultsFile's status, selected, catalog)."""
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     doc = {"schema": SCHEMA, "records": sorted(records, key=lambda r: (r["backend"], r["mode"], r["exec"], r["case"]))}

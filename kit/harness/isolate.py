@@ -6,10 +6,10 @@ import subprocess
 import sys
 from typing import Optional
 
-from kit.case import Case
+from kit.engine.case import Case
 from kit.modes import Exec
-from kit.record import CRASH, FAIL, RunResult, repro_command
-from kit.timeout import GRACE_S
+from kit.report.record import CRASH, FAIL, RunResult, repro_command
+from kit.harness.timeout import GRACE_S
 
 
 def run_isolated(backend_spec: str, case: Case, exec_: Exec, label: str, catalog: Optional[str] = None,

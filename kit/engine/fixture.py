@@ -4,10 +4,10 @@ What a batch case determines and no backend can change (plan, model, inputs, the
 references computed from them, the req_to_token table) is built once per process
 and shared by every run of that batch (`_Shared`, SHARED): the same batch is run by
 every backend and, for the case itself, by eager and graph runs. Before each reuse
-its fingerprint is compared (kit.fingerprint): a stray write by an earlier run is
+its fingerprint is compared (kit.engine.fingerprint): a stray write by an earlier run is
 not judged against. What a backend can write is never shared: each run gets its
 own batch object, the pools are re-installed before every step, and forward() is
-handed copies of the inputs (kit.runner).
+handed copies of the inputs (kit.harness.runner).
 """
 from __future__ import annotations
 
@@ -18,17 +18,17 @@ from typing import Dict, List, Optional, Sequence, Tuple
 
 import torch
 
-from kit.batch import ForwardBatch
-from kit.case import Case
-from kit.fingerprint import fingerprint, unchanged
-from kit.layer import Layer, model_layers
-from kit.plan import BatchPlan, plan_case
-from kit.pools import CASE_LAYER_ID, POOL_CACHE, Pools
-from kit.reference import references
-from kit.transfer import to_device
+from kit.engine.batch import ForwardBatch
+from kit.engine.case import Case
+from kit.engine.fingerprint import fingerprint, unchanged
+from kit.engine.layer import Layer, model_layers
+from kit.engine.plan import BatchPlan, plan_case
+from kit.engine.pools import CASE_LAYER_ID, POOL_CACHE, Pools
+from kit.engine.reference import references
+from kit.engine.transfer import to_device
 
 # Batches kept built past the budget (_budget): one run's (at most 6) and more, so that a
-# case's graph run finds the batch its eager run built (kit.pytest_plugin orders them so).
+# case's graph run finds the batch its eager run built (kit.plugin.pytest_plugin orders them so).
 SHARED_BATCHES = 8
 
 
@@ -50,7 +50,7 @@ class Fixture:
     layers: Tuple[Layer, ...]  # the model, in layer order (layer_id = index)
     inputs: List[LayerInputs]  # per layer
     batch: ForwardBatch
-    # Per layer id, the (float64 golden, same-dtype) references (kit.reference.references),
+    # Per layer id, the (float64 golden, same-dtype) references (kit.engine.reference.references),
     # shared by every fixture of this batch in the process. init=False: a fixture made from
     # another with dataclasses.replace (a planted bug) starts without them.
     references: Dict[int, Tuple[torch.Tensor, torch.Tensor]] = dataclasses.field(
@@ -148,7 +148,7 @@ class _Shared:
 
     plan: BatchPlan
     layers: Tuple[Layer, ...]
-    inputs: List[LayerInputs]  # never handed to a backend (kit.runner hands copies)
+    inputs: List[LayerInputs]  # never handed to a backend (kit.harness.runner hands copies)
     references: Dict[int, Tuple[torch.Tensor, torch.Tensor]]
     tables: Dict[tuple, tuple]
     sealed: Optional[torch.Tensor] = None  # fingerprint of tensors(), once complete
@@ -197,7 +197,7 @@ def _inputs(plan: BatchPlan, layers: Tuple[Layer, ...], device) -> List[LayerInp
 class _SharedBatches:
     """Batches built, by everything that determines them: the batch case (every field, the
     layer config included; its repr, as a catalog may give lists) and the device. The runs
-    of a backend go case after case, then the next backend's (kit.pytest_plugin): each
+    of a backend go case after case, then the next backend's (kit.plugin.pytest_plugin): each
     batch is kept for the whole process while the budget (_budget) lasts, so that every
     backend is judged on it as built once; past the budget, the last SHARED_BATCHES are."""
 

@@ -7,9 +7,9 @@ from __future__ import annotations
 import importlib
 from typing import Dict, List, Optional
 
-from kit.case import Case
+from kit.engine.case import Case
 from kit.modes import MODES, ForwardMode
-from kit.registry import import_target
+from kit.harness.registry import import_target
 
 CASE_SETS = ("smoke", "full")
 DEFAULT_CATALOG = "cases:CATALOG"
@@ -60,5 +60,5 @@ def load_catalog(target: Optional[str] = None) -> Catalog:
     """The catalog at `module:attr` (default: the in-box one)."""
     catalog = import_target(target or DEFAULT_CATALOG)
     if not isinstance(catalog, Catalog):
-        raise TypeError(f"{target}: not a kit.catalog.Catalog (build one with Catalog.from_package)")
+        raise TypeError(f"{target}: not a kit.engine.catalog.Catalog (build one with Catalog.from_package)")
     return catalog

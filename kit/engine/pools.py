@@ -11,7 +11,7 @@ from typing import Dict, List, Tuple
 
 import torch
 
-from kit.fingerprint import fingerprint
+from kit.engine.fingerprint import fingerprint
 
 # The layer every case runs on. The pool holds one more layer before it, so a
 # backend that ignores layer_id reads poison and writes the wrong layer.
@@ -64,7 +64,7 @@ class KVPool:
         self._sealed = fingerprint([self._poison_k, self._poison_v])
 
     def sealed_poison(self) -> Tuple[torch.Tensor, List[torch.Tensor], str]:
-        """(fingerprint, tensors, name) of the poison, for kit.fingerprint.unchanged: it is kept for
+        """(fingerprint, tensors, name) of the poison, for kit.engine.fingerprint.unchanged: it is kept for
         every run the pool serves, and drawn again if it changed (a stray write would otherwise
         leave slots a backend must not read less poisonous, unseen)."""
         return self._sealed, [self._poison_k, self._poison_v], "the KV pool's poison"
@@ -104,7 +104,7 @@ def _round_up_pow2(n: int) -> int:
 
 class PoolCache:
     """Pools built once per worker and reused while big enough (SPEC speed rule); their poison is
-    checked before each run (kit.fixture.fixtures_for)."""
+    checked before each run (kit.engine.fixture.fixtures_for)."""
 
     def __init__(self):
         self._pools: Dict[tuple, Pools] = {}

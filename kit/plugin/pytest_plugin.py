@@ -18,21 +18,23 @@ from typing import Dict, List, Optional, Tuple
 
 import pytest
 
-from kit import cuda_context, known_failures, parallel_spawn
-from kit.catalog import load_catalog, resolve_set
+from kit.plugin import cuda_context, parallel_spawn
+
+from kit.report import known_failures
+from kit.engine.catalog import load_catalog, resolve_set
 from kit.modes import EXECS, MODES, parse_exec, parse_mode
-from kit.record import (COMPLETE, CRASH, FAIL, INTERRUPTED, RUNNING, RunResult, parse_run_id, record_id,
+from kit.report.record import (COMPLETE, CRASH, FAIL, INTERRUPTED, RUNNING, RunResult, parse_run_id, record_id,
                         repro_command, run_id)
-from kit.registry import UnknownBackend, backend_label, known_backends, load_backend
-from kit.results import REPO, device_name, to_record, versions, write_results
-from kit.timeout import DEFAULT_S
+from kit.harness.registry import UnknownBackend, backend_label, known_backends, load_backend
+from kit.report.results import REPO, device_name, to_record, versions, write_results
+from kit.harness.timeout import DEFAULT_S
 
 RECORD_KEY = "conformance_record"
 WRITE_EVERY_S = 2.0  # at most one write of the results file this often; an interrupted run keeps what finished
 RUN_TIMEOUT = pytest.StashKey[float]()
 
 
-if os.environ.get("PYTEST_XDIST_WORKER"):  # an xdist worker (set before its plugins load): kit.cuda_context
+if os.environ.get("PYTEST_XDIST_WORKER"):  # an xdist worker (set before its plugins load): kit.plugin.cuda_context
     cuda_context.begin()
 
 
@@ -103,7 +105,7 @@ def _load_cases(opt, specs) -> dict:
     auto_smoke = opt("--case-set") == "auto" and case_set == "smoke"
     return dict(
         catalog=_parsed(f"--cases {opt('--cases')}", load_catalog, opt("--cases"),
-                        fix="give module:attr of a kit.catalog.Catalog that imports"),
+                        fix="give module:attr of a kit.engine.catalog.Catalog that imports"),
         case_set=case_set,
         ci_cases={spec: getattr(load_backend(spec), "ci_cases", None) if auto_smoke else None for spec in specs},
     )
@@ -123,10 +125,10 @@ def _is_xdist_controller(config) -> bool:
 
 def pytest_generate_tests(metafunc):
     """One test per run. A case's eager and graph runs follow each other: they share the case's
-    batch (kit.fixture). Backends are not interleaved case by case: a backend's stray write
+    batch (kit.engine.fixture). Backends are not interleaved case by case: a backend's stray write
     into the kit's memory (outside its pool and its own allocations, where no verdict sees it)
     would reach the batch the next backend is judged on, as SGLang's EXTEND graphs under
-    full-capacity replays seemed to on the H100; kit.fixture's fingerprints rebuild a batch
+    full-capacity replays seemed to on the H100; kit.engine.fixture's fingerprints rebuild a batch
     that changed, but cannot say which run changed it. Under `--dist loadgroup` the runs of
     a group (_groups) go to one worker."""
     if "conformance_run" not in metafunc.fixturenames:
@@ -153,7 +155,7 @@ def pytest_generate_tests(metafunc):
 
 
 def _default_timeout(config) -> None:
-    """pytest-timeout's limit is kit.timeout.DEFAULT_S unless --timeout, PYTEST_TIMEOUT or the `timeout`
+    """pytest-timeout's limit is kit.harness.timeout.DEFAULT_S unless --timeout, PYTEST_TIMEOUT or the `timeout`
     ini value say otherwise (0: none): a hung backend must not hang the run."""
     try:
         ini = config.getini("timeout")
@@ -165,7 +167,7 @@ def _default_timeout(config) -> None:
 
 @pytest.hookimpl(tryfirst=True, optionalhook=True)
 def pytest_timeout_set_timer(item, settings):
-    """A conformance run applies the limit itself (kit.timeout, in the runner), so that a run past
+    """A conformance run applies the limit itself (kit.harness.timeout, in the runner), so that a run past
     it is recorded as a crash at its stage and the session goes on; other tests keep pytest-timeout's."""
     if _run_of(item.nodeid) is None:
         return None
@@ -208,7 +210,7 @@ def _end_process(config, nodeid: str, result) -> None:
 def _groups(sel) -> Dict[str, Tuple[str, str]]:
     """Each run's (group, backend), by run id: a group is a backend's runs of one mode and kernel
     variant, so that a worker loads (JIT-builds, compiles) each kernel once, while the groups stay
-    small enough to keep every worker busy. kit.worker_affinity schedules by them; not by
+    small enough to keep every worker busy. kit.plugin.worker_affinity schedules by them; not by
     xdist_group marks, whose `@group` suffix pytest 9 drops from the node ids (xdist 3.8 sets
     `item._nodeid`, which pytest 9 no longer reads): every run was a group of its own."""
     sel = _cases(sel)
@@ -237,7 +239,7 @@ def _catalog_ids(sel) -> List[str]:
 
 class _Recorder:
     """Collects records from reports (on the xdist controller they arrive from workers), and
-    writes them with what the session selected and how it ended (kit.record.ResultsFile)."""
+    writes them with what the session selected and how it ended (kit.report.record.ResultsFile)."""
 
     def __init__(self, config):
         self.config = config
@@ -394,10 +396,10 @@ def pytest_configure(config):
 
 @pytest.hookimpl(tryfirst=True)
 def pytest_runtestloop(session):
-    """An xdist worker sets up torch's CUDA state (on the context kit.cuda_context began) before its
+    """An xdist worker sets up torch's CUDA state (on the context kit.plugin.cuda_context began) before its
     first run rather than in it, where the run's time would count it."""
     if hasattr(session.config, "workerinput") and any(_run_of(item.nodeid) for item in session.items):
-        from kit.runner import make_device_context
+        from kit.harness.runner import make_device_context
         make_device_context()
 
 
@@ -412,9 +414,9 @@ def pytest_sessionstart(session):
 
 @pytest.hookimpl(optionalhook=True)
 def pytest_xdist_make_scheduler(config, log):
-    """`--dist loadgroup`: each worker keeps to one backend (kit.worker_affinity)."""
+    """`--dist loadgroup`: each worker keeps to one backend (kit.plugin.worker_affinity)."""
     if config.getoption("dist", None) != "loadgroup":
         return None
-    from kit.worker_affinity import BackendAffinityScheduling
+    from kit.plugin.worker_affinity import BackendAffinityScheduling
     groups = _groups(config._conformance_selection)
     return BackendAffinityScheduling(config, log, lambda nodeid: groups.get(_run_of(nodeid) or ""))

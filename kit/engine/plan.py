@@ -13,8 +13,8 @@ from typing import List
 
 import torch
 
-from kit.case import Case
-from kit.layouts import place_pages, slots_of
+from kit.engine.case import Case
+from kit.engine.layouts import place_pages, slots_of
 
 # Columns of req_to_token past a request's last token still point at poison.
 CONTEXT_SLACK = 16

@@ -49,7 +49,7 @@ class Case:
     seed: int = 0
     # The model's other layer (layer 0, run first each step) has another config: no window
     # if this case has one (else a window of 8), half the scale, and the cap off (else 10).
-    # Otherwise it repeats this case's config (kit.layer.model_layers).
+    # Otherwise it repeats this case's config (kit.engine.layer.model_layers).
     hybrid: bool = False
 
     def __post_init__(self):
@@ -118,7 +118,7 @@ class Case:
     def kernel_variant(self) -> str:
         """What commonly selects a backend's compiled kernel (a JIT build, a Triton
         specialization): dtype, head_dim, GQA group, page size, and whether window, cap,
-        a second layer config (hybrid) or a tree mask are on. kit.pytest_plugin groups
+        a second layer config (hybrid) or a tree mask are on. kit.plugin.pytest_plugin groups
         runs by it, so that a worker loads each kernel once."""
         flags = "".join(f"-{name}" for name, on in (("window", self.window >= 0), ("cap", self.cap > 0),
                                                      ("hybrid", self.hybrid), ("tree", self.topk > 1)) if on)

@@ -8,19 +8,19 @@ from typing import List, Optional
 
 import torch
 
-from kit.case import Case
-from kit.fixture import Fixture, fixtures_for
-from kit.graph import harness_for
-from kit.guard import Guard, canary_figures
-from kit.judge import Verdict, eager_verdict, replay_failure, replay_verdict
+from kit.engine.case import Case
+from kit.engine.fixture import Fixture, fixtures_for
+from kit.harness.graph import harness_for
+from kit.harness.guard import Guard, canary_figures
+from kit.harness.judge import Verdict, eager_verdict, replay_failure, replay_verdict
 from kit.modes import Exec
-from kit.nan_fill import nan_filled_allocations
-from kit.protocol import NO_CAPTURE_HOOKS, BackendContext, backend_problem, has_graph_hooks, mode_reason
-from kit.record import CRASH, EAGER, FAIL, PASS, UNSUPPORTED, RunResult, repro_command
-from kit.registry import load_backend
-from kit.results import versions
-from kit.schedule import batches
-from kit.timeout import RunTimeout, time_limit
+from kit.harness.nan_fill import nan_filled_allocations
+from kit.harness.protocol import NO_CAPTURE_HOOKS, BackendContext, backend_problem, has_graph_hooks, mode_reason
+from kit.report.record import CRASH, EAGER, FAIL, PASS, UNSUPPORTED, RunResult, repro_command
+from kit.harness.registry import load_backend
+from kit.report.results import versions
+from kit.harness.schedule import batches
+from kit.harness.timeout import RunTimeout, time_limit
 
 
 def default_device() -> torch.device:
@@ -121,7 +121,7 @@ def _eager(backend, fx: Fixture) -> Verdict:
     """One step: the metadata once, then forward for every layer of the model on it."""
     fx.install()
     before = fx.pools.token_to_kv_pool.snapshot()
-    # Copies: the inputs are shared with other runs of the batch (kit.fixture) and judged after,
+    # Copies: the inputs are shared with other runs of the batch (kit.engine.fixture) and judged after,
     # while a backend may write its arguments.
     given = [(x.q.clone(), x.k_new.clone(), x.v_new.clone()) for x in fx.inputs]
     guard = Guard()
@@ -140,7 +140,7 @@ def run_case(backend_spec: str, case: Case, exec_: Exec, device: Optional[torch.
              label: Optional[str] = None, catalog: Optional[str] = None,
              timeout: Optional[float] = None) -> RunResult:
     """`catalog`: the catalog target the case came from, named in the repro when not the in-box one;
-    `timeout`: seconds after which the run stops as a crash (kit.timeout)."""
+    `timeout`: seconds after which the run stops as a crash (kit.harness.timeout)."""
     device = device or default_device()
     result = RunResult(backend=label or backend_spec, mode=case.mode.value, exec=exec_.value, case=case.name,
                        dtype=case.dtype, outcome=PASS,

@@ -14,12 +14,12 @@ from typing import TYPE_CHECKING, List, Optional, Tuple
 
 import torch
 
-from kit.plan import BatchPlan, RequestPlan
-from kit.pools import CASE_LAYER_ID
-from kit.transfer import to_device
+from kit.engine.plan import BatchPlan, RequestPlan
+from kit.engine.pools import CASE_LAYER_ID
+from kit.engine.transfer import to_device
 
-if TYPE_CHECKING:  # kit.fixture computes references with this module
-    from kit.fixture import Fixture
+if TYPE_CHECKING:  # kit.engine.fixture computes references with this module
+    from kit.engine.fixture import Fixture
 
 # Requests are taken in groups whose padded float64 scores stay under this size.
 CHUNK_BYTES = 256 << 20

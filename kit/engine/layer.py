@@ -4,8 +4,8 @@ from __future__ import annotations
 import dataclasses
 from typing import Tuple
 
-from kit.case import Case
-from kit.pools import CASE_LAYER_ID
+from kit.engine.case import Case
+from kit.engine.pools import CASE_LAYER_ID
 
 
 @dataclasses.dataclass(frozen=True)

@@ -10,7 +10,7 @@ from typing import List, Optional
 import torch
 
 from kit.modes import ForwardMode
-from kit.pools import KVPool, ReqToTokenPool
+from kit.engine.pools import KVPool, ReqToTokenPool
 
 
 @dataclasses.dataclass

@@ -2,7 +2,7 @@
 pools' poison): a backend that writes outside its own memory (a graph replaying into
 buffers freed since its capture, say) could change them, and every later run would be
 judged on the change. Before a run, whatever it reuses is compared to its fingerprint, and
-rebuilt where it changed (kit.fixture.fixtures_for)."""
+rebuilt where it changed (kit.engine.fixture.fixtures_for)."""
 from __future__ import annotations
 
 import warnings

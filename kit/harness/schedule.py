@@ -7,7 +7,7 @@ from __future__ import annotations
 import random
 from typing import List, Sequence
 
-from kit.case import Case
+from kit.engine.case import Case
 from kit.modes import Exec
 from kit.modes.rules import TOKEN_COUNT_GRAPHS
 

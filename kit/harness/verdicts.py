@@ -1,6 +1,6 @@
 """The checks a run is judged by, each with ok / describe() and its failure class:
 output against the float64 golden, the KV pool after the call, padded rows of a
-replay (kit/guard.py adds writes past a backend allocation). kit/judge.py
+replay (kit/harness/guard.py adds writes past a backend allocation). kit/harness/judge.py
 combines them into a verdict.
 
 Each check says what a failure means: `failure_class` when it is the run's own
@@ -24,14 +24,14 @@ from typing import Callable, ClassVar, Dict, List, Sequence, Tuple, Union
 
 import torch
 
-from kit.record import GRAPH, KERNEL, KV_WRITE
+from kit.report.record import GRAPH, KERNEL, KV_WRITE
 
 
 @dataclasses.dataclass
 class Pending:
     """A check whose figures are still on the device: the judge reads every check of a step
     back at once (`read_back`). Each read back waits for the GPU, and with several processes
-    on one GPU each wait is a switch between their contexts (kit.transfer)."""
+    on one GPU each wait is a switch between their contexts (kit.engine.transfer)."""
 
     figures: Union[torch.Tensor, Tuple[torch.Tensor, ...]]  # 1-D; a tuple where they lie on several devices
     finish: Callable[[List[float]], object]  # the figures' values, in order -> the check (or checks)

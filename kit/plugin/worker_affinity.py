@@ -1,4 +1,4 @@
-"""Which pytest-xdist worker runs which group (`--dist loadgroup`; kit.pytest_plugin's
+"""Which pytest-xdist worker runs which group (`--dist loadgroup`; kit.plugin.pytest_plugin's
 _groups: a backend's runs of one mode and kernel variant): a group goes to one worker, and
 each worker keeps to one backend while that backend has groups left. A worker's first run
 of a backend loads it (CUDA context, imports, kernels: 3-6 s on the H100 for FlashInfer's

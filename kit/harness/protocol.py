@@ -13,9 +13,9 @@ from typing import Dict, Optional, Tuple
 
 import torch
 
-from kit.case import Case
-from kit.layer import Layer, model_layers
-from kit.pools import KVPool, ReqToTokenPool
+from kit.engine.case import Case
+from kit.engine.layer import Layer, model_layers
+from kit.engine.pools import KVPool, ReqToTokenPool
 
 # The two styles of graph metadata hooks a backend may implement (one or the other):
 # SGLang 0.5.23's two-phase pair (host prep before capture / replay, recordable device

@@ -6,7 +6,7 @@ on a side stream first), then replays in mixed order with padded rows set by
 the fill rules. Token graphs (EXTEND, piecewise contract): the token axis is
 padded to a token bucket; padded tokens write KV to slot 0.
 
-The backend's hooks are driven in its own style (kit.protocol.graph_protocol):
+The backend's hooks are driven in its own style (kit.harness.protocol.graph_protocol):
 two-phase (out_graph before capture and before every replay, in_graph recorded
 in the graph with forward) or capture/replay. Every second replay hands the
 backend full-capacity request buffers (rows past the batch hold what earlier
@@ -14,9 +14,9 @@ batches left there), as SGLang's draft-extend runner does.
 
 Without CUDA the same hooks, buffers, padding and order run without a graph
 ("emulated"): forward() runs again at each replay, but with the backend's Python
-state put back to what it was at capture (kit.hoststate), as a real graph keeps
+state put back to what it was at capture (kit.harness.hoststate), as a real graph keeps
 its launch arguments; a tensor the replay hooks replaced is named. Allocations
-of the hooks and of the captured forward carry canary tails (kit.guard), on GPU
+of the hooks and of the captured forward carry canary tails (kit.harness.guard), on GPU
 too, so a write past one is seen after each replay.
 """
 from __future__ import annotations
@@ -28,16 +28,16 @@ from typing import Dict, List, Optional, Sequence
 
 import torch
 
-from kit.batch import ForwardBatch
-from kit.fixture import Fixture
-from kit.guard import Guard, canary_figures
-from kit.hoststate import Bindings, replaced, tensor_pointers
+from kit.engine.batch import ForwardBatch
+from kit.engine.fixture import Fixture
+from kit.harness.guard import Guard, canary_figures
+from kit.harness.hoststate import Bindings, replaced, tensor_pointers
 from kit.modes.rules import BATCH_SIZE_GRAPHS, TOKEN_COUNT_GRAPHS
-from kit.nan_fill import nan_filled_allocations
-from kit.protocol import TWO_PHASE, graph_protocol, seq_len_fill_value
-from kit.record import CUDA_GRAPH, EMULATED, PIECEWISE_EAGER
-from kit.schedule import BS_BUCKETS, TOKEN_BUCKETS, bucket_for
-from kit.verdicts import Pending
+from kit.harness.nan_fill import nan_filled_allocations
+from kit.harness.protocol import TWO_PHASE, graph_protocol, seq_len_fill_value
+from kit.report.record import CUDA_GRAPH, EMULATED, PIECEWISE_EAGER
+from kit.harness.schedule import BS_BUCKETS, TOKEN_BUCKETS, bucket_for
+from kit.harness.verdicts import Pending
 
 WARMUP_RUNS = 2
 
@@ -65,7 +65,7 @@ class Replayed:
     outs: List[torch.Tensor]  # per layer, the output of the real rows
     padded: List[torch.Tensor]  # per layer, the output of the padded rows
     replaced: List[str]  # backend attributes holding another tensor than at capture (emulated graphs)
-    memory: Pending  # canaries of what the hooks and the captured forward allocated (kit.guard)
+    memory: Pending  # canaries of what the hooks and the captured forward allocated (kit.harness.guard)
 
 
 @dataclasses.dataclass

@@ -12,8 +12,8 @@ from typing import ClassVar, Dict, Iterator, List
 import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 
-from kit.record import GRAPH, KERNEL
-from kit.verdicts import Pending, read_back
+from kit.report.record import GRAPH, KERNEL
+from kit.harness.verdicts import Pending, read_back
 
 GUARD_BYTES = 1024
 CANARY = 0xA5
@@ -135,7 +135,7 @@ class Guard:
 
 def canary_figures(*guards: Guard) -> Pending:
     """Every canary of `guards` compared at once, per device: read back with the step's other
-    checks (kit.verdicts.read_back), not one wait per guard."""
+    checks (kit.harness.verdicts.read_back), not one wait per guard."""
     by_device: Dict[torch.device, List[_Guarded]] = {}
     for guard in guards:
         for g in guard._mode.guarded:

@@ -1,0 +1,1 @@
+"""The pytest face: the plugin, worker scheduling and start-up."""
