@@ -1,6 +1,8 @@
 """A straightforward PyTorch backend: per request, gather K/V through req_to_token
 and attend with float32 matmuls. Eager only (no graph hooks): it syncs the host
-to read lengths, as a reference backend may."""
+to read lengths, as a reference backend may. MLA is the same loop over the pool's
+latent rows: one KV head, keys the whole row, values its first kv_lora_rank columns
+(the pool's get_kv_buffer gives both)."""
 from __future__ import annotations
 
 import torch
@@ -11,6 +13,7 @@ from kit.harness.protocol import AttentionBackend
 
 class TorchNativeBackend(AttentionBackend):
     name = "torch_native"
+    attention_kinds = ("dense", "mla")
 
     def init_forward_metadata(self, batch) -> None:
         mode = batch.forward_mode
@@ -37,7 +40,7 @@ class TorchNativeBackend(AttentionBackend):
         r2t = batch.req_to_token_pool.req_to_token
         group = layer.tp_q_head_num // layer.tp_k_head_num
         tree = batch.forward_mode is ForwardMode.TARGET_VERIFY
-        out = torch.empty_like(q)
+        out = q.new_empty(q.shape[:-1] + (layer.v_head_dim,))
         start = mask_start = 0
         for row, n_q, n_prefix in zip(self.rows, self.q_lens, self.prefix):
             n_kv = n_prefix + n_q

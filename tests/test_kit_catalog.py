@@ -107,6 +107,8 @@ FEATURES = {
     | ({"tree with cap"} if c.cap else set()),
     "layout": lambda c: {c.layout},
     "hybrid": lambda c: {"hybrid layers" if c.hybrid else "uniform layers"},
+    "kv_lora_rank": lambda c: {"mla" if c.is_mla else "dense"},
+    "rope_dim": lambda c: set(),  # MLA's widths: head_dim's feature (rank + rope) covers them
 }
 
 
@@ -131,6 +133,15 @@ def test_smoke_runs_on_cpu_dtypes():
         assert "fp32" in {c.dtype for c in catalog.cases("smoke", mode)}
 
 
+MLA_OK = dict(heads=(16, 1), head_dim=576, kv_lora_rank=512, rope_dim=64, scale=192 ** -0.5)
+
+
+def test_an_mla_line_is_valid():
+    case = Case(name="ok", mode=ForwardMode.DECODE, prefix=(3, 4), **MLA_OK)
+    assert case.is_mla and case.v_head_dim == 512 and case.kind == "mla"
+    assert case.kernel_variant.endswith("-mla512r64")
+
+
 @pytest.mark.parametrize("bad, message", [
     (dict(name="has-dash"), "test ids split on '-'"),
     (dict(dtype="int8"), "dtype"),
@@ -153,6 +164,14 @@ def test_smoke_runs_on_cpu_dtypes():
     (dict(scale=-0.1), "scale -0.1 must be a number > 0"),
     (dict(mode="decode"), "is not a ForwardMode"),
     (dict(mode=ForwardMode.EXTEND, new=(1, 2.5)), "must be an int or one int per request"),
+    (dict(MLA_OK, heads=(8, 2)), "MLA has one latent KV head: heads (8, 2) must be (q, 1)"),
+    (dict(MLA_OK, head_dim=128), "MLA head_dim 128 must be kv_lora_rank + rope_dim = 576"),
+    (dict(MLA_OK, scale=None), "MLA needs an explicit scale"),
+    (dict(MLA_OK, window=8), "MLA cases take no window, cap or hybrid layers"),
+    (dict(MLA_OK, cap=5.0), "MLA cases take no window, cap or hybrid layers"),
+    (dict(MLA_OK, hybrid=True), "MLA cases take no window, cap or hybrid layers"),
+    (dict(MLA_OK, kv_lora_rank=-1), "kv_lora_rank -1 and rope_dim 64 must be ints >= 0"),
+    (dict(rope_dim=64), "rope_dim applies to MLA only"),
 ], ids=lambda v: v if isinstance(v, str) else None)
 def test_case_rejects_bad_lines(bad, message):
     """A malformed case line fails where it is declared (file:line), saying what is wrong,

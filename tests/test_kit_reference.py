@@ -166,3 +166,60 @@ def test_requests_taken_in_groups_give_the_same_golden(monkeypatch):
     monkeypatch.setattr(reference, "CHUNK_BYTES", 1)
     assert len(reference._groups(fx.plan, case.num_q_heads, case.window, "cpu")) == case.bs
     torch.testing.assert_close(attention(fx), together, rtol=0, atol=1e-15)
+
+
+MLA = dict(heads=(4, 1), head_dim=24, kv_lora_rank=16, rope_dim=8, scale=0.3)
+MLA_CASES = [
+    _case("mla_dec", DECODE, (0, 5, 11), **MLA),
+    _case("mla_ext_ragged", EXTEND, (0, 6, 2), (3, 1, 5), page=16, **MLA),
+    _case("mla_tv_tree", TARGET_VERIFY, (5, 2), 5, topk=2, **MLA),
+    _case("mla_dev2", DRAFT_EXTEND_V2, (3, 7), 3, **MLA),
+]
+
+
+def brute_force_mla(fx, layer_id=CASE_LAYER_ID):
+    """MLA by its definition, from the latent rows alone (never the fixture's V): a score is
+    scale * (q_latent . c_kv + q_rope . k_rope), the output the softmax mix of c_kv."""
+    layer = fx.layers[layer_id]
+    rank, rope = layer.kv_lora_rank, layer.rope_dim
+    q_all = fx.inputs[layer_id].q.double().tolist()
+    out = [[[0.0] * rank for _ in range(layer.tp_q_head_num)] for _ in range(len(q_all))]
+    t = 0
+    for req, (latent, _) in zip(fx.plan.requests, fx.logical_kv(layer_id)):
+        rows = [row[0] for row in latent.double().tolist()]  # one KV head
+        for i in range(req.n_new):
+            keys = visible_keys(req, i, -1)
+            for h in range(layer.tp_q_head_num):
+                q = q_all[t][h]
+                scores = [layer.scaling * (sum(q[x] * rows[j][x] for x in range(rank))
+                                           + sum(q[rank + x] * rows[j][rank + x] for x in range(rope))) for j in keys]
+                w = [math.exp(s - max(scores)) for s in scores]
+                for x in range(rank):
+                    out[t][h][x] = sum(wj * rows[j][x] for wj, j in zip(w, keys)) / sum(w)
+            t += 1
+    return torch.tensor(out, dtype=torch.float64)
+
+
+@pytest.mark.parametrize("case", MLA_CASES, ids=[c.name for c in MLA_CASES])
+def test_mla_reference_matches_brute_force(case):
+    """MLA's golden is [T, Hq, kv_lora_rank] and equals the definition computed key by key."""
+    fx = make_fixture(case)
+    golden = attention(fx, torch.float64)
+    assert golden.shape == (fx.plan.num_tokens, case.num_q_heads, case.kv_lora_rank)
+    torch.testing.assert_close(golden, brute_force_mla(fx), rtol=1e-10, atol=1e-10)
+    torch.testing.assert_close(attention(fx, torch.float32).double(), golden, rtol=1e-4, atol=1e-5)
+
+
+def test_mla_rope_part_and_scale_matter():
+    """The rope columns of q and k move the golden (a kernel dropping them is wrong), and so
+    does a scale taken from the latent's head_dim."""
+    fx = make_fixture(MLA_CASES[1])
+    golden = attention(fx)
+    x = fx.inputs[CASE_LAYER_ID]
+    saved = x.q.clone()
+    x.q[..., MLA["kv_lora_rank"]:] = 0
+    try:
+        assert not torch.allclose(attention(fx), golden)
+    finally:
+        x.q.copy_(saved)
+    assert not torch.allclose(attention(make_fixture(MLA_CASES[1].with_(scale=MLA["head_dim"] ** -0.5))), golden)

@@ -20,6 +20,10 @@ MHA = (8, 8)
 GQA = (8, 2)
 MQA = (8, 1)
 GQA_32_8 = (32, 8)
+# MLA (DeepSeek-V2/V3): 128 query heads on one GPU, 16 per rank on 8; one latent KV head
+MLA_128, MLA_16 = (128, 1), (16, 1)
+DEEPSEEK_RANK, DEEPSEEK_ROPE = 512, 64
+DEEPSEEK_SCALE = (128 + 64) ** -0.5  # qk_head_dim = qk_nope_head_dim + qk_rope_head_dim, not the latent's 576
 
 
 @dataclasses.dataclass(frozen=True)
@@ -51,6 +55,11 @@ class Case:
     # if this case has one (else a window of 8), half the scale, and the cap off (else 10).
     # Otherwise it repeats this case's config (kit.engine.layer.model_layers).
     hybrid: bool = False
+    # MLA (multi-head latent attention) iff kv_lora_rank > 0: one latent KV row per token,
+    # head_dim = kv_lora_rank + rope_dim wide (the compressed KV, then the rotary key part);
+    # V is its first kv_lora_rank columns, and so is each head's output.
+    kv_lora_rank: int = 0
+    rope_dim: int = 0
 
     def __post_init__(self):
         problem = self._problem()
@@ -87,7 +96,24 @@ class Case:
             return f"cap {self.cap!r} must be a number >= 0 (0: no cap)"
         if self.scale is not None and (not _is_number(self.scale) or self.scale <= 0):
             return f"scale {self.scale!r} must be a number > 0, or None for 1/sqrt(head_dim)"
-        return self.mode.rules.validate(self)
+        return self._mla_problem() or self.mode.rules.validate(self)
+
+    def _mla_problem(self) -> Optional[str]:
+        if not _is_int(self.kv_lora_rank) or self.kv_lora_rank < 0 or not _is_int(self.rope_dim) or self.rope_dim < 0:
+            return f"kv_lora_rank {self.kv_lora_rank!r} and rope_dim {self.rope_dim!r} must be ints >= 0"
+        if not self.is_mla:
+            return "rope_dim applies to MLA only (set kv_lora_rank > 0)" if self.rope_dim else None
+        if self.heads[1] != 1:
+            return f"MLA has one latent KV head: heads {self.heads!r} must be (q, 1)"
+        if self.head_dim != self.kv_lora_rank + self.rope_dim:
+            return (f"MLA head_dim {self.head_dim} must be kv_lora_rank + rope_dim = "
+                    f"{self.kv_lora_rank + self.rope_dim}")
+        if self.scale is None:
+            return ("MLA needs an explicit scale (DeepSeek: (qk_nope_head_dim + rope_dim) ** -0.5, e.g. "
+                    "DEEPSEEK_SCALE), never the latent's head_dim ** -0.5")
+        if self.window >= 0 or self.cap > 0 or self.hybrid:
+            return "MLA cases take no window, cap or hybrid layers"
+        return None
 
     @property
     def bs(self) -> int:
@@ -106,6 +132,20 @@ class Case:
         return self.heads[1]
 
     @property
+    def is_mla(self) -> bool:
+        return self.kv_lora_rank > 0
+
+    @property
+    def kind(self) -> str:
+        """The attention kind a backend declares support for (AttentionBackend.attention_kinds)."""
+        return "mla" if self.is_mla else "dense"
+
+    @property
+    def v_head_dim(self) -> int:
+        """Width of V and of each head's output: the latent's kv_lora_rank for MLA."""
+        return self.kv_lora_rank if self.is_mla else self.head_dim
+
+    @property
     def torch_dtype(self) -> "torch.dtype":
         import torch  # here: importing a case (the plugin does) must not import torch
         return getattr(torch, DTYPES[self.dtype])
@@ -118,10 +158,11 @@ class Case:
     def kernel_variant(self) -> str:
         """What commonly selects a backend's compiled kernel (a JIT build, a Triton
         specialization): dtype, head_dim, GQA group, page size, and whether window, cap,
-        a second layer config (hybrid) or a tree mask are on. kit.plugin.pytest_plugin groups
+        a second layer config (hybrid) or a tree mask are on; MLA's rank and rope width. kit.plugin.pytest_plugin groups
         runs by it, so that a worker loads each kernel once."""
         flags = "".join(f"-{name}" for name, on in (("window", self.window >= 0), ("cap", self.cap > 0),
-                                                     ("hybrid", self.hybrid), ("tree", self.topk > 1)) if on)
+                                                     ("hybrid", self.hybrid), ("tree", self.topk > 1),
+                                                     (f"mla{self.kv_lora_rank}r{self.rope_dim}", self.is_mla)) if on)
         return f"{self.dtype}-d{self.head_dim}-g{self.heads[0] // self.heads[1]}-p{self.page}{flags}"
 
     def rng_seed(self, salt: int = 0) -> int:

@@ -38,9 +38,33 @@ class LayerInputs:
 
     q: torch.Tensor  # [num_tokens, Hq, D] new tokens' queries
     k_new: torch.Tensor  # [num_tokens, Hkv, D] new tokens' keys, handed to forward()
-    v_new: torch.Tensor
+    v_new: torch.Tensor  # [num_tokens, Hkv, Dv]; MLA: a view of k_new (the latent's first Dv columns)
     k_old: torch.Tensor  # [sum n_old, Hkv, D] cached tokens' keys, in request order
     v_old: torch.Tensor
+
+    @property
+    def v_in_k(self) -> bool:
+        """V is a view of K's leading columns (MLA's latent), not a tensor of its own."""
+        return self.v_new.untyped_storage().data_ptr() == self.k_new.untyped_storage().data_ptr()
+
+    def owned(self) -> List[torch.Tensor]:
+        """The tensors these inputs hold (V left out where it is a view of K)."""
+        return [self.q, self.k_new, self.k_old] + ([] if self.v_in_k else [self.v_new, self.v_old])
+
+    def _with_v(self, q: torch.Tensor, k: torch.Tensor, v: Optional[torch.Tensor]):
+        return q, k, (k[..., :self.v_new.shape[-1]] if self.v_in_k else v)
+
+    def handed(self) -> Tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """Copies of (q, k, v) for forward(): the inputs are shared with other runs of the batch,
+        while a backend may write its arguments. V stays a view of K where it is one."""
+        return self._with_v(self.q.clone(), self.k_new.clone(), None if self.v_in_k else self.v_new.clone())
+
+    def buffers(self, rows: int) -> Tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """Zeroed (q, k, v) of `rows` tokens shaped as these (a graph's static inputs), V a view
+        of K where it is one."""
+        def zeros(like):
+            return like.new_zeros((rows,) + tuple(like.shape[1:]))
+        return self._with_v(zeros(self.q), zeros(self.k_new), None if self.v_in_k else zeros(self.v_new))
 
 
 @dataclasses.dataclass
@@ -155,7 +179,7 @@ class _Shared:
     counted: int = 0  # bytes counted against the budget, while kept
 
     def tensors(self) -> List[torch.Tensor]:
-        held = [t for x in self.inputs for t in (x.q, x.k_new, x.v_new, x.k_old, x.v_old)]
+        held = [t for x in self.inputs for t in x.owned()]
         held += [t for pair in self.references.values() for t in pair]
         return held + [t for pair in self.tables.values() for t in pair if t is not None]
 
@@ -189,8 +213,13 @@ def _inputs(plan: BatchPlan, layers: Tuple[Layer, ...], device) -> List[LayerInp
     n_old = sum(r.n_old for r in plan.requests)
     inputs = {}
     for layer in (layers[CASE_LAYER_ID],) + layers[:CASE_LAYER_ID]:  # the case's layer first: its data is stable
-        inputs[layer.layer_id] = LayerInputs(q=randn(n_tok, hq), k_new=randn(n_tok, hkv), v_new=randn(n_tok, hkv),
-                                             k_old=randn(n_old, hkv), v_old=randn(n_old, hkv))
+        if case.is_mla:  # one latent row per token (every column drawn on its own); V is its first columns
+            q, k_new, k_old = randn(n_tok, hq), randn(n_tok, 1), randn(n_old, 1)
+            v_new, v_old = k_new[..., :case.kv_lora_rank], k_old[..., :case.kv_lora_rank]
+        else:
+            q, k_new, v_new = randn(n_tok, hq), randn(n_tok, hkv), randn(n_tok, hkv)
+            k_old, v_old = randn(n_old, hkv), randn(n_old, hkv)
+        inputs[layer.layer_id] = LayerInputs(q=q, k_new=k_new, v_new=v_new, k_old=k_old, v_old=v_old)
     return [inputs[i] for i in range(len(layers))]
 
 
@@ -252,7 +281,7 @@ def _pools_for(plans: Sequence[BatchPlan], first: Case, device: torch.device) ->
     pools = POOL_CACHE.get(
         num_slots=max(p.num_slots for p in plans), max_reqs=max(p.max_reqs for p in plans),
         max_context=max(p.max_context for p in plans), num_kv_heads=first.num_kv_heads,
-        head_dim=first.head_dim, dtype=first.torch_dtype, device=device)
+        head_dim=first.head_dim, dtype=first.torch_dtype, device=device, kv_lora_rank=first.kv_lora_rank)
     pools.token_to_kv_pool.page_size = first.page
     return pools
 

@@ -17,6 +17,10 @@ class Layer:
     scaling: float
     logit_cap: float = 0.0  # 0 = off; else cap * tanh(score / cap)
     sliding_window_size: int = -1  # -1 = off; else a query at p sees keys p-W..p
+    # MLA: head_dim = kv_lora_rank + rope_dim (the latent row), one KV head; V and each head's
+    # output are the latent's first kv_lora_rank columns. 0: dense attention.
+    kv_lora_rank: int = 0
+    rope_dim: int = 0
 
     @property
     def tp_v_head_num(self) -> int:
@@ -28,7 +32,11 @@ class Layer:
 
     @property
     def v_head_dim(self) -> int:
-        return self.head_dim
+        return self.kv_lora_rank if self.kv_lora_rank else self.head_dim
+
+    @property
+    def is_mla(self) -> bool:
+        return self.kv_lora_rank > 0
 
     @classmethod
     def for_case(cls, case: Case) -> "Layer":
@@ -41,6 +49,8 @@ class Layer:
             scaling=case.sm_scale,
             logit_cap=case.cap,
             sliding_window_size=case.window,
+            kv_lora_rank=case.kv_lora_rank,
+            rope_dim=case.rope_dim,
         )
 
 

@@ -92,6 +92,62 @@ class KVPool:
         return self.k_layers.clone(), self.v_layers.clone()
 
 
+class MLAKVPool(KVPool):
+    """MLA's pool (the layout of SGLang's MLATokenToKVPool): per layer ONE latent buffer
+    [num_slots, 1, kv_lora_rank + rope_dim], the compressed KV then the rotary key part.
+    k_buffer is that buffer, v_buffer a view of its first kv_lora_rank columns (no copy):
+    the KV check, poison, reset and snapshot cover the one buffer."""
+
+    def __init__(self, num_slots: int, head_dim: int, kv_lora_rank: int, dtype, device):
+        self.size = num_slots
+        self.page_size = 1
+        self.head_num = 1
+        self.head_dim = head_dim
+        self.kv_lora_rank = kv_lora_rank
+        self.qk_rope_head_dim = head_dim - kv_lora_rank
+        self.dtype = dtype
+        self.device = torch.device(device)
+        self.k_layers = torch.empty((NUM_LAYERS, num_slots, 1, head_dim), dtype=dtype, device=device)
+        self.v_layers = self.k_layers[..., :kv_lora_rank]
+        self.kv_buffer: List[torch.Tensor] = list(self.k_layers.unbind(0))
+        self.k_buffer = self.kv_buffer
+        self.v_buffer: List[torch.Tensor] = list(self.v_layers.unbind(0))
+        self.draw_poison()
+
+    def draw_poison(self) -> None:
+        """The latent part as V's poison (far from real values), the rope part as K's (it
+        adds score mass): reading an unowned slot moves the output past tolerance."""
+        gen = torch.Generator(device=self.device).manual_seed(POISON_SEED)
+        self._poison = torch.empty_like(self.k_layers)
+        self._poison[..., :self.kv_lora_rank].normal_(POISON_V_MEAN, POISON_V_STD, generator=gen)
+        self._poison[..., self.kv_lora_rank:].normal_(0.0, POISON_K_STD, generator=gen)
+        self._sealed = fingerprint([self._poison])
+
+    def sealed_poison(self) -> Tuple[torch.Tensor, List[torch.Tensor], str]:
+        return self._sealed, [self._poison], "the KV pool's poison"
+
+    def reset(self) -> None:
+        self.k_layers.copy_(self._poison)
+
+    def set_kv_buffer(self, layer, loc: torch.Tensor, cache_k: torch.Tensor, cache_v: torch.Tensor) -> None:
+        """cache_k is the whole latent row (cache_v, its view, is not written again), as SGLang's."""
+        self.kv_buffer[layer.layer_id][loc] = cache_k.to(self.dtype)
+
+    def set_mla_kv_buffer(self, layer, loc: torch.Tensor, cache_k_nope: torch.Tensor,
+                          cache_k_rope: torch.Tensor) -> None:
+        """The latent row written from its two parts (SGLang's MLA write)."""
+        self.set_kv_buffer(layer, loc, torch.cat([cache_k_nope, cache_k_rope], dim=-1), None)
+
+    def get_mla_kv_buffer(self, layer, loc: torch.Tensor, dst_dtype=None) -> Tuple[torch.Tensor, torch.Tensor]:
+        rows = self.kv_buffer[layer.layer_id][loc].to(dst_dtype or self.dtype)
+        return rows[..., :self.kv_lora_rank], rows[..., self.kv_lora_rank:]
+
+    def snapshot(self) -> Tuple[torch.Tensor, torch.Tensor]:
+        """A copy of every layer's latent, and its V view."""
+        k = self.k_layers.clone()
+        return k, k[..., :self.kv_lora_rank]
+
+
 @dataclasses.dataclass
 class Pools:
     req_to_token_pool: ReqToTokenPool
@@ -110,8 +166,9 @@ class PoolCache:
         self._pools: Dict[tuple, Pools] = {}
 
     def get(self, *, num_slots: int, max_reqs: int, max_context: int, num_kv_heads: int,
-            head_dim: int, dtype, device) -> Pools:
-        key = (num_kv_heads, head_dim, dtype, str(device))
+            head_dim: int, dtype, device, kv_lora_rank: int = 0) -> Pools:
+        """kv_lora_rank > 0: an MLA pool (MLAKVPool, one KV head)."""
+        key = (num_kv_heads, head_dim, kv_lora_rank, dtype, str(device))
         have = self._pools.get(key)
         if (have is None or have.token_to_kv_pool.size < num_slots
                 or have.req_to_token_pool.size < max_reqs
@@ -121,10 +178,10 @@ class PoolCache:
                 max_reqs = max(max_reqs, have.req_to_token_pool.size)
                 max_context = max(max_context, have.req_to_token_pool.max_context_len)
             self._pools.pop(key, None)
-            have = Pools(
-                ReqToTokenPool(_round_up_pow2(max_reqs), _round_up_pow2(max_context), device),
-                KVPool(_round_up_pow2(num_slots), num_kv_heads, head_dim, dtype, device),
-            )
+            slots = _round_up_pow2(num_slots)
+            kv = (MLAKVPool(slots, head_dim, kv_lora_rank, dtype, device) if kv_lora_rank
+                  else KVPool(slots, num_kv_heads, head_dim, dtype, device))
+            have = Pools(ReqToTokenPool(_round_up_pow2(max_reqs), _round_up_pow2(max_context), device), kv)
             self._pools[key] = have
         return have
 

@@ -88,19 +88,21 @@ def _probs(scores: torch.Tensor, hidden: torch.Tensor, layer) -> torch.Tensor:
 
 
 def _attend(group: _Group, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, layer) -> torch.Tensor:
-    """[group tokens, Hq, D]; q: the batch's queries, k/v: cat(old, new) keys and values."""
+    """[group tokens, Hq, Dv]; q: the batch's queries, k/v: cat(old, new) keys and values (MLA:
+    k the latent rows, v their first kv_lora_rank columns, so that a score is
+    q_latent . c_kv + q_rope . k_rope and the output a mix of c_kv)."""
     b, nq = group.q_rows.shape
     hq, hkv, d = q.shape[1], k.shape[1], q.shape[2]
     qg = q[group.q_rows].view(b, nq, hkv, hq // hkv, d)  # a query head's KV head: h // group
     kg, vg = k[group.k_rows], v[group.k_rows]
     probs = _probs(torch.einsum("bqhgd,bkhd->bhgqk", qg, kg), group.hidden[:, None, None], layer)
     out = torch.einsum("bhgqk,bkhd->bqhgd", probs, vg)
-    return out.reshape(b * nq, hq, d)[group.out_rows]  # padded queries (all keys masked: NaN) dropped
+    return out.reshape(b * nq, hq, v.shape[-1])[group.out_rows]  # padded queries (all keys masked: NaN) dropped
 
 
 def golden(fixture: Fixture, layer_id: int = CASE_LAYER_ID,
            groups: Optional[List[_Group]] = None) -> torch.Tensor:
-    """[num_tokens, Hq, D] float64 attention of one layer, every request at once."""
+    """[num_tokens, Hq, Dv] float64 attention of one layer, every request at once."""
     layer = fixture.layers[layer_id]
     x = fixture.inputs[layer_id]
     q = x.q.to(torch.float64)
@@ -108,7 +110,7 @@ def golden(fixture: Fixture, layer_id: int = CASE_LAYER_ID,
         groups = _groups(fixture.plan, layer.tp_q_head_num, layer.sliding_window_size, q.device)
     k, v = torch.cat([x.k_old, x.k_new]).to(torch.float64), torch.cat([x.v_old, x.v_new]).to(torch.float64)
     outs = [_attend(g, q, k, v, layer) for g in groups]
-    return torch.cat(outs) if outs else q.new_zeros(q.shape)
+    return torch.cat(outs) if outs else q.new_zeros(q.shape[:-1] + v.shape[-1:])
 
 
 def attention(fixture: Fixture, dtype: torch.dtype = torch.float64, layer_id: int = CASE_LAYER_ID,
@@ -135,7 +137,7 @@ def attention(fixture: Fixture, dtype: torch.dtype = torch.float64, layer_id: in
         v = v.to(dtype).repeat_interleave(group, dim=1)
         scores = torch.einsum("qhd,khd->hqk", q, k)
         outs.append(torch.einsum("hqk,khd->qhd", _probs(scores, req_hidden[:req.n_new, :req.total], layer), v))
-    return torch.cat(outs) if outs else q_all.new_zeros(q_all.shape)
+    return torch.cat(outs) if outs else q_all.new_zeros(q_all.shape[:-1] + (layer.v_head_dim,))
 
 
 def references(fixture: Fixture, layer_id: int) -> Tuple[torch.Tensor, torch.Tensor]:

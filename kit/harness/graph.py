@@ -94,14 +94,10 @@ class _Harness:
         self.real = self.device.type == "cuda"
         self.detail = CUDA_GRAPH if self.real else EMULATED
         self.fill = seq_len_fill_value(backend)
-        model = self.layers[0]
-        hq, hkv, d = model.tp_q_head_num, model.tp_k_head_num, model.head_dim
         zeros = lambda *shape, dtype=kv.dtype: torch.zeros(shape, dtype=dtype, device=self.device)  # noqa: E731
-        # per layer: the token inputs forward() is handed
+        # per layer: the token inputs forward() is handed, shaped as the fixture's
         self.max_tokens = max_tokens
-        self.q = [zeros(max_tokens, hq, d) for _ in self.layers]
-        self.k = [zeros(max_tokens, hkv, d) for _ in self.layers]
-        self.v = [zeros(max_tokens, hkv, d) for _ in self.layers]
+        self.q, self.k, self.v = (list(t) for t in zip(*(x.buffers(max_tokens) for x in fixtures[0].inputs)))
         self.out_cache_loc = zeros(max_tokens, dtype=torch.int64)
         self.positions = zeros(max_tokens, dtype=torch.int64)
         self.req_pool_indices = zeros(self.max_bs, dtype=torch.int32)

@@ -65,7 +65,7 @@ def _judged(fx: Fixture, outs: Sequence[torch.Tensor], before, *more: Pending) -
         output_figures(outs, [r[0] for r in refs], [r[1] for r in refs], fx.case.torch_dtype, labels),
         kv_figures(fx.pools.token_to_kv_pool, before[0], before[1], fx.batch.out_cache_loc, writes),
         *more])
-    forms = [check_form(out, fx.inputs[layer.layer_id].q, label=label)
+    forms = [check_form(out, fx.inputs[layer.layer_id].q, label=label, v_head_dim=layer.v_head_dim)
              for layer, out, label in zip(fx.layers, outs, labels)]
     return outputs + [kv] + forms + rest
 

@@ -77,6 +77,10 @@ class AttentionBackend:
     # True if forward() sees only the real tokens of a padded EXTEND batch: the caller
     # (SGLang's attention layer) runs it on the real rows and zeroes the padded ones.
     real_rows_only: bool = False
+    # The attention kinds forward() implements (Case.kind): "dense" (MHA/GQA/MQA over K and V
+    # caches) and "mla" (latent attention over one latent row per token). A backend that
+    # does not list "mla" is unsupported for MLA cases, whatever its supports() says.
+    attention_kinds: tuple = ("dense",)
     # {mode value: case names}: the smoke cases a plain CPU run (`--case-set auto`) gives a backend
     # too slow on CPU for all of them; None: every case. `--case-set smoke` runs them all.
     ci_cases: Optional[dict] = None
@@ -107,7 +111,10 @@ class AttentionBackend:
     def forward(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, layer: Layer, batch,
                 save_kv_cache: bool = True) -> torch.Tensor:
         """q [T, Hq, D], k/v [T, Hkv, D] -> out [T, Hq, D]. With save_kv_cache,
-        write k/v to the pool at batch.out_cache_loc before attending."""
+        write k/v to the pool at batch.out_cache_loc before attending. MLA: q [T, Hq, R + P]
+        (absorbed: q_nope . W_UK, then q_pe), k [T, 1, R + P] (the latent c_kv, then k_pe), v
+        [T, 1, R] a view of k's first R columns; out [T, Hq, R]; the pool's set_kv_buffer
+        writes k's whole row."""
         raise NotImplementedError
 
     # Optional graph hooks (absent: the graph cells read "no capture hooks"), one style:
@@ -133,6 +140,15 @@ def mode_reason(backend_cls, mode) -> Optional[str]:
     else:
         runs = mode.value in {getattr(m, "value", m) for m in declared}
     return None if runs else f"the backend does not implement mode {mode.value} (its `modes` leave it out)"
+
+
+def kind_reason(backend_cls, case: Case) -> Optional[str]:
+    """Why the backend does not run the case's attention kind (its `attention_kinds` leave it out), or None."""
+    kinds = getattr(backend_cls, "attention_kinds", AttentionBackend.attention_kinds)
+    if case.kind in kinds:
+        return None
+    what = {"mla": "MLA (latent attention)"}.get(case.kind, case.kind)
+    return f"{what}: the backend does not implement it (its `attention_kinds` leave out {case.kind!r})"
 
 
 def library_version(module: str) -> str:

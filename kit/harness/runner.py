@@ -15,7 +15,8 @@ from kit.harness.guard import Guard, canary_figures
 from kit.harness.judge import Verdict, eager_verdict, replay_failure, replay_verdict
 from kit.modes import Exec
 from kit.harness.nan_fill import nan_filled_allocations
-from kit.harness.protocol import NO_CAPTURE_HOOKS, BackendContext, backend_problem, has_graph_hooks, mode_reason
+from kit.harness.protocol import (NO_CAPTURE_HOOKS, BackendContext, backend_problem, has_graph_hooks, kind_reason,
+                                  mode_reason)
 from kit.report.record import CRASH, EAGER, FAIL, PASS, UNSUPPORTED, RunResult, repro_command
 from kit.harness.registry import load_backend
 from kit.report.results import versions
@@ -102,7 +103,10 @@ class RunSetup:
 
 
 def unsupported_reason(backend_cls, case: Case, exec_: Exec) -> Optional[str]:
-    reason = _call("supports()", backend_cls.supports, case)
+    # The kind first: a backend written for dense attention need not know an MLA case's fields.
+    reason = kind_reason(backend_cls, case)
+    if reason is None:
+        reason = _call("supports()", backend_cls.supports, case)
     if reason is None:
         reason = mode_reason(backend_cls, case.mode)
     if reason is None and exec_ is Exec.GRAPH and not has_graph_hooks(backend_cls):
@@ -123,7 +127,7 @@ def _eager(backend, fx: Fixture) -> Verdict:
     before = fx.pools.token_to_kv_pool.snapshot()
     # Copies: the inputs are shared with other runs of the batch (kit.engine.fixture) and judged after,
     # while a backend may write its arguments.
-    given = [(x.q.clone(), x.k_new.clone(), x.v_new.clone()) for x in fx.inputs]
+    given = [x.handed() for x in fx.inputs]
     guard = Guard()
     outs = []
     with guard.watching():

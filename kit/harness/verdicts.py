@@ -20,7 +20,7 @@ Output rules, both per token row:
 from __future__ import annotations
 
 import dataclasses
-from typing import Callable, ClassVar, Dict, List, Sequence, Tuple, Union
+from typing import Callable, ClassVar, Dict, List, Optional, Sequence, Tuple, Union
 
 import torch
 
@@ -166,7 +166,7 @@ def output_figures(outs: Sequence[torch.Tensor], goldens: Sequence[torch.Tensor]
 
 @dataclasses.dataclass
 class FormCheck:
-    """The output is the tensor the layer takes: [T, Hq, D], q's dtype, on q's device. A
+    """The output is the tensor the layer takes: [T, Hq, Dv], q's dtype, on q's device. A
     float64 or fp16 output for a bf16 case can hold right values and still break o_proj."""
 
     failure_class: ClassVar[str] = KERNEL
@@ -182,9 +182,11 @@ class FormCheck:
         return f"{what} ok" if self.ok else f"{what} wrong: " + "; ".join(self.problems)
 
 
-def check_form(out: torch.Tensor, q: torch.Tensor, label: str = "") -> FormCheck:
-    """Against the q handed to forward() ([T, Hq, D], the case's dtype and device)."""
-    expected = {"shape": tuple(q.shape), "dtype": q.dtype, "device": q.device}
+def check_form(out: torch.Tensor, q: torch.Tensor, label: str = "", v_head_dim: Optional[int] = None) -> FormCheck:
+    """Against the q handed to forward() ([T, Hq, D], the case's dtype and device); each head's
+    output is v_head_dim wide (default: q's D; MLA: the latent's rank)."""
+    shape = tuple(q.shape) if v_head_dim is None else tuple(q.shape[:-1]) + (v_head_dim,)
+    expected = {"shape": shape, "dtype": q.dtype, "device": q.device}
     found = {"shape": tuple(out.shape), "dtype": out.dtype, "device": out.device}
     return FormCheck(found == expected, [f"{k} {found[k]}, expected {expected[k]}" for k in expected
                                          if found[k] != expected[k]], label)
