@@ -16,10 +16,11 @@ from kit.engine.case import GQA, LAYOUTS, MHA, MQA, Case
 from kit.engine.catalog import CASE_SETS, Catalog
 from kit.engine.layer import model_layers
 from kit.modes import MODES, ForwardMode
-from kit.modes.rules import causal
+from kit.engine.modes import rules_for
+from kit.engine.modes.rules import causal
 from kit.report.record import parse_run_id, run_id
 from kit.engine.reference import attention
-from kit.harness.verdicts import check_output
+from kit.harness.checks import check_output
 from tests.helpers import run_setup
 
 REPO = Path(__file__).resolve().parent.parent
@@ -210,9 +211,9 @@ def test_run_id_round_trips():
 
 
 def test_every_mode_has_rules_and_cases():
-    """A mode is its rules file (kit/modes/<mode>.py) plus its cases file (cases/<mode>.py)."""
+    """A mode is its rules file (kit/engine/modes/<mode>.py) plus its cases file (cases/<mode>.py)."""
     for mode in MODES:
-        assert mode.rules.mode is mode
+        assert rules_for(mode).mode is mode
         assert catalog.cases("smoke", mode) and catalog.cases("full", mode)
     assert [m.value for m in MODES] == ["decode", "extend", "target_verify", "draft_extend_v2"]
 

@@ -9,7 +9,7 @@ from kit.engine.case import Case
 from kit.engine.pools import MLAKVPool, POISON_V_MEAN, PoolCache
 from kit.harness.protocol import AttentionBackend, kind_reason
 from kit.harness.runner import run_case
-from kit.harness.verdicts import check_kv
+from kit.harness.checks import check_kv
 from kit.modes import Exec, ForwardMode
 from kit.report.record import PASS, UNSUPPORTED
 from tests.helpers import make_fixture, small_case

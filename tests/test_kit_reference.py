@@ -10,7 +10,7 @@ import torch
 from kit.engine import reference
 from kit.modes import ForwardMode
 from kit.engine.pools import CASE_LAYER_ID
-from kit.engine.reference import attention, references
+from kit.engine.reference import attention
 from tests.helpers import make_fixture, small_case
 
 DECODE, EXTEND = ForwardMode.DECODE, ForwardMode.EXTEND
@@ -152,7 +152,7 @@ def test_every_layer_of_a_hybrid_model_has_its_own_golden(case):
     fx = make_fixture(case)
     assert fx.layers[0].sliding_window_size != fx.layers[1].sliding_window_size
     for layer in fx.layers:
-        golden, same_dtype = references(fx, layer.layer_id)
+        golden, same_dtype = fx.reference(layer.layer_id)
         torch.testing.assert_close(golden, brute_force(fx, layer.layer_id), rtol=1e-10, atol=1e-10)
         assert same_dtype.dtype == case.torch_dtype
 

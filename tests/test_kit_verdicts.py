@@ -1,4 +1,4 @@
-"""kit.harness.verdicts catches what it should (and only that), unit by unit and end to end via run_case."""
+"""kit.harness.checks catches what it should (and only that), unit by unit and end to end via run_case."""
 from __future__ import annotations
 
 import dataclasses
@@ -14,7 +14,7 @@ from kit.modes import Exec, ForwardMode
 from kit.engine.pools import CASE_LAYER_ID
 from kit.engine.reference import attention
 from kit.harness.runner import run_case
-from kit.harness.verdicts import ABS_FLOOR, RATIO, REL_RMS, check_form, check_kv, check_output, check_padding
+from kit.harness.checks import ABS_FLOOR, RATIO, REL_RMS, check_form, check_kv, check_output, check_padding
 from tests.helpers import make_fixture, small_case
 
 DECODE, EXTEND = ForwardMode.DECODE, ForwardMode.EXTEND
@@ -452,16 +452,15 @@ def test_a_step_is_read_back_from_the_device_once(monkeypatch):
     """Every layer's output, the KV pool and the guard's canaries of a step are judged from one
     read back: each read back waits for the GPU, a switch between contexts when xdist workers
     share it (the in-box matrix's runs took 0.29 s at 89 waits a run on the H100, 0.15 s at 36)."""
-    from kit.harness.judge import eager_verdict
+    from kit.harness.verdict import eager_verdict
     from kit.harness.guard import Guard, canary_figures
-    from kit.engine.reference import references
     fx = make_fixture(EXTEND_CASE)
     pool, loc = fx.pools.token_to_kv_pool, fx.batch.out_cache_loc.long()
     before = pool.snapshot()
     for layer in fx.layers:  # what a right backend writes
         pool.k_buffer[layer.layer_id][loc] = fx.inputs[layer.layer_id].k_new
         pool.v_buffer[layer.layer_id][loc] = fx.inputs[layer.layer_id].v_new
-    outs = [references(fx, layer.layer_id)[0].to(fx.case.torch_dtype) for layer in fx.layers]
+    outs = [fx.reference(layer.layer_id)[0].to(fx.case.torch_dtype) for layer in fx.layers]
     guard = Guard()
     with guard.watching():  # what a backend allocates gets a canary, read back with the rest
         torch.empty(4, device=fx.q.device)

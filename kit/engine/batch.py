@@ -13,6 +13,16 @@ from kit.modes import ForwardMode
 from kit.engine.pools import KVPool, ReqToTokenPool
 
 
+@dataclasses.dataclass(frozen=True)
+class SpeculativeConfig:
+    """What a serving engine's server config says of speculative decoding, read when the
+    backend is built (graph buffers are sized from it)."""
+
+    algorithm: str  # e.g. "EAGLE"
+    num_draft_tokens: int  # tokens per request in TARGET_VERIFY / DRAFT_EXTEND_V2
+    topk: int  # 1: chain drafts; > 1: tree
+
+
 @dataclasses.dataclass
 class SpecInfo:
     """Speculative-decoding inputs.

@@ -7,6 +7,7 @@ import sys
 import zlib
 from typing import TYPE_CHECKING, Optional, Tuple, Union
 
+from kit.engine.modes import rules_for
 from kit.modes import ForwardMode
 
 if TYPE_CHECKING:
@@ -96,7 +97,7 @@ class Case:
             return f"cap {self.cap!r} must be a number >= 0 (0: no cap)"
         if self.scale is not None and (not _is_number(self.scale) or self.scale <= 0):
             return f"scale {self.scale!r} must be a number > 0, or None for 1/sqrt(head_dim)"
-        return self._mla_problem() or self.mode.rules.validate(self)
+        return self._mla_problem() or rules_for(self.mode).validate(self)
 
     def _mla_problem(self) -> Optional[str]:
         if not _is_int(self.kv_lora_rank) or self.kv_lora_rank < 0 or not _is_int(self.rope_dim) or self.rope_dim < 0:

@@ -22,9 +22,10 @@ from kit.engine.batch import ForwardBatch
 from kit.engine.case import Case
 from kit.engine.fingerprint import fingerprint, unchanged
 from kit.engine.layer import Layer, model_layers
+from kit.engine.modes import rules_for
 from kit.engine.plan import BatchPlan, plan_case
 from kit.engine.pools import CASE_LAYER_ID, POOL_CACHE, Pools
-from kit.engine.reference import references
+from kit.engine.reference import logical_kv, references
 from kit.engine.transfer import to_device
 
 # Batches kept built past the budget (_budget): one run's (at most 6) and more, so that a
@@ -74,8 +75,8 @@ class Fixture:
     layers: Tuple[Layer, ...]  # the model, in layer order (layer_id = index)
     inputs: List[LayerInputs]  # per layer
     batch: ForwardBatch
-    # Per layer id, the (float64 golden, same-dtype) references (kit.engine.reference.references),
-    # shared by every fixture of this batch in the process. init=False: a fixture made from
+    # Per layer id, the (float64 golden, same-dtype) references (Fixture.reference), shared by
+    # every fixture of this batch in the process. init=False: a fixture made from
     # another with dataclasses.replace (a planted bug) starts without them.
     references: Dict[int, Tuple[torch.Tensor, torch.Tensor]] = dataclasses.field(
         default_factory=dict, init=False, repr=False, compare=False)
@@ -101,14 +102,15 @@ class Fixture:
 
     def logical_kv(self, layer_id: int = CASE_LAYER_ID) -> List[Tuple[torch.Tensor, torch.Tensor]]:
         """Per request, K and V of every logical token of a layer in order (cached, then new)."""
-        x = self.inputs[layer_id]
-        out, o, n = [], 0, 0
-        for r in self.plan.requests:
-            k = torch.cat([x.k_old[o:o + r.n_old], x.k_new[n:n + r.n_new]])
-            v = torch.cat([x.v_old[o:o + r.n_old], x.v_new[n:n + r.n_new]])
-            out.append((k, v))
-            o, n = o + r.n_old, n + r.n_new
-        return out
+        return logical_kv(self.plan, self.inputs[layer_id])
+
+    def reference(self, layer_id: int) -> Tuple[torch.Tensor, torch.Tensor]:
+        """(float64 golden, same-dtype reference) of one layer: computed once per batch and
+        process for every layer (self.references is shared by every run of the batch), never
+        by a run (fixtures_for computes them before a backend is made)."""
+        if layer_id not in self.references:
+            self.references.update(references(self))
+        return self.references[layer_id]
 
     def install(self) -> None:
         """Write this fixture into the (shared, reused) pools, in place: poison everywhere,
@@ -162,7 +164,7 @@ def make_batch(plan: BatchPlan, pools: Pools, device) -> ForwardBatch:
         positions=to_device([p for r in reqs for p in r.q_pos], device, torch.int64),
         req_to_token_pool=pools.req_to_token_pool,
         token_to_kv_pool=pools.token_to_kv_pool,
-        **plan.case.mode.rules.batch_fields(plan, device),
+        **rules_for(plan.case.mode).batch_fields(plan, device),
     )
 
 
@@ -312,7 +314,7 @@ def fixtures_for(cases: Sequence[Case], device) -> List[Fixture]:
                      batch=make_batch(s.plan, pools, device))
         fx.references, fx.tables = s.references, s.tables
         held = len(s.tensors())
-        references(fx, CASE_LAYER_ID)
+        fx.reference(CASE_LAYER_ID)
         fx._installed(pools.token_to_kv_pool, pools.req_to_token_pool.req_to_token)
         if s.sealed is None or len(s.tensors()) != held:
             SHARED.seal(case, device, s)

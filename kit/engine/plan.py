@@ -1,4 +1,4 @@
-"""The logical content of a batch, per its runner mode's rules (kit/modes/).
+"""The logical content of a batch, per its runner mode's rules (kit/engine/modes/).
 
 A plan is pure host data: for each request, which tokens are already cached,
 which are new (written by this forward), where each token's KV lives, each new
@@ -15,6 +15,7 @@ import torch
 
 from kit.engine.case import Case
 from kit.engine.layouts import place_pages, slots_of
+from kit.engine.modes import rules_for
 
 # Columns of req_to_token past a request's last token still point at poison.
 CONTEXT_SLACK = 16
@@ -55,7 +56,7 @@ class BatchPlan:
 
 def plan_case(case: Case) -> BatchPlan:
     rng = random.Random(case.rng_seed())
-    rules = case.mode.rules
+    rules = rules_for(case.mode)
     shapes = [rules.request(p, n, case.topk, rng) for p, n in zip(case.prefix, case.new_lens)]
     pages = place_pages(case.layout, case.page, [(s.n_old, s.n_new) for s in shapes], rng)
     rows = rng.sample(range(1, 2 * case.bs + 2), case.bs)

@@ -1,7 +1,9 @@
-"""Independent reference attention, from the fixture's logical token lists.
+"""Independent reference attention, from a batch's logical token lists.
 
 Never reads the pool, req_to_token or any backend metadata: only the plan
-(which keys each query may see, and positions) and the generated q/k/v.
+(which keys each query may see, and positions), the model's layers and the
+generated q/k/v (`Batch`: a kit.engine.fixture.Fixture is one). The fixture
+keeps what is computed here (Fixture.reference).
 
 The float64 golden computes the requests together, padded to the longest (a
 padded key is masked out, a padded query dropped): a few dozen operations per
@@ -10,16 +12,43 @@ batch, where one request at a time took a few dozen per request.
 from __future__ import annotations
 
 import dataclasses
-from typing import TYPE_CHECKING, List, Optional, Tuple
+from typing import Dict, List, Optional, Protocol, Tuple
 
 import torch
 
+from kit.engine.layer import Layer
 from kit.engine.plan import BatchPlan, RequestPlan
 from kit.engine.pools import CASE_LAYER_ID
 from kit.engine.transfer import to_device
 
-if TYPE_CHECKING:  # kit.engine.fixture computes references with this module
-    from kit.engine.fixture import Fixture
+
+class LayerInputs(Protocol):
+    """One layer's random inputs for a batch (kit.engine.fixture.LayerInputs)."""
+
+    q: torch.Tensor  # [num_tokens, Hq, D] new tokens' queries
+    k_new: torch.Tensor  # [num_tokens, Hkv, D] new tokens' keys
+    v_new: torch.Tensor  # [num_tokens, Hkv, Dv]
+    k_old: torch.Tensor  # [sum n_old, Hkv, D] cached tokens' keys, in request order
+    v_old: torch.Tensor
+
+
+class Batch(Protocol):
+    """What a reference is computed from."""
+
+    plan: BatchPlan
+    layers: Tuple[Layer, ...]  # the model, in layer order (layer_id = index)
+    inputs: List[LayerInputs]  # per layer
+
+
+def logical_kv(plan: BatchPlan, x: LayerInputs) -> List[Tuple[torch.Tensor, torch.Tensor]]:
+    """Per request, K and V of every logical token of one layer's inputs in order (cached, then new)."""
+    out, o, n = [], 0, 0
+    for r in plan.requests:
+        k = torch.cat([x.k_old[o:o + r.n_old], x.k_new[n:n + r.n_new]])
+        v = torch.cat([x.v_old[o:o + r.n_old], x.v_new[n:n + r.n_new]])
+        out.append((k, v))
+        o, n = o + r.n_old, n + r.n_new
+    return out
 
 # Requests are taken in groups whose padded float64 scores stay under this size.
 CHUNK_BYTES = 256 << 20
@@ -100,20 +129,20 @@ def _attend(group: _Group, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, la
     return out.reshape(b * nq, hq, v.shape[-1])[group.out_rows]  # padded queries (all keys masked: NaN) dropped
 
 
-def golden(fixture: Fixture, layer_id: int = CASE_LAYER_ID,
+def golden(batch: Batch, layer_id: int = CASE_LAYER_ID,
            groups: Optional[List[_Group]] = None) -> torch.Tensor:
     """[num_tokens, Hq, Dv] float64 attention of one layer, every request at once."""
-    layer = fixture.layers[layer_id]
-    x = fixture.inputs[layer_id]
+    layer = batch.layers[layer_id]
+    x = batch.inputs[layer_id]
     q = x.q.to(torch.float64)
     if groups is None:
-        groups = _groups(fixture.plan, layer.tp_q_head_num, layer.sliding_window_size, q.device)
+        groups = _groups(batch.plan, layer.tp_q_head_num, layer.sliding_window_size, q.device)
     k, v = torch.cat([x.k_old, x.k_new]).to(torch.float64), torch.cat([x.v_old, x.v_new]).to(torch.float64)
     outs = [_attend(g, q, k, v, layer) for g in groups]
     return torch.cat(outs) if outs else q.new_zeros(q.shape[:-1] + v.shape[-1:])
 
 
-def attention(fixture: Fixture, dtype: torch.dtype = torch.float64, layer_id: int = CASE_LAYER_ID,
+def attention(batch: Batch, dtype: torch.dtype = torch.float64, layer_id: int = CASE_LAYER_ID,
               groups: Optional[List[_Group]] = None) -> torch.Tensor:
     """[num_tokens, Hq, D] of one layer, in `dtype`. float64 is the golden (computed by
     golden()); the case dtype gives the same-dtype reference whose error scales the
@@ -122,15 +151,15 @@ def attention(fixture: Fixture, dtype: torch.dtype = torch.float64, layer_id: in
     with AMX measurably), and the tolerance must not move with it. `groups`: the layer's
     (golden's), whose masks say what each request's queries may not see."""
     if dtype == torch.float64:
-        return golden(fixture, layer_id, groups)
-    layer = fixture.layers[layer_id]
-    q_all = fixture.inputs[layer_id].q.to(dtype)
+        return golden(batch, layer_id, groups)
+    layer = batch.layers[layer_id]
+    q_all = batch.inputs[layer_id].q.to(dtype)
     if groups is None:
-        groups = _groups(fixture.plan, layer.tp_q_head_num, layer.sliding_window_size, q_all.device)
+        groups = _groups(batch.plan, layer.tp_q_head_num, layer.sliding_window_size, q_all.device)
     hidden = [h for g in groups for h in g.hidden]  # per request, padded to its group
     group = layer.tp_q_head_num // layer.tp_k_head_num
     outs, n = [], 0
-    for req, (k, v), req_hidden in zip(fixture.plan.requests, fixture.logical_kv(layer_id), hidden):
+    for req, (k, v), req_hidden in zip(batch.plan.requests, logical_kv(batch.plan, batch.inputs[layer_id]), hidden):
         q = q_all[n:n + req.n_new]
         n += req.n_new
         k = k.to(dtype).repeat_interleave(group, dim=1)
@@ -140,18 +169,16 @@ def attention(fixture: Fixture, dtype: torch.dtype = torch.float64, layer_id: in
     return torch.cat(outs) if outs else q_all.new_zeros(q_all.shape[:-1] + (layer.v_head_dim,))
 
 
-def references(fixture: Fixture, layer_id: int) -> Tuple[torch.Tensor, torch.Tensor]:
-    """(float64 golden, same-dtype reference) of one layer: computed once per batch and
-    process for every layer (Fixture.references is shared by every run of the batch),
-    never by a run."""
-    if layer_id not in fixture.references:
-        by_window = {}  # layers of a hybrid model differ in their window
-        for layer in fixture.layers:
-            window = layer.sliding_window_size
-            if window not in by_window:
-                by_window[window] = _groups(fixture.plan, max(x.tp_q_head_num for x in fixture.layers), window,
-                                            fixture.q.device)
-            fixture.references[layer.layer_id] = (
-                golden(fixture, layer.layer_id, by_window[window]),
-                attention(fixture, fixture.case.torch_dtype, layer.layer_id, by_window[window]))
-    return fixture.references[layer_id]
+def references(batch: Batch) -> Dict[int, Tuple[torch.Tensor, torch.Tensor]]:
+    """Per layer id, the (float64 golden, same-dtype reference) of every layer of the model."""
+    by_window = {}  # layers of a hybrid model differ in their window
+    found = {}
+    heads = max(x.tp_q_head_num for x in batch.layers)
+    device = batch.inputs[CASE_LAYER_ID].q.device
+    for layer in batch.layers:
+        window = layer.sliding_window_size
+        if window not in by_window:
+            by_window[window] = _groups(batch.plan, heads, window, device)
+        found[layer.layer_id] = (golden(batch, layer.layer_id, by_window[window]),
+                                 attention(batch, batch.plan.case.torch_dtype, layer.layer_id, by_window[window]))
+    return found

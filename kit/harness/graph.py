@@ -32,12 +32,13 @@ from kit.engine.batch import ForwardBatch
 from kit.engine.fixture import Fixture
 from kit.harness.guard import Guard, canary_figures
 from kit.harness.hoststate import Bindings, replaced, tensor_pointers
-from kit.modes.rules import BATCH_SIZE_GRAPHS, TOKEN_COUNT_GRAPHS
+from kit.engine.modes import rules_for
+from kit.engine.modes.rules import GraphBuckets
 from kit.harness.nan_fill import nan_filled_allocations
 from kit.harness.protocol import TWO_PHASE, graph_protocol, seq_len_fill_value
 from kit.report.record import CUDA_GRAPH, EMULATED, PIECEWISE_EAGER
 from kit.harness.schedule import BS_BUCKETS, TOKEN_BUCKETS, bucket_for
-from kit.harness.verdicts import Pending
+from kit.harness.checks import Pending
 
 WARMUP_RUNS = 2
 
@@ -209,7 +210,7 @@ class BatchGraphs(_Harness):
 
     def __init__(self, backend, fixtures: Sequence[Fixture]):
         case = fixtures[0].case
-        self.rules = case.mode.rules
+        self.rules = rules_for(case.mode)
         self.tokens_per_req = self.rules.tokens_per_request(case)
         max_bs = max(bucket_for(fx.batch.batch_size, BS_BUCKETS) for fx in fixtures)
         super().__init__(backend, fixtures, max_bs * self.tokens_per_req)
@@ -357,9 +358,9 @@ def _split(outs: List[torch.Tensor], n: int, swapped: List[str], memory: Pending
     return Replayed([o[:n] for o in outs], [o[n:] for o in outs], swapped, memory)
 
 
-HARNESSES = {BATCH_SIZE_GRAPHS: BatchGraphs, TOKEN_COUNT_GRAPHS: ExtendGraphs}
+HARNESSES = {GraphBuckets.BATCH_SIZE: BatchGraphs, GraphBuckets.TOKEN_COUNT: ExtendGraphs}
 
 
 def harness_for(backend, fixtures: Sequence[Fixture]) -> _Harness:
     """The harness of the fixtures' mode's graph contract (it sets up the backend's graph state)."""
-    return HARNESSES[fixtures[0].case.mode.rules.graph](backend, fixtures)
+    return HARNESSES[rules_for(fixtures[0].case.mode).graph](backend, fixtures)

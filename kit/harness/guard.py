@@ -7,13 +7,12 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
-from typing import ClassVar, Dict, Iterator, List
+from typing import Dict, Iterator, List
 
 import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 
-from kit.report.record import GRAPH, KERNEL
-from kit.harness.verdicts import Pending, read_back
+from kit.harness.checks import Check, Pending, read_back
 
 GUARD_BYTES = 1024
 CANARY = 0xA5
@@ -106,12 +105,10 @@ class _GuardMode(TorchDispatchMode):
 
 
 @dataclasses.dataclass
-class GuardCheck:
-    failure_class: ClassVar[str] = KERNEL  # a buffer sized from a stale length: the metadata's bug
-    graph_class: ClassVar[str] = GRAPH  # only in a replay: e.g. a grid or size from the wrong batch size
-    quiet: ClassVar[bool] = True
-    replay_only: ClassVar[bool] = False
-    ok: bool
+class GuardCheck(Check):
+    # Its classes are Check's: a buffer sized from a stale length is the metadata's bug (kernel);
+    # only in a replay (graph), e.g. a grid or a size from the wrong batch size.
+    quiet = True
     overruns: List[str]  # "<tensor>: N of the first GUARD_BYTES bytes past its end changed"
 
     def describe(self) -> str:
@@ -135,7 +132,7 @@ class Guard:
 
 def canary_figures(*guards: Guard) -> Pending:
     """Every canary of `guards` compared at once, per device: read back with the step's other
-    checks (kit.harness.verdicts.read_back), not one wait per guard."""
+    checks (kit.harness.checks.read_back), not one wait per guard."""
     by_device: Dict[torch.device, List[_Guarded]] = {}
     for guard in guards:
         for g in guard._mode.guarded:

@@ -13,8 +13,10 @@ from typing import Dict, Optional, Tuple
 
 import torch
 
+from kit.engine.batch import SpeculativeConfig
 from kit.engine.case import Case
 from kit.engine.layer import Layer, model_layers
+from kit.engine.modes import rules_for
 from kit.engine.pools import KVPool, ReqToTokenPool
 
 # The two styles of graph metadata hooks a backend may implement (one or the other):
@@ -29,16 +31,6 @@ GRAPH_HOOKS = {
 NO_CAPTURE_HOOKS = "no capture hooks"
 
 
-@dataclasses.dataclass(frozen=True)
-class SpeculativeConfig:
-    """What a serving engine's server config says of speculative decoding, read when the
-    backend is built (graph buffers are sized from it)."""
-
-    algorithm: str  # e.g. "EAGLE"
-    num_draft_tokens: int  # tokens per request in TARGET_VERIFY / DRAFT_EXTEND_V2
-    topk: int  # 1: chain drafts; > 1: tree
-
-
 @dataclasses.dataclass
 class BackendContext:
     """What a serving engine's model runner gives an attention backend at construction."""
@@ -46,7 +38,7 @@ class BackendContext:
     device: torch.device
     dtype: torch.dtype  # model (q/k/v) dtype
     kv_cache_dtype: torch.dtype
-    page_size: int
+    page_size: int  # the pool's (kit.engine.fixture sets it from the case)
     layers: Tuple[Layer, ...]  # the model's attention layers (heads, head_dim, scale, window, cap), by layer_id
     req_to_token_pool: ReqToTokenPool
     token_to_kv_pool: KVPool
@@ -59,8 +51,8 @@ class BackendContext:
     @classmethod
     def for_case(cls, case: Case, pools, device) -> "BackendContext":
         return cls(device=torch.device(device), dtype=case.torch_dtype, kv_cache_dtype=case.torch_dtype,
-                   page_size=case.page, layers=model_layers(case), req_to_token_pool=pools.req_to_token_pool,
-                   token_to_kv_pool=pools.token_to_kv_pool, speculative=case.mode.rules.speculative_config(case))
+                   page_size=pools.token_to_kv_pool.page_size, layers=model_layers(case), req_to_token_pool=pools.req_to_token_pool,
+                   token_to_kv_pool=pools.token_to_kv_pool, speculative=rules_for(case.mode).speculative_config(case))
 
 
 class AttentionBackend:
@@ -136,7 +128,7 @@ def mode_reason(backend_cls, mode) -> Optional[str]:
     """Why the backend does not run `mode` (its `modes` leave it out), or None."""
     declared = getattr(backend_cls, "modes", None)
     if declared is None:
-        runs = mode.rules.assumed_supported
+        runs = rules_for(mode).assumed_supported
     else:
         runs = mode.value in {getattr(m, "value", m) for m in declared}
     return None if runs else f"the backend does not implement mode {mode.value} (its `modes` leave it out)"

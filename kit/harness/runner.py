@@ -12,7 +12,7 @@ from kit.engine.case import Case
 from kit.engine.fixture import Fixture, fixtures_for
 from kit.harness.graph import harness_for
 from kit.harness.guard import Guard, canary_figures
-from kit.harness.judge import Verdict, eager_verdict, replay_failure, replay_verdict
+from kit.harness.verdict import Verdict, eager_verdict, replay_failure, replay_verdict
 from kit.modes import Exec
 from kit.harness.nan_fill import nan_filled_allocations
 from kit.harness.protocol import (NO_CAPTURE_HOOKS, BackendContext, backend_problem, has_graph_hooks, kind_reason,

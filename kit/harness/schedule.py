@@ -9,7 +9,8 @@ from typing import List, Sequence
 
 from kit.engine.case import Case
 from kit.modes import Exec
-from kit.modes.rules import TOKEN_COUNT_GRAPHS
+from kit.engine.modes import rules_for
+from kit.engine.modes.rules import GraphBuckets
 
 BS_BUCKETS = (1, 2, 4, 8, 16, 32, 64, 128, 256)
 TOKEN_BUCKETS = tuple(16 << i for i in range(12))  # 16 .. 32768
@@ -47,7 +48,7 @@ def replay_schedule(case: Case) -> List[Case]:
     (smaller after larger), then a bs-1 batch, then the case's bucket again with other
     lengths. Token graphs: the bucket pairs (they capture those buckets; other request
     counts, a bs-1 batch among them), then the case, then its shape with other lengths."""
-    if case.mode.rules.graph == TOKEN_COUNT_GRAPHS:
+    if rules_for(case.mode).graph is GraphBuckets.TOKEN_COUNT:
         return token_bucket_pairs(case) + [case, variant(case, case.bs, 3)]
     bucket = bucket_for(case.bs, BS_BUCKETS)
     larger = [b for b in BS_BUCKETS if b > bucket][:1]

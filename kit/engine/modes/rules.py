@@ -1,4 +1,4 @@
-"""What a runner mode is made of: the base of every kit/modes/<mode>.py.
+"""What a runner mode is made of: the base of every kit/engine/modes/<mode>.py.
 
 A mode says which cases it takes, how a request of a case is planned (the
 SPEC seq_lens table: cached and new tokens, seq_len, positions, visibility),
@@ -8,6 +8,7 @@ rows alike, and which graph contract it follows.
 from __future__ import annotations
 
 import dataclasses
+import enum
 import random
 from typing import List, Optional
 
@@ -15,9 +16,13 @@ import torch
 
 from kit.engine.transfer import to_device
 
-# Graph contracts: one graph per batch-size bucket (a fixed number of tokens per
-# request), or the token axis padded to a token bucket (EXTEND's piecewise contract).
-BATCH_SIZE_GRAPHS, TOKEN_COUNT_GRAPHS = "one graph per batch-size bucket", "one graph per token bucket"
+
+class GraphBuckets(enum.Enum):
+    """A mode's graph contract: one graph per batch-size bucket (a fixed number of tokens per
+    request), or the token axis padded to a token bucket (EXTEND's piecewise contract)."""
+
+    BATCH_SIZE = "batch_size"
+    TOKEN_COUNT = "token_count"
 
 
 @dataclasses.dataclass
@@ -51,7 +56,7 @@ def extend_fields(plan, device) -> dict:
 
 class ModeRules:
     mode = None  # the ForwardMode this file defines
-    graph = BATCH_SIZE_GRAPHS
+    graph = GraphBuckets.BATCH_SIZE
     # A backend that does not list its modes (`modes = (...)`) is taken to run this one:
     # true for the modes the protocol started with, false for any added since.
     assumed_supported = True

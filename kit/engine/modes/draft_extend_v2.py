@@ -5,12 +5,9 @@ from __future__ import annotations
 
 import torch
 
-from kit.engine.batch import SpecInfo
+from kit.engine.batch import SpecInfo, SpeculativeConfig
 from kit.modes import ForwardMode
-from kit.harness.protocol import SpeculativeConfig
-from kit.modes.rules import ModeRules, RequestShape, causal, extend_fields
-
-COLUMN = 4
+from kit.engine.modes.rules import ModeRules, RequestShape, causal, extend_fields
 
 
 class DraftExtendV2(ModeRules):

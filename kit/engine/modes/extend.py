@@ -4,15 +4,13 @@ a token bucket."""
 from __future__ import annotations
 
 from kit.modes import ForwardMode
-from kit.modes.rules import TOKEN_COUNT_GRAPHS, ModeRules, RequestShape, causal, extend_fields
+from kit.engine.modes.rules import GraphBuckets, ModeRules, RequestShape, causal, extend_fields
 
-
-COLUMN = 2
 
 
 class Extend(ModeRules):
     mode = ForwardMode.EXTEND
-    graph = TOKEN_COUNT_GRAPHS
+    graph = GraphBuckets.TOKEN_COUNT
     new_help = "one extend length >= 1 per request"
 
     def validate(self, case):

@@ -1,5 +1,6 @@
-"""A verdict: the checks of one eager run or one replay (kit/harness/verdicts.py, kit/harness/guard.py),
-and the failure class they add up to. A new check is one more entry in a list below."""
+"""A verdict: the checks of one eager step or one replay (kit/harness/checks.py,
+kit/harness/guard.py), each by name, and the failure class they add up to. A new check
+is one more field of Verdict, made in eager_verdict / replay_verdict."""
 from __future__ import annotations
 
 import dataclasses
@@ -8,10 +9,9 @@ from typing import List, Optional, Sequence, Tuple
 import torch
 
 from kit.engine.fixture import Fixture
+from kit.harness.checks import (Check, FormCheck, KVCheck, OutputCheck, PaddingCheck, Pending, StateCheck,
+                                check_form, check_state, kv_figures, output_figures, padding_figures, read_back)
 from kit.report.record import GRAPH, KERNEL, KV_WRITE
-from kit.engine.reference import references
-from kit.harness.verdicts import (OutputCheck, Pending, check_form, check_state, kv_figures, output_figures, padding_figures,
-                          read_back)
 
 # When several checks fail, the class that says where to look first: a wrong KV pool
 # explains a wrong output, not the other way round.
@@ -20,7 +20,18 @@ PRECEDENCE = (KV_WRITE, KERNEL, GRAPH)
 
 @dataclasses.dataclass
 class Verdict:
-    checks: list  # each layer's output, the KV pool, each output's form, then the run kind's own checks
+    outputs: List[OutputCheck]  # each layer's output against its golden, in layer order
+    kv: KVCheck  # the KV pool of every layer
+    forms: List[FormCheck]  # each output's shape, dtype and device
+    memory: Check  # writes past what the backend allocated (kit.harness.guard.GuardCheck)
+    state: Optional[StateCheck] = None  # a replay: the tensors the captured graph reads were kept
+    padding: Optional[PaddingCheck] = None  # a replay: its padded rows
+
+    @property
+    def checks(self) -> List[Check]:
+        """Every check, in the order messages name them."""
+        return [*self.outputs, self.kv, *self.forms, self.memory,
+                *(c for c in (self.state, self.padding) if c is not None)]
 
     @property
     def ok(self) -> bool:
@@ -29,10 +40,6 @@ class Verdict:
     @property
     def text(self) -> str:
         return "; ".join(c.describe() for c in self.checks if not (c.quiet and c.ok))
-
-    @property
-    def outputs(self) -> List[OutputCheck]:
-        return [c for c in self.checks if isinstance(c, OutputCheck)]
 
     @property
     def max_err(self) -> float:
@@ -53,34 +60,39 @@ class Verdict:
         return any(not c.ok and not c.replay_only for c in self.checks)
 
 
-def _judged(fx: Fixture, outs: Sequence[torch.Tensor], before, *more: Pending) -> list:
-    """Each layer's output against its golden (in layer order), the KV pool of every layer,
-    then each output's form (shape, dtype, device), then `more`: read back from the device
-    at once."""
-    refs = [references(fx, layer.layer_id) for layer in fx.layers]
+def _judged(fx: Fixture, outs: Sequence[torch.Tensor], before, memory: Pending,
+            padding: Optional[Pending] = None) -> dict:
+    """The checks of a step by name (Verdict's fields), read back from the device at once:
+    each layer's output against its golden, the KV pool of every layer, each output's form,
+    `memory` and, for a replay, `padding`."""
+    refs = [fx.reference(layer.layer_id) for layer in fx.layers]
     labels = [f"layer {layer.layer_id} " for layer in fx.layers]
     writes = {layer.layer_id: (fx.inputs[layer.layer_id].k_new, fx.inputs[layer.layer_id].v_new)
               for layer in fx.layers}
-    outputs, kv, *rest = read_back([
-        output_figures(outs, [r[0] for r in refs], [r[1] for r in refs], fx.case.torch_dtype, labels),
-        kv_figures(fx.pools.token_to_kv_pool, before[0], before[1], fx.batch.out_cache_loc, writes),
-        *more])
-    forms = [check_form(out, fx.inputs[layer.layer_id].q, label=label, v_head_dim=layer.v_head_dim)
-             for layer, out, label in zip(fx.layers, outs, labels)]
-    return outputs + [kv] + forms + rest
+    pending = dict(
+        outputs=output_figures(outs, [r[0] for r in refs], [r[1] for r in refs], fx.case.torch_dtype, labels),
+        kv=kv_figures(fx.pools.token_to_kv_pool, before[0], before[1], fx.batch.out_cache_loc, writes),
+        memory=memory)
+    if padding is not None:
+        pending["padding"] = padding
+    judged = dict(zip(pending, read_back(list(pending.values()))))
+    judged["forms"] = [check_form(out, fx.inputs[layer.layer_id].q, label=label,
+                                  v_head_dim=layer.v_head_dim)
+                       for layer, out, label in zip(fx.layers, outs, labels)]
+    return judged
 
 
 def eager_verdict(fx: Fixture, outs: Sequence[torch.Tensor], before, memory: Pending) -> Verdict:
     """`outs`: forward's output for each layer of the model, in layer order; `memory`: the
     guard's canaries (kit.harness.guard.canary_figures)."""
-    return Verdict(_judged(fx, outs, before, memory))
+    return Verdict(**_judged(fx, outs, before, memory))
 
 
 def replay_verdict(fx: Fixture, replayed, before) -> Verdict:
     """`replayed`: kit.harness.graph.Replayed."""
     judged = _judged(fx, replayed.outs, before, replayed.memory,
                      padding_figures(replayed.padded, fx.pools.token_to_kv_pool))
-    return Verdict(judged[:-1] + [check_state(replayed.replaced), judged[-1]])
+    return Verdict(**judged, state=check_state(replayed.replaced))
 
 
 def replay_failure(replay: Verdict, eager: Optional[Verdict]) -> Tuple[str, str]:

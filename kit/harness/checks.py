@@ -1,12 +1,7 @@
-"""The checks a run is judged by, each with ok / describe() and its failure class:
-output against the float64 golden, the KV pool after the call, padded rows of a
-replay (kit/harness/guard.py adds writes past a backend allocation). kit/harness/judge.py
-combines them into a verdict.
-
-Each check says what a failure means: `failure_class` when it is the run's own
-verdict, `graph_class` when a replay fails it but the same batch run eagerly is
-right. `quiet` checks are named in messages only when they fail; `replay_only`
-checks have no eager counterpart to diagnose a failure with.
+"""The checks a run is judged by, each a `Check` with ok / describe() and its failure
+class: output against the float64 golden, the output's form, the KV pool after the call,
+padded rows and captured tensors of a replay (kit/harness/guard.py adds writes past a
+backend allocation). kit/harness/verdict.py names them in a verdict.
 
 Output rules, both per token row:
 - error ratio (as PyTorch's flex-attention tests): the backend's max error
@@ -25,6 +20,23 @@ from typing import Callable, ClassVar, Dict, List, Optional, Sequence, Tuple, Un
 import torch
 
 from kit.report.record import GRAPH, KERNEL, KV_WRITE
+
+
+@dataclasses.dataclass
+class Check:
+    """What a failing check means, declared once per kind: `failure_class` when it is the
+    run's own verdict, `graph_class` when a replay fails it but the same batch run eagerly is
+    right. A `quiet` check is named in messages only when it fails; a `replay_only` check has
+    no eager counterpart to diagnose a failure with. Subclasses are dataclasses."""
+
+    failure_class: ClassVar[str] = KERNEL
+    graph_class: ClassVar[str] = GRAPH
+    quiet: ClassVar[bool] = False
+    replay_only: ClassVar[bool] = False
+    ok: bool
+
+    def describe(self) -> str:
+        raise NotImplementedError
 
 
 @dataclasses.dataclass
@@ -74,12 +86,7 @@ REL_RMS = {torch.float32: 1e-4, torch.float16: 3 * 2.0 ** -8, torch.bfloat16: 3 
 
 
 @dataclasses.dataclass
-class OutputCheck:
-    failure_class: ClassVar[str] = KERNEL
-    graph_class: ClassVar[str] = GRAPH
-    quiet: ClassVar[bool] = False
-    replay_only: ClassVar[bool] = False
-    ok: bool
+class OutputCheck(Check):
     max_err: float
     ref_err: float
     tol: float
@@ -165,15 +172,11 @@ def output_figures(outs: Sequence[torch.Tensor], goldens: Sequence[torch.Tensor]
 
 
 @dataclasses.dataclass
-class FormCheck:
+class FormCheck(Check):
     """The output is the tensor the layer takes: [T, Hq, Dv], q's dtype, on q's device. A
     float64 or fp16 output for a bf16 case can hold right values and still break o_proj."""
 
-    failure_class: ClassVar[str] = KERNEL
-    graph_class: ClassVar[str] = GRAPH
-    quiet: ClassVar[bool] = True
-    replay_only: ClassVar[bool] = False
-    ok: bool
+    quiet = True
     problems: List[str]
     label: str = ""
 
@@ -198,12 +201,10 @@ PADDED_RANGE_SLACK = 1 + 2.0 ** -6
 
 
 @dataclasses.dataclass
-class PaddingCheck:
-    failure_class: ClassVar[str] = GRAPH
-    graph_class: ClassVar[str] = GRAPH
-    quiet: ClassVar[bool] = True
-    replay_only: ClassVar[bool] = True  # eager runs have no padded rows
-    ok: bool
+class PaddingCheck(Check):
+    failure_class = GRAPH
+    quiet = True
+    replay_only = True  # eager runs have no padded rows
     num_rows: int
     nonfinite_rows: List[int]  # padded rows (counted from the first padded one) holding NaN/inf, first few
     out_of_range_rows: List[int]  # finite padded rows past the pool's values, first few
@@ -251,12 +252,10 @@ def padding_figures(padded: Sequence[torch.Tensor], pool) -> Pending:
 
 
 @dataclasses.dataclass
-class StateCheck:
-    failure_class: ClassVar[str] = GRAPH
-    graph_class: ClassVar[str] = GRAPH
-    quiet: ClassVar[bool] = True
-    replay_only: ClassVar[bool] = True  # eager runs capture nothing
-    ok: bool
+class StateCheck(Check):
+    failure_class = GRAPH
+    quiet = True
+    replay_only = True  # eager runs capture nothing
     replaced: List[str]  # backend attributes holding another tensor than when the graph was captured
 
     def describe(self) -> str:
@@ -271,12 +270,9 @@ def check_state(replaced: List[str]) -> StateCheck:
 
 
 @dataclasses.dataclass
-class KVCheck:
-    failure_class: ClassVar[str] = KV_WRITE
-    graph_class: ClassVar[str] = KV_WRITE
-    quiet: ClassVar[bool] = False
-    replay_only: ClassVar[bool] = False
-    ok: bool
+class KVCheck(Check):
+    failure_class = KV_WRITE
+    graph_class = KV_WRITE
     missing: List[Tuple[int, int]]  # (layer, slot) that should hold the new K/V but do not (first few)
     collateral: List[int]  # slots changed that no real row owns (first few)
     num_missing: int

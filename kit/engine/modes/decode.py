@@ -2,9 +2,7 @@
 from __future__ import annotations
 
 from kit.modes import ForwardMode
-from kit.modes.rules import ModeRules, RequestShape, causal
-
-COLUMN = 1
+from kit.engine.modes.rules import ModeRules, RequestShape, causal
 
 
 class Decode(ModeRules):

@@ -10,13 +10,10 @@ from typing import List
 
 import torch
 
-from kit.engine.batch import SpecInfo
+from kit.engine.batch import SpecInfo, SpeculativeConfig
 from kit.modes import ForwardMode
-from kit.harness.protocol import SpeculativeConfig
-from kit.modes.rules import ModeRules, RequestShape
+from kit.engine.modes.rules import ModeRules, RequestShape
 from kit.engine.transfer import to_device
-
-COLUMN = 3
 
 
 def draft_tree(n: int, topk: int, rng: random.Random) -> List[int]:
