@@ -1,6 +1,7 @@
 """SGLang's own attention backends (sglang 0.5.23), unmodified, under the kit:
-`sglang_triton` (TritonAttnBackend), `sglang_torch_native` (TorchNativeAttnBackend)
-and `sglang_flashinfer` (FlashInferAttnBackend, CUDA only). adapter.py maps the
+`sglang_triton` (TritonAttnBackend, dense and MLA), `sglang_torch_native` (TorchNativeAttnBackend),
+`sglang_flashinfer` (FlashInferAttnBackend, CUDA only) and `sglang_flashinfer_mla`
+(FlashInferMLAAttnBackend, MLA, CUDA only). adapter.py maps the
 kit's context, pools, batch and layers to SGLang's; runtime.py imports and sets
 up SGLang when a backend is built; install.py installs it (README "Testing
 SGLang's backends").
@@ -15,6 +16,7 @@ import torch
 if not torch.cuda.is_available():
     os.environ.setdefault("TRITON_INTERPRET", "1")
 
-from backends.sglang.adapter import SGLangFlashInferBackend, SGLangTorchNativeBackend, SGLangTritonBackend  # noqa: E402
+from backends.sglang.adapter import (SGLangFlashInferBackend, SGLangFlashInferMLABackend,  # noqa: E402
+                                     SGLangTorchNativeBackend, SGLangTritonBackend)
 
-__all__ = ["SGLangFlashInferBackend", "SGLangTorchNativeBackend", "SGLangTritonBackend"]
+__all__ = ["SGLangFlashInferBackend", "SGLangFlashInferMLABackend", "SGLangTorchNativeBackend", "SGLangTritonBackend"]

@@ -12,7 +12,9 @@ What is mapped, and nothing more (a bug here could hide one in SGLang):
   on every call, over the kit's tensors (views, never copies), so a graph's replays re-read
   the kit's static buffers;
 - the kit's layer -> a RadixAttention (one per layer config), called as a model calls it:
-  the layer narrows a token-padded EXTEND batch to its real rows itself.
+  the layer narrows a token-padded EXTEND batch to its real rows itself;
+- an MLA case -> the model config SGLang derives for an MLA model, the kit's latent pool behind
+  SGLang's own MLATokenToKVPool code, and the DeepSeek model's absorbed call (mla.py).
 """
 from __future__ import annotations
 
@@ -22,6 +24,7 @@ from typing import Optional
 
 import torch
 
+from backends.sglang import mla
 from kit.modes import ForwardMode
 from kit.harness.protocol import AttentionBackend, library_version
 
@@ -104,12 +107,16 @@ class _ModelRunner:
     """The model-runner attributes SGLang's attention backends read at construction."""
 
     def __init__(self, ctx, sg, attention_backend: str):
+        layer = ctx.layers[0]  # the kit's layers share heads, head_dim and the MLA ranks
         self.device = ctx.device
         self.gpu_id = ctx.device.index or 0
         self.dtype = ctx.dtype
         self.kv_cache_dtype = ctx.kv_cache_dtype
         self.page_size = ctx.page_size
         self.model_config = _ModelConfig(ctx, sg)
+        self.use_mla_backend = layer.is_mla
+        if self.use_mla_backend:
+            mla.mla_config(self.model_config, layer, sg)
         # One window for the model's window layers (kit and SGLang count it alike: a query at p
         # sees keys p-W..p); None without one. The kit's layers have at most one window size.
         windows = {layer.sliding_window_size for layer in ctx.layers if layer.sliding_window_size >= 0}
@@ -120,7 +127,8 @@ class _ModelRunner:
         self.server_args = sg.get_context().server_args
         self.speculative = ctx.speculative
         self.req_to_token_pool = ctx.req_to_token_pool
-        self.token_to_kv_pool = _KVPool(ctx.token_to_kv_pool, sg)
+        self.token_to_kv_pool = (mla.pool_class(sg)(ctx.token_to_kv_pool, layer) if self.use_mla_backend
+                                 else _KVPool(ctx.token_to_kv_pool, sg))
         self.token_to_kv_pool_allocator = _Allocator(self.token_to_kv_pool)
         # As ModelRunner.init_kv_index_translator (model_runner.py:950).
         self.kv_index_translator = sg.KVIndexTranslator(
@@ -149,6 +157,7 @@ class SGLangBackend(AttentionBackend):
 
     sglang_class: str = ""  # module:attr in sglang
     server_name: str = ""  # its --attention-backend name
+    server_fields: dict = {}  # its own server args, besides those install_server_args sets
     # Forward gets a token-padded EXTEND batch whole: SGLang's RadixAttention runs the backend on
     # its real rows and zeroes the rest (graph_utils.py:146, :161). Its piecewise prefill graphs
     # leave attention out of the capture (the breakable backend runs it eagerly).
@@ -168,13 +177,15 @@ class SGLangBackend(AttentionBackend):
         from backends.sglang import runtime as sg
 
         self.sg = sg
-        sg.install_server_args(self.server_name, ctx.device, ctx.speculative)
+        sg.install_server_args(self.server_name, ctx.device, ctx.speculative, **self.server_fields)
         self.runner = _ModelRunner(ctx, sg, self.server_name)
         self.impl = self._impl_class()(self.runner)
+        # An MLA layer as DeepSeek's `attn_mqa`: head_dim = rank + rope, one KV head, v_head_dim = rank
+        # (models/deepseek_v2.py:2183).
         self.layers = {layer: sg.RadixAttention(
             num_heads=layer.tp_q_head_num, head_dim=layer.head_dim, scaling=layer.scaling,
             num_kv_heads=layer.tp_k_head_num, layer_id=layer.layer_id, logit_cap=layer.logit_cap,
-            sliding_window_size=layer.sliding_window_size) for layer in ctx.layers}
+            sliding_window_size=layer.sliding_window_size, v_head_dim=layer.v_head_dim) for layer in ctx.layers}
 
     def _impl_class(self):
         """The SGLang class wrapped (a real-code mutant gives a patched copy's)."""
@@ -227,9 +238,13 @@ class SGLangBackend(AttentionBackend):
     def forward(self, q, k, v, layer, batch, save_kv_cache=True):
         sg = self.sg
         t = q.shape[0]
+        if layer.is_mla:
+            q, k, v, parts = mla.absorbed_call(self.server_name, q, k, v, layer.kv_lora_rank)
+        else:
+            q, parts = q.reshape(t, -1), {}
         with sg.forward_context(sg.ForwardContext(attn_backend=self.impl)):
-            out = self.layers[layer](q.reshape(t, -1), k, v, self._forward_batch(batch), save_kv_cache=save_kv_cache)
-        return out.view(t, layer.tp_q_head_num, layer.head_dim)
+            out = self.layers[layer](q, k, v, self._forward_batch(batch), save_kv_cache=save_kv_cache, **parts)
+        return out.view(t, layer.tp_q_head_num, layer.v_head_dim)
 
 
 class _GraphHooks:
@@ -256,9 +271,13 @@ class _GraphHooks:
 
 
 class SGLangTritonBackend(_GraphHooks, SGLangBackend):
+    """Dense and MLA models alike: TritonAttnBackend reads the model config's attention_arch
+    (triton_backend.py:243) and writes an MLA latent row through the pool's set_kv_buffer."""
+
     name = "sglang_triton"
     sglang_class = "sglang.srt.layers.attention.triton_backend:TritonAttnBackend"
     server_name = "triton"
+    attention_kinds = ("dense", "mla")
     # A plain CPU run (CI) gives it one short case per mode: in Triton's interpreter SGLang's
     # kernels take 5-60 s a run. `--case-set smoke` runs every smoke case (results/cpu.json).
     ci_cases = {"decode": ("mqa_p1_shuf",), "extend": ("mqa_p1_shuf",),
@@ -269,7 +288,7 @@ class SGLangTritonBackend(_GraphHooks, SGLangBackend):
         interpreted_bf16 = case.dtype == "bf16" and not torch.cuda.is_available()
         return super().supports(case) or (
             "bf16 on CPU: Triton's interpreter computes bf16 tl.dot wrong (CPU runs fp16/fp32)" if interpreted_bf16
-            else None)
+            else mla.triton_decode_width_problem(case))
 
     def __init__(self, ctx):
         super().__init__(ctx)
@@ -308,3 +327,36 @@ class SGLangFlashInferBackend(_GraphHooks, SGLangBackend):
         from backends import flashinfer  # FlashInfer itself: SGLang's backend needs it as ours does
 
         return super().supports(case) or flashinfer.UNAVAILABLE
+
+
+class SGLangFlashInferMLABackend(_GraphHooks, SGLangBackend):
+    """FlashInferMLAAttnBackend: what SGLang builds for `--attention-backend flashinfer` on an MLA
+    model (attention_registry.py:55-77). Its graph hooks capture DECODE and TARGET_VERIFY only:
+    DRAFT_EXTEND_V2 raises "Invalid mode" at capture (flashinfer_mla_backend.py:393).
+
+    The DeepSeek model runs an EXTEND batch absorbed (over the latent) with this backend when
+    its ragged prefill is off or the batch has a prefix below the chunked-prefix threshold
+    (deepseek_common/attention_backend_handler.py _handle_attention_backend); otherwise its
+    normal path runs dense MHA over K/V decompressed from the latent, outside the latent pool.
+    `--flashinfer-mla-disable-ragged` makes every EXTEND batch take the absorbed path, which is
+    what the kit's MLA cases test."""
+
+    name = "sglang_flashinfer_mla"
+    sglang_class = "sglang.srt.layers.attention.flashinfer_mla_backend:FlashInferMLAAttnBackend"
+    server_name = "flashinfer"
+    server_fields = {"flashinfer_mla_disable_ragged": True}
+    attention_kinds = ("mla",)  # SGLang builds it for MLA models only
+
+    @classmethod
+    def versions(cls):
+        return dict(super().versions(), flashinfer=library_version("flashinfer"))
+
+    @classmethod
+    def supports(cls, case):
+        from backends.flashinfer_mla import FlashInferMLABackend  # FlashInfer's own MLA limits, as ours
+
+        problem = super().supports(case)
+        if problem is None and case.mode is ForwardMode.TARGET_VERIFY and case.topk > 1:
+            problem = ("tree verify (topk > 1): FlashInferMLAAttnBackend plans verify causal, with no custom mask "
+                       "(flashinfer_mla_backend.py:1110), and its draft backend refuses topk > 1 (:1197)")
+        return problem or FlashInferMLABackend.supports(case)

@@ -30,7 +30,7 @@ with warnings.catch_warnings():
     from sglang.srt.layers.quantization.fp4_kv_cache_quant_method import UnquantizedKVCacheMethod
     from sglang.srt.layers.radix_attention import RadixAttention
     from sglang.srt.mem_cache.kv_index_translator import KVIndexTranslator
-    from sglang.srt.mem_cache.memory_pool import unwrap_write_loc
+    from sglang.srt.mem_cache.memory_pool import MLATokenToKVPool, unwrap_write_loc
     from sglang.srt.model_executor.cuda_graph_config import Backend, CudaGraphConfig, PhaseConfig
     from sglang.srt.model_executor.forward_batch_info import CaptureHiddenMode, ForwardBatch, ForwardMode
     from sglang.srt.model_executor.forward_context import ForwardContext, forward_context
@@ -45,10 +45,11 @@ with warnings.catch_warnings():
 get_parallel().override_permanently(attn_tp_size=1, attn_dcp_rank=0)
 
 
-def install_server_args(attention_backend: str, device: torch.device, speculative) -> None:
+def install_server_args(attention_backend: str, device: torch.device, speculative, **fields) -> None:
     """Publish the server args a backend reads at construction (and its kernels after), through
     SGLang's own test hook (runtime_context.py:1177). Graphs are driven by the kit, so SGLang's
-    own CUDA-graph runners are off; speculative fields come from the kit's config."""
+    own CUDA-graph runners are off; speculative fields come from the kit's config; `fields`, a
+    backend's own."""
     get_context().override_server_args(
         attention_backend=attention_backend,
         chunked_prefill_size=-1,
@@ -62,6 +63,7 @@ def install_server_args(attention_backend: str, device: torch.device, speculativ
         speculative_num_draft_tokens=speculative.num_draft_tokens if speculative else 1,
         speculative_num_steps=speculative.num_draft_tokens - 1 if speculative else 0,
         device=device.type,
+        **fields,
     ).install()
 
 
@@ -69,5 +71,5 @@ MODES = {"decode": ForwardMode.DECODE, "extend": ForwardMode.EXTEND, "target_ver
          "draft_extend_v2": ForwardMode.DRAFT_EXTEND_V2}
 
 __all__ = ["AttentionArch", "AttentionBackend", "CaptureHiddenMode", "EagleDraftExtendInput", "EagleVerifyInput",
-           "ForwardBatch", "ForwardContext", "KVIndexTranslator", "MODES", "PretrainedConfig", "RadixAttention",
+           "ForwardBatch", "ForwardContext", "KVIndexTranslator", "MLATokenToKVPool", "MODES", "PretrainedConfig", "RadixAttention",
            "UnquantizedKVCacheMethod", "forward_context", "install_server_args", "unwrap_write_loc"]
