@@ -94,3 +94,26 @@ def test_watching_imports_no_compiler():
     proc = subprocess.run([sys.executable, "-c", code], cwd=REPO, capture_output=True, text=True, timeout=120)
     assert proc.returncode == 0, proc.stderr
     assert proc.stdout.strip() == "[]", proc.stdout
+
+
+class _PinRequests(TorchDispatchMode):
+    """Below the guard: records each allocation's pin_memory request and makes a plain tensor (a
+    page-locked one needs an accelerator)."""
+
+    def __init__(self):
+        super().__init__()
+        self.pinned = []
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        kwargs = dict(kwargs or {})
+        self.pinned.append(bool(kwargs.pop("pin_memory", False)))
+        return func(*args, **kwargs)
+
+
+def test_page_locked_host_buffers_are_allocated_as_asked():
+    """A library's page-locked staging buffer (FlashInfer MLA allocates one at its first plan) is
+    not replaced by the guard's plain allocation: its plan() refuses an unpinned one."""
+    below = _PinRequests()
+    with below, Guard().watching():
+        torch.empty(8, dtype=torch.uint8, pin_memory=True)
+    assert below.pinned == [True]

@@ -66,6 +66,10 @@ def _guarded_alloc(func, args, kwargs):
     arange runs for real and is copied in (its result is an index vector, small): on the meta
     device it goes through PyTorch's symbolic-shape checks, whose first use imports sympy, ~4 s
     of each worker's first run on the GPU host."""
+    if kwargs.get("pin_memory"):
+        # A page-locked host buffer (a library's staging area, e.g. FlashInfer MLA's plan workspace,
+        # allocated at its first plan): the guard's own allocation would not be page-locked.
+        return None
     made = func(*args, **kwargs) if func in ARANGE else None
     try:
         meta = made if made is not None else func(*args, **{**kwargs, "device": torch.device("meta")})
