@@ -12,7 +12,7 @@ from kit.report.record import (COMPLETE, FAIL, PASS, UNSUPPORTED, ResultsError, 
 from matrix import mutation, readme
 from matrix.table import render
 
-REGENERATE = "regenerate it with the README's full command for its device (The matrix)"
+REGENERATE = "regenerate it with the full command for its device (docs/running.md, 'Regenerating the tables')"
 
 
 def _first(ids: List[str]) -> str:

@@ -54,24 +54,3 @@ def test_ci_installs_cpu_torch_first_and_says_how_elsewhere():
     assert any("https://download.pytorch.org/whl/cpu" in line for line in lines[:torch_line] if line.startswith("#"))
     workflow = (REPO / ".github" / "workflows" / "conformance.yml").read_text()
     assert 'TORCH_INDEX_URL: "https://download.pytorch.org/whl/cpu"' in workflow
-
-
-def test_adding_a_backend_names_every_field_a_backend_reads():
-    """The section names the Layer fields, the context, the pool readers and every batch field
-    (common and per mode), says where the test-id label comes from and which backend to copy."""
-    import dataclasses
-
-    from kit.engine.batch import ForwardBatch, SpecInfo
-    from kit.engine.layer import Layer
-    from kit.harness.protocol import BackendContext
-
-    section = _section("Adding a backend")
-    properties = lambda cls: [n for n, v in vars(cls).items() if isinstance(v, property)]  # noqa: E731
-    names = [f.name for cls in (Layer, ForwardBatch, BackendContext) for f in dataclasses.fields(cls)]
-    names += properties(Layer) + properties(ForwardBatch) + properties(BackendContext)
-    names += [f"spec_info.{f.name}" for f in dataclasses.fields(SpecInfo)]
-    names += ["req_to_token_pool.req_to_token", "get_key_buffer(layer_id)", "get_value_buffer(layer_id)",
-              "get_kv_buffer(layer_id)", "set_kv_buffer", "page_size"]
-    missing = [n for n in names if f"`{n}`" not in section and f"`{n} " not in section]
-    assert not missing, missing
-    assert "`name`" in section and "test ids" in section and "backends/torch_native.py" in section

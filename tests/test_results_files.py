@@ -34,7 +34,7 @@ def test_file_records_what_was_selected(tmp_path):
 
 
 def test_write_refuses_a_narrowed_run(project, tmp_path):
-    """`matrix write` cannot replace committed results with a narrowed run (README: Regenerate)."""
+    """`matrix write` cannot replace committed results with a narrowed run (docs/running.md: Regenerating the tables)."""
     proc, _ = run_suite(tmp_path, "torch_native", (), "--exec", "eager")
     assert proc.returncode == 0, proc.stdout[-1500:]
     (tmp_path / "results.json").replace(project["results_dir"] / "cpu.json")

@@ -3,8 +3,7 @@
 `sglang_flashinfer` (FlashInferAttnBackend, CUDA only) and `sglang_flashinfer_mla`
 (FlashInferMLAAttnBackend, MLA, CUDA only). adapter.py maps the
 kit's context, pools, batch and layers to SGLang's; runtime.py imports and sets
-up SGLang when a backend is built; install.py installs it (README "Testing
-SGLang's backends").
+up SGLang when a backend is built; install.py installs it (docs/sglang.md).
 
 Without CUDA SGLang's kernels run in Triton's interpreter, which Triton picks when a
 kernel (its own `tl` helpers included) is defined: set before anything imports triton.

@@ -43,7 +43,7 @@ def sglang_problem() -> Optional[str]:
         return f"sglang {PINNED} is not installed: {INSTALL}"
     if version != PINNED:
         return (f"sglang {version} is installed, the adapter is pinned to {PINNED} "
-                f"(README 'Testing SGLang's backends' says how to move the pin)")
+                f"(docs/sglang.md says how to move the pin)")
     return None
 
 

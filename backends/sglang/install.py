@@ -26,7 +26,7 @@ def main() -> int:
         return subprocess.call(cmd)
     if version != PINNED:
         print(f"sglang {version} is installed, the adapter is pinned to {PINNED}: its backends read "
-              f"`unsupported` until the pin moves (README 'Testing SGLang's backends')", file=sys.stderr)
+              f"`unsupported` until the pin moves (docs/sglang.md)", file=sys.stderr)
         return 1
     print(f"sglang {version} is installed: using it as it is")
     return 0

@@ -1,5 +1,5 @@
 """Import-time stand-ins for modules SGLang's attention import chain imports but
-that cannot be installed here (README "Testing SGLang's backends" lists each).
+that cannot be installed here (docs/sglang.md lists each).
 Nothing in the installed sglang package is edited.
 
 A finder appended at the END of sys.meta_path serves a shimmed top-level name and

@@ -163,9 +163,9 @@ def backend_problem(obj) -> Optional[str]:
     """Why `obj` cannot be a backend before anything runs (not a class, or no `supports`, the
     first thing the kit calls), or None. The instance methods fail at their own stage."""
     if not isinstance(obj, type):
-        return f"a {type(obj).__name__}, not a backend class (see 'Adding a backend' in the README)"
+        return f"a {type(obj).__name__}, not a backend class (see docs/extending.md, 'Adding a backend')"
     if not callable(getattr(obj, "supports", None)):
-        return f"the class {obj.__name__} has no `supports` classmethod (see 'Adding a backend' in the README)"
+        return f"the class {obj.__name__} has no `supports` classmethod (see docs/extending.md, 'Adding a backend')"
     return None
 
 

@@ -115,7 +115,7 @@ class ResultsFile:
 def read_results_file(path) -> ResultsFile:
     """A results file written by kit.report.results.write_results, or ResultsError saying what is wrong."""
     p = Path(path)
-    fix = "regenerate it with `python -m pytest ... --results-json` (README, Run)"
+    fix = "regenerate it with `python -m pytest ... --results-json` (docs/running.md, 'The results file')"
     if not p.exists():
         raise ResultsError(f"{path}: no such results file; check the path (a run writes it with --results-json)")
     if not p.is_file():
