@@ -1,6 +1,8 @@
 """Every collected run ends with a record: a backend that exits, raises past `except Exception`,
 is no backend class, or hangs is a `crash` naming its stage, and the session goes on."""
+import inspect
 import json
+import os
 import subprocess
 import sys
 
@@ -11,6 +13,8 @@ from kit.modes import Exec, ForwardMode
 from kit.report.record import CRASH, FAIL, PASS
 from kit.harness.runner import run_case
 from tests.test_matrix import REPO, SMOKE_DECODE, run_suite
+from backends.torch_native import TorchNativeBackend
+from tests.toys.crashing import HangBackend, TorchErrorBackend
 
 TOYS = "tests.toys.crashing"
 BS3 = catalog.find_case(ForwardMode.DECODE, "mqa_p1_shuf")  # the smoke decode case the toys misbehave on
@@ -37,9 +41,25 @@ def test_hung_backend_times_out_at_its_stage():
     # A run within its limit first (it also does this process's first-run imports, which a short
     # limit must not interrupt).
     assert run_case(f"{TOYS}:HangBackend", BS3.with_(prefix=(5, 30)), Exec.EAGER, timeout=120).outcome == PASS
-    r = run_case(f"{TOYS}:HangBackend", BS3, Exec.EAGER, timeout=3)
+    r = run_case(f"{TOYS}:HangBackend", BS3, Exec.EAGER, timeout=10)
     assert (r.outcome, r.failure_class) == (FAIL, CRASH)
-    assert r.message.startswith("forward (layer 0): RunTimeout: timeout after 3 s at ") and r.seconds < 60, r.message
+    assert r.message.startswith("forward (layer 0): RunTimeout: timeout after 10 s at ") and r.seconds < 60, r.message
+    assert r.repro.endswith(" --timeout 10"), r.repro
+    # Where it was stopped: the backend's line (the sleep; on a loaded machine the limit may come
+    # earlier, in the torch_native code it inherits), never the time limit's signal handler.
+    sleep_line = inspect.getsourcelines(HangBackend.misbehave)[1] + 1
+    stopped_at = r.message.rsplit(" at ", 1)[1]
+    assert (stopped_at == f"{inspect.getsourcefile(HangBackend)}:{sleep_line}"
+            or stopped_at.startswith(inspect.getsourcefile(TorchNativeBackend) + ":")), r.message
+
+
+def test_a_crash_inside_torch_names_the_backends_line_too():
+    r = run_case(f"{TOYS}:TorchErrorBackend", BS3, Exec.EAGER)
+    assert (r.outcome, r.failure_class) == (FAIL, CRASH)
+    einsum_line = inspect.getsourcelines(TorchErrorBackend.misbehave)[1] + 3
+    assert f"{os.sep}torch{os.sep}" in r.message.split(" at ")[-1], r.message
+    assert r.message.endswith(f"(called from {inspect.getsourcefile(TorchErrorBackend)}:{einsum_line})"), r.message
+    assert "--timeout" not in r.repro
 
 
 @pytest.mark.parametrize("backend", [f"{TOYS}:SysExitBackend", f"{TOYS}:BaseExceptionBackend", "os:path",

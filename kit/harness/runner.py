@@ -3,7 +3,6 @@ from __future__ import annotations
 
 import dataclasses
 import time
-import traceback
 from typing import List, Optional
 
 import torch
@@ -22,6 +21,7 @@ from kit.harness.registry import load_backend
 from kit.report.results import versions
 from kit.harness.schedule import batches
 from kit.harness.timeout import RunTimeout, time_limit
+from kit.harness.where import where
 
 
 def default_device() -> torch.device:
@@ -43,10 +43,9 @@ class _Crash(Exception):
     """A backend raised (or the device faulted); carries where it happened."""
 
     def __init__(self, stage: str, exc: BaseException):
-        tb = traceback.extract_tb(exc.__traceback__)
-        where = f" at {tb[-1].filename}:{tb[-1].lineno}" if tb else ""
         self.device_lost = any(e in str(exc) for e in STICKY_DEVICE_ERRORS)
-        super().__init__(f"{stage}: {type(exc).__name__}: {exc}{where}")
+        self.timed_out = isinstance(exc, RunTimeout)
+        super().__init__(f"{stage}: {type(exc).__name__}: {exc}{where(exc)}")
 
 
 def _unsynced(stage: str, fn, *args, **kwargs):
@@ -162,8 +161,11 @@ def run_case(backend_spec: str, case: Case, exec_: Exec, device: Optional[torch.
     except _Crash as crash:
         result.outcome, result.failure_class, result.message = FAIL, CRASH, str(crash)
         result.device_lost = crash.device_lost
+        if crash.timed_out:
+            result.repro = repro_command(backend_spec, case.mode.value, exec_.value, case.name, catalog, timeout)
     except RunTimeout as exc:  # in the kit's own code, between backend calls
         result.outcome, result.failure_class, result.message = FAIL, CRASH, f"{exc} in the kit, between backend calls"
+        result.repro = repro_command(backend_spec, case.mode.value, exec_.value, case.name, catalog, timeout)
     result.seconds = round(time.perf_counter() - start, 4)
     return result
 

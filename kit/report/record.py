@@ -71,11 +71,15 @@ def verdict(record: Dict) -> str:
     return record["outcome"] + (f" [{record['failure_class']}]" if record.get("failure_class") else "")
 
 
-def repro_command(backend: str, mode: str, exec_: str, case: str, catalog: Optional[str] = None) -> str:
-    """The one-line command that re-runs a run (the catalog named only when not the default)."""
+def repro_command(backend: str, mode: str, exec_: str, case: str, catalog: Optional[str] = None,
+                  timeout: Optional[float] = None) -> str:
+    """The one-line command that re-runs a run (the catalog named only when not the default; the
+    time limit for a run that ran out of it, which the same limit reproduces)."""
     args = ["--backend", backend, "--mode", mode, "--exec", exec_, "--case", case]
     if catalog:
         args += ["--cases", catalog]
+    if timeout:
+        args += ["--timeout", f"{timeout:g}"]
     return "python -m kit run " + " ".join(shlex.quote(a) for a in args)
 
 

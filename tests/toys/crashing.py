@@ -37,6 +37,17 @@ class HangBackend(_MisbehavesOnThree):
         time.sleep(600)
 
 
+class TorchErrorBackend(_MisbehavesOnThree):
+    """Hands torch shapes that do not fit: the traceback ends inside torch's own Python code."""
+
+    name = "toy_torch_error"
+
+    def misbehave(self, layer, batch):
+        import torch
+
+        torch.einsum("ij,jk->ik", torch.ones(2, 3), torch.ones(2, 3))
+
+
 class DeviceFaultBackend(_MisbehavesOnThree):
     """Reads far out of bounds. On CUDA that is a real device-side assert (the context is lost);
     on CPU the IndexError is re-raised as the CUDA error would read."""
