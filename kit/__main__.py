@@ -2,6 +2,7 @@
 the catalog and the backends."""
 from __future__ import annotations
 
+import argparse
 import collections
 import dataclasses
 import json
@@ -14,7 +15,7 @@ from kit.cli import FAILED, Parser, fail
 from kit.modes import EXECS, MODES, parse_exec, parse_mode
 from kit.harness.protocol import backend_problem, has_graph_hooks, mode_reason
 from kit.report.record import FAIL
-from kit.harness.registry import known_backends, load_backend
+from kit.harness.registry import UnknownBackend, backend_label, known_backends, load_backend
 from kit.harness.runner import run_case
 from kit.harness.timeout import DEFAULT_S
 
@@ -31,7 +32,7 @@ def build_parser() -> Parser:
     run.add_argument("--exec", required=True, dest="exec_", help=", ".join(e.value for e in EXECS))
     run.add_argument("--case", required=True, help="case name (see `python -m kit list`)")
     run.add_argument("--device", default=None, help="cpu or cuda (default: cuda when present)")
-    run.add_argument("--timeout", type=float, default=DEFAULT_S,
+    run.add_argument("--timeout", type=_seconds, default=DEFAULT_S,
                      help=f"seconds after which the run stops as a crash (default {DEFAULT_S:g}; 0: none)")
     run.add_argument("--json", action="store_true", help="print the result record as JSON on the last line")
     lst = sub.add_parser("list", prog=f"{PROG} list", help="list the cases of a set (mode, name, batch, page, dtype, "
@@ -43,6 +44,14 @@ def build_parser() -> Parser:
     for p in (run, lst):
         p.add_argument("--cases", default=None, help="case catalog as module:attr (default: the in-box one)")
     return parser
+
+
+def _seconds(text: str) -> float:
+    """A time limit: seconds, 0 for none; a negative one is refused (it would mean none, silently)."""
+    seconds = float(text)
+    if seconds < 0:
+        raise argparse.ArgumentTypeError(f"{text}: give seconds >= 0 (0: no limit)")
+    return seconds
 
 
 def _list_cases(catalog, case_set: str) -> None:
@@ -89,10 +98,15 @@ def _run(args, catalog) -> int:
         return fail(PROG, f"{exc.args[0]} (see `python -m kit list`)")
     except (ValueError, RuntimeError) as exc:
         return fail(PROG, f"{exc}")
+    try:  # as pytest does: an unknown name or a target that does not import is a usage error
+        label = backend_label(args.backend)
+    except (UnknownBackend, ImportError, AttributeError, ValueError, TypeError) as exc:
+        return fail(PROG, f"--backend {args.backend}: {exc}")
     if device is not None and device.type == "cuda" and not torch.cuda.is_available():
         return fail(PROG, f"--device {args.device}: CUDA is not available here (torch {torch.__version__}); "
                           f"use --device cpu, or leave --device out")
-    result = run_case(args.backend, case, exec_, device=device, catalog=args.cases, timeout=args.timeout)
+    result = run_case(args.backend, case, exec_, device=device, label=label, catalog=args.cases,
+                      timeout=args.timeout)
     if args.json:
         print(json.dumps(dataclasses.asdict(result)))
         return FAILED if result.outcome == FAIL else 0

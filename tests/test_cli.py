@@ -36,7 +36,12 @@ def _run(*args):
     (["run", "--backend", "torch_native", "--mode", "decod", "--exec", "eager", "--case", "x"], ["unknown mode"]),
     (["list", "--cases", "nosuch:CATALOG"], ["--cases nosuch:CATALOG", "No module named 'nosuch'"]),
     (["list", "--no-such-option"], ["unrecognized arguments", "--help"]),
-], ids=["case", "case_set", "device", "mode", "cases", "option"])
+    (["run", "--backend", "nosuch", "--mode", "decode", "--exec", "eager", "--case", "mqa_p1_shuf"],
+     ["--backend nosuch: unknown backend 'nosuch'; known:", "torch_native"]),
+    (["run", "--backend", "nosuchmodule:Thing", "--mode", "decode", "--exec", "eager", "--case", "mqa_p1_shuf"],
+     ["--backend nosuchmodule:Thing: No module named 'nosuchmodule'"]),
+    (RUN + ["--case", "mqa_p1_shuf", "--timeout", "-3"], ["--timeout", "-3", "seconds >= 0"]),
+], ids=["case", "case_set", "device", "mode", "cases", "option", "backend", "backend_target", "timeout"])
 def test_kit_usage_errors(args, words):
     if "cuda" in args:
         pytest.importorskip("torch").cuda.is_available() and pytest.skip("CUDA is present here")
@@ -52,6 +57,16 @@ def test_kit_usage_errors(args, words):
 def test_pytest_bad_backend_is_one_line(backend, words, xdist):
     proc = _run("-m", "pytest", "tests/test_conformance.py", "-q", "-p", "no:cacheprovider", "--backend", backend, *xdist)
     _one_line_error(proc, 4, "ERROR: ", *words)
+
+
+def test_kit_run_labels_a_module_attr_backend_as_pytest_does():
+    """By the class's `name` (here the toy's), not the spec, as in test ids, records and tables."""
+    proc = _run("-m", "kit", "run", "--backend", "tests.toys.crashing:HangBackend", "--mode", "decode",
+                "--exec", "eager", "--case", "gqa_ragged_p16_fp32", "--json")
+    assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-2000:]
+    record = json.loads(proc.stdout.strip().splitlines()[-1])
+    assert record["backend"] == "toy_hang" and record["outcome"] == "pass", record
+    assert "--backend tests.toys.crashing:HangBackend" in record["repro"], record
 
 
 def _fresh_problem(project, tmp_path, write, code, *words):
