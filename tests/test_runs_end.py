@@ -86,3 +86,37 @@ def test_runs_have_a_time_limit_by_default():
     proc = subprocess.run([sys.executable, "-m", "pytest", "--co", "-p", "no:cacheprovider",
                            "tests/test_kit_guard.py"], cwd=REPO, capture_output=True, text=True)
     assert "timeout: 600.0s" in proc.stdout, proc.stdout[-1000:]
+
+
+# Each backend kills its worker at one stage of the victim case's runs (tests.toys.dying), in the
+# execs that reach that stage: a graph run constructs, captures and replays (its forward runs in
+# capture and replays), an eager run constructs and runs metadata and forward.
+DYING = {"DiesConstructionSigkill": ("eager", "graph"), "DiesMetadataAbort": ("eager",),
+         "DiesForwardSegfault": ("eager", "graph"), "DiesCaptureSigkill": ("graph",),
+         "DiesReplayAbort": ("graph",)}
+
+
+def test_dead_workers_cost_only_their_runs_under_loadgroup(tmp_path):
+    """Workers killed (SIGKILL, abort, segfault) at every stage of a run, under `-n 2 --dist
+    loadgroup`: each death is its own run's crash, never run again, the replacement workers take
+    the rest, and the session completes without an INTERNALERROR. Seven deaths, past a limit of
+    two restarts: xdist's limit is for workers that die outside runs."""
+    out = tmp_path / "results.json"
+    backends = [a for name in DYING for a in ("--backend", f"tests.toys.dying:{name}")]
+    proc = subprocess.run([sys.executable, "-m", "pytest", "tests/test_conformance.py", "-p", "no:cacheprovider",
+                           "-q", "-n", "2", "--dist", "loadgroup", "--max-worker-restart", "2", "--cases", "tests.toys.dying:CATALOG",
+                           "--case-set", "smoke", "--results-json", str(out), *backends],
+                          cwd=REPO, capture_output=True, text=True, timeout=300)
+    output = proc.stdout + proc.stderr
+    assert proc.returncode == 1 and "INTERNALERROR" not in output, output[-3000:]
+    doc = json.loads(out.read_text())
+    assert doc["run"]["status"] == "complete", output[-3000:]
+    from tests.toys import dying
+    crashed = {(r["backend"], r["case"], r["exec"]) for r in doc["records"] if r["outcome"] != PASS}
+    assert crashed == {(getattr(dying, name).name, "victim", e) for name, execs in DYING.items() for e in execs}
+    assert len(doc["records"]) == len(DYING) * len(dying.SMOKE) * 2
+    for r in doc["records"]:
+        if r["outcome"] != PASS:
+            assert r["failure_class"] == CRASH and "crashed while running" in r["message"], r
+    assert output.count("crashed while running") == len(crashed), "a run that took its worker down ran again"
+

@@ -17,7 +17,11 @@ worker's collection, and 16 workers, started one after another and importing tor
 were ready over 2 s (on the H100 host the in-box matrix took 21.5 s this way, 22.5-22.8 s
 waiting for all). A worker that collects later joins then (xdist's path for a worker
 started late, e.g. after a crash); one whose collection differs fails the session's collection,
-as xdist's check of every worker's collection does."""
+as xdist's check of every worker's collection does.
+
+A worker that dies costs only the run it was running (remove_node): xdist records that run as a
+crash, and the runs the worker had not finished go back to the front of the queue, for the other
+workers and xdist's replacement one."""
 from __future__ import annotations
 
 import collections
@@ -80,12 +84,44 @@ class BackendAffinityScheduling(LoadGroupScheduling):
             return
         self.registered_collections[node] = list(collection)
 
+    def remove_node(self, node) -> Optional[str]:
+        """The run a worker that died was running (xdist records it as a crash), None where it had
+        none. That run is done: run again, a run that kills its worker took the replacement worker
+        down too, and the next. The runs it had not finished go back to the front of the queue,
+        those alone: xdist's loadgroup put back its whole workload, finished groups too, which
+        went out again as empty work that never completes (the session hung). A worker that ended
+        its session with runs still pending (none should) gives them back too, without a crash."""
+        workload = self.assigned_work.pop(node)
+        left = [(group, [run for run, done in unit.items() if not done]) for group, unit in workload.items()]
+        left = [(group, runs) for group, runs in left if runs]
+        if not left:
+            return None
+        crashed = None if hasattr(node, "workeroutput") else left[0][1].pop(0)  # workeroutput: it finished
+        for group, runs in reversed(left):
+            if runs:
+                self.workqueue[group] = dict.fromkeys(runs, False)
+                self.workqueue.move_to_end(group, last=False)
+        for other in self.nodes:
+            self._reschedule(other)
+        if crashed is not None:
+            self._not_a_restart()
+        return crashed
+
+    def _not_a_restart(self) -> None:
+        """A worker that a run took down does not count toward xdist's --max-worker-restart, which
+        is there for workers that die outside runs (a collection that crashes would restart them
+        forever): each run can take one worker down at most, and past the limit xdist ended the
+        session with the rest of the runs never run. xdist counts the death after this call."""
+        dsession = self.config.pluginmanager.getplugin("dsession")
+        if isinstance(getattr(dsession, "_failed_nodes_count", None), int):
+            dsession._failed_nodes_count -= 1
+
     def _assign_work_unit(self, node) -> None:
         if node not in self.registered_collections:  # not ready: it gets runs once it has collected
             return
         runs = collections.Counter()
         for group, queued in self.workqueue.items():
-            runs[self._backend_of_group[group]] += len(queued)
+            runs[self._backend_of_group[group]] += sum(not done for done in queued.values())
         pending = {b: n * self._seconds_per_run(b) for b, n in runs.items()}  # seconds no worker has been sent
         backend = self._backend_of.get(node)
         if not pending.get(backend):
