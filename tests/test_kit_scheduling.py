@@ -305,3 +305,33 @@ def test_a_worker_begins_its_cuda_context_through_the_driver(monkeypatch):
     monkeypatch.setattr(ctypes, "CDLL", _missing)
     cuda_context._retain_primary_context()  # no driver: returns, raises nothing
     assert len(calls) == 3
+
+
+def test_a_dead_workers_run_is_its_crash_and_the_rest_goes_to_the_others():
+    """xdist's loadgroup put a dead worker's whole workload back in the queue: its finished groups
+    went out again as empty work that never completes (the session hung), and the run that took
+    it down ran again on the next worker (which it took down too)."""
+    from kit.plugin.worker_affinity import BackendAffinityScheduling
+    runs = {f"tests/test_conformance.py::test_conformance[{g}-eager-case{i}]": (g, "triton")
+            for g in ("triton-decode-v0", "triton-decode-v1", "triton-decode-v2", "triton-decode-v3")
+            for i in range(4)}
+    collection = list(runs)
+    sched = BackendAffinityScheduling(_Config(2), group_of=runs.get)
+    sched.config.pluginmanager = types.SimpleNamespace(getplugin=lambda name: None)
+    a, b = _Worker("gw0"), _Worker("gw1")
+    for node in (a, b):
+        sched.add_node(node)
+        sched.add_node_collection(node, collection)
+    sched.schedule()
+    first = list(a.sent)
+    for i in first[:len(first) - 3]:  # a finishes all but the last three of its runs, then dies
+        sched.mark_test_complete(a, i)
+    crashed = sched.remove_node(a)
+    assert crashed == collection[first[-3]]
+    done = []
+    while [i for i in b.sent if i not in done]:  # b runs what it is sent, in order
+        done.append(next(i for i in b.sent if i not in done))
+        sched.mark_test_complete(b, done[-1])
+    ran = first[:len(first) - 3] + b.sent
+    assert sorted(ran) == sorted(set(range(len(collection))) - {first[-3]}), "each other run exactly once"
+    assert b.shutting_down and sched.remove_node(b) is None
