@@ -14,7 +14,7 @@ from kit.engine.catalog import CASE_SETS, load_catalog, resolve_set
 from kit.cli import FAILED, Parser, fail
 from kit.modes import EXECS, MODES, parse_exec, parse_mode
 from kit.harness.protocol import backend_problem, has_graph_hooks, mode_reason
-from kit.report.record import FAIL
+from kit.report.record import ERROR, FAIL
 from kit.harness.registry import UnknownBackend, backend_label, known_backends, load_backend
 from kit.harness.runner import run_case
 from kit.harness.timeout import DEFAULT_S
@@ -109,12 +109,12 @@ def _run(args, catalog) -> int:
                       timeout=args.timeout)
     if args.json:
         print(json.dumps(dataclasses.asdict(result)))
-        return FAILED if result.outcome == FAIL else 0
+        return FAILED if result.outcome in (FAIL, ERROR) else 0
     status = result.outcome + (f" [{result.failure_class}]" if result.failure_class else "")
     print(f"{result.test_id}: {status} ({result.exec_detail or '-'}, {result.seconds:.2f}s)")
     if result.message:
         print(result.message)
-    return FAILED if result.outcome == FAIL else 0
+    return FAILED if result.outcome in (FAIL, ERROR) else 0
 
 
 def main(argv=None) -> int:

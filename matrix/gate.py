@@ -7,7 +7,7 @@ from pathlib import Path
 from typing import Dict, List, Sequence, Tuple
 
 from kit.report.known_failures import KnownFailuresError, covering, load
-from kit.report.record import (COMPLETE, FAIL, PASS, UNSUPPORTED, ResultsError, ResultsFile, read_results_file,
+from kit.report.record import (COMPLETE, ERROR, FAIL, PASS, UNSUPPORTED, ResultsError, ResultsFile, read_results_file,
                         record_id as _id, verdict as _verdict)
 from matrix import mutation, readme
 from matrix.table import render
@@ -19,8 +19,17 @@ def _first(ids: List[str]) -> str:
     return f"{ids[0]}{' ...' if len(ids) > 1 else ''}"
 
 
+def _not_judged(f: ResultsFile) -> List[str]:
+    """Run ids of the records its environment stopped before a verdict (kit.report.record.ERROR)."""
+    return [_id(r) for r in f.records if r["outcome"] == ERROR]
+
+
 def _partial(f: ResultsFile) -> str:
     """Why a committed results file is not a whole run of the catalog, or ''."""
+    stopped = _not_judged(f)
+    if stopped:
+        return (f"{f.path}: partial results: {len(stopped)} runs stopped by their environment before a verdict "
+                f"(first: {_first(stopped)}); {REGENERATE}")
     if f.status != COMPLETE:
         return f"{f.path}: partial results: the run that wrote it is {f.status}; {REGENERATE}"
     lacking = f.missing(f.catalog)
@@ -105,6 +114,11 @@ def _fresh_problems(f: ResultsFile) -> List[str]:
     if not f.selected:
         return [f"{f.path}: no runs: the session selected none; check --backend/--mode/--exec/--case-set/-k"]
     missing = f.missing(f.selected)
+    stopped = _not_judged(f)
+    if stopped:
+        return [f"{f.path}: {len(stopped)} runs stopped by their environment before a verdict (first: "
+                f"{_first(stopped)}: {next(r['message'] for r in f.records if _id(r) == stopped[0])[:300]}); "
+                f"run them again (not compared with the committed results)"]
     if f.status != COMPLETE or missing:
         return [f"{f.path}: interrupted run ({f.status}): {len(f.selected) - len(missing)} of {len(f.selected)} "
                 f"selected runs recorded{f' (first missing: {_first(missing)})' if missing else ''}; run it again "

@@ -9,7 +9,7 @@ from tabulate import tabulate
 
 from kit.report.known_failures import KnownFailure, covering
 from kit.modes import EXECS, MODES
-from kit.report.record import FAIL, PASS, UNSUPPORTED, WEAKER_THAN_A_GRAPH
+from kit.report.record import ERROR, FAIL, PASS, UNSUPPORTED, WEAKER_THAN_A_GRAPH
 
 FIRST_VERSIONS = ("torch", "cuda")  # then the backends' libraries, by name
 
@@ -17,8 +17,11 @@ FIRST_VERSIONS = ("torch", "cuda")  # then the backends' libraries, by name
 def cell(records: List[Dict], entries: Sequence[KnownFailure]) -> str:
     if not records:
         return "not run"
-    ran = [r for r in records if r["outcome"] != UNSUPPORTED]
+    ran = [r for r in records if r["outcome"] not in (UNSUPPORTED, ERROR)]
     skipped = [r for r in records if r["outcome"] == UNSUPPORTED]
+    stopped = [r for r in records if r["outcome"] == ERROR]  # no verdict: not counted against the backend
+    if not ran and stopped:
+        return f"{len(stopped)} not judged ({_values(r['failure_class'] for r in stopped)})"
     if not ran:
         return "— " + "; ".join(sorted({r["message"] for r in skipped}))
     passed = sum(r["outcome"] == PASS for r in ran)
@@ -41,6 +44,8 @@ def cell(records: List[Dict], entries: Sequence[KnownFailure]) -> str:
         parts.append(f"quarantine {sum(quarantined.values())} ({', '.join(sorted(quarantined))}, subprocess)")
     if skipped:
         parts.append(f"{len(skipped)} unsupported")
+    if stopped:
+        parts.append(f"{len(stopped)} not judged ({_values(r['failure_class'] for r in stopped)})")
     # Graphs without CUDA, or an EXTEND path run eagerly, are not what a real graph proves: say so.
     labels = sorted({r.get("exec_detail") for r in ran} & set(WEAKER_THAN_A_GRAPH))
     return ", ".join(parts) + (f" ({', '.join(labels)})" if labels else "")

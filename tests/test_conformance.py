@@ -4,7 +4,7 @@ import pytest
 from kit.harness.isolate import run_isolated
 from kit.report.known_failures import QUARANTINE, is_expected
 from kit.plugin.pytest_plugin import KnownFailureHit, run_timeout
-from kit.report.record import FAIL, UNSUPPORTED
+from kit.report.record import ERROR, FAIL, UNSUPPORTED
 from kit.harness.runner import run_case
 
 
@@ -18,6 +18,8 @@ def test_conformance(conformance_run, record_conformance, request):
     record_conformance(result)
     if result.outcome == UNSUPPORTED:
         pytest.skip(f"unsupported: {result.message}")
+    if result.outcome == ERROR:  # no verdict: the run is not done, and no known failure covers it
+        pytest.fail(f"[{result.failure_class}] {result.message}\nrepro: {result.repro}", pytrace=False)
     if result.outcome != FAIL:
         return  # a known failure that passes is reported by its strict xfail mark
     failure = f"[{result.failure_class}] {result.message}\nrepro: {result.repro}"

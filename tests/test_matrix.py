@@ -196,6 +196,27 @@ def test_cells():
         "✓ 1/2, quarantine 1 (KF-7, subprocess)"
 
 
+
+def test_runs_stopped_by_their_environment_are_no_verdict():
+    """An environment error (the kit out of device memory) is not counted against the backend."""
+    stopped = rec("b", "error", "environment", message="out of device memory in the kit's own allocations")
+    assert cell([rec("a"), stopped], []) == "✓ 1/1, 1 not judged (environment)"
+    assert cell([stopped], []) == "1 not judged (environment)"
+
+
+def test_gate_takes_no_results_with_runs_stopped_by_their_environment(project, tmp_path):
+    """Neither as a fresh run (it is no pass, and it is not compared) nor as committed results."""
+    fresh = tmp_path / "fresh.json"
+    write_fresh(fresh, [rec("a"), rec("b", "error", "environment", message="out of device memory"),
+                        rec("c", "fail", "kernel")])
+    problems = gate.check(**project, fresh_paths=[str(fresh)])
+    assert len(problems) == 1 and "1 runs stopped by their environment" in problems[0], problems
+    assert "be-decode-eager-b: out of device memory" in problems[0] and "run them again" in problems[0]
+    write_results(project["results_dir"] / "cpu.json", [rec("a"), rec("b", "error", "environment"),
+                                                        rec("c", "fail", "kernel")])
+    problems = gate.check(**project)
+    assert any("partial results: 1 runs stopped by their environment" in p for p in problems), problems
+
 # -------------------------------------------------- the suite itself: strict xfail, quarantine, dead workers
 
 

@@ -252,6 +252,11 @@ class _SharedBatches:
             self._recent.popitem(last=False)
         return shared
 
+    def clear(self) -> None:
+        self._kept.clear()
+        self._kept_bytes = 0
+        self._recent.clear()
+
     def forget(self, case: Case, device: torch.device) -> None:
         """Changed behind the kit's back: built again by the next get()."""
         key = (repr(case), str(device))

@@ -165,6 +165,9 @@ class PoolCache:
     def __init__(self):
         self._pools: Dict[tuple, Pools] = {}
 
+    def clear(self) -> None:
+        self._pools.clear()
+
     def get(self, *, num_slots: int, max_reqs: int, max_context: int, num_kv_heads: int,
             head_dim: int, dtype, device, kv_lora_rank: int = 0) -> Pools:
         """kv_lora_rank > 0: an MLA pool (MLAKVPool, one KV head)."""

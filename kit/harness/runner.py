@@ -16,7 +16,9 @@ from kit.modes import Exec
 from kit.harness.nan_fill import nan_filled_allocations
 from kit.harness.protocol import (NO_CAPTURE_HOOKS, BackendContext, backend_problem, has_graph_hooks, kind_reason,
                                   mode_reason)
-from kit.report.record import CRASH, EAGER, FAIL, PASS, UNSUPPORTED, RunResult, repro_command
+from kit.engine.memory import release
+from kit.harness.oom import allocation_site, raised_by_kit
+from kit.report.record import CRASH, EAGER, ENVIRONMENT, ERROR, FAIL, PASS, UNSUPPORTED, RunResult, repro_command
 from kit.harness.registry import load_backend
 from kit.report.results import versions
 from kit.harness.schedule import batches
@@ -48,13 +50,21 @@ class _Crash(Exception):
         super().__init__(f"{stage}: {type(exc).__name__}: {exc}{where(exc)}")
 
 
+class _KitOutOfMemory(Exception):
+    """The kit ran out of device memory in its own allocations (kit.harness.oom): no verdict."""
+
+    def __init__(self, stage: str, exc: BaseException):
+        first = (str(exc).splitlines() or [""])[0]
+        super().__init__(f"{stage}: {type(exc).__name__}: {first} (allocated at {allocation_site(exc)})")
+
+
 def _unsynced(stage: str, fn, *args, **kwargs):
     try:
         return fn(*args, **kwargs)
     except KeyboardInterrupt:
         raise  # the user stops the session (what finished is kept)
     except BaseException as exc:  # noqa: BLE001 - every backend error is a verdict: sys.exit and timeouts too
-        raise _Crash(stage, exc) from exc
+        raise (_KitOutOfMemory if raised_by_kit(exc) else _Crash)(stage, exc) from exc
 
 
 def _judged_on_device(stage: str, judge):
@@ -157,7 +167,12 @@ def run_case(backend_spec: str, case: Case, exec_: Exec, device: Optional[torch.
             if problem:
                 raise _Crash("loading backend", TypeError(f"{backend_spec}: {problem}"))
             result.versions = _call("versions()", versions, cls)
-            _run(cls, case, exec_, device, result)
+            _run_releasing_memory(cls, case, exec_, device, result)
+    except _KitOutOfMemory as oom:
+        result.outcome, result.failure_class = ERROR, ENVIRONMENT
+        result.message = (f"{oom}; out of device memory in the kit's own allocations, after releasing what it "
+                          f"keeps and retrying once: not a verdict on the backend; run it again (with fewer "
+                          f"processes on the device)")
     except _Crash as crash:
         result.outcome, result.failure_class, result.message = FAIL, CRASH, str(crash)
         result.device_lost = crash.device_lost
@@ -168,6 +183,29 @@ def run_case(backend_spec: str, case: Case, exec_: Exec, device: Optional[torch.
         result.repro = repro_command(backend_spec, case.mode.value, exec_.value, case.name, catalog, timeout)
     result.seconds = round(time.perf_counter() - start, 4)
     return result
+
+
+def _run_releasing_memory(cls, case: Case, exec_: Exec, device, result: RunResult) -> None:
+    """_run, and where the kit runs out of device memory in its own allocations, _run again from
+    the start once everything the kit keeps is released (kit.engine.memory); raises
+    _KitOutOfMemory where that runs out too."""
+    for last in (False, True):
+        try:
+            _run(cls, case, exec_, device, result)
+            return
+        except _KitOutOfMemory as exc:
+            oom = exc
+        except RuntimeError as exc:  # torch.OutOfMemoryError of the kit's code between backend calls
+            if not raised_by_kit(exc):
+                raise
+            oom = _KitOutOfMemory("the kit, between backend calls", exc)
+        if last:
+            raise oom
+        del oom  # its traceback holds the failed attempt's tensors
+        release()
+        result.outcome, result.failure_class, result.message = PASS, None, ""
+        result.max_err = result.tol = None
+        result.exec_detail = ""
 
 
 def _run(cls, case: Case, exec_: Exec, device, result: RunResult) -> None:

@@ -13,6 +13,11 @@ PASS, FAIL, UNSUPPORTED = "pass", "fail", "unsupported"
 # Failure classes: where to look.
 KERNEL, GRAPH, KV_WRITE, CRASH = "kernel", "graph", "kv-write", "crash"
 FAILURE_CLASSES = (KERNEL, GRAPH, KV_WRITE, CRASH)
+# A run its environment stopped before a verdict (the kit out of device memory in its own
+# allocations, after releasing what it keeps and retrying): no verdict on the backend, so
+# tables do not count it against the backend, and the gate takes no results file holding one
+# (run it again). Never a known failure.
+ERROR, ENVIRONMENT = "error", "environment"
 # How a run executed: eager, a real CUDA graph, the graph protocol without CUDA, or an
 # EXTEND graph run whose padded call ran eagerly (the backend does not capture EXTEND).
 EAGER, CUDA_GRAPH, EMULATED, PIECEWISE_EAGER = "eager", "cuda-graph", "emulated", "piecewise-eager"

@@ -107,3 +107,13 @@ class NoSupports:
 
     def __init__(self, ctx):
         self.ctx = ctx
+
+
+class OutOfMemoryBackend(_MisbehavesOnThree):
+    """Runs out of device memory in its own forward (as an oversized workspace would)."""
+
+    name = "toy_out_of_memory"
+
+    def misbehave(self, layer, batch):
+        import torch
+        raise torch.OutOfMemoryError("CUDA out of memory. Tried to allocate 80.00 GiB (planted in forward)")

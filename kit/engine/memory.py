@@ -1,0 +1,20 @@
+"""What the kit keeps on a device between runs (shared batches, pools), and letting it go."""
+from __future__ import annotations
+
+import gc
+
+import torch
+
+from kit.engine.fixture import SHARED
+from kit.engine.pools import POOL_CACHE
+
+
+def release() -> None:
+    """Drops every batch and pool kept between runs and hands the allocator's cache back to the
+    device, for the other processes on it: after the kit ran out of memory (it retries once), and
+    when a worker moves to another backend (whose runs use other batches)."""
+    SHARED.clear()
+    POOL_CACHE.clear()
+    gc.collect()  # a failed run's tensors may sit in reference cycles (tracebacks)
+    if torch.cuda.is_available():
+        torch.cuda.empty_cache()

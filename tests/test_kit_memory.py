@@ -1,0 +1,94 @@
+"""Out of device memory: in the kit's own allocations it is no verdict on the backend (the kit
+releases what it keeps and retries once, else records an environment error); inside the
+backend's code it is the backend's crash."""
+import json
+import subprocess
+import sys
+
+import pytest
+import torch
+
+import kit.harness.runner as runner
+from cases import CATALOG as catalog
+from kit.engine.pools import KVPool
+from kit.harness import guard
+from kit.modes import Exec, ForwardMode
+from kit.report.record import CRASH, ENVIRONMENT, ERROR, FAIL, PASS
+from kit.harness.runner import run_case
+from tests.test_matrix import REPO
+from tests.toys.kit_out_of_memory import raising_in_torch
+
+CASE = catalog.find_case(ForwardMode.DECODE, "mqa_p1_shuf")
+TOYS = "tests.toys.crashing"
+
+
+@pytest.fixture
+def releases(monkeypatch):
+    calls = []
+    real = runner.release
+    monkeypatch.setattr(runner, "release", lambda: (calls.append(1), real())[1])
+    return calls
+
+
+@pytest.mark.parametrize("exec_", [Exec.EAGER, Exec.GRAPH])
+def test_kit_out_of_memory_once_is_released_and_retried(monkeypatch, releases, exec_):
+    """The pool's snapshot (the kit's, before every step) runs out of memory once: the run is run
+    again from the start after the kit released what it keeps, and judged as usual."""
+    snapshot, calls = raising_in_torch(KVPool.snapshot, times=1)
+    monkeypatch.setattr(KVPool, "snapshot", snapshot)
+    r = run_case("tests.toys.dense:DenseGraphBackend", CASE, exec_)
+    assert (r.outcome, r.failure_class, r.message) == (PASS, None, ""), r.message
+    assert len(calls) > 1 and releases == [1]
+
+
+def test_kit_out_of_memory_twice_is_an_environment_error(monkeypatch, releases):
+    snapshot, _ = raising_in_torch(KVPool.snapshot, times=2)
+    monkeypatch.setattr(KVPool, "snapshot", snapshot)
+    r = run_case("torch_native", CASE, Exec.EAGER)
+    assert (r.outcome, r.failure_class) == (ERROR, ENVIRONMENT), r
+    assert "out of device memory in the kit's own allocations" in r.message and "not a verdict" in r.message
+    assert "kit/harness/runner.py" in r.message, r.message  # where the kit asked for it
+    assert releases == [1]
+
+
+def test_kit_out_of_memory_inside_a_backend_call_is_still_the_kits(monkeypatch, releases):
+    """The graph harness's own buffers, allocated while it calls the backend's hooks."""
+    from kit.harness import graph
+    zeros, _ = raising_in_torch(torch.zeros, times=10 ** 6)
+
+    class TorchOfTheHarness:  # torch as kit.harness.graph sees it, its zeros planted
+        def __getattr__(self, name):
+            return zeros if name == "zeros" else getattr(torch, name)
+    monkeypatch.setattr(graph, "torch", TorchOfTheHarness())
+    r = run_case("tests.toys.dense:DenseGraphBackend", CASE, Exec.GRAPH)
+    assert (r.outcome, r.failure_class) == (ERROR, ENVIRONMENT), r.message
+    assert "kit/harness/graph.py" in r.message and releases == [1]
+
+
+def test_out_of_memory_in_the_backends_forward_is_its_crash(releases):
+    r = run_case(f"{TOYS}:OutOfMemoryBackend", CASE, Exec.EAGER)
+    assert (r.outcome, r.failure_class) == (FAIL, CRASH), r
+    assert r.message.startswith("forward (layer 0): OutOfMemoryError: CUDA out of memory") and not releases
+
+
+def test_out_of_memory_in_an_allocation_the_guard_makes_for_the_backend_is_its_crash(monkeypatch, releases):
+    """The guard allocates each tensor a backend asks for (plus its canary): out of memory there is
+    the backend's allocation failing."""
+    fill, _ = raising_in_torch(guard._fill, times=10 ** 6)
+    monkeypatch.setattr(guard, "_fill", fill)
+    r = run_case("torch_native", CASE, Exec.EAGER)
+    assert (r.outcome, r.failure_class) == (FAIL, CRASH), r
+    assert "OutOfMemoryError" in r.message and not releases
+
+
+def test_an_environment_error_fails_the_session_and_is_recorded(tmp_path):
+    """Under pytest the run is no pass: its test fails, naming the class; the record keeps it."""
+    out = tmp_path / "results.json"
+    proc = subprocess.run([sys.executable, "-m", "pytest", "tests/test_conformance.py", "-p", "no:cacheprovider",
+                           "-q", "-p", "tests.toys.kit_out_of_memory", "--backend", "torch_native", "--mode",
+                           "decode", "--exec", "eager", "--case-set", "smoke", "-k", CASE.name,
+                           "--results-json", str(out)], cwd=REPO, capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 1 and "1 failed" in proc.stdout and "[environment]" in proc.stdout, proc.stdout[-2000:]
+    doc = json.loads(out.read_text())
+    assert [(r["outcome"], r["failure_class"]) for r in doc["records"]] == [(ERROR, ENVIRONMENT)]
+    assert doc["run"]["status"] == "complete"
