@@ -14,7 +14,10 @@ from kit.engine.catalog import CASE_SETS, load_catalog, resolve_set
 from kit.cli import FAILED, Parser, fail
 from kit.modes import EXECS, MODES, parse_exec, parse_mode
 from kit.harness.protocol import backend_problem, has_graph_hooks, mode_reason
-from kit.report.record import ERROR, FAIL
+from kit.report import known_failures
+from kit.report.known_failures import KnownFailuresError
+from kit.report.record import ERROR, FAIL, PASS
+from kit.report.results import device_name
 from kit.harness.registry import UnknownBackend, backend_label, known_backends, load_backend
 from kit.harness.runner import run_case
 from kit.harness.timeout import DEFAULT_S
@@ -35,6 +38,9 @@ def build_parser() -> Parser:
     run.add_argument("--timeout", type=_seconds, default=DEFAULT_S,
                      help=f"seconds after which the run stops as a crash (default {DEFAULT_S:g}; 0: none)")
     run.add_argument("--json", action="store_true", help="print the result record as JSON on the last line")
+    run.add_argument("--known-failures", default=None,
+                     help="expected-failures file whose entry for this run is named (default: the kit's "
+                          "KNOWN_FAILURES.md, if present)")
     lst = sub.add_parser("list", prog=f"{PROG} list", help="list the cases of a set (mode, name, batch, page, dtype, "
                                                            "heads, head_dim, layout), or the backends")
     lst.add_argument("--case-set", default="auto", help=f"{', '.join(CASE_SETS)}, or auto (full with CUDA, smoke "
@@ -105,8 +111,13 @@ def _run(args, catalog) -> int:
     if device is not None and device.type == "cuda" and not torch.cuda.is_available():
         return fail(PROG, f"--device {args.device}: CUDA is not available here (torch {torch.__version__}); "
                           f"use --device cpu, or leave --device out")
+    try:
+        entries = known_failures.load_or_default(args.known_failures)
+    except KnownFailuresError as exc:
+        return fail(PROG, f"--known-failures: {exc}", FAILED)
     result = run_case(args.backend, case, exec_, device=device, label=label, catalog=args.cases,
                       timeout=args.timeout)
+    entry = known_failures.match(entries, result.backend, result.mode, result.exec, result.case, device_name())
     if args.json:
         print(json.dumps(dataclasses.asdict(result)))
         return FAILED if result.outcome in (FAIL, ERROR) else 0
@@ -114,7 +125,21 @@ def _run(args, catalog) -> int:
     print(f"{result.test_id}: {status} ({result.exec_detail or '-'}, {result.seconds:.2f}s)")
     if result.message:
         print(result.message)
+    if entry is not None:
+        print(_known_line(entry, result))
     return FAILED if result.outcome in (FAIL, ERROR) else 0
+
+
+def _known_line(entry, result) -> str:
+    """What the run is against its KNOWN_FAILURES.md entry: that known failure, or not."""
+    said = f"{entry.id} ({entry.where}) expects [{entry.failure_class}] here"
+    if known_failures.is_expected(entry, result.outcome, result.failure_class):
+        return f"known failure: {entry.id} ({entry.where}): {entry.reason}"
+    if result.outcome == FAIL:
+        return f"not the known failure: {said}, this run failed [{result.failure_class}]"
+    if result.outcome == PASS:
+        return f"{said}, but this run passed: the entry is stale here"
+    return f"{said}; this run: {result.outcome}"
 
 
 def main(argv=None) -> int:

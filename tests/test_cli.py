@@ -152,3 +152,32 @@ def test_list_backends_says_what_is_available_and_why_not():
         import flashinfer  # noqa: F401
     except ImportError:
         assert "unavailable: " in lines["flashinfer"] and "cannot be imported" in lines["flashinfer"]
+
+
+def _known_failures_file(tmp_path, rows):
+    from kit.report.known_failures import BEGIN, COLUMNS, END
+
+    header = "| " + " | ".join(COLUMNS) + " |\n|" + "---|" * len(COLUMNS)
+    path = tmp_path / "KNOWN_FAILURES.md"
+    path.write_text(f"# Known failures\n\n{BEGIN}\n{header}\n" + "".join(r + "\n" for r in rows) + f"{END}\n")
+    return path
+
+
+TORCH_ERROR = ["run", "--backend", "tests.toys.crashing:TorchErrorBackend", "--mode", "decode", "--exec", "eager",
+               "--case", "mqa_p1_shuf"]
+
+
+@pytest.mark.parametrize("klass, said", [
+    ("crash", "known failure: KF-7 ("),
+    ("kernel", "not the known failure: KF-7 ("),
+], ids=["known", "other_class"])
+def test_a_failing_kit_run_says_whether_it_is_a_known_failure(tmp_path, klass, said):
+    path = _known_failures_file(tmp_path, [
+        f"| KF-7 | toy_torch_error | decode | eager | mqa_* | * | {klass} | xfail | the toy's einsum | tests/toys/crashing.py |"])
+    proc = _run("-m", "kit", *TORCH_ERROR, "--known-failures", str(path))
+    assert proc.returncode == 1, proc.stdout[-2000:] + proc.stderr[-2000:]
+    last = proc.stdout.strip().splitlines()[-1]
+    assert last.startswith(said) and str(path) in last, proc.stdout[-2000:]
+    assert ("the toy's einsum" in last) == (klass == "crash"), last
+    no_entry = _run("-m", "kit", *TORCH_ERROR, "--known-failures", str(_known_failures_file(tmp_path, [])))
+    assert no_entry.returncode == 1 and "KF-" not in no_entry.stdout, no_entry.stdout[-2000:]

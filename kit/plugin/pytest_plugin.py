@@ -26,7 +26,7 @@ from kit.modes import EXECS, MODES, parse_exec, parse_mode
 from kit.report.record import (COMPLETE, CRASH, FAIL, INTERRUPTED, RUNNING, RunResult, parse_run_id, record_id,
                         repro_command, run_id)
 from kit.harness.registry import UnknownBackend, backend_label, known_backends, load_backend
-from kit.report.results import REPO, device_name, to_record, versions, write_results
+from kit.report.results import device_name, to_record, versions, write_results
 from kit.harness.timeout import DEFAULT_S
 
 RECORD_KEY = "conformance_record"
@@ -59,11 +59,6 @@ def pytest_addoption(parser):
                 help="expected-failures file (default: the kit's KNOWN_FAILURES.md, if present)")
 
 
-def _known_failures(path):
-    default = REPO / "KNOWN_FAILURES.md"
-    if path is None:
-        return known_failures.load(default) if default.exists() else []
-    return known_failures.load(path)
 
 
 def _parsed(option, parse, *values, fix=""):
@@ -91,7 +86,7 @@ def _selection(config):
         modes=_parsed("--mode", lambda: [parse_mode(m) for m in _csv(opt("--mode"))] or list(MODES)),
         execs=_parsed("--exec", lambda: [parse_exec(e) for e in _csv(opt("exec_"))] or list(EXECS)),
         catalog_target=opt("--cases"),
-        known=_parsed("--known-failures", _known_failures, opt("--known-failures")),
+        known=_parsed("--known-failures", known_failures.load_or_default, opt("--known-failures")),
         load=functools.partial(_load_cases, opt, specs),
     )
     return sel if _is_xdist_controller(config) else _cases(sel)

@@ -115,6 +115,16 @@ def load(path) -> List[KnownFailure]:
     return parse(path.read_text(), str(path))
 
 
+DEFAULT_PATH = Path(__file__).resolve().parents[2] / "KNOWN_FAILURES.md"
+
+
+def load_or_default(path=None) -> List[KnownFailure]:
+    """`path`'s entries; without one, the kit's KNOWN_FAILURES.md where present (none elsewhere)."""
+    if path is None:
+        return load(DEFAULT_PATH) if DEFAULT_PATH.exists() else []
+    return load(path)
+
+
 def match(entries: Sequence[KnownFailure], backend: str, mode: str, exec_: str, case: str,
           device: str) -> Optional[KnownFailure]:
     """The entry for this run, if any: a quarantine entry wins over xfail entries (the run must
