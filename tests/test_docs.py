@@ -89,6 +89,27 @@ def test_the_readme_keeps_the_two_commands_and_says_where_things_went():
         assert f"(docs/{page.name})" in text, f"the README does not link {page.name}"
 
 
+def test_the_readme_says_the_test_command_covers_sglangs_backends():
+    run = _section(REPO / "README.md", "Run")
+    assert run.index(TEST_COMMAND) < run.index("covers SGLang's backends"), run
+    assert all(f"`{name}`" in (REPO / "README.md").read_text()
+               for name in ("sglang_triton", "sglang_torch_native", "sglang_flashinfer"))
+
+
+# How the kit was developed is no part of the product: not the machines it was measured on as
+# "hosts" of a setting, nor the means of reaching them.
+DEV_TALK = re.compile(r"(?i)the (?:H100|GPU) host|device tool|device session|carried folder|CARRY_BYTES")
+
+
+def test_nothing_in_the_product_speaks_of_how_it_was_developed():
+    files = [p for pattern in ("kit/**/*.py", "backends/**/*.py", "matrix/**/*.py", "cases/**/*.py",
+                               "benchmarks/**/*.py", "tests/**/*.py", "docs/*.md", "*.md", "results/bench/*.md",
+                               "pyproject.toml", ".ci/run", ".github/workflows/*.yml") for p in REPO.glob(pattern)]
+    found = [f"{p.relative_to(REPO)}:{n}" for p in files if p != Path(__file__)
+             for n, line in enumerate(p.read_text().splitlines(), 1) if DEV_TALK.search(line)]
+    assert not found, found
+
+
 @pytest.mark.parametrize("page", PAGES, ids=lambda p: p.name)
 def test_pages_are_a_manual_not_a_diary(page):
     """Measurement history, with the commit of each step, lives next to the rows

@@ -81,7 +81,7 @@ def test_every_factory_keeps_its_values():
 def test_watching_imports_no_compiler():
     """A guarded, NaN-filled step imports neither torch._dynamo nor torch._inductor nor sympy: PyTorch's
     default for a dispatch mode and torch.use_deterministic_algorithms import the first two on first
-    use, ~5 s of each worker's start on the GPU host; arange on the meta device imports sympy, ~4 s."""
+    use, ~5 s of each worker's start on a GPU machine; arange on the meta device imports sympy, ~4 s."""
     code = ("import sys, torch\n"
             "from kit.harness.guard import Guard\n"
             "from kit.harness.nan_fill import nan_filled_allocations\n"

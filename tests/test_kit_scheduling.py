@@ -211,7 +211,7 @@ def test_the_matrix_command_groups_runs_by_backend(tmp_path):
 def test_the_xdist_controller_starts_its_workers_before_importing_torch(tmp_path):
     """The controller runs no case: importing the plugin (and a case) must not import torch, and
     the catalog (whose cases import it, via their modes' rules) loads once the workers are started.
-    Before, the controller spent 4-5 s of every matrix run on the H100 host importing torch before
+    Before, the controller spent 4-5 s of every matrix run on an H100 machine importing torch before
     it started a worker."""
     probe = subprocess.run([sys.executable, "-c", "import sys, kit.plugin.pytest_plugin, kit.engine.case, kit.report.results\n"
                             "print(sorted(m for m in sys.modules if m.split('.')[0] == 'torch')[:3])"],

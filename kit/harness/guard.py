@@ -65,7 +65,7 @@ def _guarded_alloc(func, args, kwargs):
     then a second buffer to copy it into: twice the memory). None where it cannot be guarded.
     arange runs for real and is copied in (its result is an index vector, small): on the meta
     device it goes through PyTorch's symbolic-shape checks, whose first use imports sympy, ~4 s
-    of each worker's first run on the GPU host."""
+    of each worker's first run on a GPU machine."""
     if kwargs.get("pin_memory"):
         # A page-locked host buffer (a library's staging area, e.g. FlashInfer MLA's plan workspace,
         # allocated at its first plan): the guard's own allocation would not be page-locked.
@@ -91,7 +91,7 @@ class _GuardMode(TorchDispatchMode):
     @classmethod
     def _should_skip_dynamo(cls) -> bool:
         # Else PyTorch wraps __torch_dispatch__ in torch._dynamo.disable, whose first call imports
-        # torch._dynamo: ~5 s of each worker's start on the GPU host. The kit compiles nothing.
+        # torch._dynamo: ~5 s of each worker's start on a GPU machine. The kit compiles nothing.
         return False
 
     def __init__(self):

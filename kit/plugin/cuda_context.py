@@ -1,5 +1,5 @@
 """An xdist worker's CUDA context, begun as the worker starts. 16 workers making theirs at once
-on the H100 host took 2.4-2.8 s each (0.35 s alone), after their torch import and collection:
+on an H100 machine took 2.4-2.8 s each (0.35 s alone), after their torch import and collection:
 the last worker's first run waited for it. Made through the driver (ctypes, no torch, the GIL
 released) in a thread, it overlaps the worker's imports; torch then uses the same context (the
 device's primary one). There the last worker's first run began at 4.8 s instead of 6.2-6.4 s."""

@@ -365,7 +365,7 @@ def _exit_without_teardown(config) -> None:
     interpreter's teardown of torch, Triton and FlashInfer. Its results were sent before (xdist's
     workerfinished, at sessionfinish). Left to xdist, every worker waits for the controller to end
     it after the last run anywhere, and all of them then free their CUDA contexts at once, which
-    the controller waits for: on the H100 host the in-box matrix took 22.5-22.8 s this way, 22.9-23.2
+    the controller waits for: on an H100 machine the in-box matrix took 22.5-22.8 s this way, 22.9-23.2
     s left to xdist (alternating, one machine)."""
     if hasattr(config, "workerinput"):
         atexit.register(os._exit, 0)
@@ -401,7 +401,7 @@ def pytest_runtestloop(session):
 @pytest.hookimpl(wrapper=True)
 def pytest_sessionstart(session):
     """The xdist controller loads its catalog once it has started its workers (in xdist's
-    sessionstart, wrapped here): its torch import (4-5 s on the H100 host without bytecode, 1.5 s
+    sessionstart, wrapped here): its torch import (4-5 s on an H100 machine without bytecode, 1.5 s
     with) overlaps theirs instead of delaying them. A bad `--cases` is a usage error here."""
     yield
     _cases(session.config._conformance_selection)

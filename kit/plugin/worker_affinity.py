@@ -14,7 +14,7 @@ by run counts the FlashInfer workers ended the in-box matrix up to 1.6 s after t
 
 Runs start as soon as the first worker has collected: xdist's loadgroup waits for every
 worker's collection, and 16 workers, started one after another and importing torch at once,
-were ready over 2 s (on the H100 host the in-box matrix took 21.5 s this way, 22.5-22.8 s
+were ready over 2 s (on an H100 machine the in-box matrix took 21.5 s this way, 22.5-22.8 s
 waiting for all). A worker that collects later joins then (xdist's path for a worker
 started late, e.g. after a crash); one whose collection differs fails the session's collection,
 as xdist's check of every worker's collection does.

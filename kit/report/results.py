@@ -21,7 +21,7 @@ REPO = Path(__file__).resolve().parents[2]
 
 
 def _kit_commit() -> str:
-    if os.environ.get("KIT_COMMIT"):  # a copy of the tree without .git (e.g. a remote GPU host)
+    if os.environ.get("KIT_COMMIT"):  # a copy of the tree without .git (e.g. one copied to a GPU machine)
         return os.environ["KIT_COMMIT"]
     try:
         out = subprocess.run(["git", "-C", str(REPO), "rev-parse", "--short=12", "HEAD"],
