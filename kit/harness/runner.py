@@ -10,6 +10,7 @@ import torch
 from kit.engine.case import Case
 from kit.engine.fixture import Fixture, fixtures_for
 from kit.harness.graph import harness_for
+from kit.harness import interpreter
 from kit.harness.guard import Guard, canary_figures
 from kit.harness.verdict import Verdict, eager_verdict, replay_failure, replay_verdict
 from kit.modes import Exec
@@ -163,6 +164,7 @@ def run_case(backend_spec: str, case: Case, exec_: Exec, device: Optional[torch.
     try:
         with time_limit(timeout):
             cls = _call("loading backend", load_backend, backend_spec)
+            interpreter.install()  # a no-op unless the backend's kernels run in Triton's interpreter
             problem = backend_problem(cls)
             if problem:
                 raise _Crash("loading backend", TypeError(f"{backend_spec}: {problem}"))

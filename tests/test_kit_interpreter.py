@@ -1,0 +1,74 @@
+"""Triton's interpreter patches its language once per launch (kit.harness.interpreter): the
+kernels compute the same, and a helper seeing other language modules is still patched."""
+import types
+
+import pytest
+import torch
+
+from kit.harness import interpreter
+
+
+@pytest.fixture
+def fresh_state(monkeypatch):
+    monkeypatch.setattr(interpreter, "_launches", [])
+    monkeypatch.setattr(interpreter, "_kept", set())
+
+
+def _counting(calls):
+    def patch_lang(fn):
+        calls.append(fn.__name__)
+        return types.SimpleNamespace(restore=lambda: calls.append("restore"))
+    return patch_lang
+
+
+def _fn(name, **modules):
+    """A function whose globals name `modules`, as a kernel or helper module's would."""
+    return types.FunctionType(compile("def f(): pass", name, "exec").co_consts[0], dict(modules), name)
+
+
+def test_helpers_inside_a_launch_are_patched_only_for_modules_not_patched_yet(fresh_state):
+    tl = types.ModuleType("tl")
+    tl.core = types.ModuleType("core")
+    calls = []
+    patch = interpreter._patch_once(_counting(calls), tl)
+    kernel, helper, core_helper = _fn("kernel", tl=tl), _fn("helper", tl=tl), _fn("core_helper", core=tl.core)
+    for _ in range(2):  # two launches
+        scope = patch(kernel)
+        for _ in range(3):  # each program of the grid calls both helpers
+            patch(helper)
+            patch(core_helper)
+        scope.restore()
+    # The launch patches; its own modules' helpers never; `core`'s once, the first time (never put back).
+    assert calls == ["kernel", "core_helper", "restore", "kernel", "restore"]
+    assert interpreter._launches == []
+
+
+def test_a_kernel_with_helpers_computes_the_same_with_the_language_patched_once(monkeypatch):
+    from tests.toys.interpreted import row_sums
+    import triton.language as tl
+    from triton.runtime import interpreter as triton_interpreter
+    if not hasattr(triton_interpreter, "GridExecutor"):
+        pytest.skip("kernels are compiled here: the interpreter is not used")
+    x = torch.randn(3, 10)
+    expected = torch.where(x > 0, 2 * x, -x).sum(1)
+    interpreter.install()
+    patched_once = triton_interpreter._patch_lang
+    original = patched_once.__wrapped__
+    calls = []
+
+    def counted(patch):
+        def count(fn):
+            calls.append(fn.__name__)
+            return patch(fn)
+        return count
+
+    monkeypatch.setattr(triton_interpreter, "_patch_lang", counted(original))
+    every_call = row_sums(x)
+    per_launch = len(calls)
+    calls.clear()
+    monkeypatch.setattr(interpreter, "_launches", [])
+    monkeypatch.setattr(triton_interpreter, "_patch_lang", interpreter._patch_once(counted(original), tl))
+    once = row_sums(x)
+    torch.testing.assert_close(every_call, expected)
+    assert torch.equal(once, every_call)
+    assert per_launch > 3 * 3 and calls.count("row_sums_kernel") == 1 and "_scaled" not in calls
