@@ -14,6 +14,7 @@ import torch
 from cases import CATALOG as catalog
 from kit.engine.case import GQA, LAYOUTS, MHA, MQA, Case
 from kit.engine.catalog import CASE_SETS, Catalog
+from kit.engine.fixture import SHARED, Fixture
 from kit.engine.layer import model_layers
 from kit.modes import MODES, ForwardMode
 from kit.engine.modes import rules_for
@@ -21,7 +22,6 @@ from kit.engine.modes.rules import causal
 from kit.report.record import parse_run_id, run_id
 from kit.engine.reference import attention
 from kit.harness.checks import check_output
-from tests.helpers import run_setup
 
 REPO = Path(__file__).resolve().parent.parent
 DECODE, EXTEND = ForwardMode.DECODE, ForwardMode.EXTEND
@@ -285,6 +285,13 @@ BUG_CLASSES = {
 }
 
 
+def _case_batch(case) -> Fixture:
+    """The case's batch (plan, model, inputs) as its runs build it, without a pool, a batch
+    object or the earlier batches of its eager sequence: the reference reads none of them."""
+    built = SHARED.get(case, torch.device("cpu"))
+    return Fixture(plan=built.plan, pools=None, layers=built.layers, inputs=built.inputs, batch=None)
+
+
 def catching_cases(mode) -> dict:
     """(number, bug) -> the base cases (contiguous layout: the others only move pages) whose
     output check the bug fails by MARGIN."""
@@ -293,7 +300,7 @@ def catching_cases(mode) -> dict:
     for case in catalog.cases("full", mode):
         if case.layout != "contiguous":
             continue
-        fx = run_setup(case).fixtures[-1]  # the case (last of the eager sequence); never the pool
+        fx = _case_batch(case)
         dtype = case.torch_dtype
         golden, same = attention(fx, torch.float64), attention(fx, dtype)
         for key, (applies, plant) in bugs.items():
