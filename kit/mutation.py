@@ -12,8 +12,9 @@ import dataclasses
 import json
 import subprocess
 import sys
-from typing import Dict, List, Optional, Sequence, Tuple
+from typing import Callable, Dict, List, Optional, Sequence, Tuple
 
+from kit.engine.case import Case
 from kit.engine.catalog import load_catalog
 from kit.modes import Exec, ForwardMode
 from kit.report.record import CRASH, FAIL, UNSUPPORTED, parse_run_id, repro_command, run_id
@@ -33,6 +34,9 @@ class Mutant:
     # Why this mutant changes nothing the contract judges for this backend (only
     # finite output of padded rows, say): it is still run and shown, with the reason.
     harmless: str = ""
+    # The cases the bug class shows in (a window, a tree mask, a dtype other than the kernels'
+    # fp32): a run stopping at its first catch tries them first. Every run stays in the score.
+    reaches: Optional[Callable[[Case], bool]] = None
 
     @property
     def doc(self) -> str:
@@ -61,9 +65,14 @@ class Score:
                     not_run=self.not_run, caught=self.caught)
 
 
-def _runs(mutant: Mutant, case_set: str, cases: Optional[str]):
+def _runs(mutant: Mutant, case_set: str, cases: Optional[str], stop_when_caught: bool = False):
+    """The mutant's runs in catalog order; to stop at the first catch, those of the cases it
+    reaches first (the others follow, in case a run catches it where none was expected)."""
     catalog = load_catalog(cases)
-    return [(case, ex) for mode in mutant.modes for case in catalog.cases(case_set, mode) for ex in mutant.execs]
+    runs = [(case, ex) for mode in mutant.modes for case in catalog.cases(case_set, mode) for ex in mutant.execs]
+    if stop_when_caught and mutant.reaches is not None:
+        runs.sort(key=lambda run: not mutant.reaches(run[0]))  # stable: catalog order within each part
+    return runs
 
 
 def score(mutant: Mutant, case_set: str, stop_when_caught: bool = False, progress=None,
@@ -73,7 +82,7 @@ def score(mutant: Mutant, case_set: str, stop_when_caught: bool = False, progres
     called before each run."""
     s = Score(mutant)
     classes = collections.Counter()
-    runs = _runs(mutant, case_set, cases)
+    runs = _runs(mutant, case_set, cases, stop_when_caught)
     for i, (case, ex) in enumerate(runs):
         if progress:
             progress(run_id(mutant.name, case.mode.value, ex.value, case.name))
@@ -125,7 +134,7 @@ def score_isolated(mutant: Mutant, catalog: str, case_set: str, stop_when_caught
     repro = repro_command(mutant.backend, mode, exec_, case, cases)
     return Score(mutant, runs=len(started), failed=1, classes={CRASH: 1}, first_failure=started[-1],
                  repro=f"{repro}  # process died, exit code {proc.returncode}: {tail}",
-                 not_run=len(_runs(mutant, case_set, cases)) - len(started))
+                 not_run=len(_runs(mutant, case_set, cases, stop_when_caught)) - len(started))
 
 
 def score_all(mutants: Sequence[Mutant], catalog: str, case_set: str, jobs: int,

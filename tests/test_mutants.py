@@ -2,7 +2,10 @@
 (the GPU table, every mutant and every run, comes from `python -m kit.mutate`)."""
 import pytest
 
+from kit.engine.catalog import load_catalog
+from kit.modes import parse_mode
 from kit.mutation import score_isolated
+from kit.report.record import parse_run_id
 from tests.mutants import MUTANTS
 
 
@@ -11,6 +14,10 @@ def test_mutant_is_caught(mutant):
     s = score_isolated(mutant, "tests.mutants:MUTANTS", "smoke", stop_when_caught=True)
     assert s.caught, (f"{mutant.name} ({mutant.doc}) missed: expected {mutant.expect}, "
                       f"{s.failed}/{s.runs} runs failed with {s.classes or 'nothing'}")
+    if mutant.reaches is not None:  # tried first: a catch elsewhere means the catalog says the wrong cases
+        _, mode, _, name = parse_run_id(s.first_failure)
+        assert mutant.reaches(load_catalog(None).find_case(parse_mode(mode), name)), (
+            f"{mutant.name} was caught at {s.first_failure}, in a case its `reaches` leaves out")
 
 
 def test_catalog_is_sound():

@@ -9,6 +9,7 @@ Emulated graphs call forward() again at each replay, with the backend's Python
 state put back to its capture-time values, so stale pointers and grids baked at
 capture are caught on CPU too.
 """
+from kit.engine.layer import model_layers
 from kit.modes import Exec, ForwardMode
 from kit.mutation import Mutant
 
@@ -22,6 +23,17 @@ G, K, KV, C = ("graph",), ("kernel",), ("kv-write",), ("crash",)
 # Reading or writing past a buffer the backend sized itself: wrong output where the
 # stray access lands in readable memory, a crash where it corrupts the heap.
 OOB = K + C
+
+
+# The cases a bug class shows in (Mutant.reaches), by the model's layers: a hybrid model's
+# other layer brings a window or a cap the case's own layer lacks.
+def _any_layer(has):
+    return lambda case: any(has(layer) for layer in model_layers(case))
+
+
+WINDOWED = _any_layer(lambda layer: layer.sliding_window_size >= 0)
+CAPPED = _any_layer(lambda layer: layer.logit_cap > 0)
+TREE = lambda c: c.topk > 1  # noqa: E731
 
 MUTANTS = [
     # Mutant 1 lives in a capture/replay-style backend: in the two-phase Triton backend the
@@ -40,19 +52,22 @@ MUTANTS = [
     Mutant(5, "splits_from_capture_host_value", T + "SplitsFromCaptureHostValue", G, (D,), GRAPH, cpu=True),
     Mutant(6, "padded_rows_write_real_slot", T + "PaddedRowsWriteRealSlot", KV, ALL_MODES, GRAPH,
            cpu=True),
-    Mutant(7, "window_one_short", T + "WindowOneShort", K, ALL_MODES, EAGER, cpu=True),
-    Mutant(7, "window_one_long", T + "WindowOneLong", K, ALL_MODES, EAGER, cpu=True),
-    Mutant(8, "verify_ignores_tree_mask", T + "VerifyIgnoresTreeMask", K, (TV,), EAGER, cpu=True),
+    Mutant(7, "window_one_short", T + "WindowOneShort", K, ALL_MODES, EAGER, cpu=True, reaches=WINDOWED),
+    Mutant(7, "window_one_long", T + "WindowOneLong", K, ALL_MODES, EAGER, cpu=True, reaches=WINDOWED),
+    Mutant(8, "verify_ignores_tree_mask", T + "VerifyIgnoresTreeMask", K, (TV,), EAGER, cpu=True, reaches=TREE),
     Mutant(9, "decode_reads_one_past", T + "DecodeReadsOnePast", OOB, (D,), EAGER, cpu=True),
     Mutant(9, "decode_reads_one_short", T + "DecodeReadsOneShort", K, (D,), EAGER, cpu=True),
     Mutant(9, "prefix_reads_one_short", T + "PrefixReadsOneShort", K, (E, TV, DE), EAGER, cpu=True),
     Mutant(10, "kv_indices_from_stale_sum", T + "KvIndicesFromStaleSum", OOB, ALL_MODES, EAGER, cpu=True),
     Mutant(11, "extend_padding_not_routed", T + "ExtendPaddingNotRouted", G, (E,), GRAPH, cpu=True),
-    Mutant(12, "logit_cap_ignored_in_verify", T + "LogitCapIgnoredInVerify", K, (TV,), EAGER, cpu=True),
-    Mutant(13, "verify_window_by_index", T + "VerifyWindowByIndex", K, (TV,), EAGER, cpu=True),
+    Mutant(12, "logit_cap_ignored_in_verify", T + "LogitCapIgnoredInVerify", K, (TV,), EAGER, cpu=True,
+           reaches=CAPPED),
+    Mutant(13, "verify_window_by_index", T + "VerifyWindowByIndex", K, (TV,), EAGER, cpu=True,
+           reaches=lambda c: WINDOWED(c) and TREE(c)),
     Mutant(14, "draft_extend_positions_from_seq_lens", T + "DraftExtendPositionsFromSeqLens", K, (DE,), EAGER,
-           cpu=True),
-    Mutant(15, "output_in_fp32", T + "OutputInFp32", K, ALL_MODES, EAGER + GRAPH, cpu=True),
+           cpu=True, reaches=WINDOWED),
+    Mutant(15, "output_in_fp32", T + "OutputInFp32", K, ALL_MODES, EAGER + GRAPH, cpu=True,
+           reaches=lambda c: c.dtype != "fp32"),
     # On CPU the host is the case's device: only a GPU run can tell.
     Mutant(15, "output_on_host", T + "OutputOnHost", K, ALL_MODES, EAGER, cpu=False),
     # Patterns of the production-harness issue (numbered from 20).
@@ -61,7 +76,8 @@ MUTANTS = [
     Mutant(20, "bs_from_buffer_length", T + "BsFromBufferLength", G + C, (E, DE), GRAPH, cpu=True),
     Mutant(21, "metadata_cached_by_shape", T + "MetadataCachedByShape", K, ALL_MODES, EAGER, cpu=True),
     Mutant(22, "extend_grid_from_request_count", T + "ExtendGridFromRequestCount", G, (E,), GRAPH, cpu=True),
-    Mutant(23, "first_layer_config_for_all", T + "FirstLayerConfigForAll", K, ALL_MODES, EAGER, cpu=True),
+    Mutant(23, "first_layer_config_for_all", T + "FirstLayerConfigForAll", K, ALL_MODES, EAGER, cpu=True,
+           reaches=lambda c: c.hybrid),
     # Real-code mutants (numbered from 30): known SGLang bugs replayed as one-line patches of a copy
     # of SGLang's own triton_backend.py, run through the sglang_triton adapter.
     # In DECODE and TARGET_VERIFY a bs taken from a full-capacity buffer only fills rows past the batch
