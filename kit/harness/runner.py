@@ -23,6 +23,7 @@ from kit.report.record import CRASH, EAGER, ENVIRONMENT, ERROR, FAIL, PASS, UNSU
 from kit.harness.registry import load_backend
 from kit.report.results import versions
 from kit.harness.schedule import batches
+from kit.harness.interpreter_noise import interpreter_noise_filtered
 from kit.harness.timeout import RunTimeout, time_limit
 from kit.harness.where import where
 
@@ -162,7 +163,7 @@ def run_case(backend_spec: str, case: Case, exec_: Exec, device: Optional[torch.
     start = time.perf_counter()
     result.versions = versions()
     try:
-        with time_limit(timeout):
+        with time_limit(timeout), interpreter_noise_filtered():
             cls = _call("loading backend", load_backend, backend_spec)
             interpreter.install()  # a no-op unless the backend's kernels run in Triton's interpreter
             problem = backend_problem(cls)
