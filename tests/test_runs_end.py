@@ -12,6 +12,7 @@ from cases import CATALOG as catalog
 from kit.modes import Exec, ForwardMode
 from kit.report.record import CRASH, FAIL, PASS
 from kit.harness.runner import run_case
+from kit.harness.timeout import EXIT_STUCK
 from tests.test_matrix import REPO, SMOKE_DECODE, run_suite
 from backends.torch_native import TorchNativeBackend
 from tests.toys.crashing import HangBackend, TorchErrorBackend
@@ -78,6 +79,32 @@ def test_hang_under_xdist_times_out_and_the_session_completes(tmp_path):
     assert proc.returncode == 1, proc.stdout[-2000:]
     r = records["mqa_p1_shuf/eager"]
     assert r["failure_class"] == CRASH and "timeout after 20 s" in r["message"] and r["message"].startswith("forward")
+    assert [c for c in SMOKE_DECODE if records[f"{c}/eager"]["outcome"] != PASS] == ["mqa_p1_shuf"]
+    assert json.loads((tmp_path / "results.json").read_text())["run"]["status"] == "complete"
+
+
+def test_a_hang_in_native_code_without_xdist_is_recorded_with_the_stacks_on_stderr(tmp_path):
+    """Stuck where the time limit's signal is never seen: the process ends a grace period later
+    (the limit itself, when shorter than a minute), the run recorded as a crash in an interrupted
+    results file, every thread's stack on stderr."""
+    proc, records = run_suite(tmp_path, f"{TOYS}:NativeHangBackend", (), "--exec", "eager", "-p", "no:xdist",
+                              "--timeout", "5")
+    assert proc.returncode == EXIT_STUCK, proc.stdout[-2000:] + proc.stderr[-2000:]
+    r = records["mqa_p1_shuf/eager"]
+    assert r["failure_class"] == CRASH and r["message"].startswith("timeout after 5 s, then 5 s more stuck"), r
+    assert r["repro"].endswith(" --timeout 5"), r["repro"]
+    run = json.loads((tmp_path / "results.json").read_text())["run"]
+    assert run["status"] == "interrupted", run["status"]
+    assert "stuck in native code" in proc.stderr and "in misbehave" in proc.stderr, proc.stderr[-3000:]
+    assert "recorded as a crash in" in proc.stderr, proc.stderr[-3000:]
+
+
+def test_a_hang_in_native_code_under_xdist_is_the_runs_crash_and_the_session_goes_on(tmp_path):
+    proc, records = run_suite(tmp_path, f"{TOYS}:NativeHangBackend", (), "--exec", "eager", "-n", "2",
+                              "--timeout", "20")
+    assert proc.returncode == 1, proc.stdout[-2000:]
+    r = records["mqa_p1_shuf/eager"]
+    assert r["failure_class"] == CRASH and r["message"].startswith("timeout after 20 s, then 20 s more stuck"), r
     assert [c for c in SMOKE_DECODE if records[f"{c}/eager"]["outcome"] != PASS] == ["mqa_p1_shuf"]
     assert json.loads((tmp_path / "results.json").read_text())["run"]["status"] == "complete"
 

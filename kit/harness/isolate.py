@@ -24,7 +24,7 @@ def run_isolated(backend_spec: str, case: Case, exec_: Exec, label: str, catalog
                         repro=repro_command(backend_spec, case.mode.value, exec_.value, case.name, catalog),
                         isolated=True)
     try:
-        proc = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout and timeout + 2 * GRACE_S)
+        proc = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout and timeout + 3 * GRACE_S)
     except subprocess.TimeoutExpired:
         crashed.message = f"timeout after {timeout:g} s: the subprocess was stuck and ended"
         return crashed

@@ -27,6 +27,7 @@ from kit.report.record import (COMPLETE, CRASH, FAIL, INTERRUPTED, RUNNING, RunR
                         repro_command, run_id)
 from kit.harness.registry import UnknownBackend, backend_label, known_backends, load_backend
 from kit.report.results import device_name, to_record, versions, write_results
+from kit.harness import timeout
 from kit.harness.timeout import DEFAULT_S
 
 RECORD_KEY = "conformance_record"
@@ -185,7 +186,10 @@ def record_conformance(request):
         request.node.user_properties.append((RECORD_KEY, json.dumps(to_record(result))))
         if result.device_lost:
             _end_process(request.config, request.node.nodeid, result)
-    return record
+    recorder = request.config.pluginmanager.get_plugin("conformance-recorder")
+    timeout.on_stuck(functools.partial(recorder.stuck, request.node.nodeid))
+    yield record
+    timeout.on_stuck(None)
 
 
 def _end_process(config, nodeid: str, result) -> None:
@@ -301,24 +305,43 @@ class _Recorder:
     def _crash_record(self, report):
         if self.path:
             lost = _last_words_path(self.path, report.nodeid)
-            if lost.exists():  # the worker ended itself after a device fault, leaving its record
+            if lost.exists():  # the worker ended itself (a device fault, a run stuck), leaving its record
                 record = json.loads(lost.read_text())
                 lost.unlink()
                 return record
-        sel = _cases(self.config._conformance_selection)
-        label, mode, exec_, name = parse_run_id(_run_of(report.nodeid))
-        case = sel["catalog"].find_case(parse_mode(mode), name)
-        spec = self.spec_of.get(label, label)
         if report.when == "???":  # xdist: the worker died
             message = f"the test process died (a hard crash, or stuck past the time limit): {report.longrepr}"
         else:
             last = (report.longreprtext.strip().splitlines() or ["?"])[-1]
             message = f"the run ended without a verdict ({report.when}): {last}"
+        return self._crash_of(report.nodeid, message)
+
+    def _crash_of(self, nodeid: str, message: str, limit: Optional[float] = None) -> dict:
+        sel = _cases(self.config._conformance_selection)
+        label, mode, exec_, name = parse_run_id(_run_of(nodeid))
+        case = sel["catalog"].find_case(parse_mode(mode), name)
+        spec = self.spec_of.get(label, label)
         result = RunResult(backend=label, mode=mode, exec=exec_, case=name, dtype=case.dtype, outcome=FAIL,
                            failure_class=CRASH, message=message,
-                           repro=repro_command(spec, mode, exec_, name, sel["catalog_target"]),
+                           repro=repro_command(spec, mode, exec_, name, sel["catalog_target"], limit),
                            versions=versions(load_backend(spec)))
         return to_record(result)
+
+    def stuck(self, nodeid: str, message: str) -> Optional[str]:
+        """A run stuck in native code past its limit is about to end this process (kit.harness.timeout):
+        its crash record goes into the results file, which says the session was interrupted (the
+        runs after it have none); in an xdist worker, where the controller finds it."""
+        record = self._crash_of(nodeid, message, self.config.getoption("timeout", None))
+        if self.writes:
+            self.records[nodeid] = record
+            self._write(INTERRUPTED)
+            return (f"{nodeid}: recorded as a crash in {self.path}; the runs after it did not run (under -n "
+                    f"the others go on)")
+        if self.path:
+            lost = _last_words_path(self.path, nodeid)
+            lost.parent.mkdir(parents=True, exist_ok=True)
+            lost.write_text(json.dumps(record))
+        return f"{nodeid}: recorded as a crash"
 
     def _write(self, status: str) -> None:
         with self.lock:

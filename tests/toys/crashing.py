@@ -37,6 +37,21 @@ class HangBackend(_MisbehavesOnThree):
         time.sleep(600)
 
 
+class NativeHangBackend(_MisbehavesOnThree):
+    """Stands for a wait that never ends in native code (a kernel that never finishes, seen from
+    the device's synchronize): a C call that releases the GIL and never returns to Python, even
+    for the time limit's signal."""
+
+    name = "toy_native_hang"
+
+    def misbehave(self, layer, batch):
+        import ctypes
+        import signal
+
+        signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGALRM})
+        ctypes.CDLL(None).sleep(600)
+
+
 class TorchErrorBackend(_MisbehavesOnThree):
     """Hands torch shapes that do not fit: the traceback ends inside torch's own Python code."""
 
