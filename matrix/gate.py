@@ -158,8 +158,9 @@ def check(readme_path, known_path, results_dir, fresh_paths: Sequence[str] = ())
     try:
         entries = load(known_path)
     except KnownFailuresError as exc:
-        problems += str(exc).splitlines()
-        entries = []
+        # Coverage and tables are read through the entries: without them every failure would be
+        # reported uncovered and every table stale. The file's own problems are the whole answer.
+        return str(exc).splitlines()
     committed = committed_results(results_dir, problems)
     problems += _stale_readme(readme_path, readme_blocks(committed, entries, results_dir, problems))
     fresh: List[Dict] = []
@@ -173,8 +174,9 @@ def check(readme_path, known_path, results_dir, fresh_paths: Sequence[str] = ())
             continue
         trouble = _fresh_problems(f)
         problems += trouble
-        if not trouble:
-            whole.append(f)
+        if trouble:
+            continue  # a partial run speaks for nothing: the committed results keep being judged
+        whole.append(f)
         for r in f.records:
             fresh.append(r)
             sources[id(r)] = str(path)

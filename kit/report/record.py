@@ -10,6 +10,7 @@ from typing import Dict, List, Optional, Tuple
 
 # Outcomes of a run.
 PASS, FAIL, UNSUPPORTED = "pass", "fail", "unsupported"
+OUTCOMES = (PASS, FAIL, UNSUPPORTED)
 # Failure classes: where to look.
 KERNEL, GRAPH, KV_WRITE, CRASH = "kernel", "graph", "kv-write", "crash"
 FAILURE_CLASSES = (KERNEL, GRAPH, KV_WRITE, CRASH)
@@ -139,10 +140,23 @@ def read_results_file(path) -> ResultsFile:
     records, run = doc.get("records"), doc.get("run", {})
     if not isinstance(records, list) or not all(isinstance(r, dict) and _RECORD_KEYS <= set(r) for r in records):
         raise ResultsError(f"{path}: records missing or malformed (each needs {', '.join(sorted(_RECORD_KEYS))}); {fix}")
+    bad = [r for r in records if _vocabulary_problem(r)]
+    if bad:
+        more = f" (and {len(bad) - 1} more)" if len(bad) > 1 else ""
+        raise ResultsError(f"{path}: record {record_id(bad[0])}: {_vocabulary_problem(bad[0])}{more}; {fix}")
     return ResultsFile(str(path), records, run.get("status", COMPLETE), run.get("selected"), run.get("catalog"))
 
 
 _RECORD_KEYS = {"backend", "mode", "exec", "case", "outcome", "device"}
+
+
+def _vocabulary_problem(record: Dict) -> str:
+    """Why a record's outcome or failure class is outside the vocabulary above, or ''."""
+    if record["outcome"] not in OUTCOMES:
+        return f"outcome {record['outcome']!r} is not one of {', '.join(OUTCOMES)}"
+    if record["outcome"] == FAIL and record.get("failure_class") not in FAILURE_CLASSES:
+        return f"failure class {record.get('failure_class')!r} is not one of {', '.join(FAILURE_CLASSES)}"
+    return ""
 
 
 def read_results(path) -> List[Dict]:
