@@ -14,7 +14,7 @@ from kit.report.known_failures import COLUMNS, KnownFailuresError, covering, mat
 from kit.modes import ForwardMode
 from kit.report.results import write_results
 from matrix import gate, readme
-from matrix.table import cell
+from matrix.table import Notes, cell, render
 
 REPO = Path(__file__).resolve().parent.parent
 KF_HEADER = (REPO / "KNOWN_FAILURES.md").read_text().split("<!-- known-failures:begin -->")[0]
@@ -71,7 +71,7 @@ def test_clean_project_passes_the_gate(project):
     proc = run_matrix("check", project)
     assert proc.returncode == 0, proc.stderr
     text = project["readme_path"].read_text()
-    assert "✓ 2/3, xfail 1 (KF-1)" in text and text.endswith("tail\n")
+    assert "✓ 2/3, xfail 1/3 (KF-1)" in text and text.endswith("tail\n")
 
 
 def test_write_is_deterministic(project):
@@ -186,14 +186,33 @@ def test_fresh_run_disagreeing_with_committed_results_is_caught(project, tmp_pat
 
 
 def test_cells():
-    assert cell([rec("a"), rec("b")], []) == "✓ 2/2"
-    assert cell([rec("a"), rec("b", "fail", "graph"), rec("c", "fail", "crash")], []) == "✗ 2/3 crash/graph"
-    assert cell([rec("a", "unsupported", message="no capture hooks")] * 2, []) == "— no capture hooks"
-    assert cell([rec("a"), rec("b", "unsupported", message="x")], []) == "✓ 1/1, 1 unsupported"
-    assert cell([rec("a", exec_="graph", exec_detail="emulated")], []) == "✓ 1/1 (emulated)"
+    notes = Notes()
+    assert cell([rec("a"), rec("b")], [], notes) == "✓ 2/2"
+    assert cell([rec("a"), rec("b", "fail", "graph"), rec("c", "fail", "crash")], [], notes) == \
+        "✗ 2/3 crash/graph, ✓ 1/3"
+    assert cell([rec("a", "unsupported", message="no capture hooks")] * 2, [], notes) == "— unsupported (1)"
+    assert cell([rec("a"), rec("b", "unsupported", message="x")], [], notes) == "✓ 1/1, 1 unsupported (2)"
+    assert cell([rec("a", exec_="graph", exec_detail="emulated")], [], notes) == "✓ 1/1 (emulated)"
     entries = parse(kf_text("| KF-7 | * | * | * | b | * | crash | quarantine | faults | tests/toys |"))
-    assert cell([rec("a"), rec("b", "fail", "crash", isolated=True)], entries) == \
-        "✓ 1/2, quarantine 1 (KF-7, subprocess)"
+    assert cell([rec("a"), rec("b", "fail", "crash", isolated=True)], entries, notes) == \
+        "✓ 1/2, quarantine 1/2 (KF-7, subprocess)"
+    assert notes.block() == "- (1) no capture hooks\n- (2) x"
+
+
+def test_a_cell_with_nothing_passing_shows_no_check_mark():
+    entries = parse(kf_text("| KF-2 | * | * | * | * | * | kernel | xfail | why | tests/toys |"))
+    assert cell([rec("a", "fail", "kernel"), rec("b", "fail", "kernel")], entries, Notes()) == "xfail 2/2 (KF-2)"
+    assert cell([rec("a", "fail", "graph")], [], Notes()) == "✗ 1/1 graph"
+
+
+def test_a_reason_repeated_across_a_row_is_written_once():
+    reason = "FlashInferAttnBackend runs on CUDA GPUs only; no CUDA device here " * 3
+    records = [rec(c, "unsupported", message=reason, mode=m.value, exec_=e, backend="gpu_only")
+               for m in ForwardMode for e in ("eager", "graph") for c in "ab"] + [rec("a")]
+    text = render({"results/cpu.json": records}, [])
+    assert text.count(reason) == 1
+    row = next(line for line in text.splitlines() if line.startswith("| gpu_only"))
+    assert "— unsupported (1)" in row and len(row) < 40 * 2 * len(ForwardMode)
 
 
 
