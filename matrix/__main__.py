@@ -7,6 +7,7 @@ from pathlib import Path
 from kit.cli import FAILED, Parser, fail
 from kit.report.known_failures import KnownFailuresError, load
 from matrix import gate, readme
+from matrix.committed import committed_text, write_if_changed
 
 REPO = Path(__file__).resolve().parent.parent
 PROG = "python -m matrix"
@@ -24,12 +25,14 @@ def build_parser() -> Parser:
     parser = Parser(prog=PROG, description=__doc__)
     sub = parser.add_subparsers(dest="command", required=True, metavar="{write,check}")
     sub.add_parser("write", parents=[common], prog=f"{PROG} write",
-                   help="write the README's matrix and mutation tables from the committed results; refuses "
-                        "an unreadable or partial results file")
+                   help="write the committed results files in their committed form (no timings, dates or commits; "
+                        "errors to 3 digits) and the README's matrix and mutation tables from them; a file "
+                        "whose contents would not change is not touched; refuses an unreadable or partial "
+                        "results file")
     check = sub.add_parser("check", parents=[common], prog=f"{PROG} check",
-                           help="the gate: fails, one line per problem, on stale tables, uncovered failures, stale "
-                                "known failures, and fresh results that are interrupted or disagree with the "
-                                "committed ones")
+                           help="the gate: fails, one line per problem, on stale tables, committed results not in "
+                                "their committed form, uncovered failures, stale known failures, and fresh "
+                                "results that are interrupted or disagree with the committed ones")
     check.add_argument("--fresh", action="append", default=[], metavar="FILE",
                        help="results of a run just made (repeatable): each must be a whole run, every failure "
                             "known, verdicts equal to the committed results of its device")
@@ -43,17 +46,24 @@ def _write(args) -> int:
     except KnownFailuresError as exc:
         problems += str(exc).splitlines()
         entries = []
-    committed = gate.committed_results(args.results_dir, problems)
+    files = gate.committed_files(args.results_dir, problems)
+    committed = {src: f.records for src, f in files.items()}
     blocks = gate.readme_blocks(committed, entries, args.results_dir, problems)
     if problems:
         print("\n".join(f"matrix write: {p}" for p in problems), file=sys.stderr)
         return FAILED
+    # Each file is written only when its contents change: no verdict changed, no file touched.
+    written = [f.path for f in files.values() if write_if_changed(f.path, committed_text(f))]
     path = Path(args.readme)
     text = path.read_text()
     for _, begin, end, block in blocks:
         text = readme.replace(text, block, str(path), begin, end)
-    path.write_text(text)
-    print(f"wrote {len(committed)} results file(s) and the mutation scores into {path}")
+    if write_if_changed(path, text):
+        written.append(str(path))
+    for p in written:
+        print(f"matrix write: wrote {p}")
+    if not written:
+        print(f"matrix write: nothing changed ({len(files)} results file(s) and {path} as they were)")
     return 0
 
 

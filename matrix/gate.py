@@ -10,6 +10,7 @@ from kit.report.known_failures import KnownFailuresError, covering, load
 from kit.report.record import (COMPLETE, ERROR, FAIL, PASS, UNSUPPORTED, ResultsError, ResultsFile, read_results_file,
                         record_id as _id, verdict as _verdict)
 from matrix import mutation, readme
+from matrix.committed import committed_text
 from matrix.table import render
 
 REGENERATE = "regenerate it with the full command for its device (docs/running.md, 'Regenerating the tables')"
@@ -39,8 +40,8 @@ def _partial(f: ResultsFile) -> str:
     return ""
 
 
-def committed_results(results_dir, problems: List[str]) -> Dict[str, List[Dict]]:
-    """source -> records of each committed results file; a problem for each unreadable or partial one
+def committed_files(results_dir, problems: List[str]) -> Dict[str, ResultsFile]:
+    """source -> each committed results file; a problem for each unreadable or partial one
     (so `matrix write` never makes tables from a narrowed or interrupted run)."""
     out = {}
     for path in sorted(Path(results_dir).glob("*.json")):
@@ -51,8 +52,19 @@ def committed_results(results_dir, problems: List[str]) -> Dict[str, List[Dict]]
             continue
         if _partial(f):
             problems.append(_partial(f))
-        out[f"{Path(results_dir).name}/{path.name}"] = f.records
+        out[f"{Path(results_dir).name}/{path.name}"] = f
     return out
+
+
+def committed_results(results_dir, problems: List[str]) -> Dict[str, List[Dict]]:
+    """source -> records of each committed results file (see committed_files)."""
+    return {src: f.records for src, f in committed_files(results_dir, problems).items()}
+
+
+def _not_in_committed_form(files: Dict[str, ResultsFile]) -> List[str]:
+    return [f"{f.path}: not in its committed form (timings, dates or unrounded errors that differ from one run to "
+            f"the next); run `python -m matrix write`" for f in files.values()
+            if Path(f.path).read_text() != committed_text(f)]
 
 
 def expected_block(results: Dict[str, List[Dict]], entries) -> str:
@@ -161,7 +173,9 @@ def check(readme_path, known_path, results_dir, fresh_paths: Sequence[str] = ())
         # Coverage and tables are read through the entries: without them every failure would be
         # reported uncovered and every table stale. The file's own problems are the whole answer.
         return str(exc).splitlines()
-    committed = committed_results(results_dir, problems)
+    files = committed_files(results_dir, problems)
+    problems += _not_in_committed_form(files)
+    committed = {src: f.records for src, f in files.items()}
     problems += _stale_readme(readme_path, readme_blocks(committed, entries, results_dir, problems))
     fresh: List[Dict] = []
     whole: List[ResultsFile] = []

@@ -85,12 +85,11 @@ def _values(values) -> str:
 
 
 def environment_line(records: List[Dict]) -> str:
-    """Library versions (each as the runs that use it report it), kit commit and date."""
+    """Library versions, each as the runs that use it report it (when and by which commit the
+    results were made is the results file's history, not a table's content)."""
     libraries = sorted({name for r in records for name in r["versions"]} - set(FIRST_VERSIONS))
-    parts = [f"{name} {_values(r['versions'][name] for r in records if name in r['versions'])}"
-             for name in FIRST_VERSIONS + tuple(libraries)]
-    parts += [f"{f.replace('_', ' ')} {_values(r[f] for r in records)}" for f in ("kit_commit", "date")]
-    return " · ".join(parts)
+    return " · ".join(f"{name} {_values(r['versions'][name] for r in records if name in r['versions'])}"
+                      for name in FIRST_VERSIONS + tuple(libraries))
 
 
 def device_table(device: str, records: List[Dict], entries: Sequence[KnownFailure], sources: str) -> str:

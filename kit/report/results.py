@@ -65,16 +65,25 @@ def to_record(result: RunResult) -> Dict:
     return {**dataclasses.asdict(result), **environment()}
 
 
-def write_results(path: str, records: List[Dict], run: Optional[Dict] = None) -> None:
-    """Atomic: readers never see a half-written file. `run`: what the session selected and how it
-    ended (kit.report.record.ResultsFile's status, selected, catalog)."""
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
+def results_text(records: List[Dict], run: Optional[Dict] = None) -> str:
+    """A results file's text: records in run-id order, keys sorted, so equal contents are equal bytes."""
     doc = {"schema": SCHEMA, "records": sorted(records, key=lambda r: (r["backend"], r["mode"], r["exec"], r["case"]))}
     if run is not None:
         doc["run"] = run
+    return json.dumps(doc, indent=1, sort_keys=True) + "\n"
+
+
+def write_text(path, text: str) -> None:
+    """Atomic: readers never see a half-written file."""
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=path.name, suffix=".tmp")
     with os.fdopen(fd, "w") as f:
-        json.dump(doc, f, indent=1, sort_keys=True)
-        f.write("\n")
+        f.write(text)
     os.replace(tmp, path)
+
+
+def write_results(path: str, records: List[Dict], run: Optional[Dict] = None) -> None:
+    """`run`: what the session selected and how it ended (kit.report.record.ResultsFile's status,
+    selected, catalog)."""
+    write_text(path, results_text(records, run))

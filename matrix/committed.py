@@ -1,0 +1,45 @@
+"""The committed form of a results file: what a run found, without what differs from one run
+of the same code to the next, so that regenerating with no verdict changed changes no byte."""
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Dict
+
+from kit.report.record import ResultsFile
+from kit.report.results import results_text, write_text
+
+# When and by which commit a run was made, and how long it took: the commit that adds the file
+# says the first two, and the third is noise between runs.
+VOLATILE = ("seconds", "date", "kit_commit")
+# Errors and tolerances move in their last digits between runs (threads sum in another order):
+# kept to the 3 significant digits the failure messages print.
+ROUNDED = ("max_err", "tol")
+DIGITS = 3
+
+
+def _rounded(value):
+    return float(f"{value:.{DIGITS}g}") if isinstance(value, float) else value
+
+
+def committed_record(record: Dict) -> Dict:
+    out = {k: v for k, v in record.items() if k not in VOLATILE}
+    for field in ROUNDED:
+        if field in out:
+            out[field] = _rounded(out[field])
+    return out
+
+
+def committed_text(f: ResultsFile) -> str:
+    run = None
+    if f.has_run_list:
+        run = dict(status=f.status, selected=sorted(f.selected), catalog=sorted(f.catalog))
+    return results_text([committed_record(r) for r in f.records], run)
+
+
+def write_if_changed(path, text: str) -> bool:
+    """Write text to path unless it already holds exactly that; whether it wrote."""
+    path = Path(path)
+    if path.is_file() and path.read_text() == text:
+        return False
+    write_text(path, text)
+    return True
