@@ -169,6 +169,23 @@ def test_link_must_look_like_one(link, ok):
             parse(kf_text(row))
 
 
+def test_link_cell_holds_a_thread_and_source_lines():
+    thread, source = "https://github.com/org/repo/pull/7", "https://github.com/org/repo/blob/v1/a.py#L3"
+    row = f"| KF-1 | be | decode | eager | c | * | kernel | xfail | why | {thread} {source} |"
+    assert parse(kf_text(row))[0].links == [thread, source]
+    with pytest.raises(KnownFailuresError, match="link 'issue' is neither"):
+        parse(kf_text(row.replace(source, "issue")))
+
+
+@pytest.mark.parametrize("thread, ids", [
+    ("sgl-project/sglang/pull/32087", ("KF-1", "KF-2")),  # Triton decode keeps W keys
+    ("sgl-project/sglang/pull/39287", ("KF-3", "KF-10", "KF-13", "KF-18"))])  # verify windows: index, misalignment
+def test_shipped_entries_cite_the_thread_tracking_their_bug(thread, ids):
+    entries = {e.id: e for e in parse((REPO / "KNOWN_FAILURES.md").read_text())}
+    for kf in ids:
+        assert entries[kf].links[0] == f"https://github.com/{thread}" and "/blob/" in entries[kf].links[-1], kf
+
+
 def test_header_of_the_shipped_table_is_the_parsed_one():
     """KNOWN_FAILURES.md's own header row names the columns the parser reads, device included."""
     text = (REPO / "KNOWN_FAILURES.md").read_text()

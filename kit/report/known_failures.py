@@ -15,7 +15,8 @@ BEGIN, END = "<!-- known-failures:begin -->", "<!-- known-failures:end -->"
 COLUMNS = ("id", "backend", "mode", "exec", "case", "device", "class", "mark", "reason", "link")
 XFAIL, QUARANTINE = "xfail", "quarantine"
 ROW_TEMPLATE = "| KF-<n> | <backend> | <mode or *> | <eager|graph|*> | <case glob> | <device glob, e.g. *H100* or *> | " \
-               "<kernel|graph|kv-write|crash> | <xfail|quarantine> | <reason> | <link: URL or repo path> |"
+               "<kernel|graph|kv-write|crash> | <xfail|quarantine> | <reason> | " \
+               "<links, space-separated: the issue or PR tracking the bug, then source lines (URLs or repo paths)> |"
 # An upstream issue or PR (a URL), or a file in the repo that shows the failure (a path, maybe with #anchor).
 LINK = re.compile(r"https?://[\w.-]+\.\w+\S*|(?!/|\.\./)[\w.-]+(/[\w.-]+)*(\.\w+|/[\w.-]+)/?(#\S+)?")
 
@@ -35,8 +36,12 @@ class KnownFailure:
     failure_class: str
     mark: str
     reason: str
-    link: str
+    link: str  # one or more links, space-separated
     where: str  # path:line, for messages
+
+    @property
+    def links(self) -> List[str]:
+        return self.link.split()
 
     def matches(self, backend: str, mode: str, exec_: str, case: str, device: str) -> bool:
         return all(fnmatch.fnmatchcase(value, pattern) for value, pattern in (
@@ -73,8 +78,8 @@ def _problems(cells: List[str], seen_ids) -> List[str]:
     for field in ("backend", "case", "device", "reason", "link"):
         if not row[field]:
             out.append(f"empty {field}")
-    if row["link"] and not LINK.fullmatch(row["link"]):
-        out.append(f"link {row['link']!r} is neither a URL nor a repo path")
+    out += [f"link {link!r} is neither a URL nor a repo path" for link in row["link"].split()
+            if not LINK.fullmatch(link)]
     return out
 
 
