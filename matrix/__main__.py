@@ -1,4 +1,4 @@
-"""python -m matrix write | check — the README tables from results, and the gate."""
+"""python -m matrix write | check | html — the README tables from results, the gate, and an HTML report."""
 from __future__ import annotations
 
 import sys
@@ -6,7 +6,9 @@ from pathlib import Path
 
 from kit.cli import FAILED, Parser, fail
 from kit.report.known_failures import KnownFailuresError, load
-from matrix import gate, readme
+from kit.report.record import ResultsError, read_results_file
+from kit.report.results import write_text
+from matrix import gate, html, readme
 from matrix.committed import committed_text, write_if_changed
 
 REPO = Path(__file__).resolve().parent.parent
@@ -14,16 +16,17 @@ PROG = "python -m matrix"
 
 
 def build_parser() -> Parser:
-    common = Parser(add_help=False)
-    common.add_argument("--readme", default=str(REPO / "README.md"),
-                        help="the README whose generated blocks are written or checked (default: the kit's)")
-    common.add_argument("--known-failures", default=str(REPO / "KNOWN_FAILURES.md"),
+    sources = Parser(add_help=False)
+    sources.add_argument("--known-failures", default=str(REPO / "KNOWN_FAILURES.md"),
                         help="the known-failures table (default: the kit's KNOWN_FAILURES.md)")
-    common.add_argument("--results-dir", default=str(REPO / "results"),
+    sources.add_argument("--results-dir", default=str(REPO / "results"),
                         help="committed results files (*.json, and mutation/*.json) the tables are made from "
                              "(default: the kit's results/)")
+    common = Parser(add_help=False, parents=[sources])
+    common.add_argument("--readme", default=str(REPO / "README.md"),
+                        help="the README whose generated blocks are written or checked (default: the kit's)")
     parser = Parser(prog=PROG, description=__doc__)
-    sub = parser.add_subparsers(dest="command", required=True, metavar="{write,check}")
+    sub = parser.add_subparsers(dest="command", required=True, metavar="{write,check,html}")
     sub.add_parser("write", parents=[common], prog=f"{PROG} write",
                    help="write the committed results files in their committed form (no timings, dates or commits; "
                         "errors to 3 digits) and the README's matrix and mutation tables from them; a file "
@@ -36,7 +39,37 @@ def build_parser() -> Parser:
     check.add_argument("--fresh", action="append", default=[], metavar="FILE",
                        help="results of a run just made (repeatable): each must be a whole run, every failure "
                             "known, verdicts equal to the committed results of its device")
+    html = sub.add_parser("html", parents=[sources], prog=f"{PROG} html",
+                          help="write one static HTML page: the matrix per device, cells coloured by outcome, each "
+                               "failing cell opening its runs (message, class, max err / tol, known failure, repro)")
+    html.add_argument("--out", default="matrix.html", help="the page to write (default: matrix.html)")
+    html.add_argument("--results", action="append", default=[], metavar="FILE",
+                      help="results files to show (repeatable; default: the committed results in --results-dir)")
     return parser
+
+
+def _html(args) -> int:
+    problems = []
+    try:
+        entries = load(args.known_failures)
+    except KnownFailuresError as exc:
+        problems += str(exc).splitlines()
+        entries = []
+    results = {}
+    if args.results:
+        for path in args.results:
+            try:
+                results[path] = read_results_file(path).records
+            except ResultsError as exc:
+                problems.append(str(exc))
+    else:
+        results = gate.committed_results(args.results_dir, [])
+    if problems:
+        print("\n".join(f"matrix html: {p}" for p in problems), file=sys.stderr)
+        return FAILED
+    write_text(args.out, html.page(results, entries))
+    print(f"matrix html: wrote {args.out} ({sum(map(len, results.values()))} runs from {len(results)} file(s))")
+    return 0
 
 
 def _write(args) -> int:
@@ -79,6 +112,8 @@ def _check(args) -> int:
 
 def main(argv=None) -> int:
     args = build_parser().parse_args(argv)
+    if args.command == "html":
+        return _html(args)
     if not Path(args.readme).is_file():
         return fail(PROG, f"--readme {args.readme}: no such file; name the README with the generated blocks")
     for path in getattr(args, "fresh", []):

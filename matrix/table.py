@@ -2,6 +2,7 @@
 columns = mode x exec. Deterministic (no timings)."""
 from __future__ import annotations
 
+import dataclasses
 from collections import Counter, defaultdict
 from typing import Dict, List, Sequence
 
@@ -30,6 +31,43 @@ class Notes:
         return "\n".join(f"- ({n}) {reason}" for reason, n in self.numbers.items())
 
 
+@dataclasses.dataclass
+class Tally:
+    """A cell's runs, sorted by what they did."""
+    ran: List[Dict]
+    skipped: List[Dict]
+    stopped: List[Dict]  # no verdict (kit.report.record.ERROR): not counted against the backend
+    passed: int = 0
+    unknown: Counter = dataclasses.field(default_factory=Counter)  # class -> failures no entry covers
+    known: Counter = dataclasses.field(default_factory=Counter)  # KF id -> expected failures
+    quarantined: Counter = dataclasses.field(default_factory=Counter)  # KF id -> isolated ones
+
+    @property
+    def kind(self) -> str:
+        """The cell's worst news: fail, quarantine, xfail, pass; or, nothing judged: not-judged, unsupported, not-run."""
+        if not self.ran:
+            return "not-judged" if self.stopped else "unsupported" if self.skipped else "not-run"
+        return next(k for k, n in (("fail", self.unknown), ("quarantine", self.quarantined),
+                                   ("xfail", self.known), ("pass", True)) if n)
+
+
+def tally(records: List[Dict], entries: Sequence[KnownFailure]) -> Tally:
+    t = Tally([r for r in records if r["outcome"] not in (UNSUPPORTED, ERROR)],
+              [r for r in records if r["outcome"] == UNSUPPORTED], [r for r in records if r["outcome"] == ERROR])
+    t.passed = sum(r["outcome"] == PASS for r in t.ran)
+    for r in t.ran:
+        if r["outcome"] != FAIL:
+            continue
+        entry = covering(entries, r)
+        if entry is None:
+            t.unknown[r["failure_class"]] += 1
+        elif r.get("isolated"):
+            t.quarantined[entry.id] += 1
+        else:
+            t.known[entry.id] += 1
+    return t
+
+
 def cell(records: List[Dict], entries: Sequence[KnownFailure], notes: Notes) -> str:
     """What a cell's runs did, each count out of the runs that ran: `✗ 1/8 graph` (failures no
     entry covers, by class), `✓ 5/8` (passed), `xfail 2/8 (KF-1)`, `quarantine 1/8 (KF-5,
@@ -37,42 +75,28 @@ def cell(records: List[Dict], entries: Sequence[KnownFailure], notes: Notes) -> 
     left out (no check mark over nothing passing)."""
     if not records:
         return "not run"
-    ran = [r for r in records if r["outcome"] not in (UNSUPPORTED, ERROR)]
-    skipped = [r for r in records if r["outcome"] == UNSUPPORTED]
-    stopped = [r for r in records if r["outcome"] == ERROR]  # no verdict: not counted against the backend
-    if not ran and stopped:
-        return f"{len(stopped)} not judged ({_values(r['failure_class'] for r in stopped)})"
-    if not ran:
-        return f"— unsupported ({notes.refs(r['message'] for r in skipped)})"
-    passed = sum(r["outcome"] == PASS for r in ran)
-    known, quarantined, unknown = defaultdict(int), defaultdict(int), Counter()
-    for r in ran:
-        if r["outcome"] != FAIL:
-            continue
-        entry = covering(entries, r)
-        if entry is None:
-            unknown[r["failure_class"]] += 1
-        elif r.get("isolated"):
-            quarantined[entry.id] += 1
-        else:
-            known[entry.id] += 1
-    of = f"/{len(ran)}"
+    t = tally(records, entries)
+    if not t.ran and t.stopped:
+        return f"{len(t.stopped)} not judged ({_values(r['failure_class'] for r in t.stopped)})"
+    if not t.ran:
+        return f"— unsupported ({notes.refs(r['message'] for r in t.skipped)})"
+    of = f"/{len(t.ran)}"
     parts = []
-    if unknown:
-        parts.append(f"✗ {sum(unknown.values())}{of} {'/'.join(sorted(unknown))}")
-    if passed:
-        parts.append(f"✓ {passed}{of}")
-    if known:
-        parts.append(f"xfail {sum(known.values())}{of} ({', '.join(sorted(known, key=_kf_number))})")
-    if quarantined:
-        parts.append(f"quarantine {sum(quarantined.values())}{of} "
-                     f"({', '.join(sorted(quarantined, key=_kf_number))}, subprocess)")
-    if skipped:
-        parts.append(f"{len(skipped)} unsupported ({notes.refs(r['message'] for r in skipped)})")
-    if stopped:
-        parts.append(f"{len(stopped)} not judged ({_values(r['failure_class'] for r in stopped)})")
+    if t.unknown:
+        parts.append(f"✗ {sum(t.unknown.values())}{of} {'/'.join(sorted(t.unknown))}")
+    if t.passed:
+        parts.append(f"✓ {t.passed}{of}")
+    if t.known:
+        parts.append(f"xfail {sum(t.known.values())}{of} ({', '.join(sorted(t.known, key=_kf_number))})")
+    if t.quarantined:
+        parts.append(f"quarantine {sum(t.quarantined.values())}{of} "
+                     f"({', '.join(sorted(t.quarantined, key=_kf_number))}, subprocess)")
+    if t.skipped:
+        parts.append(f"{len(t.skipped)} unsupported ({notes.refs(r['message'] for r in t.skipped)})")
+    if t.stopped:
+        parts.append(f"{len(t.stopped)} not judged ({_values(r['failure_class'] for r in t.stopped)})")
     # Graphs without CUDA, or an EXTEND path run eagerly, are not what a real graph proves: say so.
-    labels = sorted({r.get("exec_detail") for r in ran} & set(WEAKER_THAN_A_GRAPH))
+    labels = sorted({r.get("exec_detail") for r in t.ran} & set(WEAKER_THAN_A_GRAPH))
     return ", ".join(parts) + (f" ({', '.join(labels)})" if labels else "")
 
 
@@ -92,13 +116,32 @@ def environment_line(records: List[Dict]) -> str:
                       for name in FIRST_VERSIONS + tuple(libraries))
 
 
-def device_table(device: str, records: List[Dict], entries: Sequence[KnownFailure], sources: str) -> str:
+COLUMNS = tuple((m.value, e.value) for m in MODES for e in EXECS)
+
+
+def cells(records: List[Dict]) -> Dict[tuple, List[Dict]]:
+    """(backend, mode, exec) -> the records of that cell."""
     groups = defaultdict(list)
     for r in records:
         groups[(r["backend"], r["mode"], r["exec"])].append(r)
-    headers = ["backend"] + [f"{m.value} {e.value}" for m in MODES for e in EXECS]
+    return groups
+
+
+def by_device(results: Dict[str, List[Dict]]):
+    """[(device, its records, its sources)], devices sorted by name."""
+    records, sources = defaultdict(list), defaultdict(set)
+    for source, recs in results.items():
+        for r in recs:
+            records[r["device"]].append(r)
+            sources[r["device"]].add(source)
+    return [(d, records[d], sorted(sources[d])) for d in sorted(records)]
+
+
+def device_table(device: str, records: List[Dict], entries: Sequence[KnownFailure], sources: str) -> str:
+    groups = cells(records)
+    headers = ["backend"] + [f"{m} {e}" for m, e in COLUMNS]
     notes = Notes()
-    rows = [[backend] + [cell(groups[(backend, m.value, e.value)], entries, notes) for m in MODES for e in EXECS]
+    rows = [[backend] + [cell(groups[(backend, m, e)], entries, notes) for m, e in COLUMNS]
             for backend in sorted({r["backend"] for r in records})]
     table = tabulate(rows, headers, tablefmt="github")
     unsupported = f"\n\nUnsupported, because:\n\n{notes.block()}" if notes.numbers else ""
@@ -107,10 +150,5 @@ def device_table(device: str, records: List[Dict], entries: Sequence[KnownFailur
 
 def render(results: Dict[str, List[Dict]], entries: Sequence[KnownFailure]) -> str:
     """results: source name -> records. One table per device, devices sorted by name."""
-    by_device, sources = defaultdict(list), defaultdict(set)
-    for source, records in results.items():
-        for r in records:
-            by_device[r["device"]].append(r)
-            sources[r["device"]].add(source)
-    return "\n".join(device_table(d, by_device[d], entries, ", ".join(f"`{s}`" for s in sorted(sources[d])))
-                     for d in sorted(by_device))
+    return "\n".join(device_table(d, records, entries, ", ".join(f"`{s}`" for s in sources))
+                     for d, records, sources in by_device(results))

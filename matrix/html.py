@@ -1,0 +1,92 @@
+"""Results -> one static HTML page: the matrix of each device, each cell coloured by what its
+runs did; a cell with failing or expected-failing runs links to them (message, class, max err /
+tol, the KNOWN_FAILURES.md entry, the repro command). No script and no external asset: a cell's
+runs are a section the page shows when the link targets it (CSS :target)."""
+from __future__ import annotations
+
+from html import escape
+from typing import Dict, List, Sequence
+
+from kit.report.known_failures import KnownFailure, covering, match
+from kit.report.record import FAIL, record_id, verdict
+from matrix.table import COLUMNS, Notes, by_device, cell, cells, environment_line, tally
+
+STYLE = """
+body { font: 14px/1.4 system-ui, sans-serif; margin: 1.5em; color: #222; }
+table { border-collapse: collapse; margin: 0.5em 0; }
+th, td { border: 1px solid #bbb; padding: 0.3em 0.5em; vertical-align: top; }
+th { background: #eee; text-align: left; }
+td a { color: inherit; display: block; }
+.pass { background: #cdeccd; } .fail { background: #f4b4b4; } .xfail { background: #f7e2a8; }
+.quarantine { background: #dcc8ef; } .unsupported { background: #e4e4e4; color: #555; } .not-run { background: #fff; }
+.not-judged { background: #bfd7f0; }
+.runs { display: none; border: 2px solid #888; padding: 0.5em 1em; margin: 1em 0; }
+.runs:target { display: block; }
+.run { border-top: 1px solid #ccc; padding: 0.4em 0; }
+dt { font-weight: bold; } dd { margin: 0 0 0.3em 1.5em; }
+pre { white-space: pre-wrap; margin: 0; } code.repro { background: #f3f3f3; padding: 0.1em 0.3em; }
+"""
+LEGEND = (("pass", "every run that ran passed"), ("fail", "a failure no known-failure entry covers"),
+          ("xfail", "failing as KNOWN_FAILURES.md says"), ("quarantine", "a known failure run in a subprocess"),
+          ("not-judged", "stopped by its environment before a verdict"), ("unsupported", "out of the backend's scope"),
+          ("not-run", "not run"))
+
+
+def _figure(value) -> str:
+    return "-" if value is None else f"{value:.3g}"
+
+
+def _entry(entries: Sequence[KnownFailure], r: Dict) -> str:
+    entry = covering(entries, r)
+    if entry is None:
+        near = match(entries, r["backend"], r["mode"], r["exec"], r["case"], r.get("device", ""))
+        return ("none: no entry covers this failure" +
+                (f" ({near.id} expects [{near.failure_class}])" if near else ""))
+    links = " ".join(f'<a href="{escape(link)}">{escape(link)}</a>' for link in entry.links)
+    return f"{escape(entry.id)} ({escape(entry.mark)}): {escape(entry.reason)}<br>{links}"
+
+
+def _run(entries: Sequence[KnownFailure], r: Dict) -> str:
+    fields = [("verdict", escape(verdict(r))), ("message", f"<pre>{escape(r.get('message', ''))}</pre>"),
+              ("max err / tol", f"{_figure(r.get('max_err'))} / {_figure(r.get('tol'))}"),
+              ("known failure", _entry(entries, r)),
+              ("repro", f'<code class="repro">{escape(r.get("repro", ""))}</code>')]
+    body = "".join(f"<dt>{name}</dt><dd>{value}</dd>" for name, value in fields)
+    return f'<div class="run"><b>{escape(record_id(r))}</b><dl>{body}</dl></div>'
+
+
+def _device(index: int, device: str, records: List[Dict], sources: List[str],
+            entries: Sequence[KnownFailure]) -> str:
+    groups, notes, sections = cells(records), Notes(), []
+    head = "".join(f"<th>{escape(m)} {escape(e)}</th>" for m, e in COLUMNS)
+    rows = []
+    for backend in sorted({r["backend"] for r in records}):
+        tds = []
+        for m, e in COLUMNS:
+            runs = groups[(backend, m, e)]
+            text, kind = escape(cell(runs, entries, notes)), tally(runs, entries).kind
+            failing = [r for r in runs if r["outcome"] == FAIL]
+            if failing:
+                anchor = f"runs-{index}-{backend}-{m}-{e}"
+                text = f'<a href="#{escape(anchor)}">{text}</a>'
+                sections.append(f'<section class="runs" id="{escape(anchor)}"><h3>{escape(device)}: '
+                                f'{escape(backend)} · {escape(m)} {escape(e)}</h3>'
+                                + "".join(_run(entries, r) for r in failing) + "</section>")
+            tds.append(f'<td class="{kind}">{text}</td>')
+        rows.append(f"<tr><th>{escape(backend)}</th>{''.join(tds)}</tr>")
+    reasons = "".join(f"<li>({n}) {escape(reason)}</li>" for reason, n in notes.numbers.items())
+    return (f"<h2>{escape(device)}</h2><p>{escape(environment_line(records))} · from "
+            f"{', '.join(escape(s) for s in sources)}</p><table><tr><th>backend</th>{head}</tr>{''.join(rows)}"
+            f"</table>" + (f"<p>Unsupported, because:</p><ul>{reasons}</ul>" if reasons else "")
+            + "".join(sections))
+
+
+def page(results: Dict[str, List[Dict]], entries: Sequence[KnownFailure]) -> str:
+    """results: source name -> records."""
+    legend = " ".join(f'<span class="{k}">&nbsp;{k.replace("-", " ")}&nbsp;</span> {escape(what)};'
+                      for k, what in LEGEND)
+    body = "".join(_device(i, d, records, sources, entries)
+                   for i, (d, records, sources) in enumerate(by_device(results)))
+    return (f'<!doctype html>\n<html lang="en"><head><meta charset="utf-8"><title>Attention conformance matrix'
+            f'</title><style>{STYLE}</style></head><body><h1>Attention conformance matrix</h1><p>{legend} '
+            f'a coloured cell with a link opens its failing runs.</p>{body or "<p>No results.</p>"}</body></html>\n')
