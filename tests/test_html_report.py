@@ -3,31 +3,29 @@ is coloured by its runs, and clicking a failing cell shows its runs and their re
 from __future__ import annotations
 
 import os
-import shutil
 import subprocess
 import sys
 
 import pytest
 
 from kit.report.results import write_results
+from scripts.setup import browser_paths
 from tests.test_matrix import REPO, kf_text, rec
 
-BROWSERS = ("chromium", "chromium-browser", "google-chrome")
 REPRO = "python -m kit run --backend be --mode decode --exec eager --case c"
 
 
 def _browser():
     """(browser, driver) executables, or why there are none. Without them the test is skipped on a
     developer's machine, and fails under CI (CI=true), which must install them (.ci/run)."""
-    browser = next(filter(None, map(shutil.which, BROWSERS)), None)
-    driver = shutil.which("chromedriver")
     try:
         import selenium  # noqa: F401
     except ImportError:
         return None, "selenium is not installed (pip install -e .[test])"
-    if not (browser and driver):
-        return None, "no chromium and chromedriver here (apt-get install chromium chromium-driver)"
-    return (browser, driver), ""
+    found = browser_paths()
+    if found is None:
+        return None, "no chromium and chromedriver here (python scripts/setup.py cpu installs them)"
+    return found, ""
 
 
 @pytest.fixture

@@ -46,11 +46,13 @@ def test_readme_installs_cpu_torch_first_from_the_cpu_index():
     assert install.index("CPU build of PyTorch") < install.index("```bash")
 
 
-def test_ci_installs_cpu_torch_first_and_says_how_elsewhere():
+def test_ci_sets_up_in_one_step_and_says_where_cpu_torch_comes_from():
     lines = (REPO / ".ci" / "run").read_text().splitlines()
-    torch_line = next(i for i, line in enumerate(lines) if "pip install -q torch==" in line)
-    kit_line = next(i for i, line in enumerate(lines) if "pip install -q -e ." in line)
-    assert torch_line < kit_line and "TORCH_INDEX_URL" in lines[torch_line]
-    assert any("https://download.pytorch.org/whl/cpu" in line for line in lines[:torch_line] if line.startswith("#"))
+    setup_line = next(i for i, line in enumerate(lines) if line.startswith("python scripts/setup.py cpu"))
+    assert not any("pip install" in line and "-e" in line for line in lines if not line.startswith("#"))
+    comments = [line for line in lines[:setup_line] if line.startswith("#")]
+    assert any("TORCH_INDEX_URL" in line for line in comments)
+    assert any("https://download.pytorch.org/whl/cpu" in line for line in comments)
+    assert any(line.startswith("export CI=true") for line in lines[setup_line:])
     workflow = (REPO / ".github" / "workflows" / "conformance.yml").read_text()
-    assert 'TORCH_INDEX_URL: "https://download.pytorch.org/whl/cpu"' in workflow
+    assert 'TORCH_INDEX_URL: "https://download.pytorch.org/whl/cpu"' in workflow and "matrix.html" in workflow

@@ -1,0 +1,1 @@
+"""Scripts run from a checkout (not installed with the kit)."""

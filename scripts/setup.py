@@ -1,0 +1,163 @@
+"""python scripts/setup.py cpu|cuda [--dry-run] — everything the test command covers, in one step.
+
+Into the Python that runs it (use a virtual environment): torch (on CPU the CPU build, first:
+`pip install -e .` first would pull the CUDA build and its NVIDIA packages), the kit with its test
+extra (FlashInfer too on CUDA), SGLang's backends (`python -m backends.sglang.install`), and the
+headless browser the HTML report's test drives (Debian's chromium and chromium-driver). Each step
+first looks whether it is done, so a second run installs nothing and says so.
+"""
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import importlib.metadata
+import json
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+from typing import Callable, List, Optional, Tuple
+
+REPO = Path(__file__).resolve().parent.parent
+CPU_TORCH = "torch==2.13.0"
+# PyTorch's own CPU wheel index; TORCH_INDEX_URL names another, and a pip configured with an index
+# of its own (pip config) is left to it.
+CPU_INDEX = "https://download.pytorch.org/whl/cpu"
+EXTRAS = {"cpu": "test", "cuda": "test,flashinfer"}
+SGLANG_REQUIREMENTS = REPO / "backends" / "sglang" / "requirements-cpu.txt"
+BROWSERS = ("chromium", "chromium-browser", "google-chrome")
+BROWSER_PACKAGES = ("chromium", "chromium-driver")
+
+
+@dataclasses.dataclass
+class Step:
+    what: str
+    done: Callable[[], Optional[str]]  # what is there already, or None when the step must run
+    commands: Callable[[], List[List[str]]]
+    required: bool = True  # a failed step that is not required is a warning
+
+
+def _version(name: str) -> Optional[str]:
+    try:
+        return importlib.metadata.version(name)
+    except importlib.metadata.PackageNotFoundError:
+        return None
+
+
+def _pip(*args: str) -> List[str]:
+    return [sys.executable, "-m", "pip", "install", "-q", *args]
+
+
+def torch_index() -> List[str]:
+    """pip options for the CPU build of torch: TORCH_INDEX_URL, else pip's own configured index,
+    else PyTorch's CPU index."""
+    if os.environ.get("TORCH_INDEX_URL"):
+        return ["--index-url", os.environ["TORCH_INDEX_URL"]]
+    config = subprocess.run([sys.executable, "-m", "pip", "config", "list"], capture_output=True, text=True).stdout
+    if "index-url" in config or os.environ.get("PIP_INDEX_URL"):
+        return []
+    return ["--index-url", CPU_INDEX]
+
+
+def _kit_installed(extras: str) -> Optional[str]:
+    """The kit installed editable from this checkout, with its extras' packages, or None."""
+    try:
+        dist = importlib.metadata.distribution("attention-conformance-kit")
+    except importlib.metadata.PackageNotFoundError:
+        return None
+    url = json.loads(dist.read_text("direct_url.json") or "{}")
+    if url.get("url") != REPO.as_uri() or not url.get("dir_info", {}).get("editable"):
+        return None
+    wanted = [r.split(";")[0].strip() for r in dist.requires or []
+              if any(f'extra == "{e}"' in r for e in extras.split(","))]
+    names = [w.split(">")[0].split("<")[0].split("=")[0].split("[")[0].strip() for w in wanted]
+    if not all(_version(n) for n in names):
+        return None
+    return f"the kit, editable from {REPO}, with [{extras}]"
+
+
+def _sglang() -> Optional[str]:
+    """sglang at the version the adapter is pinned to (its requirements' pin), or None: then
+    `python -m backends.sglang.install` installs it, or says why the installed one is not used."""
+    pin = next(line.split("==")[1].strip() for line in SGLANG_REQUIREMENTS.read_text().splitlines()
+               if line.startswith("sglang=="))
+    return f"sglang {pin}" if _version("sglang") == pin else None
+
+
+def browser_paths() -> Optional[Tuple[str, str]]:
+    """(browser, chromedriver) executables for the HTML report's test, or None. CHROMEWEBDRIVER:
+    the folder of a chromedriver not on PATH (as hosted CI runners have it)."""
+    found = next(filter(None, map(shutil.which, BROWSERS)), None)
+    driver = shutil.which("chromedriver") or shutil.which("chromedriver", path=os.environ.get("CHROMEWEBDRIVER", ""))
+    return (found, driver) if found and driver else None
+
+
+def browser() -> Optional[str]:
+    paths = browser_paths()
+    return paths and " and ".join(paths)
+
+
+def _apt() -> List[List[str]]:
+    sudo = [] if os.geteuid() == 0 or not shutil.which("sudo") else ["sudo"]
+    env = ["env", "DEBIAN_FRONTEND=noninteractive"]
+    return [sudo + ["apt-get", "update", "-q"],
+            sudo + env + ["apt-get", "install", "-y", "-q", "--no-install-recommends", *BROWSER_PACKAGES]]
+
+
+def steps(kind: str) -> List[Step]:
+    out = []
+    if kind == "cpu":  # before the kit: its torch requirement would otherwise resolve the CUDA build
+        out.append(Step(f"torch (CPU build, {CPU_TORCH})", lambda: _version("torch") and f"torch {_version('torch')}",
+                        lambda: [_pip(CPU_TORCH, *torch_index())]))
+    extras = EXTRAS[kind]
+    out.append(Step(f"the kit with [{extras}]", lambda: _kit_installed(extras),
+                    lambda: [_pip("-e", f"{REPO}[{extras}]")]))
+    out.append(Step("SGLang's backends (sglang without its serving stack)", _sglang,
+                    lambda: [[sys.executable, "-m", "backends.sglang.install"]]))
+    # Required where CI runs the whole suite (CPU): there the HTML report's test fails without it.
+    out.append(Step(f"a headless browser for the HTML report's test ({', '.join(BROWSER_PACKAGES)})",
+                    browser, _apt, required=kind == "cpu" and os.environ.get("CI") == "true"))
+    return out
+
+
+def run(kind: str, dry_run: bool = False) -> int:
+    installed, present = [], []
+    for step in steps(kind):
+        there = step.done()
+        if there:
+            print(f"setup: {step.what}: already there ({there})")
+            present.append(step.what)
+            continue
+        for cmd in step.commands():
+            print(f"setup: {step.what}: {'would run' if dry_run else 'running'} {' '.join(cmd)}", flush=True)
+            if dry_run:
+                continue
+            code = subprocess.call(cmd, cwd=REPO)
+            if code:
+                print(f"setup: {step.what}: failed (exit code {code})" +
+                      ("" if step.required else "; the tests that need it skip here"), file=sys.stderr)
+                if step.required:
+                    return code
+                break
+        else:
+            installed.append(step.what)
+    if not installed:
+        print(f"setup {kind}: nothing to install, all {len(present)} steps already done")
+    else:
+        print(f"setup {kind}: {'would install' if dry_run else 'installed'}: {'; '.join(installed)}"
+              + (f" (already there: {len(present)})" if present else "") + ("" if dry_run else "; done"))
+    return 0
+
+
+def main(argv=None) -> int:
+    parser = argparse.ArgumentParser(prog="python scripts/setup.py", description=__doc__,
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("kind", choices=sorted(EXTRAS), help="cpu: no GPU (CPU torch, CI); cuda: an NVIDIA GPU")
+    parser.add_argument("--dry-run", action="store_true", help="say what would be installed, install nothing")
+    args = parser.parse_args(argv)
+    return run(args.kind, args.dry_run)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,78 @@
+"""One-step set-up (scripts/setup.py): each step looks before it installs, so a second run installs
+nothing and says so; on CPU, torch's CPU build comes first. And `python -m backends.sglang.install`
+says what it installed and that it is done."""
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+
+import pytest
+
+from tests.test_matrix import REPO
+
+
+@pytest.fixture
+def fresh_machine(monkeypatch):
+    """scripts/setup.py on a machine with nothing installed; each command it runs 'installs' its step."""
+    from scripts import setup
+    have = set()
+    monkeypatch.setattr(setup, "_version", lambda name: "2.13.0+cpu" if "torch" in have and name == "torch" else None)
+    monkeypatch.setattr(setup, "_kit_installed", lambda extras: "kit" in have and "the kit")
+    monkeypatch.setattr(setup, "_sglang", lambda: "sglang" in have and "sglang 0.5.23")
+    monkeypatch.setattr(setup, "browser", lambda: "browser" in have and "chromium")
+    monkeypatch.setenv("TORCH_INDEX_URL", "https://example.org/cpu")
+    ran = []
+
+    def call(cmd, cwd=None):
+        ran.append(cmd)
+        text = " ".join(cmd)
+        have.update(k for k, marker in (("torch", "torch=="), ("kit", "-e "), ("sglang", "backends.sglang.install"),
+                                        ("browser", "chromium-driver")) if marker in text)
+        return 0
+
+    monkeypatch.setattr(setup.subprocess, "call", call)
+    return setup, ran
+
+
+def test_second_run_installs_nothing_and_says_so(fresh_machine, capsys):
+    setup, ran = fresh_machine
+    assert setup.run("cpu") == 0
+    first = capsys.readouterr().out
+    assert "setup cpu: installed: torch" in first and "done" in first
+    commands = [" ".join(c) for c in ran]
+    torch_at = next(i for i, c in enumerate(commands) if "torch==2.13.0 --index-url https://example.org/cpu" in c)
+    assert torch_at < next(i for i, c in enumerate(commands) if f"-e {REPO}[test]" in c)
+    assert any("apt-get install -y -q --no-install-recommends chromium chromium-driver" in c for c in commands)
+    ran.clear()
+    assert setup.run("cpu") == 0
+    assert ran == [] and "setup cpu: nothing to install, all 4 steps already done" in capsys.readouterr().out
+
+
+def test_cuda_installs_the_kit_with_flashinfer_and_no_cpu_torch(fresh_machine):
+    setup, ran = fresh_machine
+    assert setup.run("cuda") == 0
+    commands = [" ".join(c) for c in ran]
+    assert not any("torch==" in c for c in commands) and any(f"-e {REPO}[test,flashinfer]" in c for c in commands)
+
+
+def test_this_environment_needs_nothing_more():
+    """After .ci/run's set-up (or a developer's), a second run has nothing left to do."""
+    proc = subprocess.run([sys.executable, "scripts/setup.py", "cpu", "--dry-run"], cwd=REPO,
+                          capture_output=True, text=True)
+    assert proc.returncode == 0, proc.stderr
+    if "nothing to install" not in proc.stdout and os.environ.get("CI") != "true":
+        pytest.skip(f"this environment is not set up: {proc.stdout.strip().splitlines()[-1]}")
+    assert "setup cpu: nothing to install" in proc.stdout, proc.stdout
+
+
+def test_sglang_install_says_what_it_installed_and_that_it_is_done(monkeypatch, capsys):
+    from backends.sglang import install
+    states = iter([{"torch": "2.13.0"}, {"torch": "2.13.0", "sglang": "0.5.23", "orjson": "3.11"}])
+    monkeypatch.setattr(install, "installed", lambda: next(states))
+    monkeypatch.setattr(install.importlib.metadata, "version", lambda name: (_ for _ in ()).throw(
+        install.importlib.metadata.PackageNotFoundError(name)))
+    monkeypatch.setattr(install.subprocess, "call", lambda cmd: 0)
+    assert install.main() == 0
+    out = capsys.readouterr().out
+    assert "installed 2 packages: orjson 3.11, sglang 0.5.23" in out and "done:" in out
