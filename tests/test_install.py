@@ -39,11 +39,19 @@ def test_readme_installs_cpu_torch_first_from_the_cpu_index():
     """In the install code block the CPU torch line, from PyTorch's CPU index, comes before
     `pip install -e .` (the other order resolves the CUDA build and its NVIDIA packages)."""
     install = _section("Install")
-    block = install.split("```bash\n", 1)[1].split("```", 1)[0].splitlines()
+    by_hand = next(b for b in (part.split("```", 1)[0] for part in install.split("```bash\n")[1:])
+                   if "pip install torch==" in b)
+    block = by_hand.splitlines()
     torch_line = next(i for i, line in enumerate(block) if line.startswith("pip install torch=="))
     kit_line = next(i for i, line in enumerate(block) if line.startswith("pip install -e ."))
     assert torch_line < kit_line and CPU_INDEX in block[torch_line]
-    assert install.index("CPU build of PyTorch") < install.index("```bash")
+    assert install.index("CPU build of PyTorch") < install.index(by_hand)
+
+
+def test_readme_sets_up_in_one_step_per_kind_of_machine():
+    install = _section("Install")
+    first = install.split("```bash\n", 1)[1].split("```", 1)[0]
+    assert "python scripts/setup.py cpu" in first and "python scripts/setup.py cuda" in first
 
 
 def test_ci_sets_up_in_one_step_and_says_where_cpu_torch_comes_from():
