@@ -48,13 +48,18 @@ def build_parser() -> Parser:
     return parser
 
 
-def _html(args) -> int:
-    problems = []
+def _entries(path, problems: list) -> list:
+    """The known failures, or none and their file's problems."""
     try:
-        entries = load(args.known_failures)
+        return load(path)
     except KnownFailuresError as exc:
         problems += str(exc).splitlines()
-        entries = []
+        return []
+
+
+def _html(args) -> int:
+    problems = []
+    entries = _entries(args.known_failures, problems)
     results = {}
     if args.results:
         for path in args.results:
@@ -74,11 +79,7 @@ def _html(args) -> int:
 
 def _write(args) -> int:
     problems = []
-    try:
-        entries = load(args.known_failures)
-    except KnownFailuresError as exc:
-        problems += str(exc).splitlines()
-        entries = []
+    entries = _entries(args.known_failures, problems)
     files = gate.committed_files(args.results_dir, problems)
     committed = {src: f.records for src, f in files.items()}
     blocks = gate.readme_blocks(committed, entries, args.results_dir, problems)
