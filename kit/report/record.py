@@ -10,7 +10,6 @@ from typing import Dict, List, Optional, Tuple
 
 # Outcomes of a run.
 PASS, FAIL, UNSUPPORTED = "pass", "fail", "unsupported"
-OUTCOMES = (PASS, FAIL, UNSUPPORTED)
 # Failure classes: where to look.
 KERNEL, GRAPH, KV_WRITE, CRASH = "kernel", "graph", "kv-write", "crash"
 FAILURE_CLASSES = (KERNEL, GRAPH, KV_WRITE, CRASH)
@@ -19,6 +18,7 @@ FAILURE_CLASSES = (KERNEL, GRAPH, KV_WRITE, CRASH)
 # tables do not count it against the backend, and the gate takes no results file holding one
 # (run it again). Never a known failure.
 ERROR, ENVIRONMENT = "error", "environment"
+OUTCOMES = (PASS, FAIL, UNSUPPORTED, ERROR)
 # How a run executed: eager, a real CUDA graph, the graph protocol without CUDA, or an
 # EXTEND graph run whose padded call ran eagerly (the backend does not capture EXTEND).
 EAGER, CUDA_GRAPH, EMULATED, PIECEWISE_EAGER = "eager", "cuda-graph", "emulated", "piecewise-eager"
