@@ -2,6 +2,7 @@
 of the same code to the next, so that regenerating with no verdict changed changes no byte."""
 from __future__ import annotations
 
+import re
 from pathlib import Path
 from typing import Dict
 
@@ -17,12 +18,19 @@ ROUNDED = ("max_err", "tol")
 DIGITS = 3
 
 
+# Where an environment installs its packages differs between machines (a crash message names the
+# file it stopped in): kept from `site-packages/` on.
+INSTALL_PREFIX = re.compile(r"(?:/[^\s'\"():]+)?/(site-packages|dist-packages)/")
+
+
 def _rounded(value):
     return float(f"{value:.{DIGITS}g}") if isinstance(value, float) else value
 
 
 def committed_record(record: Dict) -> Dict:
     out = {k: v for k, v in record.items() if k not in VOLATILE}
+    if isinstance(out.get("message"), str):
+        out["message"] = INSTALL_PREFIX.sub(r"\1/", out["message"])
     for field in ROUNDED:
         if field in out:
             out[field] = _rounded(out[field])

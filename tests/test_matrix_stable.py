@@ -16,7 +16,8 @@ def _regenerate(p, run: int, verdict_of_b: str = "pass"):
     records = [{**rec(c, "fail" if c == "c" else verdict_of_b if c == "b" else "pass",
                       "kernel" if c == "c" else "graph" if (c == "b" and verdict_of_b == "fail") else None),
                 "seconds": 0.01 * (run + 1) + i, "date": f"2026-11-{20 + run}", "kit_commit": f"commit{run}",
-                "max_err": 0.0261719 + run * 1e-9, "tol": 0.000101066 + run * 1e-12}
+                "max_err": 0.0261719 + run * 1e-9, "tol": 0.000101066 + run * 1e-12,
+                "message": f"crash at /env{run}/lib/python3.11/site-packages/sglang/a.py:3" if c == "c" else ""}
                for i, c in enumerate(CASES)]
     ids = [f"be-decode-eager-{c}" for c in CASES]
     write_results(p["results_dir"] / "cpu.json", records,
@@ -37,6 +38,7 @@ def test_two_regenerations_with_no_verdict_changed_are_byte_identical(project):
     assert _files(project) == first
     record = json.loads((project["results_dir"] / "cpu.json").read_text())["records"][0]
     assert not {"seconds", "date", "kit_commit"} & set(record) and record["max_err"] == 0.0262
+    assert "crash at site-packages/sglang/a.py:3" in (project["results_dir"] / "cpu.json").read_text()
 
 
 def test_a_changed_verdict_changes_the_files(project):
