@@ -236,8 +236,8 @@ def test_a_reason_repeated_across_a_row_is_written_once():
 def test_runs_stopped_by_their_environment_are_no_verdict():
     """An environment error (the kit out of device memory) is not counted against the backend."""
     stopped = rec("b", "error", "environment", message="out of device memory in the kit's own allocations")
-    assert cell([rec("a"), stopped], []) == "✓ 1/1, 1 not judged (environment)"
-    assert cell([stopped], []) == "1 not judged (environment)"
+    assert cell([rec("a"), stopped], [], Notes()) == "✓ 1/1, 1 not judged (environment)"
+    assert cell([stopped], [], Notes()) == "1 not judged (environment)"
 
 
 def test_gate_takes_no_results_with_runs_stopped_by_their_environment(project, tmp_path):
