@@ -56,9 +56,8 @@ def kit_commit() -> str:
 
 def bytecode_cached() -> bool:
     """Whether torch's compiled bytecode is there for the run to load. pip writes it at install;
-    a host that runs with PYTHONDONTWRITEBYTECODE and sources alone (the device host did) compiles
-    torch, Triton and FlashInfer in every process: ~2.5 s of each worker's start, ~2 s of its
-    first FlashInfer run."""
+    a host that runs with PYTHONDONTWRITEBYTECODE and sources alone compiles torch, Triton and
+    FlashInfer in every process, seconds of each worker's start: the timings say which."""
     return os.path.exists(importlib.util.cache_from_source(torch.__file__))
 
 

@@ -18,9 +18,8 @@ class KitMemoryChanged(RuntimeWarning):
 
 def _word_sum(t: torch.Tensor) -> torch.Tensor:
     """The sum of the tensor's 32-bit words, wrapping (of its bytes, where they make no whole
-    words), with no copy of it: bytes summed into int64 were first copied to int64, 8 times the
-    tensor (a 0.65 GiB pool's poison took 5 GiB), which ran 16 workers with SGLang's backends
-    out of the H100's memory."""
+    words), with no copy of it: bytes summed into int64 would first be copied to int64, 8 times
+    the tensor, which the pools of many workers sharing a GPU do not leave room for."""
     data = t.reshape(-1).view(torch.uint8)
     start = -data.storage_offset() % 4  # the first byte of a whole word
     whole = max(0, data.numel() - start) // 4 * 4

@@ -194,8 +194,8 @@ def _budget(device: torch.device) -> int:
     """Bytes of batches kept for the whole process: on CPU 1 GiB, split between the
     pytest-xdist workers; on a GPU a quarter of its memory for a process alone on it, none
     for processes that share it (kept tensors pin the segments of the caching allocator they
-    were cut from: 16 workers keeping 1.2 GiB each ran the H100 out of memory, and a worker
-    runs few of the other backends' runs of a batch)."""
+    were cut from, and the workers sharing a GPU would run it out of memory; a worker runs few of
+    the other backends' runs of a batch)."""
     workers = max(1, int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "1")))
     if device.type == "cuda":
         return torch.cuda.get_device_properties(device).total_memory // 4 if workers == 1 else 0

@@ -7,7 +7,7 @@ keeps what is computed here (Fixture.reference).
 
 The float64 golden computes the requests together, padded to the longest (a
 padded key is masked out, a padded query dropped): a few dozen operations per
-batch, where one request at a time took a few dozen per request.
+batch, not per request.
 """
 from __future__ import annotations
 

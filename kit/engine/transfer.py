@@ -2,8 +2,8 @@
 
 `torch.tensor(values, device="cuda")` and `.to("cuda")` copy, then wait for everything
 queued on the stream. With several processes on one GPU each wait is a switch between
-their contexts: about 7,000 a second for the whole H100, whatever the number of processes
-(measured), so these waits bounded the kit's throughput under pytest-xdist. From pageable
+their contexts, of which a GPU makes a bounded number a second whatever the number of
+processes, so these waits would bound the kit's throughput under pytest-xdist. From pageable
 memory an asynchronous copy stages the values before it returns: the host tensor may go
 at once, and work queued after the copy sees the values."""
 from __future__ import annotations

@@ -61,11 +61,11 @@ def _fill(func, head: torch.Tensor, args, made) -> None:
 
 def _guarded_alloc(func, args, kwargs):
     """The factory's tensor as the head of a larger allocation whose tail is the canary: one
-    allocation of the tensor's size plus GUARD_BYTES, no copy (the old guard allocated the tensor,
-    then a second buffer to copy it into: twice the memory). None where it cannot be guarded.
+    allocation of the tensor's size plus GUARD_BYTES, no copy (a tensor copied into a guarded
+    buffer would take twice the memory). None where it cannot be guarded.
     arange runs for real and is copied in (its result is an index vector, small): on the meta
-    device it goes through PyTorch's symbolic-shape checks, whose first use imports sympy, ~4 s
-    of each worker's first run on a GPU machine."""
+    device it goes through PyTorch's symbolic-shape checks, whose first use imports sympy, seconds
+    of a worker's first run."""
     if kwargs.get("pin_memory"):
         # A page-locked host buffer (a library's staging area, e.g. FlashInfer MLA's plan workspace,
         # allocated at its first plan): the guard's own allocation would not be page-locked.
@@ -91,7 +91,7 @@ class _GuardMode(TorchDispatchMode):
     @classmethod
     def _should_skip_dynamo(cls) -> bool:
         # Else PyTorch wraps __torch_dispatch__ in torch._dynamo.disable, whose first call imports
-        # torch._dynamo: ~5 s of each worker's start on a GPU machine. The kit compiles nothing.
+        # torch._dynamo, seconds of each worker's start. The kit compiles nothing.
         return False
 
     def __init__(self):

@@ -13,7 +13,7 @@ import warnings
 import torch
 
 # The flag itself: torch.use_deterministic_algorithms also sets torch.compile's copy of it, and
-# importing that config imports torch._dynamo (~5 s of each worker's start on a GPU machine).
+# importing that config imports torch._dynamo, seconds of each worker's start.
 _set_deterministic = getattr(torch._C, "_set_deterministic_algorithms", torch.use_deterministic_algorithms)
 
 

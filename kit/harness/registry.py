@@ -23,7 +23,7 @@ def import_target(target: str):
     return obj
 
 
-@functools.lru_cache(maxsize=None)  # read once per process: scanning every installed package costs ~40 ms
+@functools.lru_cache(maxsize=None)  # read once per process: it scans every installed package
 def _entry_points() -> Dict[str, importlib.metadata.EntryPoint]:
     return {ep.name: ep for ep in importlib.metadata.entry_points(group=ENTRY_POINT_GROUP)}
 
@@ -48,7 +48,7 @@ def load_backend(spec: str):
 
 def backend_label(spec: str) -> str:
     """Name used in test ids and results, failing early on an unknown name: the spec itself for
-    registered names (not loaded here: importing a backend's library, FlashInfer's ~2.5 s, is
+    registered names (not loaded here: importing a backend's library can take seconds, and is
     left to the process that runs it), else the class's `name` or its attribute name."""
     if spec in _entry_points():
         return spec

@@ -1,8 +1,8 @@
-"""An xdist worker's CUDA context, begun as the worker starts. 16 workers making theirs at once
-on an H100 machine took 2.4-2.8 s each (0.35 s alone), after their torch import and collection:
-the last worker's first run waited for it. Made through the driver (ctypes, no torch, the GIL
+"""An xdist worker's CUDA context, begun as the worker starts. Workers making theirs at once,
+after their torch import and collection, each wait several times as long as one alone, and the
+last worker's first run waits for it. Made through the driver (ctypes, no torch, the GIL
 released) in a thread, it overlaps the worker's imports; torch then uses the same context (the
-device's primary one). There the last worker's first run began at 4.8 s instead of 6.2-6.4 s."""
+device's primary one)."""
 from __future__ import annotations
 
 import ctypes

@@ -1,7 +1,6 @@
 """pytest-xdist starts its workers one after another, each start waiting for the new Python to
-answer: on an H100 machine the last of 16 began 1.6 s after the first. Started from threads,
-they begin together: the in-box matrix took 20.8-21.1 s, against 21.5 s (alternating, one
-machine). Applied where xdist's NodeManager has the method this relies on; else xdist's own
+answer, so the last of many begins long after the first. Started from threads, they begin
+together. Applied where xdist's NodeManager has the method this relies on; else xdist's own
 order stays. With -v, xdist's `[gwN]` lines may come in any order."""
 from __future__ import annotations
 
