@@ -10,13 +10,15 @@ import sys
 
 import torch
 
+from kit.engine.case_line import format_case, parse_case
 from kit.engine.catalog import CASE_SETS, load_catalog, resolve_set
 from kit.cli import FAILED, Parser, fail
+from kit.fuzz import cli as fuzz_cli
 from kit.modes import EXECS, MODES, parse_exec, parse_mode
 from kit.harness.protocol import backend_problem, has_graph_hooks, mode_reason
 from kit.report import known_failures
 from kit.report.known_failures import KnownFailuresError
-from kit.report.record import ERROR, FAIL, PASS
+from kit.report.record import ERROR, FAIL, PASS, repro_command
 from kit.report.results import device_name
 from kit.harness.registry import UnknownBackend, backend_label, known_backends, load_backend
 from kit.harness.runner import run_case
@@ -27,13 +29,16 @@ PROG = "python -m kit"
 
 def build_parser() -> Parser:
     parser = Parser(prog=PROG, description=__doc__)
-    sub = parser.add_subparsers(dest="command", required=True, metavar="{run,list}")
+    sub = parser.add_subparsers(dest="command", required=True, metavar="{run,list,fuzz}")
     run = sub.add_parser("run", prog=f"{PROG} run", help="run one backend x mode x exec x case and print the verdict "
                                                          "(exit 1 if it fails)")
     run.add_argument("--backend", required=True, help="a registered backend name, or module:attr of a backend class")
-    run.add_argument("--mode", required=True, help=", ".join(m.value for m in MODES))
+    run.add_argument("--mode", help=", ".join(m.value for m in MODES) + " (with --case)")
     run.add_argument("--exec", required=True, dest="exec_", help=", ".join(e.value for e in EXECS))
-    run.add_argument("--case", required=True, help="case name (see `python -m kit list`)")
+    which = run.add_mutually_exclusive_group(required=True)
+    which.add_argument("--case", help="case name (see `python -m kit list`)")
+    which.add_argument("--case-line", help="a case in no catalog, whole: its Case(...) line, as `python -m kit "
+                                           "fuzz` prints it (the mode is the line's)")
     run.add_argument("--device", default=None, help="cpu or cuda (default: cuda when present)")
     run.add_argument("--timeout", type=_seconds, default=DEFAULT_S,
                      help=f"seconds after which the run stops as a crash (default {DEFAULT_S:g}; 0: none)")
@@ -49,6 +54,7 @@ def build_parser() -> Parser:
                      help="list the registered backends instead: available here or not, and why")
     for p in (run, lst):
         p.add_argument("--cases", default=None, help="case catalog as module:attr (default: the in-box one)")
+    fuzz_cli.add_parser(sub, PROG)
     return parser
 
 
@@ -97,8 +103,13 @@ def availability(spec: str, catalog, case_set: str) -> str:
 
 def _run(args, catalog) -> int:
     try:
-        mode, exec_ = parse_mode(args.mode), parse_exec(args.exec_)
-        case = catalog.find_case(mode, args.case)
+        exec_ = parse_exec(args.exec_)
+        if args.case_line:
+            case = parse_case(args.case_line)
+        elif not args.mode:
+            return fail(PROG, "--case needs --mode (or give the whole case with --case-line)")
+        else:
+            case = catalog.find_case(parse_mode(args.mode), args.case)
         device = torch.device(args.device) if args.device else None
     except KeyError as exc:
         return fail(PROG, f"{exc.args[0]} (see `python -m kit list`)")
@@ -117,6 +128,9 @@ def _run(args, catalog) -> int:
         return fail(PROG, f"--known-failures: {exc}", FAILED)
     result = run_case(args.backend, case, exec_, device=device, label=label, catalog=args.cases,
                       timeout=args.timeout)
+    if args.case_line:
+        result.repro = repro_command(args.backend, case.mode.value, exec_.value, case.name,
+                                     case_line=format_case(case))
     entry = known_failures.match(entries, result.backend, result.mode, result.exec, result.case, device_name())
     if args.json:
         print(json.dumps(dataclasses.asdict(result)))
@@ -144,6 +158,8 @@ def _known_line(entry, result) -> str:
 
 def main(argv=None) -> int:
     args = build_parser().parse_args(argv)
+    if args.command == "fuzz":
+        return fuzz_cli.main(args, PROG)
     try:
         catalog = load_catalog(args.cases)
         case_set = resolve_set(getattr(args, "case_set", "auto"))

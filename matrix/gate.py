@@ -9,7 +9,7 @@ from typing import Dict, List, Sequence, Tuple
 from kit.report.known_failures import KnownFailuresError, covering, load
 from kit.report.record import (COMPLETE, ERROR, FAIL, PASS, UNSUPPORTED, ResultsError, ResultsFile, read_results_file,
                         record_id as _id, verdict as _verdict)
-from matrix import mutation, readme
+from matrix import fuzz, mutation, readme
 from matrix.committed import committed_text
 from matrix.table import render
 
@@ -79,6 +79,10 @@ def readme_blocks(results: Dict[str, List[Dict]], entries, results_dir,
     try:
         blocks.append(("mutation tables", readme.MUTANTS_BEGIN, readme.MUTANTS_END, mutation.block(results_dir)))
     except mutation.ScoresError as exc:
+        problems.append(str(exc))
+    try:
+        blocks.append(("fuzz mutant tables", fuzz.BEGIN, fuzz.END, fuzz.block(results_dir)))
+    except fuzz.FuzzTableError as exc:
         problems.append(str(exc))
     return blocks
 

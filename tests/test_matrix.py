@@ -13,7 +13,7 @@ from cases import CATALOG as catalog
 from kit.report.known_failures import COLUMNS, KnownFailuresError, covering, match, parse
 from kit.modes import ForwardMode
 from kit.report.results import write_results
-from matrix import gate, readme
+from matrix import fuzz, gate, readme
 from matrix.table import Notes, cell, render
 
 REPO = Path(__file__).resolve().parent.parent
@@ -52,8 +52,14 @@ def project(tmp_path):
         case_set="full", scores=[dict(number=1, mutant="m1", expect=["graph"], harmless="", runs=4, failed=3,
                                       classes={"graph": 3}, first_failure="m1-decode-graph-c", repro="",
                                       not_run=0, caught=True)])))
+    (tmp_path / "results" / "fuzz").mkdir()
+    (tmp_path / "results" / "fuzz" / "mutants-gpu.json").write_text(json.dumps(dict(
+        environment=dict(device="GPU X", kit_commit="abc", date="2026-11-22"), budget=30, shrink_budget=30,
+        size="small", seed=0, rows=[dict(number=7, mutant="m7", expect=["kernel"], modes=["decode"], execs=["eager"],
+                                         found=True, error="", examples=12, seconds=3.5, classes=["kernel"],
+                                         case_line='Case("c", mode=ForwardMode.DECODE, prefix=(3,))')])))
     (tmp_path / "README.md").write_text(f"# x\n\n{readme.BEGIN}\n{readme.END}\n\n{readme.MUTANTS_BEGIN}\n"
-                                        f"{readme.MUTANTS_END}\n\ntail\n")
+                                        f"{readme.MUTANTS_END}\n\n{fuzz.BEGIN}\n{fuzz.END}\n\ntail\n")
     p = dict(readme_path=tmp_path / "README.md", known_path=tmp_path / "KNOWN_FAILURES.md",
              results_dir=tmp_path / "results")
     run_matrix("write", p)
@@ -97,6 +103,16 @@ def test_stale_mutation_table_is_caught(project):
     proc = run_matrix("check", project)
     assert proc.returncode == 1
     assert "mutation tables differ from the results" in proc.stderr and "4/4" in proc.stderr
+
+
+def test_stale_fuzz_table_is_caught(project):
+    """The fuzzer's mutant tables are written from results/fuzz/mutants-*.json and a hand edit fails the gate."""
+    path = project["readme_path"]
+    assert "| 7 | `m7` | decode · eager | kernel | 12 examples, 3.5 s |" in path.read_text()
+    path.write_text(path.read_text().replace("12 examples", "2 examples"))
+    proc = run_matrix("check", project)
+    assert proc.returncode == 1
+    assert "fuzz mutant tables differ from the results" in proc.stderr and "| 2 examples" in proc.stderr
 
 
 def test_uncovered_failure_is_caught(project, tmp_path):

@@ -78,11 +78,15 @@ def verdict(record: Dict) -> str:
 
 
 def repro_command(backend: str, mode: str, exec_: str, case: str, catalog: Optional[str] = None,
-                  timeout: Optional[float] = None) -> str:
+                  timeout: Optional[float] = None, case_line: Optional[str] = None) -> str:
     """The one-line command that re-runs a run (the catalog named only when not the default; the
-    time limit for a run that ran out of it, which the same limit reproduces)."""
-    args = ["--backend", backend, "--mode", mode, "--exec", exec_, "--case", case]
-    if catalog:
+    time limit for a run that ran out of it, which the same limit reproduces); a case in no catalog
+    (a fuzzed one) is given whole, as its `Case(...)` line (kit.engine.case_line)."""
+    if case_line:
+        args = ["--backend", backend, "--exec", exec_, "--case-line", case_line]
+    else:
+        args = ["--backend", backend, "--mode", mode, "--exec", exec_, "--case", case]
+    if catalog and not case_line:
         args += ["--cases", catalog]
     if timeout:
         args += ["--timeout", f"{timeout:g}"]

@@ -1,0 +1,127 @@
+"""python -m kit fuzz — search a backend's case space for a failure the catalog has no case for.
+
+    python -m kit fuzz --backend NAME [--mode ...] [--exec ...] [--budget SECONDS] [--seed N]
+    python -m kit fuzz --mutants [--budget SECONDS] [--seed N] [--json PATH]
+
+Prints each new failure shrunk to a minimal case: its one `Case(...)` line to paste into
+`cases/<mode>.py`, the repro command, the failure message; failures KNOWN_FAILURES.md
+expects are counted by their KF id. Every run is appended to the ledger. Exit code 1 when a
+new failure is found (or, with --mutants, a mutant is missed).
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from pathlib import Path
+
+from kit.cli import FAILED, fail
+from kit.fuzz import ledger, report
+from kit.modes import MODES, Exec, parse_exec, parse_mode
+from kit.report import known_failures
+from kit.report.known_failures import KnownFailuresError
+from kit.report.results import REPO
+
+DATABASE = Path("~/.cache/attention-conformance-kit/hypothesis")
+
+
+def add_parser(sub, prog: str) -> argparse.ArgumentParser:
+    p = sub.add_parser("fuzz", prog=f"{prog} fuzz", help="draw cases with Hypothesis, run them eager and graph, "
+                                                         "shrink a failure to a minimal case (exit 1 if one is new)",
+                       description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--backend", help="a registered backend name, or module:attr of a backend class")
+    p.add_argument("--mode", default="", help="comma-separated modes (default: every mode the backend runs)")
+    p.add_argument("--exec", default="eager,graph", dest="exec_", help="eager, graph or both (default both)")
+    p.add_argument("--budget", type=float, default=60.0, help="seconds of search (default 60)")
+    p.add_argument("--shrink-budget", type=float, default=None,
+                   help="seconds of shrinking, from the first failure (default: --budget)")
+    p.add_argument("--max-examples", type=int, default=100_000, help="stop the search after this many cases")
+    p.add_argument("--seed", type=int, default=None, help="Hypothesis's seed (default: a random one, printed)")
+    p.add_argument("--size", default="small", help="small (CPU, default), medium or large: how large cases get")
+    p.add_argument("--device", default=None, help="cpu or cuda (default: cuda when present)")
+    p.add_argument("--timeout", type=float, default=None, help="seconds after which one run stops as a crash")
+    p.add_argument("--ledger", default=None, help="the ledger to append to (default: results/fuzz/ledger.jsonl "
+                                                  "under the working directory)")
+    p.add_argument("--database", default=str(DATABASE), help=f"Hypothesis's example database, or `none` "
+                                                             f"(default {DATABASE})")
+    p.add_argument("--known-failures", default=None, help="default: the kit's KNOWN_FAILURES.md")
+    p.add_argument("--json", action="store_true", help="print the ledger record as JSON on the last line")
+    p.add_argument("--mutants", action="store_true", help="fuzz each mutant of --catalog (CPU-catchable ones "
+                                                          "without CUDA) and write the table of how fast each "
+                                                          "is found to --table-json")
+    p.add_argument("--catalog", default="tests.mutants:MUTANTS", help="the mutant catalog (module:attr)")
+    p.add_argument("--only", default="", help="with --mutants: comma-separated mutant names")
+    p.add_argument("-j", "--jobs", type=int, default=1, help="with --mutants: mutants fuzzed at once (default 1: "
+                                                               "the times are each mutant's own)")
+    p.add_argument("--table-json", default=None,
+                   help="with --mutants: where the table goes (default results/fuzz/mutants-<device>.json)")
+    return p
+
+
+def main(args, prog: str) -> int:
+    if args.mutants:
+        from kit.fuzz.mutants import table_run
+        return table_run(args, prog)
+    if not args.backend:
+        return fail(prog, "fuzz: --backend is required (or --mutants)")
+    try:
+        target, known, database = resolve(args)
+    except (ValueError, KnownFailuresError) as exc:
+        return fail(prog, f"fuzz: {exc}")
+    from kit.fuzz.search import fuzz
+    outcome = fuzz(target, args.budget, args.seed, args.shrink_budget, args.max_examples, database, known)
+    record = ledger_record(args, target, outcome)
+    path = ledger.append(args.ledger or ledger.DEFAULT, record)
+    print(report.text(record))
+    print(f"ledger: {path}")
+    if args.json:
+        print(json.dumps(record, sort_keys=True))
+    return FAILED if record["new"] else 0
+
+
+def resolve(args):
+    """The Target, the known-failure entries and the example database the options name."""
+    import torch
+
+    from kit.harness.protocol import has_graph_hooks, mode_reason
+    from kit.harness.registry import load_backend
+    from kit.fuzz.search import Target
+    from kit.fuzz.strategies import SIZES
+
+    try:
+        cls = load_backend(args.backend)
+    except Exception as exc:  # noqa: BLE001 - a backend that cannot load is a usage error here
+        raise ValueError(f"--backend {args.backend}: {type(exc).__name__}: {exc}") from None
+    modes = tuple(parse_mode(m) for m in args.mode.split(",") if m) or tuple(m for m in MODES
+                                                                            if mode_reason(cls, m) is None)
+    execs = tuple(parse_exec(e) for e in args.exec_.split(",") if e)
+    if Exec.GRAPH in execs and not has_graph_hooks(cls) and len(execs) > 1:
+        execs = tuple(e for e in execs if e is not Exec.GRAPH)  # as the suite: unsupported, never run
+    if not modes or not execs:
+        raise ValueError(f"--backend {args.backend} runs none of the modes or execs asked for")
+    if args.size not in SIZES:
+        raise ValueError(f"--size {args.size!r}: one of {', '.join(SIZES)}")
+    if args.device and torch.device(args.device).type == "cuda" and not torch.cuda.is_available():
+        raise ValueError(f"--device {args.device}: CUDA is not available here; use --device cpu")
+    path = Path(args.known_failures) if args.known_failures else REPO / "KNOWN_FAILURES.md"
+    known = known_failures.load(path) if args.known_failures or path.exists() else []
+    database = None
+    if args.database.lower() != "none":
+        from hypothesis.database import DirectoryBasedExampleDatabase
+        database = DirectoryBasedExampleDatabase(str(Path(args.database).expanduser()))
+    target = Target(args.backend, modes, execs, args.size, args.device, args.timeout)
+    return target, known, database
+
+
+def ledger_record(args, target, outcome) -> dict:
+    from kit.report.results import environment, versions
+    from kit.harness.registry import load_backend
+
+    return dict(**environment(), versions=versions(load_backend(target.backend)), backend=target.backend,
+                modes=[m.value for m in target.modes], execs=[e.value for e in target.execs], size=target.size,
+                budget=args.budget, shrink_budget=args.budget if args.shrink_budget is None else args.shrink_budget,
+                max_examples=args.max_examples, database=args.database, **outcome.to_record())
+
+
+if __name__ == "__main__":
+    sys.exit("use: python -m kit fuzz")

@@ -1,0 +1,91 @@
+"""`python -m kit fuzz --mutants`: how fast the fuzzer finds each mutant of the catalog
+(tests/mutants, kit.mutation.Mutant) within a stated budget, searching the mutant's modes and
+execs from scratch (no example database). Each mutant is fuzzed in its own process (`python -m
+kit fuzz --json`), as kit.mutate scores them: a mutant that kills its process is a crash, and
+the next starts clean. Writes results/fuzz/mutants-<device>.json, the README's table
+(matrix.fuzz renders it)."""
+from __future__ import annotations
+
+import concurrent.futures
+import json
+import os
+import re
+import subprocess
+import sys
+from pathlib import Path
+from typing import Dict
+
+from kit.cli import FAILED, fail
+from kit.fuzz import ledger
+from kit.report.results import REPO
+
+
+def _command(m, args) -> list:
+    cmd = [sys.executable, "-m", "kit", "fuzz", "--backend", m.backend, "--mode", ",".join(x.value for x in m.modes),
+           "--exec", ",".join(x.value for x in m.execs), "--budget", str(args.budget), "--size", args.size,
+           "--max-examples", str(args.max_examples), "--database", "none", "--json",
+           "--seed", str(args.seed), "--ledger", str(Path(args.ledger or ledger.DEFAULT).resolve())]
+    for flag, value in (("--shrink-budget", args.shrink_budget), ("--device", args.device),
+                        ("--timeout", args.timeout), ("--known-failures", args.known_failures)):
+        if value is not None:
+            cmd += [flag, str(value)]
+    return cmd
+
+
+def row(m, args) -> Dict:
+    """One mutant fuzzed: found (a new failure of an expected class), after how many examples and
+    seconds, the shrunk case."""
+    # The in-box mutants live in the repository's tests/ (not installed): importable from its root.
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join(filter(None, (str(REPO), os.environ.get("PYTHONPATH")))))
+    proc = subprocess.run(_command(m, args), capture_output=True, text=True, env=env)
+    base = dict(number=m.number, mutant=m.name, expect=list(m.expect), modes=[x.value for x in m.modes],
+                execs=[x.value for x in m.execs])
+    lines = proc.stdout.strip().splitlines()
+    try:
+        record = json.loads(lines[-1])
+    except (IndexError, json.JSONDecodeError):
+        tail = " | ".join(proc.stderr.strip().splitlines()[-2:])
+        return dict(base, found=False, error=f"exit code {proc.returncode}: {tail}", examples=0, seconds=None,
+                    classes=[], case_line="", repro="")
+    hits = [f for f in record["new"] if f["failure_class"] in m.expect]
+    hit = hits[0] if hits else None
+    return dict(base, found=hit is not None, error="", examples=record["first_example"] if hit else record["examples"],
+                seconds=record["search_seconds"] if hit else None, shrink_seconds=record["shrink_seconds"],
+                classes=sorted({f["failure_class"] for f in record["new"]}),
+                case_line=hit["case_line"] if hit else "", repro=hit["repro"] if hit else "", seed=record["seed"])
+
+
+def table_run(args, prog: str) -> int:
+    import torch
+
+    from kit.harness.registry import import_target
+    from kit.report.results import environment
+
+    try:
+        mutants = list(import_target(args.catalog))
+    except (ImportError, AttributeError) as exc:
+        return fail(prog, f"fuzz: --catalog {args.catalog}: {exc}")
+    if args.only:
+        wanted = set(args.only.split(","))
+        unknown = wanted - {m.name for m in mutants}
+        if unknown:
+            return fail(prog, f"fuzz: unknown mutant(s) {sorted(unknown)}; known: {', '.join(m.name for m in mutants)}")
+        mutants = [m for m in mutants if m.name in wanted]
+    on_gpu = torch.cuda.is_available() and args.device != "cpu"
+    mutants = [m for m in mutants if not m.harmless and (m.cpu or on_gpu)]
+    if args.seed is None:
+        args.seed = 0  # one seed for the whole table: it can be made again
+    with concurrent.futures.ThreadPoolExecutor(max_workers=max(1, args.jobs)) as pool:
+        rows = list(pool.map(lambda m: row(m, args), mutants))
+    env = environment()
+    slug = "cpu" if not on_gpu else re.sub(r"[^a-z0-9]+", "-", env["device"].lower()).strip("-")
+    out = Path(args.table_json) if args.table_json else Path("results") / "fuzz" / f"mutants-{slug}.json"
+    out.parent.mkdir(parents=True, exist_ok=True)
+    doc = dict(environment=env, budget=args.budget, shrink_budget=args.shrink_budget or args.budget, size=args.size,
+               seed=args.seed, catalog=args.catalog, rows=rows)
+    out.write_text(json.dumps(doc, indent=1) + "\n")
+    from matrix.fuzz import table
+    print(table(doc, str(out)))
+    print(f"wrote {out}")
+    return FAILED if not all(r["found"] for r in rows) else 0
+

@@ -1,0 +1,160 @@
+"""Hypothesis strategies that draw valid cases (always through `Case`, which validates) of one
+mode, over every feature the kit has. Each feature is one entry of FEATURES: a function that
+draws its fields given those drawn before it. A new case feature is one more entry.
+
+Choices are ordered simplest first (the first of a `sampled_from`, the first branch of a
+`one_of`, the lower end of an `integers`): Hypothesis shrinks toward them, so a shrunk case
+keeps only what its failure needs. Lengths and windows are drawn at and around page boundaries
+(k * page - 1, k * page, k * page + 1) besides anywhere, and batch sizes and EXTEND token counts
+at and around the graph buckets, so padded graph rows appear.
+"""
+from __future__ import annotations
+
+import dataclasses
+import zlib
+from typing import Callable, Dict, Tuple
+
+from hypothesis import strategies as st
+
+from kit.engine.case import _LAYOUT_SUFFIX, LAYOUTS, Case
+from kit.harness.schedule import BS_BUCKETS, TOKEN_BUCKETS
+from kit.modes import ForwardMode
+
+
+@dataclasses.dataclass(frozen=True)
+class Size:
+    """How large a drawn case may get (`--size`): small runs fast on CPU."""
+
+    max_bs: int
+    max_len: int  # longest cached prefix
+    max_new: int  # longest EXTEND request
+    max_drafts: int  # TARGET_VERIFY / DRAFT_EXTEND_V2 draft tokens
+    pages: Tuple[int, ...]
+    kv_heads: Tuple[int, ...]
+    groups: Tuple[int, ...]  # q heads per kv head
+    head_dims: Tuple[int, ...]
+    max_tokens: int  # EXTEND token bucket totals drawn up to this
+
+
+SIZES: Dict[str, Size] = {
+    "small": Size(max_bs=9, max_len=40, max_new=17, max_drafts=6, pages=(1, 4, 16), kv_heads=(1, 2),
+                  groups=(1, 2, 4), head_dims=(16, 32, 64), max_tokens=33),
+    "medium": Size(max_bs=17, max_len=300, max_new=70, max_drafts=8, pages=(1, 16, 64), kv_heads=(1, 2, 8),
+                   groups=(1, 4, 8), head_dims=(64, 128), max_tokens=129),
+    "large": Size(max_bs=65, max_len=4200, max_new=600, max_drafts=16, pages=(1, 16, 64), kv_heads=(1, 2, 8),
+                  groups=(1, 4, 8), head_dims=(64, 128, 256), max_tokens=1025),
+}
+
+CAPS = (5.0, 20.0, 30.0)
+SCALES = (0.05, 0.1, 0.25, 1.0)
+MAX_TOPK = 4
+SEEDS = 4  # input data draws per shape
+DTYPE_ORDER = ("fp32", "fp16", "bf16")  # shrinks toward the exact one
+
+
+@dataclasses.dataclass(frozen=True)
+class Drawing:
+    """What a feature's draw sees: the size, the mode and the fields drawn so far."""
+
+    size: Size
+    mode: ForwardMode
+    fields: Dict
+
+
+Feature = Callable[[Callable, Drawing], Dict]  # (draw, drawing) -> the fields it sets
+
+
+def around(values, low: int, high: int) -> Tuple[int, ...]:
+    """v - 1, v, v + 1 of each value, within [low, high]."""
+    return tuple(sorted({n for v in values for n in (v - 1, v, v + 1) if low <= n <= high}))
+
+
+def length(page: int, low: int, high: int) -> st.SearchStrategy:
+    """A length in [low, high]: anywhere, 0 or 1, or at and around a page boundary."""
+    boundary = st.builds(lambda k, d: k * page + d, st.integers(1, max(1, (high + 1) // page)),
+                         st.sampled_from((-1, 0, 1)))
+    return st.one_of(st.integers(low, high), st.sampled_from((0, 1)), boundary).map(
+        lambda n: min(max(n, low), high))
+
+
+def _batch(draw, d: Drawing) -> Dict:
+    s, page = d.size, d.fields["page"]
+    bs = draw(st.one_of(st.integers(1, s.max_bs), st.sampled_from(around(BS_BUCKETS, 1, s.max_bs))))
+    return dict(prefix=tuple(draw(st.lists(length(page, 0, s.max_len), min_size=bs, max_size=bs))))
+
+
+def _new(draw, d: Drawing) -> Dict:
+    """What `new` holds in each mode (kit/modes/<mode>.py); TARGET_VERIFY's drafts are a chain or a tree."""
+    s, bs = d.size, len(d.fields["prefix"])
+    if d.mode is ForwardMode.EXTEND:
+        new = draw(st.lists(length(d.fields["page"], 1, s.max_new), min_size=bs, max_size=bs))
+        if draw(st.booleans()):  # the batch's token count at or around a token bucket
+            total = draw(st.sampled_from(around(TOKEN_BUCKETS, sum(new[:-1]) + 1, s.max_tokens) or (sum(new),)))
+            new[-1] = total - sum(new[:-1])
+        return dict(new=tuple(new))
+    if d.mode is ForwardMode.DECODE:
+        return dict(new=1)
+    drafts = draw(st.integers(1, s.max_drafts))
+    topk = draw(st.integers(1, MAX_TOPK)) if d.mode is ForwardMode.TARGET_VERIFY else 1
+    return dict(new=drafts, topk=topk)
+
+
+def _heads(draw, d: Drawing) -> Dict:
+    kv, group = draw(st.sampled_from(d.size.kv_heads)), draw(st.sampled_from(d.size.groups))
+    return dict(heads=(kv * group, kv), head_dim=draw(st.sampled_from(d.size.head_dims)))
+
+
+def _window(draw, d: Drawing) -> Dict:
+    """Off, or a window anywhere, at and around page boundaries, or starting at and around one
+    (seen from the first request's first query)."""
+    page, first = d.fields["page"], d.fields["prefix"][0]
+    starts = st.builds(lambda k, e: max(0, first - (k * page + e)), st.integers(0, max(0, first // page)),
+                       st.sampled_from((-1, 0, 1)))
+    window = st.one_of(st.integers(0, d.size.max_len), length(d.fields["page"], 0, d.size.max_len), starts)
+    return dict(window=draw(st.one_of(st.just(-1), window)))
+
+
+FEATURES: Tuple[Tuple[str, Feature], ...] = (
+    ("page", lambda draw, d: dict(page=draw(st.sampled_from(d.size.pages)))),
+    ("batch", _batch),  # batch size at and around the graph buckets; ragged cached lengths
+    ("new", _new),  # per mode: extend lengths (token buckets), draft count, chain or tree
+    ("heads", _heads),  # GQA group and head_dim
+    ("dtype", lambda draw, d: dict(dtype=draw(st.sampled_from(DTYPE_ORDER)))),
+    ("layout", lambda draw, d: dict(layout=draw(st.sampled_from(LAYOUTS)))),
+    ("window", _window),
+    ("cap", lambda draw, d: dict(cap=draw(st.one_of(st.just(0.0), st.sampled_from(CAPS))))),
+    ("scale", lambda draw, d: dict(scale=draw(st.one_of(st.just(None), st.sampled_from(SCALES))))),
+    ("hybrid", lambda draw, d: dict(hybrid=draw(st.booleans()))),
+    ("seed", lambda draw, d: dict(seed=draw(st.integers(0, SEEDS - 1)))),
+    # MLA (Case.kv_lora_rank / rope_dim) goes here as one entry once Case has it.
+)
+
+
+def case_name(fields: Dict, mode: ForwardMode) -> str:
+    """A name in the catalog's style (heads kind, batch size, drafts, window, cap, hybrid, page,
+    dtype, layout), so KNOWN_FAILURES.md's case patterns (`*window*`) match it, made unique by a
+    checksum of the fields."""
+    q, kv = fields["heads"]
+    parts = ["mha" if q == kv else "mqa" if kv == 1 else "gqa", f"bs{len(fields['prefix'])}"]
+    if mode in (ForwardMode.TARGET_VERIFY, ForwardMode.DRAFT_EXTEND_V2):
+        parts.append(("tree" if fields.get("topk", 1) > 1 else "chain" if mode is ForwardMode.TARGET_VERIFY
+                      else "draft") + str(fields["new"]))
+    parts += [flag for flag, on in (("window", fields["window"] >= 0), ("cap", fields["cap"] > 0),
+                                    ("scale", fields["scale"] is not None), ("hybrid", fields["hybrid"])) if on]
+    parts += [f"p{fields['page']}", fields["dtype"]]
+    checksum = zlib.crc32(repr(sorted(fields.items())).encode()) & 0xFFFFFF
+    return "_".join(parts) + _LAYOUT_SUFFIX[fields["layout"]] + f"_fz{checksum:06x}"
+
+
+@st.composite
+def cases(draw, mode: ForwardMode, size: str = "small") -> Case:
+    """A valid case of `mode`, every feature drawn."""
+    fields: Dict = {}
+    for _, feature in FEATURES:
+        fields.update(feature(draw, Drawing(SIZES[size], mode, dict(fields))))
+    return Case(case_name(fields, mode), mode, **fields)
+
+
+def any_case(modes, size: str = "small") -> st.SearchStrategy:
+    """A case of any of `modes` (the first is where shrinking goes)."""
+    return st.one_of([cases(mode, size) for mode in modes])

@@ -1,0 +1,30 @@
+"""A planted bug that no case of the catalog reaches, for the fuzzer to find (tests/test_fuzz.py)."""
+from __future__ import annotations
+
+from typing import Sequence
+
+from backends.torch_native import TorchNativeBackend
+from kit.modes import ForwardMode
+
+
+def triggered(prefix: Sequence[int], page: int) -> bool:
+    """The bug's condition on a DECODE batch: a request with nothing cached right before one whose
+    cached tokens fill whole pages (page > 1)."""
+    return page > 1 and any(a == 0 and b > 0 and b % page == 0 for a, b in zip(prefix, prefix[1:]))
+
+
+class ZeroRowBeforeFullPage(TorchNativeBackend):
+    """DECODE: a request whose cached tokens fill its pages exactly, right after a request with
+    nothing cached, reads one key short (its own new token): its key count comes from page
+    offsets that take the empty request for a page. A zero-length row next to a full page."""
+
+    name = "planted_zero_row_before_full_page"
+
+    def init_forward_metadata(self, batch) -> None:
+        super().init_forward_metadata(batch)
+        if batch.forward_mode is not ForwardMode.DECODE:
+            return
+        page = batch.token_to_kv_pool.page_size
+        for i in range(1, len(self.prefix)):
+            if triggered(self.prefix[i - 1:i + 1], page):
+                self.prefix[i] -= 1
