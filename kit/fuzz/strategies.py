@@ -34,15 +34,16 @@ class Size:
     groups: Tuple[int, ...]  # q heads per kv head
     head_dims: Tuple[int, ...]
     max_tokens: int  # EXTEND token bucket totals drawn up to this
+    mla: Tuple[Tuple[int, int], ...]  # MLA (kv_lora_rank, rope_dim) pairs
 
 
 SIZES: Dict[str, Size] = {
     "small": Size(max_bs=9, max_len=40, max_new=17, max_drafts=6, pages=(1, 4, 16), kv_heads=(1, 2),
-                  groups=(1, 2, 4), head_dims=(16, 32, 64), max_tokens=33),
+                  groups=(1, 2, 4), head_dims=(16, 32, 64), max_tokens=33, mla=((32, 16),)),
     "medium": Size(max_bs=17, max_len=300, max_new=70, max_drafts=8, pages=(1, 16, 64), kv_heads=(1, 2, 8),
-                   groups=(1, 4, 8), head_dims=(64, 128), max_tokens=129),
+                   groups=(1, 4, 8), head_dims=(64, 128), max_tokens=129, mla=((128, 32), (512, 64))),
     "large": Size(max_bs=65, max_len=4200, max_new=600, max_drafts=16, pages=(1, 16, 64), kv_heads=(1, 2, 8),
-                  groups=(1, 4, 8), head_dims=(64, 128, 256), max_tokens=1025),
+                  groups=(1, 4, 8), head_dims=(64, 128, 256), max_tokens=1025, mla=((512, 64),)),
 }
 
 CAPS = (5.0, 20.0, 30.0)
@@ -114,6 +115,17 @@ def _window(draw, d: Drawing) -> Dict:
     return dict(window=draw(st.one_of(st.just(-1), window)))
 
 
+def _mla(draw, d: Drawing) -> Dict:
+    """Dense, or MLA (kit/engine/case.py's rules): one latent KV head as wide as the rank and the
+    rope part, an explicit scale, no window, cap or hybrid layers."""
+    if not draw(st.booleans()):
+        return {}
+    rank, rope = draw(st.sampled_from(d.size.mla))
+    scale = d.fields["scale"] if d.fields["scale"] is not None else draw(st.sampled_from(SCALES))
+    return dict(kv_lora_rank=rank, rope_dim=rope, heads=(d.fields["heads"][0], 1), head_dim=rank + rope,
+                scale=scale, window=-1, cap=0.0, hybrid=False)
+
+
 FEATURES: Tuple[Tuple[str, Feature], ...] = (
     ("page", lambda draw, d: dict(page=draw(st.sampled_from(d.size.pages)))),
     ("batch", _batch),  # batch size at and around the graph buckets; ragged cached lengths
@@ -126,7 +138,7 @@ FEATURES: Tuple[Tuple[str, Feature], ...] = (
     ("scale", lambda draw, d: dict(scale=draw(st.one_of(st.just(None), st.sampled_from(SCALES))))),
     ("hybrid", lambda draw, d: dict(hybrid=draw(st.booleans()))),
     ("seed", lambda draw, d: dict(seed=draw(st.integers(0, SEEDS - 1)))),
-    # MLA (Case.kv_lora_rank / rope_dim) goes here as one entry once Case has it.
+    ("mla", _mla),
 )
 
 
@@ -135,7 +147,8 @@ def case_name(fields: Dict, mode: ForwardMode) -> str:
     dtype, layout), so KNOWN_FAILURES.md's case patterns (`*window*`) match it, made unique by a
     checksum of the fields."""
     q, kv = fields["heads"]
-    parts = ["mha" if q == kv else "mqa" if kv == 1 else "gqa", f"bs{len(fields['prefix'])}"]
+    kind = "mla" if fields.get("kv_lora_rank") else "mha" if q == kv else "mqa" if kv == 1 else "gqa"
+    parts = [kind, f"bs{len(fields['prefix'])}"]
     if mode in (ForwardMode.TARGET_VERIFY, ForwardMode.DRAFT_EXTEND_V2):
         parts.append(("tree" if fields.get("topk", 1) > 1 else "chain" if mode is ForwardMode.TARGET_VERIFY
                       else "draft") + str(fields["new"]))
