@@ -41,7 +41,11 @@ def _run(*args):
     (["run", "--backend", "nosuchmodule:Thing", "--mode", "decode", "--exec", "eager", "--case", "mqa_p1_shuf"],
      ["--backend nosuchmodule:Thing: No module named 'nosuchmodule'"]),
     (RUN + ["--case", "mqa_p1_shuf", "--timeout", "-3"], ["--timeout", "-3", "seconds >= 0"]),
-], ids=["case", "case_set", "device", "mode", "cases", "option", "backend", "backend_target", "timeout"])
+    (["run", "--backend", "torch_native", "--exec", "eager", "--case-line",
+      'Case("x", mode=ForwardMode.DECODE, prefix=(1,), page=__import__("os"))'], ["is not a literal"]),
+    (["run", "--backend", "torch_native", "--exec", "eager", "--case", "x"], ["--case needs --mode", "--case-line"]),
+], ids=["case", "case_set", "device", "mode", "cases", "option", "backend", "backend_target", "timeout", "case_line",
+        "case_without_mode"])
 def test_kit_usage_errors(args, words):
     if "cuda" in args:
         pytest.importorskip("torch").cuda.is_available() and pytest.skip("CUDA is present here")

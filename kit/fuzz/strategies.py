@@ -85,7 +85,7 @@ def _batch(draw, d: Drawing) -> Dict:
 
 
 def _new(draw, d: Drawing) -> Dict:
-    """What `new` holds in each mode (kit/modes/<mode>.py); TARGET_VERIFY's drafts are a chain or a tree."""
+    """What `new` holds in each mode (kit/engine/modes/<mode>.py); TARGET_VERIFY's drafts are a chain or a tree."""
     s, bs = d.size, len(d.fields["prefix"])
     if d.mode is ForwardMode.EXTEND:
         new = draw(st.lists(length(d.fields["page"], 1, s.max_new), min_size=bs, max_size=bs))

@@ -1,0 +1,139 @@
+"""The fuzzer (`python -m kit fuzz`): it draws valid cases over every feature, finds a planted bug
+that no case of the catalog reaches within its CI budget and shrinks it to the case the bug needs,
+prints the case line and a repro that re-runs exactly that case, reports a known failure by its
+KF id, and appends every run to the ledger; and a seeded fuzz of the in-box backends finds nothing."""
+import json
+import shlex
+
+import pytest
+from hypothesis import HealthCheck, given, seed, settings
+
+from cases import CATALOG
+from kit.__main__ import main as kit_main
+from kit.engine.case import DTYPES, LAYOUTS, Case
+from kit.engine.case_line import format_case, parse_case
+from kit.engine.catalog import CASE_SETS
+from kit.fuzz.strategies import SIZES, any_case, around
+from kit.harness.schedule import BS_BUCKETS, TOKEN_BUCKETS, batches
+from kit.modes import EXECS, MODES, ForwardMode
+from tests.toys.planted import triggered
+
+PLANTED = "tests.toys.planted:ZeroRowBeforeFullPage"
+SMALL = SIZES["small"]
+SEARCH_BUDGET = 30  # seconds: the CI budget the planted bug must be found within
+
+
+def _draw(n: int, at: int = 0):
+    drawn = []
+
+    @seed(at)
+    @settings(max_examples=n, database=None, deadline=None, suppress_health_check=list(HealthCheck))
+    @given(any_case(MODES))
+    def collect(case):
+        drawn.append(case)
+
+    collect()
+    return drawn
+
+
+def test_drawn_cases_are_valid_and_cover_every_feature():
+    """Every drawn case is a Case (validated on construction) and reads back from its line; together they
+    reach every mode, layout, dtype, page size, the graph buckets' batch sizes, page-boundary lengths and
+    windows, caps, scales, trees, hybrid layers, MLA and EXTEND token counts at the token buckets."""
+    drawn = _draw(300)
+    assert all(isinstance(c, Case) and parse_case(format_case(c)) == c for c in drawn)
+    seen = lambda f: {f(c) for c in drawn}  # noqa: E731
+    assert seen(lambda c: c.mode) == set(MODES)
+    assert seen(lambda c: c.layout) == set(LAYOUTS) and seen(lambda c: c.dtype) == set(DTYPES)
+    assert seen(lambda c: c.page) == set(SMALL.pages)
+    assert set(around(BS_BUCKETS, 1, SMALL.max_bs)) <= seen(lambda c: c.bs)
+    def boundaries(values_of):  # -1, 0, +1 for a value at k * page - 1, k * page, k * page + 1 (page > 1)
+        return {(n + 1) % c.page - 1 for c in drawn if c.page > 1 for n in values_of(c)
+                if n >= c.page - 1 and (n + 1) % c.page <= 2}
+
+    assert boundaries(lambda c: c.prefix) == {-1, 0, 1} and {0, 1} <= {n for c in drawn for n in c.prefix}
+    assert boundaries(lambda c: [c.window]) == {-1, 0, 1} and -1 in seen(lambda c: c.window)
+    assert any(c.cap > 0 for c in drawn) and any(c.scale is not None for c in drawn) and any(c.hybrid for c in drawn)
+    assert any(c.topk > 1 for c in drawn) and any(c.topk == 1 for c in drawn if c.mode is ForwardMode.TARGET_VERIFY)
+    assert any(c.is_mla for c in drawn) and any(not c.is_mla for c in drawn)
+    extend_totals = {sum(c.new_lens) for c in drawn if c.mode is ForwardMode.EXTEND}
+    assert extend_totals & set(around(TOKEN_BUCKETS, 1, SMALL.max_tokens))
+
+
+def test_every_catalog_case_reads_back_from_its_line():
+    for mode in MODES:
+        for case in CATALOG.all_cases(mode).values():
+            assert parse_case(format_case(case)) == case
+
+
+@pytest.mark.parametrize("line, words", [
+    ('Case("x", mode=ForwardMode.DECODE, prefix=(1,), page=__import__("os"))', "is not a literal"),
+    ('Case("x", mode=ForwardMode.DECODE, prefix=(1,), new=2)', "exactly one new token"),
+    ('Case("x", mode=ForwardMode.NOSUCH, prefix=(1,))', "no ForwardMode.NOSUCH"),
+    ('print("x")', "not a Case(...) line"),
+])
+def test_a_bad_case_line_is_refused(line, words):
+    with pytest.raises(ValueError, match=words.replace("(", r"\(").replace(")", r"\)")):
+        parse_case(line)
+
+
+def test_no_catalog_case_reaches_the_planted_bug():
+    """The planted bug's condition holds in no batch of any run of the catalog (both sets, every exec):
+    the whole catalog passes it (README, Fuzzing: the full catalog run on CPU)."""
+    reached = [b.name for mode in MODES for s in CASE_SETS for case in CATALOG.cases(s, mode) for ex in EXECS
+               for b in batches(case, ex) if b.mode is ForwardMode.DECODE and triggered(b.prefix, b.page)]
+    assert not reached
+
+
+def _fuzz(capsys, tmp_path, *extra):
+    ledger = tmp_path / "ledger.jsonl"
+    code = kit_main(["fuzz", "--backend", PLANTED, "--mode", "decode", "--seed", "1", "--database", "none",
+                     "--device", "cpu", "--ledger", str(ledger), *extra])
+    out = capsys.readouterr().out
+    return code, out, [json.loads(line) for line in ledger.read_text().splitlines()]
+
+
+def test_fuzzer_finds_the_planted_bug_and_shrinks_it_to_what_the_bug_needs(capsys, tmp_path):
+    code, out, ledger = _fuzz(capsys, tmp_path, "--budget", str(SEARCH_BUDGET), "--shrink-budget", "300")
+    assert code == 1, out
+    [record] = ledger
+    assert record["search_seconds"] <= SEARCH_BUDGET + 10 and record["shrunk"], record
+    [failure] = record["new"]
+    assert failure["failure_class"] == "kernel" and failure["known"] is None
+    lines = [line.rstrip(",") for line in out.splitlines() if line.startswith("Case(")]
+    assert lines == [failure["case_line"]], out  # one line, as printed, to paste into cases/
+    case = parse_case(lines[0])
+    smallest_page = min(p for p in SMALL.pages if p > 1)
+    # No larger than the bug needs: two requests, nothing cached and one full page of the smallest size.
+    assert (case.mode, case.prefix, case.page) == (ForwardMode.DECODE, (0, smallest_page), smallest_page), lines[0]
+    assert case.heads == (min(SMALL.kv_heads),) * 2 and case.head_dim == min(SMALL.head_dims), lines[0]
+    assert (case.window, case.cap, case.scale, case.hybrid, case.is_mla) == (-1, 0.0, None, False, False), lines[0]
+    assert f"repro: {failure['repro']}" in out
+    # The repro, as printed, re-runs exactly the shrunk case and fails the same way.
+    repro = shlex.split(failure["repro"])
+    assert repro[:4] == ["python", "-m", "kit", "run"] and repro[repro.index("--case-line") + 1] == lines[0]
+    assert kit_main(repro[3:] + ["--device", "cpu"]) == 1
+    assert "fail [kernel]" in capsys.readouterr().out
+
+
+def test_a_known_failure_is_reported_by_its_id_not_as_new(capsys, tmp_path):
+    known = tmp_path / "KNOWN_FAILURES.md"
+    known.write_text("<!-- known-failures:begin -->\n| id | backend | mode | exec | case | device | class | mark | reason "
+                     "| link |\n|--|--|--|--|--|--|--|--|--|--|\n"
+                     f"| KF-7 | {PLANTED} | decode | eager | * | * | kernel | xfail | planted | tests/toys/planted.py |\n"
+                     "<!-- known-failures:end -->\n")
+    code, out, [record] = _fuzz(capsys, tmp_path, "--budget", str(SEARCH_BUDGET), "--max-examples", "12",
+                                "--known-failures", str(known))
+    assert code == 0 and record["new"] == [], out
+    assert record["known"]["KF-7"]["count"] >= 1 and "known: KF-7 x" in out
+
+
+@pytest.mark.parametrize("backend, execs, budget", [("torch_native", "eager", 6), ("triton", "eager,graph", 8)])
+def test_seeded_fuzz_of_an_in_box_backend_finds_nothing_new(capsys, tmp_path, backend, execs, budget):
+    """CI's fuzz: each in-box backend, every mode, a fixed seed and a small budget on CPU."""
+    code = kit_main(["fuzz", "--backend", backend, "--exec", execs, "--budget", str(budget), "--shrink-budget", "30",
+                     "--seed", "0", "--database", "none", "--device", "cpu", "--ledger", str(tmp_path / "l.jsonl")])
+    out = capsys.readouterr().out
+    record = json.loads((tmp_path / "l.jsonl").read_text())
+    assert code == 0 and record["new"] == [], out
+    assert record["examples"] >= 1, out
