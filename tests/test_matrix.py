@@ -95,24 +95,20 @@ def test_stale_table_is_caught(project):
     assert "matrix tables differ from the results" in proc.stderr and "✓ 3/3" in proc.stderr
 
 
-def test_stale_mutation_table_is_caught(project):
-    """The mutation scores are written from results/mutation/ and a hand edit fails the gate."""
+@pytest.mark.parametrize("what, row, edit, shown", [
+    ("mutation tables", "| 1 | `m1` | graph | 3/4 | graph 3 |", ("| 3/4 |", "| 4/4 |"), "4/4"),
+    ("fuzz mutant tables", "| 7 | `m7` | decode · eager | kernel | 12 examples, 3.5 s |", ("12 examples", "2 examples"),
+     "| 2 examples"),
+], ids=["mutation", "fuzz"])
+def test_stale_generated_table_is_caught(project, what, row, edit, shown):
+    """The mutation scores (results/mutation/) and the fuzzer's mutant tables (results/fuzz/) are written
+    from their files, and a hand edit fails the gate."""
     path = project["readme_path"]
-    assert "| 1 | `m1` | graph | 3/4 | graph 3 |" in path.read_text()
-    path.write_text(path.read_text().replace("| 3/4 |", "| 4/4 |"))
+    assert row in path.read_text()
+    path.write_text(path.read_text().replace(*edit))
     proc = run_matrix("check", project)
     assert proc.returncode == 1
-    assert "mutation tables differ from the results" in proc.stderr and "4/4" in proc.stderr
-
-
-def test_stale_fuzz_table_is_caught(project):
-    """The fuzzer's mutant tables are written from results/fuzz/mutants-*.json and a hand edit fails the gate."""
-    path = project["readme_path"]
-    assert "| 7 | `m7` | decode · eager | kernel | 12 examples, 3.5 s |" in path.read_text()
-    path.write_text(path.read_text().replace("12 examples", "2 examples"))
-    proc = run_matrix("check", project)
-    assert proc.returncode == 1
-    assert "fuzz mutant tables differ from the results" in proc.stderr and "| 2 examples" in proc.stderr
+    assert f"{what} differ from the results" in proc.stderr and shown in proc.stderr
 
 
 def test_uncovered_failure_is_caught(project, tmp_path):
