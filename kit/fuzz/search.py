@@ -24,7 +24,7 @@ from hypothesis.errors import Unsatisfiable
 from kit.engine.case import Case
 from kit.engine.case_line import format_case
 from kit.fuzz.strategies import any_case
-from kit.harness.registry import load_backend
+from kit.harness.registry import backend_label, load_backend
 from kit.harness.runner import run_case, unsupported_reason
 from kit.modes import Exec, ForwardMode
 from kit.report.known_failures import KnownFailure, is_expected, match
@@ -162,6 +162,7 @@ class _Search:
         self.device = torch.device(target.device) if target.device else None
         self.device_label = environment()["device"]
         self.cls = load_backend(target.backend)
+        self.label = backend_label(target.backend)  # as the suite names it: KNOWN_FAILURES.md's backend column
         self.start = time.perf_counter()
         self.first_failure: Optional[float] = None
         self.seen: Dict[str, Optional[Finding]] = {}  # case line -> its new failure, None if none
@@ -210,7 +211,7 @@ class _Search:
     def _run(self, case: Case, exec_: Exec) -> Optional[Finding]:
         t = self.target
         try:
-            result = run_case(t.backend, case, exec_, device=self.device, timeout=t.timeout)
+            result = run_case(t.backend, case, exec_, device=self.device, label=self.label, timeout=t.timeout)
         except Exception as exc:  # noqa: BLE001 - the kit's own error on a drawn case is a finding too
             result = RunResult(backend=t.backend, mode=case.mode.value, exec=exec_.value, case=case.name,
                                dtype=case.dtype, outcome=FAIL, failure_class=KIT_ERROR,
@@ -225,7 +226,7 @@ class _Search:
                           repro_command(t.backend, case.mode.value, exec_.value, case.name,
                                         case_line=format_case(case)),
                           example=self.outcome.examples, seconds=self.elapsed())
-        entry = match(self.known_entries, t.backend, case.mode.value, exec_.value, case.name, self.device_label)
+        entry = match(self.known_entries, self.label, case.mode.value, exec_.value, case.name, self.device_label)
         if is_expected(entry, result.outcome, result.failure_class):
             finding.known = entry.id
             count, first = self.outcome.known.get(entry.id, (0, finding))
