@@ -30,8 +30,8 @@ def text(record: Dict) -> str:
     found = (f"first new failure at example {record['first_example']}, shrunk in {record['shrink_seconds']} s"
              if new else "no new failure")
     lines.append(f"fuzz {record['backend']} ({', '.join(record['modes'])}; {', '.join(record['execs'])}; "
-                 f"{record['size']} cases): {record['examples']} examples ({record['runs']} runs, "
-                 f"{record['unsupported']} drawn cases unsupported) in {record['search_seconds']} s of search, "
-                 f"seed {record['seed']}: {found}; {len(new)} new, "
+                 f"{record['size']} cases; seed {record['seed']}): {record['examples']} examples in all "
+                 f"({record['runs']} runs, {record['unsupported']} drawn cases unsupported), {record['search_seconds']} s "
+                 f"of search: {found}; {len(new)} new, "
                  f"{sum(k['count'] for k in known.values())} known failures")
     return "\n".join(lines)
