@@ -20,7 +20,6 @@ from kit.fuzz import ledger, report
 from kit.modes import MODES, Exec, parse_exec, parse_mode
 from kit.report import known_failures
 from kit.report.known_failures import KnownFailuresError
-from kit.report.results import REPO
 
 DATABASE = Path("~/.cache/attention-conformance-kit/hypothesis")
 
@@ -103,8 +102,7 @@ def resolve(args):
         raise ValueError(f"--size {args.size!r}: one of {', '.join(SIZES)}")
     if args.device and torch.device(args.device).type == "cuda" and not torch.cuda.is_available():
         raise ValueError(f"--device {args.device}: CUDA is not available here; use --device cpu")
-    path = Path(args.known_failures) if args.known_failures else REPO / "KNOWN_FAILURES.md"
-    known = known_failures.load(path) if args.known_failures or path.exists() else []
+    known = known_failures.load_or_default(args.known_failures)
     database = None
     if args.database.lower() != "none":
         from hypothesis.database import DirectoryBasedExampleDatabase
