@@ -5,13 +5,9 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
-from typing import Dict, List
+from typing import Dict
 
 DEFAULT = Path("results") / "fuzz" / "ledger.jsonl"
-
-
-class LedgerError(ValueError):
-    """A ledger line that cannot be read; one line: the path and line, the problem, the fix."""
 
 
 def append(path, record: Dict) -> Path:
@@ -21,15 +17,3 @@ def append(path, record: Dict) -> Path:
         f.write(json.dumps(record, sort_keys=True) + "\n")
     return path
 
-
-def read(path) -> List[Dict]:
-    records = []
-    for n, line in enumerate(Path(path).read_text().splitlines(), 1):
-        if not line.strip():
-            continue
-        try:
-            records.append(json.loads(line))
-        except json.JSONDecodeError as exc:
-            raise LedgerError(f"{path}:{n}: not a ledger line ({exc.msg}); remove the line (a run cut off "
-                              f"while writing?)") from None
-    return records
