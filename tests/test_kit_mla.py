@@ -119,3 +119,18 @@ def test_a_backend_without_mla_reads_unsupported():
         result = run_case("tests.test_kit_mla:DenseOnly", case, exec_)
         assert result.outcome == UNSUPPORTED and result.message.startswith("MLA (latent attention)")
     assert run_case("torch_native", case, Exec.EAGER).outcome == PASS
+
+
+TRITON_MLA = dict(heads=(32, 1), head_dim=32, kv_lora_rank=16, rope_dim=16, scale=0.3, dtype="fp16")
+
+
+@pytest.mark.parametrize("mode, new, extra, exec_", [
+    (ForwardMode.DECODE, 1, {}, Exec.GRAPH),  # split-K and its merge; two head blocks; bucket replays
+    (ForwardMode.TARGET_VERIFY, 4, dict(topk=2), Exec.EAGER),  # extend kernel, custom (tree) mask
+    (ForwardMode.EXTEND, (3, 17), {}, Exec.GRAPH),  # causal extend, token buckets, padded tokens
+], ids=["decode_graph", "tree_verify_eager", "extend_graph"])
+def test_triton_mla_kernels(mode, new, extra, exec_):
+    """Our Triton MLA kernels pass the kit's checks in the interpreter, in graphs too."""
+    case = Case("mla_triton", mode, prefix=(40, 3), new=new, page=16, **TRITON_MLA, **extra)
+    result = run_case("triton", case, exec_)
+    assert result.outcome == PASS, result.message

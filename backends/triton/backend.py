@@ -8,6 +8,7 @@ from the pool, the new tokens' K/V passed directly. Prefix per mode:
   TARGET_VERIFY    seq_lens (drafts are not counted in seq_lens), custom mask
   DRAFT_EXTEND_V2  seq_lens - extend_seq_lens (seq_lens already count the
                    drafts), clamped at 0: padded graph rows have seq_len 1.
+MLA runs the latent kernels (mla.py) on the same metadata and hooks.
 """
 from __future__ import annotations
 
@@ -15,7 +16,7 @@ from typing import Optional
 
 import torch
 
-from backends.triton import kernels
+from backends.triton import kernels, mla
 from backends.triton.metadata import (BLOCK_M, MAX_KV_SPLITS, Buffers, Metadata, extend_grid, fill_decode,
                                       fill_extend, max_splits_for)
 from kit.modes import ForwardMode
@@ -32,6 +33,7 @@ CPU_NOMINAL_SMS = 16  # the interpreter has no SMs; a fixed count keeps split ch
 class TritonBackend(AttentionBackend):
     name = "triton"
     extend_capture = True
+    attention_kinds = ("dense", "mla")
 
     @classmethod
     def versions(cls):
@@ -39,6 +41,8 @@ class TritonBackend(AttentionBackend):
 
     @classmethod
     def supports(cls, case) -> Optional[str]:
+        if case.is_mla:
+            return mla.unsupported(case)
         if case.head_dim & (case.head_dim - 1):
             return f"head_dim {case.head_dim} is not a power of two (tl.arange needs one)"
         if case.num_q_heads // case.num_kv_heads > DECODE_BLOCK_H:
@@ -51,6 +55,9 @@ class TritonBackend(AttentionBackend):
         model = ctx.layers[0]  # heads and head_dim are the model's; scale, window and cap come per layer
         self.num_q_heads, self.num_kv_heads = model.tp_q_head_num, model.tp_k_head_num
         self.head_dim = model.head_dim
+        self.v_head_dim = model.v_head_dim
+        # decode programs per request and split: a KV head's query group each, MLA's heads in blocks
+        self.decode_programs = mla.head_blocks(model.tp_q_head_num) if model.is_mla else model.tp_k_head_num
         self.num_sms = (torch.cuda.get_device_properties(ctx.device).multi_processor_count
                         if ctx.device.type == "cuda" else CPU_NOMINAL_SMS)
         self.graph_bufs: Optional[Buffers] = None  # set by init_cuda_graph_state
@@ -64,7 +71,7 @@ class TritonBackend(AttentionBackend):
     #   request counts, so EXTEND fills its metadata in out_graph.
 
     def _allocate(self, rows: int, num_tokens: int, kv_capacity: int, mask_capacity: int) -> Buffers:
-        return Buffers.allocate(rows, num_tokens, kv_capacity, mask_capacity, self.num_q_heads, self.head_dim,
+        return Buffers.allocate(rows, num_tokens, kv_capacity, mask_capacity, self.num_q_heads, self.v_head_dim,
                                 self.ctx.device)
 
     def _eager_buffers(self, batch) -> Buffers:
@@ -98,7 +105,7 @@ class TritonBackend(AttentionBackend):
             self._fill_extend(batch)
 
     def _max_splits(self, batch) -> int:
-        return max_splits_for(batch.batch_size, self.num_kv_heads, self.num_sms)
+        return max_splits_for(batch.batch_size, self.decode_programs, self.num_sms)
 
     def _fill_decode(self, bufs: Buffers, req_pool_indices, seq_lens) -> None:
         fill_decode(bufs, self.req_to_token, req_pool_indices, seq_lens, self.forward_metadata.max_splits)
@@ -140,16 +147,22 @@ class TritonBackend(AttentionBackend):
         if save_kv_cache:
             pool.set_kv_buffer(layer, batch.out_cache_loc, k, v)
         k_cache, v_cache = pool.get_kv_buffer(layer.layer_id)
-        out = torch.empty_like(q)
-        if batch.forward_mode is ForwardMode.DECODE:
+        out = q.new_empty(q.shape[:-1] + (layer.v_head_dim,))
+        decode = batch.forward_mode is ForwardMode.DECODE
+        if layer.is_mla:  # k_cache: the latent rows (v_cache is a view of them)
+            if decode:
+                mla.decode(self.forward_metadata, q, k_cache, out, layer, _precision(q))
+            else:
+                mla.extend(self.forward_metadata, q, k, k_cache, out, layer, _precision(q))
+        elif decode:
             self._decode(q, k_cache, v_cache, out, layer)
         else:
             self._extend(q, k, v, k_cache, v_cache, out, batch.positions, layer)
         return out
 
     def _flags(self, q, layer) -> dict:
-        return dict(HAS_CAP=layer.logit_cap > 0, HAS_WINDOW=layer.sliding_window_size >= 0,
-                    UPCAST=q.device.type == "cpu", IEEE=q.dtype == torch.float32, D=layer.head_dim)
+        return dict(HAS_CAP=layer.logit_cap > 0, HAS_WINDOW=layer.sliding_window_size >= 0, D=layer.head_dim,
+                    **_precision(q))
 
     def _decode(self, q, k_cache, v_cache, out, layer) -> None:
         md, b = self.forward_metadata, self.forward_metadata.bufs
@@ -176,3 +189,8 @@ class TritonBackend(AttentionBackend):
             k_cache.stride(0), k_cache.stride(1), v_cache.stride(0), v_cache.stride(1), out.stride(0), out.stride(1),
             GROUP=layer.tp_q_head_num // layer.tp_k_head_num, BLOCK_M=BLOCK_M, BLOCK_N=EXTEND_BLOCK_N,
             CUSTOM_MASK=custom, **LAUNCH, **self._flags(q, layer))
+
+
+def _precision(q) -> dict:
+    """The interpreter's bf16 tl.dot is wrong: on CPU the kernels upcast; fp32 stays IEEE on the GPU."""
+    return dict(UPCAST=q.device.type == "cpu", IEEE=q.dtype == torch.float32)

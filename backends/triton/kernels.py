@@ -50,6 +50,12 @@ def _online_step(q, k, v, visible, m_i, l_i, acc, sm_scale, logit_cap,
                  HAS_CAP: tl.constexpr, UPCAST: tl.constexpr, IEEE: tl.constexpr):
     """One key block of online softmax: scores, mask, running max / sum / output."""
     s = _capped(_dot(q, tl.trans(k), UPCAST, IEEE) * sm_scale, logit_cap, HAS_CAP)
+    return _softmax_update(s, v, visible, m_i, l_i, acc, UPCAST, IEEE)
+
+
+@triton.jit
+def _softmax_update(s, v, visible, m_i, l_i, acc, UPCAST: tl.constexpr, IEEE: tl.constexpr):
+    """A key block's scores `s` (masked by `visible`) into the running max / sum / output (V rows `v`)."""
     s = tl.where(visible, s, float("-inf"))
     m_new = tl.maximum(m_i, tl.max(s, 1))
     m_safe = tl.where(m_new == float("-inf"), 0.0, m_new)  # rows that have seen nothing yet
