@@ -18,7 +18,7 @@ from typing import Dict, List, Optional, Tuple
 
 import pytest
 
-from kit.plugin import cuda_context, parallel_spawn
+from kit.plugin import cuda_context, parallel_spawn, progress
 
 from kit.report import known_failures
 from kit.engine.catalog import load_catalog, resolve_set
@@ -56,6 +56,8 @@ def pytest_addoption(parser):
     g.addoption("--case-set", default="auto", help="smoke, full, or auto (full with CUDA, smoke without)")
     g.addoption("--cases", default=None, help="case catalog as module:attr (default: the in-box catalog)")
     g.addoption("--results-json", default=None, help="write one record per run to this file")
+    g.addoption("--progress-every", type=float, default=progress.EVERY_S, metavar="SECONDS",
+                help=f"show runs done and time left per backend this often (default {progress.EVERY_S:g}; 0: never)")
     g.addoption("--known-failures", default=None,
                 help="expected-failures file (default: the kit's KNOWN_FAILURES.md, if present)")
 
@@ -252,6 +254,7 @@ class _Recorder:
         self.lock = threading.Lock()
         self.selected: Optional[List[str]] = None  # run ids, once collection is known
         self.started = False  # runs began: from then on the file is this session's
+        self.progress: Optional[progress.Progress] = None  # once the runs are known
         self.spec_of = {label: spec for spec, label in config._conformance_selection["labels"].items()}
         self.catalog: Optional[List[str]] = None  # _catalog_ids, at the first write (the controller loads it late)
 
@@ -278,7 +281,20 @@ class _Recorder:
         (os._exit) then leaves a `running` file, never the previous run's results."""
         if self.selected and not self.started:
             self.started = True
+            self.progress = progress.Progress((parse_run_id(rid)[0] for rid in self.selected),
+                                              self.config.getoption("--progress-every"))
             self._write(RUNNING)
+
+    def _show_progress(self, report, record) -> None:
+        if self.progress is None or hasattr(self.config, "workerinput"):
+            return
+        lines = self.progress.add(record["backend"], record.get("seconds") or 0.0, getattr(report, "node", None))
+        terminal = self.config.pluginmanager.get_plugin("terminalreporter")
+        if lines and terminal is not None:
+            if getattr(terminal, "_width_of_current_line", 0):  # after the dots of -q, on a line of its own
+                terminal.write("\n")
+            for line in lines:
+                terminal.write_line(line)
 
     def pytest_runtest_logreport(self, report):
         if _run_of(report.nodeid) is None:
@@ -288,6 +304,8 @@ class _Recorder:
             record = self._crash_record(report)  # the worker died, or the test failed before its verdict
         if record is None:
             return
+        if report.nodeid not in self.records:
+            self._show_progress(report, record)
         self.records[report.nodeid] = record
         self._write_soon()
 

@@ -31,6 +31,8 @@ import pytest
 from xdist.report import report_collection_diff
 from xdist.scheduler import LoadGroupScheduling
 
+from kit.plugin.progress import RunTimes
+
 
 # A worker's first run of a backend costs about as much as this many other runs (H100, 16
 # workers: 1.0-2.2 s against a median of 0.16 s).
@@ -44,8 +46,7 @@ class BackendAffinityScheduling(LoadGroupScheduling):
         self._group_of = group_of
         self._backend_of_group: Dict[str, str] = {}
         self._backend_of: Dict[object, str] = {}
-        self._finished: Dict[str, int] = collections.Counter()  # per backend: runs finished
-        self._spent: Dict[str, float] = collections.Counter()  # and the seconds they took
+        self._times = RunTimes()  # per backend: runs finished and the seconds they took
 
     def _split_scope(self, nodeid: str) -> str:
         found = self._group_of(nodeid)
@@ -55,18 +56,13 @@ class BackendAffinityScheduling(LoadGroupScheduling):
 
     def mark_test_complete(self, node, item_index: int, duration: float = 0) -> None:
         backend = self._backend_of_group[self._split_scope(self.registered_collections[node][item_index])]
-        self._finished[backend] += 1
-        self._spent[backend] += duration
+        self._times.add(backend, duration)
         super().mark_test_complete(node, item_index, duration)
 
     def _seconds_per_run(self, backend: Optional[str] = None) -> float:
         """The mean time of the finished runs of `backend` (of every backend where it has none);
         1 before any: pending runs then count as runs."""
-        runs = self._finished[backend] if backend else sum(self._finished.values())
-        spent = self._spent[backend] if backend else sum(self._spent.values())
-        if runs and spent > 0:
-            return spent / runs
-        return self._seconds_per_run() if backend else 1.0
+        return self._times.mean(backend, default=1.0)
 
     @property
     def collection_is_completed(self) -> bool:
