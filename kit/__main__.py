@@ -1,5 +1,5 @@
-"""python -m kit run | list — re-run one case (the repro line every failure prints), or show
-the catalog and the backends."""
+"""python -m kit run | list | warmup — re-run one case (the repro line every failure prints),
+show the catalog and the backends, or build every kernel variant a matrix selection will load."""
 from __future__ import annotations
 
 import argparse
@@ -29,7 +29,7 @@ PROG = "python -m kit"
 
 def build_parser() -> Parser:
     parser = Parser(prog=PROG, description=__doc__)
-    sub = parser.add_subparsers(dest="command", required=True, metavar="{run,list,fuzz}")
+    sub = parser.add_subparsers(dest="command", required=True, metavar="{run,list,warmup,fuzz}")
     run = sub.add_parser("run", prog=f"{PROG} run", help="run one backend x mode x exec x case and print the verdict "
                                                          "(exit 1 if it fails)")
     run.add_argument("--backend", required=True, help="a registered backend name, or module:attr of a backend class")
@@ -52,7 +52,18 @@ def build_parser() -> Parser:
                                                         f"without; default)")
     lst.add_argument("--backends", action="store_true",
                      help="list the registered backends instead: available here or not, and why")
-    for p in (run, lst):
+    warm = sub.add_parser("warmup", prog=f"{PROG} warmup",
+                          help="build every kernel variant the matrix selection will load (FlashInfer's JIT, Triton's "
+                               "compile), in parallel, before any run: each backend x mode x kernel variant once, on "
+                               "its smallest case")
+    warm.add_argument("--backend", action="append", default=[],
+                      help="as the matrix's (repeat or comma-separate); default: every registered backend")
+    warm.add_argument("--mode", action="append", default=[], help=", ".join(m.value for m in MODES))
+    warm.add_argument("--exec", action="append", default=[], dest="exec_", help="eager, graph")
+    warm.add_argument("--case-set", default="auto", help=f"{', '.join(CASE_SETS)}, or auto (default)")
+    warm.add_argument("--jobs", type=int, default=None, help="builds at once (default: one per core)")
+    warm.add_argument("--timeout", type=_seconds, default=DEFAULT_S, help="seconds per build (0: none)")
+    for p in (run, lst, warm):
         p.add_argument("--cases", default=None, help="case catalog as module:attr (default: the in-box one)")
     fuzz_cli.add_parser(sub, PROG)
     return parser
@@ -157,6 +168,27 @@ def _known_line(entry, result) -> str:
     return f"{said}; this run: {result.outcome}"
 
 
+def _csv(values):
+    return [v for item in values for v in item.split(",") if v]
+
+
+def _warmup(args, catalog, case_set: str) -> int:
+    from kit import warmup
+    try:
+        backends = _csv(args.backend) or known_backends()
+        for spec in backends:
+            backend_label(spec)
+        modes = [parse_mode(m) for m in _csv(args.mode)] or list(MODES)
+        execs = [parse_exec(e) for e in _csv(args.exec_)] or list(EXECS)
+    except (UnknownBackend, ImportError, AttributeError, ValueError, TypeError) as exc:
+        return fail(PROG, f"{exc}")
+    if args.jobs is not None and args.jobs < 1:
+        return fail(PROG, f"--jobs {args.jobs}: give 1 or more")
+    todo = warmup.builds(backends, modes, execs, catalog, case_set)
+    lost = warmup.warmup(todo, args.jobs or warmup.default_jobs(), args.cases, args.timeout)
+    return FAILED if lost else 0
+
+
 def main(argv=None) -> int:
     args = build_parser().parse_args(argv)
     if args.command == "fuzz":
@@ -170,6 +202,8 @@ def main(argv=None) -> int:
         return fail(PROG, f"{exc}")
     if args.command == "run":
         return _run(args, catalog)
+    if args.command == "warmup":
+        return _warmup(args, catalog, case_set)
     if args.backends:
         for name in known_backends():
             print(f"{name:14} {availability(name, catalog, case_set)}")

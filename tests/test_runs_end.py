@@ -131,17 +131,17 @@ def test_dead_workers_cost_only_their_runs_under_loadgroup(tmp_path):
     out = tmp_path / "results.json"
     backends = [a for name in DYING for a in ("--backend", f"tests.toys.dying:{name}")]
     proc = subprocess.run([sys.executable, "-m", "pytest", "tests/test_conformance.py", "-p", "no:cacheprovider",
-                           "-q", "-n", "2", "--dist", "loadgroup", "--max-worker-restart", "2", "--cases", "tests.toys.dying:CATALOG",
+                           "-q", "-n", "2", "--dist", "loadgroup", "--max-worker-restart", "2", "--cases", "tests.toys.tiny:CATALOG",
                            "--case-set", "smoke", "--results-json", str(out), *backends],
                           cwd=REPO, capture_output=True, text=True, timeout=300)
     output = proc.stdout + proc.stderr
     assert proc.returncode == 1 and "INTERNALERROR" not in output, output[-3000:]
     doc = json.loads(out.read_text())
     assert doc["run"]["status"] == "complete", output[-3000:]
-    from tests.toys import dying
+    from tests.toys import dying, tiny
     crashed = {(r["backend"], r["case"], r["exec"]) for r in doc["records"] if r["outcome"] != PASS}
     assert crashed == {(getattr(dying, name).name, "victim", e) for name, execs in DYING.items() for e in execs}
-    assert len(doc["records"]) == len(DYING) * len(dying.SMOKE) * 2
+    assert len(doc["records"]) == len(DYING) * len(tiny.SMOKE) * 2
     for r in doc["records"]:
         if r["outcome"] != PASS:
             assert r["failure_class"] == CRASH and "crashed while running" in r["message"], r

@@ -1,30 +1,15 @@
 """Backends that take their own process down (SIGKILL, abort, segfault: as a killed worker,
 a native crash or a lost device do) at one stage, on the victim case of the tiny catalog
-below only (its head_dim, 32, is the only one of that size); every other run passes.
-`python -m pytest ... --cases tests.toys.dying:CATALOG --backend tests.toys.dying:<Class>`."""
+of tests.toys.tiny only (the only case of its head_dim); every other run passes.
+`python -m pytest ... --cases tests.toys.tiny:CATALOG --backend tests.toys.dying:<Class>`."""
 from __future__ import annotations
 
 import ctypes
 import os
 import signal
 
-from kit.engine.case import MQA, Case
-from kit.engine.catalog import Catalog
-from kit.modes import ForwardMode
 from tests.toys.dense import DenseGraphBackend
-
-VICTIM_HEAD_DIM = 32
-
-
-def _case(name: str, **kw) -> Case:
-    return Case(name, ForwardMode.DECODE, **{"prefix": (4, 9), "heads": (4, 2), "head_dim": 16, "dtype": "fp32", **kw})
-
-
-# Three kernel variants (so three groups per backend and exec under --dist loadgroup), the victim
-# in the middle: runs before and after it go to the same worker.
-SMOKE = [_case("first_a"), _case("first_b", prefix=(3, 5, 7)), _case("victim", head_dim=VICTIM_HEAD_DIM),
-         _case("after_a", page=4), _case("after_b", page=4, heads=MQA, prefix=(6,))]
-CATALOG = Catalog({ForwardMode.DECODE: {"smoke": SMOKE, "full": SMOKE}})
+from tests.toys.tiny import VICTIM_HEAD_DIM
 
 
 def _sigkill():

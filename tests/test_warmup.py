@@ -1,0 +1,39 @@
+"""`python -m kit warmup`: every kernel variant of the selection built once, in parallel, with
+progress, before any run."""
+import os
+import subprocess
+import sys
+
+from kit.engine.catalog import Catalog
+from kit.modes import EXECS, MODES, Exec, ForwardMode
+from kit.warmup import bar, builds
+from tests.test_matrix import REPO
+from tests.toys import tiny
+
+
+def test_one_build_per_backend_mode_and_variant_on_its_smallest_case():
+    todo = builds(["a", "b"], list(MODES), list(EXECS), tiny.CATALOG, "smoke")
+    assert len(todo) == 2 * len({c.kernel_variant for c in tiny.SMOKE}) == 8
+    assert {b.case.name for b in todo} == {"first_a", "victim", "after_a", "after_b"}  # first_a: smaller than first_b
+    assert {b.exec_ for b in todo} == {Exec.EAGER}
+    assert {b.exec_ for b in builds(["a"], list(MODES), [Exec.GRAPH], tiny.CATALOG, "smoke")} == {Exec.GRAPH}
+    assert builds(["a"], [ForwardMode.EXTEND], list(EXECS), tiny.CATALOG, "smoke") == []
+    assert bar(3, 12).endswith("] 3/12") and bar(3, 12).count("#") == 6
+
+
+def test_warmup_builds_each_variant_once_in_parallel_with_progress(tmp_path):
+    log = tmp_path / "builds"
+    log.touch()
+    proc = subprocess.run([sys.executable, "-m", "kit", "warmup", "--backend", "tests.toys.building:RecordingBackend",
+                           "--cases", "tests.toys.tiny:CATALOG", "--case-set", "smoke", "--jobs", "2"],
+                          cwd=REPO, capture_output=True, text=True, timeout=300,
+                          env={**os.environ, "KIT_TOY_BUILDS": str(log)})
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    lines = log.read_text().splitlines()
+    variants = [line.rsplit(" pid ", 1)[0] for line in lines]
+    assert len(variants) == len(set(variants)) == len({c.kernel_variant for c in tiny.SMOKE}), lines
+    assert len({line.rsplit(" pid ", 1)[1] for line in lines}) == len(lines)  # a process each
+    assert (tmp_path / "builds.overlap").read_text().split() == ["together"] * len(lines), "not in parallel"
+    progress = [line for line in proc.stdout.splitlines() if line.startswith("[")]
+    assert [p.split("] ", 1)[1].split()[0] for p in progress] == [f"{i}/{len(lines)}" for i in range(1, len(lines) + 1)]
+    assert all(": pass, " in p for p in progress), proc.stdout
