@@ -13,11 +13,11 @@ from __future__ import annotations
 
 import collections
 import dataclasses
-import os
 from typing import Dict, List, Optional, Sequence, Tuple
 
 import torch
 
+from kit.engine import budget
 from kit.engine.batch import ForwardBatch
 from kit.engine.case import Case
 from kit.engine.fingerprint import fingerprint, unchanged
@@ -191,15 +191,8 @@ class _Shared:
 
 
 def _budget(device: torch.device) -> int:
-    """Bytes of batches kept for the whole process: on CPU 1 GiB, split between the
-    pytest-xdist workers; on a GPU a quarter of its memory for a process alone on it, none
-    for processes that share it (kept tensors pin the segments of the caching allocator they
-    were cut from, and the workers sharing a GPU would run it out of memory; a worker runs few of
-    the other backends' runs of a batch)."""
-    workers = max(1, int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "1")))
-    if device.type == "cuda":
-        return torch.cuda.get_device_properties(device).total_memory // 4 if workers == 1 else 0
-    return (1 << 30) // workers
+    """Bytes of batches kept for the whole process (kit.engine.budget)."""
+    return budget.kept(device)
 
 
 def _inputs(plan: BatchPlan, layers: Tuple[Layer, ...], device) -> List[LayerInputs]:
@@ -284,11 +277,15 @@ SHARED = _SharedBatches()
 
 
 def _pools_for(plans: Sequence[BatchPlan], first: Case, device: torch.device) -> Pools:
-    """The (cached) pools big enough for every plan, the page size set to the case's."""
-    pools = POOL_CACHE.get(
-        num_slots=max(p.num_slots for p in plans), max_reqs=max(p.max_reqs for p in plans),
-        max_context=max(p.max_context for p in plans), num_kv_heads=first.num_kv_heads,
-        head_dim=first.head_dim, dtype=first.torch_dtype, device=device, kv_lora_rank=first.kv_lora_rank)
+    """The (cached) pools big enough for every plan, the page size set to the case's. A new pool
+    larger than what is free on the device now is made after the kit released what it keeps."""
+    need = dict(num_slots=max(p.num_slots for p in plans), max_reqs=max(p.max_reqs for p in plans),
+                max_context=max(p.max_context for p in plans), num_kv_heads=first.num_kv_heads,
+                head_dim=first.head_dim, dtype=first.torch_dtype, device=device, kv_lora_rank=first.kv_lora_rank)
+    if POOL_CACHE.new_bytes(**need) > budget.free_now(device):
+        from kit.engine.memory import release  # a cycle: it releases this module's batches
+        release()
+    pools = POOL_CACHE.get(**need)
     pools.token_to_kv_pool.page_size = first.page
     return pools
 

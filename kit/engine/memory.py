@@ -5,6 +5,7 @@ import gc
 
 import torch
 
+from kit.engine import budget
 from kit.engine.fixture import SHARED
 from kit.engine.pools import POOL_CACHE
 
@@ -18,3 +19,15 @@ def release() -> None:
     gc.collect()  # a failed run's tensors may sit in reference cycles (tracebacks)
     if torch.cuda.is_available():
         torch.cuda.empty_cache()
+
+
+_last_backend = [None]
+
+
+def moving_to(backend: str, device: torch.device) -> None:
+    """Before a run of `backend`: a process that shares its GPU releases what it kept for the
+    backend it ran before (its batches would serve that backend's runs, which other workers
+    take: kit.plugin.worker_affinity). A process alone keeps them, for every backend's runs."""
+    previous, _last_backend[0] = _last_backend[0], backend
+    if previous is not None and previous != backend and budget.sharing(torch.device(device)) > 1:
+        release()

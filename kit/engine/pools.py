@@ -7,7 +7,7 @@ batch does not own holds poison (KVPool.reset, before each batch is installed).
 from __future__ import annotations
 
 import dataclasses
-from typing import Dict, List, Tuple
+from typing import Dict, List, Optional, Tuple
 
 import torch
 
@@ -158,6 +158,11 @@ def _round_up_pow2(n: int) -> int:
     return 1 << max(0, (n - 1).bit_length())
 
 
+def _fits(have: Optional[Pools], num_slots: int, max_reqs: int, max_context: int) -> bool:
+    return (have is not None and have.token_to_kv_pool.size >= num_slots and have.req_to_token_pool.size >= max_reqs
+            and have.req_to_token_pool.max_context_len >= max_context)
+
+
 class PoolCache:
     """Pools built once per worker and reused while big enough (SPEC speed rule); their poison is
     checked before each run (kit.engine.fixture.fixtures_for)."""
@@ -168,14 +173,24 @@ class PoolCache:
     def clear(self) -> None:
         self._pools.clear()
 
+    def new_bytes(self, *, num_slots: int, max_reqs: int, max_context: int, num_kv_heads: int,
+                  head_dim: int, dtype, device, kv_lora_rank: int = 0) -> int:
+        """About the bytes get() would allocate for these arguments (0: the cached pool fits): K, V
+        and their poison, and the int32 req_to_token table, at least as large as asked."""
+        if _fits(self._pools.get((num_kv_heads, head_dim, kv_lora_rank, dtype, str(device))),
+                 num_slots, max_reqs, max_context):
+            return 0
+        heads = 1 if kv_lora_rank else num_kv_heads
+        size = torch.empty(0, dtype=dtype).element_size()
+        return (4 * NUM_LAYERS * _round_up_pow2(num_slots) * heads * head_dim * size
+                + 4 * _round_up_pow2(max_reqs) * _round_up_pow2(max_context))
+
     def get(self, *, num_slots: int, max_reqs: int, max_context: int, num_kv_heads: int,
             head_dim: int, dtype, device, kv_lora_rank: int = 0) -> Pools:
         """kv_lora_rank > 0: an MLA pool (MLAKVPool, one KV head)."""
         key = (num_kv_heads, head_dim, kv_lora_rank, dtype, str(device))
         have = self._pools.get(key)
-        if (have is None or have.token_to_kv_pool.size < num_slots
-                or have.req_to_token_pool.size < max_reqs
-                or have.req_to_token_pool.max_context_len < max_context):
+        if not _fits(have, num_slots, max_reqs, max_context):
             if have is not None:  # grow to cover both the old and the new need
                 num_slots = max(num_slots, have.token_to_kv_pool.size)
                 max_reqs = max(max_reqs, have.req_to_token_pool.size)

@@ -17,7 +17,7 @@ from kit.modes import Exec
 from kit.harness.nan_fill import nan_filled_allocations
 from kit.harness.protocol import (NO_CAPTURE_HOOKS, BackendContext, backend_problem, has_graph_hooks, kind_reason,
                                   mode_reason)
-from kit.engine.memory import release
+from kit.engine.memory import moving_to, release
 from kit.harness.oom import allocation_site, raised_by_kit
 from kit.report.record import CRASH, EAGER, ENVIRONMENT, ERROR, FAIL, PASS, UNSUPPORTED, RunResult, repro_command
 from kit.harness.registry import load_backend
@@ -161,6 +161,7 @@ def run_case(backend_spec: str, case: Case, exec_: Exec, device: Optional[torch.
                        dtype=case.dtype, outcome=PASS,
                        repro=repro_command(backend_spec, case.mode.value, exec_.value, case.name, catalog))
     start = time.perf_counter()
+    moving_to(label or backend_spec, device)
     result.versions = versions()
     try:
         with time_limit(timeout), interpreter_noise_filtered():

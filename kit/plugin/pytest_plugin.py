@@ -18,6 +18,7 @@ from typing import Dict, List, Optional, Tuple
 
 import pytest
 
+from kit.engine import placement
 from kit.plugin import cuda_context, parallel_spawn, progress
 
 from kit.report import known_failures
@@ -36,6 +37,7 @@ RUN_TIMEOUT = pytest.StashKey[float]()
 
 
 if os.environ.get("PYTEST_XDIST_WORKER"):  # an xdist worker (set before its plugins load): kit.plugin.cuda_context
+    placement.place_this_worker()  # its GPU, before any CUDA call
     cuda_context.begin()
 
 

@@ -1,0 +1,51 @@
+"""How much device memory this process may keep between runs. Its share of a GPU is what was
+free on the GPU when the process first asked (other sessions' memory is not free) divided by the
+session's processes on that GPU (kit.engine.placement); on CPU 1 GiB split between the workers.
+A process alone on a GPU keeps batches for every backend up to a quarter of its share; processes
+that share one keep none past the last few (kept tensors pin the caching allocator's segments they
+were cut from, and workers sharing a GPU would run it out of memory; a worker runs few of the
+other backends' runs of a batch), and let go of what they keep when they move to
+another backend (kit.engine.memory). Before a large allocation (a pool) the kit checks what is
+free now."""
+from __future__ import annotations
+
+import functools
+
+import torch
+
+from kit.engine import placement
+
+CPU_BYTES = 1 << 30
+
+
+def sharing(device: torch.device) -> int:
+    """The session's processes on this process's GPU (itself included): its workers are spread
+    over the GPUs (kit.engine.placement)."""
+    index, count = placement.my_gpu() if device.type == "cuda" else (0, 1)
+    return placement.workers_on(index, placement.worker_count(), count)
+
+
+@functools.lru_cache(maxsize=None)
+def _free_at_start(device: str) -> int:
+    return torch.cuda.mem_get_info(torch.device(device))[0]
+
+
+def share(device: torch.device) -> int:
+    """Bytes of `device` this process may use."""
+    if device.type != "cuda":
+        return CPU_BYTES // placement.worker_count()
+    return _free_at_start(str(device)) // sharing(device)
+
+
+def kept(device: torch.device) -> int:
+    """Bytes of batches kept between runs for every backend (kit.engine.fixture)."""
+    if device.type != "cuda":
+        return share(device)
+    return share(device) // 4 if sharing(device) == 1 else 0
+
+
+def free_now(device: torch.device) -> int:
+    """Bytes free on `device` now (a driver query, no wait for the device); CPU: unbounded."""
+    if device.type != "cuda":
+        return 1 << 62
+    return torch.cuda.mem_get_info(device)[0]

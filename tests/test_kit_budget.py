@@ -1,0 +1,83 @@
+"""The kit's memory on a shared device: each process's share of its GPU (what was free at start,
+split between the session's workers on that GPU), workers spread over a host's GPUs, what is kept
+released when a worker moves to another backend, and a new pool made only where it fits."""
+import pytest
+import torch
+
+import kit.engine.fixture
+import kit.engine.memory as memory
+from cases import CATALOG as catalog
+from kit.engine import budget, placement
+from kit.engine.fixture import fixtures_for
+from kit.engine.pools import POOL_CACHE
+from kit.harness.runner import run_case
+from kit.modes import Exec, ForwardMode
+
+CASE = catalog.find_case(ForwardMode.DECODE, "mqa_p1_shuf")
+GiB = 1 << 30
+
+
+@pytest.mark.parametrize("workers, gpus", [(1, 1), (16, 1), (16, 2), (16, 3), (5, 8), (7, 2)])
+def test_workers_are_spread_round_robin_and_counted_per_gpu(workers, gpus):
+    on = [placement.device_of(w, gpus) for w in range(workers)]
+    assert on == [w % gpus for w in range(workers)]
+    assert [placement.workers_on(g, workers, gpus) for g in range(min(gpus, workers))] == \
+        [on.count(g) for g in range(min(gpus, workers))]
+
+
+def test_a_worker_sees_one_gpu_its_own(monkeypatch):
+    monkeypatch.delenv(placement.PLACED, raising=False)
+    monkeypatch.setenv("PYTEST_XDIST_WORKER", "gw3")
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "4,5")  # the user's choice is kept: spread over those
+    placement.place_this_worker()
+    assert (placement.os.environ["CUDA_VISIBLE_DEVICES"], placement.my_gpu()) == ("5", (1, 2))
+    monkeypatch.delenv(placement.PLACED)
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "2")  # one GPU: nothing to spread
+    placement.place_this_worker()
+    assert (placement.os.environ["CUDA_VISIBLE_DEVICES"], placement.my_gpu()) == ("2", (0, 1))
+    assert placement.worker_number("gw12") == 12 and placement.worker_number("master") is None
+
+
+@pytest.mark.parametrize("workers, placed, share, kept", [
+    (1, "0/1", 64 * GiB, 16 * GiB),  # alone: a quarter of its share kept for every backend
+    (16, "0/1", 4 * GiB, 0),  # 16 workers on one GPU: a sixteenth each, nothing kept past the last few
+    (16, "1/2", 8 * GiB, 0),  # two GPUs: eight workers on each
+    (3, "0/2", 32 * GiB, 0),  # three workers on two GPUs: two share GPU 0
+])
+def test_the_share_is_what_was_free_split_between_the_workers_on_the_gpu(monkeypatch, workers, placed, share, kept):
+    monkeypatch.setattr(budget, "_free_at_start", lambda device: 64 * GiB)  # other sessions' memory is not free
+    monkeypatch.setenv("PYTEST_XDIST_WORKER_COUNT", str(workers))
+    monkeypatch.setenv(placement.PLACED, placed)
+    cuda = torch.device("cuda", 0)
+    assert (budget.share(cuda), budget.kept(cuda)) == (share, kept)
+
+
+@pytest.fixture
+def releases(monkeypatch):
+    calls = []
+    real = memory.release
+    monkeypatch.setattr(memory, "release", lambda: (calls.append(1), real())[1])
+    return calls
+
+
+@pytest.mark.parametrize("workers", [1, 2])
+def test_a_worker_sharing_its_gpu_releases_what_it_kept_when_it_moves_to_another_backend(monkeypatch, releases,
+                                                                                       workers):
+    monkeypatch.setattr(budget, "sharing", lambda device: workers)
+    monkeypatch.setattr(memory, "_last_backend", [None])  # a fresh process
+    for backend in ("torch_native", "torch_native", "tests.toys.dense:DenseGraphBackend"):
+        run_case(backend, CASE, Exec.EAGER)
+    assert len(releases) == (workers > 1)
+    if workers > 1:
+        assert not kit.engine.fixture.SHARED._recent or len(kit.engine.fixture.SHARED._recent) == 1
+
+
+def test_a_new_pool_larger_than_what_is_free_is_made_after_a_release(monkeypatch, releases):
+    POOL_CACHE.clear()
+    fixtures_for([CASE], "cpu")
+    monkeypatch.setattr(budget, "free_now", lambda device: 0)
+    fixtures_for([CASE], "cpu")  # the cached pool fits: nothing allocated, nothing released
+    assert releases == []
+    big = CASE.with_(name="big", prefix=(5000, 30, 1))
+    fixtures_for([big], "cpu")
+    assert releases == [1]
