@@ -21,3 +21,14 @@ def make_fixture(case, device="cpu"):
     assert fx.case == case  # equal, maybe not the same object: batches are cached per process
     fx.install()
     return fx
+
+
+def count_calls(monkeypatch, owner, name: str) -> list:
+    """`owner.name` still called, each call appended to the list returned."""
+    calls, real = [], getattr(owner, name)
+
+    def counted(*args, **kwargs):
+        calls.append(1)
+        return real(*args, **kwargs)
+    monkeypatch.setattr(owner, name, counted)
+    return calls

@@ -11,6 +11,7 @@ from kit.engine import budget, placement
 from kit.engine.fixture import fixtures_for
 from kit.engine.pools import POOL_CACHE
 from kit.harness.runner import run_case
+from tests.helpers import count_calls
 from kit.modes import Exec, ForwardMode
 
 CASE = catalog.find_case(ForwardMode.DECODE, "mqa_p1_shuf")
@@ -54,10 +55,7 @@ def test_the_share_is_what_was_free_split_between_the_workers_on_the_gpu(monkeyp
 
 @pytest.fixture
 def releases(monkeypatch):
-    calls = []
-    real = memory.release
-    monkeypatch.setattr(memory, "release", lambda: (calls.append(1), real())[1])
-    return calls
+    return count_calls(monkeypatch, memory, "release")
 
 
 @pytest.mark.parametrize("workers", [1, 2])

@@ -12,6 +12,7 @@ import kit.harness.runner as runner
 from cases import CATALOG as catalog
 from kit.engine.pools import KVPool
 from kit.harness import guard
+from tests.helpers import count_calls
 from kit.modes import Exec, ForwardMode
 from kit.report.record import CRASH, ENVIRONMENT, ERROR, FAIL, PASS
 from kit.harness.runner import run_case
@@ -24,10 +25,7 @@ TOYS = "tests.toys.crashing"
 
 @pytest.fixture
 def releases(monkeypatch):
-    calls = []
-    real = runner.release
-    monkeypatch.setattr(runner, "release", lambda: (calls.append(1), real())[1])
-    return calls
+    return count_calls(monkeypatch, runner, "release")
 
 
 @pytest.mark.parametrize("exec_", [Exec.EAGER, Exec.GRAPH])
