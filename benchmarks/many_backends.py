@@ -1,0 +1,185 @@
+"""Many backends on one host: the matrix over 33 backends in one session, as a mutation campaign or
+an engine's whole set runs it.
+
+    python -m benchmarks.many_backends [--backends 32] [--workers auto] [--case-set full]
+                                       [--limit-s 1800] [--cold] [--out PATH] [PYTEST ARGS]
+
+The backends: `triton`, and `--backends` small subclasses of the in-box Triton backend, given as
+module:attr (this module's attributes): the public mutants of tests/mutants/triton.py first
+(each a real bug, so its runs fail as they should), then plain copies. In order, each step a
+row appended to `results/bench/many-backends-<device>.json` (or --out) as soon as it ends:
+
+1. `python -m kit warmup` over the selection (`--cold` labels it a first run on a fresh machine);
+2. the README's matrix command over all of them (`-n <workers> --dist loadgroup`): seconds, the
+   GPU memory peak (nvidia-smi, polled), records by outcome and class, the results file's
+   status, records of out-of-memory (an `environment` error, or an OutOfMemoryError in a
+   crash's message), whether the output holds an INTERNALERROR;
+3. the same command over `triton` alone: whether its verdicts equal those of the many-backend run;
+4. the warmup and the many-backend matrix once more (warm).
+
+Each command runs under what is left of `--limit-s`; a step past it is recorded as such.
+Other arguments go to pytest as they are (e.g. `--mode decode`).
+"""
+from __future__ import annotations
+
+import argparse
+import collections
+import json
+import os
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from pathlib import Path
+from typing import List, Optional
+
+from backends.triton import TritonBackend
+from benchmarks.kit_throughput import append_row, device, kit_commit
+from kit.report.record import ENVIRONMENT, record_id, verdict
+from tests.mutants import triton as mutants
+
+REPO = Path(__file__).resolve().parent.parent
+IN_BOX = "triton"
+MODULE = "benchmarks.many_backends"  # this module as the backends' module:attr names it (not __main__)
+
+_MUTANTS = [name for name, cls in vars(mutants).items()
+            if isinstance(cls, type) and issubclass(cls, TritonBackend) and cls is not TritonBackend
+            and not name.startswith("_") and cls.__module__ == mutants.__name__]
+for _name in _MUTANTS:  # each under a name of its own (a mutant's is triton's): labels must differ
+    globals()[_name] = type(_name, (getattr(mutants, _name),), {"name": f"mutant_{_name}", "__module__": MODULE})
+# Plain copies: the in-box Triton backend under other names (its runs pass).
+for _i in range(64):
+    globals()[f"TritonCopy{_i:02d}"] = type(f"TritonCopy{_i:02d}", (TritonBackend,),
+                                            {"name": f"triton_copy_{_i:02d}", "__module__": MODULE})
+
+
+def backends(count: int) -> List[str]:
+    names = (_MUTANTS + [f"TritonCopy{i:02d}" for i in range(64)])[:count]
+    return [IN_BOX] + [f"{MODULE}:{name}" for name in names]
+
+
+class MemoryPeak:
+    """The largest GPU memory in use, summed over the GPUs, polled with nvidia-smi every `every` s
+    (None without nvidia-smi)."""
+
+    def __init__(self, every: float = 0.5):
+        self.every, self.peak, self._stop = every, None, threading.Event()
+        self._thread = threading.Thread(target=self._poll, daemon=True)
+
+    def _poll(self) -> None:
+        while not self._stop.is_set():
+            try:
+                out = subprocess.run(["nvidia-smi", "--query-gpu=memory.used", "--format=csv,noheader,nounits"],
+                                     capture_output=True, text=True, timeout=10).stdout
+                used = sum(int(x) for x in out.split())
+                self.peak = max(self.peak or 0, used)
+            except (OSError, ValueError, subprocess.SubprocessError):
+                return
+            self._stop.wait(self.every)
+
+    def __enter__(self):
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc):
+        self._stop.set()
+        self._thread.join()
+
+
+class Clock:
+    def __init__(self, limit_s: float):
+        self.deadline = time.monotonic() + limit_s
+
+    def left(self) -> float:
+        return max(1.0, self.deadline - time.monotonic())
+
+
+def _run(cmd: List[str], clock: Clock) -> dict:
+    start = time.perf_counter()
+    try:
+        proc = subprocess.run(cmd, cwd=REPO, capture_output=True, text=True, timeout=clock.left())
+        output, code = proc.stdout + proc.stderr, proc.returncode
+    except subprocess.TimeoutExpired as exc:
+        out = exc.stdout or ""  # bytes, whatever text= said
+        output = out.decode(errors="replace") if isinstance(out, bytes) else out
+        code = "past the time limit"
+    return dict(seconds=round(time.perf_counter() - start, 2), exit_code=code, output=output)
+
+
+def _selection(extra: List[str]) -> List[str]:
+    """The options of `extra` (pytest's) that warmup takes too."""
+    parser = argparse.ArgumentParser(add_help=False)
+    for option in ("--mode", "--exec", "--cases"):
+        parser.add_argument(option, action="append", default=[])
+    known, _ = parser.parse_known_args(extra)
+    return [a for option, values in (("--mode", known.mode), ("--exec", known.exec), ("--cases", known.cases))
+            for value in values for a in (option, value)]
+
+
+def warmup(specs: List[str], case_set: str, extra: List[str], clock: Clock, label: str) -> dict:
+    selection = _selection(extra)
+    cmd = [sys.executable, "-m", "kit", "warmup", "--case-set", case_set, *selection,
+           *[a for spec in specs for a in ("--backend", spec)]]
+    ran = _run(cmd, clock)
+    return dict(step="warmup", label=label, seconds=ran["seconds"], exit_code=ran["exit_code"],
+                builds=sum(1 for line in ran["output"].splitlines() if line.startswith("[")),
+                last_lines=ran["output"].strip().splitlines()[-2:])
+
+
+def matrix(specs: List[str], workers: str, case_set: str, extra: List[str], clock: Clock, label: str,
+           keep: Optional[str] = None) -> dict:
+    with tempfile.TemporaryDirectory() as tmp:
+        results = keep or os.path.join(tmp, "results.json")
+        cmd = [sys.executable, "-m", "pytest", "-n", workers, "--dist", "loadgroup", "tests/test_conformance.py",
+               "--case-set", case_set, "--results-json", results, "-q", "-p", "no:cacheprovider",
+               *[f"--backend={spec}" for spec in specs], *extra]
+        with MemoryPeak() as memory:
+            ran = _run(cmd, clock)
+        doc = json.loads(Path(results).read_text()) if os.path.exists(results) else {}
+    records = doc.get("records", [])
+    oom = [r for r in records if r.get("failure_class") == ENVIRONMENT or "OutOfMemoryError" in r.get("message", "")]
+    return dict(step="matrix", label=label, backends=len(specs), workers=workers, seconds=ran["seconds"],
+                exit_code=ran["exit_code"], gpu_memory_peak_mib=memory.peak,
+                status=doc.get("run", {}).get("status"), selected=len(doc.get("run", {}).get("selected", [])),
+                records=len(records), by_verdict=dict(collections.Counter(verdict(r) for r in records)),
+                out_of_memory_records=len(oom), out_of_memory_first=[record_id(r) for r in oom[:5]],
+                internal_error="INTERNALERROR" in ran["output"],
+                last_lines=ran["output"].strip().splitlines()[-3:],
+                verdicts={record_id(r): verdict(r) for r in records if r["backend"] == IN_BOX})
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--backends", type=int, default=32, help="subclasses of the Triton backend besides triton")
+    parser.add_argument("--workers", default="auto", help="xdist workers (default auto)")
+    parser.add_argument("--case-set", default="full")
+    parser.add_argument("--limit-s", type=float, default=1800.0, help="time limit of the whole benchmark")
+    parser.add_argument("--cold", action="store_true", help="label the first warmup a cold one (fresh machine)")
+    parser.add_argument("--out", help="rows file (default: results/bench/many-backends-<device>.json)")
+    args, extra = parser.parse_known_args()
+    clock, specs = Clock(args.limit_s), backends(args.backends)
+    name, slug = device()
+    out = Path(args.out) if args.out else REPO / "results" / "bench" / f"many-backends-{slug}.json"
+    common = dict(device=name, kit_commit=kit_commit(), case_set=args.case_set, args=extra)
+
+    def row(r: dict) -> dict:
+        shown = {k: v for k, v in r.items() if k != "verdicts"}
+        append_row(out, {**common, **shown})
+        print(json.dumps(shown), flush=True)
+        return r
+
+    row(warmup(specs, args.case_set, extra, clock, "cold" if args.cold else "first"))
+    many = row(matrix(specs, args.workers, args.case_set, extra, clock, "many backends"))
+    alone = matrix([IN_BOX], args.workers, args.case_set, extra, clock, "triton alone")
+    alone["in_box_equal"] = alone["verdicts"] == many["verdicts"] and bool(alone["verdicts"])
+    alone["in_box_differ"] = sorted(k for k in set(alone["verdicts"]) | set(many["verdicts"])
+                                    if alone["verdicts"].get(k) != many["verdicts"].get(k))[:10]
+    row(alone)
+    row(warmup(specs, args.case_set, extra, clock, "warm"))
+    row(matrix(specs, args.workers, args.case_set, extra, clock, "many backends, warm"))
+    print(f"-> {out}")
+
+
+if __name__ == "__main__":
+    main()
