@@ -1,8 +1,8 @@
 """python -m kit warmup: builds every kernel variant a selection will load, before any run.
 
-A backend's first run of a kernel variant builds it (FlashInfer's JIT, Triton's compile: 30-100 s
-a variant for FlashInfer on a fresh GPU host), and in a matrix session those builds land in the
-workers' first runs, past their time limits and the session's. Warmup runs each distinct
+A backend's first run of a kernel variant builds it (FlashInfer's JIT, Triton's compile: minutes
+for FlashInfer on a fresh machine), and in a matrix session those builds land in the workers'
+first runs, against their time limits. Warmup runs each distinct
 (backend, mode, kernel variant) of the selection once, on its smallest case, each in a process of
 its own (`python -m kit run`: a backend that takes its process down costs only that run), as
 many at once as there are cores (`--jobs`); the builds land in the libraries' own on-disk caches,
