@@ -8,7 +8,6 @@ from pathlib import Path
 
 import pytest
 
-from matrix import readme
 
 REPO = Path(__file__).resolve().parent.parent
 PAGES = [REPO / "README.md", *sorted((REPO / "docs").glob("*.md"))]
@@ -21,17 +20,14 @@ PATH = re.compile(r"`((?:kit|backends|cases|matrix|tests|benchmarks|results|docs
 MODULE = re.compile(r"python -m ([\w.]+)")
 DOTTED = re.compile(r"`((?:kit|backends|matrix|cases)(?:\.\w+)+)`")
 LINK = re.compile(r"\]\(([^)\s]+)\)")
+GENERATED = re.compile(r"<!-- ([\w-]+):begin\b.*?<!-- \1:end -->", re.S)
 COMMIT = re.compile(r"\b(?=[0-9a-f]*[a-f])(?=[0-9a-f]*[0-9])[0-9a-f]{7,12}\b")
 
 
 def _prose(path: Path) -> str:
-    """A page without its generated blocks (they name the commit of each results file)."""
-    text = path.read_text()
-    for begin, end in ((readme.BEGIN, readme.END), (readme.MUTANTS_BEGIN, readme.MUTANTS_END)):
-        if begin in text:
-            before, _, after = readme.split(text, str(path), begin, end)
-            text = before + after
-    return text
+    """A page without its generated blocks (`<!-- NAME:begin ... -->` to `<!-- NAME:end -->`, as
+    `python -m matrix write` writes them: they name the commit of each results file)."""
+    return GENERATED.sub("", path.read_text())
 
 
 def _slug(heading: str) -> str:
