@@ -106,7 +106,7 @@ class _KVPool:
 class _ModelRunner:
     """The model-runner attributes SGLang's attention backends read at construction."""
 
-    def __init__(self, ctx, sg, attention_backend: str):
+    def __init__(self, ctx, sg, attention_backend: str, mla_pool_code=None):
         layer = ctx.layers[0]  # the kit's layers share heads, head_dim and the MLA ranks
         self.device = ctx.device
         self.gpu_id = ctx.device.index or 0
@@ -127,7 +127,7 @@ class _ModelRunner:
         self.server_args = sg.get_context().server_args
         self.speculative = ctx.speculative
         self.req_to_token_pool = ctx.req_to_token_pool
-        self.token_to_kv_pool = (mla.pool_class(sg)(ctx.token_to_kv_pool, layer) if self.use_mla_backend
+        self.token_to_kv_pool = (mla.pool_class(mla_pool_code)(ctx.token_to_kv_pool, layer) if self.use_mla_backend
                                  else _KVPool(ctx.token_to_kv_pool, sg))
         self.token_to_kv_pool_allocator = _Allocator(self.token_to_kv_pool)
         # As ModelRunner.init_kv_index_translator (model_runner.py:950).
@@ -178,7 +178,7 @@ class SGLangBackend(AttentionBackend):
 
         self.sg = sg
         sg.install_server_args(self.server_name, ctx.device, ctx.speculative, **self.server_fields)
-        self.runner = _ModelRunner(ctx, sg, self.server_name)
+        self.runner = _ModelRunner(ctx, sg, self.server_name, self._mla_pool_code())
         self.impl = self._impl_class()(self.runner)
         # An MLA layer as DeepSeek's `attn_mqa`: head_dim = rank + rope, one KV head, v_head_dim = rank
         # (models/deepseek_v2.py:2183).
@@ -186,6 +186,11 @@ class SGLangBackend(AttentionBackend):
             num_heads=layer.tp_q_head_num, head_dim=layer.head_dim, scaling=layer.scaling,
             num_kv_heads=layer.tp_k_head_num, layer_id=layer.layer_id, logit_cap=layer.logit_cap,
             sliding_window_size=layer.sliding_window_size, v_head_dim=layer.v_head_dim) for layer in ctx.layers}
+
+    def _mla_pool_code(self):
+        """The class whose MLA pool code runs over the kit's latent (a real-code mutant gives a
+        patched copy's)."""
+        return self.sg.MLATokenToKVPool
 
     def _impl_class(self):
         """The SGLang class wrapped (a real-code mutant gives a patched copy's)."""

@@ -69,9 +69,10 @@ class _MLAPoolState:
         self.layer_num = len(self.kv_buffer)
 
 
-def pool_class(sg):
-    """A class with SGLang's MLATokenToKVPool code (POOL_CODE) over `_MLAPoolState`."""
-    code = {name: inspect.getattr_static(sg.MLATokenToKVPool, name) for name in POOL_CODE}
+def pool_class(sglang_pool):
+    """A class with SGLang's MLATokenToKVPool code (POOL_CODE, taken from `sglang_pool`) over
+    `_MLAPoolState`."""
+    code = {name: inspect.getattr_static(sglang_pool, name) for name in POOL_CODE}
     return type("MLAKVPool", (_MLAPoolState,), code)
 
 

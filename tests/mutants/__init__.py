@@ -92,4 +92,17 @@ MUTANTS = [
            harmless="padded rows follow the real ones, so their negative lengths only lower kv_indptr past "
                     "the real rows; SGLang's kernels take lengths as loop bounds (an empty loop), and the "
                     "padded rows' output stays finite"),
+    # Real-code MLA mutants (numbered from 35): SGLang's latent write (memory_pool.py), Triton's MLA
+    # V width, and FlashInfer MLA's page-size rule, speculative and graph paths.
+    Mutant(35, "sglang_mla_rope_not_written", SG + "MLARopeNotWritten", KV + K, ALL_MODES, EAGER, cpu=True),
+    Mutant(36, "sglang_mla_latent_to_first_layer", SG + "MLALatentToFirstLayer", KV + K, ALL_MODES, EAGER,
+           cpu=True),
+    Mutant(37, "sglang_mla_v_width_from_key_buffer", SG + "MLAValueWidthFromKeyBuffer", K, (D,), EAGER + GRAPH,
+           cpu=True),
+    Mutant(38, "sglang_flashinfer_mla_plans_pool_page_size", SG + "FlashInferMLAPlansThePoolsPageSize", K + C, (D,),
+           EAGER, cpu=False),
+    Mutant(39, "sglang_flashinfer_mla_draft_extend_counts_drafts_twice",
+           SG + "FlashInferMLADraftExtendCountsDraftsTwice", K + C, (DE,), EAGER, cpu=False),
+    Mutant(40, "sglang_flashinfer_mla_verify_graph_without_drafts", SG + "FlashInferMLAVerifyGraphWithoutDrafts",
+           G + C, (TV,), GRAPH, cpu=False),
 ]

@@ -8,13 +8,16 @@ from __future__ import annotations
 import functools
 import importlib
 import importlib.util
+import inspect
 import linecache
 import sys
 import types
 
-from backends.sglang.adapter import SGLangTritonBackend
+from backends.sglang.adapter import SGLangFlashInferMLABackend, SGLangTritonBackend
 
 TRITON = "sglang.srt.layers.attention.triton_backend"
+FLASHINFER_MLA = "sglang.srt.layers.attention.flashinfer_mla_backend"
+MEMORY_POOL = "sglang.srt.mem_cache.memory_pool"
 
 
 @functools.lru_cache(maxsize=None)
@@ -41,6 +44,16 @@ def patched_module(module: str, line: int, old: str, new: str) -> types.ModuleTy
     finally:
         sys.modules[module] = original
     return copy
+
+
+def patched_method(module: str, cls: str, method: str, line: int, old: str, new: str) -> type:
+    """A subclass of the installed `module.cls` whose `method` is the patched copy's, run with the
+    installed module's globals: the module's other classes (memory_pool's KVWriteLoc, which the
+    backends construct) stay the ones the rest of SGLang uses."""
+    original = importlib.import_module(module)
+    f = inspect.getattr_static(getattr(patched_module(module, line, old, new), cls), method)
+    method_fn = types.FunctionType(f.__code__, original.__dict__, f.__name__, f.__defaults__, f.__closure__)
+    return type(cls, (getattr(original, cls),), {method: method_fn})
 
 
 class _TritonMutant(SGLangTritonBackend):
@@ -92,3 +105,75 @@ class DraftExtendNoClamp(_TritonMutant):
 
     patch = (725, "kv_lens = torch.clamp(seq_lens - extend_seq_lens, min=0).to(torch.int32)",
              "kv_lens = (seq_lens - extend_seq_lens).to(torch.int32)")
+
+
+# MLA: known bug classes of SGLang's latent attention (its latent write, MLA page-size rules, MLA
+# under speculative decoding, MLA graphs), replayed in its pool, Triton and FlashInfer MLA code.
+
+
+class _MLAPoolMutant(SGLangTritonBackend):
+    """SGLang's MLATokenToKVPool whose set_kv_buffer has the line `patch` of memory_pool.py, run over
+    the kit's latent by the Triton backend (which writes through that method)."""
+
+    patch = (0, "", "")
+
+    def _mla_pool_code(self):
+        return patched_method(MEMORY_POOL, "MLATokenToKVPool", "set_kv_buffer", *self.patch)
+
+
+class MLARopeNotWritten(_MLAPoolMutant):
+    """The MLA latent write stores the compressed KV of new tokens but not their rope key part
+    (k_pe): later steps score against stale rope columns."""
+
+    patch = (4978, "self.kv_buffer[layer_id - self.start_layer][loc] = cache_k",
+             "self.kv_buffer[layer_id - self.start_layer][loc, :, : self.kv_lora_rank] = cache_k[..., : self.kv_lora_rank]")
+
+
+class MLALatentToFirstLayer(_MLAPoolMutant):
+    """The MLA latent write ignores the layer (one buffer for every layer): each layer's new tokens
+    land in layer 0's latent, and the layer itself reads poison."""
+
+    patch = (4978, "self.kv_buffer[layer_id - self.start_layer][loc] = cache_k", "self.kv_buffer[0][loc] = cache_k")
+
+
+class MLAValueWidthFromKeyBuffer(_TritonMutant):
+    """TritonAttnBackend sizes V (its decode partials) from the latent's key row (rank + rope) instead
+    of its value view (rank): the decode kernel's partial-output strides assume V's width, as in
+    SGLang's hybrid SWA models with two V widths (triton_backend.py:288-292)."""
+
+    patch = (309, "self.v_head_dim = model_runner.token_to_kv_pool.get_value_buffer(",
+             "self.v_head_dim = model_runner.token_to_kv_pool.get_key_buffer(")
+
+
+class _FlashInferMLAMutant(SGLangFlashInferMLABackend):
+    """FlashInferMLAAttnBackend from a copy of flashinfer_mla_backend.py with the line `patch`."""
+
+    patch = (0, "", "")
+
+    def _impl_class(self):
+        return patched_module(FLASHINFER_MLA, *self.patch).FlashInferMLAAttnBackend
+
+
+class FlashInferMLAPlansThePoolsPageSize(_FlashInferMLAMutant):
+    """MLA page-size rule: the decode plan declares the pool's page size while its kv_indices are
+    token slots (SGLang PRs 8593 and 9990, issue 9572: page size > 1 for FlashInfer MLA); right at
+    page 1 only."""
+
+    patch = (967, "1,", "self.attn_backend.page_size,")
+
+
+class FlashInferMLADraftExtendCountsDraftsTwice(_FlashInferMLAMutant):
+    """MLA under speculative decoding: the DRAFT_EXTEND_V2 fast plan adds the drafts to kv lengths
+    that already count them (the draft-extend kv length class of SGLang PR 26651, in the MLA
+    backend): the drafts are attended twice, the last ones past the sequence."""
+
+    patch = (474, "self.fast_plan_kv_len_arr_cpu[:bs] = forward_batch.seq_lens_cpu[:bs]",
+             "self.fast_plan_kv_len_arr_cpu[:bs] = forward_batch.seq_lens_cpu[:bs] + ndt")
+
+
+class FlashInferMLAVerifyGraphWithoutDrafts(_FlashInferMLAMutant):
+    """MLA graphs: the TARGET_VERIFY graph re-plan takes seq_lens as the kv lengths, leaving the
+    drafts out (the eager plan counts them): replays attend the prefix only."""
+
+    patch = (589, "self.fast_plan_kv_len_arr_cpu[:bs] = seq_lens_cpu[:bs] + ndt",
+             "self.fast_plan_kv_len_arr_cpu[:bs] = seq_lens_cpu[:bs]")
