@@ -116,6 +116,7 @@ class _MLAPoolMutant(SGLangTritonBackend):
     the kit's latent by the Triton backend (which writes through that method)."""
 
     patch = (0, "", "")
+    attention_kinds = ("mla",)  # scored on MLA cases only: dense runs never reach the latent write
 
     def _mla_pool_code(self):
         return patched_method(MEMORY_POOL, "MLATokenToKVPool", "set_kv_buffer", *self.patch)
@@ -141,6 +142,7 @@ class MLAValueWidthFromKeyBuffer(_TritonMutant):
     of its value view (rank): the decode kernel's partial-output strides assume V's width, as in
     SGLang's hybrid SWA models with two V widths (triton_backend.py:288-292)."""
 
+    attention_kinds = ("mla",)  # a dense pool's K and V are equally wide: the patch changes nothing there
     patch = (309, "self.v_head_dim = model_runner.token_to_kv_pool.get_value_buffer(",
              "self.v_head_dim = model_runner.token_to_kv_pool.get_key_buffer(")
 
