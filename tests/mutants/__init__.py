@@ -99,8 +99,11 @@ MUTANTS = [
     Mutant(35, "sglang_mla_rope_not_written", SG + "MLARopeNotWritten", KV + K, (E, TV, DE), EAGER, cpu=True),
     Mutant(36, "sglang_mla_latent_to_first_layer", SG + "MLALatentToFirstLayer", KV + K, (E, TV, DE), EAGER,
            cpu=True),
-    Mutant(37, "sglang_mla_v_width_from_key_buffer", SG + "MLAValueWidthFromKeyBuffer", K, (D,), EAGER + GRAPH,
-           cpu=True),
+    # Decode partials sized for the wrong V width: wrong output (the GPU), or a write past them that
+    # crashes the DeepSeek-width decode graph (the CPU's only MLA decode that SGLang's kernel tiles,
+    # ~200 s in the interpreter: scored on the GPU).
+    Mutant(37, "sglang_mla_v_width_from_key_buffer", SG + "MLAValueWidthFromKeyBuffer", OOB, (D,), EAGER + GRAPH,
+           cpu=False),
     Mutant(38, "sglang_flashinfer_mla_plans_pool_page_size", SG + "FlashInferMLAPlansThePoolsPageSize", K + C, (D,),
            EAGER, cpu=False),
     Mutant(39, "sglang_flashinfer_mla_draft_extend_counts_drafts_twice",
