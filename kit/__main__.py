@@ -19,7 +19,7 @@ from kit.harness.protocol import backend_problem, has_graph_hooks, mode_reason
 from kit.report import known_failures
 from kit.report.known_failures import KnownFailuresError
 from kit.report.record import ERROR, FAIL, PASS, repro_command
-from kit.report.results import device_name
+from kit.harness.environment import device_name
 from kit.harness.registry import UnknownBackend, backend_label, known_backends, load_backend
 from kit.harness.runner import run_case
 from kit.harness.timeout import DEFAULT_S

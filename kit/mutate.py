@@ -19,8 +19,9 @@ import torch
 from kit.engine.catalog import load_catalog, resolve_set
 from kit.cli import Parser, fail
 from kit.mutation import score_all, worker
-from kit.harness.registry import import_target, load_backend
-from kit.report.results import environment, versions
+from kit.harness.registry import load_backend
+from kit.targets import import_target
+from kit.harness.environment import environment, versions
 from matrix.mutation import table
 
 PROG = "python -m kit.mutate"

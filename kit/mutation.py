@@ -18,7 +18,8 @@ from kit.engine.case import Case
 from kit.engine.catalog import load_catalog
 from kit.modes import Exec, ForwardMode
 from kit.report.record import CRASH, FAIL, UNSUPPORTED, parse_run_id, repro_command, run_id
-from kit.harness.registry import import_target, load_backend
+from kit.harness.registry import load_backend
+from kit.targets import import_target
 from kit.harness.runner import run_case
 
 

@@ -9,7 +9,7 @@ from typing import Dict, List, Optional
 
 from kit.engine.case import Case
 from kit.modes import MODES, ForwardMode
-from kit.harness.registry import import_target
+from kit.targets import import_target
 
 CASE_SETS = ("smoke", "full")
 DEFAULT_CATALOG = "cases:CATALOG"

@@ -112,7 +112,7 @@ def resolve(args):
 
 
 def ledger_record(args, target, outcome) -> dict:
-    from kit.report.results import environment, versions
+    from kit.harness.environment import environment, versions
     from kit.harness.registry import load_backend
 
     return dict(**environment(), versions=versions(load_backend(target.backend)), backend=target.backend,

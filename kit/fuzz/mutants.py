@@ -58,8 +58,8 @@ def row(m, args) -> Dict:
 def table_run(args, prog: str) -> int:
     import torch
 
-    from kit.harness.registry import import_target
-    from kit.report.results import environment
+    from kit.targets import import_target
+    from kit.harness.environment import environment
 
     try:
         mutants = list(import_target(args.catalog))

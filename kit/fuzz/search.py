@@ -29,7 +29,7 @@ from kit.harness.runner import run_case, unsupported_reason
 from kit.modes import Exec, ForwardMode
 from kit.report.known_failures import KnownFailure, is_expected, match
 from kit.report.record import FAIL, RunResult, repro_command
-from kit.report.results import environment
+from kit.harness.environment import environment
 
 try:
     BaseExceptionGroup

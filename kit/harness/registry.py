@@ -7,20 +7,13 @@ import importlib
 import importlib.metadata
 from typing import Dict, List
 
+from kit.targets import import_target
+
 ENTRY_POINT_GROUP = "attention_conformance.backends"
 
 
 class UnknownBackend(LookupError):
     pass
-
-
-def import_target(target: str):
-    """The object at `module:attr`."""
-    module, _, attr = target.partition(":")
-    obj = importlib.import_module(module)
-    for part in attr.split("."):
-        obj = getattr(obj, part)
-    return obj
 
 
 @functools.lru_cache(maxsize=None)  # read once per process: it scans every installed package

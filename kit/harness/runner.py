@@ -21,7 +21,7 @@ from kit.engine.memory import moving_to, release
 from kit.harness.oom import allocation_site, raised_by_kit
 from kit.report.record import CRASH, EAGER, ENVIRONMENT, ERROR, FAIL, PASS, UNSUPPORTED, RunResult, repro_command
 from kit.harness.registry import load_backend
-from kit.report.results import versions
+from kit.harness.environment import versions
 from kit.harness.schedule import batches
 from kit.harness.interpreter_noise import interpreter_noise_filtered
 from kit.harness.timeout import RunTimeout, time_limit

@@ -27,7 +27,8 @@ from kit.modes import EXECS, MODES, parse_exec, parse_mode
 from kit.report.record import (COMPLETE, CRASH, FAIL, INTERRUPTED, RUNNING, RunResult, parse_run_id, record_id,
                         repro_command, run_id)
 from kit.harness.registry import UnknownBackend, backend_label, known_backends, load_backend
-from kit.report.results import device_name, to_record, versions, write_results
+from kit.harness.environment import device_name, to_record, versions
+from kit.report.results import write_results
 from kit.harness import timeout
 from kit.harness.timeout import DEFAULT_S
 
