@@ -1,6 +1,7 @@
 """DECODE cases: `prefix` = tokens cached before the step (seq_len = prefix + 1)."""
 from functools import partial
 
+from cases.mla import SMALL_MLA, deepseek
 from kit.engine.case import GQA_32_8, MHA, MQA, Case, in_every_layout
 from kit.modes import ForwardMode
 
@@ -18,6 +19,8 @@ SMOKE = [
       layout="shuffled_pages"),
     C("mha_bs1_long_cap_p1", prefix=(1100,), heads=MHA, cap=5.0, scale=0.25, dtype="fp32", head_dim=64),
     C("gqa_hybrid_p16_fp32", prefix=(9, 30, 17), page=16, dtype="fp32", head_dim=64, hybrid=True),
+    C("mla_r32_h16_ragged_p16_fp32", prefix=(0, 15, 40, 17), page=16, dtype="fp32", **SMALL_MLA),
+    C("mla_deepseek_h128_bs1_p64_fp16", prefix=(70,), page=64, dtype="fp16", **deepseek(128)),
 ]
 
 # Cap cases use cap 5 at scale 0.25 (scores of std ~2.8): the cap bites, so a dropped cap
@@ -36,4 +39,13 @@ FULL = in_every_layout([
     C("mha_window_long_p1", prefix=(1100, 600), heads=MHA, window=128),
     C("gqa_window_cap_p64_fp16", prefix=(70, 200, 5, 129), page=64, window=64, cap=5.0, scale=0.25, dtype="fp16"),
     C("gqa_hybrid_window_p16", prefix=(100, 40, 31, 300), page=16, window=32, hybrid=True),
+])
+
+# MLA at DeepSeek-V3's shapes (rank 512 + rope 64; 128 heads on one GPU, 16 per rank on 8).
+FULL += in_every_layout([
+    C("mla_h16_long_p1", prefix=(4500, 1, 300), **deepseek(16)),
+    C("mla_h128_p64", prefix=(1500, 63, 64, 700), page=64, **deepseek(128)),
+    C("mla_h16_bs12_p16_fp16", prefix=(5, 90, 0, 300, 17, 64, 2, 129, 40, 8, 77, 250), page=16, dtype="fp16",
+      **deepseek(16)),
+    C("mla_h128_ragged_p16", prefix=(16, 33, 1, 1500), page=16, **deepseek(128)),
 ])

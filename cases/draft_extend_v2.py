@@ -2,6 +2,7 @@
 (seq_lens = prefix + new, bumped)."""
 from functools import partial
 
+from cases.mla import SMALL_MLA, deepseek
 from kit.engine.case import GQA_32_8, MHA, MQA, Case, in_every_layout
 from kit.modes import ForwardMode
 
@@ -20,6 +21,8 @@ SMOKE = [
       head_dim=64, layout="shuffled_pages"),
     C("mha_bs1_long_cap_p1", prefix=(1100,), new=3, heads=MHA, cap=5.0, scale=0.25, dtype="fp32", head_dim=64),
     C("gqa_hybrid_draft3_p16_fp32", prefix=(12, 30), new=3, page=16, dtype="fp32", head_dim=64, hybrid=True),
+    C("mla_r32_h16_draft4_p16_fp32", prefix=(0, 17, 33), new=4, page=16, dtype="fp32", **SMALL_MLA),
+    C("mla_deepseek_h128_bs1_draft3_p64_fp16", prefix=(5,), new=3, page=64, dtype="fp16", **deepseek(128)),
 ]
 
 # Cap cases use cap 5 at scale 0.25 (scores of std ~2.8): the cap bites, so a dropped cap
@@ -42,4 +45,12 @@ FULL = in_every_layout([
     C("gqa_window_cap_p64_fp16", prefix=(63, 64, 130, 7), new=5, page=64, window=4, cap=5.0, scale=0.25,
       dtype="fp16"),
     C("gqa_hybrid_window_p16", prefix=(100, 40, 31), new=4, page=16, window=8, hybrid=True),
+])
+
+# MLA at DeepSeek-V3's shapes (rank 512 + rope 64; 128 heads on one GPU, 16 per rank on 8).
+FULL += in_every_layout([
+    C("mla_h128_draft4_p16", prefix=(0, 17, 33, 64), new=4, page=16, **deepseek(128)),
+    C("mla_h16_draft3_long_p64", prefix=(4097, 63, 700), new=3, page=64, **deepseek(16)),
+    C("mla_h16_draft5_bs9_p1_fp16", prefix=(63, 64, 65, 1, 200, 130, 7, 1500, 300), new=5, dtype="fp16",
+      **deepseek(16)),
 ])

@@ -1,6 +1,7 @@
 """EXTEND cases: `prefix` = extend_prefix_lens, `new` = extend_seq_lens (ragged, may be 1)."""
 from functools import partial
 
+from cases.mla import SMALL_MLA, deepseek
 from kit.engine.case import GQA_32_8, MHA, MQA, Case, in_every_layout
 from kit.modes import ForwardMode
 
@@ -19,6 +20,8 @@ SMOKE = [
       dtype="fp16", head_dim=64, layout="shuffled_pages"),
     C("mha_bs1_long_cap_p1", prefix=(1000,), new=(70,), heads=MHA, cap=5.0, scale=0.25, dtype="fp32", head_dim=64),
     C("gqa_hybrid_p16_fp32", prefix=(12, 30), new=(6, 11), page=16, dtype="fp32", head_dim=64, hybrid=True),
+    C("mla_r32_h16_ragged_p16_fp32", prefix=(0, 17, 33), new=(5, 1, 16), page=16, dtype="fp32", **SMALL_MLA),
+    C("mla_deepseek_h128_bs1_p64_fp16", prefix=(5,), new=(3,), page=64, dtype="fp16", **deepseek(128)),
 ]
 
 # Cap cases use cap 5 at scale 0.25 (scores of std ~2.8): the cap bites, so a dropped cap
@@ -40,4 +43,14 @@ FULL = in_every_layout([
     C("gqa_window_cap_p64_fp16", prefix=(70, 0, 130), new=(40, 100, 3), page=64, window=16, cap=5.0, scale=0.25,
       dtype="fp16"),
     C("gqa_hybrid_window_p16", prefix=(100, 0, 37), new=(40, 60, 9), page=16, window=32, hybrid=True),
+])
+
+# MLA at DeepSeek-V3's shapes (rank 512 + rope 64; 128 heads on one GPU, 16 per rank on 8), with
+# and without a prefix.
+FULL += in_every_layout([
+    C("mla_h16_p1", prefix=(0, 17, 300), new=(5, 64, 1), **deepseek(16)),
+    C("mla_h16_long_p64", prefix=(4200, 0, 63), new=(20, 130, 2), page=64, **deepseek(16)),
+    C("mla_h16_ragged_p16_fp16", prefix=(0, 16, 33, 64, 5, 100), new=(1, 16, 17, 70, 3, 9), page=16,
+      dtype="fp16", **deepseek(16)),
+    C("mla_zero_prefix_p16", prefix=(0, 0, 0), new=(30, 64, 5), page=16, **deepseek(128)),
 ])

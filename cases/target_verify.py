@@ -2,6 +2,7 @@
 topk 1 = chain, topk 2 = tree."""
 from functools import partial
 
+from cases.mla import SMALL_MLA, deepseek
 from kit.engine.case import GQA_32_8, MHA, MQA, Case, in_every_layout
 from kit.modes import ForwardMode
 
@@ -23,6 +24,8 @@ SMOKE = [
     C("gqa_tree8_window4_p16_inter", prefix=(20, 9, 33), new=8, topk=2, page=16, window=4, dtype="fp32",
       head_dim=64, layout="interleaved_pages"),
     C("gqa_hybrid_tree4_p16_fp32", prefix=(12, 30), new=4, topk=2, page=16, dtype="fp32", head_dim=64, hybrid=True),
+    C("mla_r32_h16_chain4_p16_fp32", prefix=(17, 1, 33), new=4, page=16, dtype="fp32", **SMALL_MLA),
+    C("mla_deepseek_h128_bs1_tree4_p64_fp16", prefix=(70,), new=4, topk=2, page=64, dtype="fp16", **deepseek(128)),
 ]
 
 # Cap cases use cap 5 at scale 0.25 (scores of std ~2.8): the cap bites, so a dropped cap
@@ -50,4 +53,13 @@ FULL = in_every_layout([
     C("mqa_tree6_cap_p64_fp16", prefix=(63, 64, 200, 7), new=6, topk=3, heads=MQA, page=64, cap=5.0, scale=0.25,
       dtype="fp16"),
     C("gqa_hybrid_window_chain4_p16", prefix=(100, 40, 31), new=4, page=16, window=16, hybrid=True),
+])
+
+# MLA at DeepSeek-V3's shapes (rank 512 + rope 64; 128 heads on one GPU, 16 per rank on 8):
+# chains, and trees for backends that take topk > 1.
+FULL += in_every_layout([
+    C("mla_h16_chain4_p16", prefix=(17, 64, 1, 33), new=4, page=16, **deepseek(16)),
+    C("mla_h16_chain3_long_p64", prefix=(4097, 63, 700), new=3, page=64, **deepseek(16)),
+    C("mla_h16_tree6_p1", prefix=(50, 300, 3), new=6, topk=2, **deepseek(16)),
+    C("mla_h128_tree8_p16_fp16", prefix=(17, 250, 1023), new=8, topk=2, page=16, dtype="fp16", **deepseek(128)),
 ])

@@ -21,7 +21,8 @@ from kit.engine.modes import rules_for
 from kit.engine.modes.rules import causal
 from kit.report.record import parse_run_id, run_id
 from kit.engine.reference import attention
-from kit.harness.checks import check_output
+from kit.harness.checks import check_kv, check_output
+from tests.helpers import run_setup
 
 REPO = Path(__file__).resolve().parent.parent
 DECODE, EXTEND = ForwardMode.DECODE, ForwardMode.EXTEND
@@ -268,6 +269,29 @@ def _without_key(r, key):
     return dict(visible=visible)
 
 
+def _input_bug(change):
+    """A bug in what a kernel reads of a layer's inputs: change(inputs, layer) -> the LayerInputs fields to replace."""
+    def plant(fx):
+        return dataclasses.replace(fx, inputs=[dataclasses.replace(x, **change(x, layer))
+                                               for x, layer in zip(fx.inputs, fx.layers)])
+    return plant
+
+
+def _rope_dropped(x, layer):
+    q = x.q.clone()
+    q[..., layer.kv_lora_rank:] = 0
+    return dict(q=q)
+
+
+def _values_from_rope_tail(x, layer):
+    r, p = layer.kv_lora_rank, layer.rope_dim
+    return dict(v_new=x.k_new[..., p:p + r], v_old=x.k_old[..., p:p + r])
+
+
+def _is_mla(c):
+    return c.is_mla
+
+
 # mutant number, name -> (modes, applies to case, the bug planted in a fixture)
 BUG_CLASSES = {
     (7, "window one short"): (MODES, lambda c: c.window > 0, _case_bug(lambda c: dict(window=c.window - 1))),
@@ -282,6 +306,9 @@ BUG_CLASSES = {
         lambda r: dict(q_pos=[r.seq_len + i for i in range(r.n_new)]))),
     (14, "draft positions from seq_lens"): ((DRAFT_EXTEND_V2,), lambda c: c.window >= 0, _request_bug(
         lambda r: dict(q_pos=[r.seq_len + i for i in range(r.n_new)]))),
+    (40, "MLA rope part dropped from the score"): (MODES, _is_mla, _input_bug(_rope_dropped)),
+    (41, "MLA values from the rope tail"): (MODES, _is_mla, _input_bug(_values_from_rope_tail)),
+    (42, "MLA scale from head_dim 576"): (MODES, _is_mla, _case_bug(lambda c: dict(scale=c.head_dim ** -0.5))),
 }
 
 
@@ -316,3 +343,34 @@ def test_every_kernel_bug_class_is_caught_by_three_full_cases(mode):
     the real mutants; this is its CPU proxy on the same cases)."""
     short = {f"{n} {bug}": cases for (n, bug), cases in catching_cases(mode).items() if len(cases) < MIN_CATCHING}
     assert not short, f"bug classes caught by fewer than {MIN_CATCHING} full cases: {short}"
+
+
+# MLA's KV-write bug classes, planted in the pool: how each layer's new latent rows are written
+# (pool, layer id, out_cache_loc, the rows). The KV check must fail in MIN_CATCHING full cases.
+KV_BUG_CLASSES = {
+    (43, "MLA latent to the wrong layer"): lambda pool, lid, loc, rows: pool.k_buffer[0].index_copy_(0, loc, rows),
+    (43, "MLA latent to the wrong page"): lambda pool, lid, loc, rows: pool.k_buffer[lid].index_copy_(
+        0, (loc + pool.page_size) % pool.size, rows),
+    (44, "MLA rope part not written"): lambda pool, lid, loc, rows: pool.v_buffer[lid].index_copy_(
+        0, loc, rows[..., :pool.kv_lora_rank]),
+}
+
+
+@pytest.mark.parametrize("mode", MODES, ids=lambda m: m.value)
+def test_every_mla_kv_bug_class_is_caught_by_three_full_cases(mode):
+    caught = {key: [] for key in KV_BUG_CLASSES}
+    for case in catalog.cases("full", mode):
+        if case.layout != "contiguous" or not case.is_mla:
+            continue
+        fx = run_setup(case).fixtures[-1]
+        pool, loc = fx.pools.token_to_kv_pool, fx.batch.out_cache_loc
+        writes = {lid: (x.k_new, x.v_new) for lid, x in enumerate(fx.inputs)}
+        for key, write in KV_BUG_CLASSES.items():
+            fx.install()
+            before = pool.snapshot()
+            for lid, x in enumerate(fx.inputs):
+                write(pool, lid, loc, x.k_new)
+            if not check_kv(pool, *before, loc, writes).ok:
+                caught[key].append(case.name)
+    short = {f"{n} {bug}": cases for (n, bug), cases in caught.items() if len(cases) < MIN_CATCHING}
+    assert not short, f"MLA KV bug classes caught by fewer than {MIN_CATCHING} full cases: {short}"

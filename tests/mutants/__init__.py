@@ -19,6 +19,7 @@ EAGER, GRAPH = (Exec.EAGER,), (Exec.GRAPH,)
 T = "tests.mutants.triton:"
 FI = "tests.mutants.flashinfer:"
 SG = "tests.mutants.sglang:"
+MLA = "tests.mutants.mla:"
 G, K, KV, C = ("graph",), ("kernel",), ("kv-write",), ("crash",)
 # Reading or writing past a buffer the backend sized itself: wrong output where the
 # stray access lands in readable memory, a crash where it corrupts the heap.
@@ -111,4 +112,11 @@ MUTANTS = [
            SG + "FlashInferMLADraftExtendCountsDraftsTwice", K + C, (DE,), EAGER, cpu=False),
     Mutant(40, "sglang_flashinfer_mla_verify_graph_without_drafts", SG + "FlashInferMLAVerifyGraphWithoutDrafts",
            G + C, (TV,), GRAPH, cpu=False),
+    # MLA bug classes (numbered from 41), in the torch_native backend: MLA cases only.
+    Mutant(41, "mla_rope_dropped_from_score", MLA + "RopeDroppedFromScore", K, ALL_MODES, EAGER, cpu=True),
+    Mutant(42, "mla_values_from_rope_tail", MLA + "ValuesFromRopeTail", K, ALL_MODES, EAGER, cpu=True),
+    Mutant(43, "mla_scale_from_head_dim", MLA + "ScaleFromHeadDim", K, ALL_MODES, EAGER, cpu=True),
+    Mutant(44, "mla_latent_to_wrong_layer", MLA + "LatentToWrongLayer", KV, ALL_MODES, EAGER, cpu=True),
+    Mutant(44, "mla_latent_to_wrong_page", MLA + "LatentToWrongPage", KV, ALL_MODES, EAGER, cpu=True),
+    Mutant(45, "mla_rope_not_written", MLA + "RopeNotWritten", KV, ALL_MODES, EAGER, cpu=True),
 ]
