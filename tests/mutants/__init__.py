@@ -93,7 +93,7 @@ MUTANTS = [
            harmless="padded rows follow the real ones, so their negative lengths only lower kv_indptr past "
                     "the real rows; SGLang's kernels take lengths as loop bounds (an empty loop), and the "
                     "padded rows' output stays finite"),
-    # Real-code MLA mutants (numbered from 35): SGLang's latent write (memory_pool.py), Triton's MLA
+    # Real-code MLA mutants (35 to 39, and 46): SGLang's latent write (memory_pool.py), Triton's MLA
     # V width, and FlashInfer MLA's page-size rule, speculative and graph paths.
     # 35 and 36 break every mode's write; scored on the modes whose CPU MLA smoke cases are short (the
     # DECODE one runs SGLang's kernel at DeepSeek's width, ~100 s in the interpreter). CPU-catchable
@@ -110,13 +110,13 @@ MUTANTS = [
            EAGER, cpu=False),
     Mutant(39, "sglang_flashinfer_mla_draft_extend_counts_drafts_twice",
            SG + "FlashInferMLADraftExtendCountsDraftsTwice", K + C, (DE,), EAGER, cpu=False),
-    Mutant(40, "sglang_flashinfer_mla_verify_graph_without_drafts", SG + "FlashInferMLAVerifyGraphWithoutDrafts",
+    Mutant(46, "sglang_flashinfer_mla_verify_graph_without_drafts", SG + "FlashInferMLAVerifyGraphWithoutDrafts",
            G + C, (TV,), GRAPH, cpu=False),
-    # MLA bug classes (numbered from 41), in the torch_native backend: MLA cases only.
-    Mutant(41, "mla_rope_dropped_from_score", MLA + "RopeDroppedFromScore", K, ALL_MODES, EAGER, cpu=True),
-    Mutant(42, "mla_values_from_rope_tail", MLA + "ValuesFromRopeTail", K, ALL_MODES, EAGER, cpu=True),
-    Mutant(43, "mla_scale_from_head_dim", MLA + "ScaleFromHeadDim", K, ALL_MODES, EAGER, cpu=True),
-    Mutant(44, "mla_latent_to_wrong_layer", MLA + "LatentToWrongLayer", KV, ALL_MODES, EAGER, cpu=True),
-    Mutant(44, "mla_latent_to_wrong_page", MLA + "LatentToWrongPage", KV, ALL_MODES, EAGER, cpu=True),
-    Mutant(45, "mla_rope_not_written", MLA + "RopeNotWritten", KV, ALL_MODES, EAGER, cpu=True),
+    # MLA bug classes (numbered from 40), in the torch_native backend: MLA cases only.
+    Mutant(40, "mla_rope_dropped_from_score", MLA + "RopeDroppedFromScore", K, ALL_MODES, EAGER, cpu=True),
+    Mutant(41, "mla_values_from_rope_tail", MLA + "ValuesFromRopeTail", K, ALL_MODES, EAGER, cpu=True),
+    Mutant(42, "mla_scale_from_head_dim", MLA + "ScaleFromHeadDim", K, ALL_MODES, EAGER, cpu=True),
+    Mutant(43, "mla_latent_to_wrong_layer", MLA + "LatentToWrongLayer", KV, ALL_MODES, EAGER, cpu=True),
+    Mutant(43, "mla_latent_to_wrong_page", MLA + "LatentToWrongPage", KV, ALL_MODES, EAGER, cpu=True),
+    Mutant(44, "mla_rope_not_written", MLA + "RopeNotWritten", KV, ALL_MODES, EAGER, cpu=True),
 ]
