@@ -7,7 +7,11 @@ from benchmarks.kit_throughput import IN_BOX, device, matrix_command
 from benchmarks.timeline import phases
 from kit.report.results import REPO
 
-SMOKE_DECODE_RUNS = 8  # torch_native's smoke decode cases, eager (graph: unsupported, not counted)
+from cases import CATALOG
+from kit.modes import ForwardMode
+
+# torch_native runs every smoke decode case eager (graph: unsupported, not counted)
+SMOKE_DECODE_RUNS = len(CATALOG.cases("smoke", ForwardMode.DECODE))
 
 
 def test_throughput_row(tmp_path):

@@ -13,9 +13,7 @@ from kit.modes import Exec, ForwardMode
 from kit.report.record import CRASH, FAIL, PASS
 from kit.harness.runner import run_case
 from kit.harness.timeout import EXIT_STUCK
-from tests.test_matrix import REPO, SMOKE_DECODE, run_suite
-
-DENSE_SMOKE_DECODE = [c for c in SMOKE_DECODE if not c.startswith("mla_")]
+from tests.test_matrix import DENSE_SMOKE_DECODE, REPO, SMOKE_DECODE, run_suite
 from backends.torch_native import TorchNativeBackend
 from tests.toys.crashing import HangBackend, TorchErrorBackend
 
