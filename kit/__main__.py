@@ -15,7 +15,8 @@ from kit.engine.catalog import CASE_SETS, load_catalog, resolve_set
 from kit.cli import FAILED, Parser, fail
 from kit.fuzz import cli as fuzz_cli
 from kit.modes import EXECS, MODES, parse_exec, parse_mode
-from kit.harness.protocol import backend_problem, has_graph_hooks, mode_reason
+from kit.harness.capabilities import Capabilities
+from kit.harness.protocol import backend_problem
 from kit.report import known_failures
 from kit.report.known_failures import KnownFailuresError
 from kit.report.record import ERROR, FAIL, PASS, repro_command
@@ -94,12 +95,16 @@ def availability(spec: str, catalog, case_set: str) -> str:
     problem = backend_problem(cls)
     if problem:
         return f"unavailable: {problem}"
+    try:
+        caps = Capabilities.of(cls)
+    except TypeError as exc:
+        return f"unavailable: {exc}"
     reasons = collections.Counter()
     runs = 0
     for mode in MODES:
         for case in catalog.cases(case_set, mode):
             try:
-                reason = cls.supports(case) or mode_reason(cls, mode)
+                reason = cls.supports(case) or caps.mode_reason(mode)
             except Exception as exc:  # noqa: BLE001
                 reason = f"supports() raised {type(exc).__name__}: {exc}"
             runs += 1
@@ -109,7 +114,7 @@ def availability(spec: str, catalog, case_set: str) -> str:
     why = " | ".join(reason for reason, _ in reasons.most_common())
     if not ok:
         return f"unavailable: {why or f'no {case_set} cases'}"
-    graph = "graph hooks" if has_graph_hooks(cls) else "eager only (no capture hooks)"
+    graph = "graph hooks" if caps.has_graph_hooks else "eager only (no capture hooks)"
     return f"available: {ok}/{runs} {case_set} cases, {graph}" + (f"; the others: {why}" if why else "")
 
 

@@ -7,7 +7,8 @@ import torch
 
 from kit.engine.case import Case
 from kit.engine.pools import MLAKVPool, POISON_V_MEAN, PoolCache
-from kit.harness.protocol import AttentionBackend, kind_reason
+from kit.harness.capabilities import Capabilities
+from kit.harness.protocol import AttentionBackend
 from kit.harness.runner import run_case
 from kit.harness.checks import check_kv
 from kit.modes import Exec, ForwardMode
@@ -113,8 +114,9 @@ class DenseOnly(AttentionBackend):
 
 def test_a_backend_without_mla_reads_unsupported():
     case = Case("mla_dec", ForwardMode.DECODE, prefix=(3,), **MLA)
-    assert "MLA" in kind_reason(DenseOnly, case) and "attention_kinds" in kind_reason(DenseOnly, case)
-    assert kind_reason(DenseOnly, case.with_(kv_lora_rank=0, rope_dim=0, heads=(4, 1), scale=None)) is None
+    kind_reason = Capabilities.of(DenseOnly).kind_reason
+    assert "MLA" in kind_reason(case) and "attention_kinds" in kind_reason(case)
+    assert kind_reason(case.with_(kv_lora_rank=0, rope_dim=0, heads=(4, 1), scale=None)) is None
     for exec_ in Exec:
         result = run_case("tests.test_kit_mla:DenseOnly", case, exec_)
         assert result.outcome == UNSUPPORTED and result.message.startswith("MLA (latent attention)")

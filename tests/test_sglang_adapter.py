@@ -14,7 +14,8 @@ import torch
 from backends.sglang.adapter import (INSTALL, PINNED, SGLangBackend, SGLangFlashInferBackend,
                                      SGLangTorchNativeBackend, SGLangTritonBackend, sglang_problem)
 from kit.modes import ForwardMode
-from kit.harness.protocol import BackendContext, has_graph_hooks
+from kit.harness.capabilities import Capabilities
+from kit.harness.protocol import BackendContext
 from kit.report.results import REPO
 from kit.harness.runner import default_device
 from tests.helpers import make_fixture, small_case
@@ -76,7 +77,7 @@ def test_graph_hooks_exactly_where_the_sglang_backend_has_them(cls):
     wrapped = getattr(__import__(module, fromlist=[attr]), attr)
     own = all(getattr(wrapped, h) is not getattr(sg.AttentionBackend, h)
               for h in ("init_cuda_graph_state", "init_forward_metadata_out_graph"))
-    assert has_graph_hooks(cls) == own
+    assert Capabilities.of(cls).has_graph_hooks == own
 
 
 def test_context_maps_to_the_model_runner_and_pools():

@@ -82,7 +82,7 @@ def resolve(args):
     """The Target, the known-failure entries and the example database the options name."""
     import torch
 
-    from kit.harness.protocol import has_graph_hooks, mode_reason
+    from kit.harness.capabilities import Capabilities
     from kit.harness.registry import load_backend
     from kit.fuzz.search import Target
     from kit.fuzz.strategies import SIZES
@@ -91,10 +91,14 @@ def resolve(args):
         cls = load_backend(args.backend)
     except Exception as exc:  # noqa: BLE001 - a backend that cannot load is a usage error here
         raise ValueError(f"--backend {args.backend}: {type(exc).__name__}: {exc}") from None
+    try:
+        caps = Capabilities.of(cls)
+    except TypeError as exc:
+        raise ValueError(f"--backend {args.backend}: {exc}") from None
     modes = tuple(parse_mode(m) for m in args.mode.split(",") if m) or tuple(m for m in MODES
-                                                                            if mode_reason(cls, m) is None)
+                                                                            if caps.mode_reason(m) is None)
     execs = tuple(parse_exec(e) for e in args.exec_.split(",") if e)
-    if Exec.GRAPH in execs and not has_graph_hooks(cls) and len(execs) > 1:
+    if Exec.GRAPH in execs and not caps.has_graph_hooks and len(execs) > 1:
         execs = tuple(e for e in execs if e is not Exec.GRAPH)  # as the suite: unsupported, never run
     if not modes or not execs:
         raise ValueError(f"--backend {args.backend} runs none of the modes or execs asked for")

@@ -25,6 +25,7 @@ from kit.engine.case import Case
 from kit.engine.case_line import format_case
 from kit.fuzz.strategies import any_case
 from kit.harness.registry import backend_label, load_backend
+from kit.harness.capabilities import Capabilities
 from kit.harness.runner import run_case, unsupported_reason
 from kit.modes import Exec, ForwardMode
 from kit.report.known_failures import KnownFailure, is_expected, match
@@ -162,6 +163,7 @@ class _Search:
         self.device = torch.device(target.device) if target.device else None
         self.device_label = environment()["device"]
         self.cls = load_backend(target.backend)
+        self.caps = Capabilities.of(self.cls)
         self.label = backend_label(target.backend)  # as the suite names it: KNOWN_FAILURES.md's backend column
         self.start = time.perf_counter()
         self.first_failure: Optional[float] = None
@@ -191,7 +193,7 @@ class _Search:
             return self.seen[line]
         if self.out_of_time():
             raise OutOfTime()
-        execs = [e for e in self.target.execs if unsupported_reason(self.cls, case, e) is None]
+        execs = [e for e in self.target.execs if unsupported_reason(self.cls, self.caps, case, e) is None]
         if not execs:
             self.outcome.unsupported += 1
             reject()

@@ -6,7 +6,7 @@ on a side stream first), then replays in mixed order with padded rows set by
 the fill rules. Token graphs (EXTEND, piecewise contract): the token axis is
 padded to a token bucket; padded tokens write KV to slot 0.
 
-The backend's hooks are driven in its own style (kit.harness.protocol.graph_protocol):
+The backend's hooks are driven in its own style (kit.harness.capabilities.GraphHooks):
 two-phase (out_graph before capture and before every replay, in_graph recorded
 in the graph with forward) or capture/replay. Every second replay hands the
 backend full-capacity request buffers (rows past the batch hold what earlier
@@ -35,7 +35,8 @@ from kit.harness.hoststate import Bindings, replaced, tensor_pointers
 from kit.engine.modes import rules_for
 from kit.engine.modes.rules import GraphBuckets
 from kit.harness.nan_fill import nan_filled_allocations
-from kit.harness.protocol import TWO_PHASE, graph_protocol, seq_len_fill_value
+from kit.harness.capabilities import Capabilities, GraphHooks
+from kit.harness.protocol import seq_len_fill_value
 from kit.report.record import CUDA_GRAPH, EMULATED, PIECEWISE_EAGER
 from kit.harness.schedule import BS_BUCKETS, TOKEN_BUCKETS, bucket_for
 from kit.harness.checks import Pending
@@ -82,13 +83,14 @@ class _Captured:
 class _Harness:
     """Static buffers, captures and replays for one run's fixtures (one pool, one model)."""
 
-    def __init__(self, backend, fixtures: Sequence[Fixture], max_tokens: int):
+    def __init__(self, backend, caps: Capabilities, fixtures: Sequence[Fixture], max_tokens: int):
         self.backend = backend
+        self.caps = caps
         self.layers = fixtures[0].layers
         self.pools = fixtures[0].pools
         self.case = fixtures[0].case
         self.mode = self.case.mode
-        self.two_phase = graph_protocol(type(backend)) == TWO_PHASE
+        self.two_phase = caps.graph_hooks is GraphHooks.TWO_PHASE
         self.max_bs = max(bucket_for(fx.batch.batch_size, BS_BUCKETS) for fx in fixtures)
         kv = self.pools.token_to_kv_pool
         self.device = kv.device
@@ -116,7 +118,7 @@ class _Harness:
 
     def _step(self, batch: ForwardBatch, n: int) -> List[torch.Tensor]:
         """What a graph records: the two-phase backend's in-graph metadata, then forward per layer."""
-        if self.two_phase and callable(getattr(self.backend, "init_forward_metadata_in_graph", None)):
+        if self.two_phase and self.caps.in_graph:
             self.backend.init_forward_metadata_in_graph(batch)
         return self._forward(batch, n)
 
@@ -208,12 +210,12 @@ class BatchGraphs(_Harness):
     """One graph per batch-size bucket, a fixed number of tokens per request (DECODE,
     TARGET_VERIFY, DRAFT_EXTEND_V2)."""
 
-    def __init__(self, backend, fixtures: Sequence[Fixture]):
+    def __init__(self, backend, caps: Capabilities, fixtures: Sequence[Fixture]):
         case = fixtures[0].case
         self.rules = rules_for(case.mode)
         self.tokens_per_req = self.rules.tokens_per_request(case)
         max_bs = max(bucket_for(fx.batch.batch_size, BS_BUCKETS) for fx in fixtures)
-        super().__init__(backend, fixtures, max_bs * self.tokens_per_req)
+        super().__init__(backend, caps, fixtures, max_bs * self.tokens_per_req)
         self.buckets = sorted({bucket_for(fx.batch.batch_size, BS_BUCKETS) for fx in fixtures}, reverse=True)
         backend.init_cuda_graph_state(max_bs, max_bs * self.tokens_per_req)
 
@@ -284,12 +286,12 @@ class ExtendGraphs(_Harness):
 
     EXTEND_FIELDS = ("extend_seq_lens", "extend_prefix_lens", "extend_start_loc")
 
-    def __init__(self, backend, fixtures: Sequence[Fixture]):
+    def __init__(self, backend, caps: Capabilities, fixtures: Sequence[Fixture]):
         max_tokens = max(fx.plan.num_tokens for fx in fixtures)
-        super().__init__(backend, fixtures, bucket_for(max_tokens, TOKEN_BUCKETS))
-        self.real_rows_only = bool(getattr(backend, "real_rows_only", False))
+        super().__init__(backend, caps, fixtures, bucket_for(max_tokens, TOKEN_BUCKETS))
+        self.real_rows_only = caps.real_rows_only
         # A backend that sees only the real rows cannot have them captured: their count varies.
-        self.capturing = bool(getattr(backend, "extend_capture", False)) and not self.real_rows_only
+        self.capturing = caps.extend_capture and not self.real_rows_only
         if not self.capturing:
             self.detail = PIECEWISE_EAGER
         self.extend = {f: torch.zeros(self.max_bs, dtype=torch.int32, device=self.device) for f in self.EXTEND_FIELDS}
@@ -361,6 +363,7 @@ def _split(outs: List[torch.Tensor], n: int, swapped: List[str], memory: Pending
 HARNESSES = {GraphBuckets.BATCH_SIZE: BatchGraphs, GraphBuckets.TOKEN_COUNT: ExtendGraphs}
 
 
-def harness_for(backend, fixtures: Sequence[Fixture]) -> _Harness:
-    """The harness of the fixtures' mode's graph contract (it sets up the backend's graph state)."""
-    return HARNESSES[rules_for(fixtures[0].case.mode).graph](backend, fixtures)
+def harness_for(backend, fixtures: Sequence[Fixture], caps: Optional[Capabilities] = None) -> _Harness:
+    """The harness of the fixtures' mode's graph contract (it sets up the backend's graph state);
+    `caps`: the backend's, as read when it was loaded (else read from its class)."""
+    return HARNESSES[rules_for(fixtures[0].case.mode).graph](backend, caps or Capabilities.of(type(backend)), fixtures)

@@ -18,17 +18,7 @@ from kit.engine.case import Case
 from kit.engine.layer import Layer, model_layers
 from kit.engine.modes import rules_for
 from kit.engine.pools import KVPool, ReqToTokenPool
-
-# The two styles of graph metadata hooks a backend may implement (one or the other):
-# SGLang 0.5.23's two-phase pair (host prep before capture / replay, recordable device
-# work inside the graph), and the older capture / replay pair.
-TWO_PHASE, CAPTURE_REPLAY = "two-phase", "capture/replay"
-GRAPH_HOOKS = {
-    TWO_PHASE: ("init_cuda_graph_state", "init_forward_metadata_out_graph"),
-    CAPTURE_REPLAY: ("init_cuda_graph_state", "init_forward_metadata_capture_cuda_graph",
-                     "init_forward_metadata_replay_cuda_graph"),
-}
-NO_CAPTURE_HOOKS = "no capture hooks"
+from kit.harness.capabilities import DENSE_ONLY
 
 
 @dataclasses.dataclass
@@ -72,7 +62,7 @@ class AttentionBackend:
     # The attention kinds forward() implements (Case.kind): "dense" (MHA/GQA/MQA over K and V
     # caches) and "mla" (latent attention over one latent row per token). A backend that
     # does not list "mla" is unsupported for MLA cases, whatever its supports() says.
-    attention_kinds: tuple = ("dense",)
+    attention_kinds: tuple = DENSE_ONLY
     # {mode value: case names}: the smoke cases a plain CPU run (`--case-set auto`) gives a backend
     # too slow on CPU for all of them; None: every case. `--case-set smoke` runs them all.
     ci_cases: Optional[dict] = None
@@ -124,39 +114,12 @@ class AttentionBackend:
     #   get_cuda_graph_seq_len_fill_value() -> int  (default 1)
 
 
-def mode_reason(backend_cls, mode) -> Optional[str]:
-    """Why the backend does not run `mode` (its `modes` leave it out), or None."""
-    declared = getattr(backend_cls, "modes", None)
-    if declared is None:
-        runs = rules_for(mode).assumed_supported
-    else:
-        runs = mode.value in {getattr(m, "value", m) for m in declared}
-    return None if runs else f"the backend does not implement mode {mode.value} (its `modes` leave it out)"
-
-
-def kind_reason(backend_cls, case: Case) -> Optional[str]:
-    """Why the backend does not run the case's attention kind (its `attention_kinds` leave it out), or None."""
-    kinds = getattr(backend_cls, "attention_kinds", AttentionBackend.attention_kinds)
-    if case.kind in kinds:
-        return None
-    what = {"mla": "MLA (latent attention)"}.get(case.kind, case.kind)
-    return f"{what}: the backend does not implement it (its `attention_kinds` leave out {case.kind!r})"
-
-
 def library_version(module: str) -> str:
     """`module.__version__`, or why there is none (for AttentionBackend.versions)."""
     try:
         return str(getattr(importlib.import_module(module), "__version__", "unknown"))
     except Exception:  # noqa: BLE001 - absent or broken install: say so, never fail the run
         return "not installed"
-
-
-def graph_protocol(backend_cls) -> Optional[str]:
-    """TWO_PHASE or CAPTURE_REPLAY (the first a backend implements whole), or None."""
-    for style, hooks in GRAPH_HOOKS.items():
-        if all(callable(getattr(backend_cls, h, None)) for h in hooks):
-            return style
-    return None
 
 
 def backend_problem(obj) -> Optional[str]:
@@ -167,10 +130,6 @@ def backend_problem(obj) -> Optional[str]:
     if not callable(getattr(obj, "supports", None)):
         return f"the class {obj.__name__} has no `supports` classmethod (see docs/extending.md, 'Adding a backend')"
     return None
-
-
-def has_graph_hooks(backend_cls) -> bool:
-    return graph_protocol(backend_cls) is not None
 
 
 def seq_len_fill_value(backend) -> int:

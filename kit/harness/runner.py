@@ -15,8 +15,8 @@ from kit.harness.guard import Guard, canary_figures
 from kit.harness.verdict import Verdict, eager_verdict, replay_failure, replay_verdict
 from kit.modes import Exec
 from kit.harness.nan_fill import nan_filled_allocations
-from kit.harness.protocol import (NO_CAPTURE_HOOKS, BackendContext, backend_problem, has_graph_hooks, kind_reason,
-                                  mode_reason)
+from kit.harness.capabilities import NO_CAPTURE_HOOKS, Capabilities
+from kit.harness.protocol import BackendContext, backend_problem
 from kit.engine.memory import moving_to, release
 from kit.harness.oom import allocation_site, raised_by_kit
 from kit.report.record import CRASH, EAGER, ENVIRONMENT, ERROR, FAIL, PASS, UNSUPPORTED, RunResult, repro_command
@@ -113,14 +113,14 @@ class RunSetup:
         return _call("constructing backend", self.backend_cls, ctx)
 
 
-def unsupported_reason(backend_cls, case: Case, exec_: Exec) -> Optional[str]:
+def unsupported_reason(backend_cls, caps: Capabilities, case: Case, exec_: Exec) -> Optional[str]:
     # The kind first: a backend written for dense attention need not know an MLA case's fields.
-    reason = kind_reason(backend_cls, case)
+    reason = caps.kind_reason(case)
     if reason is None:
         reason = _call("supports()", backend_cls.supports, case)
     if reason is None:
-        reason = mode_reason(backend_cls, case.mode)
-    if reason is None and exec_ is Exec.GRAPH and not has_graph_hooks(backend_cls):
+        reason = caps.mode_reason(case.mode)
+    if reason is None and exec_ is Exec.GRAPH and not caps.has_graph_hooks:
         reason = NO_CAPTURE_HOOKS
     return reason
 
@@ -170,8 +170,9 @@ def run_case(backend_spec: str, case: Case, exec_: Exec, device: Optional[torch.
             problem = backend_problem(cls)
             if problem:
                 raise _Crash("loading backend", TypeError(f"{backend_spec}: {problem}"))
+            caps = _call("loading backend", Capabilities.of, cls)
             result.versions = _call("versions()", versions, cls)
-            _run_releasing_memory(cls, case, exec_, device, result)
+            _run_releasing_memory(cls, caps, case, exec_, device, result)
     except _KitOutOfMemory as oom:
         result.outcome, result.failure_class = ERROR, ENVIRONMENT
         result.message = (f"{oom}; out of device memory in the kit's own allocations, after releasing what it "
@@ -189,13 +190,13 @@ def run_case(backend_spec: str, case: Case, exec_: Exec, device: Optional[torch.
     return result
 
 
-def _run_releasing_memory(cls, case: Case, exec_: Exec, device, result: RunResult) -> None:
+def _run_releasing_memory(cls, caps: Capabilities, case: Case, exec_: Exec, device, result: RunResult) -> None:
     """_run, and where the kit runs out of device memory in its own allocations, _run again from
     the start once everything the kit keeps is released (kit.engine.memory); raises
     _KitOutOfMemory where that runs out too."""
     for last in (False, True):
         try:
-            _run(cls, case, exec_, device, result)
+            _run(cls, caps, case, exec_, device, result)
             return
         except _KitOutOfMemory as exc:
             oom = exc
@@ -212,8 +213,8 @@ def _run_releasing_memory(cls, case: Case, exec_: Exec, device, result: RunResul
         result.exec_detail = ""
 
 
-def _run(cls, case: Case, exec_: Exec, device, result: RunResult) -> None:
-    reason = unsupported_reason(cls, case, exec_)
+def _run(cls, caps: Capabilities, case: Case, exec_: Exec, device, result: RunResult) -> None:
+    reason = unsupported_reason(cls, caps, case, exec_)
     if reason is not None:
         result.outcome, result.message = UNSUPPORTED, str(reason)
         return
@@ -222,7 +223,7 @@ def _run(cls, case: Case, exec_: Exec, device, result: RunResult) -> None:
     if exec_ is Exec.EAGER:
         _eager_sequence(backend, setup, result)
     else:
-        _graph(backend, setup, result)
+        _graph(backend, caps, setup, result)
 
 
 def _eager_sequence(backend, setup: RunSetup, result: RunResult) -> None:
@@ -252,9 +253,9 @@ def _describe_step(i: int, fixtures: List[Fixture]) -> str:
     return text + ")"
 
 
-def _graph(backend, setup: RunSetup, result: RunResult) -> None:
+def _graph(backend, caps: Capabilities, setup: RunSetup, result: RunResult) -> None:
     fixtures, pools = setup.fixtures, setup.fixtures[0].pools
-    harness = _call("init_cuda_graph_state", harness_for, backend, fixtures)
+    harness = _call("init_cuda_graph_state", harness_for, backend, fixtures, caps)
     _call("capture", harness.capture)
     result.exec_detail = harness.detail
     worst = 0.0

@@ -26,6 +26,7 @@ from kit.engine.catalog import load_catalog, resolve_set
 from kit.modes import EXECS, MODES, parse_exec, parse_mode
 from kit.report.record import (COMPLETE, CRASH, FAIL, INTERRUPTED, RUNNING, RunResult, parse_run_id, record_id,
                         repro_command, run_id)
+from kit.harness.capabilities import Capabilities
 from kit.harness.registry import UnknownBackend, backend_label, known_backends, load_backend
 from kit.harness.environment import device_name, to_record, versions
 from kit.report.results import write_results
@@ -108,7 +109,8 @@ def _load_cases(opt, specs) -> dict:
         catalog=_parsed(f"--cases {opt('--cases')}", load_catalog, opt("--cases"),
                         fix="give module:attr of a kit.engine.catalog.Catalog that imports"),
         case_set=case_set,
-        ci_cases={spec: getattr(load_backend(spec), "ci_cases", None) if auto_smoke else None for spec in specs},
+        ci_cases={spec: _parsed(f"--backend {spec}", lambda: Capabilities.of(load_backend(spec)).ci_cases)
+                  if auto_smoke else None for spec in specs},
     )
 
 

@@ -1,0 +1,118 @@
+"""What a backend class declares of itself, read once when it is loaded and checked
+(`Capabilities.of`): the modes and attention kinds forward() implements, its graph hooks, how it takes a padded
+EXTEND batch, and the smoke cases a plain CPU run gives it. The harness asks this record,
+never the class."""
+from __future__ import annotations
+
+import dataclasses
+import enum
+from typing import Dict, FrozenSet, Optional, Tuple
+
+from kit.engine.case import Case
+from kit.engine.modes import rules_for
+from kit.modes import ForwardMode
+
+
+class GraphHooks(enum.Enum):
+    """The two styles of graph metadata hooks a backend may implement (one or the other):
+    SGLang 0.5.23's two-phase pair (host prep before capture / replay, recordable device work
+    inside the graph), and the older capture / replay pair."""
+
+    TWO_PHASE = "two-phase"
+    CAPTURE_REPLAY = "capture/replay"
+
+
+HOOKS = {
+    GraphHooks.TWO_PHASE: ("init_cuda_graph_state", "init_forward_metadata_out_graph"),
+    GraphHooks.CAPTURE_REPLAY: ("init_cuda_graph_state", "init_forward_metadata_capture_cuda_graph",
+                                "init_forward_metadata_replay_cuda_graph"),
+}
+NO_CAPTURE_HOOKS = "no capture hooks"
+DENSE_ONLY = ("dense",)  # the attention kinds of a backend that names none
+
+
+class BadDeclaration(TypeError):
+    """A backend's declaration (`modes`, `extend_capture`, ...) is not of the form the protocol says."""
+
+
+@dataclasses.dataclass(frozen=True)
+class Capabilities:
+    # The mode values forward() implements (a mode the protocol adds later may be named by value);
+    # None: the modes whose rules say they are assumed supported (the four the protocol started with).
+    modes: Optional[FrozenSet[str]]
+    attention_kinds: FrozenSet[str]  # Case.kind values forward() implements ("dense", "mla")
+    graph_hooks: Optional[GraphHooks]  # None: no graph runs ("no capture hooks")
+    in_graph: bool  # two-phase: init_forward_metadata_in_graph, recorded in the graph
+    extend_capture: bool  # EXTEND's forward() may be captured once per token bucket
+    real_rows_only: bool  # forward() sees only the real tokens of a padded EXTEND batch
+    ci_cases: Optional[Dict[str, Tuple[str, ...]]]  # {mode value: case names} of `--case-set auto` on CPU
+
+    @classmethod
+    def of(cls, backend_cls) -> "Capabilities":
+        """The declarations of `backend_cls` (kit.harness.protocol.AttentionBackend documents
+        them), or BadDeclaration naming the one that is malformed."""
+        name = getattr(backend_cls, "__name__", repr(backend_cls))
+        flags = {}
+        for flag in ("extend_capture", "real_rows_only"):
+            value = getattr(backend_cls, flag, False)
+            if not isinstance(value, bool):
+                raise BadDeclaration(f"{name}.{flag} must be True or False, not {value!r}")
+            flags[flag] = value
+        return cls(modes=_modes(name, getattr(backend_cls, "modes", None)),
+                   attention_kinds=_kinds(name, getattr(backend_cls, "attention_kinds", DENSE_ONLY)),
+                   graph_hooks=_graph_hooks(backend_cls),
+                   in_graph=callable(getattr(backend_cls, "init_forward_metadata_in_graph", None)),
+                   ci_cases=_ci_cases(name, getattr(backend_cls, "ci_cases", None)), **flags)
+
+    def mode_reason(self, mode: ForwardMode) -> Optional[str]:
+        """Why the backend does not run `mode` (its `modes` leave it out), or None."""
+        runs = rules_for(mode).assumed_supported if self.modes is None else mode.value in self.modes
+        return None if runs else f"the backend does not implement mode {mode.value} (its `modes` leave it out)"
+
+    def kind_reason(self, case: Case) -> Optional[str]:
+        """Why the backend does not run the case's attention kind (its `attention_kinds` leave it out), or None."""
+        if case.kind in self.attention_kinds:
+            return None
+        what = {"mla": "MLA (latent attention)"}.get(case.kind, case.kind)
+        return f"{what}: the backend does not implement it (its `attention_kinds` leave out {case.kind!r})"
+
+    @property
+    def has_graph_hooks(self) -> bool:
+        return self.graph_hooks is not None
+
+
+def _modes(name: str, declared) -> Optional[FrozenSet[str]]:
+    if declared is None:
+        return None
+    if isinstance(declared, (str, ForwardMode)) or not isinstance(declared, (tuple, list, set, frozenset)):
+        raise BadDeclaration(f"{name}.modes must be a tuple of ForwardMode members (or their values), "
+                             f"not {declared!r}")
+    values = [m.value if isinstance(m, ForwardMode) else m for m in declared]
+    if not all(isinstance(v, str) for v in values):
+        raise BadDeclaration(f"{name}.modes must hold ForwardMode members or their values, not {declared!r}")
+    return frozenset(values)
+
+
+def _kinds(name: str, declared) -> FrozenSet[str]:
+    if isinstance(declared, str) or not isinstance(declared, (tuple, list, set, frozenset)) or not all(
+            isinstance(k, str) for k in declared):
+        raise BadDeclaration(f"{name}.attention_kinds must be a tuple of kinds (e.g. (\"dense\", \"mla\")), "
+                             f"not {declared!r}")
+    return frozenset(declared)
+
+
+def _graph_hooks(backend_cls) -> Optional[GraphHooks]:
+    """The first style whose hooks the class implements whole."""
+    for style, hooks in HOOKS.items():
+        if all(callable(getattr(backend_cls, h, None)) for h in hooks):
+            return style
+    return None
+
+
+def _ci_cases(name: str, declared) -> Optional[Dict[str, Tuple[str, ...]]]:
+    if declared is None:
+        return None
+    if not isinstance(declared, dict) or not all(
+            isinstance(k, str) and isinstance(v, (tuple, list)) for k, v in declared.items()):
+        raise BadDeclaration(f"{name}.ci_cases must map mode values to tuples of case names, not {declared!r}")
+    return {mode: tuple(names) for mode, names in declared.items()}

@@ -1,0 +1,50 @@
+"""A backend's declarations are read once into a checked Capabilities record: a malformed one is
+the backend's crash when it loads, named, never a silent default."""
+import pytest
+
+from backends.torch_native import TorchNativeBackend
+from kit.harness.capabilities import BadDeclaration, Capabilities, GraphHooks
+from kit.harness.runner import run_case
+from kit.modes import Exec, ForwardMode
+from kit.report.record import CRASH, FAIL
+from tests.helpers import small_case
+
+
+class _CaptureSaysYes(TorchNativeBackend):
+    extend_capture = "yes"
+
+
+class _ModesOneString(TorchNativeBackend):
+    modes = "decode"
+
+
+class _CiCasesAList(TorchNativeBackend):
+    ci_cases = ["mqa_p1_shuf"]
+
+
+@pytest.mark.parametrize("cls, named", [(_CaptureSaysYes, "extend_capture"), (_ModesOneString, "modes"),
+                                        (_CiCasesAList, "ci_cases")])
+def test_a_malformed_declaration_is_a_crash_when_the_backend_loads(cls, named):
+    with pytest.raises(BadDeclaration, match=f"{cls.__name__}.{named} must"):
+        Capabilities.of(cls)
+    r = run_case(f"tests.test_kit_capabilities:{cls.__name__}", small_case("tiny", ForwardMode.DECODE, prefix=(3, 5)), Exec.EAGER)
+    assert (r.outcome, r.failure_class) == (FAIL, CRASH), r
+    assert r.message.startswith(f"loading backend: BadDeclaration: {cls.__name__}.{named} must"), r.message
+
+
+def test_declarations_as_read():
+    caps = Capabilities.of(TorchNativeBackend)
+    assert caps.graph_hooks is None and not caps.has_graph_hooks and caps.modes is None
+    assert caps.mode_reason(ForwardMode.DECODE) is None
+
+    class Two(TorchNativeBackend):
+        modes = (ForwardMode.DECODE, "some_future_mode")
+        real_rows_only = True
+
+        def init_cuda_graph_state(self, max_bs, max_num_tokens): ...
+
+        def init_forward_metadata_out_graph(self, batch, in_capture=False): ...
+    caps = Capabilities.of(Two)
+    assert caps.modes == {"decode", "some_future_mode"} and caps.real_rows_only and not caps.in_graph
+    assert caps.graph_hooks is GraphHooks.TWO_PHASE
+    assert "does not implement mode extend" in caps.mode_reason(ForwardMode.EXTEND)
