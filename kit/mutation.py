@@ -68,11 +68,12 @@ class Score:
 
 def _runs(mutant: Mutant, case_set: str, cases: Optional[str], stop_when_caught: bool = False):
     """The mutant's runs in catalog order; to stop at the first catch, those of the cases it
-    reaches first (the others follow, in case a run catches it where none was expected)."""
+    reaches first (the others follow, in case a run catches it where none was expected), the
+    smallest first."""
     catalog = load_catalog(cases)
     runs = [(case, ex) for mode in mutant.modes for case in catalog.cases(case_set, mode) for ex in mutant.execs]
-    if stop_when_caught and mutant.reaches is not None:
-        runs.sort(key=lambda run: not mutant.reaches(run[0]))  # stable: catalog order within each part
+    if stop_when_caught:
+        runs.sort(key=lambda run: (mutant.reaches is not None and not mutant.reaches(run[0]), run[0].size))
     return runs
 
 

@@ -36,7 +36,7 @@ class Build:
 
 
 def _size(case: Case):
-    return sum(case.prefix) + sum(case.new_lens), case.bs, case.name
+    return case.size, case.bs, case.name
 
 
 def builds(backends: Sequence[str], modes: Sequence[ForwardMode], execs: Sequence[Exec], catalog,

@@ -323,7 +323,7 @@ def _cheapest_first(mode, applies=lambda case: True):
     """The base cases (contiguous layout: the others only move pages) of the full set, the
     smallest attention first: the depth tests stop once every bug class is caught often enough."""
     cases = [c for c in catalog.cases("full", mode) if c.layout == "contiguous" and applies(c)]
-    return sorted(cases, key=lambda c: ((sum(c.prefix) + sum(c.new_lens)) * c.num_q_heads * c.head_dim, c.name))
+    return sorted(cases, key=lambda c: (c.size, c.name))
 
 
 def catching_cases(mode) -> dict:

@@ -129,6 +129,12 @@ class Case:
         return self.heads[0]
 
     @property
+    def size(self) -> int:
+        """How much attention its batch computes (tokens x query heads x head_dim): to order cases
+        smallest first where any of them will do."""
+        return (sum(self.prefix) + sum(self.new_lens)) * self.num_q_heads * self.head_dim
+
+    @property
     def num_kv_heads(self) -> int:
         return self.heads[1]
 
