@@ -129,8 +129,8 @@ TRITON_MLA = dict(heads=(32, 1), head_dim=32, kv_lora_rank=16, rope_dim=16, scal
 @pytest.mark.parametrize("mode, new, extra, exec_", [
     (ForwardMode.DECODE, 1, {}, Exec.GRAPH),  # split-K and its merge; two head blocks; bucket replays
     (ForwardMode.TARGET_VERIFY, 4, dict(topk=2), Exec.EAGER),  # extend kernel, custom (tree) mask
-    (ForwardMode.EXTEND, (3, 17), {}, Exec.GRAPH),  # causal extend, token buckets, padded tokens
-], ids=["decode_graph", "tree_verify_eager", "extend_graph"])
+    (ForwardMode.EXTEND, (3, 6), {}, Exec.EAGER),  # causal extend (its graphs: the CPU matrix's MLA extend case)
+], ids=["decode_graph", "tree_verify_eager", "extend_eager"])
 def test_triton_mla_kernels(mode, new, extra, exec_):
     """Our Triton MLA kernels pass the kit's checks in the interpreter, in graphs too."""
     case = Case("mla_triton", mode, prefix=(40, 3), new=new, page=16, **TRITON_MLA, **extra)
