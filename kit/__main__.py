@@ -21,7 +21,7 @@ from kit.report import known_failures
 from kit.report.known_failures import KnownFailuresError
 from kit.report.record import ERROR, FAIL, PASS, repro_command
 from kit.harness.environment import device_name
-from kit.harness.registry import UnknownBackend, backend_label, known_backends, load_backend
+from kit.harness.registry import UnknownBackend, backend_label, kernels_of, known_backends, load_backend
 from kit.harness.runner import run_case
 from kit.harness.timeout import DEFAULT_S
 
@@ -189,7 +189,7 @@ def _warmup(args, catalog, case_set: str) -> int:
         return fail(PROG, f"{exc}")
     if args.jobs is not None and args.jobs < 1:
         return fail(PROG, f"--jobs {args.jobs}: give 1 or more")
-    todo = warmup.builds(backends, modes, execs, catalog, case_set)
+    todo = warmup.builds(backends, modes, execs, catalog, case_set, kernels_of)
     lost = warmup.warmup(todo, args.jobs or warmup.default_jobs(), args.cases, args.timeout)
     return FAILED if lost else 0
 

@@ -3,7 +3,8 @@
 A backend's first run of a kernel variant builds it (FlashInfer's JIT, Triton's compile: minutes
 for FlashInfer on a fresh machine), and in a matrix session those builds land in the workers'
 first runs, against their time limits. Warmup runs each distinct
-(backend, mode, kernel variant) of the selection once, on its smallest case, each in a process of
+(backend, mode, kernel variant) of the selection once (a backend derived from a registered one,
+as a mutant is, counts as that one: it builds the same kernels), on its smallest case, each in a process of
 its own (`python -m kit run`: a backend that takes its process down costs only that run), as
 many at once as there are cores (`--jobs`); the builds land in the libraries' own on-disk caches,
 which the matrix's workers then load. Progress is one plain line per finished build."""
@@ -16,7 +17,7 @@ import sys
 import tempfile
 import time
 from dataclasses import dataclass
-from typing import Dict, List, Optional, Sequence
+from typing import Callable, Dict, List, Optional, Sequence
 
 from kit.engine.case import Case
 from kit.modes import Exec, ForwardMode
@@ -40,12 +41,13 @@ def _size(case: Case):
 
 
 def builds(backends: Sequence[str], modes: Sequence[ForwardMode], execs: Sequence[Exec], catalog,
-           case_set: str) -> List[Build]:
-    """One build per backend, mode and kernel variant of the selection: its smallest case, eager
-    where the selection runs eager (graph runs load the same kernels)."""
+           case_set: str, kernels_of: Callable[[str], str] = lambda spec: spec) -> List[Build]:
+    """One build per backend whose kernels the selection runs (`kernels_of`), mode and kernel
+    variant: its smallest case, eager where the selection runs eager (graph runs load the same
+    kernels)."""
     exec_ = Exec.EAGER if Exec.EAGER in execs else execs[0]
     smallest: Dict[tuple, Case] = {}
-    for backend in backends:
+    for backend in dict.fromkeys(kernels_of(spec) for spec in backends):
         for mode in modes:
             for case in catalog.cases(case_set, mode):
                 key = (backend, mode, case.kernel_variant)

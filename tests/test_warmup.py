@@ -37,3 +37,14 @@ def test_warmup_builds_each_variant_once_in_parallel_with_progress(tmp_path):
     progress = [line for line in proc.stdout.splitlines() if line.startswith("[")]
     assert [p.split("] ", 1)[1].split()[0] for p in progress] == [f"{i}/{len(lines)}" for i in range(1, len(lines) + 1)]
     assert all(": pass, " in p for p in progress), proc.stdout
+
+
+def test_a_backend_derived_from_a_registered_one_builds_as_that_one():
+    """33 mutants of the Triton backend build Triton's kernels once, not 33 times."""
+    from kit.harness.registry import kernels_of
+    mutants = ["tests.mutants.triton:BsFromBufferLength", "tests.mutants.triton:WindowOneShort"]
+    assert {kernels_of(spec) for spec in mutants + ["triton"]} == {"triton"}
+    assert kernels_of("tests.toys.building:RecordingBackend") == "tests.toys.building:RecordingBackend"
+    assert kernels_of("os:path") == "os:path"  # no backend class: its own (the run says what is wrong)
+    one = builds(["triton"], list(MODES), list(EXECS), tiny.CATALOG, "smoke", kernels_of)
+    assert builds(mutants + ["triton"], list(MODES), list(EXECS), tiny.CATALOG, "smoke", kernels_of) == one

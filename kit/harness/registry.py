@@ -47,3 +47,16 @@ def backend_label(spec: str) -> str:
         return spec
     cls = load_backend(spec)
     return getattr(cls, "name", None) or spec.rsplit(":", 1)[1].split(".")[-1]
+
+
+def kernels_of(spec: str) -> str:
+    """The registered backend whose kernels `spec` runs: itself if registered, else the nearest
+    registered class its class derives from (a mutant or variant made by overriding methods
+    builds nothing of its own), else `spec`."""
+    eps = _entry_points()
+    if spec in eps:
+        return spec
+    mro = getattr(load_backend(spec), "__mro__", ())
+    registered = {load_backend(name): name for name in eps}
+    return next((registered[cls] for cls in mro if cls in registered), spec)
+
