@@ -19,6 +19,7 @@ SMOKE = [
       layout="shuffled_pages"),
     C("mha_bs1_long_cap_p1", prefix=(1100,), heads=MHA, cap=5.0, scale=0.25, dtype="fp32", head_dim=64),
     C("gqa_hybrid_p16_fp32", prefix=(9, 30, 17), page=16, dtype="fp32", head_dim=64, hybrid=True),
+    C("gqa_fused_p16_fp16", prefix=(5, 17), page=16, dtype="fp16", head_dim=64, inputs="fused_qkv"),
     C("mla_r32_h16_ragged_p16_fp32", prefix=(0, 15, 40, 17), page=16, dtype="fp32", **SMALL_MLA),
     C("mla_deepseek_h128_bs1_p64_fp16", prefix=(70,), page=64, dtype="fp16", **deepseek(128)),
 ]
@@ -39,6 +40,14 @@ FULL = in_every_layout([
     C("mha_window_long_p1", prefix=(1100, 600), heads=MHA, window=128),
     C("gqa_window_cap_p64_fp16", prefix=(70, 200, 5, 129), page=64, window=64, cap=5.0, scale=0.25, dtype="fp16"),
     C("gqa_hybrid_window_p16", prefix=(100, 40, 31, 300), page=16, window=32, hybrid=True),
+])
+
+# q, k and v as a model's fused QKV projection hands them (views of one row per token): a
+# backend reading them with a dense stride reads other heads' and other tokens' values.
+FULL += in_every_layout([
+    C("gqa_fused_ragged_p16", prefix=(0, 15, 16, 17, 33, 64, 100, 257), page=16, inputs="fused_qkv"),
+    C("mha_fused_p1_fp16", prefix=(300, 30), heads=MHA, dtype="fp16", inputs="fused_qkv"),
+    C("mqa_fused_d64_p64", prefix=(63, 64, 65, 200), heads=MQA, head_dim=64, page=64, inputs="fused_qkv"),
 ])
 
 # MLA at DeepSeek-V3's shapes (rank 512 + rope 64; 128 heads on one GPU, 16 per rank on 8).

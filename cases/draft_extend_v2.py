@@ -21,6 +21,7 @@ SMOKE = [
       head_dim=64, layout="shuffled_pages"),
     C("mha_bs1_long_cap_p1", prefix=(1100,), new=3, heads=MHA, cap=5.0, scale=0.25, dtype="fp32", head_dim=64),
     C("gqa_hybrid_draft3_p16_fp32", prefix=(12, 30), new=3, page=16, dtype="fp32", head_dim=64, hybrid=True),
+    C("gqa_draft2_fused_p16_fp16", prefix=(5, 17), new=2, page=16, dtype="fp16", head_dim=64, inputs="fused_qkv"),
     C("mla_r32_h16_draft4_p16_fp32", prefix=(0, 17, 33), new=4, page=16, dtype="fp32", **SMALL_MLA),
     C("mla_deepseek_h128_bs1_draft3_p64_fp16", prefix=(5,), new=3, page=64, dtype="fp16", **deepseek(128)),
 ]
@@ -45,6 +46,14 @@ FULL = in_every_layout([
     C("gqa_window_cap_p64_fp16", prefix=(63, 64, 130, 7), new=5, page=64, window=4, cap=5.0, scale=0.25,
       dtype="fp16"),
     C("gqa_hybrid_window_p16", prefix=(100, 40, 31), new=4, page=16, window=8, hybrid=True),
+])
+
+# q, k and v as a model's fused QKV projection hands them (views of one row per token): a
+# backend reading them with a dense stride reads other heads' and other tokens' values.
+FULL += in_every_layout([
+    C("gqa_draft4_fused_p16", prefix=(0, 17, 33, 64), new=4, page=16, inputs="fused_qkv"),
+    C("mha_draft3_fused_p1_fp16", prefix=(300, 30), new=3, heads=MHA, dtype="fp16", inputs="fused_qkv"),
+    C("mqa_draft5_fused_d64_p64", prefix=(63, 64, 200), new=5, heads=MQA, head_dim=64, page=64, inputs="fused_qkv"),
 ])
 
 # MLA at DeepSeek-V3's shapes (rank 512 + rope 64; 128 heads on one GPU, 16 per rank on 8).

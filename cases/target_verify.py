@@ -24,6 +24,7 @@ SMOKE = [
     C("gqa_tree8_window4_p16_inter", prefix=(20, 9, 33), new=8, topk=2, page=16, window=4, dtype="fp32",
       head_dim=64, layout="interleaved_pages"),
     C("gqa_hybrid_tree4_p16_fp32", prefix=(12, 30), new=4, topk=2, page=16, dtype="fp32", head_dim=64, hybrid=True),
+    C("gqa_chain2_fused_p16_fp16", prefix=(5, 17), new=2, page=16, dtype="fp16", head_dim=64, inputs="fused_qkv"),
     C("mla_r32_h16_chain4_p16_fp32", prefix=(17, 1, 33), new=4, page=16, dtype="fp32", **SMALL_MLA),
     C("mla_deepseek_h128_bs1_tree4_p64_fp16", prefix=(70,), new=4, topk=2, page=64, dtype="fp16", **deepseek(128)),
 ]
@@ -53,6 +54,14 @@ FULL = in_every_layout([
     C("mqa_tree6_cap_p64_fp16", prefix=(63, 64, 200, 7), new=6, topk=3, heads=MQA, page=64, cap=5.0, scale=0.25,
       dtype="fp16"),
     C("gqa_hybrid_window_chain4_p16", prefix=(100, 40, 31), new=4, page=16, window=16, hybrid=True),
+])
+
+# q, k and v as a model's fused QKV projection hands them (views of one row per token): a
+# backend reading them with a dense stride reads other heads' and other tokens' values.
+FULL += in_every_layout([
+    C("gqa_chain4_fused_p16", prefix=(17, 64, 1, 33), new=4, page=16, inputs="fused_qkv"),
+    C("mha_tree6_fused_p1_fp16", prefix=(300, 30), new=6, topk=2, heads=MHA, dtype="fp16", inputs="fused_qkv"),
+    C("mqa_chain3_fused_d64_p64", prefix=(63, 64, 200), new=3, heads=MQA, head_dim=64, page=64, inputs="fused_qkv"),
 ])
 
 # MLA at DeepSeek-V3's shapes (rank 512 + rope 64; 128 heads on one GPU, 16 per rank on 8):

@@ -83,7 +83,8 @@ def _list_cases(catalog, case_set: str) -> None:
         for case in catalog.cases(case_set, mode):
             print(f"{mode.value:16} {case.name:36} bs={case.bs:<3} page={case.page:<3} {case.dtype} "
                   f"heads={case.heads} d={case.head_dim} layout={case.layout}"
-                  + (f" mla={case.kv_lora_rank}+{case.rope_dim}" if case.is_mla else ""))
+                  + (f" mla={case.kv_lora_rank}+{case.rope_dim}" if case.is_mla else "")
+                  + (f" inputs={case.inputs}" if case.inputs != "contiguous" else ""))
 
 
 def availability(spec: str, catalog, case_set: str) -> str:

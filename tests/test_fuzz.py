@@ -10,7 +10,7 @@ from hypothesis import HealthCheck, given, seed, settings
 
 from cases import CATALOG
 from kit.__main__ import main as kit_main
-from kit.engine.case import DTYPES, LAYOUTS, Case
+from kit.engine.case import DTYPES, INPUT_FORMS, LAYOUTS, Case
 from kit.engine.case_line import format_case, parse_case
 from kit.engine.catalog import CASE_SETS
 from kit.fuzz.strategies import SIZES, any_case, around
@@ -41,7 +41,7 @@ def _draw(n: int, at: int = 0):
 def test_drawn_cases_are_valid_and_cover_every_feature():
     """Every drawn case is a Case (validated on construction) and reads back from its line; together they
     reach every mode, layout, dtype, page size, the graph buckets' batch sizes, page-boundary lengths and
-    windows, caps, scales, trees, hybrid layers, MLA and EXTEND token counts at the token buckets."""
+    windows, caps, scales, trees, hybrid layers, MLA, fused QKV inputs and EXTEND token counts at the token buckets."""
     drawn = _draw(300)
     assert all(isinstance(c, Case) and parse_case(format_case(c)) == c for c in drawn)
     seen = lambda f: {f(c) for c in drawn}  # noqa: E731
@@ -58,6 +58,7 @@ def test_drawn_cases_are_valid_and_cover_every_feature():
     assert any(c.cap > 0 for c in drawn) and any(c.scale is not None for c in drawn) and any(c.hybrid for c in drawn)
     assert any(c.topk > 1 for c in drawn) and any(c.topk == 1 for c in drawn if c.mode is ForwardMode.TARGET_VERIFY)
     assert any(c.is_mla for c in drawn) and any(not c.is_mla for c in drawn)
+    assert seen(lambda c: c.inputs) == set(INPUT_FORMS)
     extend_totals = {sum(c.new_lens) for c in drawn if c.mode is ForwardMode.EXTEND}
     assert extend_totals & set(around(TOKEN_BUCKETS, 1, SMALL.max_tokens))
 

@@ -249,12 +249,16 @@ def test_kv_and_q_not_constant(case):
 
 def test_a_backend_writing_its_inputs_changes_no_other_run():
     """A batch's inputs and references are built once per process and shared by every run of it
-    (kit.engine.fixture); each run's forward() gets copies, so a backend that writes its arguments is
-    judged on what it was given, and the next run of the batch gets the batch as built."""
+    (kit.engine.fixture); each run's forward() gets copies, so a backend that writes its arguments
+    fails on what it wrote (and only that: its output and KV writes are judged on what it was
+    given), and the next run of the batch gets the batch as built."""
     case = CATALOG.cases("smoke", ForwardMode.DECODE)[0]
     first = run_case("tests.toys.scribbling:ScribblingBackend", case, Exec.EAGER)
     after = run_case("torch_native", case, Exec.EAGER)
-    assert (first.outcome, after.outcome) == (PASS, PASS), (first.message, after.message)
+    assert (first.outcome, first.failure_class) == ("fail", "kernel"), first.message
+    assert "output ok" in first.message and "kv pool ok" in first.message, first.message
+    assert "q passed to forward was changed in place" in first.message, first.message
+    assert after.outcome == PASS, after.message
 
 
 def test_to_device_keeps_values_and_does_not_wait_for_the_gpu():

@@ -21,8 +21,9 @@ from kit.engine.modes import rules_for
 from kit.engine.modes.rules import causal
 from kit.report.record import parse_run_id, run_id
 from kit.engine.reference import attention
-from kit.harness.checks import check_kv, check_output
+from kit.harness.checks import check_inputs, check_kv, check_output, handed_inputs, inputs_figures, read_back
 from tests.helpers import run_setup
+from tests.mutants.triton import read_dense
 
 REPO = Path(__file__).resolve().parent.parent
 DECODE, EXTEND = ForwardMode.DECODE, ForwardMode.EXTEND
@@ -111,6 +112,7 @@ FEATURES = {
     "hybrid": lambda c: {"hybrid layers" if c.hybrid else "uniform layers"},
     "kv_lora_rank": lambda c: {"mla" if c.is_mla else "dense"},
     "rope_dim": lambda c: set(),  # MLA's widths: head_dim's feature (rank + rope) covers them
+    "inputs": lambda c: {f"inputs {c.inputs}"},
 }
 
 
@@ -174,6 +176,8 @@ def test_an_mla_line_is_valid():
     (dict(MLA_OK, hybrid=True), "MLA cases take no window, cap or hybrid layers"),
     (dict(MLA_OK, kv_lora_rank=-1), "kv_lora_rank -1 and rope_dim 64 must be ints >= 0"),
     (dict(rope_dim=64), "rope_dim applies to MLA only"),
+    (dict(inputs="packed"), "inputs 'packed' not in ('contiguous', 'fused_qkv')"),
+    (dict(MLA_OK, inputs="fused_qkv"), "MLA inputs are contiguous"),
 ], ids=lambda v: v if isinstance(v, str) else None)
 def test_case_rejects_bad_lines(bad, message):
     """A malformed case line fails where it is declared (file:line), saying what is wrong,
@@ -292,6 +296,11 @@ def _is_mla(c):
     return c.is_mla
 
 
+def _read_dense(x, layer):
+    """q read with the dense strides of its shape from the fused QKV row it was handed in."""
+    return dict(q=read_dense(x.handed("fused_qkv")[0]))
+
+
 # mutant number, name -> (modes, applies to case, the bug planted in a fixture)
 BUG_CLASSES = {
     (7, "window one short"): (MODES, lambda c: c.window > 0, _case_bug(lambda c: dict(window=c.window - 1))),
@@ -309,6 +318,7 @@ BUG_CLASSES = {
     (40, "MLA rope part dropped from the score"): (MODES, _is_mla, _input_bug(_rope_dropped)),
     (41, "MLA values from the rope tail"): (MODES, _is_mla, _input_bug(_values_from_rope_tail)),
     (42, "MLA scale from head_dim 576"): (MODES, _is_mla, _case_bug(lambda c: dict(scale=c.head_dim ** -0.5))),
+    (50, "q/k/v read with dense strides"): (MODES, lambda c: c.inputs == "fused_qkv", _input_bug(_read_dense)),
 }
 
 
@@ -381,3 +391,20 @@ def test_every_mla_kv_bug_class_is_caught_by_three_full_cases(mode):
                 caught[key].append(case.name)
     short = {f"{n} {bug}": cases for (n, bug), cases in caught.items() if len(cases) < MIN_CATCHING}
     assert not short, f"MLA KV bug classes caught by fewer than {MIN_CATCHING} full cases: {short}"
+
+
+@pytest.mark.parametrize("mode", MODES, ids=lambda m: m.value)
+def test_an_input_written_in_place_is_caught_by_three_full_cases(mode):
+    """Mutant 51's class (q scaled in place by the softmax scale), planted in the copies each
+    full case hands forward(): the inputs check must fail in MIN_CATCHING full cases."""
+    caught = []
+    for case in catalog.cases("full", mode):
+        if case.layout != "contiguous":
+            continue
+        fx = _case_batch(case)
+        given = [x.handed(case.inputs) for x in fx.inputs]
+        for (q, _, _), layer in zip(given, fx.layers):
+            q.mul_(layer.scaling)
+        if not check_inputs(read_back([inputs_figures(handed_inputs(fx, given))])).ok:
+            caught.append(case.name)
+    assert len(caught) >= MIN_CATCHING, f"an input written in place is caught by {caught} only"

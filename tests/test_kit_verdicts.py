@@ -467,7 +467,7 @@ def test_a_step_is_read_back_from_the_device_once(monkeypatch):
     reads = []
     real = torch.Tensor.tolist
     monkeypatch.setattr(torch.Tensor, "tolist", lambda t: reads.append(t.shape) or real(t))
-    verdict = eager_verdict(fx, outs, before, canary_figures(guard))
+    verdict = eager_verdict(fx, outs, before, canary_figures(guard), [x.handed(fx.case.inputs) for x in fx.inputs])
     assert verdict.ok, verdict.text
     assert len(fx.layers) > 1 and len(reads) == 1, reads
 

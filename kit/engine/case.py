@@ -15,6 +15,9 @@ if TYPE_CHECKING:
 
 DTYPES = {"bf16": "bfloat16", "fp16": "float16", "fp32": "float32"}  # torch's dtypes, by name
 LAYOUTS = ("contiguous", "shuffled_pages", "interleaved_pages", "non_monotonic_extend")
+# How forward() is handed q, k and v: views of one fused QKV projection row per token, as
+# models pass them (head stride D, token stride the row's width), or tensors of their own.
+INPUT_FORMS = ("contiguous", "fused_qkv")
 
 # (num_q_heads, num_kv_heads) presets
 MHA = (8, 8)
@@ -61,6 +64,7 @@ class Case:
     # V is its first kv_lora_rank columns, and so is each head's output.
     kv_lora_rank: int = 0
     rope_dim: int = 0
+    inputs: str = "contiguous"  # INPUT_FORMS (kit.engine.fixture.LayerInputs.handed)
 
     def __post_init__(self):
         problem = self._problem()
@@ -77,6 +81,8 @@ class Case:
             return f"dtype {self.dtype!r} not in {list(DTYPES)}"
         if self.layout not in LAYOUTS:
             return f"layout {self.layout!r} not in {LAYOUTS}"
+        if self.inputs not in INPUT_FORMS:
+            return f"inputs {self.inputs!r} not in {INPUT_FORMS}"
         if not _is_int(self.page) or self.page < 1:
             return f"page {self.page!r} must be an int >= 1"
         if not isinstance(self.prefix, (tuple, list)) or not self.prefix or not all(
@@ -114,6 +120,9 @@ class Case:
                     "DEEPSEEK_SCALE), never the latent's head_dim ** -0.5")
         if self.window >= 0 or self.cap > 0 or self.hybrid:
             return "MLA cases take no window, cap or hybrid layers"
+        if self.inputs != "contiguous":
+            return ("MLA inputs are contiguous: the absorbed q and the latent row are concatenated "
+                    "(torch.cat), not views of one projection")
         return None
 
     @property

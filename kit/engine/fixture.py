@@ -55,17 +55,42 @@ class LayerInputs:
     def _with_v(self, q: torch.Tensor, k: torch.Tensor, v: Optional[torch.Tensor]):
         return q, k, (k[..., :self.v_new.shape[-1]] if self.v_in_k else v)
 
-    def handed(self) -> Tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-        """Copies of (q, k, v) for forward(): the inputs are shared with other runs of the batch,
-        while a backend may write its arguments. V stays a view of K where it is one."""
-        return self._with_v(self.q.clone(), self.k_new.clone(), None if self.v_in_k else self.v_new.clone())
+    def named(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> List[Tuple[str, torch.Tensor]]:
+        """(name, tensor) of what holds each input (V left out where it is a view of K)."""
+        return [("q", q), ("k", k)] + ([] if self.v_in_k else [("v", v)])
 
-    def buffers(self, rows: int) -> Tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-        """Zeroed (q, k, v) of `rows` tokens shaped as these (a graph's static inputs), V a view
-        of K where it is one."""
-        def zeros(like):
-            return like.new_zeros((rows,) + tuple(like.shape[1:]))
-        return self._with_v(zeros(self.q), zeros(self.k_new), None if self.v_in_k else zeros(self.v_new))
+    def _storage(self, rows: int, form: str, new) -> Tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """(q, k, v) of `rows` tokens in `form` (kit.engine.case.INPUT_FORMS), from `new(like, shape)`:
+        tensors of their own, or views of one fused QKV row per token, as a model's QKV projection
+        hands them (head stride D, token stride the row's width)."""
+        if form == "contiguous":
+            def own(like):
+                return new(like, (rows,) + tuple(like.shape[1:]))
+            return self._with_v(own(self.q), own(self.k_new), None if self.v_in_k else own(self.v_new))
+        if form != "fused_qkv" or self.v_in_k:
+            raise ValueError(f"no {form!r} form for these inputs")
+        parts = (self.q, self.k_new, self.v_new)
+        widths = [x.shape[1] * x.shape[2] for x in parts]
+        row = new(self.q, (rows, sum(widths)))
+        views, start = [], 0
+        for x, width in zip(parts, widths):
+            views.append(row[:, start:start + width].unflatten(1, tuple(x.shape[1:])))
+            start += width
+        return tuple(views)
+
+    def handed(self, form: str = "contiguous") -> Tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """Copies of (q, k, v) for forward(), in `form`: the inputs are shared with other runs of
+        the batch, and each run judges whether forward() left its copies as they were. V stays a
+        view of K where it is one."""
+        copies = self._storage(self.q.shape[0], form, lambda like, shape: like.new_empty(shape))
+        for (_, copy), (_, x) in zip(self.named(*copies), self.named(self.q, self.k_new, self.v_new)):
+            copy.copy_(x)
+        return copies
+
+    def buffers(self, rows: int, form: str = "contiguous") -> Tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """Zeroed (q, k, v) of `rows` tokens shaped as these, in `form` (a graph's static inputs),
+        V a view of K where it is one."""
+        return self._storage(rows, form, lambda like, shape: like.new_zeros(shape))
 
 
 @dataclasses.dataclass

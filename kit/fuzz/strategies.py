@@ -16,7 +16,7 @@ from typing import Callable, Dict, Tuple
 
 from hypothesis import strategies as st
 
-from kit.engine.case import _LAYOUT_SUFFIX, LAYOUTS, Case
+from kit.engine.case import _LAYOUT_SUFFIX, INPUT_FORMS, LAYOUTS, Case
 from kit.harness.schedule import BS_BUCKETS, TOKEN_BUCKETS
 from kit.modes import ForwardMode
 
@@ -123,7 +123,7 @@ def _mla(draw, d: Drawing) -> Dict:
     rank, rope = draw(st.sampled_from(d.size.mla))
     scale = d.fields["scale"] if d.fields["scale"] is not None else draw(st.sampled_from(SCALES))
     return dict(kv_lora_rank=rank, rope_dim=rope, heads=(d.fields["heads"][0], 1), head_dim=rank + rope,
-                scale=scale, window=-1, cap=0.0, hybrid=False)
+                scale=scale, window=-1, cap=0.0, hybrid=False, inputs="contiguous")
 
 
 FEATURES: Tuple[Tuple[str, Feature], ...] = (
@@ -138,14 +138,15 @@ FEATURES: Tuple[Tuple[str, Feature], ...] = (
     ("scale", lambda draw, d: dict(scale=draw(st.one_of(st.just(None), st.sampled_from(SCALES))))),
     ("hybrid", lambda draw, d: dict(hybrid=draw(st.booleans()))),
     ("seed", lambda draw, d: dict(seed=draw(st.integers(0, SEEDS - 1)))),
+    ("inputs", lambda draw, d: dict(inputs=draw(st.sampled_from(INPUT_FORMS)))),  # views of a fused QKV row
     ("mla", _mla),
 )
 
 
 def case_name(fields: Dict, mode: ForwardMode) -> str:
-    """A name in the catalog's style (heads kind, batch size, drafts, window, cap, hybrid, page,
-    dtype, layout), so KNOWN_FAILURES.md's case patterns (`*window*`) match it, made unique by a
-    checksum of the fields."""
+    """A name in the catalog's style (heads kind, batch size, drafts, window, cap, scale, hybrid,
+    fused inputs, page, dtype, layout), so KNOWN_FAILURES.md's case patterns (`*window*`) match it,
+    made unique by a checksum of the fields."""
     q, kv = fields["heads"]
     kind = "mla" if fields.get("kv_lora_rank") else "mha" if q == kv else "mqa" if kv == 1 else "gqa"
     parts = [kind, f"bs{len(fields['prefix'])}"]
@@ -153,7 +154,8 @@ def case_name(fields: Dict, mode: ForwardMode) -> str:
         parts.append(("tree" if fields.get("topk", 1) > 1 else "chain" if mode is ForwardMode.TARGET_VERIFY
                       else "draft") + str(fields["new"]))
     parts += [flag for flag, on in (("window", fields["window"] >= 0), ("cap", fields["cap"] > 0),
-                                    ("scale", fields["scale"] is not None), ("hybrid", fields["hybrid"])) if on]
+                                    ("scale", fields["scale"] is not None), ("hybrid", fields["hybrid"]),
+                                    ("fused", fields.get("inputs") == "fused_qkv")) if on]
     parts += [f"p{fields['page']}", fields["dtype"]]
     checksum = zlib.crc32(repr(sorted(fields.items())).encode()) & 0xFFFFFF
     return "_".join(parts) + _LAYOUT_SUFFIX[fields["layout"]] + f"_fz{checksum:06x}"

@@ -333,3 +333,76 @@ def kv_figures(pool, before_k: torch.Tensor, before_v: torch.Tensor, loc: torch.
         return KVCheck(num_missing == 0 and num_collateral == 0, missing[:8], collateral[:8], num_missing,
                        num_collateral)
     return Pending(torch.cat([lost.sum(dim=1), changed.sum(dim=1)]), finish)
+
+
+@dataclasses.dataclass
+class Handed:
+    """One input forward() was handed, after the call, and what it held when handed: the
+    kit's own copy (None: zeros, a graph's padded rows and capture buffers)."""
+
+    name: str  # "q", "k" or "v"
+    where: str  # e.g. "layer 1", "layer 0, padded rows", "layer 1, at the capture of bucket 4"
+    after: torch.Tensor
+    before: Optional[torch.Tensor] = None
+    first_row: int = 0  # the token row `after` starts at, in what forward() was handed
+
+
+@dataclasses.dataclass
+class InputsCheck(Check):
+    """forward() left q, k and v as it was handed them, bit for bit: the model reuses them (a
+    fused QKV row is the residual's neighbour; K/V feed other layers' caches, speculative drafts),
+    so a backend that scales or casts them in place corrupts what comes after it."""
+
+    quiet = True
+    changed: List[str]  # one line per input changed
+    SHOWN: ClassVar[int] = 3
+
+    def describe(self) -> str:
+        if self.ok:
+            return "inputs kept"
+        more = len(self.changed) - self.SHOWN
+        return "; ".join(self.changed[:self.SHOWN]) + (f"; and {more} more inputs changed" if more > 0 else "")
+
+
+def _bits(x: torch.Tensor) -> torch.Tensor:
+    """x's bits as integers of its width (any strides: a view, no copy)."""
+    return x.view({1: torch.uint8, 2: torch.int16, 4: torch.int32, 8: torch.int64}[x.element_size()])
+
+
+def inputs_figures(handed: Sequence[Handed]) -> Pending:
+    """How many values of each handed input differ from what it held (NaN-safe, -0.0 is not
+    0.0), per token row; finishes to the lines of those changed. The comparison runs now: a
+    graph's static inputs are refilled before the next replay."""
+    rows = []
+    for h in handed:
+        after = _bits(h.after)
+        diff = after != (_bits(h.before) if h.before is not None else 0)
+        rows.append(diff.flatten(1).sum(dim=1))
+    counts = torch.stack([r.sum() for r in rows]) if rows else torch.zeros(0)
+
+    def finish(values: List[float]) -> List[str]:
+        changed = []
+        for h, per_row, count in zip(handed, rows, values):
+            if count:
+                first = h.first_row + int(per_row.nonzero()[0, 0])
+                changed.append(f"{h.name} passed to forward was changed in place: {int(count)} of "
+                               f"{h.after.numel()} values differ, first in token row {first} ({h.where})")
+        return changed
+    return Pending(counts, finish)
+
+
+def handed_inputs(fx, given, where: str = "") -> List[Handed]:
+    """Each layer's (q, k, v) as handed (`given`, per layer of fx's model), against the kit's own
+    inputs they were copied from (kit.engine.fixture.LayerInputs); `given` may hold only the
+    first rows of each (a graph's real rows)."""
+    handed = []
+    for layer, x, qkv in zip(fx.layers, fx.inputs, given):
+        for (name, after), (_, before) in zip(x.named(*qkv), x.named(x.q, x.k_new, x.v_new)):
+            handed.append(Handed(name, f"layer {layer.layer_id}{where}", after, before))
+    return handed
+
+
+def check_inputs(changed: Sequence[List[str]]) -> InputsCheck:
+    """From what inputs_figures finished to (one list per comparison)."""
+    lines = [line for part in changed for line in part]
+    return InputsCheck(not lines, lines)

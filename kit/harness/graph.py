@@ -39,7 +39,7 @@ from kit.harness.capabilities import Capabilities, GraphHooks
 from kit.harness.protocol import seq_len_fill_value
 from kit.report.record import CUDA_GRAPH, EMULATED, PIECEWISE_EAGER
 from kit.harness.schedule import BS_BUCKETS, TOKEN_BUCKETS, bucket_for
-from kit.harness.checks import Pending
+from kit.harness.checks import Handed, Pending, handed_inputs, inputs_figures
 
 WARMUP_RUNS = 2
 
@@ -68,6 +68,7 @@ class Replayed:
     padded: List[torch.Tensor]  # per layer, the output of the padded rows
     replaced: List[str]  # backend attributes holding another tensor than at capture (emulated graphs)
     memory: Pending  # canaries of what the hooks and the captured forward allocated (kit.harness.guard)
+    inputs: List[Pending]  # the static inputs kept, at this replay and the captures since the last
 
 
 @dataclasses.dataclass
@@ -100,7 +101,10 @@ class _Harness:
         zeros = lambda *shape, dtype=kv.dtype: torch.zeros(shape, dtype=dtype, device=self.device)  # noqa: E731
         # per layer: the token inputs forward() is handed, shaped as the fixture's
         self.max_tokens = max_tokens
-        self.q, self.k, self.v = (list(t) for t in zip(*(x.buffers(max_tokens) for x in fixtures[0].inputs)))
+        self.inputs = fixtures[0].inputs
+        self.q, self.k, self.v = (list(t) for t in zip(*(x.buffers(max_tokens, self.case.inputs)
+                                                          for x in self.inputs)))
+        self.input_checks: List[Pending] = []  # of captures, judged with the next replay
         self.out_cache_loc = zeros(max_tokens, dtype=torch.int64)
         self.positions = zeros(max_tokens, dtype=torch.int64)
         self.req_pool_indices = zeros(self.max_bs, dtype=torch.int32)
@@ -122,7 +126,27 @@ class _Harness:
             self.backend.init_forward_metadata_in_graph(batch)
         return self._forward(batch, n)
 
-    def _capture(self, key: int, batch: ForwardBatch, n: int) -> None:
+    def _static(self, start: int, end: int) -> List[tuple]:
+        """Per layer, rows [start, end) of the static (q, k, v)."""
+        return [(q[start:end], k[start:end], v[start:end]) for q, k, v in zip(self.q, self.k, self.v)]
+
+    def _kept(self, fx: Optional[Fixture], n: int, padded: int, where: str = "") -> Pending:
+        """The static inputs after a step on `padded` rows, against what the kit loaded: the
+        real rows of `fx` (its own inputs, the first n rows), zeros past them."""
+        handed = handed_inputs(fx, self._static(0, n), where) if fx is not None else []
+        for layer, x, qkv in zip(self.layers, self.inputs, self._static(n, padded)):
+            rows = "padded rows" if fx is not None else "zeroed rows"
+            handed += [Handed(name, f"layer {layer.layer_id}, {rows}{where}", after, first_row=n)
+                       for name, after in x.named(*qkv)]
+        return inputs_figures(handed)
+
+    def _capture(self, key: int, batch: ForwardBatch, n: int, fx: Optional[Fixture] = None, real_rows: int = 0) -> None:
+        """Captures graph `key` on n rows of the static inputs, which hold `fx`'s first real_rows
+        (else zeros)."""
+        self._capture_step(key, batch, n)
+        self.input_checks.append(self._kept(fx, real_rows, n, f", at the capture of {self._graph_name(key)}"))
+
+    def _capture_step(self, key: int, batch: ForwardBatch, n: int) -> None:
         if not self.real:
             self._step(batch, n)  # capture-time output is discarded
             self.captured[key] = _Captured(batch, bindings=Bindings.of(self.backend),
@@ -178,6 +202,17 @@ class _Harness:
         end = self.max_bs if full else bs
         return dict(req_pool_indices=self.req_pool_indices[:end], seq_lens=self.seq_lens[:end],
                     seq_lens_cpu=self.seq_lens_cpu[:end])
+
+    def _replayed(self, outs: List[torch.Tensor], fx: Fixture, padded: int, swapped: List[str],
+                  memory: Pending) -> Replayed:
+        """Real and padded rows of the outputs, per layer; the static inputs judged kept (and
+        those of the captures since the last replay)."""
+        n = fx.plan.num_tokens
+        inputs, self.input_checks = self.input_checks + [self._kept(fx, n, padded)], []
+        return Replayed([o[:n] for o in outs], [o[n:] for o in outs], swapped, memory, inputs)
+
+    def _graph_name(self, key: int) -> str:
+        raise NotImplementedError
 
     def capture(self) -> None:
         """Captures every graph that does not need a real batch, before any replay."""
@@ -261,7 +296,7 @@ class BatchGraphs(_Harness):
         self.seq_lens[bs:pbs].fill_(self.fill)
         self.seq_lens_cpu[:bs].copy_(b.seq_lens_cpu)
         self.seq_lens_cpu[bs:pbs].fill_(self.fill)
-        n = self._load_tokens(fx, pbs * self.tokens_per_req)
+        self._load_tokens(fx, pbs * self.tokens_per_req)
         real_mask = b.spec_info.custom_mask if b.spec_info is not None else None
         spec_info = self._spec_info(pbs, bs, real_mask)
         view = self._view(pbs, b.seq_lens_sum + self.fill * (pbs - bs), spec_info, full)
@@ -274,10 +309,13 @@ class BatchGraphs(_Harness):
                     pbs, view.req_pool_indices, view.seq_lens, view.seq_lens_sum, self.mode, spec_info,
                     view.seq_lens_cpu)
         outs, swapped, memory = self._run(pbs, pbs * self.tokens_per_req, guard)
-        return _split(outs, n, swapped, memory)
+        return self._replayed(outs, fx, pbs * self.tokens_per_req, swapped, memory)
 
     def _where(self, fx: Fixture) -> str:
         return f" in bucket {bucket_for(fx.batch.batch_size, BS_BUCKETS)}"
+
+    def _graph_name(self, key: int) -> str:
+        return f"bucket {key}"
 
 
 class ExtendGraphs(_Harness):
@@ -324,7 +362,7 @@ class ExtendGraphs(_Harness):
         if self.capturing and padded not in self.captured:
             batch = self._view(fx, padded, full=False)
             self._metadata(batch, in_capture=True)
-            self._capture(padded, batch, padded)
+            self._capture(padded, batch, padded, fx, fx.plan.num_tokens)
 
     def _replay(self, fx: Fixture, full: bool) -> Replayed:
         padded = bucket_for(fx.plan.num_tokens, TOKEN_BUCKETS)
@@ -340,7 +378,7 @@ class ExtendGraphs(_Harness):
             with guard.watching():
                 outs = self._step_piecewise(batch, n, padded)
             memory = canary_figures(guard)
-        return _split(outs, n, swapped, memory)
+        return self._replayed(outs, fx, padded, swapped, memory)
 
     def _step_piecewise(self, batch: ForwardBatch, n: int, padded: int) -> List[torch.Tensor]:
         """The padded call, eager; for a real-rows-only backend, what SGLang's layer does: the
@@ -354,10 +392,8 @@ class ExtendGraphs(_Harness):
     def _where(self, fx: Fixture) -> str:
         return f", {fx.plan.num_tokens} tokens"
 
-
-def _split(outs: List[torch.Tensor], n: int, swapped: List[str], memory: Pending) -> Replayed:
-    """Real and padded rows, per layer."""
-    return Replayed([o[:n] for o in outs], [o[n:] for o in outs], swapped, memory)
+    def _graph_name(self, key: int) -> str:
+        return f"token bucket {key}"
 
 
 HARNESSES = {GraphBuckets.BATCH_SIZE: BatchGraphs, GraphBuckets.TOKEN_COUNT: ExtendGraphs}

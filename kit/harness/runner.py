@@ -136,9 +136,9 @@ def _eager(backend, fx: Fixture) -> Verdict:
     """One step: the metadata once, then forward for every layer of the model on it."""
     fx.install()
     before = fx.pools.token_to_kv_pool.snapshot()
-    # Copies: the inputs are shared with other runs of the batch (kit.engine.fixture) and judged after,
-    # while a backend may write its arguments.
-    given = [x.handed() for x in fx.inputs]
+    # Copies in the case's input form: the inputs are shared with other runs of the batch
+    # (kit.engine.fixture) and judged after; the copies are judged unchanged.
+    given = [x.handed(fx.case.inputs) for x in fx.inputs]
     guard = Guard()
     outs = []
     with guard.watching():
@@ -148,7 +148,7 @@ def _eager(backend, fx: Fixture) -> Verdict:
                 outs.append(_unsynced(f"forward (layer {layer.layer_id})", backend.forward, q, k, v, layer, fx.batch))
     outs = _outputs(outs)
     return _judged_on_device(f"forward (layers 0-{len(fx.layers) - 1}, on the device)",
-                             lambda: eager_verdict(fx, outs, before, canary_figures(guard)))
+                             lambda: eager_verdict(fx, outs, before, canary_figures(guard), given))
 
 
 def run_case(backend_spec: str, case: Case, exec_: Exec, device: Optional[torch.device] = None,

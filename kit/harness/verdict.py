@@ -9,8 +9,9 @@ from typing import List, Optional, Sequence, Tuple
 import torch
 
 from kit.engine.fixture import Fixture
-from kit.harness.checks import (Check, FormCheck, KVCheck, OutputCheck, PaddingCheck, Pending, StateCheck,
-                                check_form, check_state, kv_figures, output_figures, padding_figures, read_back)
+from kit.harness.checks import (Check, FormCheck, InputsCheck, KVCheck, OutputCheck, PaddingCheck, Pending,
+                                StateCheck, check_form, check_inputs, check_state, handed_inputs, inputs_figures,
+                                kv_figures, output_figures, padding_figures, read_back)
 from kit.report.record import GRAPH, KERNEL, KV_WRITE
 
 # When several checks fail, the class that says where to look first: a wrong KV pool
@@ -24,6 +25,7 @@ class Verdict:
     kv: KVCheck  # the KV pool of every layer
     forms: List[FormCheck]  # each output's shape, dtype and device
     memory: Check  # writes past what the backend allocated (kit.harness.guard.GuardCheck)
+    inputs: Optional[InputsCheck] = None  # q, k and v as forward() was handed them
     state: Optional[StateCheck] = None  # a replay: the tensors the captured graph reads were kept
     padding: Optional[PaddingCheck] = None  # a replay: its padded rows
 
@@ -31,7 +33,7 @@ class Verdict:
     def checks(self) -> List[Check]:
         """Every check, in the order messages name them."""
         return [*self.outputs, self.kv, *self.forms, self.memory,
-                *(c for c in (self.state, self.padding) if c is not None)]
+                *(c for c in (self.inputs, self.state, self.padding) if c is not None)]
 
     @property
     def ok(self) -> bool:
@@ -60,11 +62,12 @@ class Verdict:
         return any(not c.ok and not c.replay_only for c in self.checks)
 
 
-def _judged(fx: Fixture, outs: Sequence[torch.Tensor], before, memory: Pending,
+def _judged(fx: Fixture, outs: Sequence[torch.Tensor], before, memory: Pending, inputs: Sequence[Pending],
             padding: Optional[Pending] = None) -> dict:
     """The checks of a step by name (Verdict's fields), read back from the device at once:
     each layer's output against its golden, the KV pool of every layer, each output's form,
-    `memory` and, for a replay, `padding`."""
+    `memory`, the inputs forward() was handed (`inputs`: kit.harness.checks.inputs_figures)
+    and, for a replay, `padding`."""
     refs = [fx.reference(layer.layer_id) for layer in fx.layers]
     labels = [f"layer {layer.layer_id} " for layer in fx.layers]
     writes = {layer.layer_id: (fx.inputs[layer.layer_id].k_new, fx.inputs[layer.layer_id].v_new)
@@ -75,22 +78,27 @@ def _judged(fx: Fixture, outs: Sequence[torch.Tensor], before, memory: Pending,
         memory=memory)
     if padding is not None:
         pending["padding"] = padding
-    judged = dict(zip(pending, read_back(list(pending.values()))))
+    done = read_back(list(pending.values()) + list(inputs))
+    judged = dict(zip(pending, done))
+    judged["inputs"] = check_inputs(done[len(pending):])
     judged["forms"] = [check_form(out, fx.inputs[layer.layer_id].q, label=label,
                                   v_head_dim=layer.v_head_dim)
                        for layer, out, label in zip(fx.layers, outs, labels)]
     return judged
 
 
-def eager_verdict(fx: Fixture, outs: Sequence[torch.Tensor], before, memory: Pending) -> Verdict:
+def eager_verdict(fx: Fixture, outs: Sequence[torch.Tensor], before, memory: Pending,
+                  given: Sequence[Tuple[torch.Tensor, torch.Tensor, torch.Tensor]]) -> Verdict:
     """`outs`: forward's output for each layer of the model, in layer order; `memory`: the
-    guard's canaries (kit.harness.guard.canary_figures)."""
-    return Verdict(**_judged(fx, outs, before, memory))
+    guard's canaries (kit.harness.guard.canary_figures); `given`: the (q, k, v) each layer's
+    forward was handed (copies of fx.inputs)."""
+    return Verdict(**_judged(fx, outs, before, memory, [inputs_figures(handed_inputs(fx, given))]))
+
 
 
 def replay_verdict(fx: Fixture, replayed, before) -> Verdict:
     """`replayed`: kit.harness.graph.Replayed."""
-    judged = _judged(fx, replayed.outs, before, replayed.memory,
+    judged = _judged(fx, replayed.outs, before, replayed.memory, replayed.inputs,
                      padding_figures(replayed.padded, fx.pools.token_to_kv_pool))
     return Verdict(**judged, state=check_state(replayed.replaced))
 

@@ -112,6 +112,11 @@ MUTANTS = [
            SG + "FlashInferMLADraftExtendCountsDraftsTwice", K + C, (DE,), EAGER, cpu=False),
     Mutant(46, "sglang_flashinfer_mla_verify_graph_without_drafts", SG + "FlashInferMLAVerifyGraphWithoutDrafts",
            G + C, (TV,), GRAPH, cpu=False),
+    # What a backend is handed (numbered from 50): q, k and v are views of a fused QKV row, and
+    # the caller's to keep.
+    Mutant(50, "strides_ignored", T + "StridesIgnored", K, ALL_MODES, EAGER + GRAPH, cpu=True,
+           reaches=lambda c: c.inputs == "fused_qkv"),
+    Mutant(51, "q_scaled_in_place", T + "QScaledInPlace", K, ALL_MODES, EAGER + GRAPH, cpu=True),
     # MLA bug classes (numbered from 40), in the torch_native backend: MLA cases only.
     Mutant(40, "mla_rope_dropped_from_score", MLA + "RopeDroppedFromScore", K, ALL_MODES, EAGER, cpu=True),
     Mutant(41, "mla_values_from_rope_tail", MLA + "ValuesFromRopeTail", K, ALL_MODES, EAGER, cpu=True),

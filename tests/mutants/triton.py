@@ -262,3 +262,30 @@ class OutputOnHost(TritonBackend):
 
     def forward(self, q, k, v, layer, batch, save_kv_cache=True):
         return super().forward(q, k, v, layer, batch, save_kv_cache).cpu()
+
+
+def read_dense(x: torch.Tensor) -> torch.Tensor:
+    """x's storage read with the dense strides of x's shape, from where x starts: what a kernel
+    handed a contiguous tensor's strides (or a `.view` of the storage) reads of a strided view."""
+    return x.as_strided(x.shape, torch.empty(x.shape, device="meta").stride())
+
+
+class StridesIgnored(TritonBackend):
+    """The attention kernels read q, k and v with the dense strides of their shape: right for
+    tensors of their own, wrong for the views of one fused QKV row models pass (another
+    head's, another token's values). The KV write reads them right."""
+
+    def forward(self, q, k, v, layer, batch, save_kv_cache=True):
+        if save_kv_cache:
+            batch.token_to_kv_pool.set_kv_buffer(layer, batch.out_cache_loc, k, v)
+        return super().forward(read_dense(q), read_dense(k), read_dense(v), layer, batch, save_kv_cache=False)
+
+
+class QScaledInPlace(TritonBackend):
+    """forward() folds the softmax scale into q in place (q *= sm_scale, then the kernels at
+    scale 1): the output is right, but the caller's q, the model's QKV row, is changed, as
+    SGLang's KV pool divides the caller's K/V by the scale in place on its fp8 path."""
+
+    def forward(self, q, k, v, layer, batch, save_kv_cache=True):
+        q.mul_(layer.scaling)
+        return super().forward(q, k, v, dataclasses.replace(layer, scaling=1.0), batch, save_kv_cache)
