@@ -19,7 +19,7 @@ SMOKE = [
       layout="shuffled_pages"),
     C("mha_bs1_long_cap_p1", prefix=(1100,), heads=MHA, cap=5.0, scale=0.25, dtype="fp32", head_dim=64),
     C("gqa_hybrid_p16_fp32", prefix=(9, 30, 17), page=16, dtype="fp32", head_dim=64, hybrid=True),
-    C("gqa_fused_p16_fp16", prefix=(5, 17), page=16, dtype="fp16", head_dim=64, inputs="fused_qkv"),
+    C("gqa_fused_p16_fp32", prefix=(5, 17), page=16, dtype="fp32", head_dim=64, inputs="fused_qkv"),
     C("mla_r32_h16_ragged_p16_fp32", prefix=(0, 15, 40, 17), page=16, dtype="fp32", **SMALL_MLA),
     C("mla_deepseek_h128_bs1_p64_fp16", prefix=(70,), page=64, dtype="fp16", **deepseek(128)),
 ]

@@ -24,7 +24,7 @@ SMOKE = [
     C("gqa_tree8_window4_p16_inter", prefix=(20, 9, 33), new=8, topk=2, page=16, window=4, dtype="fp32",
       head_dim=64, layout="interleaved_pages"),
     C("gqa_hybrid_tree4_p16_fp32", prefix=(12, 30), new=4, topk=2, page=16, dtype="fp32", head_dim=64, hybrid=True),
-    C("gqa_chain2_fused_p16_fp16", prefix=(5, 17), new=2, page=16, dtype="fp16", head_dim=64, inputs="fused_qkv"),
+    C("gqa_chain2_fused_p16_fp32", prefix=(5, 17), new=2, page=16, dtype="fp32", head_dim=64, inputs="fused_qkv"),
     C("mla_r32_h16_chain4_p16_fp32", prefix=(17, 1, 33), new=4, page=16, dtype="fp32", **SMALL_MLA),
     C("mla_deepseek_h128_bs1_tree4_p64_fp16", prefix=(70,), new=4, topk=2, page=64, dtype="fp16", **deepseek(128)),
 ]

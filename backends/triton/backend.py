@@ -40,13 +40,15 @@ class TritonBackend(AttentionBackend):
     # `--case-set smoke` runs them all.
     ci_cases = {
         "decode": ("gqa_ragged_p16_fp32", "mqa_p1_shuf", "mha_bs1_window_p64_inter", "gqa_bs8_cap_p1_nonmono",
-                   "gqa32_scale_fp16_p16_shuf", "gqa_hybrid_p16_fp32", "mla_r32_h16_ragged_p16_fp32"),
+                   "gqa32_scale_fp16_p16_shuf", "gqa_hybrid_p16_fp32", "mla_r32_h16_ragged_p16_fp32",
+                   "gqa_fused_p16_fp32"),
         "extend": ("mqa_p1_shuf", "mha_bs1_window_p64_inter", "gqa_bs8_cap_p1_nonmono", "gqa_hybrid_p16_fp32",
-                   "mla_r32_h16_ragged_p16_fp32"),
+                   "mla_r32_h16_ragged_p16_fp32", "gqa_fused_p16_fp32"),
         "target_verify": ("mqa_tree6_p1_shuf", "mha_bs1_chain4_window_p64_inter", "gqa_bs8_tree4_cap_p1_nonmono",
-                          "gqa_tree8_window4_p16_inter", "gqa_hybrid_tree4_p16_fp32", "mla_r32_h16_chain4_p16_fp32"),
+                          "gqa_tree8_window4_p16_inter", "gqa_hybrid_tree4_p16_fp32", "mla_r32_h16_chain4_p16_fp32",
+                          "gqa_chain2_fused_p16_fp32"),
         "draft_extend_v2": ("gqa_draft4_p16_fp32", "mqa_draft3_p1_shuf", "mha_bs1_window_p64_inter",
-                            "gqa_hybrid_draft3_p16_fp32", "mla_r32_h16_draft4_p16_fp32"),
+                            "gqa_hybrid_draft3_p16_fp32", "mla_r32_h16_draft4_p16_fp32", "gqa_draft2_fused_p16_fp32"),
     }
 
     @classmethod

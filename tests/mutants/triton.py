@@ -267,7 +267,11 @@ class OutputOnHost(TritonBackend):
 def read_dense(x: torch.Tensor) -> torch.Tensor:
     """x's storage read with the dense strides of x's shape, from where x starts: what a kernel
     handed a contiguous tensor's strides (or a `.view` of the storage) reads of a strided view."""
-    return x.as_strided(x.shape, torch.empty(x.shape, device="meta").stride())
+    strides, step = [], 1
+    for size in reversed(x.shape):
+        strides.insert(0, step)
+        step *= size
+    return x.as_strided(x.shape, strides)
 
 
 class StridesIgnored(TritonBackend):
