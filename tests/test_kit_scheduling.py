@@ -87,11 +87,17 @@ def _scheduled(scheduler_cls, workers, runs=RUNS, **kwargs):
         sched.add_node_collection(node, collection)
     sched.schedule()
     done = {node: 0 for node in nodes}
-    while any(done[n] < len(n.sent) for n in nodes):
+    progress = True
+    while progress:
+        progress = False
         for node in nodes:
-            if done[node] < len(node.sent):
+            # An xdist worker runs a run once it has the next one (pytest's teardown needs to know
+            # it) or is told to shut down; it holds its last one until then.
+            if done[node] < len(node.sent) - 1 or done[node] < len(node.sent) and node.shutting_down:
                 sched.mark_test_complete(node, node.sent[done[node]])
                 done[node] += 1
+                progress = True
+    assert all(done[n] == len(n.sent) for n in nodes), f"workers wait for runs that never come: {done}"
     ran, on = {node.name: [] for node in nodes}, {}
     for node in nodes:
         for i in node.sent:
@@ -161,6 +167,35 @@ def test_a_worker_moves_to_another_backend_only_for_more_runs_than_a_load_costs(
     runs = _runs({"slow-1": ("slow", 30), "slow-2": ("slow", last_group_runs), "fast-1": ("fast", 12)})
     ran, on = _scheduled(BackendAffinityScheduling, 2, runs, group_of=runs.get)
     assert sorted(ran.values()) == sorted([["slow"], ["fast", "slow"] if moves else ["fast"]]), ran
+
+
+def test_a_worker_that_ends_hands_what_is_left_to_the_workers_that_have_its_backend():
+    """Three backends of two one-run groups, two workers, the second collecting late: a worker that
+    ends rather than load a backend another worker has hands that backend's last groups to that
+    worker, which holds its last run until it has another or is told to end (xdist's workers do:
+    the matrix hung there on a 2-core machine)."""
+    from kit.plugin.worker_affinity import BackendAffinityScheduling
+    runs = _runs({f"{b}-{i}": (b, 1) for b in ("a", "b", "c") for i in range(2)})
+    collection = list(runs)
+    sched = BackendAffinityScheduling(_Config(2), group_of=runs.get)
+    first, late = _Worker("gw0"), _Worker("gw1")
+    for node in (first, late):
+        sched.add_node(node)
+    sched.add_node_collection(first, collection)
+    sched.schedule()
+    sched.add_node_collection(late, collection)
+    sched.schedule()
+    done = {first: 0, late: 0}
+    progress = True
+    while progress:
+        progress = False
+        for node in (first, late):
+            if done[node] < len(node.sent) - 1 or done[node] < len(node.sent) and node.shutting_down:
+                sched.mark_test_complete(node, node.sent[done[node]], 1.0)
+                done[node] += 1
+                progress = True
+    assert done == {first: len(first.sent), late: len(late.sent)} and sum(done.values()) == len(runs), (
+        f"workers wait for runs that never come: {first.sent}, {late.sent}, done {done}")
 
 
 @pytest.mark.parametrize("timed", [False, True])

@@ -112,6 +112,14 @@ class BackendAffinityScheduling(LoadGroupScheduling):
         if isinstance(getattr(dsession, "_failed_nodes_count", None), int):
             dsession._failed_nodes_count -= 1
 
+    def _hand_over(self, worker_of: Dict[str, object]) -> None:
+        """Every queued group to a worker that has its backend, now: an xdist worker holds its last
+        run until it has another or is told to end, so one that waits for its next group never
+        asks for it."""
+        for group in list(self.workqueue):
+            self.workqueue.move_to_end(group, last=False)  # xdist assigns the queue's first group
+            super()._assign_work_unit(worker_of[self._backend_of_group[group]])
+
     def _assign_work_unit(self, node) -> None:
         if node not in self.registered_collections:  # not ready: it gets runs once it has collected
             return
@@ -121,10 +129,13 @@ class BackendAffinityScheduling(LoadGroupScheduling):
         pending = {b: n * self._seconds_per_run(b) for b, n in runs.items()}  # seconds no worker has been sent
         backend = self._backend_of.get(node)
         if not pending.get(backend):
-            crowd = collections.Counter(b for n, b in self._backend_of.items() if n is not node and n in self.nodes)
+            holders = {n: b for n, b in self._backend_of.items()
+                       if n is not node and n in self.nodes and not n.shutting_down}
+            crowd = collections.Counter(holders.values())
             load = LOAD_RUNS * self._seconds_per_run()
             worth = [b for b in pending if pending[b] and (backend is None or pending[b] > load * crowd[b])]
             if not worth:  # what is left ends sooner on the workers that have its backend loaded
+                self._hand_over({b: n for n, b in holders.items()})
                 node.shutdown()
                 return
             backend = max(worth, key=lambda b: pending[b] / (1 + crowd[b]))
