@@ -1,7 +1,7 @@
 """The checks a run is judged by, each a `Check` with ok / describe() and its failure
 class: output against the float64 golden, the output's form, the KV pool after the call,
-padded rows and captured tensors of a replay (kit/harness/guard.py adds writes past a
-backend allocation). kit/harness/verdict.py names them in a verdict.
+the inputs forward() was handed, padded rows and captured tensors of a replay
+(kit/harness/guard.py adds writes past a backend allocation). kit/harness/verdict.py names them in a verdict.
 
 Output rules, both per token row:
 - error ratio (as PyTorch's flex-attention tests): the backend's max error
