@@ -2,19 +2,20 @@
 import pytest
 
 from kit.harness.isolate import run_isolated
+from kit.harness.runner import execute
+from kit.plugin.parametrize import KnownFailureHit
+from kit.plugin.timeouts import run_timeout
 from kit.report.known_failures import QUARANTINE, is_expected
-from kit.plugin.pytest_plugin import KnownFailureHit, run_timeout
 from kit.report.record import ERROR, FAIL, UNSUPPORTED
-from kit.harness.runner import run_case
 
 
 def test_conformance(conformance_run, record_conformance, request):
-    spec, label, case, exec_, known, catalog = conformance_run
+    known = conformance_run.known
     timeout = run_timeout(request.node)
     if known is not None and known.mark == QUARANTINE:
-        result = run_isolated(spec, case, exec_, label, catalog, timeout=timeout)
+        result = run_isolated(conformance_run, timeout=timeout)
     else:
-        result = run_case(spec, case, exec_, label=label, catalog=catalog, timeout=timeout)
+        result = execute(conformance_run, timeout=timeout)
     record_conformance(result)
     if result.outcome == UNSUPPORTED:
         pytest.skip(f"unsupported: {result.message}")

@@ -8,7 +8,7 @@ import sys
 
 import pytest
 
-from kit.plugin.pytest_plugin import threads_per_worker
+from kit.plugin.worker import threads_per_worker
 from kit.report.record import parse_run_id
 from kit.report.results import REPO
 

@@ -174,7 +174,7 @@ class Case:
     def kernel_variant(self) -> str:
         """What commonly selects a backend's compiled kernel (a JIT build, a Triton
         specialization): dtype, head_dim, GQA group, page size, and whether window, cap,
-        a second layer config (hybrid) or a tree mask are on; MLA's rank and rope width. kit.plugin.pytest_plugin groups
+        a second layer config (hybrid) or a tree mask are on; MLA's rank and rope width. kit.plugin.grouping groups
         runs by it, so that a worker loads each kernel once."""
         flags = "".join(f"-{name}" for name, on in (("window", self.window >= 0), ("cap", self.cap > 0),
                                                      ("hybrid", self.hybrid), ("tree", self.topk > 1),

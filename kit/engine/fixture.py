@@ -29,7 +29,7 @@ from kit.engine.reference import logical_kv, references
 from kit.engine.transfer import to_device
 
 # Batches kept built past the budget (_budget): one run's (at most 6) and more, so that a
-# case's graph run finds the batch its eager run built (kit.plugin.pytest_plugin orders them so).
+# case's graph run finds the batch its eager run built (kit.plugin.selection orders them so).
 SHARED_BATCHES = 8
 
 
@@ -246,7 +246,7 @@ def _inputs(plan: BatchPlan, layers: Tuple[Layer, ...], device) -> List[LayerInp
 class _SharedBatches:
     """Batches built, by everything that determines them: the batch case (every field, the
     layer config included; its repr, as a catalog may give lists) and the device. The runs
-    of a backend go case after case, then the next backend's (kit.plugin.pytest_plugin): each
+    of a backend go case after case, then the next backend's (kit.plugin.selection): each
     batch is kept for the whole process while the budget (_budget) lasts, so that every
     backend is judged on it as built once; past the budget, the last SHARED_BATCHES are."""
 

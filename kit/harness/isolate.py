@@ -6,23 +6,18 @@ import subprocess
 import sys
 from typing import Optional
 
-from kit.engine.case import Case
-from kit.modes import Exec
-from kit.report.record import CRASH, FAIL, RunResult, repro_command
+from kit.harness.run import Run
+from kit.report.record import CRASH, FAIL, RunResult
 from kit.harness.timeout import GRACE_S
 
 
-def run_isolated(backend_spec: str, case: Case, exec_: Exec, label: str, catalog: Optional[str] = None,
-                 timeout: Optional[float] = None) -> RunResult:
+def run_isolated(run: Run, timeout: Optional[float] = None) -> RunResult:
     """`timeout`: the run's limit, applied in the subprocess (which records the stage); the
     subprocess itself is ended if it outlives it by more than the grace period."""
-    cmd = [sys.executable, "-m", "kit", "run", "--backend", backend_spec, "--mode", case.mode.value,
-           "--exec", exec_.value, "--case", case.name, "--json", "--timeout", str(timeout or 0)] + (
-           ["--cases", catalog] if catalog else [])
-    crashed = RunResult(backend=label, mode=case.mode.value, exec=exec_.value, case=case.name, dtype=case.dtype,
-                        outcome=FAIL, failure_class=CRASH,
-                        repro=repro_command(backend_spec, case.mode.value, exec_.value, case.name, catalog),
-                        isolated=True)
+    cmd = [sys.executable, "-m", "kit", "run", "--backend", run.spec, "--mode", run.case.mode.value,
+           "--exec", run.exec_.value, "--case", run.case.name, "--json", "--timeout", str(timeout or 0)] + (
+           ["--cases", run.catalog] if run.catalog else [])
+    crashed = run.record(outcome=FAIL, failure_class=CRASH, isolated=True)
     try:
         proc = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout and timeout + 3 * GRACE_S)
     except subprocess.TimeoutExpired:
@@ -35,7 +30,7 @@ def run_isolated(backend_spec: str, case: Case, exec_: Exec, label: str, catalog
         except json.JSONDecodeError:
             pass
         else:
-            record.update(backend=label, isolated=True)
+            record.update(backend=run.label, isolated=True)
             return RunResult(**record)
     tail = (proc.stderr or proc.stdout).strip().splitlines()[-3:]
     crashed.message = f"subprocess died with exit code {proc.returncode}: {' | '.join(tail)}"

@@ -19,7 +19,8 @@ from kit.harness.capabilities import NO_CAPTURE_HOOKS, Capabilities
 from kit.harness.protocol import BackendContext, backend_problem
 from kit.engine.memory import moving_to, release
 from kit.harness.oom import allocation_site, raised_by_kit
-from kit.report.record import CRASH, EAGER, ENVIRONMENT, ERROR, FAIL, PASS, UNSUPPORTED, RunResult, repro_command
+from kit.report.record import CRASH, EAGER, ENVIRONMENT, ERROR, FAIL, PASS, UNSUPPORTED, RunResult
+from kit.harness.run import Run
 from kit.harness.registry import load_backend
 from kit.harness.environment import versions
 from kit.harness.schedule import batches
@@ -156,12 +157,16 @@ def run_case(backend_spec: str, case: Case, exec_: Exec, device: Optional[torch.
              timeout: Optional[float] = None) -> RunResult:
     """`catalog`: the catalog target the case came from, named in the repro when not the in-box one;
     `timeout`: seconds after which the run stops as a crash (kit.harness.timeout)."""
+    return execute(Run(backend_spec, label or backend_spec, case, exec_, catalog=catalog), device, timeout)
+
+
+def execute(run: Run, device: Optional[torch.device] = None, timeout: Optional[float] = None) -> RunResult:
+    """`run` in this process; `timeout`: seconds after which it stops as a crash (kit.harness.timeout)."""
+    backend_spec, case, exec_ = run.spec, run.case, run.exec_
     device = device or default_device()
-    result = RunResult(backend=label or backend_spec, mode=case.mode.value, exec=exec_.value, case=case.name,
-                       dtype=case.dtype, outcome=PASS,
-                       repro=repro_command(backend_spec, case.mode.value, exec_.value, case.name, catalog))
+    result = run.record(outcome=PASS)
     start = time.perf_counter()
-    moving_to(label or backend_spec, device)
+    moving_to(run.label, device)
     result.versions = versions()
     try:
         with time_limit(timeout), interpreter_noise_filtered():
@@ -182,10 +187,10 @@ def run_case(backend_spec: str, case: Case, exec_: Exec, device: Optional[torch.
         result.outcome, result.failure_class, result.message = FAIL, CRASH, str(crash)
         result.device_lost = crash.device_lost
         if crash.timed_out:
-            result.repro = repro_command(backend_spec, case.mode.value, exec_.value, case.name, catalog, timeout)
+            result.repro = run.repro(timeout)
     except RunTimeout as exc:  # in the kit's own code, between backend calls
         result.outcome, result.failure_class, result.message = FAIL, CRASH, f"{exc} in the kit, between backend calls"
-        result.repro = repro_command(backend_spec, case.mode.value, exec_.value, case.name, catalog, timeout)
+        result.repro = run.repro(timeout)
     result.seconds = round(time.perf_counter() - start, 4)
     return result
 

@@ -1,5 +1,5 @@
-"""Which pytest-xdist worker runs which group (`--dist loadgroup`; kit.plugin.pytest_plugin's
-_groups: a backend's runs of one mode and kernel variant): a group goes to one worker, and
+"""Which pytest-xdist worker runs which group (`--dist loadgroup`; kit.plugin.grouping's
+groups: a backend's runs of one mode and kernel variant): a group goes to one worker, and
 each worker keeps to one backend while that backend has groups left. A worker's first run
 of a backend loads it (CUDA context, imports, kernels: 3-6 s on the H100 for FlashInfer's
 and for Triton's), and xdist's own order gave every one of 16 workers every backend: 107 of

@@ -3,7 +3,9 @@ the xdist controller had loaded the case catalog (which imports torch) when it s
 import json
 import os
 
+from kit.plugin.selection import SELECTION
+
 
 def pytest_xdist_setupnodes(config, specs):
     with open(os.environ["KIT_SPAWN_PROBE"], "w") as f:
-        json.dump({"catalog_loaded": "catalog" in config._conformance_selection}, f)
+        json.dump({"catalog_loaded": config.stash[SELECTION].is_loaded}, f)

@@ -1,0 +1,160 @@
+"""--results-json, written by the controller (correct under xdist: each run's record travels back
+on its report; a worker that dies is recorded as a crash of the run it was running), and the
+progress lines of a long run."""
+from __future__ import annotations
+
+import json
+import shutil
+import threading
+import time
+from typing import Dict, List, Optional
+
+import pytest
+
+from kit.harness.environment import to_record, versions
+from kit.harness.registry import load_backend
+from kit.plugin import progress
+from kit.plugin.device_lost import last_words_path, leave_record
+from kit.plugin.selection import SELECTION, run_of
+from kit.report.record import COMPLETE, CRASH, FAIL, INTERRUPTED, RUNNING, parse_run_id, record_id
+from kit.report.results import write_results
+
+RECORD_KEY = "conformance_record"
+WRITE_EVERY_S = 2.0  # at most one write of the results file this often; an interrupted run keeps what finished
+
+
+class Recorder:
+    """Collects records from reports (on the xdist controller they arrive from workers), and
+    writes them with what the session selected and how it ended (kit.report.record.ResultsFile)."""
+
+    def __init__(self, config):
+        self.config = config
+        self.path = config.getoption("--results-json")
+        self.writes = bool(self.path) and not hasattr(config, "workerinput")  # the controller, or a plain run
+        self.records: Dict[str, dict] = {}
+        self.last_write = 0.0
+        # A record that arrives within WRITE_EVERY_S of the last write is written by a timer: the next
+        # run may hang, and nothing else would write it. The lock orders the timer's and the session's.
+        self.pending: Optional[threading.Timer] = None
+        self.lock = threading.Lock()
+        self.selected: Optional[List[str]] = None  # run ids, once collection is known
+        self.started = False  # runs began: from then on the file is this session's
+        self.progress: Optional[progress.Progress] = None  # once the runs are known
+        self.catalog: Optional[List[str]] = None  # Selection.catalog_ids, at the first write (loaded late)
+
+    def _select(self, nodeids) -> None:
+        if self.selected is None:
+            self.selected = [rid for rid in map(run_of, nodeids) if rid is not None]
+
+    def pytest_collection_finish(self, session):
+        self._select(item.nodeid for item in session.items)
+
+    @pytest.hookimpl(optionalhook=True)
+    def pytest_xdist_node_collection_finished(self, node, ids):
+        self._select(ids)  # the controller collects nothing itself: a worker's (selected) ids
+        self._start()
+
+    @pytest.hookimpl(hookwrapper=True)
+    def pytest_runtestloop(self, session):
+        if self.selected is not None and not session.config.option.collectonly:
+            self._start()
+        yield
+
+    def _start(self) -> None:
+        """Mark the file as this session's before the first run: a process that dies without a word
+        (os._exit) then leaves a `running` file, never the previous run's results."""
+        if self.selected and not self.started:
+            self.started = True
+            self.progress = progress.Progress((parse_run_id(rid)[0] for rid in self.selected),
+                                              self.config.getoption("--progress-every"))
+            self._write(RUNNING)
+
+    def _show_progress(self, report, record) -> None:
+        if self.progress is None or hasattr(self.config, "workerinput"):
+            return
+        lines = self.progress.add(record["backend"], record.get("seconds") or 0.0, getattr(report, "node", None))
+        terminal = self.config.pluginmanager.get_plugin("terminalreporter")
+        if lines and terminal is not None:
+            if getattr(terminal, "_width_of_current_line", 0):  # after the dots of -q, on a line of its own
+                terminal.write("\n")
+            for line in lines:
+                terminal.write_line(line)
+
+    def pytest_runtest_logreport(self, report):
+        if run_of(report.nodeid) is None:
+            return
+        record = next((json.loads(v) for k, v in report.user_properties if k == RECORD_KEY), None)
+        if record is None and report.failed and report.nodeid not in self.records:
+            record = self._crash_record(report)  # the worker died, or the test failed before its verdict
+        if record is None:
+            return
+        if report.nodeid not in self.records:
+            self._show_progress(report, record)
+        self.records[report.nodeid] = record
+        self._write_soon()
+
+    def _write_soon(self) -> None:
+        if not self.writes:
+            return
+        with self.lock:
+            if self.pending is not None:
+                return  # a write is due: it takes this record too
+            wait = max(0.0, WRITE_EVERY_S - (time.monotonic() - self.last_write))
+            self.pending = threading.Timer(wait, self._write, args=(RUNNING,))
+            self.pending.daemon = True
+            self.pending.start()
+
+    def _crash_record(self, report):
+        if self.path:
+            lost = last_words_path(self.path, report.nodeid)
+            if lost.exists():  # the worker ended itself (a device fault, a run stuck), leaving its record
+                record = json.loads(lost.read_text())
+                lost.unlink()
+                return record
+        if report.when == "???":  # xdist: the worker died
+            message = f"the test process died (a hard crash, or stuck past the time limit): {report.longrepr}"
+        else:
+            last = (report.longreprtext.strip().splitlines() or ["?"])[-1]
+            message = f"the run ended without a verdict ({report.when}): {last}"
+        return self._crash_of(report.nodeid, message)
+
+    def _crash_of(self, nodeid: str, message: str, limit: Optional[float] = None) -> dict:
+        run = self.config.stash[SELECTION].run_named(run_of(nodeid))
+        return to_record(run.record(limit, outcome=FAIL, failure_class=CRASH, message=message,
+                                    versions=versions(load_backend(run.spec))))
+
+    def stuck(self, nodeid: str, message: str) -> Optional[str]:
+        """A run stuck in native code past its limit is about to end this process (kit.harness.timeout):
+        its crash record goes into the results file, which says the session was interrupted (the
+        runs after it have none); in an xdist worker, where the controller finds it."""
+        record = self._crash_of(nodeid, message, self.config.getoption("timeout", None))
+        if self.writes:
+            self.records[nodeid] = record
+            self._write(INTERRUPTED)
+            return (f"{nodeid}: recorded as a crash in {self.path}; the runs after it did not run (under -n "
+                    f"the others go on)")
+        if self.path:
+            leave_record(self.path, nodeid, record)
+        return f"{nodeid}: recorded as a crash"
+
+    def _write(self, status: str) -> None:
+        with self.lock:
+            self.pending = None
+            if self.writes and (self.started or self.records):  # never for --co or a run that selected nothing
+                if self.catalog is None:
+                    self.catalog = self.config.stash[SELECTION].catalog_ids()
+                write_results(self.path, list(self.records.values()),
+                              run=dict(status=status, selected=self.selected or [], catalog=self.catalog))
+                self.last_write = time.monotonic()
+
+    def pytest_sessionfinish(self, session, exitstatus):
+        with self.lock:
+            pending = self.pending
+        if pending is not None:  # the final write below takes its records, and must be the last
+            pending.cancel()
+            pending.join()
+        recorded = {record_id(r) for r in self.records.values()}
+        whole = exitstatus in (pytest.ExitCode.OK, pytest.ExitCode.TESTS_FAILED) and recorded >= set(self.selected or [])
+        self._write(COMPLETE if whole else INTERRUPTED)
+        if self.writes:
+            shutil.rmtree(f"{self.path}.lost", ignore_errors=True)

@@ -1,0 +1,147 @@
+"""What a session runs: the options parsed into a `Selection` (config.stash[SELECTION]), and the
+backend x mode x case x exec product, enumerated here only (Selection.product)."""
+from __future__ import annotations
+
+import dataclasses
+import functools
+from typing import Callable, Dict, Iterator, List, Optional, Sequence, Tuple
+
+import pytest
+
+from kit.engine.catalog import Catalog, load_catalog, resolve_set
+from kit.harness.capabilities import Capabilities
+from kit.harness.registry import UnknownBackend, backend_label, known_backends, load_backend
+from kit.harness.run import Run
+from kit.modes import EXECS, MODES, Exec, ForwardMode, parse_exec, parse_mode
+from kit.report import known_failures
+from kit.report.known_failures import KnownFailure
+from kit.report.record import parse_run_id
+
+
+def _csv(values):
+    return [v for item in values for v in item.split(",") if v]
+
+
+def _parsed(option, parse, *values, fix=""):
+    """parse(*values); a bad value is a usage error, one line naming the option and the fix."""
+    try:
+        return parse(*values)
+    except (UnknownBackend, ValueError, ImportError, AttributeError, TypeError) as exc:
+        hint = f"; {fix}" if fix and not isinstance(exc, UnknownBackend) else ""  # that one lists the known
+        raise pytest.UsageError(f"{option}: {exc}{hint}") from None
+
+
+def is_xdist_controller(config) -> bool:
+    return (config.getoption("dist", "no") != "no" and not config.getoption("collectonly")
+            and not hasattr(config, "workerinput"))
+
+
+def run_of(nodeid: str) -> Optional[str]:
+    """The run id of a conformance test's node id (`...::test_conformance[<run id>]`, plus
+    `@<group>` under `--dist loadgroup`), None for the kit's other tests."""
+    if "::test_conformance[" not in nodeid:
+        return None
+    return nodeid.split("[", 1)[1].rsplit("]", 1)[0]
+
+
+@dataclasses.dataclass
+class Selection:
+    """The parsed options. The catalog and the case set import torch (cases check themselves
+    against their mode's rules, `auto` asks for CUDA): the xdist controller, which runs no case,
+    loads them once its workers are started (CatalogLoader), not before (loaded())."""
+
+    labels: Dict[str, str]  # backend spec -> label, in the order given
+    modes: List[ForwardMode]
+    execs: List[Exec]
+    catalog_target: Optional[str]  # --cases
+    known: List[KnownFailure]
+    _load: Callable[[], Tuple[Catalog, str, Dict[str, Optional[dict]]]]
+    catalog: Optional[Catalog] = None
+    case_set: Optional[str] = None
+    # Per spec, the backend's `ci_cases` under `--case-set auto` on CPU (a backend too slow here for
+    # every smoke case names those; `--case-set smoke` runs them all), else None: every case.
+    ci_cases: Dict[str, Optional[dict]] = dataclasses.field(default_factory=dict)
+
+    @classmethod
+    def from_options(cls, config) -> "Selection":
+        opt = config.getoption
+        specs = _csv(opt("--backend")) or known_backends()
+        labels = {spec: _parsed(f"--backend {spec}", backend_label, spec,
+                                fix=f"give a registered name ({', '.join(known_backends())}) or module:attr of a "
+                                    f"backend class that imports") for spec in specs}
+        if opt("--case-set") != "auto":
+            _parsed("--case-set", resolve_set, opt("--case-set"))
+        sel = cls(labels=labels,
+                  modes=_parsed("--mode", lambda: [parse_mode(m) for m in _csv(opt("--mode"))] or list(MODES)),
+                  execs=_parsed("--exec", lambda: [parse_exec(e) for e in _csv(opt("exec_"))] or list(EXECS)),
+                  catalog_target=opt("--cases"),
+                  known=_parsed("--known-failures", known_failures.load_or_default, opt("--known-failures")),
+                  _load=functools.partial(_load_cases, opt, specs))
+        return sel if is_xdist_controller(config) else sel.loaded()
+
+    @property
+    def is_loaded(self) -> bool:
+        return self.catalog is not None
+
+    def loaded(self) -> "Selection":
+        """This selection with its catalog, case set and ci_cases (loaded at the first call)."""
+        if not self.is_loaded:
+            self.catalog, self.case_set, self.ci_cases = self._load()
+        return self
+
+    def product(self, labels: Optional[Dict[str, str]] = None, modes: Sequence[ForwardMode] = (),
+                execs: Sequence[Exec] = (), every_case: bool = False) -> Iterator[Run]:
+        """backend x mode x case x exec, in that order, of the selection or of the labels (spec ->
+        label), modes and execs given; every_case: the case set's every case, ci_cases aside.
+        A case's eager and graph runs follow each other: they share the case's batch
+        (kit.engine.fixture). Backends are not interleaved case by case: a backend's stray write
+        into the kit's memory (outside its pool and its own allocations, where no verdict sees it)
+        would reach the batch the next backend is judged on, as SGLang's EXTEND graphs under
+        full-capacity replays seemed to on the H100; kit.engine.fixture's fingerprints rebuild a
+        batch that changed, but cannot say which run changed it."""
+        self.loaded()
+        for spec, label in (labels or self.labels).items():
+            ci_cases = None if every_case else self.ci_cases.get(spec)
+            for mode in modes or self.modes:
+                for case in self.catalog.cases(self.case_set, mode):
+                    if ci_cases is not None and case.name not in ci_cases.get(mode.value, ()):
+                        continue
+                    for exec_ in execs or self.execs:
+                        yield Run(spec, label, case, exec_, catalog=self.catalog_target)
+
+    def catalog_ids(self) -> List[str]:
+        """Every run the catalog has for this case set: each registered backend (and each one named
+        on the command line), every mode and exec. A results file lacking some of them is partial."""
+        labels = sorted(set(known_backends()) | set(self.labels.values()))
+        return [run.id for run in self.product({label: label for label in labels}, MODES, EXECS, every_case=True)]
+
+    def run_named(self, rid: str) -> Run:
+        """The run of a run id (its case from the catalog)."""
+        label, mode, exec_, name = parse_run_id(rid)
+        spec = {lab: spec for spec, lab in self.labels.items()}.get(label, label)
+        case = self.loaded().catalog.find_case(parse_mode(mode), name)
+        return Run(spec, label, case, parse_exec(exec_), catalog=self.catalog_target)
+
+
+def _load_cases(opt, specs) -> Tuple[Catalog, str, Dict[str, Optional[dict]]]:
+    """The catalog, the case set and, for `--case-set auto` on CPU, each backend's `ci_cases`
+    (the catalog of the results file keeps every run)."""
+    case_set = _parsed("--case-set", resolve_set, opt("--case-set"))
+    auto_smoke = opt("--case-set") == "auto" and case_set == "smoke"
+    catalog = _parsed(f"--cases {opt('--cases')}", load_catalog, opt("--cases"),
+                      fix="give module:attr of a kit.engine.catalog.Catalog that imports")
+    return catalog, case_set, {spec: _parsed(f"--backend {spec}", lambda: Capabilities.of(load_backend(spec)).ci_cases)
+                               if auto_smoke else None for spec in specs}
+
+
+SELECTION = pytest.StashKey[Selection]()
+
+
+class CatalogLoader:
+    @pytest.hookimpl(wrapper=True)
+    def pytest_sessionstart(self, session):
+        """The xdist controller loads its catalog once it has started its workers (in xdist's
+        sessionstart, wrapped here): its torch import (4-5 s on an H100 machine without bytecode,
+        1.5 s with) overlaps theirs instead of delaying them. A bad `--cases` is a usage error here."""
+        yield
+        session.config.stash[SELECTION].loaded()
