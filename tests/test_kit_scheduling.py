@@ -283,7 +283,10 @@ def test_an_xdist_worker_ends_when_its_own_session_does(tmp_path):
         "import atexit, os, pathlib, time\n\n"
         "def _mark(name):\n    pathlib.Path(name + '.' + os.environ['PYTEST_XDIST_WORKER']).write_text(repr(time.time()))\n\n"
         "def test_fast():\n    atexit.register(_mark, 'fast-exit')\n\n"
-        "def test_slow():\n    time.sleep(4)\n    _mark('slow-end')\n")
+        # the slow test waits for the fast worker's exit (however loaded the machine), up to a minute
+        "def test_slow():\n    deadline = time.time() + 60\n"
+        "    while not list(pathlib.Path().glob('fast-exit.*')) and time.time() < deadline:\n        time.sleep(0.1)\n"
+        "    _mark('slow-end')\n")
     proc = subprocess.run([sys.executable, "-m", "pytest", "-n", "2", "--dist", "load", "-q", "-p", "no:cacheprovider",
                            str(tmp_path / "test_two.py")], cwd=tmp_path, capture_output=True, text=True, timeout=120)
     assert proc.returncode == 0, proc.stdout + proc.stderr
