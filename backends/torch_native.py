@@ -2,7 +2,8 @@
 and attend with float32 matmuls. Eager only (no graph hooks): it syncs the host
 to read lengths, as a reference backend may. MLA is the same loop over the pool's
 latent rows: one KV head, keys the whole row, values its first kv_lora_rank columns
-(the pool's get_kv_buffer gives both)."""
+(the pool's get_kv_buffer gives both). An fp8 pool is read as stored (fp8) times the
+layer's k_scale / v_scale; its write (the pool's set_kv_buffer) divides by them."""
 from __future__ import annotations
 
 import torch
@@ -14,6 +15,7 @@ from kit.harness.protocol import AttentionBackend
 class TorchNativeBackend(AttentionBackend):
     name = "torch_native"
     attention_kinds = ("dense", "mla")
+    kv_dtypes = ("fp8_e4m3", "fp8_e5m2")
 
     def init_forward_metadata(self, batch) -> None:
         mode = batch.forward_mode
@@ -45,8 +47,8 @@ class TorchNativeBackend(AttentionBackend):
         for row, n_q, n_prefix in zip(self.rows, self.q_lens, self.prefix):
             n_kv = n_prefix + n_q
             slots = r2t[row, :n_kv].long()
-            keys = k_cache[slots].float().repeat_interleave(group, dim=1)
-            vals = v_cache[slots].float().repeat_interleave(group, dim=1)
+            keys = _read(k_cache[slots], layer.k_scale).repeat_interleave(group, dim=1)
+            vals = _read(v_cache[slots], layer.v_scale).repeat_interleave(group, dim=1)
             qs = q[start:start + n_q].float()
             scores = torch.einsum("qhd,khd->hqk", qs, keys) * layer.scaling
             if layer.logit_cap > 0:
@@ -65,3 +67,8 @@ class TorchNativeBackend(AttentionBackend):
             out[start:start + n_q] = torch.einsum("hqk,khd->qhd", scores.softmax(-1), vals).to(q.dtype)
             start += n_q
         return out
+
+
+def _read(stored: torch.Tensor, scale) -> torch.Tensor:
+    """Cached K or V in float32: a quantized cache's values times the layer's scale."""
+    return stored.float() if scale is None else stored.float() * scale

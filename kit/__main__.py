@@ -84,7 +84,8 @@ def _list_cases(catalog, case_set: str) -> None:
             print(f"{mode.value:16} {case.name:36} bs={case.bs:<3} page={case.page:<3} {case.dtype} "
                   f"heads={case.heads} d={case.head_dim} layout={case.layout}"
                   + (f" mla={case.kv_lora_rank}+{case.rope_dim}" if case.is_mla else "")
-                  + (f" inputs={case.inputs}" if case.inputs != "contiguous" else ""))
+                  + (f" inputs={case.inputs}" if case.inputs != "contiguous" else "")
+                  + (f" kv={case.kv_dtype}" if case.kv_dtype else ""))
 
 
 def availability(spec: str, catalog, case_set: str) -> str:

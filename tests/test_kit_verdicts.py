@@ -171,7 +171,8 @@ def test_form_needs_q_dtype_shape_and_device():
 def test_padding_must_be_finite_and_within_the_pool():
     """Padded rows may hold anything a softmax over the pool could give, nothing else: NaN/inf
     rows and finite rows past the largest |V| in the pool fail, each reported."""
-    pool = types.SimpleNamespace(v_layers=torch.tensor([[[1.0, -3.0]], [[2.0, 0.5]]]))
+    v_layers = torch.tensor([[[1.0, -3.0]], [[2.0, 0.5]]])
+    pool = types.SimpleNamespace(value_bound=lambda: v_layers.abs().max())
     assert check_padding([torch.tensor([[3.0, -3.0]]), torch.tensor([[0.0, 2.9]])], pool).ok
     bad = check_padding([torch.tensor([[0.0, 0.0], [float("nan"), 0.0]]), torch.tensor([[1e4, 0.0], [-3.5, 0.0]])],
                         pool)

@@ -14,6 +14,7 @@ if TYPE_CHECKING:
     import torch
 
 DTYPES = {"bf16": "bfloat16", "fp16": "float16", "fp32": "float32"}  # torch's dtypes, by name
+KV_DTYPES = {"fp8_e4m3": "float8_e4m3fn", "fp8_e5m2": "float8_e5m2"}  # quantized KV caches (kit.engine.kv_quant)
 LAYOUTS = ("contiguous", "shuffled_pages", "interleaved_pages", "non_monotonic_extend")
 # How forward() is handed q, k and v: views of one fused QKV projection row per token, as
 # models pass them (head stride D, token stride the row's width), or tensors of their own.
@@ -65,6 +66,9 @@ class Case:
     kv_lora_rank: int = 0
     rope_dim: int = 0
     inputs: str = "contiguous"  # INPUT_FORMS (kit.engine.fixture.LayerInputs.handed)
+    # The KV cache's dtype: None stores K/V in `dtype`; "fp8_e4m3" / "fp8_e5m2" store them
+    # quantized with per-layer scales on the layer (kit.engine.kv_quant).
+    kv_dtype: Optional[str] = None
 
     def __post_init__(self):
         problem = self._problem()
@@ -103,6 +107,8 @@ class Case:
             return f"cap {self.cap!r} must be a number >= 0 (0: no cap)"
         if self.scale is not None and (not _is_number(self.scale) or self.scale <= 0):
             return f"scale {self.scale!r} must be a number > 0, or None for 1/sqrt(head_dim)"
+        if self.kv_dtype is not None and self.kv_dtype not in KV_DTYPES:
+            return f"kv_dtype {self.kv_dtype!r} not in {[None] + list(KV_DTYPES)} (None: the KV cache in `dtype`)"
         return self._mla_problem() or rules_for(self.mode).validate(self)
 
     def _mla_problem(self) -> Optional[str]:
@@ -167,6 +173,12 @@ class Case:
         return getattr(torch, DTYPES[self.dtype])
 
     @property
+    def kv_torch_dtype(self) -> "torch.dtype":
+        """The KV pool's dtype: the case's, or the quantized one."""
+        import torch
+        return self.torch_dtype if self.kv_dtype is None else getattr(torch, KV_DTYPES[self.kv_dtype])
+
+    @property
     def sm_scale(self) -> float:
         return self.scale if self.scale is not None else self.head_dim ** -0.5
 
@@ -174,11 +186,12 @@ class Case:
     def kernel_variant(self) -> str:
         """What commonly selects a backend's compiled kernel (a JIT build, a Triton
         specialization): dtype, head_dim, GQA group, page size, and whether window, cap,
-        a second layer config (hybrid) or a tree mask are on; MLA's rank and rope width. kit.plugin.grouping groups
+        a second layer config (hybrid) or a tree mask are on; MLA's rank and rope width; a quantized KV cache. kit.plugin.grouping groups
         runs by it, so that a worker loads each kernel once."""
         flags = "".join(f"-{name}" for name, on in (("window", self.window >= 0), ("cap", self.cap > 0),
                                                      ("hybrid", self.hybrid), ("tree", self.topk > 1),
-                                                     (f"mla{self.kv_lora_rank}r{self.rope_dim}", self.is_mla)) if on)
+                                                     (f"mla{self.kv_lora_rank}r{self.rope_dim}", self.is_mla),
+                                                     (f"kv{self.kv_dtype}", self.kv_dtype is not None)) if on)
         return f"{self.dtype}-d{self.head_dim}-g{self.heads[0] // self.heads[1]}-p{self.page}{flags}"
 
     def rng_seed(self, salt: int = 0) -> int:

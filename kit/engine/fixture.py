@@ -145,8 +145,9 @@ class Fixture:
         old_slots, table = self._installed(kv, r2t)
         if old_slots is not None:
             for layer_id, x in enumerate(self.inputs):
-                kv.k_buffer[layer_id][old_slots] = x.k_old
-                kv.v_buffer[layer_id][old_slots] = x.v_old
+                k_old, v_old = kv.stored(layer_id, x.k_old, x.v_old)
+                kv.k_buffer[layer_id][old_slots] = k_old
+                kv.v_buffer[layer_id][old_slots] = v_old
         r2t.copy_(table)
 
     def _installed(self, kv, r2t) -> Tuple[Optional[torch.Tensor], torch.Tensor]:
@@ -306,7 +307,7 @@ def _pools_for(plans: Sequence[BatchPlan], first: Case, device: torch.device) ->
     larger than what is free on the device now is made after the kit released what it keeps."""
     need = dict(num_slots=max(p.num_slots for p in plans), max_reqs=max(p.max_reqs for p in plans),
                 max_context=max(p.max_context for p in plans), num_kv_heads=first.num_kv_heads,
-                head_dim=first.head_dim, dtype=first.torch_dtype, device=device, kv_lora_rank=first.kv_lora_rank)
+                head_dim=first.head_dim, dtype=first.kv_torch_dtype, device=device, kv_lora_rank=first.kv_lora_rank)
     if POOL_CACHE.new_bytes(**need) > budget.free_now(device):
         from kit.engine.memory import release  # a cycle: it releases this module's batches
         release()

@@ -2,9 +2,10 @@
 from __future__ import annotations
 
 import dataclasses
-from typing import Tuple
+from typing import Optional, Tuple
 
 from kit.engine.case import Case
+from kit.engine.kv_quant import KV_SCALES
 from kit.engine.pools import CASE_LAYER_ID
 
 
@@ -21,6 +22,10 @@ class Layer:
     # output are the latent's first kv_lora_rank columns. 0: dense attention.
     kv_lora_rank: int = 0
     rope_dim: int = 0
+    # A quantized KV cache's per-tensor scales (SGLang's RadixAttention.k_scale / v_scale): the pool
+    # stores fp8(k / k_scale) and a backend reads fp8 * k_scale. None: the cache is not quantized.
+    k_scale: Optional[float] = None
+    v_scale: Optional[float] = None
 
     @property
     def tp_v_head_num(self) -> int:
@@ -39,10 +44,12 @@ class Layer:
         return self.kv_lora_rank > 0
 
     @classmethod
-    def for_case(cls, case: Case) -> "Layer":
-        """The layer the case describes (layer CASE_LAYER_ID of its model)."""
+    def for_case(cls, case: Case, layer_id: int = CASE_LAYER_ID) -> "Layer":
+        """The layer the case describes (layer CASE_LAYER_ID of its model), with the KV scales of
+        `layer_id` where the case's KV cache is quantized."""
+        k_scale, v_scale = KV_SCALES[layer_id] if case.kv_dtype else (None, None)
         return cls(
-            layer_id=CASE_LAYER_ID,
+            layer_id=layer_id,
             tp_q_head_num=case.num_q_heads,
             tp_k_head_num=case.num_kv_heads,
             head_dim=case.head_dim,
@@ -51,6 +58,8 @@ class Layer:
             sliding_window_size=case.window,
             kv_lora_rank=case.kv_lora_rank,
             rope_dim=case.rope_dim,
+            k_scale=k_scale,
+            v_scale=k_scale if case.is_mla else v_scale,  # MLA: one latent, one scale
         )
 
 
@@ -59,10 +68,10 @@ HYBRID_WINDOW, HYBRID_CAP = 8, 10.0
 
 def model_layers(case: Case) -> Tuple[Layer, ...]:
     """The model a case runs, in layer order: every step calls forward once per layer on
-    the same metadata. Layer 0 repeats the case's config, or (hybrid) differs in window,
-    scale and cap as hybrid models' layers do; layer 1 is the case's."""
+    the same metadata. Layer 0 repeats the case's config (with its own KV scales), or (hybrid)
+    differs in window, scale and cap as hybrid models' layers do; layer 1 is the case's."""
     layer = Layer.for_case(case)
-    other = dataclasses.replace(layer, layer_id=0)
+    other = Layer.for_case(case, layer_id=0)
     if case.hybrid:
         other = dataclasses.replace(
             other, scaling=layer.scaling * 0.5, logit_cap=0.0 if layer.logit_cap > 0 else HYBRID_CAP,

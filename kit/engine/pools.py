@@ -3,6 +3,8 @@
 Conventions (SPEC): slot 0 is scratch, request row 0 is the dummy request
 (all zeros); real requests use rows >= 1 and slots >= page_size. Every slot a
 batch does not own holds poison (KVPool.reset, before each batch is installed).
+A quantized (fp8) pool stores fp8(x / scale) with each layer's scales
+(kit.engine.kv_quant.KV_SCALES, the model layers' k_scale / v_scale), its poison too.
 """
 from __future__ import annotations
 
@@ -12,6 +14,7 @@ from typing import Dict, List, Optional, Tuple
 import torch
 
 from kit.engine.fingerprint import fingerprint
+from kit.engine.kv_quant import KV_SCALES, dequantize, is_quantized, quantize
 
 # The layer every case runs on. The pool holds one more layer before it, so a
 # backend that ignores layer_id reads poison and writes the wrong layer.
@@ -45,6 +48,7 @@ class KVPool:
         self.head_dim = head_dim
         self.dtype = dtype
         self.device = torch.device(device)
+        self._init_scales()
         shape = (NUM_LAYERS, num_slots, num_kv_heads, head_dim)
         # Every layer in one allocation (k_buffer/v_buffer are its views, as backends index them):
         # the pool is reset, snapshot and compared with a few operations for all layers at once.
@@ -54,14 +58,37 @@ class KVPool:
         self.v_buffer: List[torch.Tensor] = list(self.v_layers.unbind(0))
         self.draw_poison()
 
+    def _init_scales(self) -> None:
+        """Per layer id, the (k_scale, v_scale) its values are stored with (None: unquantized)."""
+        self.quantized = is_quantized(self.dtype)
+        self.scales = [KV_SCALES[i] if self.quantized else (None, None) for i in range(NUM_LAYERS)]
+
+    def stored(self, layer_id: int, k: torch.Tensor, v: torch.Tensor) -> Tuple[torch.Tensor, torch.Tensor]:
+        """What the pool holds for K and V of layer `layer_id` (quantized with its scales)."""
+        k_scale, v_scale = self.scales[layer_id]
+        return quantize(k, k_scale, self.dtype), quantize(v, v_scale, self.dtype)
+
+    def _poison_like(self, layers: torch.Tensor, mean: float, std: float, gen, which: int) -> torch.Tensor:
+        """Poison drawn layer by layer; a quantized pool draws it in float32 and stores it with the
+        layer's scale (K's: which=0, V's: 1), so that what a backend reads is poison as designed."""
+        out = torch.empty_like(layers, dtype=torch.float32 if self.quantized else layers.dtype)
+        for lid, layer in enumerate(out):
+            layer.normal_(mean, std, generator=gen)
+        if not self.quantized:
+            return out
+        return torch.stack([quantize(layer, self.scales[lid][which], self.dtype) for lid, layer in enumerate(out)])
+
     def draw_poison(self) -> None:
         gen = torch.Generator(device=self.device).manual_seed(POISON_SEED)
-        self._poison_k, self._poison_v = torch.empty_like(self.k_layers), torch.empty_like(self.v_layers)
-        for layer in self._poison_k:  # layer by layer, K then V: the values the pool always had
-            layer.normal_(0.0, POISON_K_STD, generator=gen)
-        for layer in self._poison_v:
-            layer.normal_(POISON_V_MEAN, POISON_V_STD, generator=gen)
+        # K then V: the values the pool always had
+        self._poison_k = self._poison_like(self.k_layers, 0.0, POISON_K_STD, gen, 0)
+        self._poison_v = self._poison_like(self.v_layers, POISON_V_MEAN, POISON_V_STD, gen, 1)
         self._sealed = fingerprint([self._poison_k, self._poison_v])
+
+    def value_bound(self) -> torch.Tensor:
+        """The largest |V| a backend can read from the pool (float32, on the pool's device)."""
+        return torch.stack([dequantize(v, self.scales[lid][1]).abs().max() for lid, v in enumerate(self.v_layers)]
+                           ).max()
 
     def sealed_poison(self) -> Tuple[torch.Tensor, List[torch.Tensor], str]:
         """(fingerprint, tensors, name) of the poison, for kit.engine.fingerprint.unchanged: it is kept for
@@ -84,8 +111,9 @@ class KVPool:
         return self.k_buffer[layer_id], self.v_buffer[layer_id]
 
     def set_kv_buffer(self, layer, loc: torch.Tensor, cache_k: torch.Tensor, cache_v: torch.Tensor) -> None:
-        self.k_buffer[layer.layer_id][loc] = cache_k.to(self.dtype)
-        self.v_buffer[layer.layer_id][loc] = cache_v.to(self.dtype)
+        """Quantized with the scales of the layer given (a backend's layer object)."""
+        self.k_buffer[layer.layer_id][loc] = quantize(cache_k, getattr(layer, "k_scale", None), self.dtype)
+        self.v_buffer[layer.layer_id][loc] = quantize(cache_v, getattr(layer, "v_scale", None), self.dtype)
 
     def snapshot(self) -> Tuple[torch.Tensor, torch.Tensor]:
         """Copies of every layer's K and V: [layers, slots, heads, head_dim] each."""
@@ -107,6 +135,7 @@ class MLAKVPool(KVPool):
         self.qk_rope_head_dim = head_dim - kv_lora_rank
         self.dtype = dtype
         self.device = torch.device(device)
+        self._init_scales()
         self.k_layers = torch.empty((NUM_LAYERS, num_slots, 1, head_dim), dtype=dtype, device=device)
         self.v_layers = self.k_layers[..., :kv_lora_rank]
         self.kv_buffer: List[torch.Tensor] = list(self.k_layers.unbind(0))
@@ -118,9 +147,12 @@ class MLAKVPool(KVPool):
         """The latent part as V's poison (far from real values), the rope part as K's (it
         adds score mass): reading an unowned slot moves the output past tolerance."""
         gen = torch.Generator(device=self.device).manual_seed(POISON_SEED)
-        self._poison = torch.empty_like(self.k_layers)
-        self._poison[..., :self.kv_lora_rank].normal_(POISON_V_MEAN, POISON_V_STD, generator=gen)
-        self._poison[..., self.kv_lora_rank:].normal_(0.0, POISON_K_STD, generator=gen)
+        poison = torch.empty_like(self.k_layers, dtype=torch.float32 if self.quantized else self.dtype)
+        poison[..., :self.kv_lora_rank].normal_(POISON_V_MEAN, POISON_V_STD, generator=gen)
+        poison[..., self.kv_lora_rank:].normal_(0.0, POISON_K_STD, generator=gen)
+        # A quantized latent is stored with its layer's scale (k_scale, the latent's one)
+        self._poison = (torch.stack([quantize(layer, self.scales[lid][0], self.dtype) for lid, layer in enumerate(poison)])
+                        if self.quantized else poison)
         self._sealed = fingerprint([self._poison])
 
     def sealed_poison(self) -> Tuple[torch.Tensor, List[torch.Tensor], str]:
@@ -129,9 +161,19 @@ class MLAKVPool(KVPool):
     def reset(self) -> None:
         self.k_layers.copy_(self._poison)
 
+    def stored(self, layer_id: int, k: torch.Tensor, v: torch.Tensor) -> Tuple[torch.Tensor, torch.Tensor]:
+        """The latent row and its V columns, quantized with the latent's scale (k_scale)."""
+        scale = self.scales[layer_id][0]
+        return quantize(k, scale, self.dtype), quantize(v, scale, self.dtype)
+
+    def value_bound(self) -> torch.Tensor:
+        return torch.stack([dequantize(v, self.scales[lid][0]).abs().max() for lid, v in enumerate(self.v_layers)]
+                           ).max()
+
     def set_kv_buffer(self, layer, loc: torch.Tensor, cache_k: torch.Tensor, cache_v: torch.Tensor) -> None:
-        """cache_k is the whole latent row (cache_v, its view, is not written again), as SGLang's."""
-        self.kv_buffer[layer.layer_id][loc] = cache_k.to(self.dtype)
+        """cache_k is the whole latent row (cache_v, its view, is not written again), as SGLang's;
+        quantized with the scale of the layer given (k_scale)."""
+        self.kv_buffer[layer.layer_id][loc] = quantize(cache_k, getattr(layer, "k_scale", None), self.dtype)
 
     def set_mla_kv_buffer(self, layer, loc: torch.Tensor, cache_k_nope: torch.Tensor,
                           cache_k_rope: torch.Tensor) -> None:
@@ -139,6 +181,7 @@ class MLAKVPool(KVPool):
         self.set_kv_buffer(layer, loc, torch.cat([cache_k_nope, cache_k_rope], dim=-1), None)
 
     def get_mla_kv_buffer(self, layer, loc: torch.Tensor, dst_dtype=None) -> Tuple[torch.Tensor, torch.Tensor]:
+        """The stored rows (as SGLang's: a quantized latent is returned as stored, unscaled)."""
         rows = self.kv_buffer[layer.layer_id][loc].to(dst_dtype or self.dtype)
         return rows[..., :self.kv_lora_rank], rows[..., self.kv_lora_rank:]
 

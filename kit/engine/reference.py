@@ -3,7 +3,9 @@
 Never reads the pool, req_to_token or any backend metadata: only the plan
 (which keys each query may see, and positions), the model's layers and the
 generated q/k/v (`Batch`: a kit.engine.fixture.Fixture is one). The fixture
-keeps what is computed here (Fixture.reference).
+keeps what is computed here (Fixture.reference). A quantized (fp8) KV cache's
+K and V are quantized as the pool's write quantizes them and attended as read
+back (`as_read`): the reference is exact on what the pool can hold.
 
 The float64 golden computes the requests together, padded to the longest (a
 padded key is masked out, a padded query dropped): a few dozen operations per
@@ -16,6 +18,7 @@ from typing import Dict, List, Optional, Protocol, Tuple
 
 import torch
 
+from kit.engine.kv_quant import as_stored, is_quantized
 from kit.engine.layer import Layer
 from kit.engine.plan import BatchPlan, RequestPlan
 from kit.engine.pools import CASE_LAYER_ID
@@ -38,6 +41,29 @@ class Batch(Protocol):
     plan: BatchPlan
     layers: Tuple[Layer, ...]  # the model, in layer order (layer_id = index)
     inputs: List[LayerInputs]  # per layer
+
+
+@dataclasses.dataclass
+class _AsRead:
+    """A layer's inputs with K and V as a backend reads them back from a quantized pool."""
+
+    q: torch.Tensor
+    k_new: torch.Tensor
+    v_new: torch.Tensor
+    k_old: torch.Tensor
+    v_old: torch.Tensor
+
+
+def as_read(batch: Batch, layer_id: int) -> LayerInputs:
+    """One layer's inputs, K and V quantized as the pool stores them (the layer's k_scale /
+    v_scale, kit.engine.kv_quant) and read back (float32, exact); the inputs themselves where
+    the KV cache is not quantized."""
+    x, layer, dtype = batch.inputs[layer_id], batch.layers[layer_id], batch.plan.case.kv_torch_dtype
+    if not is_quantized(dtype):
+        return x
+    k_scale, v_scale = layer.k_scale, layer.v_scale
+    return _AsRead(x.q, as_stored(x.k_new, k_scale, dtype), as_stored(x.v_new, v_scale, dtype),
+                   as_stored(x.k_old, k_scale, dtype), as_stored(x.v_old, v_scale, dtype))
 
 
 def logical_kv(plan: BatchPlan, x: LayerInputs) -> List[Tuple[torch.Tensor, torch.Tensor]]:
@@ -133,7 +159,7 @@ def golden(batch: Batch, layer_id: int = CASE_LAYER_ID,
            groups: Optional[List[_Group]] = None) -> torch.Tensor:
     """[num_tokens, Hq, Dv] float64 attention of one layer, every request at once."""
     layer = batch.layers[layer_id]
-    x = batch.inputs[layer_id]
+    x = as_read(batch, layer_id)
     q = x.q.to(torch.float64)
     if groups is None:
         groups = _groups(batch.plan, layer.tp_q_head_num, layer.sliding_window_size, q.device)
@@ -159,7 +185,7 @@ def attention(batch: Batch, dtype: torch.dtype = torch.float64, layer_id: int = 
     hidden = [h for g in groups for h in g.hidden]  # per request, padded to its group
     group = layer.tp_q_head_num // layer.tp_k_head_num
     outs, n = [], 0
-    for req, (k, v), req_hidden in zip(batch.plan.requests, logical_kv(batch.plan, batch.inputs[layer_id]), hidden):
+    for req, (k, v), req_hidden in zip(batch.plan.requests, logical_kv(batch.plan, as_read(batch, layer_id)), hidden):
         q = q_all[n:n + req.n_new]
         n += req.n_new
         k = k.to(dtype).repeat_interleave(group, dim=1)

@@ -16,7 +16,7 @@ from typing import Callable, Dict, Tuple
 
 from hypothesis import strategies as st
 
-from kit.engine.case import _LAYOUT_SUFFIX, INPUT_FORMS, LAYOUTS, Case
+from kit.engine.case import _LAYOUT_SUFFIX, INPUT_FORMS, KV_DTYPES, LAYOUTS, Case
 from kit.harness.schedule import BS_BUCKETS, TOKEN_BUCKETS
 from kit.modes import ForwardMode
 
@@ -140,6 +140,7 @@ FEATURES: Tuple[Tuple[str, Feature], ...] = (
     ("seed", lambda draw, d: dict(seed=draw(st.integers(0, SEEDS - 1)))),
     ("inputs", lambda draw, d: dict(inputs=draw(st.sampled_from(INPUT_FORMS)))),  # views of a fused QKV row
     ("mla", _mla),
+    ("kv_dtype", lambda draw, d: dict(kv_dtype=draw(st.sampled_from((None,) + tuple(KV_DTYPES))))),
 )
 
 
@@ -156,7 +157,7 @@ def case_name(fields: Dict, mode: ForwardMode) -> str:
     parts += [flag for flag, on in (("window", fields["window"] >= 0), ("cap", fields["cap"] > 0),
                                     ("scale", fields["scale"] is not None), ("hybrid", fields["hybrid"]),
                                     ("fused", fields.get("inputs") == "fused_qkv")) if on]
-    parts += [f"p{fields['page']}", fields["dtype"]]
+    parts += [f"p{fields['page']}", fields["dtype"]] + ([fields["kv_dtype"]] if fields.get("kv_dtype") else [])
     checksum = zlib.crc32(repr(sorted(fields.items())).encode()) & 0xFFFFFF
     return "_".join(parts) + _LAYOUT_SUFFIX[fields["layout"]] + f"_fz{checksum:06x}"
 

@@ -1,5 +1,5 @@
 """What a backend class declares of itself, read once when it is loaded and checked
-(`Capabilities.of`): the modes and attention kinds forward() implements, its graph hooks, how it takes a padded
+(`Capabilities.of`): the modes, attention kinds and quantized KV caches forward() implements, its graph hooks, how it takes a padded
 EXTEND batch, and the smoke cases a plain CPU run gives it. The harness asks this record,
 never the class."""
 from __future__ import annotations
@@ -8,7 +8,7 @@ import dataclasses
 import enum
 from typing import Dict, FrozenSet, Optional, Tuple
 
-from kit.engine.case import Case
+from kit.engine.case import KV_DTYPES, Case
 from kit.engine.modes import rules_for
 from kit.modes import ForwardMode
 
@@ -41,6 +41,7 @@ class Capabilities:
     # None: the modes whose rules say they are assumed supported (the four the protocol started with).
     modes: Optional[FrozenSet[str]]
     attention_kinds: FrozenSet[str]  # Case.kind values forward() implements ("dense", "mla")
+    kv_dtypes: FrozenSet[str]  # Case.kv_dtype values (quantized KV caches) forward() reads
     graph_hooks: Optional[GraphHooks]  # None: no graph runs ("no capture hooks")
     in_graph: bool  # two-phase: init_forward_metadata_in_graph, recorded in the graph
     extend_capture: bool  # EXTEND's forward() may be captured once per token bucket
@@ -60,6 +61,7 @@ class Capabilities:
             flags[flag] = value
         return cls(modes=_modes(name, getattr(backend_cls, "modes", None)),
                    attention_kinds=_kinds(name, getattr(backend_cls, "attention_kinds", DENSE_ONLY)),
+                   kv_dtypes=_kv_dtypes(name, getattr(backend_cls, "kv_dtypes", ())),
                    graph_hooks=_graph_hooks(backend_cls),
                    in_graph=callable(getattr(backend_cls, "init_forward_metadata_in_graph", None)),
                    ci_cases=_ci_cases(name, getattr(backend_cls, "ci_cases", None)), **flags)
@@ -75,6 +77,12 @@ class Capabilities:
             return None
         what = {"mla": "MLA (latent attention)"}.get(case.kind, case.kind)
         return f"{what}: the backend does not implement it (its `attention_kinds` leave out {case.kind!r})"
+
+    def kv_dtype_reason(self, case: Case) -> Optional[str]:
+        """Why the backend does not run the case's quantized KV cache (its `kv_dtypes` leave it out), or None."""
+        if case.kv_dtype is None or case.kv_dtype in self.kv_dtypes:
+            return None
+        return f"{case.kv_dtype} KV cache: the backend does not read it (its `kv_dtypes` leave out {case.kv_dtype!r})"
 
     @property
     def has_graph_hooks(self) -> bool:
@@ -98,6 +106,14 @@ def _kinds(name: str, declared) -> FrozenSet[str]:
             isinstance(k, str) for k in declared):
         raise BadDeclaration(f"{name}.attention_kinds must be a tuple of kinds (e.g. (\"dense\", \"mla\")), "
                              f"not {declared!r}")
+    return frozenset(declared)
+
+
+def _kv_dtypes(name: str, declared) -> FrozenSet[str]:
+    if isinstance(declared, str) or not isinstance(declared, (tuple, list, set, frozenset)) or not all(
+            k in KV_DTYPES for k in declared):
+        raise BadDeclaration(f"{name}.kv_dtypes must be a tuple of {tuple(KV_DTYPES)} (quantized KV caches it "
+                             f"reads), not {declared!r}")
     return frozenset(declared)
 
 

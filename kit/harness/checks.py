@@ -236,7 +236,7 @@ def padding_figures(padded: Sequence[torch.Tensor], pool) -> Pending:
     is, within the range of the pool's values: a huge finite row overflows in the next norm,
     or sets the scale of a dynamic per-tensor activation quantization and with it the real
     rows' precision."""
-    bound = pool.v_layers.abs().max().float()
+    bound = pool.value_bound().float()
     rows = torch.cat([out.flatten(1).to(torch.float32) for out in padded]) if padded else torch.zeros(0, 1)
     rows = rows.to(bound.device)
     nonfinite = ~torch.isfinite(rows).all(dim=1)
@@ -289,10 +289,13 @@ class KVCheck(Check):
         return "kv pool wrong: " + "; ".join(parts)
 
 
+_BITS = {1: torch.uint8, 2: torch.int16, 4: torch.int32}  # element size -> an integer view of its bits
+
+
 def _differs(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
-    """Per-slot bitwise difference (NaN-safe) of [..., slots, heads, head_dim] tensors."""
-    a = a.flatten(-2).view(torch.int16 if a.element_size() == 2 else torch.int32)
-    b = b.flatten(-2).view(torch.int16 if b.element_size() == 2 else torch.int32)
+    """Per-slot bitwise difference (NaN-safe) of [..., slots, heads, head_dim] tensors (fp8: their bytes)."""
+    a = a.flatten(-2).view(_BITS[a.element_size()])
+    b = b.flatten(-2).view(_BITS[b.element_size()])
     return (a != b).any(dim=-1)
 
 
@@ -304,7 +307,8 @@ def check_kv(pool, before_k: torch.Tensor, before_v: torch.Tensor, loc: torch.Te
 def kv_figures(pool, before_k: torch.Tensor, before_v: torch.Tensor, loc: torch.Tensor,
                writes: Dict[int, Tuple[torch.Tensor, torch.Tensor]]) -> Pending:
     """The new k/v of a run of consecutive layers (`writes`: layer_id -> (k, v)) must sit at
-    `loc`; nothing else may change but scratch slot 0. `before_k`/`before_v`: the pool's
+    `loc` as the pool stores them (a quantized pool: quantized with the layer's scales, compared
+    byte for byte); nothing else may change but scratch slot 0. `before_k`/`before_v`: the pool's
     snapshot ([layers, slots, heads, head_dim]). All layers at once."""
     loc = loc.to(torch.int64)
     k, v = pool.k_layers, pool.v_layers
@@ -315,8 +319,9 @@ def kv_figures(pool, before_k: torch.Tensor, before_v: torch.Tensor, loc: torch.
         raise ValueError(f"writes must be of consecutive layers, got layers {sorted(writes)}")
     written = slice(first, last + 1)
     if writes:
-        new_k = torch.stack([writes[lid][0] for lid in range(first, last + 1)]).to(k.dtype)
-        new_v = torch.stack([writes[lid][1] for lid in range(first, last + 1)]).to(v.dtype)
+        stored = [pool.stored(lid, *writes[lid]) for lid in range(first, last + 1)]  # fp8: quantized, bit-exact
+        new_k = torch.stack([kv[0] for kv in stored])
+        new_v = torch.stack([kv[1] for kv in stored])
         lost = (_differs(k[written][:, loc], new_k) | _differs(v[written][:, loc], new_v)) & (loc != 0)
         changed[written].index_fill_(1, loc, False)
     else:

@@ -40,7 +40,7 @@ class BackendContext:
 
     @classmethod
     def for_case(cls, case: Case, pools, device) -> "BackendContext":
-        return cls(device=torch.device(device), dtype=case.torch_dtype, kv_cache_dtype=case.torch_dtype,
+        return cls(device=torch.device(device), dtype=case.torch_dtype, kv_cache_dtype=case.kv_torch_dtype,
                    page_size=pools.token_to_kv_pool.page_size, layers=model_layers(case), req_to_token_pool=pools.req_to_token_pool,
                    token_to_kv_pool=pools.token_to_kv_pool, speculative=rules_for(case.mode).speculative_config(case))
 
@@ -63,6 +63,10 @@ class AttentionBackend:
     # caches) and "mla" (latent attention over one latent row per token). A backend that
     # does not list "mla" is unsupported for MLA cases, whatever its supports() says.
     attention_kinds: tuple = DENSE_ONLY
+    # The quantized KV caches forward() reads (Case.kv_dtype: "fp8_e4m3", "fp8_e5m2"): a pool of
+    # that dtype, each layer's scales on the layer (k_scale, v_scale). A case whose kv_dtype is
+    # not listed is unsupported, whatever supports() says.
+    kv_dtypes: tuple = ()
     # {mode value: case names}: the smoke cases a plain CPU run (`--case-set auto`) gives a backend
     # too slow on CPU for all of them; None: every case. `--case-set smoke` runs them all.
     ci_cases: Optional[dict] = None

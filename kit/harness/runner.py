@@ -116,7 +116,7 @@ class RunSetup:
 
 def unsupported_reason(backend_cls, caps: Capabilities, case: Case, exec_: Exec) -> Optional[str]:
     # The kind first: a backend written for dense attention need not know an MLA case's fields.
-    reason = caps.kind_reason(case)
+    reason = caps.kind_reason(case) or caps.kv_dtype_reason(case)
     if reason is None:
         reason = _call("supports()", backend_cls.supports, case)
     if reason is None:
