@@ -58,3 +58,12 @@ FULL += in_every_layout([
       **deepseek(16)),
     C("mla_h128_ragged_p16", prefix=(16, 33, 1, 1500), page=16, **deepseek(128)),
 ])
+
+# fp8 KV caches (kit.engine.kv_quant): K and V stored quantized, with scales per layer, K's != V's.
+SMOKE += [C("gqa_fp8_e4m3_p16_fp16", prefix=(0, 17, 33), page=16, dtype="fp16", head_dim=64, kv_dtype="fp8_e4m3")]
+FULL += in_every_layout([
+    C("gqa_fp8_e4m3_ragged_p16", prefix=(0, 15, 16, 17, 100, 257), page=16, kv_dtype="fp8_e4m3"),
+    C("mha_fp8_e4m3_long_p1_fp16", prefix=(1100, 3), heads=MHA, dtype="fp16", kv_dtype="fp8_e4m3"),
+    C("gqa_fp8_e4m3_bs12_p64", prefix=(5, 90, 1, 300, 17, 64, 2, 129, 40, 8, 77, 250), page=64, kv_dtype="fp8_e4m3"),
+    C("mla_h16_fp8_e4m3_p16", prefix=(16, 33, 1, 700), page=16, kv_dtype="fp8_e4m3", **deepseek(16)),
+])

@@ -63,3 +63,13 @@ FULL += in_every_layout([
     C("mla_h16_draft5_bs9_p1_fp16", prefix=(63, 64, 65, 1, 200, 130, 7, 1500, 300), new=5, dtype="fp16",
       **deepseek(16)),
 ])
+
+# fp8 KV caches (kit.engine.kv_quant): K and V stored quantized, with scales per layer, K's != V's.
+SMOKE += [C("gqa_fp8_e5m2_draft3_p16_fp16", prefix=(5, 30), new=3, page=16, dtype="fp16", head_dim=64,
+            kv_dtype="fp8_e5m2")]
+FULL += in_every_layout([
+    C("gqa_fp8_e5m2_draft4_p16", prefix=(0, 17, 33, 64), new=4, page=16, kv_dtype="fp8_e5m2"),
+    C("mha_fp8_e5m2_long_p1_fp16", prefix=(1100, 5), new=3, heads=MHA, dtype="fp16", kv_dtype="fp8_e5m2"),
+    C("gqa_fp8_e5m2_bs9_draft5_p64", prefix=(63, 64, 65, 1, 200, 130, 7, 500, 300), new=5, page=64,
+      kv_dtype="fp8_e5m2"),
+])

@@ -63,3 +63,20 @@ FULL += in_every_layout([
       dtype="fp16", **deepseek(16)),
     C("mla_zero_prefix_p16", prefix=(0, 0, 0), new=(30, 64, 5), page=16, **deepseek(128)),
 ])
+
+# fp8 KV caches (kit.engine.kv_quant): K and V stored quantized, with scales per layer, K's != V's.
+# Prefixes in the pool and ragged new tokens: a backend that attends the new tokens from k/v as
+# handed (ragged) and the prefix from the pool must dequantize the prefix and only the prefix.
+SMOKE += [
+    C("gqa_fp8_e5m2_prefix_p16_fp16", prefix=(17, 33, 0), new=(5, 1, 16), page=16, dtype="fp16", head_dim=64,
+      kv_dtype="fp8_e5m2"),
+    C("mla_r32_h16_fp8_e4m3_p16_fp32", prefix=(17, 0), new=(5, 9), page=16, dtype="fp32", kv_dtype="fp8_e4m3",
+      **SMALL_MLA),
+]
+FULL += in_every_layout([
+    C("gqa_fp8_e5m2_ragged_p16", prefix=(0, 17, 33, 64), new=(5, 1, 16, 3), page=16, kv_dtype="fp8_e5m2"),
+    C("mha_fp8_e4m3_long_p1_fp16", prefix=(1000,), new=(100,), heads=MHA, dtype="fp16", kv_dtype="fp8_e4m3"),
+    C("gqa_fp8_e5m2_bs6_p64", prefix=(0, 64, 63, 130, 1, 500), new=(1, 64, 65, 7, 128, 3), page=64,
+      kv_dtype="fp8_e5m2"),
+    C("mla_h16_fp8_e4m3_p16", prefix=(16, 0, 300), new=(9, 40, 3), page=16, kv_dtype="fp8_e4m3", **deepseek(16)),
+])

@@ -72,3 +72,15 @@ FULL += in_every_layout([
     C("mla_h16_tree6_p1", prefix=(50, 300, 3), new=6, topk=2, **deepseek(16)),
     C("mla_h128_tree8_p16_fp16", prefix=(17, 250, 1023), new=8, topk=2, page=16, dtype="fp16", **deepseek(128)),
 ])
+
+# fp8 KV caches (kit.engine.kv_quant): K and V stored quantized, with scales per layer, K's != V's.
+SMOKE += [C("gqa_fp8_e4m3_chain3_p16_fp16", prefix=(9, 33), new=3, page=16, dtype="fp16", head_dim=64,
+            kv_dtype="fp8_e4m3")]
+FULL += in_every_layout([
+    C("gqa_fp8_e4m3_chain4_p16", prefix=(17, 16, 1, 300), new=4, page=16, kv_dtype="fp8_e4m3"),
+    C("mha_fp8_e4m3_long_tree6_p1_fp16", prefix=(1100, 40), new=6, topk=2, heads=MHA, dtype="fp16",
+      kv_dtype="fp8_e4m3"),
+    C("gqa_fp8_e4m3_bs9_chain3_p64", prefix=(63, 64, 65, 1, 200, 130, 7, 500, 300), new=3, page=64,
+      kv_dtype="fp8_e4m3"),
+    C("mla_h16_fp8_e4m3_chain4_p16", prefix=(17, 1, 700), new=4, page=16, kv_dtype="fp8_e4m3", **deepseek(16)),
+])

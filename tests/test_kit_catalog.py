@@ -15,6 +15,7 @@ from cases import CATALOG as catalog
 from kit.engine.case import GQA, LAYOUTS, MHA, MQA, Case
 from kit.engine.catalog import CASE_SETS, Catalog
 from kit.engine.fixture import SHARED, Fixture
+from kit.engine.kv_quant import quantize
 from kit.engine.layer import model_layers
 from kit.modes import MODES, ForwardMode
 from kit.engine.modes import rules_for
@@ -111,6 +112,7 @@ FEATURES = {
     "layout": lambda c: {c.layout},
     "hybrid": lambda c: {"hybrid layers" if c.hybrid else "uniform layers"},
     "kv_lora_rank": lambda c: {"mla" if c.is_mla else "dense"},
+    "kv_dtype": lambda c: {f"kv cache {c.kv_dtype or 'in dtype'}"},
     "rope_dim": lambda c: set(),  # MLA's widths: head_dim's feature (rank + rope) covers them
     "inputs": lambda c: {f"inputs {c.inputs}"},
 }
@@ -178,6 +180,8 @@ def test_an_mla_line_is_valid():
     (dict(rope_dim=64), "rope_dim applies to MLA only"),
     (dict(inputs="packed"), "inputs 'packed' not in ('contiguous', 'fused_qkv')"),
     (dict(MLA_OK, inputs="fused_qkv"), "MLA inputs are contiguous"),
+    (dict(kv_dtype="fp8"), "kv_dtype 'fp8' not in [None, 'fp8_e4m3', 'fp8_e5m2']"),
+    (dict(kv_dtype="fp8_e4m3fn"), "kv_dtype 'fp8_e4m3fn' not in"),
 ], ids=lambda v: v if isinstance(v, str) else None)
 def test_case_rejects_bad_lines(bad, message):
     """A malformed case line fails where it is declared (file:line), saying what is wrong,
@@ -301,6 +305,30 @@ def _read_dense(x, layer):
     return dict(q=read_dense(x.handed("fused_qkv")[0]))
 
 
+def _fp8_read_bug(read_scales):
+    """A quantized cache read with the wrong scales: read_scales(layer) -> the (k, v) scales the
+    kernel multiplies the stored values by. The planted batch holds what that kernel reads, in an
+    unquantized cache (the stored values times those scales, exact in the case's dtype)."""
+    def plant(fx):
+        case, dtype = fx.case.with_(kv_dtype=None), fx.case.kv_torch_dtype
+
+        def read(t, scale, by):
+            return (quantize(t, scale, dtype).float() * by).to(t.dtype)
+        inputs = []
+        for x, layer in zip(fx.inputs, fx.layers):
+            k_by, v_by = read_scales(layer)
+            inputs.append(dataclasses.replace(
+                x, k_new=read(x.k_new, layer.k_scale, k_by), k_old=read(x.k_old, layer.k_scale, k_by),
+                v_new=read(x.v_new, layer.v_scale, v_by), v_old=read(x.v_old, layer.v_scale, v_by)))
+        return dataclasses.replace(fx, plan=dataclasses.replace(fx.plan, case=case), layers=model_layers(case),
+                                   inputs=inputs)
+    return plant
+
+
+def _is_fp8(c):
+    return c.kv_dtype is not None
+
+
 # mutant number, name -> (modes, applies to case, the bug planted in a fixture)
 BUG_CLASSES = {
     (7, "window one short"): (MODES, lambda c: c.window > 0, _case_bug(lambda c: dict(window=c.window - 1))),
@@ -319,6 +347,10 @@ BUG_CLASSES = {
     (41, "MLA values from the rope tail"): (MODES, _is_mla, _input_bug(_values_from_rope_tail)),
     (42, "MLA scale from head_dim 576"): (MODES, _is_mla, _case_bug(lambda c: dict(scale=c.head_dim ** -0.5))),
     (50, "q/k/v read with dense strides"): (MODES, lambda c: c.inputs == "fused_qkv", _input_bug(_read_dense)),
+    (60, "fp8 scale applied twice"): (MODES, _is_fp8, _fp8_read_bug(lambda l: (l.k_scale ** 2, l.v_scale ** 2))),
+    (61, "fp8 scale ignored"): (MODES, _is_fp8, _fp8_read_bug(lambda l: (1.0, 1.0))),
+    (62, "fp8 K scale used for V"): (MODES, lambda c: _is_fp8(c) and not c.is_mla,
+                                     _fp8_read_bug(lambda l: (l.k_scale, l.k_scale))),
 }
 
 
@@ -376,7 +408,8 @@ KV_BUG_CLASSES = {
 @pytest.mark.parametrize("mode", MODES, ids=lambda m: m.value)
 def test_every_mla_kv_bug_class_is_caught_by_three_full_cases(mode):
     caught = {key: [] for key in KV_BUG_CLASSES}
-    for case in _cheapest_first(mode, _is_mla):
+    # the latent's bytes as written: unquantized cases
+    for case in _cheapest_first(mode, lambda c: _is_mla(c) and not c.kv_dtype):
         if all(len(cases) >= MIN_CATCHING for cases in caught.values()):
             break
         fx = run_setup(case).fixtures[-1]

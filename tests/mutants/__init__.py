@@ -20,6 +20,7 @@ T = "tests.mutants.triton:"
 FI = "tests.mutants.flashinfer:"
 SG = "tests.mutants.sglang:"
 MLA = "tests.mutants.mla:"
+FP8 = "tests.mutants.fp8:"
 G, K, KV, C = ("graph",), ("kernel",), ("kv-write",), ("crash",)
 # Reading or writing past a buffer the backend sized itself: wrong output where the
 # stray access lands in readable memory, a crash where it corrupts the heap.
@@ -35,6 +36,7 @@ def _any_layer(has):
 WINDOWED = _any_layer(lambda layer: layer.sliding_window_size >= 0)
 CAPPED = _any_layer(lambda layer: layer.logit_cap > 0)
 TREE = lambda c: c.topk > 1  # noqa: E731
+FP8_KV = lambda c: c.kv_dtype is not None  # noqa: E731
 
 MUTANTS = [
     # Mutant 1 lives in a capture/replay-style backend: in the two-phase Triton backend the
@@ -124,4 +126,9 @@ MUTANTS = [
     Mutant(43, "mla_latent_to_wrong_layer", MLA + "LatentToWrongLayer", KV, ALL_MODES, EAGER, cpu=True),
     Mutant(43, "mla_latent_to_wrong_page", MLA + "LatentToWrongPage", KV, ALL_MODES, EAGER, cpu=True),
     Mutant(44, "mla_rope_not_written", MLA + "RopeNotWritten", KV, ALL_MODES, EAGER, cpu=True),
+    # fp8 KV cache scale bug classes (numbered from 60), in the torch_native backend: fp8 cases only.
+    Mutant(60, "fp8_scale_applied_twice", FP8 + "ScaleAppliedTwice", K, ALL_MODES, EAGER, cpu=True, reaches=FP8_KV),
+    Mutant(61, "fp8_scale_ignored", FP8 + "ScaleIgnored", K, ALL_MODES, EAGER, cpu=True, reaches=FP8_KV),
+    Mutant(62, "fp8_k_scale_used_for_v", FP8 + "KScaleUsedForV", K, ALL_MODES, EAGER, cpu=True,
+           reaches=lambda c: FP8_KV(c) and not c.is_mla),
 ]
