@@ -22,8 +22,12 @@ class _CiCasesAList(TorchNativeBackend):
     ci_cases = ["mqa_p1_shuf"]
 
 
+class _KvDtypesTorchs(TorchNativeBackend):
+    kv_dtypes = ("float8_e4m3fn",)
+
+
 @pytest.mark.parametrize("cls, named", [(_CaptureSaysYes, "extend_capture"), (_ModesOneString, "modes"),
-                                        (_CiCasesAList, "ci_cases")])
+                                        (_CiCasesAList, "ci_cases"), (_KvDtypesTorchs, "kv_dtypes")])
 def test_a_malformed_declaration_is_a_crash_when_the_backend_loads(cls, named):
     with pytest.raises(BadDeclaration, match=f"{cls.__name__}.{named} must"):
         Capabilities.of(cls)
@@ -48,3 +52,14 @@ def test_declarations_as_read():
     assert caps.modes == {"decode", "some_future_mode"} and caps.real_rows_only and not caps.in_graph
     assert caps.graph_hooks is GraphHooks.TWO_PHASE
     assert "does not implement mode extend" in caps.mode_reason(ForwardMode.EXTEND)
+
+
+def test_a_kv_dtype_left_out_is_unsupported():
+    """A backend runs an fp8 KV case only if its kv_dtypes list the case's kv_dtype."""
+    case = small_case("tiny_fp8", ForwardMode.DECODE, prefix=(3, 5), kv_dtype="fp8_e5m2")
+
+    class E4m3Only(TorchNativeBackend):
+        kv_dtypes = ("fp8_e4m3",)
+    assert "kv_dtypes" in Capabilities.of(E4m3Only).kv_dtype_reason(case)
+    assert Capabilities.of(TorchNativeBackend).kv_dtype_reason(case) is None
+    assert Capabilities.of(E4m3Only).kv_dtype_reason(case.with_(kv_dtype=None)) is None
