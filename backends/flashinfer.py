@@ -64,6 +64,7 @@ def window_on_positions(mask: torch.Tensor, seq_lens, draft: int, window: int) -
 
 class FlashInferBackend(AttentionBackend):
     name = "flashinfer"
+    kv_dtypes = ("fp8_e4m3", "fp8_e5m2")  # plan(kv_data_type=the cache's), run(k_scale=, v_scale=)
     # EXTEND stays piecewise-eager: a use_cuda_graph prefill wrapper fixes its batch
     # size at construction and its query-row limit at the first plan(), while one
     # captured token bucket is replayed with batches of other request counts and more
@@ -222,4 +223,7 @@ class FlashInferBackend(AttentionBackend):
             pool.set_kv_buffer(layer, batch.out_cache_loc, k, v)
         k_cache, v_cache = pool.get_kv_buffer(layer.layer_id)
         paged = (k_cache.view(-1, self.page, *k_cache.shape[1:]), v_cache.view(-1, self.page, *v_cache.shape[1:]))
-        return self.wrapper.run(q, paged)
+        if layer.k_scale is None:
+            return self.wrapper.run(q, paged)
+        # fp8 KV: the wrappers were planned with the cache's dtype (kv_data_type); run() descales
+        return self.wrapper.run(q, paged, k_scale=layer.k_scale, v_scale=layer.v_scale)

@@ -31,6 +31,7 @@ FA_CKV_MULTIPLE, FA_KPE_MULTIPLE = 128, 64
 
 class FlashInferMLABackend(dense.FlashInferBackend):
     name = "flashinfer_mla"
+    # No fp8 KV (kv_dtypes left empty): the adapter does not pass a latent scale to the MLA wrapper.
     attention_kinds = ("mla",)
 
     @classmethod

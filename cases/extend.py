@@ -68,7 +68,7 @@ FULL += in_every_layout([
 # Prefixes in the pool and ragged new tokens: a backend that attends the new tokens from k/v as
 # handed (ragged) and the prefix from the pool must dequantize the prefix and only the prefix.
 SMOKE += [
-    C("gqa_fp8_e5m2_prefix_p16_fp16", prefix=(17, 33, 0), new=(5, 1, 16), page=16, dtype="fp16", head_dim=64,
+    C("gqa_fp8_e5m2_prefix_p16_fp16", prefix=(17, 0), new=(5, 9), page=16, dtype="fp16", head_dim=64,
       kv_dtype="fp8_e5m2"),
     C("mla_r32_h16_fp8_e4m3_p16_fp32", prefix=(17, 0), new=(5, 9), page=16, dtype="fp32", kv_dtype="fp8_e4m3",
       **SMALL_MLA),

@@ -217,3 +217,26 @@ def test_importing_sglang_leaves_the_jit_caches_where_they_were(tmp_path):
     proc = subprocess.run([sys.executable, "-c", code], cwd=REPO, env=env, capture_output=True, text=True)
     assert proc.returncode == 0, proc.stderr[-2000:]
     assert proc.stdout.split() == [str(tmp_path), str(tmp_path / ".triton" / "cache")]
+
+
+def test_an_fp8_cache_is_written_by_sglangs_own_pool_code():
+    """A dense fp8 case's pool is SGLang's MHATokenToKVPool code (its readers and its quantizing
+    writer) over the kit's buffers: the layer's scales on its RadixAttention as a model loads them,
+    and what the writer stores passes the kit's KV check, byte for byte."""
+    from backends.sglang.adapter import MHA_POOL_CODE
+    from backends.sglang.runtime import MHATokenToKVPool
+    from kit.harness.checks import check_kv
+
+    case = small_case("fp8", ForwardMode.EXTEND, (3, 5), (2, 4), dtype="fp16", page=4, kv_dtype="fp8_e4m3")
+    fx, backend = _built(case)
+    pool, kit_pool = backend.runner.token_to_kv_pool, fx.pools.token_to_kv_pool
+    for name in MHA_POOL_CODE:
+        assert inspect.getattr_static(type(pool), name) is inspect.getattr_static(MHATokenToKVPool, name), name
+    layer, x = fx.layers[1], fx.inputs[1]
+    attn = backend.layers[layer]
+    assert (attn.k_scale_float, attn.v_scale_float) == (layer.k_scale, layer.v_scale)
+    assert pool.get_key_buffer(1).dtype == torch.float8_e4m3fn
+    assert pool.get_key_buffer(1).data_ptr() == kit_pool.k_buffer[1].data_ptr()
+    loc, before = fx.batch.out_cache_loc, kit_pool.snapshot()
+    pool.set_kv_buffer(attn, loc, x.k_new.clone(), x.v_new.clone(), attn.k_scale, attn.v_scale)
+    assert check_kv(kit_pool, *before, loc, {1: (x.k_new, x.v_new)}).ok

@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import importlib
 import importlib.metadata
+import inspect
 from typing import Optional
 
 import torch
@@ -103,6 +104,43 @@ class _KVPool:
         self.pool.set_kv_buffer(layer, loc, cache_k, cache_v)
 
 
+# What SGLang's MHATokenToKVPool does itself for a quantized (fp8) cache, taken from its class (and
+# KVCache's): its readers (the stored bytes viewed as the fp8 dtype) and its writer (k / k_scale,
+# cast to fp8, stored as bytes), run over the kit's buffers.
+MHA_POOL_CODE = ("get_key_buffer", "_get_key_buffer", "get_value_buffer", "_get_value_buffer", "get_kv_buffer",
+                 "set_kv_buffer", "_store_kv_layer", "_check_physical_write_loc", "requires_physical_write_loc",
+                 "is_quantized_kv_cache")
+
+
+class _QuantizedKVPoolState(_KVPool):
+    """The state SGLang's MHATokenToKVPool code reads, over the kit's fp8 pool: per layer the K and V
+    buffers viewed as bytes (its store_dtype, memory_pool.py:2029), dtype the fp8 one."""
+
+    layer_transfer_counter = None  # no layer-wise host-to-device transfer in flight
+    use_hnd = False
+    kv_cache_layout = "nhd"
+    alt_stream = None
+
+    def __init__(self, pool, sg):
+        super().__init__(pool, sg)
+        self.store_dtype = torch.uint8
+        self.k_buffer = [b.view(torch.uint8) for b in pool.k_buffer]
+        self.v_buffer = [b.view(torch.uint8) for b in pool.v_buffer]
+        self.v_head_dim = pool.head_dim
+        self.row_dim = self.v_row_dim = pool.head_num * pool.head_dim
+        self.device = pool.device
+        self.device_module = torch.get_device_module(pool.device)
+
+
+def kv_pool(pool, sg, sglang_pool):
+    """The kit's dense pool as SGLang's backends see it: a quantized one behind SGLang's own
+    MHATokenToKVPool code (MHA_POOL_CODE, taken from `sglang_pool`)."""
+    if not pool.quantized:
+        return _KVPool(pool, sg)
+    code = {name: inspect.getattr_static(sglang_pool, name) for name in MHA_POOL_CODE}
+    return type("QuantizedKVPool", (_QuantizedKVPoolState,), code)(pool, sg)
+
+
 class _ModelRunner:
     """The model-runner attributes SGLang's attention backends read at construction."""
 
@@ -128,7 +166,7 @@ class _ModelRunner:
         self.speculative = ctx.speculative
         self.req_to_token_pool = ctx.req_to_token_pool
         self.token_to_kv_pool = (mla.pool_class(mla_pool_code)(ctx.token_to_kv_pool, layer) if self.use_mla_backend
-                                 else _KVPool(ctx.token_to_kv_pool, sg))
+                                 else kv_pool(ctx.token_to_kv_pool, sg, sg.MHATokenToKVPool))
         self.token_to_kv_pool_allocator = _Allocator(self.token_to_kv_pool)
         # As ModelRunner.init_kv_index_translator (model_runner.py:950).
         self.kv_index_translator = sg.KVIndexTranslator(
@@ -186,6 +224,11 @@ class SGLangBackend(AttentionBackend):
             num_heads=layer.tp_q_head_num, head_dim=layer.head_dim, scaling=layer.scaling,
             num_kv_heads=layer.tp_k_head_num, layer_id=layer.layer_id, logit_cap=layer.logit_cap,
             sliding_window_size=layer.sliding_window_size, v_head_dim=layer.v_head_dim) for layer in ctx.layers}
+        for layer, attn in self.layers.items():
+            if layer.k_scale is not None:  # as a model's fp8 KV scales load (quantization/kv_cache.py:80)
+                attn.k_scale = torch.tensor(layer.k_scale, dtype=torch.float32, device=ctx.device)
+                attn.v_scale = torch.tensor(layer.v_scale, dtype=torch.float32, device=ctx.device)
+                attn.k_scale_float, attn.v_scale_float = layer.k_scale, layer.v_scale
 
     def _mla_pool_code(self):
         """The class whose MLA pool code runs over the kit's latent (a real-code mutant gives a
@@ -283,6 +326,9 @@ class SGLangTritonBackend(_GraphHooks, SGLangBackend):
     sglang_class = "sglang.srt.layers.attention.triton_backend:TritonAttnBackend"
     server_name = "triton"
     attention_kinds = ("dense", "mla")
+    # fp8 KV: written by SGLang's own pool code over the kit's buffers (kv_pool; MLA: the backend
+    # divides by k_scale before the pool's write, triton_backend.py:1721), read with the layer's scales.
+    kv_dtypes = ("fp8_e4m3", "fp8_e5m2")
     # A plain CPU run (CI) gives it one short case per mode: in Triton's interpreter SGLang's
     # kernels take 5-60 s a run. `--case-set smoke` runs every smoke case (results/cpu.json).
     # MLA: the small-rank cases; DECODE has none here (its kernel does not tile rank 32 + rope 16, and
@@ -311,6 +357,7 @@ class SGLangTorchNativeBackend(SGLangBackend):
     name = "sglang_torch_native"
     sglang_class = "sglang.srt.layers.attention.torch_native_backend:TorchNativeAttnBackend"
     server_name = "torch_native"
+    # No fp8 KV (kv_dtypes left empty): TorchNativeAttnBackend never reads layer.k_scale / v_scale.
 
     @classmethod
     def supports(cls, case):
@@ -323,6 +370,9 @@ class SGLangFlashInferBackend(_GraphHooks, SGLangBackend):
     name = "sglang_flashinfer"
     sglang_class = "sglang.srt.layers.attention.flashinfer_backend:FlashInferAttnBackend"
     server_name = "flashinfer"
+    # fp8 KV: its wrappers are planned with the cache's dtype (flashinfer_backend.py:384) and run with
+    # the layer's k_scale_float / v_scale_float (:1437); the write is SGLang's pool code (kv_pool).
+    kv_dtypes = ("fp8_e4m3", "fp8_e5m2")
 
     @classmethod
     def versions(cls):
@@ -354,6 +404,8 @@ class SGLangFlashInferMLABackend(_GraphHooks, SGLangBackend):
     server_name = "flashinfer"
     server_fields = {"flashinfer_mla_disable_ragged": True}
     attention_kinds = ("mla",)  # SGLang builds it for MLA models only
+    # No fp8 KV (kv_dtypes left empty): FlashInferMLAAttnBackend plans its wrappers with the model's
+    # dtype as the KV data type (flashinfer_mla_backend.py:1001), never the cache's.
 
     @classmethod
     def versions(cls):

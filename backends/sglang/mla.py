@@ -15,6 +15,8 @@ from __future__ import annotations
 import inspect
 from typing import Optional
 
+import torch
+
 from kit.modes import ForwardMode
 
 # What SGLang's MLATokenToKVPool does itself, taken from its class (and KVCache's): the methods
@@ -62,10 +64,12 @@ class _MLAPoolState:
     def __init__(self, pool, layer):
         # SGLang's pool holds size + page_size rows (memory_pool.py:4830): the first page is padding.
         self.size, self.page_size = pool.size - pool.page_size, pool.page_size
-        self.dtype = self.store_dtype = pool.dtype  # unquantized
+        # A quantized (fp8) latent is stored as bytes, viewed as the fp8 dtype (memory_pool.py:2029)
+        self.dtype, self.store_dtype = pool.dtype, torch.uint8 if pool.quantized else pool.dtype
         self.device = pool.device
         self.kv_lora_rank, self.qk_rope_head_dim = layer.kv_lora_rank, layer.rope_dim
-        self.kv_buffer = pool.k_buffer  # per layer the latent row [slots, 1, rank + rope]
+        # per layer the latent row [slots, 1, rank + rope]
+        self.kv_buffer = [b.view(torch.uint8) for b in pool.k_buffer] if pool.quantized else pool.k_buffer
         self.layer_num = len(self.kv_buffer)
 
 

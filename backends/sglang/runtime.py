@@ -30,7 +30,7 @@ with warnings.catch_warnings():
     from sglang.srt.layers.quantization.fp4_kv_cache_quant_method import UnquantizedKVCacheMethod
     from sglang.srt.layers.radix_attention import RadixAttention
     from sglang.srt.mem_cache.kv_index_translator import KVIndexTranslator
-    from sglang.srt.mem_cache.memory_pool import MLATokenToKVPool, unwrap_write_loc
+    from sglang.srt.mem_cache.memory_pool import MHATokenToKVPool, MLATokenToKVPool, unwrap_write_loc
     from sglang.srt.model_executor.cuda_graph_config import Backend, CudaGraphConfig, PhaseConfig
     from sglang.srt.model_executor.forward_batch_info import CaptureHiddenMode, ForwardBatch, ForwardMode
     from sglang.srt.model_executor.forward_context import ForwardContext, forward_context
@@ -71,5 +71,5 @@ MODES = {"decode": ForwardMode.DECODE, "extend": ForwardMode.EXTEND, "target_ver
          "draft_extend_v2": ForwardMode.DRAFT_EXTEND_V2}
 
 __all__ = ["AttentionArch", "AttentionBackend", "CaptureHiddenMode", "EagleDraftExtendInput", "EagleVerifyInput",
-           "ForwardBatch", "ForwardContext", "KVIndexTranslator", "MLATokenToKVPool", "MODES", "PretrainedConfig", "RadixAttention",
-           "UnquantizedKVCacheMethod", "forward_context", "install_server_args", "unwrap_write_loc"]
+           "ForwardBatch", "ForwardContext", "KVIndexTranslator", "MHATokenToKVPool", "MLATokenToKVPool", "MODES",
+           "PretrainedConfig", "RadixAttention", "UnquantizedKVCacheMethod", "forward_context", "install_server_args", "unwrap_write_loc"]

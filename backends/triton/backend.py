@@ -34,21 +34,23 @@ class TritonBackend(AttentionBackend):
     name = "triton"
     extend_capture = True
     attention_kinds = ("dense", "mla")
+    kv_dtypes = ("fp8_e4m3", "fp8_e5m2")
     # A plain CPU run (`--case-set auto`, as CI runs it): each mode's paging, shuffle, window, cap,
-    # hybrid and tree cases and the small-rank MLA case. Left out: the DeepSeek-width MLA cases
+    # hybrid and tree cases, the small-rank MLA case and a short fp8 one. Left out: the DeepSeek-width MLA cases
     # (128 heads x 576 wide) and the long soft-capped ones, minutes a run in Triton's interpreter.
     # `--case-set smoke` runs them all.
     ci_cases = {
         "decode": ("gqa_ragged_p16_fp32", "mqa_p1_shuf", "mha_bs1_window_p64_inter", "gqa_bs8_cap_p1_nonmono",
                    "gqa32_scale_fp16_p16_shuf", "gqa_hybrid_p16_fp32", "mla_r32_h16_ragged_p16_fp32",
-                   "gqa_fused_p16_fp32"),
+                   "gqa_fused_p16_fp32", "gqa_fp8_e4m3_p16_fp16"),
         "extend": ("mqa_p1_shuf", "mha_bs1_window_p64_inter", "gqa_bs8_cap_p1_nonmono", "gqa_hybrid_p16_fp32",
-                   "mla_r32_h16_ragged_p16_fp32", "gqa_fused_p16_fp32"),
+                   "mla_r32_h16_ragged_p16_fp32", "gqa_fused_p16_fp32", "gqa_fp8_e5m2_prefix_p16_fp16"),
         "target_verify": ("mqa_tree6_p1_shuf", "mha_bs1_chain4_window_p64_inter", "gqa_bs8_tree4_cap_p1_nonmono",
                           "gqa_tree8_window4_p16_inter", "gqa_hybrid_tree4_p16_fp32", "mla_r32_h16_chain4_p16_fp32",
-                          "gqa_chain2_fused_p16_fp32"),
+                          "gqa_chain2_fused_p16_fp32", "gqa_fp8_e4m3_chain3_p16_fp16"),
         "draft_extend_v2": ("gqa_draft4_p16_fp32", "mqa_draft3_p1_shuf", "mha_bs1_window_p64_inter",
-                            "gqa_hybrid_draft3_p16_fp32", "mla_r32_h16_draft4_p16_fp32", "gqa_draft2_fused_p16_fp32"),
+                            "gqa_hybrid_draft3_p16_fp32", "mla_r32_h16_draft4_p16_fp32", "gqa_draft2_fused_p16_fp32",
+                            "gqa_fp8_e5m2_draft3_p16_fp16"),
     }
 
     @classmethod
@@ -169,23 +171,23 @@ class TritonBackend(AttentionBackend):
             if decode:
                 mla.decode(self.forward_metadata, q, k_cache, out, layer, _precision(q))
             else:
-                mla.extend(self.forward_metadata, q, k, k_cache, out, layer, _precision(q))
+                mla.extend(self.forward_metadata, q, k, k_cache, out, batch.out_cache_loc, layer, _precision(q))
         elif decode:
             self._decode(q, k_cache, v_cache, out, layer)
         else:
-            self._extend(q, k, v, k_cache, v_cache, out, batch.positions, layer)
+            self._extend(q, k, v, k_cache, v_cache, out, batch.positions, batch.out_cache_loc, layer)
         return out
 
     def _flags(self, q, layer) -> dict:
         return dict(HAS_CAP=layer.logit_cap > 0, HAS_WINDOW=layer.sliding_window_size >= 0, D=layer.head_dim,
-                    **_precision(q))
+                    FP8_KV=layer.k_scale is not None, **_precision(q))
 
     def _decode(self, q, k_cache, v_cache, out, layer) -> None:
         md, b = self.forward_metadata, self.forward_metadata.bufs
         group = layer.tp_q_head_num // layer.tp_k_head_num
         kernels.decode_split_kernel[(md.rows, layer.tp_k_head_num, md.max_splits)](
             q, k_cache, v_cache, b.kv_indptr, b.kv_indices, b.num_kv_splits, b.mid_o, b.mid_lse,
-            layer.scaling, layer.logit_cap, layer.sliding_window_size,
+            layer.scaling, layer.logit_cap, layer.sliding_window_size, *_kv_scales(layer),
             q.stride(0), q.stride(1), k_cache.stride(0), k_cache.stride(1), v_cache.stride(0), v_cache.stride(1),
             b.mid_o.stride(0), b.mid_o.stride(1), b.mid_o.stride(2), b.mid_lse.stride(0), b.mid_lse.stride(1),
             GROUP=group, BLOCK_H=DECODE_BLOCK_H, BLOCK_N=DECODE_BLOCK_N, **LAUNCH, **self._flags(q, layer))
@@ -194,14 +196,14 @@ class TritonBackend(AttentionBackend):
             b.mid_o.stride(0), b.mid_o.stride(1), b.mid_o.stride(2), b.mid_lse.stride(0), b.mid_lse.stride(1),
             out.stride(0), out.stride(1), MAX_SPLITS=MAX_KV_SPLITS, D=layer.head_dim)
 
-    def _extend(self, q, k, v, k_cache, v_cache, out, positions, layer) -> None:
+    def _extend(self, q, k, v, k_cache, v_cache, out, positions, out_cache_loc, layer) -> None:
         md, b = self.forward_metadata, self.forward_metadata.bufs
         custom = md.mask is not None
         kernels.extend_kernel[(md.num_blocks, layer.tp_q_head_num)](
             q, k, v, k_cache, v_cache, out, positions,
             b.qo_indptr, b.kv_indptr, b.kv_indices, md.mask if custom else b.mask, b.mask_indptr,
-            b.block_req, b.block_start, layer.scaling, layer.logit_cap, layer.sliding_window_size,
-            q.stride(0), q.stride(1), k.stride(0), k.stride(1), v.stride(0), v.stride(1),
+            b.block_req, b.block_start, layer.scaling, layer.logit_cap, layer.sliding_window_size, *_kv_scales(layer),
+            out_cache_loc, q.stride(0), q.stride(1), k.stride(0), k.stride(1), v.stride(0), v.stride(1),
             k_cache.stride(0), k_cache.stride(1), v_cache.stride(0), v_cache.stride(1), out.stride(0), out.stride(1),
             GROUP=layer.tp_q_head_num // layer.tp_k_head_num, BLOCK_M=BLOCK_M, BLOCK_N=EXTEND_BLOCK_N,
             CUSTOM_MASK=custom, **LAUNCH, **self._flags(q, layer))
@@ -210,3 +212,8 @@ class TritonBackend(AttentionBackend):
 def _precision(q) -> dict:
     """The interpreter's bf16 tl.dot is wrong: on CPU the kernels upcast; fp32 stays IEEE on the GPU."""
     return dict(UPCAST=q.device.type == "cpu", IEEE=q.dtype == torch.float32)
+
+
+def _kv_scales(layer) -> tuple:
+    """(k_scale, v_scale) the kernels multiply a quantized cache's values by (1 where it is not)."""
+    return (1.0, 1.0) if layer.k_scale is None else (layer.k_scale, layer.v_scale)

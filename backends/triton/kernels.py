@@ -66,21 +66,33 @@ def _softmax_update(s, v, visible, m_i, l_i, acc, UPCAST: tl.constexpr, IEEE: tl
 
 
 @triton.jit
-def _load_paged_kv(K, V, kv_indices, kv_start, n, live_n, kvh, d, stride_ks, stride_kh, stride_vs, stride_vh):
-    """K and V [BLOCK_N, D] of key positions `n` of a request, through its kv_indices."""
+def dequant(x, scale, like, FP8_KV: tl.constexpr):
+    """Values read from a quantized (fp8) cache: stored * scale, in `like`'s dtype (exact: the
+    scales are powers of two); an unquantized cache's as loaded."""
+    if FP8_KV:
+        return (x.to(tl.float32) * scale).to(like.dtype)
+    else:
+        return x
+
+
+@triton.jit
+def _load_paged_kv(K, V, kv_indices, kv_start, n, live_n, kvh, d, stride_ks, stride_kh, stride_vs, stride_vh,
+                   k_scale, v_scale, q, FP8_KV: tl.constexpr):
+    """K and V [BLOCK_N, D] of key positions `n` of a request, through its kv_indices, as q's dtype."""
     slots = tl.load(kv_indices + kv_start + n, mask=live_n, other=0).to(tl.int64)
     k = tl.load(K + slots[:, None] * stride_ks + kvh * stride_kh + d[None, :], mask=live_n[:, None], other=0.0)
     v = tl.load(V + slots[:, None] * stride_vs + kvh * stride_vh + d[None, :], mask=live_n[:, None], other=0.0)
-    return k, v
+    return dequant(k, k_scale, q, FP8_KV), dequant(v, v_scale, q, FP8_KV)
 
 
 @triton.jit
 def decode_split_kernel(Q, K, V, kv_indptr, kv_indices, num_kv_splits, Mid_O, Mid_LSE,
-                        sm_scale, logit_cap, window,
+                        sm_scale, logit_cap, window, k_scale, v_scale,
                         stride_qt, stride_qh, stride_ks, stride_kh, stride_vs, stride_vh,
                         stride_ob, stride_oh, stride_os, stride_lb, stride_lh,
                         GROUP: tl.constexpr, BLOCK_H: tl.constexpr, BLOCK_N: tl.constexpr, D: tl.constexpr,
-                        HAS_CAP: tl.constexpr, HAS_WINDOW: tl.constexpr, UPCAST: tl.constexpr, IEEE: tl.constexpr):
+                        HAS_CAP: tl.constexpr, HAS_WINDOW: tl.constexpr, UPCAST: tl.constexpr, IEEE: tl.constexpr,
+                        FP8_KV: tl.constexpr):
     """Stage 1: request b, KV head kvh (all GROUP query heads of it at once), KV split s."""
     b = tl.program_id(0)
     kvh = tl.program_id(1)
@@ -106,7 +118,7 @@ def decode_split_kernel(Q, K, V, kv_indptr, kv_indices, num_kv_splits, Mid_O, Mi
             n = start + tl.arange(0, BLOCK_N)
             live_n = n < hi
             k, v = _load_paged_kv(K, V, kv_indices, kv_start, n, live_n, kvh, d, stride_ks, stride_kh, stride_vs,
-                                  stride_vh)
+                                  stride_vh, k_scale, v_scale, q, FP8_KV)
             m_i, l_i, acc = _online_step(q, k, v, live_h[:, None] & live_n[None, :], m_i, l_i, acc,
                                          sm_scale, logit_cap, HAS_CAP, UPCAST, IEEE)
         seen = l_i > 0  # a split wholly outside the window contributes nothing
@@ -139,16 +151,18 @@ def decode_reduce_kernel(Mid_O, Mid_LSE, num_kv_splits, Out,
 @triton.jit
 def extend_kernel(Q, K_new, V_new, K, V, Out, positions,
                   qo_indptr, kv_indptr, kv_indices, mask, mask_indptr, block_req, block_start,
-                  sm_scale, logit_cap, window,
+                  sm_scale, logit_cap, window, k_scale, v_scale, out_cache_loc,
                   stride_qt, stride_qh, stride_knt, stride_knh, stride_vnt, stride_vnh,
                   stride_ks, stride_kh, stride_vs, stride_vh, stride_ot, stride_oh,
                   GROUP: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, D: tl.constexpr,
                   CUSTOM_MASK: tl.constexpr, HAS_CAP: tl.constexpr, HAS_WINDOW: tl.constexpr,
-                  UPCAST: tl.constexpr, IEEE: tl.constexpr):
+                  UPCAST: tl.constexpr, IEEE: tl.constexpr, FP8_KV: tl.constexpr):
     """Query block t (BLOCK_M new tokens of one request) x query head h.
 
     Keys: the request's prefix from the pool (through kv_indices), then its new
-    tokens from K_new/V_new. Visibility: causal among the new tokens, or the
+    tokens from K_new/V_new; with a quantized (FP8_KV) cache, the new tokens' from
+    the pool too (through out_cache_loc, written before the launch), so that every
+    key is attended as the cache holds it. Visibility: causal among the new tokens, or the
     custom mask ([q_len, prefix + q_len] row-major per request); window on positions.
     """
     t = tl.program_id(0)
@@ -180,7 +194,7 @@ def extend_kernel(Q, K_new, V_new, K, V, Out, positions,
             n = start + tl.arange(0, BLOCK_N)
             live_n = n < prefix
             k, v = _load_paged_kv(K, V, kv_indices, kv_start, n, live_n, kvh, d, stride_ks, stride_kh, stride_vs,
-                                  stride_vh)
+                                  stride_vh, k_scale, v_scale, q, FP8_KV)
             visible = live_m[:, None] & live_n[None, :]
             if CUSTOM_MASK:
                 allowed = tl.load(mask + mask_row[:, None] + n[None, :], mask=visible, other=0)
@@ -197,10 +211,14 @@ def extend_kernel(Q, K_new, V_new, K, V, Out, positions,
             n = start + tl.arange(0, BLOCK_N)
             live_n = n < q_len
             tok_n = (q_start + n).to(tl.int64)
-            k = tl.load(K_new + tok_n[:, None] * stride_knt + kvh * stride_knh + d[None, :], mask=live_n[:, None],
-                        other=0.0)
-            v = tl.load(V_new + tok_n[:, None] * stride_vnt + kvh * stride_vnh + d[None, :], mask=live_n[:, None],
-                        other=0.0)
+            if FP8_KV:
+                k, v = _load_paged_kv(K, V, out_cache_loc, q_start, n, live_n, kvh, d, stride_ks, stride_kh,
+                                      stride_vs, stride_vh, k_scale, v_scale, q, FP8_KV)
+            else:
+                k = tl.load(K_new + tok_n[:, None] * stride_knt + kvh * stride_knh + d[None, :],
+                            mask=live_n[:, None], other=0.0)
+                v = tl.load(V_new + tok_n[:, None] * stride_vnt + kvh * stride_vnh + d[None, :],
+                            mask=live_n[:, None], other=0.0)
             visible = live_m[:, None] & live_n[None, :]
             if CUSTOM_MASK:
                 allowed = tl.load(mask + mask_row[:, None] + prefix + n[None, :], mask=visible, other=0)

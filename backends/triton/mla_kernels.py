@@ -14,15 +14,16 @@ kernels.decode_reduce_kernel.
 import triton
 import triton.language as tl
 
-from backends.triton.kernels import _dot, _softmax_update
+from backends.triton.kernels import _dot, _softmax_update, dequant
 
 
 @triton.jit
-def _latent_rows(KV, rows, live, stride_row, r, p, R: tl.constexpr):
-    """c [N, R] and k_pe [N, P] of the latent rows `rows` (int64 offsets in rows)."""
+def _latent_rows(KV, rows, live, stride_row, r, p, R: tl.constexpr, scale, like, FP8_KV: tl.constexpr):
+    """c [N, R] and k_pe [N, P] of the latent rows `rows` (int64 offsets in rows), as `like`'s
+    dtype (a quantized latent times its one scale)."""
     c = tl.load(KV + rows[:, None] * stride_row + r[None, :], mask=live[:, None], other=0.0)
     pe = tl.load(KV + rows[:, None] * stride_row + R + p[None, :], mask=live[:, None], other=0.0)
-    return c, pe
+    return dequant(c, scale, like, FP8_KV), dequant(pe, scale, like, FP8_KV)
 
 
 @triton.jit
@@ -33,11 +34,12 @@ def _latent_step(q_c, q_pe, c, pe, visible, m_i, l_i, acc, sm_scale, UPCAST: tl.
 
 
 @triton.jit
-def mla_decode_split_kernel(Q, KV, kv_indptr, kv_indices, num_kv_splits, Mid_O, Mid_LSE, sm_scale,
+def mla_decode_split_kernel(Q, KV, kv_indptr, kv_indices, num_kv_splits, Mid_O, Mid_LSE, sm_scale, kv_scale,
                             stride_qt, stride_qh, stride_kv,
                             stride_ob, stride_oh, stride_os, stride_lb, stride_lh,
                             NUM_HEADS: tl.constexpr, BLOCK_H: tl.constexpr, BLOCK_N: tl.constexpr,
-                            R: tl.constexpr, P: tl.constexpr, UPCAST: tl.constexpr, IEEE: tl.constexpr):
+                            R: tl.constexpr, P: tl.constexpr, UPCAST: tl.constexpr, IEEE: tl.constexpr,
+                            FP8_KV: tl.constexpr):
     """Stage 1: request b, BLOCK_H query heads (all read the one latent row), KV split s: the
     split's partial output (normalized) and its log-sum-exp."""
     b = tl.program_id(0)
@@ -64,7 +66,7 @@ def mla_decode_split_kernel(Q, KV, kv_indptr, kv_indices, num_kv_splits, Mid_O, 
             n = start + tl.arange(0, BLOCK_N)
             live_n = n < hi
             slots = tl.load(kv_indices + kv_start + n, mask=live_n, other=0).to(tl.int64)
-            c, pe = _latent_rows(KV, slots, live_n, stride_kv, r, p, R)
+            c, pe = _latent_rows(KV, slots, live_n, stride_kv, r, p, R, kv_scale, q_c, FP8_KV)
             m_i, l_i, acc = _latent_step(q_c, q_pe, c, pe, live_h[:, None] & live_n[None, :], m_i, l_i, acc,
                                          sm_scale, UPCAST, IEEE)
         seen = l_i > 0  # an empty split (more splits than keys) contributes nothing
@@ -77,15 +79,16 @@ def mla_decode_split_kernel(Q, KV, kv_indptr, kv_indices, num_kv_splits, Mid_O, 
 
 @triton.jit
 def mla_extend_kernel(Q, KV_new, KV, Out, qo_indptr, kv_indptr, kv_indices, mask, mask_indptr, block_req,
-                      block_start, sm_scale,
+                      block_start, sm_scale, kv_scale, out_cache_loc,
                       stride_qt, stride_qh, stride_knt, stride_kv, stride_ot, stride_oh,
                       BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, R: tl.constexpr, P: tl.constexpr,
-                      CUSTOM_MASK: tl.constexpr, UPCAST: tl.constexpr, IEEE: tl.constexpr):
+                      CUSTOM_MASK: tl.constexpr, UPCAST: tl.constexpr, IEEE: tl.constexpr, FP8_KV: tl.constexpr):
     """Query rows [block_start + sub * BLOCK_M, + BLOCK_M) of query block t x query head h (a
     block of the metadata's table is split in sub-blocks: an R-wide accumulator per row).
 
     Keys: the request's prefix, latent rows from the pool (through kv_indices), then its new
-    tokens' rows from KV_new. Visibility: causal among the new tokens, or the custom mask
+    tokens' rows from KV_new (a quantized latent: from the pool, through out_cache_loc, as the
+    cache holds them). Visibility: causal among the new tokens, or the custom mask
     ([q_len, prefix + q_len] row-major per request)."""
     t = tl.program_id(0)
     h = tl.program_id(1)
@@ -115,7 +118,7 @@ def mla_extend_kernel(Q, KV_new, KV, Out, qo_indptr, kv_indptr, kv_indices, mask
                 n = start + tl.arange(0, BLOCK_N)
                 live_n = n < prefix
                 slots = tl.load(kv_indices + kv_start + n, mask=live_n, other=0).to(tl.int64)
-                c, pe = _latent_rows(KV, slots, live_n, stride_kv, r, p, R)
+                c, pe = _latent_rows(KV, slots, live_n, stride_kv, r, p, R, kv_scale, q_c, FP8_KV)
                 visible = live_m[:, None] & live_n[None, :]
                 if CUSTOM_MASK:
                     allowed = tl.load(mask + mask_row[:, None] + n[None, :], mask=visible, other=0)
@@ -128,7 +131,12 @@ def mla_extend_kernel(Q, KV_new, KV, Out, qo_indptr, kv_indptr, kv_indices, mask
             for start in range(0, hi, BLOCK_N):
                 n = start + tl.arange(0, BLOCK_N)
                 live_n = n < q_len
-                c, pe = _latent_rows(KV_new, (q_start + n).to(tl.int64), live_n, stride_knt, r, p, R)
+                if FP8_KV:
+                    slots = tl.load(out_cache_loc + q_start + n, mask=live_n, other=0).to(tl.int64)
+                    c, pe = _latent_rows(KV, slots, live_n, stride_kv, r, p, R, kv_scale, q_c, FP8_KV)
+                else:
+                    c, pe = _latent_rows(KV_new, (q_start + n).to(tl.int64), live_n, stride_knt, r, p, R, kv_scale,
+                                         q_c, FP8_KV)
                 visible = live_m[:, None] & live_n[None, :]
                 if CUSTOM_MASK:
                     allowed = tl.load(mask + mask_row[:, None] + prefix + n[None, :], mask=visible, other=0)
