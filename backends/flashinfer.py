@@ -89,6 +89,10 @@ class FlashInferBackend(AttentionBackend):
         if case.hybrid:
             return ("layers of different window / scale / cap: this adapter plans one kernel variant "
                     "(FlashInfer fixes them at plan()) for the whole model")
+        if case.sinks:
+            return ("attention sinks: the decode and paged prefill wrappers this adapter plans take none; "
+                    "FlashInfer's sink variant is another wrapper (BatchAttentionWithAttentionSinkWrapper, a "
+                    "JIT-built prefill variant with the sinks given to run()) that the adapter does not plan")
         if UNAVAILABLE is not None:
             return UNAVAILABLE
         if not torch.cuda.is_available():

@@ -3,7 +3,8 @@ and attend with float32 matmuls. Eager only (no graph hooks): it syncs the host
 to read lengths, as a reference backend may. MLA is the same loop over the pool's
 latent rows: one KV head, keys the whole row, values its first kv_lora_rank columns
 (the pool's get_kv_buffer gives both). An fp8 pool is read as stored (fp8) times the
-layer's k_scale / v_scale; its write (the pool's set_kv_buffer) divides by them."""
+layer's k_scale / v_scale; its write (the pool's set_kv_buffer) divides by them. Sinks: one more
+column of each softmax, dropped after it."""
 from __future__ import annotations
 
 import torch
@@ -16,6 +17,7 @@ class TorchNativeBackend(AttentionBackend):
     name = "torch_native"
     attention_kinds = ("dense", "mla")
     kv_dtypes = ("fp8_e4m3", "fp8_e5m2")
+    attention_features = ("sinks",)
 
     def init_forward_metadata(self, batch) -> None:
         mode = batch.forward_mode
@@ -64,9 +66,19 @@ class TorchNativeBackend(AttentionBackend):
             if layer.sliding_window_size >= 0:
                 allowed = allowed & (k_pos[None, :] >= q_pos[:, None] - layer.sliding_window_size)
             scores = scores.masked_fill(~allowed, float("-inf"))
-            out[start:start + n_q] = torch.einsum("hqk,khd->qhd", scores.softmax(-1), vals).to(q.dtype)
+            out[start:start + n_q] = self._attend(scores, vals, layer).to(q.dtype)
             start += n_q
         return out
+
+    def _attend(self, scores, vals, layer):
+        """[q, h, Dv]: softmax of masked scores [h, q, k] (with the layer's sink logits, if any, in
+        each denominator) over vals [k, h, Dv]."""
+        if layer.sinks:
+            sinks = layer.sinks_tensor(scores.device).view(-1, 1, 1).expand(scores.shape[:-1] + (1,))
+            probs = torch.cat([scores, sinks], dim=-1).softmax(-1)[..., :-1]
+        else:
+            probs = scores.softmax(-1)
+        return torch.einsum("hqk,khd->qhd", probs, vals)
 
 
 def _read(stored: torch.Tensor, scale) -> torch.Tensor:

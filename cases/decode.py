@@ -2,7 +2,7 @@
 from functools import partial
 
 from cases.mla import SMALL_MLA, deepseek
-from kit.engine.case import GQA_32_8, MHA, MQA, Case, in_every_layout
+from kit.engine.case import GPT_OSS, GQA_32_8, MHA, MQA, Case, in_every_layout
 from kit.modes import ForwardMode
 
 C = partial(Case, mode=ForwardMode.DECODE)
@@ -20,6 +20,8 @@ SMOKE = [
     C("mha_bs1_long_cap_p1", prefix=(1100,), heads=MHA, cap=5.0, scale=0.25, dtype="fp32", head_dim=64),
     C("gqa_hybrid_p16_fp32", prefix=(9, 30, 17), page=16, dtype="fp32", head_dim=64, hybrid=True),
     C("gqa_fused_p16_fp32", prefix=(5, 17), page=16, dtype="fp32", head_dim=64, inputs="fused_qkv"),
+    C("gqa_window_sinks_hybrid_p16_fp16", prefix=(40, 3), page=16, dtype="fp16", head_dim=64, window=8, hybrid=True,
+      sinks=True),
     C("mla_r32_h16_ragged_p16_fp32", prefix=(0, 15, 40, 17), page=16, dtype="fp32", **SMALL_MLA),
     C("mla_deepseek_h128_bs1_p64_fp16", prefix=(70,), page=64, dtype="fp16", **deepseek(128)),
 ]
@@ -48,6 +50,16 @@ FULL += in_every_layout([
     C("gqa_fused_ragged_p16", prefix=(0, 15, 16, 17, 33, 64, 100, 257), page=16, inputs="fused_qkv"),
     C("mha_fused_p1_fp16", prefix=(300, 30), heads=MHA, dtype="fp16", inputs="fused_qkv"),
     C("mqa_fused_d64_p64", prefix=(63, 64, 65, 200), heads=MQA, head_dim=64, page=64, inputs="fused_qkv"),
+])
+
+# Attention sinks (gpt-oss): plain, with a window, and gpt-oss's own shape (64 / 8 heads of 64 on one
+# GPU, window 128 on every other layer: hybrid, its full-attention layer with sinks of its own).
+FULL += in_every_layout([
+    C("gqa_sinks_p16", prefix=(100, 40, 31, 7, 300), page=16, sinks=True),
+    C("mha_bs1_sinks_long_p1", prefix=(1100,), heads=MHA, sinks=True),
+    C("mqa_window_sinks_p64_fp16", prefix=(63, 200, 5, 1500), heads=MQA, page=64, window=64, dtype="fp16", sinks=True),
+    C("gptoss_window_sinks_hybrid_p16", prefix=(300, 129, 1000, 17), page=16, heads=GPT_OSS, head_dim=64, window=128,
+      hybrid=True, sinks=True),
 ])
 
 # MLA at DeepSeek-V3's shapes (rank 512 + rope 64; 128 heads on one GPU, 16 per rank on 8).

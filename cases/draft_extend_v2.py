@@ -3,7 +3,7 @@
 from functools import partial
 
 from cases.mla import SMALL_MLA, deepseek
-from kit.engine.case import GQA_32_8, MHA, MQA, Case, in_every_layout
+from kit.engine.case import GPT_OSS, GQA_32_8, MHA, MQA, Case, in_every_layout
 from kit.modes import ForwardMode
 
 C = partial(Case, mode=ForwardMode.DRAFT_EXTEND_V2)
@@ -22,6 +22,8 @@ SMOKE = [
     C("mha_bs1_long_cap_p1", prefix=(1100,), new=3, heads=MHA, cap=5.0, scale=0.25, dtype="fp32", head_dim=64),
     C("gqa_hybrid_draft3_p16_fp32", prefix=(12, 30), new=3, page=16, dtype="fp32", head_dim=64, hybrid=True),
     C("gqa_draft2_fused_p16_fp32", prefix=(5, 17), new=2, page=16, dtype="fp32", head_dim=64, inputs="fused_qkv"),
+    C("gqa_draft3_window_sinks_hybrid_p16_fp16", prefix=(12, 30), new=3, page=16, dtype="fp16", head_dim=64, window=8,
+      hybrid=True, sinks=True),
     C("mla_r32_h16_draft4_p16_fp32", prefix=(0, 17, 33), new=4, page=16, dtype="fp32", **SMALL_MLA),
     C("mla_deepseek_h128_bs1_draft3_p64_fp16", prefix=(5,), new=3, page=64, dtype="fp16", **deepseek(128)),
 ]
@@ -54,6 +56,17 @@ FULL += in_every_layout([
     C("gqa_draft4_fused_p16", prefix=(0, 17, 33, 64), new=4, page=16, inputs="fused_qkv"),
     C("mha_draft3_fused_p1_fp16", prefix=(300, 30), new=3, heads=MHA, dtype="fp16", inputs="fused_qkv"),
     C("mqa_draft5_fused_d64_p64", prefix=(63, 64, 200), new=5, heads=MQA, head_dim=64, page=64, inputs="fused_qkv"),
+])
+
+# Attention sinks (gpt-oss): plain, with a window, and gpt-oss's own shape (64 / 8 heads of 64 on one
+# GPU, window 128 on every other layer: hybrid, its full-attention layer with sinks of its own).
+FULL += in_every_layout([
+    C("gqa_draft4_sinks_p16", prefix=(0, 17, 33, 64), new=4, page=16, sinks=True),
+    C("mha_bs1_sinks_long_p1", prefix=(1100,), new=3, heads=MHA, sinks=True),
+    C("mqa_draft3_window_sinks_p64_fp16", prefix=(63, 200, 7, 1500), new=3, heads=MQA, page=64, window=8,
+      dtype="fp16", sinks=True),
+    C("gptoss_draft3_window_sinks_hybrid_p16", prefix=(300, 129, 1000), new=3, page=16, heads=GPT_OSS, head_dim=64,
+      window=128, hybrid=True, sinks=True),
 ])
 
 # MLA at DeepSeek-V3's shapes (rank 512 + rope 64; 128 heads on one GPU, 16 per rank on 8).

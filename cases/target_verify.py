@@ -3,7 +3,7 @@ topk 1 = chain, topk 2 = tree."""
 from functools import partial
 
 from cases.mla import SMALL_MLA, deepseek
-from kit.engine.case import GQA_32_8, MHA, MQA, Case, in_every_layout
+from kit.engine.case import GPT_OSS, GQA_32_8, MHA, MQA, Case, in_every_layout
 from kit.modes import ForwardMode
 
 C = partial(Case, mode=ForwardMode.TARGET_VERIFY)
@@ -25,6 +25,8 @@ SMOKE = [
       head_dim=64, layout="interleaved_pages"),
     C("gqa_hybrid_tree4_p16_fp32", prefix=(12, 30), new=4, topk=2, page=16, dtype="fp32", head_dim=64, hybrid=True),
     C("gqa_chain2_fused_p16_fp32", prefix=(5, 17), new=2, page=16, dtype="fp32", head_dim=64, inputs="fused_qkv"),
+    C("gqa_chain4_window_sinks_hybrid_p16_fp32", prefix=(12, 30), new=4, page=16, dtype="fp32", head_dim=64, window=8,
+      hybrid=True, sinks=True),
     C("mla_r32_h16_chain4_p16_fp32", prefix=(17, 1, 33), new=4, page=16, dtype="fp32", **SMALL_MLA),
     C("mla_deepseek_h128_bs1_tree4_p64_fp16", prefix=(70,), new=4, topk=2, page=64, dtype="fp16", **deepseek(128)),
 ]
@@ -62,6 +64,17 @@ FULL += in_every_layout([
     C("gqa_chain4_fused_p16", prefix=(17, 64, 1, 33), new=4, page=16, inputs="fused_qkv"),
     C("mha_tree6_fused_p1_fp16", prefix=(300, 30), new=6, topk=2, heads=MHA, dtype="fp16", inputs="fused_qkv"),
     C("mqa_chain3_fused_d64_p64", prefix=(63, 64, 200), new=3, heads=MQA, head_dim=64, page=64, inputs="fused_qkv"),
+])
+
+# Attention sinks (gpt-oss): plain, with a window, and gpt-oss's own shape (64 / 8 heads of 64 on one
+# GPU, window 128 on every other layer: hybrid, its full-attention layer with sinks of its own).
+FULL += in_every_layout([
+    C("gqa_tree8_sinks_p16", prefix=(17, 64, 1, 33, 250), new=8, topk=2, page=16, sinks=True),
+    C("mha_bs1_tree6_sinks_long_p1", prefix=(1100,), new=6, topk=2, heads=MHA, sinks=True),
+    C("mqa_chain4_window_sinks_p64_fp16", prefix=(63, 200, 7, 1500), new=4, heads=MQA, page=64, window=16,
+      dtype="fp16", sinks=True),
+    C("gptoss_chain4_window_sinks_hybrid_p16", prefix=(300, 129, 1000), new=4, page=16, heads=GPT_OSS, head_dim=64,
+      window=128, hybrid=True, sinks=True),
 ])
 
 # MLA at DeepSeek-V3's shapes (rank 512 + rope 64; 128 heads on one GPU, 16 per rank on 8):

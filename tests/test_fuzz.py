@@ -41,7 +41,8 @@ def _draw(n: int, at: int = 0):
 def test_drawn_cases_are_valid_and_cover_every_feature():
     """Every drawn case is a Case (validated on construction) and reads back from its line; together they
     reach every mode, layout, dtype, page size, the graph buckets' batch sizes, page-boundary lengths and
-    windows, caps, scales, trees, hybrid layers, MLA, fused QKV inputs and EXTEND token counts at the token buckets."""
+    windows, caps, scales, trees, hybrid layers, MLA, fused QKV inputs, sinks and EXTEND token counts at the
+    token buckets."""
     drawn = _draw(300)
     assert all(isinstance(c, Case) and parse_case(format_case(c)) == c for c in drawn)
     seen = lambda f: {f(c) for c in drawn}  # noqa: E731
@@ -59,6 +60,7 @@ def test_drawn_cases_are_valid_and_cover_every_feature():
     assert any(c.topk > 1 for c in drawn) and any(c.topk == 1 for c in drawn if c.mode is ForwardMode.TARGET_VERIFY)
     assert any(c.is_mla for c in drawn) and any(not c.is_mla for c in drawn)
     assert seen(lambda c: c.inputs) == set(INPUT_FORMS)
+    assert any(c.sinks for c in drawn) and any(not c.sinks for c in drawn if not c.is_mla)
     extend_totals = {sum(c.new_lens) for c in drawn if c.mode is ForwardMode.EXTEND}
     assert extend_totals & set(around(TOKEN_BUCKETS, 1, SMALL.max_tokens))
 
@@ -111,7 +113,8 @@ def test_fuzzer_finds_the_planted_bug_and_shrinks_it_to_what_the_bug_needs(capsy
     # No larger than the bug needs: two requests, nothing cached and one full page of the smallest size.
     assert (case.mode, case.prefix, case.page) == (ForwardMode.DECODE, (0, smallest_page), smallest_page), lines[0]
     assert case.heads == (min(SMALL.kv_heads),) * 2 and case.head_dim == min(SMALL.head_dims), lines[0]
-    assert (case.window, case.cap, case.scale, case.hybrid, case.is_mla) == (-1, 0.0, None, False, False), lines[0]
+    assert (case.window, case.cap, case.scale, case.hybrid, case.is_mla, case.sinks) == (
+        -1, 0.0, None, False, False, False), lines[0]
     assert f"repro: {failure['repro']}" in out
     # The repro, as printed, re-runs exactly the shrunk case and fails the same way.
     repro = shlex.split(failure["repro"])

@@ -1,6 +1,7 @@
 """The case catalog keeps its promises: unique names, and the coverage the kit claims."""
 import dataclasses
 import json
+import math
 import os
 import re
 import shlex
@@ -11,12 +12,14 @@ from pathlib import Path
 import pytest
 import torch
 
+from backends.triton.metadata import SPLIT_TOKENS
 from cases import CATALOG as catalog
 from kit.engine.case import GQA, LAYOUTS, MHA, MQA, Case
 from kit.engine.catalog import CASE_SETS, Catalog
 from kit.engine.fixture import SHARED, Fixture
 from kit.engine.kv_quant import quantize
 from kit.engine.layer import model_layers
+from kit.engine.pools import CASE_LAYER_ID
 from kit.modes import MODES, ForwardMode
 from kit.engine.modes import rules_for
 from kit.engine.modes.rules import causal
@@ -329,6 +332,31 @@ def _is_fp8(c):
     return c.kv_dtype is not None
 
 
+def _has_sinks(c):
+    return c.sinks
+
+
+def _sink_counted_as_value(fx) -> torch.Tensor:
+    """The sink as a key whose value is V of the request's first token: the right output plus the
+    sink's share of the mass (1 - the output of all-ones values) times that V."""
+    ones = _input_bug(lambda x, layer: dict(v_new=torch.ones_like(x.v_new), v_old=torch.ones_like(x.v_old)))(fx)
+    share = 1 - attention(ones, torch.float64)
+    group = fx.case.num_q_heads // fx.case.num_kv_heads
+    first = torch.cat([v[:1].expand(r.n_new, -1, -1) for r, (_, v) in zip(fx.plan.requests, fx.logical_kv())])
+    return attention(fx, torch.float64) + share * first.to(torch.float64).repeat_interleave(group, dim=1)
+
+
+def _sink_folded_per_split(fx) -> torch.Tensor:
+    """Split-KV decode folding the sink into each split: in its mildest form, a request of two
+    splits (more than SPLIT_TOKENS keys) counts it twice; a request of one split is right."""
+    layers = list(fx.layers)
+    layers[CASE_LAYER_ID] = dataclasses.replace(layers[CASE_LAYER_ID],
+                                                sinks=tuple(s + math.log(2) for s in layers[CASE_LAYER_ID].sinks))
+    twice = attention(dataclasses.replace(fx, layers=tuple(layers)), torch.float64)
+    split = torch.tensor([r.total > SPLIT_TOKENS for r in fx.plan.requests for _ in range(r.n_new)])
+    return torch.where(split[:, None, None], twice, attention(fx, torch.float64))
+
+
 # mutant number, name -> (modes, applies to case, the bug planted in a fixture)
 BUG_CLASSES = {
     (7, "window one short"): (MODES, lambda c: c.window > 0, _case_bug(lambda c: dict(window=c.window - 1))),
@@ -351,6 +379,9 @@ BUG_CLASSES = {
     (61, "fp8 scale ignored"): (MODES, _is_fp8, _fp8_read_bug(lambda l: (1.0, 1.0))),
     (62, "fp8 K scale used for V"): (MODES, lambda c: _is_fp8(c) and not c.is_mla,
                                      _fp8_read_bug(lambda l: (l.k_scale, l.k_scale))),
+    (47, "sink ignored"): (MODES, _has_sinks, _case_bug(lambda c: dict(sinks=False))),
+    (48, "sink counted as a value"): (MODES, _has_sinks, _sink_counted_as_value),
+    (49, "sink folded per split"): ((DECODE,), _has_sinks, _sink_folded_per_split),
 }
 
 
@@ -359,6 +390,13 @@ def _case_batch(case) -> Fixture:
     object or the earlier batches of its eager sequence: the reference reads none of them."""
     built = SHARED.get(case, torch.device("cpu"))
     return Fixture(plan=built.plan, pools=None, layers=built.layers, inputs=built.inputs, batch=None)
+
+
+def _bugged(plant, fx) -> torch.Tensor:
+    """The float64 output of the case's layer with the bug planted: a plant gives the changed batch,
+    or (a bug no batch describes) the output itself."""
+    planted = plant(fx)
+    return planted if isinstance(planted, torch.Tensor) else attention(planted, torch.float64)
 
 
 def _cheapest_first(mode, applies=lambda case: True):
@@ -381,7 +419,7 @@ def catching_cases(mode) -> dict:
         dtype = case.torch_dtype
         golden, same = attention(fx, torch.float64), attention(fx, dtype)
         for key, plant in todo.items():
-            if check_output(attention(plant(fx), torch.float64).to(dtype), golden, same, dtype).excess >= MARGIN:
+            if check_output(_bugged(plant, fx).to(dtype), golden, same, dtype).excess >= MARGIN:
                 caught[key].append(case.name)
     return caught
 

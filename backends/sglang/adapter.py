@@ -14,7 +14,9 @@ What is mapped, and nothing more (a bug here could hide one in SGLang):
 - the kit's layer -> a RadixAttention (one per layer config), called as a model calls it:
   the layer narrows a token-padded EXTEND batch to its real rows itself;
 - an MLA case -> the model config SGLang derives for an MLA model, the kit's latent pool behind
-  SGLang's own MLATokenToKVPool code, and the DeepSeek model's absorbed call (mla.py).
+  SGLang's own MLATokenToKVPool code, and the DeepSeek model's absorbed call (mla.py);
+- the kit's layer sinks -> the gpt-oss model's `sinks` parameter, passed as it passes it
+  (models/gpt_oss.py forward_core: `self.attn(q, k, v, forward_batch, sinks=self.sinks)`).
 """
 from __future__ import annotations
 
@@ -229,6 +231,9 @@ class SGLangBackend(AttentionBackend):
                 attn.k_scale = torch.tensor(layer.k_scale, dtype=torch.float32, device=ctx.device)
                 attn.v_scale = torch.tensor(layer.v_scale, dtype=torch.float32, device=ctx.device)
                 attn.k_scale_float, attn.v_scale_float = layer.k_scale, layer.v_scale
+        # The gpt-oss model's sinks parameter, in the dtype it gives every backend but trtllm_mha
+        # (models/gpt_oss.py:428): bf16 holds the kit's sink logits exactly (kit.engine.layer.SINK_GRID).
+        self.sinks = {layer: layer.sinks_tensor(ctx.device, torch.bfloat16) for layer in ctx.layers if layer.sinks}
 
     def _mla_pool_code(self):
         """The class whose MLA pool code runs over the kit's latent (a real-code mutant gives a
@@ -290,6 +295,8 @@ class SGLangBackend(AttentionBackend):
             q, k, v, parts = mla.absorbed_call(self.server_name, q, k, v, layer.kv_lora_rank)
         else:
             q, parts = q.reshape(t, -1), {}
+        if layer in self.sinks:
+            parts["sinks"] = self.sinks[layer]
         with sg.forward_context(sg.ForwardContext(attn_backend=self.impl)):
             out = self.layers[layer](q, k, v, self._forward_batch(batch), save_kv_cache=save_kv_cache, **parts)
         return out.view(t, layer.tp_q_head_num, layer.v_head_dim)
@@ -329,6 +336,7 @@ class SGLangTritonBackend(_GraphHooks, SGLangBackend):
     # fp8 KV: written by SGLang's own pool code over the kit's buffers (kv_pool; MLA: the backend
     # divides by k_scale before the pool's write, triton_backend.py:1721), read with the layer's scales.
     kv_dtypes = ("fp8_e4m3", "fp8_e5m2")
+    attention_features = ("sinks",)  # forward_extend / forward_decode take `sinks` (triton_backend.py:1677, :2296)
     # A plain CPU run (CI) gives it one short case per mode: in Triton's interpreter SGLang's
     # kernels take 5-60 s a run. `--case-set smoke` runs every smoke case (results/cpu.json).
     # MLA: the small-rank cases; DECODE has none here (its kernel does not tile rank 32 + rope 16, and
@@ -363,7 +371,13 @@ class SGLangTorchNativeBackend(SGLangBackend):
     def supports(cls, case):
         return super().supports(case) or (
             "TorchNativeAttnBackend has no verify path: it never reads spec_info, so no custom (tree) mask "
-            "(torch_native_backend.py forward_extend)" if case.mode is ForwardMode.TARGET_VERIFY else None)
+            "(torch_native_backend.py forward_extend)" if case.mode is ForwardMode.TARGET_VERIFY else
+            "attention sinks: TorchNativeAttnBackend's forward_extend / forward_decode take no `sinks` "
+            "(torch_native_backend.py:279, :338)" if case.sinks else None)
+
+
+SGLANG_FLASHINFER_NO_SINKS = ("attention sinks: FlashInferAttnBackend's forward_extend / forward_decode take no "
+                              "`sinks` (flashinfer_backend.py:1357, :1521)")
 
 
 class SGLangFlashInferBackend(_GraphHooks, SGLangBackend):
@@ -381,10 +395,11 @@ class SGLangFlashInferBackend(_GraphHooks, SGLangBackend):
     @classmethod
     def supports(cls, case):
         if not torch.cuda.is_available():
-            return super().supports(case) or "FlashInferAttnBackend runs on CUDA GPUs only; no CUDA device here"
+            return super().supports(case) or (SGLANG_FLASHINFER_NO_SINKS if case.sinks else
+                                              "FlashInferAttnBackend runs on CUDA GPUs only; no CUDA device here")
         from backends import flashinfer  # FlashInfer itself: SGLang's backend needs it as ours does
 
-        return super().supports(case) or flashinfer.UNAVAILABLE
+        return super().supports(case) or (SGLANG_FLASHINFER_NO_SINKS if case.sinks else flashinfer.UNAVAILABLE)
 
 
 class SGLangFlashInferMLABackend(_GraphHooks, SGLangBackend):

@@ -35,19 +35,22 @@ class TritonBackend(AttentionBackend):
     extend_capture = True
     attention_kinds = ("dense", "mla")
     kv_dtypes = ("fp8_e4m3", "fp8_e5m2")
+    attention_features = ("sinks",)
     # A plain CPU run (`--case-set auto`, as CI runs it): each mode's paging, shuffle, window, cap,
-    # hybrid and tree cases, the small-rank MLA case and a short fp8 one. Left out: the DeepSeek-width MLA cases
+    # hybrid and tree cases, the small-rank MLA case, a short fp8 one, and sinks in DECODE (the split-K
+    # combine) and TARGET_VERIFY (the extend kernel every other mode runs too). Left out: the DeepSeek-width MLA cases
     # (128 heads x 576 wide) and the long soft-capped ones, minutes a run in Triton's interpreter.
     # `--case-set smoke` runs them all.
     ci_cases = {
         "decode": ("gqa_ragged_p16_fp32", "mqa_p1_shuf", "mha_bs1_window_p64_inter", "gqa_bs8_cap_p1_nonmono",
                    "gqa32_scale_fp16_p16_shuf", "gqa_hybrid_p16_fp32", "mla_r32_h16_ragged_p16_fp32",
-                   "gqa_fused_p16_fp32", "gqa_fp8_e4m3_p16_fp16"),
+                   "gqa_fused_p16_fp32", "gqa_fp8_e4m3_p16_fp16", "gqa_window_sinks_hybrid_p16_fp16"),
         "extend": ("mqa_p1_shuf", "mha_bs1_window_p64_inter", "gqa_bs8_cap_p1_nonmono", "gqa_hybrid_p16_fp32",
                    "mla_r32_h16_ragged_p16_fp32", "gqa_fused_p16_fp32", "gqa_fp8_e5m2_prefix_p16_fp16"),
         "target_verify": ("mqa_tree6_p1_shuf", "mha_bs1_chain4_window_p64_inter", "gqa_bs8_tree4_cap_p1_nonmono",
                           "gqa_tree8_window4_p16_inter", "gqa_hybrid_tree4_p16_fp32", "mla_r32_h16_chain4_p16_fp32",
-                          "gqa_chain2_fused_p16_fp32", "gqa_fp8_e4m3_chain3_p16_fp16"),
+                          "gqa_chain2_fused_p16_fp32", "gqa_fp8_e4m3_chain3_p16_fp16",
+                          "gqa_chain4_window_sinks_hybrid_p16_fp32"),
         "draft_extend_v2": ("gqa_draft4_p16_fp32", "mqa_draft3_p1_shuf", "mha_bs1_window_p64_inter",
                             "gqa_hybrid_draft3_p16_fp32", "mla_r32_h16_draft4_p16_fp32", "gqa_draft2_fused_p16_fp32",
                             "gqa_fp8_e5m2_draft3_p16_fp16"),
@@ -78,6 +81,9 @@ class TritonBackend(AttentionBackend):
         self.decode_programs = mla.head_blocks(model.tp_q_head_num) if model.is_mla else model.tp_k_head_num
         self.num_sms = (torch.cuda.get_device_properties(ctx.device).multi_processor_count
                         if ctx.device.type == "cuda" else CPU_NOMINAL_SMS)
+        # Sink logits on the device, made here (a graph cannot copy them in): by layer's values
+        self.sink_tensors = {layer.sinks: layer.sinks_tensor(ctx.device) for layer in ctx.layers if layer.sinks}
+        self.no_sinks = torch.zeros(1, dtype=torch.float32, device=ctx.device)  # a pointer HAS_SINK=False never reads
         self.graph_bufs: Optional[Buffers] = None  # set by init_cuda_graph_state
         self.forward_metadata: Optional[Metadata] = None
 
@@ -182,6 +188,14 @@ class TritonBackend(AttentionBackend):
         return dict(HAS_CAP=layer.logit_cap > 0, HAS_WINDOW=layer.sliding_window_size >= 0, D=layer.head_dim,
                     FP8_KV=layer.k_scale is not None, **_precision(q))
 
+    def _sinks(self, layer) -> Optional[torch.Tensor]:
+        """The layer's sink logits on the device, or None without sinks."""
+        if not layer.sinks:
+            return None
+        if layer.sinks not in self.sink_tensors:  # a layer the context did not list
+            self.sink_tensors[layer.sinks] = layer.sinks_tensor(self.ctx.device)
+        return self.sink_tensors[layer.sinks]
+
     def _decode(self, q, k_cache, v_cache, out, layer) -> None:
         md, b = self.forward_metadata, self.forward_metadata.bufs
         group = layer.tp_q_head_num // layer.tp_k_head_num
@@ -191,22 +205,29 @@ class TritonBackend(AttentionBackend):
             q.stride(0), q.stride(1), k_cache.stride(0), k_cache.stride(1), v_cache.stride(0), v_cache.stride(1),
             b.mid_o.stride(0), b.mid_o.stride(1), b.mid_o.stride(2), b.mid_lse.stride(0), b.mid_lse.stride(1),
             GROUP=group, BLOCK_H=DECODE_BLOCK_H, BLOCK_N=DECODE_BLOCK_N, **LAUNCH, **self._flags(q, layer))
+        self._combine_splits(out, layer, self._sinks(layer))
+
+    def _combine_splits(self, out, layer, sinks: Optional[torch.Tensor]) -> None:
+        """Decode's stage 2: the KV splits' partial outputs merged, the sinks joined once."""
+        md, b = self.forward_metadata, self.forward_metadata.bufs
         kernels.decode_reduce_kernel[(md.rows, layer.tp_q_head_num)](
-            b.mid_o, b.mid_lse, b.num_kv_splits, out,
+            b.mid_o, b.mid_lse, b.num_kv_splits, out, self.no_sinks if sinks is None else sinks,
             b.mid_o.stride(0), b.mid_o.stride(1), b.mid_o.stride(2), b.mid_lse.stride(0), b.mid_lse.stride(1),
-            out.stride(0), out.stride(1), MAX_SPLITS=MAX_KV_SPLITS, D=layer.head_dim)
+            out.stride(0), out.stride(1), MAX_SPLITS=MAX_KV_SPLITS, D=layer.head_dim, HAS_SINK=sinks is not None)
 
     def _extend(self, q, k, v, k_cache, v_cache, out, positions, out_cache_loc, layer) -> None:
         md, b = self.forward_metadata, self.forward_metadata.bufs
         custom = md.mask is not None
+        sinks = self._sinks(layer)
         kernels.extend_kernel[(md.num_blocks, layer.tp_q_head_num)](
             q, k, v, k_cache, v_cache, out, positions,
             b.qo_indptr, b.kv_indptr, b.kv_indices, md.mask if custom else b.mask, b.mask_indptr,
-            b.block_req, b.block_start, layer.scaling, layer.logit_cap, layer.sliding_window_size, *_kv_scales(layer),
+            b.block_req, b.block_start, self.no_sinks if sinks is None else sinks,
+            layer.scaling, layer.logit_cap, layer.sliding_window_size, *_kv_scales(layer),
             out_cache_loc, q.stride(0), q.stride(1), k.stride(0), k.stride(1), v.stride(0), v.stride(1),
             k_cache.stride(0), k_cache.stride(1), v_cache.stride(0), v_cache.stride(1), out.stride(0), out.stride(1),
             GROUP=layer.tp_q_head_num // layer.tp_k_head_num, BLOCK_M=BLOCK_M, BLOCK_N=EXTEND_BLOCK_N,
-            CUSTOM_MASK=custom, **LAUNCH, **self._flags(q, layer))
+            CUSTOM_MASK=custom, HAS_SINK=sinks is not None, **LAUNCH, **self._flags(q, layer))
 
 
 def _precision(q) -> dict:

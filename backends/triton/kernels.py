@@ -1,6 +1,10 @@
 """Our Triton attention kernels: split-KV decode, extend (prefix from the paged pool,
 new tokens passed directly; causal or custom mask), and the kv_indices builder.
 
+Attention sinks (HAS_SINK: one logit per query head in every softmax denominator, carrying
+no value) join once per query: at the end of the extend kernel's online softmax, and in the
+decode's combine of its KV splits, never in a split (each split would count it again).
+
 Every length a kernel needs is read from a device buffer (kv_indptr, qo_indptr,
 num_kv_splits, block tables), so a launch captured in a CUDA graph stays right
 when the metadata hooks refill those buffers for another batch. Grids depend
@@ -130,10 +134,11 @@ def decode_split_kernel(Q, K, V, kv_indptr, kv_indices, num_kv_splits, Mid_O, Mi
 
 
 @triton.jit
-def decode_reduce_kernel(Mid_O, Mid_LSE, num_kv_splits, Out,
+def decode_reduce_kernel(Mid_O, Mid_LSE, num_kv_splits, Out, Sinks,
                          stride_ob, stride_oh, stride_os, stride_lb, stride_lh, stride_outt, stride_outh,
-                         MAX_SPLITS: tl.constexpr, D: tl.constexpr):
-    """Stage 2: merge the splits of (request b, head h) by their log-sum-exp."""
+                         MAX_SPLITS: tl.constexpr, D: tl.constexpr, HAS_SINK: tl.constexpr):
+    """Stage 2: merge the splits of (request b, head h) by their log-sum-exp, and the head's sink
+    logit once into the denominator."""
     b = tl.program_id(0)
     h = tl.program_id(1)
     splits = tl.load(num_kv_splits + b)
@@ -143,20 +148,27 @@ def decode_reduce_kernel(Mid_O, Mid_LSE, num_kv_splits, Out,
     lse = tl.load(Mid_LSE + b * stride_lb + h * stride_lh + s, mask=live, other=float("-inf"))
     o = tl.load(Mid_O + b * stride_ob + h * stride_oh + s[:, None] * stride_os + d[None, :],
                 mask=live[:, None], other=0.0)
-    w = tl.exp(lse - tl.max(lse, 0))
-    out = tl.sum(w[:, None] * o, 0) / tl.sum(w, 0)
+    m = tl.max(lse, 0)
+    if HAS_SINK:
+        sink = tl.load(Sinks + h)
+        m = tl.maximum(m, sink)
+    w = tl.exp(lse - m)
+    denominator = tl.sum(w, 0)
+    if HAS_SINK:
+        denominator += tl.exp(sink - m)
+    out = tl.sum(w[:, None] * o, 0) / denominator
     tl.store(Out + b * stride_outt + h * stride_outh + d, out.to(Out.dtype.element_ty))
 
 
 @triton.jit
 def extend_kernel(Q, K_new, V_new, K, V, Out, positions,
-                  qo_indptr, kv_indptr, kv_indices, mask, mask_indptr, block_req, block_start,
+                  qo_indptr, kv_indptr, kv_indices, mask, mask_indptr, block_req, block_start, Sinks,
                   sm_scale, logit_cap, window, k_scale, v_scale, out_cache_loc,
                   stride_qt, stride_qh, stride_knt, stride_knh, stride_vnt, stride_vnh,
                   stride_ks, stride_kh, stride_vs, stride_vh, stride_ot, stride_oh,
                   GROUP: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, D: tl.constexpr,
                   CUSTOM_MASK: tl.constexpr, HAS_CAP: tl.constexpr, HAS_WINDOW: tl.constexpr,
-                  UPCAST: tl.constexpr, IEEE: tl.constexpr, FP8_KV: tl.constexpr):
+                  HAS_SINK: tl.constexpr, UPCAST: tl.constexpr, IEEE: tl.constexpr, FP8_KV: tl.constexpr):
     """Query block t (BLOCK_M new tokens of one request) x query head h.
 
     Keys: the request's prefix from the pool (through kv_indices), then its new
@@ -231,6 +243,12 @@ def extend_kernel(Q, K_new, V_new, K, V, Out, positions,
             m_i, l_i, acc = _online_step(q, k, v, visible, m_i, l_i, acc, sm_scale, logit_cap,
                                          HAS_CAP, UPCAST, IEEE)
 
+        if HAS_SINK:  # one more term of the denominator, with no value
+            sink = tl.load(Sinks + h)
+            m_fin = tl.maximum(m_i, sink)
+            alpha = tl.exp(m_i - m_fin)
+            l_i = l_i * alpha + tl.exp(sink - m_fin)
+            acc = acc * alpha[:, None]
         o = acc / tl.where(l_i > 0, l_i, 1.0)[:, None]
         tl.store(Out + tok_m[:, None] * stride_ot + h * stride_oh + d[None, :], o.to(Out.dtype.element_ty),
                  mask=live_m[:, None])

@@ -41,9 +41,9 @@ def decode(md: Metadata, q, kv, out, layer, flags: dict) -> None:
         NUM_HEADS=layer.tp_q_head_num, BLOCK_H=DECODE_BLOCK_H, BLOCK_N=DECODE_BLOCK_N,
         R=layer.kv_lora_rank, P=layer.rope_dim, FP8_KV=layer.k_scale is not None, **LAUNCH, **flags)
     kernels.decode_reduce_kernel[(md.rows, layer.tp_q_head_num)](
-        b.mid_o, b.mid_lse, b.num_kv_splits, out,
+        b.mid_o, b.mid_lse, b.num_kv_splits, out, b.mid_lse,  # MLA has no sinks: a pointer never read
         b.mid_o.stride(0), b.mid_o.stride(1), b.mid_o.stride(2), b.mid_lse.stride(0), b.mid_lse.stride(1),
-        out.stride(0), out.stride(1), MAX_SPLITS=MAX_KV_SPLITS, D=layer.kv_lora_rank)
+        out.stride(0), out.stride(1), MAX_SPLITS=MAX_KV_SPLITS, D=layer.kv_lora_rank, HAS_SINK=False)
 
 
 def extend(md: Metadata, q, k, kv, out, out_cache_loc, layer, flags: dict) -> None:

@@ -25,6 +25,7 @@ MHA = (8, 8)
 GQA = (8, 2)
 MQA = (8, 1)
 GQA_32_8 = (32, 8)
+GPT_OSS = (64, 8)  # gpt-oss-120b on one GPU: 64 query heads of 64, 8 KV heads
 # MLA (DeepSeek-V2/V3): 128 query heads on one GPU, 16 per rank on 8; one latent KV head
 MLA_128, MLA_16 = (128, 1), (16, 1)
 DEEPSEEK_RANK, DEEPSEEK_ROPE = 512, 64
@@ -60,6 +61,9 @@ class Case:
     # if this case has one (else a window of 8), half the scale, and the cap off (else 10).
     # Otherwise it repeats this case's config (kit.engine.layer.model_layers).
     hybrid: bool = False
+    # Attention sinks (gpt-oss): every layer has a learned logit per query head that joins the
+    # softmax denominator and carries no value (kit.engine.layer.sink_logits; each layer its own).
+    sinks: bool = False
     # MLA (multi-head latent attention) iff kv_lora_rank > 0: one latent KV row per token,
     # head_dim = kv_lora_rank + rope_dim wide (the compressed KV, then the rotary key part);
     # V is its first kv_lora_rank columns, and so is each head's output.
@@ -109,6 +113,8 @@ class Case:
             return f"scale {self.scale!r} must be a number > 0, or None for 1/sqrt(head_dim)"
         if self.kv_dtype is not None and self.kv_dtype not in KV_DTYPES:
             return f"kv_dtype {self.kv_dtype!r} not in {[None] + list(KV_DTYPES)} (None: the KV cache in `dtype`)"
+        if not isinstance(self.sinks, bool):
+            return f"sinks {self.sinks!r} must be True or False"
         return self._mla_problem() or rules_for(self.mode).validate(self)
 
     def _mla_problem(self) -> Optional[str]:
@@ -124,8 +130,8 @@ class Case:
         if self.scale is None:
             return ("MLA needs an explicit scale (DeepSeek: (qk_nope_head_dim + rope_dim) ** -0.5, e.g. "
                     "DEEPSEEK_SCALE), never the latent's head_dim ** -0.5")
-        if self.window >= 0 or self.cap > 0 or self.hybrid:
-            return "MLA cases take no window, cap or hybrid layers"
+        if self.window >= 0 or self.cap > 0 or self.hybrid or self.sinks:
+            return "MLA cases take no window, cap, hybrid layers or sinks (gpt-oss, the model with sinks, is dense)"
         if self.inputs != "contiguous":
             return ("MLA inputs are contiguous: the absorbed q and the latent row are concatenated "
                     "(torch.cat), not views of one projection")
@@ -163,6 +169,11 @@ class Case:
         return "mla" if self.is_mla else "dense"
 
     @property
+    def features(self) -> Tuple[str, ...]:
+        """The layer features a backend declares support for (AttentionBackend.attention_features)."""
+        return ("sinks",) if self.sinks else ()
+
+    @property
     def v_head_dim(self) -> int:
         """Width of V and of each head's output: the latent's kv_lora_rank for MLA."""
         return self.kv_lora_rank if self.is_mla else self.head_dim
@@ -186,10 +197,11 @@ class Case:
     def kernel_variant(self) -> str:
         """What commonly selects a backend's compiled kernel (a JIT build, a Triton
         specialization): dtype, head_dim, GQA group, page size, and whether window, cap,
-        a second layer config (hybrid) or a tree mask are on; MLA's rank and rope width; a quantized KV cache. kit.plugin.grouping groups
-        runs by it, so that a worker loads each kernel once."""
+        a second layer config (hybrid), sinks or a tree mask are on; MLA's rank and rope width; a quantized KV
+        cache. kit.plugin.grouping groups runs by it, so that a worker loads each kernel once."""
         flags = "".join(f"-{name}" for name, on in (("window", self.window >= 0), ("cap", self.cap > 0),
-                                                     ("hybrid", self.hybrid), ("tree", self.topk > 1),
+                                                     ("hybrid", self.hybrid), ("sinks", self.sinks),
+                                                     ("tree", self.topk > 1),
                                                      (f"mla{self.kv_lora_rank}r{self.rope_dim}", self.is_mla),
                                                      (f"kv{self.kv_dtype}", self.kv_dtype is not None)) if on)
         return f"{self.dtype}-d{self.head_dim}-g{self.heads[0] // self.heads[1]}-p{self.page}{flags}"

@@ -2,11 +2,16 @@
 from __future__ import annotations
 
 import dataclasses
-from typing import Optional, Tuple
+import random
+import zlib
+from typing import TYPE_CHECKING, Optional, Tuple
 
 from kit.engine.case import Case
 from kit.engine.kv_quant import KV_SCALES
 from kit.engine.pools import CASE_LAYER_ID
+
+if TYPE_CHECKING:
+    import torch
 
 
 @dataclasses.dataclass(frozen=True)
@@ -26,6 +31,16 @@ class Layer:
     # stores fp8(k / k_scale) and a backend reads fp8 * k_scale. None: the cache is not quantized.
     k_scale: Optional[float] = None
     v_scale: Optional[float] = None
+    # Attention sinks: one logit per query head (float32 values), in the units of the scaled
+    # (and capped) scores, itself neither scaled nor capped; it joins each query's softmax
+    # denominator and carries no value: out = sum_j e^(s_j - m) v_j / (e^(sink - m) + sum_j e^(s_j - m)).
+    # (): no sinks.
+    sinks: Tuple[float, ...] = ()
+
+    def sinks_tensor(self, device, dtype=None) -> "torch.Tensor":
+        """[tp_q_head_num] the sink logits on `device` (float32 unless `dtype`), as a model holds them."""
+        import torch  # here: the layer is imported where torch must not be
+        return torch.tensor(self.sinks, dtype=dtype or torch.float32, device=device)
 
     @property
     def tp_v_head_num(self) -> int:
@@ -60,16 +75,36 @@ class Layer:
             rope_dim=case.rope_dim,
             k_scale=k_scale,
             v_scale=k_scale if case.is_mla else v_scale,  # MLA: one latent, one scale
+            sinks=sink_logits(case, layer_id),
         )
 
 
 HYBRID_WINDOW, HYBRID_CAP = 8, 10.0
+# Sink logits are drawn in [SINK_LOW, SINK_HIGH], one per stratum of that range per head (so that
+# a layer has sinks that take most of a short context's mass and negative ones), on a grid of
+# SINK_GRID: exact in bf16 and fp16, so a model keeping them in either dtype keeps them exactly.
+SINK_LOW, SINK_HIGH, SINK_GRID = -3.0, 5.0, 1 / 32
+
+
+def sink_logits(case: Case, layer_id: int) -> Tuple[float, ...]:
+    """The case's sink logits of one layer (per query head), or () without sinks. Seeded from the
+    layer config alone: every batch of a run (kit.harness.schedule's variants: other names, lengths
+    and data seeds) runs the same model."""
+    if not case.sinks:
+        return ()
+    model = (case.mode.value, case.heads, case.head_dim, case.dtype, case.window, case.cap, case.scale, case.hybrid)
+    rng = random.Random(zlib.crc32(f"sinks/{model}/{layer_id}".encode()))
+    heads = case.num_q_heads
+    strata = rng.sample(range(heads), heads)
+    width = (SINK_HIGH - SINK_LOW) / heads
+    return tuple(round((SINK_LOW + (s + rng.random()) * width) / SINK_GRID) * SINK_GRID for s in strata)
 
 
 def model_layers(case: Case) -> Tuple[Layer, ...]:
     """The model a case runs, in layer order: every step calls forward once per layer on
-    the same metadata. Layer 0 repeats the case's config (with its own KV scales), or (hybrid)
-    differs in window, scale and cap as hybrid models' layers do; layer 1 is the case's."""
+    the same metadata. Layer 0 repeats the case's config (with its own KV scales and sinks), or
+    (hybrid) differs in window, scale and cap as hybrid models' layers do; layer 1 is the case's.
+    With sinks, every layer has its own (gpt-oss: its window and full-attention layers alike)."""
     layer = Layer.for_case(case)
     other = Layer.for_case(case, layer_id=0)
     if case.hybrid:

@@ -134,12 +134,23 @@ def _groups(plan: BatchPlan, num_heads: int, window: int, device) -> List[_Group
     return groups
 
 
-def _probs(scores: torch.Tensor, hidden: torch.Tensor, layer) -> torch.Tensor:
-    """Softmax of scaled (and capped) scores over the keys not hidden (last axis)."""
+def _probs(scores: torch.Tensor, hidden: torch.Tensor, layer, sinks: Optional[torch.Tensor] = None) -> torch.Tensor:
+    """Softmax of scaled (and capped) scores over the keys not hidden (last axis). `sinks`, shaped
+    to broadcast over the scores but their last axis: the layer's sink logits, one more term of
+    each denominator that carries no value (its column is dropped after the softmax)."""
     scores = scores * layer.scaling
     if layer.logit_cap > 0:
         scores = layer.logit_cap * torch.tanh(scores / layer.logit_cap)
-    return torch.softmax(scores.masked_fill(hidden, float("-inf")), dim=-1)
+    scores = scores.masked_fill(hidden, float("-inf"))
+    if sinks is None:
+        return torch.softmax(scores, dim=-1)
+    column = sinks.to(scores.dtype).expand(scores.shape[:-1] + (1,))
+    return torch.softmax(torch.cat([scores, column], dim=-1), dim=-1)[..., :-1]
+
+
+def _sinks(layer, shape, device) -> Optional[torch.Tensor]:
+    """The layer's sink logits (float64) viewed as `shape` (its query-head axes), or None without sinks."""
+    return torch.tensor(layer.sinks, dtype=torch.float64, device=device).view(shape) if layer.sinks else None
 
 
 def _attend(group: _Group, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, layer) -> torch.Tensor:
@@ -150,9 +161,10 @@ def _attend(group: _Group, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, la
     hq, hkv, d = q.shape[1], k.shape[1], q.shape[2]
     qg = q[group.q_rows].view(b, nq, hkv, hq // hkv, d)  # a query head's KV head: h // group
     kg, vg = k[group.k_rows], v[group.k_rows]
-    probs = _probs(torch.einsum("bqhgd,bkhd->bhgqk", qg, kg), group.hidden[:, None, None], layer)
+    sinks = _sinks(layer, (1, hkv, hq // hkv, 1, 1), q.device)
+    probs = _probs(torch.einsum("bqhgd,bkhd->bhgqk", qg, kg), group.hidden[:, None, None], layer, sinks)
     out = torch.einsum("bhgqk,bkhd->bqhgd", probs, vg)
-    return out.reshape(b * nq, hq, v.shape[-1])[group.out_rows]  # padded queries (all keys masked: NaN) dropped
+    return out.reshape(b * nq, hq, v.shape[-1])[group.out_rows]  # padded queries (every key masked) dropped
 
 
 def golden(batch: Batch, layer_id: int = CASE_LAYER_ID,
@@ -184,6 +196,7 @@ def attention(batch: Batch, dtype: torch.dtype = torch.float64, layer_id: int = 
         groups = _groups(batch.plan, layer.tp_q_head_num, layer.sliding_window_size, q_all.device)
     hidden = [h for g in groups for h in g.hidden]  # per request, padded to its group
     group = layer.tp_q_head_num // layer.tp_k_head_num
+    sinks = _sinks(layer, (-1, 1, 1), q_all.device)
     outs, n = [], 0
     for req, (k, v), req_hidden in zip(batch.plan.requests, logical_kv(batch.plan, as_read(batch, layer_id)), hidden):
         q = q_all[n:n + req.n_new]
@@ -191,7 +204,7 @@ def attention(batch: Batch, dtype: torch.dtype = torch.float64, layer_id: int = 
         k = k.to(dtype).repeat_interleave(group, dim=1)
         v = v.to(dtype).repeat_interleave(group, dim=1)
         scores = torch.einsum("qhd,khd->hqk", q, k)
-        outs.append(torch.einsum("hqk,khd->qhd", _probs(scores, req_hidden[:req.n_new, :req.total], layer), v))
+        outs.append(torch.einsum("hqk,khd->qhd", _probs(scores, req_hidden[:req.n_new, :req.total], layer, sinks), v))
     return torch.cat(outs) if outs else q_all.new_zeros(q_all.shape[:-1] + (layer.v_head_dim,))
 
 

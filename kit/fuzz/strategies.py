@@ -126,6 +126,11 @@ def _mla(draw, d: Drawing) -> Dict:
                 scale=scale, window=-1, cap=0.0, hybrid=False, inputs="contiguous")
 
 
+def _sinks(draw, d: Drawing) -> Dict:
+    """Attention sinks (gpt-oss), on dense layers only."""
+    return {} if d.fields.get("kv_lora_rank") else dict(sinks=draw(st.booleans()))
+
+
 FEATURES: Tuple[Tuple[str, Feature], ...] = (
     ("page", lambda draw, d: dict(page=draw(st.sampled_from(d.size.pages)))),
     ("batch", _batch),  # batch size at and around the graph buckets; ragged cached lengths
@@ -141,13 +146,14 @@ FEATURES: Tuple[Tuple[str, Feature], ...] = (
     ("inputs", lambda draw, d: dict(inputs=draw(st.sampled_from(INPUT_FORMS)))),  # views of a fused QKV row
     ("mla", _mla),
     ("kv_dtype", lambda draw, d: dict(kv_dtype=draw(st.sampled_from((None,) + tuple(KV_DTYPES))))),
+    ("sinks", _sinks),  # last: the draws before it stay those of seeds recorded before it
 )
 
 
 def case_name(fields: Dict, mode: ForwardMode) -> str:
     """A name in the catalog's style (heads kind, batch size, drafts, window, cap, scale, hybrid,
-    fused inputs, page, dtype, layout), so KNOWN_FAILURES.md's case patterns (`*window*`) match it,
-    made unique by a checksum of the fields."""
+    fused inputs, sinks, page, dtype, layout), so KNOWN_FAILURES.md's case patterns (`*window*`) match
+    it, made unique by a checksum of the fields."""
     q, kv = fields["heads"]
     kind = "mla" if fields.get("kv_lora_rank") else "mha" if q == kv else "mqa" if kv == 1 else "gqa"
     parts = [kind, f"bs{len(fields['prefix'])}"]
@@ -156,7 +162,8 @@ def case_name(fields: Dict, mode: ForwardMode) -> str:
                       else "draft") + str(fields["new"]))
     parts += [flag for flag, on in (("window", fields["window"] >= 0), ("cap", fields["cap"] > 0),
                                     ("scale", fields["scale"] is not None), ("hybrid", fields["hybrid"]),
-                                    ("fused", fields.get("inputs") == "fused_qkv")) if on]
+                                    ("fused", fields.get("inputs") == "fused_qkv"),
+                                    ("sinks", fields.get("sinks", False))) if on]
     parts += [f"p{fields['page']}", fields["dtype"]] + ([fields["kv_dtype"]] if fields.get("kv_dtype") else [])
     checksum = zlib.crc32(repr(sorted(fields.items())).encode()) & 0xFFFFFF
     return "_".join(parts) + _LAYOUT_SUFFIX[fields["layout"]] + f"_fz{checksum:06x}"

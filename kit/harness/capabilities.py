@@ -1,6 +1,6 @@
 """What a backend class declares of itself, read once when it is loaded and checked
-(`Capabilities.of`): the modes, attention kinds and quantized KV caches forward() implements, its graph hooks, how it takes a padded
-EXTEND batch, and the smoke cases a plain CPU run gives it. The harness asks this record,
+(`Capabilities.of`): the modes, attention kinds, layer features and quantized KV caches
+forward() implements, its graph hooks, how it takes a padded EXTEND batch, and the smoke cases a plain CPU run gives it. The harness asks this record,
 never the class."""
 from __future__ import annotations
 
@@ -29,6 +29,7 @@ HOOKS = {
 }
 NO_CAPTURE_HOOKS = "no capture hooks"
 DENSE_ONLY = ("dense",)  # the attention kinds of a backend that names none
+FEATURES = {"sinks": "attention sinks (Layer.sinks)"}  # Case.features, as a reason names them
 
 
 class BadDeclaration(TypeError):
@@ -42,6 +43,7 @@ class Capabilities:
     modes: Optional[FrozenSet[str]]
     attention_kinds: FrozenSet[str]  # Case.kind values forward() implements ("dense", "mla")
     kv_dtypes: FrozenSet[str]  # Case.kv_dtype values (quantized KV caches) forward() reads
+    attention_features: FrozenSet[str]  # Case.features forward() implements ("sinks"); none by default
     graph_hooks: Optional[GraphHooks]  # None: no graph runs ("no capture hooks")
     in_graph: bool  # two-phase: init_forward_metadata_in_graph, recorded in the graph
     extend_capture: bool  # EXTEND's forward() may be captured once per token bucket
@@ -62,6 +64,7 @@ class Capabilities:
         return cls(modes=_modes(name, getattr(backend_cls, "modes", None)),
                    attention_kinds=_kinds(name, getattr(backend_cls, "attention_kinds", DENSE_ONLY)),
                    kv_dtypes=_kv_dtypes(name, getattr(backend_cls, "kv_dtypes", ())),
+                   attention_features=_features(name, getattr(backend_cls, "attention_features", ())),
                    graph_hooks=_graph_hooks(backend_cls),
                    in_graph=callable(getattr(backend_cls, "init_forward_metadata_in_graph", None)),
                    ci_cases=_ci_cases(name, getattr(backend_cls, "ci_cases", None)), **flags)
@@ -83,6 +86,15 @@ class Capabilities:
         if case.kv_dtype is None or case.kv_dtype in self.kv_dtypes:
             return None
         return f"{case.kv_dtype} KV cache: the backend does not read it (its `kv_dtypes` leave out {case.kv_dtype!r})"
+
+    def feature_reason(self, case: Case) -> Optional[str]:
+        """Why the backend does not run a layer feature of the case (its `attention_features` leave
+        it out), or None: a backend written before a feature existed would run it and ignore it."""
+        missing = [f for f in case.features if f not in self.attention_features]
+        if not missing:
+            return None
+        return (f"{', '.join(FEATURES.get(f, f) for f in missing)}: the backend does not implement them "
+                f"(its `attention_features` leave out {', '.join(map(repr, missing))})")
 
     @property
     def has_graph_hooks(self) -> bool:
@@ -114,6 +126,14 @@ def _kv_dtypes(name: str, declared) -> FrozenSet[str]:
             k in KV_DTYPES for k in declared):
         raise BadDeclaration(f"{name}.kv_dtypes must be a tuple of {tuple(KV_DTYPES)} (quantized KV caches it "
                              f"reads), not {declared!r}")
+    return frozenset(declared)
+
+
+def _features(name: str, declared) -> FrozenSet[str]:
+    if isinstance(declared, str) or not isinstance(declared, (tuple, list, set, frozenset)) or not all(
+            isinstance(f, str) for f in declared):
+        raise BadDeclaration(f"{name}.attention_features must be a tuple of features (e.g. (\"sinks\",)), "
+                             f"not {declared!r}")
     return frozenset(declared)
 
 

@@ -67,6 +67,11 @@ class AttentionBackend:
     # that dtype, each layer's scales on the layer (k_scale, v_scale). A case whose kv_dtype is
     # not listed is unsupported, whatever supports() says.
     kv_dtypes: tuple = ()
+    # The layer features forward() implements (Case.features): "sinks" (a learned per-head logit
+    # in every softmax denominator, Layer.sinks). A backend that does not list a case's feature
+    # is unsupported for it, whatever its supports() says: a backend written before a feature
+    # existed would run it and ignore it.
+    attention_features: tuple = ()
     # {mode value: case names}: the smoke cases a plain CPU run (`--case-set auto`) gives a backend
     # too slow on CPU for all of them; None: every case. `--case-set smoke` runs them all.
     ci_cases: Optional[dict] = None

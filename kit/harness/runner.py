@@ -119,6 +119,8 @@ def unsupported_reason(backend_cls, caps: Capabilities, case: Case, exec_: Exec)
     reason = caps.kind_reason(case) or caps.kv_dtype_reason(case)
     if reason is None:
         reason = _call("supports()", backend_cls.supports, case)
+    if reason is None:  # after supports(): a backend may say why it lacks a feature
+        reason = caps.feature_reason(case)
     if reason is None:
         reason = caps.mode_reason(case.mode)
     if reason is None and exec_ is Exec.GRAPH and not caps.has_graph_hooks:

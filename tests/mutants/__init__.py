@@ -21,6 +21,7 @@ FI = "tests.mutants.flashinfer:"
 SG = "tests.mutants.sglang:"
 MLA = "tests.mutants.mla:"
 FP8 = "tests.mutants.fp8:"
+SINK = "tests.mutants.sinks:"
 G, K, KV, C = ("graph",), ("kernel",), ("kv-write",), ("crash",)
 # Reading or writing past a buffer the backend sized itself: wrong output where the
 # stray access lands in readable memory, a crash where it corrupts the heap.
@@ -37,6 +38,7 @@ WINDOWED = _any_layer(lambda layer: layer.sliding_window_size >= 0)
 CAPPED = _any_layer(lambda layer: layer.logit_cap > 0)
 TREE = lambda c: c.topk > 1  # noqa: E731
 FP8_KV = lambda c: c.kv_dtype is not None  # noqa: E731
+SINKS = lambda c: c.sinks  # noqa: E731
 
 MUTANTS = [
     # Mutant 1 lives in a capture/replay-style backend: in the two-phase Triton backend the
@@ -131,4 +133,10 @@ MUTANTS = [
     Mutant(61, "fp8_scale_ignored", FP8 + "ScaleIgnored", K, ALL_MODES, EAGER, cpu=True, reaches=FP8_KV),
     Mutant(62, "fp8_k_scale_used_for_v", FP8 + "KScaleUsedForV", K, ALL_MODES, EAGER, cpu=True,
            reaches=lambda c: FP8_KV(c) and not c.is_mla),
+    # Attention sink bug classes (numbered from 47): sink cases only (`reaches`); elsewhere the plain backend.
+    Mutant(47, "sink_ignored", SINK + "SinkIgnored", K, ALL_MODES, EAGER, cpu=True, reaches=SINKS),
+    Mutant(48, "sink_counted_as_value", SINK + "SinkCountedAsValue", K, ALL_MODES, EAGER, cpu=True, reaches=SINKS),
+    # Only a request of more than one KV split shows it (backends/triton/metadata.py: one per 32 keys).
+    Mutant(49, "sink_folded_per_split", SINK + "SinkFoldedPerSplit", K, (D,), EAGER, cpu=True,
+           reaches=SINKS),
 ]
