@@ -22,6 +22,7 @@ SMOKE = [
     C("gqa_fused_p16_fp32", prefix=(5, 17), page=16, dtype="fp32", head_dim=64, inputs="fused_qkv"),
     C("gqa_window_sinks_hybrid_p16_fp16", prefix=(40, 3), page=16, dtype="fp16", head_dim=64, window=8, hybrid=True,
       sinks=True),
+    C("gptoss_sinks_p16_fp32", prefix=(70, 9), page=16, heads=GPT_OSS, head_dim=64, dtype="fp32", sinks=True),
     C("mla_r32_h16_ragged_p16_fp32", prefix=(0, 15, 40, 17), page=16, dtype="fp32", **SMALL_MLA),
     C("mla_deepseek_h128_bs1_p64_fp16", prefix=(70,), page=64, dtype="fp16", **deepseek(128)),
 ]

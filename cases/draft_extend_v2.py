@@ -22,8 +22,8 @@ SMOKE = [
     C("mha_bs1_long_cap_p1", prefix=(1100,), new=3, heads=MHA, cap=5.0, scale=0.25, dtype="fp32", head_dim=64),
     C("gqa_hybrid_draft3_p16_fp32", prefix=(12, 30), new=3, page=16, dtype="fp32", head_dim=64, hybrid=True),
     C("gqa_draft2_fused_p16_fp32", prefix=(5, 17), new=2, page=16, dtype="fp32", head_dim=64, inputs="fused_qkv"),
-    C("gqa_draft3_window_sinks_hybrid_p16_fp16", prefix=(12, 30), new=3, page=16, dtype="fp16", head_dim=64, window=8,
-      hybrid=True, sinks=True),
+    C("gptoss_draft3_window_sinks_hybrid_p16_fp16", prefix=(12, 30), new=3, page=16, heads=GPT_OSS, head_dim=64,
+      dtype="fp16", window=8, hybrid=True, sinks=True),
     C("mla_r32_h16_draft4_p16_fp32", prefix=(0, 17, 33), new=4, page=16, dtype="fp32", **SMALL_MLA),
     C("mla_deepseek_h128_bs1_draft3_p64_fp16", prefix=(5,), new=3, page=64, dtype="fp16", **deepseek(128)),
 ]

@@ -21,8 +21,8 @@ SMOKE = [
     C("mha_bs1_long_cap_p1", prefix=(1000,), new=(70,), heads=MHA, cap=5.0, scale=0.25, dtype="fp32", head_dim=64),
     C("gqa_hybrid_p16_fp32", prefix=(12, 30), new=(6, 11), page=16, dtype="fp32", head_dim=64, hybrid=True),
     C("gqa_fused_p16_fp32", prefix=(5, 0), new=(3, 2), page=16, dtype="fp32", head_dim=64, inputs="fused_qkv"),
-    C("gqa_window_sinks_hybrid_p16_fp32", prefix=(12, 0), new=(6, 9), page=16, dtype="fp32", head_dim=64, window=8,
-      hybrid=True, sinks=True),
+    C("gptoss_window_sinks_hybrid_p16_fp32", prefix=(12, 0), new=(6, 9), page=16, heads=GPT_OSS, head_dim=64,
+      dtype="fp32", window=8, hybrid=True, sinks=True),
     C("mla_r32_h16_ragged_p16_fp32", prefix=(0, 17, 33), new=(5, 1, 16), page=16, dtype="fp32", **SMALL_MLA),
     C("mla_deepseek_h128_bs1_p64_fp16", prefix=(5,), new=(3,), page=64, dtype="fp16", **deepseek(128)),
 ]

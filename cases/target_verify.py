@@ -27,6 +27,8 @@ SMOKE = [
     C("gqa_chain2_fused_p16_fp32", prefix=(5, 17), new=2, page=16, dtype="fp32", head_dim=64, inputs="fused_qkv"),
     C("gqa_chain4_window_sinks_hybrid_p16_fp32", prefix=(12, 30), new=4, page=16, dtype="fp32", head_dim=64, window=8,
       hybrid=True, sinks=True),
+    C("gptoss_tree4_sinks_p16_fp16", prefix=(20, 33), new=4, topk=2, page=16, heads=GPT_OSS, head_dim=64, dtype="fp16",
+      sinks=True),
     C("mla_r32_h16_chain4_p16_fp32", prefix=(17, 1, 33), new=4, page=16, dtype="fp32", **SMALL_MLA),
     C("mla_deepseek_h128_bs1_tree4_p64_fp16", prefix=(70,), new=4, topk=2, page=64, dtype="fp16", **deepseek(128)),
 ]

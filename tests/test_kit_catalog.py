@@ -118,6 +118,8 @@ FEATURES = {
     "kv_dtype": lambda c: {f"kv cache {c.kv_dtype or 'in dtype'}"},
     "rope_dim": lambda c: set(),  # MLA's widths: head_dim's feature (rank + rope) covers them
     "inputs": lambda c: {f"inputs {c.inputs}"},
+    "sinks": lambda c: {"sinks" if c.sinks else "no sinks"} | ({"sinks with window"} if c.sinks and c.window >= 0
+                                                                else set()),
 }
 
 
@@ -176,9 +178,11 @@ def test_an_mla_line_is_valid():
     (dict(MLA_OK, heads=(8, 2)), "MLA has one latent KV head: heads (8, 2) must be (q, 1)"),
     (dict(MLA_OK, head_dim=128), "MLA head_dim 128 must be kv_lora_rank + rope_dim = 576"),
     (dict(MLA_OK, scale=None), "MLA needs an explicit scale"),
-    (dict(MLA_OK, window=8), "MLA cases take no window, cap or hybrid layers"),
-    (dict(MLA_OK, cap=5.0), "MLA cases take no window, cap or hybrid layers"),
-    (dict(MLA_OK, hybrid=True), "MLA cases take no window, cap or hybrid layers"),
+    (dict(MLA_OK, window=8), "MLA cases take no window, cap, hybrid layers or sinks"),
+    (dict(MLA_OK, cap=5.0), "MLA cases take no window, cap, hybrid layers or sinks"),
+    (dict(MLA_OK, hybrid=True), "MLA cases take no window, cap, hybrid layers or sinks"),
+    (dict(MLA_OK, sinks=True), "MLA cases take no window, cap, hybrid layers or sinks"),
+    (dict(sinks=1), "sinks 1 must be True or False"),
     (dict(MLA_OK, kv_lora_rank=-1), "kv_lora_rank -1 and rope_dim 64 must be ints >= 0"),
     (dict(rope_dim=64), "rope_dim applies to MLA only"),
     (dict(inputs="packed"), "inputs 'packed' not in ('contiguous', 'fused_qkv')"),

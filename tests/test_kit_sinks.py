@@ -8,7 +8,6 @@ from backends.flashinfer import FlashInferBackend
 from backends.sglang.adapter import SGLangFlashInferBackend, SGLangTorchNativeBackend
 from backends.torch_native import TorchNativeBackend
 from backends.triton import TritonBackend
-from kit.engine.case import Case
 from kit.engine.layer import SINK_HIGH, SINK_LOW, model_layers
 from kit.engine.pools import CASE_LAYER_ID
 from kit.engine.reference import attention
@@ -29,12 +28,8 @@ def _sinks_case(mode=DECODE, **kw):
     return small_case("sinks", mode, **fields)
 
 
-def test_a_bad_sinks_line_is_refused():
-    with pytest.raises(ValueError, match="sinks 1 must be True or False"):
-        _sinks_case(sinks=1)
-    with pytest.raises(ValueError, match="MLA cases take no .*sinks"):
-        Case("mla_sinks", DECODE, prefix=(3,), heads=(16, 1), head_dim=48, kv_lora_rank=32, rope_dim=16, scale=0.1,
-             dtype="fp32", sinks=True)
+def test_a_sinks_case_names_its_feature():
+    """(A bad sinks line: tests/test_kit_catalog.py's test_case_rejects_bad_lines.)"""
     assert _sinks_case().features == ("sinks",) and _sinks_case(sinks=False).features == ()
 
 
