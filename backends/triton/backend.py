@@ -38,8 +38,9 @@ class TritonBackend(AttentionBackend):
     attention_features = ("sinks",)
     # A plain CPU run (`--case-set auto`, as CI runs it): each mode's paging, shuffle, window, cap,
     # hybrid and tree cases, the small-rank MLA case, a short fp8 one, and sinks in DECODE (the split-K
-    # combine) and TARGET_VERIFY (the extend kernel every other mode runs too). Left out: the DeepSeek-width MLA cases
-    # (128 heads x 576 wide) and the long soft-capped ones, minutes a run in Triton's interpreter.
+    # combine) and TARGET_VERIFY (the extend kernel every other mode runs too). Left out: the
+    # DeepSeek-width MLA cases (128 heads x 576 wide) and the long soft-capped ones, minutes a run in
+    # Triton's interpreter.
     # `--case-set smoke` runs them all.
     ci_cases = {
         "decode": ("gqa_ragged_p16_fp32", "mqa_p1_shuf", "mha_bs1_window_p64_inter", "gqa_bs8_cap_p1_nonmono",

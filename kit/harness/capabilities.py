@@ -1,7 +1,7 @@
 """What a backend class declares of itself, read once when it is loaded and checked
 (`Capabilities.of`): the modes, attention kinds, layer features and quantized KV caches
-forward() implements, its graph hooks, how it takes a padded EXTEND batch, and the smoke cases a plain CPU run gives it. The harness asks this record,
-never the class."""
+forward() implements, its graph hooks, how it takes a padded EXTEND batch, and the smoke
+cases a plain CPU run gives it. The harness asks this record, never the class."""
 from __future__ import annotations
 
 import dataclasses
