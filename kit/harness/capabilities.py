@@ -62,9 +62,14 @@ class Capabilities:
                 raise BadDeclaration(f"{name}.{flag} must be True or False, not {value!r}")
             flags[flag] = value
         return cls(modes=_modes(name, getattr(backend_cls, "modes", None)),
-                   attention_kinds=_kinds(name, getattr(backend_cls, "attention_kinds", DENSE_ONLY)),
-                   kv_dtypes=_kv_dtypes(name, getattr(backend_cls, "kv_dtypes", ())),
-                   attention_features=_features(name, getattr(backend_cls, "attention_features", ())),
+                   attention_kinds=_name_set(name, "attention_kinds", getattr(backend_cls, "attention_kinds",
+                                                                              DENSE_ONLY),
+                                             _is_str, 'kinds (e.g. ("dense", "mla"))'),
+                   kv_dtypes=_name_set(name, "kv_dtypes", getattr(backend_cls, "kv_dtypes", ()),
+                                       KV_DTYPES.__contains__, f"{tuple(KV_DTYPES)} (quantized KV caches it reads)"),
+                   attention_features=_name_set(name, "attention_features",
+                                                getattr(backend_cls, "attention_features", ()),
+                                                _is_str, 'features (e.g. ("sinks",))'),
                    graph_hooks=_graph_hooks(backend_cls),
                    in_graph=callable(getattr(backend_cls, "init_forward_metadata_in_graph", None)),
                    ci_cases=_ci_cases(name, getattr(backend_cls, "ci_cases", None)), **flags)
@@ -113,28 +118,16 @@ def _modes(name: str, declared) -> Optional[FrozenSet[str]]:
     return frozenset(values)
 
 
-def _kinds(name: str, declared) -> FrozenSet[str]:
+def _name_set(name: str, attr: str, declared, ok, what: str) -> FrozenSet[str]:
+    """A declaration that is a tuple of names, each `ok`, as a set; else BadDeclaration saying `what`."""
     if isinstance(declared, str) or not isinstance(declared, (tuple, list, set, frozenset)) or not all(
-            isinstance(k, str) for k in declared):
-        raise BadDeclaration(f"{name}.attention_kinds must be a tuple of kinds (e.g. (\"dense\", \"mla\")), "
-                             f"not {declared!r}")
+            ok(d) for d in declared):
+        raise BadDeclaration(f"{name}.{attr} must be a tuple of {what}, not {declared!r}")
     return frozenset(declared)
 
 
-def _kv_dtypes(name: str, declared) -> FrozenSet[str]:
-    if isinstance(declared, str) or not isinstance(declared, (tuple, list, set, frozenset)) or not all(
-            k in KV_DTYPES for k in declared):
-        raise BadDeclaration(f"{name}.kv_dtypes must be a tuple of {tuple(KV_DTYPES)} (quantized KV caches it "
-                             f"reads), not {declared!r}")
-    return frozenset(declared)
-
-
-def _features(name: str, declared) -> FrozenSet[str]:
-    if isinstance(declared, str) or not isinstance(declared, (tuple, list, set, frozenset)) or not all(
-            isinstance(f, str) for f in declared):
-        raise BadDeclaration(f"{name}.attention_features must be a tuple of features (e.g. (\"sinks\",)), "
-                             f"not {declared!r}")
-    return frozenset(declared)
+def _is_str(value) -> bool:
+    return isinstance(value, str)
 
 
 def _graph_hooks(backend_cls) -> Optional[GraphHooks]:
