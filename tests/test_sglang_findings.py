@@ -137,3 +137,18 @@ def test_kf13_flashinfer_extend_leaves_the_window_off_the_new_tokens():
     for layer_id, out in enumerate(outs):
         assert _rel(out, attention(fx, layer_id=layer_id)) > 0.1
         assert _rel(out, attention(prefix_window_only, layer_id=layer_id)) < BF16_CLOSE
+
+
+def test_kf24_fp8_write_divides_the_callers_k_and_v_in_place():
+    """MHATokenToKVPool.set_kv_buffer with an fp8 cache and scales: `cache_k.div_(k_scale)` and
+    `cache_v.div_(v_scale)` (memory_pool.py L2926-L2930) change the k and v the caller handed,
+    which the model goes on to use; the kit's inputs check names them in every fp8 run."""
+    from tests.test_sglang_adapter import _built, small_case
+    case = small_case("fp8", ForwardMode.EXTEND, (3, 5), (2, 4), dtype="fp16", page=4, kv_dtype="fp8_e4m3")
+    fx, backend = _built(case)
+    layer, x = fx.layers[1], fx.inputs[1]
+    attn = backend.layers[layer]
+    k, v = x.k_new.clone(), x.v_new.clone()
+    backend.runner.token_to_kv_pool.set_kv_buffer(attn, fx.batch.out_cache_loc, k, v, attn.k_scale, attn.v_scale)
+    assert attn.k_scale != 1 and attn.v_scale != 1
+    assert torch.equal(k, x.k_new / attn.k_scale) and torch.equal(v, x.v_new / attn.v_scale)

@@ -339,13 +339,13 @@ class SGLangTritonBackend(_GraphHooks, SGLangBackend):
     attention_features = ("sinks",)  # forward_extend / forward_decode take `sinks` (triton_backend.py:1677, :2296)
     # A plain CPU run (CI) gives it one short case per mode: in Triton's interpreter SGLang's
     # kernels take 5-60 s a run. `--case-set smoke` runs every smoke case (results/cpu.json).
-    # MLA: the small-rank cases; DECODE has none here (its kernel does not tile rank 32 + rope 16, and
+    # MLA: the small-rank EXTEND and TARGET_VERIFY cases; DECODE has none here (its kernel does not tile rank 32 + rope 16, and
     # the DeepSeek-width smoke case takes ~100 s a run in the interpreter). Sinks: the short chain verify
     # case, where they reach SGLang's extend kernel as the gpt-oss model passes them.
     ci_cases = {"decode": ("mqa_p1_shuf",), "extend": ("mqa_p1_shuf", "mla_r32_h16_ragged_p16_fp32"),
                 "target_verify": ("mha_bs1_chain4_window_p64_inter", "mla_r32_h16_chain4_p16_fp32",
                                   "gqa_chain4_window_sinks_hybrid_p16_fp32"),
-                "draft_extend_v2": ("mqa_draft3_p1_shuf", "mla_r32_h16_draft4_p16_fp32")}
+                "draft_extend_v2": ("mqa_draft3_p1_shuf",)}
 
     @classmethod
     def supports(cls, case):

@@ -36,24 +36,18 @@ class TritonBackend(AttentionBackend):
     attention_kinds = ("dense", "mla")
     kv_dtypes = ("fp8_e4m3", "fp8_e5m2")
     attention_features = ("sinks",)
-    # A plain CPU run (`--case-set auto`, as CI runs it): each mode's paging, shuffle, window, cap,
-    # hybrid and tree cases, the small-rank MLA case, a short fp8 one, and sinks in DECODE (the split-K
-    # combine) and TARGET_VERIFY (the extend kernel every other mode runs too). Left out: the
-    # DeepSeek-width MLA cases (128 heads x 576 wide) and the long soft-capped ones, minutes a run in
-    # Triton's interpreter.
-    # `--case-set smoke` runs them all.
+    # A plain CPU run (`--case-set auto`, as CI runs it): each feature in at least one mode (paging 1/16/64,
+    # the layouts, window, cap, tree, hybrid, MLA, fused inputs, fp8, sinks), each mode's graphs. Left out:
+    # the DeepSeek-width MLA and long soft-capped cases (minutes a run in Triton's interpreter) and repeats
+    # of a feature in another mode's extend kernel. `--case-set smoke` runs them all.
     ci_cases = {
         "decode": ("gqa_ragged_p16_fp32", "mqa_p1_shuf", "mha_bs1_window_p64_inter", "gqa_bs8_cap_p1_nonmono",
-                   "gqa32_scale_fp16_p16_shuf", "gqa_hybrid_p16_fp32", "mla_r32_h16_ragged_p16_fp32",
-                   "gqa_fused_p16_fp32", "gqa_fp8_e4m3_p16_fp16", "gqa_window_sinks_hybrid_p16_fp16"),
-        "extend": ("mqa_p1_shuf", "mha_bs1_window_p64_inter", "gqa_bs8_cap_p1_nonmono", "gqa_hybrid_p16_fp32",
-                   "mla_r32_h16_ragged_p16_fp32", "gqa_fused_p16_fp32", "gqa_fp8_e5m2_prefix_p16_fp16"),
-        "target_verify": ("mqa_tree6_p1_shuf", "mha_bs1_chain4_window_p64_inter", "gqa_bs8_tree4_cap_p1_nonmono",
-                          "gqa_tree8_window4_p16_inter", "gqa_hybrid_tree4_p16_fp32", "mla_r32_h16_chain4_p16_fp32",
-                          "gqa_chain2_fused_p16_fp32", "gqa_fp8_e4m3_chain3_p16_fp16",
-                          "gqa_chain4_window_sinks_hybrid_p16_fp32"),
-        "draft_extend_v2": ("gqa_draft4_p16_fp32", "mqa_draft3_p1_shuf", "mha_bs1_window_p64_inter",
-                            "gqa_hybrid_draft3_p16_fp32", "mla_r32_h16_draft4_p16_fp32", "gqa_draft2_fused_p16_fp32",
+                   "mla_r32_h16_ragged_p16_fp32", "gqa_fused_p16_fp32", "gqa_fp8_e4m3_p16_fp16",
+                   "gqa_window_sinks_hybrid_p16_fp16"),
+        "extend": ("mqa_p1_shuf", "gqa_hybrid_p16_fp32", "gqa_fused_p16_fp32", "gqa_fp8_e5m2_prefix_p16_fp16"),
+        "target_verify": ("mqa_tree6_p1_shuf", "gqa_tree8_window4_p16_inter", "mla_r32_h16_chain4_p16_fp32",
+                          "gqa_fp8_e4m3_chain3_p16_fp16", "gqa_chain4_window_sinks_hybrid_p16_fp32"),
+        "draft_extend_v2": ("gqa_draft4_p16_fp32", "mqa_draft3_p1_shuf", "gqa_draft2_fused_p16_fp32",
                             "gqa_fp8_e5m2_draft3_p16_fp16"),
     }
 
