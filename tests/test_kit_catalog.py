@@ -16,7 +16,7 @@ from backends.triton.metadata import SPLIT_TOKENS
 from cases import CATALOG as catalog
 from kit.engine.case import GQA, LAYOUTS, MHA, MQA, Case
 from kit.engine.catalog import CASE_SETS, Catalog
-from kit.engine.fixture import SHARED, Fixture
+from kit.engine.fixture import SHARED, Fixture, _pools_for, make_batch
 from kit.engine.kv_quant import quantize
 from kit.engine.layer import model_layers
 from kit.engine.pools import CASE_LAYER_ID
@@ -26,7 +26,6 @@ from kit.engine.modes.rules import causal
 from kit.report.record import parse_run_id, run_id
 from kit.engine.reference import attention
 from kit.harness.checks import check_inputs, check_kv, check_output, handed_inputs, inputs_figures, read_back
-from tests.helpers import run_setup
 from tests.mutants.triton import read_dense
 
 REPO = Path(__file__).resolve().parent.parent
@@ -447,6 +446,17 @@ KV_BUG_CLASSES = {
 }
 
 
+def _written_batch(case) -> Fixture:
+    """The case's batch over a pool, without the references a run computes first (the KV
+    check reads none of them)."""
+    built, cpu = SHARED.get(case, torch.device("cpu")), torch.device("cpu")
+    pools = _pools_for([built.plan], case, cpu)
+    fx = Fixture(plan=built.plan, pools=pools, layers=built.layers, inputs=built.inputs,
+                 batch=make_batch(built.plan, pools, cpu))
+    fx.tables = built.tables
+    return fx
+
+
 @pytest.mark.parametrize("mode", MODES, ids=lambda m: m.value)
 def test_every_mla_kv_bug_class_is_caught_by_three_full_cases(mode):
     caught = {key: [] for key in KV_BUG_CLASSES}
@@ -454,7 +464,7 @@ def test_every_mla_kv_bug_class_is_caught_by_three_full_cases(mode):
     for case in _cheapest_first(mode, lambda c: _is_mla(c) and not c.kv_dtype):
         if all(len(cases) >= MIN_CATCHING for cases in caught.values()):
             break
-        fx = run_setup(case).fixtures[-1]
+        fx = _written_batch(case)
         pool, loc = fx.pools.token_to_kv_pool, fx.batch.out_cache_loc
         writes = {lid: (x.k_new, x.v_new) for lid, x in enumerate(fx.inputs)}
         for key, write in KV_BUG_CLASSES.items():
