@@ -90,6 +90,16 @@ def _load_paged_kv(K, V, kv_indices, kv_start, n, live_n, kvh, d, stride_ks, str
 
 
 @triton.jit
+def split_range(kv_indptr, b, split, splits):
+    """Request b's keys [kv_start, kv_start + kv_len) and split `split`'s part [lo, hi) of them."""
+    kv_start = tl.load(kv_indptr + b)
+    kv_len = tl.load(kv_indptr + b + 1) - kv_start
+    chunk = tl.cdiv(kv_len, splits)
+    lo = split * chunk
+    return kv_start, kv_len, lo, tl.minimum(lo + chunk, kv_len)
+
+
+@triton.jit
 def decode_split_kernel(Q, K, V, kv_indptr, kv_indices, num_kv_splits, Mid_O, Mid_LSE,
                         sm_scale, logit_cap, window, k_scale, v_scale,
                         stride_qt, stride_qh, stride_ks, stride_kh, stride_vs, stride_vh,
@@ -103,11 +113,7 @@ def decode_split_kernel(Q, K, V, kv_indptr, kv_indices, num_kv_splits, Mid_O, Mi
     split = tl.program_id(2)
     splits = tl.load(num_kv_splits + b)
     if split < splits:
-        kv_start = tl.load(kv_indptr + b)
-        kv_len = tl.load(kv_indptr + b + 1) - kv_start
-        chunk = tl.cdiv(kv_len, splits)
-        lo = split * chunk
-        hi = tl.minimum(lo + chunk, kv_len)
+        kv_start, kv_len, lo, hi = split_range(kv_indptr, b, split, splits)
         if HAS_WINDOW:  # the query sits at kv_len - 1 and sees window + 1 keys
             lo = tl.maximum(lo, kv_len - 1 - window)
         hs = tl.arange(0, BLOCK_H)

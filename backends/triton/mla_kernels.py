@@ -14,7 +14,7 @@ kernels.decode_reduce_kernel.
 import triton
 import triton.language as tl
 
-from backends.triton.kernels import _dot, _softmax_update, dequant
+from backends.triton.kernels import _dot, _softmax_update, dequant, split_range
 
 
 @triton.jit
@@ -47,11 +47,7 @@ def mla_decode_split_kernel(Q, KV, kv_indptr, kv_indices, num_kv_splits, Mid_O, 
     split = tl.program_id(2)
     splits = tl.load(num_kv_splits + b)
     if split < splits:
-        kv_start = tl.load(kv_indptr + b)
-        kv_len = tl.load(kv_indptr + b + 1) - kv_start
-        chunk = tl.cdiv(kv_len, splits)
-        lo = split * chunk
-        hi = tl.minimum(lo + chunk, kv_len)
+        kv_start, kv_len, lo, hi = split_range(kv_indptr, b, split, splits)
         heads = hb * BLOCK_H + tl.arange(0, BLOCK_H)
         live_h = heads < NUM_HEADS
         r = tl.arange(0, R)
