@@ -31,8 +31,7 @@ FA_CKV_MULTIPLE, FA_KPE_MULTIPLE = 128, 64
 
 class FlashInferMLABackend(dense.FlashInferBackend):
     name = "flashinfer_mla"
-    # No fp8 KV (kv_dtypes left empty): the adapter does not pass a latent scale to the MLA wrapper.
-    attention_kinds = ("mla",)
+    attention_kinds = ("mla",)  # fp8 KV as the dense backend: the latent's one scale for both parts
 
     @classmethod
     def supports(cls, case) -> Optional[str]:
@@ -88,4 +87,5 @@ class FlashInferMLABackend(dense.FlashInferBackend):
         latent = pool.get_key_buffer(layer.layer_id)
         paged = latent.view(-1, self.page, latent.shape[-1])  # [pages, page, R + P]: one KV head
         r = self.rank
-        return self.wrapper.run(query=(q[..., :r], q[..., r:]), kv_cache=(paged[..., :r], paged[..., r:]))
+        scales = {} if layer.k_scale is None else dict(ckv_scale=layer.k_scale, kpe_scale=layer.k_scale)
+        return self.wrapper.run(query=(q[..., :r], q[..., r:]), kv_cache=(paged[..., :r], paged[..., r:]), **scales)
