@@ -1,6 +1,8 @@
 """The kit's memory on a shared device: each process's share of its GPU (what was free at start,
 split between the session's workers on that GPU), workers spread over a host's GPUs, what is kept
 released when a worker moves to another backend, and a new pool made only where it fits."""
+import types
+
 import pytest
 import torch
 
@@ -79,3 +81,21 @@ def test_a_new_pool_larger_than_what_is_free_is_made_after_a_release(monkeypatch
     big = CASE.with_(name="big", prefix=(5000, 30, 1))
     fixtures_for([big], "cpu")
     assert releases == [1]
+
+
+@pytest.mark.parametrize("workers, capped", [(1, None), (16, (4 * GiB - budget.OUTSIDE_ALLOCATOR) / (80 * GiB))])
+def test_a_worker_sharing_its_gpu_caps_its_allocator_at_its_share(monkeypatch, workers, capped):
+    """Each worker's caching allocator holds at most its share (less what it holds outside the
+    allocator), so one worker's cache cannot run another out of memory; a process alone is not
+    capped."""
+    caps = []
+    monkeypatch.setattr(budget, "_free_at_start", lambda device: 64 * GiB)
+    monkeypatch.setattr(torch.cuda, "get_device_properties", lambda device: types.SimpleNamespace(total_memory=80 * GiB))
+    monkeypatch.setattr(torch.cuda, "set_per_process_memory_fraction", lambda f, device: caps.append(f))
+    monkeypatch.setenv("PYTEST_XDIST_WORKER_COUNT", str(workers))
+    monkeypatch.setenv(placement.PLACED, "0/1")
+    budget.cap_allocator.cache_clear()
+    budget.cap_allocator("cuda:0")
+    budget.cap_allocator("cuda:0")  # once per process
+    budget.cap_allocator.cache_clear()
+    assert caps == ([] if capped is None else [pytest.approx(capped)])

@@ -69,6 +69,17 @@ def test_out_of_memory_in_the_backends_forward_is_its_crash(releases):
     assert r.message.startswith("forward (layer 0): OutOfMemoryError: CUDA out of memory") and not releases
 
 
+def test_out_of_memory_in_the_backends_forward_on_a_shared_gpu_is_retried_once_released(monkeypatch, releases):
+    """On a GPU shared with other workers each process's allocator is capped at its share, which
+    what the kit keeps counts against: the backend's run is tried again once that is released,
+    and stays the backend's crash if it runs out again."""
+    from kit.engine import budget
+    monkeypatch.setattr(budget, "sharing", lambda device: 16)
+    r = run_case(f"{TOYS}:OutOfMemoryBackend", CASE, Exec.EAGER)
+    assert (r.outcome, r.failure_class) == (FAIL, CRASH), r
+    assert r.message.startswith("forward (layer 0): OutOfMemoryError: CUDA out of memory") and releases == [1]
+
+
 def test_out_of_memory_in_an_allocation_the_guard_makes_for_the_backend_is_its_crash(monkeypatch, releases):
     """The guard allocates each tensor a backend asks for (plus its canary): out of memory there is
     the backend's allocation failing."""

@@ -508,3 +508,35 @@ def test_an_eager_step_waits_for_the_device_once_before_its_read_back(monkeypatc
     monkeypatch.setattr(kit.harness.runner, "_device_done", lambda: waits.append(1))
     assert kit.harness.runner._eager(backend, fx).ok
     assert len(waits) == 1, waits
+
+
+
+class RaisesAfterLaunching(TorchNativeBackend):
+    """Fails in forward after launching work whose (asynchronous) fault nothing waited for."""
+
+    launched = []
+
+    def forward(self, q, k, v, layer, batch, save_kv_cache=True):
+        self.launched.append(layer.layer_id)
+        raise ValueError("a shape the backend did not expect")
+
+
+def test_a_device_fault_left_behind_by_a_failed_run_is_that_runs(monkeypatch):
+    """A run that ends in an exception before the kit waits for its kernels leaves their fault
+    pending; the wait at the run's end reports it on that run (the device is lost: its worker
+    ends), not on the next run of the process, which did nothing wrong."""
+    import kit.harness.runner
+
+    real = kit.harness.runner._device_done
+
+    def waits():
+        if RaisesAfterLaunching.launched:
+            raise RuntimeError("CUDA error: an illegal memory access was encountered\nmore lines")
+        real()
+    monkeypatch.setattr(kit.harness.runner, "_device_done", waits)
+    RaisesAfterLaunching.launched.clear()
+    r = run_case(f"{MODULE}:RaisesAfterLaunching", DECODE_CASE, Exec.EAGER, torch.device("cpu"))
+    assert r.failure_class == "crash" and r.device_lost, r
+    assert r.message.startswith("forward (layer 0): ValueError: a shape"), r.message
+    assert r.message.endswith("; then the device reported: CUDA error: an illegal memory access was encountered"), \
+        r.message

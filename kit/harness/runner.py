@@ -17,6 +17,7 @@ from kit.modes import Exec
 from kit.harness.nan_fill import nan_filled_allocations
 from kit.harness.capabilities import NO_CAPTURE_HOOKS, Capabilities
 from kit.harness.protocol import BackendContext, backend_problem
+from kit.engine import budget
 from kit.engine.memory import moving_to, release
 from kit.harness.oom import allocation_site, raised_by_kit
 from kit.report.record import CRASH, EAGER, ENVIRONMENT, ERROR, FAIL, PASS, UNSUPPORTED, RunResult
@@ -50,6 +51,7 @@ class _Crash(Exception):
     def __init__(self, stage: str, exc: BaseException):
         self.device_lost = any(e in str(exc) for e in STICKY_DEVICE_ERRORS)
         self.timed_out = isinstance(exc, RunTimeout)
+        self.out_of_memory = isinstance(exc, torch.OutOfMemoryError)
         super().__init__(f"{stage}: {type(exc).__name__}: {exc}{where(exc)}")
 
 
@@ -86,6 +88,18 @@ def _judged_on_device(stage: str, judge):
 def _device_done() -> None:
     if torch.cuda.is_available():
         torch.cuda.synchronize()
+
+
+def _late_device_fault() -> Optional[str]:
+    """A sticky fault of device work a failed run launched and nothing waited for (it ended in an
+    exception first): reported by the next wait, it is that run's, not the next one's."""
+    try:
+        _device_done()
+    except RuntimeError as exc:
+        if any(e in str(exc) for e in STICKY_DEVICE_ERRORS):
+            return (str(exc).splitlines() or [""])[0]
+        raise
+    return None
 
 
 def _call(stage: str, fn, *args, **kwargs):
@@ -168,6 +182,7 @@ def execute(run: Run, device: Optional[torch.device] = None, timeout: Optional[f
     device = device or default_device()
     result = run.record(outcome=PASS)
     start = time.perf_counter()
+    budget.cap_allocator(str(device))
     moving_to(run.label, device)
     result.versions = versions()
     try:
@@ -193,19 +208,29 @@ def execute(run: Run, device: Optional[torch.device] = None, timeout: Optional[f
     except RunTimeout as exc:  # in the kit's own code, between backend calls
         result.outcome, result.failure_class, result.message = FAIL, CRASH, f"{exc} in the kit, between backend calls"
         result.repro = run.repro(timeout)
+    if result.outcome == FAIL and not result.device_lost:
+        fault = _late_device_fault()
+        if fault is not None:
+            result.device_lost = True
+            result.message += f"; then the device reported: {fault}"
     result.seconds = round(time.perf_counter() - start, 4)
     return result
 
 
 def _run_releasing_memory(cls, caps: Capabilities, case: Case, exec_: Exec, device, result: RunResult) -> None:
-    """_run, and where the kit runs out of device memory in its own allocations, _run again from
-    the start once everything the kit keeps is released (kit.engine.memory); raises
-    _KitOutOfMemory where that runs out too."""
+    """_run, and where the kit runs out of device memory in its own allocations (or, on a GPU
+    shared with other workers, the backend in its own), _run again from the start once everything
+    the kit keeps is released (kit.engine.memory); raises _KitOutOfMemory where the kit's
+    allocations run out again, the backend's crash where its own do."""
     for last in (False, True):
         try:
             _run(cls, caps, case, exec_, device, result)
             return
         except _KitOutOfMemory as exc:
+            oom = exc
+        except _Crash as exc:  # out of memory in the backend's code, while the kit held what it keeps
+            if last or not exc.out_of_memory or budget.sharing(torch.device(device)) == 1:
+                raise
             oom = exc
         except RuntimeError as exc:  # torch.OutOfMemoryError of the kit's code between backend calls
             if not raised_by_kit(exc):
