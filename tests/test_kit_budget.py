@@ -91,11 +91,16 @@ def test_a_worker_sharing_its_gpu_caps_its_allocator_at_its_share(monkeypatch, w
     caps = []
     monkeypatch.setattr(budget, "_free_at_start", lambda device: 64 * GiB)
     monkeypatch.setattr(torch.cuda, "get_device_properties", lambda device: types.SimpleNamespace(total_memory=80 * GiB))
-    monkeypatch.setattr(torch.cuda, "set_per_process_memory_fraction", lambda f, device: caps.append(f))
+    monkeypatch.setattr(torch.cuda, "current_device", lambda: 0)
+
+    def set_fraction(fraction, device):
+        assert isinstance(device, int), device  # torch raises for a device without an index ("cuda")
+        caps.append(fraction)
+    monkeypatch.setattr(torch.cuda, "set_per_process_memory_fraction", set_fraction)
     monkeypatch.setenv("PYTEST_XDIST_WORKER_COUNT", str(workers))
     monkeypatch.setenv(placement.PLACED, "0/1")
     budget.cap_allocator.cache_clear()
-    budget.cap_allocator("cuda:0")
-    budget.cap_allocator("cuda:0")  # once per process
+    budget.cap_allocator("cuda")
+    budget.cap_allocator("cuda")  # once per process
     budget.cap_allocator.cache_clear()
     assert caps == ([] if capped is None else [pytest.approx(capped)])

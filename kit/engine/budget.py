@@ -64,5 +64,6 @@ def cap_allocator(device: str) -> None:
     dev = torch.device(device)
     if dev.type != "cuda" or sharing(dev) == 1:
         return
-    total = torch.cuda.get_device_properties(dev).total_memory
-    torch.cuda.set_per_process_memory_fraction(max(share(dev) - OUTSIDE_ALLOCATOR, 0) / total, dev)
+    index = torch.cuda.current_device() if dev.index is None else dev.index  # torch wants an index here
+    total = torch.cuda.get_device_properties(index).total_memory
+    torch.cuda.set_per_process_memory_fraction(max(share(dev) - OUTSIDE_ALLOCATOR, 0) / total, index)
