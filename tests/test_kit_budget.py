@@ -1,8 +1,6 @@
 """The kit's memory on a shared device: each process's share of its GPU (what was free at start,
 split between the session's workers on that GPU), workers spread over a host's GPUs, what is kept
 released when a worker moves to another backend, and a new pool made only where it fits."""
-import types
-
 import pytest
 import torch
 
@@ -83,24 +81,14 @@ def test_a_new_pool_larger_than_what_is_free_is_made_after_a_release(monkeypatch
     assert releases == [1]
 
 
-@pytest.mark.parametrize("workers, capped", [(1, None), (16, (4 * GiB - budget.OUTSIDE_ALLOCATOR) / (80 * GiB))])
-def test_a_worker_sharing_its_gpu_caps_its_allocator_at_its_share(monkeypatch, workers, capped):
-    """Each worker's caching allocator holds at most its share (less what it holds outside the
-    allocator), so one worker's cache cannot run another out of memory; a process alone is not
-    capped."""
-    caps = []
-    monkeypatch.setattr(budget, "_free_at_start", lambda device: 64 * GiB)
-    monkeypatch.setattr(torch.cuda, "get_device_properties", lambda device: types.SimpleNamespace(total_memory=80 * GiB))
-    monkeypatch.setattr(torch.cuda, "current_device", lambda: 0)
 
-    def set_fraction(fraction, device):
-        assert isinstance(device, int), device  # torch raises for a device without an index ("cuda")
-        caps.append(fraction)
-    monkeypatch.setattr(torch.cuda, "set_per_process_memory_fraction", set_fraction)
-    monkeypatch.setenv("PYTEST_XDIST_WORKER_COUNT", str(workers))
-    monkeypatch.setenv(placement.PLACED, "0/1")
-    budget.cap_allocator.cache_clear()
-    budget.cap_allocator("cuda")
-    budget.cap_allocator("cuda")  # once per process
-    budget.cap_allocator.cache_clear()
-    assert caps == ([] if capped is None else [pytest.approx(capped)])
+@pytest.mark.parametrize("workers, empties", [(1, 0), (16, 2)])
+def test_a_worker_sharing_its_gpu_hands_its_allocators_cache_back_after_each_run(monkeypatch, workers, empties):
+    """What a run's peak left cached in a worker's allocator goes back to the device when the run
+    ends, so that one worker's cache cannot run another out of memory; a process alone keeps it."""
+    calls = count_calls(monkeypatch, torch.cuda, "empty_cache")
+    monkeypatch.setattr(budget, "sharing", lambda device: workers)
+    for _ in range(2):
+        memory.after_run(torch.device("cuda", 0))
+    memory.after_run(torch.device("cpu"))
+    assert len(calls) == empties

@@ -6,8 +6,9 @@ that share one keep none past the last few (kept tensors pin the caching allocat
 were cut from, and workers sharing a GPU would run it out of memory; a worker runs few of the
 other backends' runs of a batch), and let go of what they keep when they move to
 another backend (kit.engine.memory). Before a large allocation (a pool) the kit checks what is
-free now. A process that shares its GPU caps its caching allocator at its share (cap_allocator):
-what one worker caches never runs another out of memory."""
+free now. A process that shares its GPU hands its allocator's cache back after every run
+(kit.engine.memory.after_run): what one worker cached at its peak never runs another out of
+memory."""
 from __future__ import annotations
 
 import functools
@@ -17,9 +18,6 @@ import torch
 from kit.engine import placement
 
 CPU_BYTES = 1 << 30
-# A process's device memory outside torch's caching allocator (its CUDA context, loaded kernels,
-# library handles), left out of the allocator's cap.
-OUTSIDE_ALLOCATOR = 1 << 30
 
 
 def sharing(device: torch.device) -> int:
@@ -54,16 +52,3 @@ def free_now(device: torch.device) -> int:
         return 1 << 62
     return torch.cuda.mem_get_info(device)[0]
 
-
-@functools.lru_cache(maxsize=None)
-def cap_allocator(device: str) -> None:
-    """Before a process's first run: where it shares its GPU, its caching allocator may hold at
-    most its share (less what the process holds outside the allocator). At the cap the allocator
-    frees its cached blocks and tries again before it raises, so an out-of-memory error means
-    this process's own live tensors (the kit's or the backend's) outgrew its share."""
-    dev = torch.device(device)
-    if dev.type != "cuda" or sharing(dev) == 1:
-        return
-    index = torch.cuda.current_device() if dev.index is None else dev.index  # torch wants an index here
-    total = torch.cuda.get_device_properties(index).total_memory
-    torch.cuda.set_per_process_memory_fraction(max(share(dev) - OUTSIDE_ALLOCATOR, 0) / total, index)

@@ -31,3 +31,10 @@ def moving_to(backend: str, device: torch.device) -> None:
     previous, _last_backend[0] = _last_backend[0], backend
     if previous is not None and previous != backend and budget.sharing(torch.device(device)) > 1:
         release()
+
+
+def after_run(device: torch.device) -> None:
+    """After each run of a process that shares its GPU: the blocks its caching allocator keeps
+    unused (a run's peak) go back to the device, for the other processes on it."""
+    if torch.device(device).type == "cuda" and budget.sharing(torch.device(device)) > 1:
+        torch.cuda.empty_cache()

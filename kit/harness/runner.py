@@ -18,7 +18,7 @@ from kit.harness.nan_fill import nan_filled_allocations
 from kit.harness.capabilities import NO_CAPTURE_HOOKS, Capabilities
 from kit.harness.protocol import BackendContext, backend_problem
 from kit.engine import budget
-from kit.engine.memory import moving_to, release
+from kit.engine.memory import after_run, moving_to, release
 from kit.harness.oom import allocation_site, raised_by_kit
 from kit.report.record import CRASH, EAGER, ENVIRONMENT, ERROR, FAIL, PASS, UNSUPPORTED, RunResult
 from kit.harness.run import Run
@@ -182,7 +182,6 @@ def execute(run: Run, device: Optional[torch.device] = None, timeout: Optional[f
     device = device or default_device()
     result = run.record(outcome=PASS)
     start = time.perf_counter()
-    budget.cap_allocator(str(device))
     moving_to(run.label, device)
     result.versions = versions()
     try:
@@ -213,6 +212,8 @@ def execute(run: Run, device: Optional[torch.device] = None, timeout: Optional[f
         if fault is not None:
             result.device_lost = True
             result.message += f"; then the device reported: {fault}"
+    if not result.device_lost:
+        after_run(device)
     result.seconds = round(time.perf_counter() - start, 4)
     return result
 
