@@ -3,19 +3,22 @@
 Into the Python that runs it (use a virtual environment): torch (on CPU the CPU build, first:
 `pip install -e .` first would pull the CUDA build and its NVIDIA packages), the kit with its test
 extra (FlashInfer too on CUDA), SGLang's backends (`python -m backends.sglang.install`), and the
-headless browser the HTML report's test drives (Debian's chromium and chromium-driver). Each step
-first looks whether it is done, so a second run installs nothing and says so.
+headless browser the HTML report's test drives (Debian's chromium and chromium-driver), and the
+installed packages byte-compiled. Each step first looks whether it is done, so a second run
+installs nothing and says so.
 """
 from __future__ import annotations
 
 import argparse
 import dataclasses
 import importlib.metadata
+import importlib.util
 import json
 import os
 import shutil
 import subprocess
 import sys
+import sysconfig
 from pathlib import Path
 from typing import Callable, List, Optional, Tuple
 
@@ -98,6 +101,28 @@ def browser() -> Optional[str]:
     return paths and " and ".join(paths)
 
 
+# Byte-compiled once here, on every core, rather than by each test process: where
+# PYTHONDONTWRITEBYTECODE is set (as on many CI machines) nothing compiled at import is kept, so each
+# of the suite's many processes would compile torch's, sglang's and transformers' modules again; where
+# it is not, the first processes, started together, would each compile the same modules. Files that
+# are not Python 3 (templates, old examples) are left as they are.
+COMPILE = "import compileall, sys; [compileall.compile_dir(d, quiet=2, workers=0) for d in sys.argv[1:]]"
+COMPILED = ("torch", "transformers", "sglang")  # the largest packages the suite imports
+
+
+def site_dirs() -> List[str]:
+    return sorted({sysconfig.get_paths()[k] for k in ("purelib", "platlib")})
+
+
+def compiled() -> Optional[str]:
+    """The installed packages byte-compiled (the largest ones' package modules have their .pyc), or None."""
+    found = {name: spec.origin for name in COMPILED
+             if (spec := importlib.util.find_spec(name)) is not None and spec.origin}
+    if found and all(Path(importlib.util.cache_from_source(origin)).exists() for origin in found.values()):
+        return f"{', '.join(found)} and the rest byte-compiled"
+    return None
+
+
 def _apt() -> List[List[str]]:
     sudo = [] if os.geteuid() == 0 or not shutil.which("sudo") else ["sudo"]
     env = ["env", "DEBIAN_FRONTEND=noninteractive"]
@@ -118,6 +143,8 @@ def steps(kind: str) -> List[Step]:
     # Required where CI runs the whole suite (CPU): there the HTML report's test fails without it.
     out.append(Step(f"a headless browser for the HTML report's test ({', '.join(BROWSER_PACKAGES)})",
                     browser, _apt, required=kind == "cpu" and os.environ.get("CI") == "true"))
+    out.append(Step("the installed packages, byte-compiled", compiled,
+                    lambda: [[sys.executable, "-c", COMPILE, *site_dirs()]], required=False))
     return out
 
 

@@ -21,6 +21,7 @@ def fresh_machine(monkeypatch):
     monkeypatch.setattr(setup, "_kit_installed", lambda extras: "kit" in have and "the kit")
     monkeypatch.setattr(setup, "_sglang", lambda: "sglang" in have and "sglang 0.5.23")
     monkeypatch.setattr(setup, "browser", lambda: "browser" in have and "chromium")
+    monkeypatch.setattr(setup, "compiled", lambda: "compiled" in have and "byte-compiled")
     monkeypatch.setenv("TORCH_INDEX_URL", "https://example.org/cpu")
     ran = []
 
@@ -28,7 +29,7 @@ def fresh_machine(monkeypatch):
         ran.append(cmd)
         text = " ".join(cmd)
         have.update(k for k, marker in (("torch", "torch=="), ("kit", "-e "), ("sglang", "backends.sglang.install"),
-                                        ("browser", "chromium-driver")) if marker in text)
+                                        ("browser", "chromium-driver"), ("compiled", "compileall")) if marker in text)
         return 0
 
     monkeypatch.setattr(setup.subprocess, "call", call)
@@ -46,7 +47,23 @@ def test_second_run_installs_nothing_and_says_so(fresh_machine, capsys):
     assert any("apt-get install -y -q --no-install-recommends chromium chromium-driver" in c for c in commands)
     ran.clear()
     assert setup.run("cpu") == 0
-    assert ran == [] and "setup cpu: nothing to install, all 4 steps already done" in capsys.readouterr().out
+    assert ran == [] and "setup cpu: nothing to install, all 5 steps already done" in capsys.readouterr().out
+
+
+def test_the_compile_step_compiles_every_module_and_passes_over_files_that_are_not_python(tmp_path, monkeypatch):
+    from scripts import setup
+    pkg = tmp_path / "pkg"
+    (pkg / "sub").mkdir(parents=True)
+    for path in (pkg / "__init__.py", pkg / "sub" / "mod.py"):
+        path.write_text("X = 1\n")
+    (pkg / "template.py").write_text("{% if x %}not python{% endif %}\n")
+    monkeypatch.setattr(setup, "COMPILED", ("pkg",))
+    monkeypatch.syspath_prepend(str(tmp_path))
+    assert setup.compiled() is None
+    env = {**os.environ, "PYTHONDONTWRITEBYTECODE": "1"}  # compiled all the same
+    assert subprocess.call([sys.executable, "-c", setup.COMPILE, str(tmp_path)], env=env) == 0
+    assert setup.compiled() == "pkg and the rest byte-compiled"
+    assert (pkg / "sub" / "__pycache__").is_dir()
 
 
 def test_cuda_installs_the_kit_with_flashinfer_and_no_cpu_torch(fresh_machine):
