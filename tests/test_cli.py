@@ -1,6 +1,10 @@
 """Command lines on bad input end in one line naming the problem and the fix (exit 2 for a usage
-error, 1 otherwise; pytest's own code for a usage error is 4), and --help describes everything."""
+error, 1 otherwise; pytest's own code for a usage error is 4), and --help describes everything.
+The commands' `main` runs in this process where what is checked is what it prints and returns; one
+test per command runs it as its own process (its exit code, and nothing else on stderr)."""
 import argparse
+import contextlib
+import io
 import json
 import shutil
 import subprocess
@@ -8,8 +12,8 @@ import sys
 
 import pytest
 
-from kit.__main__ import build_parser as kit_parser
-from matrix.__main__ import build_parser as matrix_parser
+from kit.__main__ import build_parser as kit_parser, main as kit_main
+from matrix.__main__ import build_parser as matrix_parser, main as matrix_main
 from tests.test_matrix import REPO, project, run_matrix  # noqa: F401
 
 RUN = ["run", "--backend", "torch_native", "--mode", "decode", "--exec", "eager"]
@@ -27,6 +31,17 @@ def _one_line_error(proc, code, *words):
 
 def _run(*args):
     return subprocess.run([sys.executable, *args], cwd=REPO, capture_output=True, text=True)
+
+
+def _main(main, *args):
+    """`main(args)` here, as the process would end: its exit code, stdout and stderr."""
+    out, err = io.StringIO(), io.StringIO()
+    with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
+        try:
+            code = main(list(args))
+        except SystemExit as exc:  # argparse's usage errors and --help
+            code = exc.code
+    return subprocess.CompletedProcess(args, code or 0, out.getvalue(), err.getvalue())
 
 
 @pytest.mark.parametrize("args, words", [
@@ -49,7 +64,11 @@ def _run(*args):
 def test_kit_usage_errors(args, words):
     if "cuda" in args:
         pytest.importorskip("torch").cuda.is_available() and pytest.skip("CUDA is present here")
-    _one_line_error(_run("-m", "kit", *args), 2, *words)
+    _one_line_error(_main(kit_main, *args), 2, *words)
+
+
+def test_a_kit_usage_error_ends_the_process_with_one_line():
+    _one_line_error(_run("-m", "kit", *RUN, "--case", "nosuch"), 2, "no decode case named 'nosuch'")
 
 
 @pytest.mark.parametrize("backend, words", [
@@ -65,8 +84,8 @@ def test_pytest_bad_backend_is_one_line(backend, words, xdist):
 
 def test_kit_run_labels_a_module_attr_backend_as_pytest_does():
     """By the class's `name` (here the toy's), not the spec, as in test ids, records and tables."""
-    proc = _run("-m", "kit", "run", "--backend", "tests.toys.crashing:HangBackend", "--mode", "decode",
-                "--exec", "eager", "--case", "gqa_ragged_p16_fp32", "--json")
+    proc = _main(kit_main, "run", "--backend", "tests.toys.crashing:HangBackend", "--mode", "decode",
+                 "--exec", "eager", "--case", "gqa_ragged_p16_fp32", "--json")
     assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-2000:]
     record = json.loads(proc.stdout.strip().splitlines()[-1])
     assert record["backend"] == "toy_hang" and record["outcome"] == "pass", record
@@ -133,20 +152,20 @@ def test_every_subcommand_and_option_has_help(parser):
     assert not undocumented
 
 
-@pytest.mark.parametrize("args, words", [
-    (["-m", "kit", "--help"], ["run", "list"]),
-    (["-m", "kit", "list", "--help"], ["--backends", "--case-set", "--cases"]),
-    (["-m", "kit", "run", "--help"], ["--timeout", "--device", "--json"]),
-    (["-m", "matrix", "--help"], ["write", "check"]),
-    (["-m", "matrix", "check", "--help"], ["--fresh", "--results-dir", "--known-failures", "--readme"]),
+@pytest.mark.parametrize("main, args, words", [
+    (kit_main, ["--help"], ["run", "list"]),
+    (kit_main, ["list", "--help"], ["--backends", "--case-set", "--cases"]),
+    (kit_main, ["run", "--help"], ["--timeout", "--device", "--json"]),
+    (matrix_main, ["--help"], ["write", "check"]),
+    (matrix_main, ["check", "--help"], ["--fresh", "--results-dir", "--known-failures", "--readme"]),
 ])
-def test_help_shows_them(args, words):
-    proc = _run(*args)
+def test_help_shows_them(main, args, words):
+    proc = _main(main, *args)
     assert proc.returncode == 0 and all(w in proc.stdout for w in words), proc.stdout
 
 
 def test_list_backends_says_what_is_available_and_why_not():
-    proc = _run("-m", "kit", "list", "--backends")
+    proc = _main(kit_main, "list", "--backends")
     assert proc.returncode == 0, proc.stderr
     lines = {line.split()[0]: line for line in proc.stdout.splitlines()}
     assert {"torch_native", "triton", "flashinfer"} <= set(lines)
@@ -178,10 +197,10 @@ TORCH_ERROR = ["run", "--backend", "tests.toys.crashing:TorchErrorBackend", "--m
 def test_a_failing_kit_run_says_whether_it_is_a_known_failure(tmp_path, klass, said):
     path = _known_failures_file(tmp_path, [
         f"| KF-7 | toy_torch_error | decode | eager | mqa_* | * | {klass} | xfail | the toy's einsum | tests/toys/crashing.py |"])
-    proc = _run("-m", "kit", *TORCH_ERROR, "--known-failures", str(path))
+    proc = _main(kit_main, *TORCH_ERROR, "--known-failures", str(path))
     assert proc.returncode == 1, proc.stdout[-2000:] + proc.stderr[-2000:]
     last = proc.stdout.strip().splitlines()[-1]
     assert last.startswith(said) and str(path) in last, proc.stdout[-2000:]
     assert ("the toy's einsum" in last) == (klass == "crash"), last
-    no_entry = _run("-m", "kit", *TORCH_ERROR, "--known-failures", str(_known_failures_file(tmp_path, [])))
+    no_entry = _main(kit_main, *TORCH_ERROR, "--known-failures", str(_known_failures_file(tmp_path, [])))
     assert no_entry.returncode == 1 and "KF-" not in no_entry.stdout, no_entry.stdout[-2000:]
