@@ -28,19 +28,34 @@ def test_backends_are_not_interleaved_and_a_cases_runs_follow_each_other():
         assert (b1, m1, c1, e1, e2) == (b2, m2, c2, "eager", "graph")
 
 
-def test_xdist_workers_split_the_cores(tmp_path):
-    """Each of N workers runs torch with its share of the threads, not one per core each
-    (oversubscribed, they slowed the GPU matrix by 1.7x)."""
+@pytest.fixture(scope="module")
+def xdist_session(tmp_path_factory):
+    """One `-n 2` session of the two test files below (each test looks at its own file's effects):
+    the process, and its folder."""
+    tmp = tmp_path_factory.mktemp("xdist_session")
     default = int(subprocess.run([sys.executable, "-c", "import torch; print(torch.get_num_threads())"],
                                  capture_output=True, text=True, check=True).stdout)
-    (tmp_path / "test_threads.py").write_text(
+    (tmp / "test_threads.py").write_text(
         "import torch\n\ndef test_threads():\n"
         f"    assert torch.get_num_threads() == {threads_per_worker(default, 2)}\n")
+    (tmp / "test_end.py").write_text(
+        "import atexit, pathlib\n\n"
+        "class _Freed:\n    def __init__(self):\n        self.open, self.path = open, str(pathlib.Path('freed').resolve())\n\n"
+        "    def __del__(self):\n        self.open(self.path, 'w').close()\n\n"
+        "KEPT = _Freed()\natexit.register(pathlib.Path('atexit').write_text, '')\n\n"
+        "def test_end():\n    pass\n")
     env = {k: v for k, v in os.environ.items() if k != "OMP_NUM_THREADS"}
-    proc = subprocess.run([sys.executable, "-m", "pytest", "-n", "2", "-q", "-p", "no:cacheprovider",
-                           str(tmp_path / "test_threads.py")], cwd=tmp_path, capture_output=True, text=True,
+    proc = subprocess.run([sys.executable, "-m", "pytest", "-n", "2", "-q", "-p", "no:cacheprovider", "-rA",
+                           "test_threads.py", "test_end.py"], cwd=tmp, capture_output=True, text=True,
                           timeout=120, env=env)
-    assert proc.returncode == 0, proc.stdout + proc.stderr
+    return proc, tmp
+
+
+def test_xdist_workers_split_the_cores(xdist_session):
+    """Each of N workers runs torch with its share of the threads, not one per core each
+    (oversubscribed, they slowed the GPU matrix by 1.7x)."""
+    proc, _ = xdist_session
+    assert "PASSED test_threads.py::test_threads" in proc.stdout, proc.stdout + proc.stderr
 
 
 class _Worker:
@@ -255,25 +270,18 @@ def test_the_xdist_controller_starts_its_workers_before_importing_torch(tmp_path
     env = {**os.environ, "KIT_SPAWN_PROBE": str(tmp_path / "probe.json")}
     proc = subprocess.run([sys.executable, "-m", "pytest", "-n", "1", "-q", "-p", "no:cacheprovider", "-p",
                            "tests.toys.spawn_probe", "tests/test_conformance.py", "--backend", "torch_native",
-                           "--case-set", "smoke", "--mode", "decode", "--exec", "eager"], cwd=REPO,
+                           "--case-set", "smoke", "--mode", "decode", "--exec", "eager", "-k", "mqa_p1_shuf"], cwd=REPO,
                           capture_output=True, text=True, timeout=300, env=env)
     assert proc.returncode == 0, proc.stdout + proc.stderr
     assert json.loads((tmp_path / "probe.json").read_text()) == {"catalog_loaded": False}
 
 
-def test_an_xdist_worker_skips_the_interpreters_teardown(tmp_path):
+def test_an_xdist_worker_skips_the_interpreters_teardown(xdist_session):
     """After its session a worker runs its exit handlers, then exits: an object freed only by the
     interpreter's teardown is never freed, an atexit handler still runs."""
-    (tmp_path / "test_end.py").write_text(
-        "import atexit, pathlib\n\n"
-        "class _Freed:\n    def __init__(self):\n        self.open, self.path = open, str(pathlib.Path('freed').resolve())\n\n"
-        "    def __del__(self):\n        self.open(self.path, 'w').close()\n\n"
-        "KEPT = _Freed()\natexit.register(pathlib.Path('atexit').write_text, '')\n\n"
-        "def test_end():\n    pass\n")
-    proc = subprocess.run([sys.executable, "-m", "pytest", "-n", "1", "-q", "-p", "no:cacheprovider",
-                           str(tmp_path / "test_end.py")], cwd=tmp_path, capture_output=True, text=True, timeout=120)
-    assert proc.returncode == 0, proc.stdout + proc.stderr
-    assert (tmp_path / "atexit").exists() and not (tmp_path / "freed").exists()
+    proc, folder = xdist_session
+    assert "PASSED test_end.py::test_end" in proc.stdout, proc.stdout + proc.stderr
+    assert (folder / "atexit").exists() and not (folder / "freed").exists()
 
 
 def test_an_xdist_worker_ends_when_its_own_session_does(tmp_path):

@@ -1,8 +1,11 @@
 """Results files lose nothing and prove nothing they do not hold: --co writes nothing, a narrowed
 or interrupted run says so in the file, `matrix write` refuses it, and the gate fails on nothing."""
 import json
+import shutil
 import subprocess
 import sys
+
+import pytest
 
 from kit.report.results import write_results
 from tests.test_matrix import REPO, SMOKE_DECODE, project, rec, run_matrix, run_suite, write_fresh  # noqa: F401
@@ -14,6 +17,14 @@ def _doc(tmp_path):
     return json.loads((tmp_path / "results.json").read_text())
 
 
+@pytest.fixture(scope="module")
+def torch_native_suite(tmp_path_factory):
+    """One plain session of torch_native's smoke decode eager runs, for the tests that only read what
+    it writes: (process, records, its folder)."""
+    tmp = tmp_path_factory.mktemp("torch_native")
+    return run_suite(tmp, "torch_native", (), "--exec", "eager") + (tmp,)
+
+
 def test_collect_only_leaves_the_results_file_alone(tmp_path):
     out = tmp_path / "results.json"
     out.write_text("precious\n")
@@ -23,21 +34,21 @@ def test_collect_only_leaves_the_results_file_alone(tmp_path):
     assert out.read_text() == "precious\n"
 
 
-def test_file_records_what_was_selected(tmp_path):
-    proc, records = run_suite(tmp_path, "torch_native", (), "--exec", "eager")
+def test_file_records_what_was_selected(torch_native_suite):
+    proc, _, folder = torch_native_suite
     assert proc.returncode == 0, proc.stdout[-1500:]
-    run = _doc(tmp_path)["run"]
+    run = _doc(folder)["run"]
     assert run["status"] == "complete"
     assert sorted(run["selected"]) == sorted(f"torch_native-decode-eager-{c}" for c in SMOKE_DECODE)
     assert set(run["selected"]) < set(run["catalog"])
     assert any(rid.startswith("triton-extend-graph-") for rid in run["catalog"])
 
 
-def test_write_refuses_a_narrowed_run(project, tmp_path):
+def test_write_refuses_a_narrowed_run(project, torch_native_suite):
     """`matrix write` cannot replace committed results with a narrowed run (docs/running.md: Regenerating the tables)."""
-    proc, _ = run_suite(tmp_path, "torch_native", (), "--exec", "eager")
+    proc, _, folder = torch_native_suite
     assert proc.returncode == 0, proc.stdout[-1500:]
-    (tmp_path / "results.json").replace(project["results_dir"] / "cpu.json")
+    shutil.copy(folder / "results.json", project["results_dir"] / "cpu.json")
     before = project["readme_path"].read_text()
     proc = run_matrix("write", project)
     assert proc.returncode == 1

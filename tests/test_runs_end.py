@@ -13,7 +13,7 @@ from kit.modes import Exec, ForwardMode
 from kit.report.record import CRASH, FAIL, PASS
 from kit.harness.runner import run_case
 from kit.harness.timeout import EXIT_STUCK
-from tests.test_matrix import DENSE_SMOKE_DECODE, REPO, SMOKE_DECODE, run_suite
+from tests.test_matrix import DENSE_SMOKE_DECODE, REPO, SMOKE_DECODE, run_suite, suite_records
 from backends.torch_native import TorchNativeBackend
 from tests.toys.crashing import HangBackend, TorchErrorBackend
 
@@ -63,24 +63,80 @@ def test_a_crash_inside_torch_names_the_backends_line_too():
     assert "--timeout" not in r.repro
 
 
-@pytest.mark.parametrize("backend", [f"{TOYS}:SysExitBackend", f"{TOYS}:BaseExceptionBackend", "os:path",
-                                     f"{TOYS}:NoSupports"])
-def test_suite_records_every_run(tmp_path, backend):
-    proc, records = run_suite(tmp_path, backend, (), "--exec", "eager")
+# One session for the backends each test below looks at (each its own backend's records): a session
+# is a process (three under xdist) importing torch and collecting the suite.
+MISBEHAVING = [f"{TOYS}:SysExitBackend", f"{TOYS}:BaseExceptionBackend", "os:path", f"{TOYS}:NoSupports"]
+
+
+@pytest.fixture(scope="module")
+def misbehaving_suite(tmp_path_factory):
+    tmp = tmp_path_factory.mktemp("misbehaving")
+    return suite_records(tmp, MISBEHAVING, (), "--exec", "eager") + (tmp,)
+
+
+@pytest.mark.parametrize("backend", MISBEHAVING)
+def test_suite_records_every_run(misbehaving_suite, backend):
+    proc, by_backend, tmp = misbehaving_suite
+    records = by_backend[backend]
     assert proc.returncode == 1 and "INTERNALERROR" not in proc.stdout + proc.stderr, proc.stdout[-2000:]
     assert sorted(records) == sorted(f"{c}/eager" for c in SMOKE_DECODE)
     assert records["mqa_p1_shuf/eager"]["failure_class"] == CRASH
-    assert json.loads((tmp_path / "results.json").read_text())["run"]["status"] == "complete"
+    assert json.loads((tmp / "results.json").read_text())["run"]["status"] == "complete"
 
 
-def test_hang_under_xdist_times_out_and_the_session_completes(tmp_path):
-    # The limit leaves room for a worker's first run on a slow machine (imports come before it).
-    proc, records = run_suite(tmp_path, f"{TOYS}:HangBackend", (), "--exec", "eager", "-n", "2", "--timeout", "8")
-    assert proc.returncode == 1, proc.stdout[-2000:]
+# Under xdist, one session for the backends that end or stop their worker: each test looks at its own
+# backend's records, and at the session going on past all of them. The limit leaves room for a
+# worker's first run on a slow machine (imports come before it).
+HANG, NATIVE_HANG, HARD_CRASH, DEVICE_FAULT = (f"{TOYS}:{name}" for name in (
+    "HangBackend", "NativeHangBackend", "HardCrashBackend", "DeviceFaultBackend"))
+
+
+@pytest.fixture(scope="module")
+def xdist_suite(tmp_path_factory):
+    tmp = tmp_path_factory.mktemp("xdist")
+    proc, by_backend = suite_records(tmp, [HANG, NATIVE_HANG, HARD_CRASH, DEVICE_FAULT], (), "--exec", "eager",
+                                     "-n", "2", "--timeout", "8")
+    assert proc.returncode == 1 and "INTERNALERROR" not in proc.stdout + proc.stderr, proc.stdout[-2000:]
+    assert json.loads((tmp / "results.json").read_text())["run"]["status"] == "complete"
+    return by_backend, tmp
+
+
+def _only_failure(records):
+    return [c for c in DENSE_SMOKE_DECODE if records[f"{c}/eager"]["outcome"] != PASS]
+
+
+def test_hang_under_xdist_times_out_and_the_session_completes(xdist_suite):
+    records = xdist_suite[0][HANG]
     r = records["mqa_p1_shuf/eager"]
     assert r["failure_class"] == CRASH and "timeout after 8 s" in r["message"] and r["message"].startswith("forward")
-    assert [c for c in DENSE_SMOKE_DECODE if records[f"{c}/eager"]["outcome"] != PASS] == ["mqa_p1_shuf"]
-    assert json.loads((tmp_path / "results.json").read_text())["run"]["status"] == "complete"
+    assert _only_failure(records) == ["mqa_p1_shuf"]
+
+
+def test_a_hang_in_native_code_under_xdist_is_the_runs_crash_and_the_session_goes_on(xdist_suite):
+    records = xdist_suite[0][NATIVE_HANG]
+    r = records["mqa_p1_shuf/eager"]
+    assert r["failure_class"] == CRASH and r["message"].startswith("timeout after 8 s, then 8 s more stuck"), r
+    assert _only_failure(records) == ["mqa_p1_shuf"]
+
+
+def test_dead_worker_is_recorded_as_crash_and_the_run_completes(xdist_suite):
+    """A hard crash under xdist kills one worker; its case is a crash record and every other case runs."""
+    records = xdist_suite[0][HARD_CRASH]
+    assert _only_failure(records) == ["mqa_p1_shuf"]  # the one bs=3 MQA case
+    r = records["mqa_p1_shuf/eager"]
+    assert r["failure_class"] == CRASH and "crashed while running" in r["message"]
+    assert r["repro"].startswith(f"python -m kit run --backend {HARD_CRASH}")
+    assert len(records) == len(SMOKE_DECODE)
+
+
+def test_device_fault_ends_the_worker_and_keeps_its_record(xdist_suite):
+    """A sticky device fault: its own record (with the real message) is kept, the worker is replaced,
+    and no other case is blamed."""
+    records, tmp = xdist_suite[0][DEVICE_FAULT], xdist_suite[1]
+    r = records["mqa_p1_shuf/eager"]
+    assert r["failure_class"] == CRASH and r["device_lost"] and "device-side assert" in r["message"], r
+    assert _only_failure(records) == ["mqa_p1_shuf"]
+    assert not (tmp / "results.json.lost").exists()
 
 
 def test_a_hang_in_native_code_without_xdist_is_recorded_with_the_stacks_on_stderr(tmp_path):
@@ -97,16 +153,6 @@ def test_a_hang_in_native_code_without_xdist_is_recorded_with_the_stacks_on_stde
     assert run["status"] == "interrupted", run["status"]
     assert "stuck in native code" in proc.stderr and "in misbehave" in proc.stderr, proc.stderr[-3000:]
     assert "recorded as a crash in" in proc.stderr, proc.stderr[-3000:]
-
-
-def test_a_hang_in_native_code_under_xdist_is_the_runs_crash_and_the_session_goes_on(tmp_path):
-    proc, records = run_suite(tmp_path, f"{TOYS}:NativeHangBackend", (), "--exec", "eager", "-n", "2",
-                              "--timeout", "8")
-    assert proc.returncode == 1, proc.stdout[-2000:]
-    r = records["mqa_p1_shuf/eager"]
-    assert r["failure_class"] == CRASH and r["message"].startswith("timeout after 8 s, then 8 s more stuck"), r
-    assert [c for c in DENSE_SMOKE_DECODE if records[f"{c}/eager"]["outcome"] != PASS] == ["mqa_p1_shuf"]
-    assert json.loads((tmp_path / "results.json").read_text())["run"]["status"] == "complete"
 
 
 def test_runs_have_a_time_limit_by_default():
