@@ -1,5 +1,10 @@
-"""Shared helpers of the kit's own tests: one case builder, and fixtures and runs
-set up by the runner's own code (kit.harness.runner.RunSetup)."""
+"""Shared helpers of the kit's own tests: one case builder, fixtures and runs set up by the
+runner's own code (kit.harness.runner.RunSetup), and processes run once per test session."""
+import fcntl
+import json
+import os
+import subprocess
+
 from kit.engine.case import Case
 from kit.modes import Exec
 from kit.harness.runner import RunSetup
@@ -32,3 +37,23 @@ def count_calls(monkeypatch, owner, name: str) -> list:
         return real(*args, **kwargs)
     monkeypatch.setattr(owner, name, counted)
     return calls
+
+
+def once_per_session(tmp_path_factory, name: str, make):
+    """`make(folder)` -> (a subprocess.CompletedProcess, JSON-able data), run once per test session
+    in a folder of its own: under xdist the first worker to ask runs it, the others wait for it and
+    read what it left (pytest-xdist's recipe for session fixtures), so tests that read one process
+    cost one process wherever the scheduler puts them. Returns (process, data, folder)."""
+    base = tmp_path_factory.getbasetemp()
+    root = base.parent if os.environ.get("PYTEST_XDIST_WORKER") else base  # the session's, under xdist
+    folder, done = root / name, root / f"{name}.json"
+    with open(root / f"{name}.lock", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        if not done.exists():
+            folder.mkdir(exist_ok=True)
+            proc, data = make(folder)
+            done.write_text(json.dumps(dict(args=proc.args, returncode=proc.returncode, stdout=proc.stdout,
+                                            stderr=proc.stderr, data=data)))
+    saved = json.loads(done.read_text())
+    return (subprocess.CompletedProcess(saved["args"], saved["returncode"], saved["stdout"], saved["stderr"]),
+            saved["data"], folder)

@@ -11,6 +11,7 @@ import pytest
 from kit.plugin.worker import threads_per_worker
 from kit.report.record import parse_run_id
 from kit.report.results import REPO
+from tests.helpers import once_per_session
 
 
 def test_backends_are_not_interleaved_and_a_cases_runs_follow_each_other():
@@ -28,11 +29,14 @@ def test_backends_are_not_interleaved_and_a_cases_runs_follow_each_other():
         assert (b1, m1, c1, e1, e2) == (b2, m2, c2, "eager", "graph")
 
 
-@pytest.fixture(scope="module")
+@pytest.fixture
 def xdist_session(tmp_path_factory):
+    return once_per_session(tmp_path_factory, "xdist_session", _xdist_session)
+
+
+def _xdist_session(tmp):
     """One `-n 2` session of the two test files below (each test looks at its own file's effects):
-    the process, and its folder."""
-    tmp = tmp_path_factory.mktemp("xdist_session")
+    the process (and no data)."""
     default = int(subprocess.run([sys.executable, "-c", "import torch; print(torch.get_num_threads())"],
                                  capture_output=True, text=True, check=True).stdout)
     (tmp / "test_threads.py").write_text(
@@ -48,13 +52,13 @@ def xdist_session(tmp_path_factory):
     proc = subprocess.run([sys.executable, "-m", "pytest", "-n", "2", "-q", "-p", "no:cacheprovider", "-rA",
                            "test_threads.py", "test_end.py"], cwd=tmp, capture_output=True, text=True,
                           timeout=120, env=env)
-    return proc, tmp
+    return proc, None
 
 
 def test_xdist_workers_split_the_cores(xdist_session):
     """Each of N workers runs torch with its share of the threads, not one per core each
     (oversubscribed, they slowed the GPU matrix by 1.7x)."""
-    proc, _ = xdist_session
+    proc = xdist_session[0]
     assert "PASSED test_threads.py::test_threads" in proc.stdout, proc.stdout + proc.stderr
 
 
@@ -279,7 +283,7 @@ def test_the_xdist_controller_starts_its_workers_before_importing_torch(tmp_path
 def test_an_xdist_worker_skips_the_interpreters_teardown(xdist_session):
     """After its session a worker runs its exit handlers, then exits: an object freed only by the
     interpreter's teardown is never freed, an atexit handler still runs."""
-    proc, folder = xdist_session
+    proc, _, folder = xdist_session
     assert "PASSED test_end.py::test_end" in proc.stdout, proc.stdout + proc.stderr
     assert (folder / "atexit").exists() and not (folder / "freed").exists()
 

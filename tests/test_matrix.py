@@ -16,6 +16,7 @@ from kit.modes import ForwardMode
 from kit.report.results import write_results
 from matrix import fuzz, gate, readme
 from matrix.table import Notes, cell, render
+from tests.helpers import once_per_session
 
 REPO = Path(__file__).resolve().parent.parent
 KF_HEADER = (REPO / "KNOWN_FAILURES.md").read_text().split("<!-- known-failures:begin -->")[0]
@@ -295,6 +296,13 @@ def suite_records(tmp_path, backends, kf_rows=(), *extra):
 def run_suite(tmp_path, backend, kf_rows=(), *extra):
     proc, by_backend = suite_records(tmp_path, [backend], kf_rows, *extra)
     return proc, by_backend[backend]
+
+
+def torch_native_session(tmp_path_factory):
+    """One plain session of torch_native's smoke decode eager runs, with progress lines, for the tests
+    that only read what such a session prints and writes: (process, records, its folder)."""
+    return once_per_session(tmp_path_factory, "torch_native_smoke", lambda folder: run_suite(
+        folder, "torch_native", (), "--exec", "eager", "-p", "no:xdist", "--progress-every", "0.001"))
 
 
 

@@ -8,7 +8,8 @@ import sys
 import pytest
 
 from kit.report.results import write_results
-from tests.test_matrix import REPO, SMOKE_DECODE, project, rec, run_matrix, run_suite, write_fresh  # noqa: F401
+from tests.test_matrix import (REPO, SMOKE_DECODE, project, rec, run_matrix, run_suite,  # noqa: F401
+                               torch_native_session, write_fresh)
 
 TOYS = "tests.toys.crashing"
 
@@ -17,12 +18,9 @@ def _doc(tmp_path):
     return json.loads((tmp_path / "results.json").read_text())
 
 
-@pytest.fixture(scope="module")
+@pytest.fixture
 def torch_native_suite(tmp_path_factory):
-    """One plain session of torch_native's smoke decode eager runs, for the tests that only read what
-    it writes: (process, records, its folder)."""
-    tmp = tmp_path_factory.mktemp("torch_native")
-    return run_suite(tmp, "torch_native", (), "--exec", "eager") + (tmp,)
+    return torch_native_session(tmp_path_factory)
 
 
 def test_collect_only_leaves_the_results_file_alone(tmp_path):

@@ -13,6 +13,7 @@ from kit.modes import Exec, ForwardMode
 from kit.report.record import CRASH, FAIL, PASS
 from kit.harness.runner import run_case
 from kit.harness.timeout import EXIT_STUCK
+from tests.helpers import once_per_session
 from tests.test_matrix import DENSE_SMOKE_DECODE, REPO, SMOKE_DECODE, run_suite, suite_records
 from backends.torch_native import TorchNativeBackend
 from tests.toys.crashing import HangBackend, TorchErrorBackend
@@ -68,10 +69,10 @@ def test_a_crash_inside_torch_names_the_backends_line_too():
 MISBEHAVING = [f"{TOYS}:SysExitBackend", f"{TOYS}:BaseExceptionBackend", "os:path", f"{TOYS}:NoSupports"]
 
 
-@pytest.fixture(scope="module")
+@pytest.fixture
 def misbehaving_suite(tmp_path_factory):
-    tmp = tmp_path_factory.mktemp("misbehaving")
-    return suite_records(tmp, MISBEHAVING, (), "--exec", "eager") + (tmp,)
+    return once_per_session(tmp_path_factory, "misbehaving",
+                            lambda folder: suite_records(folder, MISBEHAVING, (), "--exec", "eager"))
 
 
 @pytest.mark.parametrize("backend", MISBEHAVING)
@@ -91,14 +92,13 @@ HANG, NATIVE_HANG, HARD_CRASH, DEVICE_FAULT = (f"{TOYS}:{name}" for name in (
     "HangBackend", "NativeHangBackend", "HardCrashBackend", "DeviceFaultBackend"))
 
 
-@pytest.fixture(scope="module")
+@pytest.fixture
 def xdist_suite(tmp_path_factory):
-    tmp = tmp_path_factory.mktemp("xdist")
-    proc, by_backend = suite_records(tmp, [HANG, NATIVE_HANG, HARD_CRASH, DEVICE_FAULT], (), "--exec", "eager",
-                                     "-n", "2", "--timeout", "8")
+    proc, by_backend, folder = once_per_session(tmp_path_factory, "xdist_misbehaving", lambda folder: suite_records(
+        folder, [HANG, NATIVE_HANG, HARD_CRASH, DEVICE_FAULT], (), "--exec", "eager", "-n", "2", "--timeout", "8"))
     assert proc.returncode == 1 and "INTERNALERROR" not in proc.stdout + proc.stderr, proc.stdout[-2000:]
-    assert json.loads((tmp / "results.json").read_text())["run"]["status"] == "complete"
-    return by_backend, tmp
+    assert json.loads((folder / "results.json").read_text())["run"]["status"] == "complete"
+    return by_backend, folder
 
 
 def _only_failure(records):
