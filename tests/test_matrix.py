@@ -309,12 +309,31 @@ def torch_native_session(tmp_path_factory):
 STALE = "tests.toys.dense:StaleReplayBackend"
 
 
-def test_known_failures_become_strict_xfails(tmp_path):
+HARD_CRASH = "tests.toys.crashing:HardCrashBackend"
+
+
+@pytest.fixture
+def known_failures_suite(tmp_path_factory):
+    """One session of two backends, each with its known failure: the stale replay's graph runs
+    (xfail) and the hard crash's one case (quarantine; the backend has no graph runs):
+    (process, records by backend, folder)."""
+    return once_per_session(tmp_path_factory, "known_failures", lambda folder: suite_records(folder, [STALE, HARD_CRASH], [
+        "| KF-1 | toy_stale_replay | decode | graph | * | * | graph | xfail | replay keeps capture metadata | tests/toys |",
+        "| KF-2 | toy_hard_crash | decode | eager | mqa_p1_shuf | * | crash | quarantine | kills the process | tests/toys |"]))
+
+
+def xfailed(proc, backend):
+    """The -rxX lines of the runs of `backend` that xfailed."""
+    return [line for line in proc.stdout.splitlines() if line.startswith("XFAIL ") and f"[{backend}-" in line]
+
+
+def test_known_failures_become_strict_xfails(known_failures_suite, tmp_path):
     """Matching failures xfail; a matching pass (XPASS strict) and a class mismatch fail the run."""
-    proc, records = run_suite(tmp_path, STALE, [
-        "| KF-1 | toy_stale_replay | decode | graph | * | * | graph | xfail | replay keeps capture metadata | tests/toys |"])
+    proc, by_backend, _ = known_failures_suite
+    records = by_backend[STALE]
     assert proc.returncode == 0, proc.stdout[-2000:]
-    assert f"{len(DENSE_SMOKE_DECODE)} xfailed" in proc.stdout and "KF-1" in proc.stdout
+    lines = xfailed(proc, "toy_stale_replay")
+    assert len(lines) == len(DENSE_SMOKE_DECODE) and all("-graph-" in l and " - KF-1" in l for l in lines), lines
     assert all(records[f"{c}/graph"]["failure_class"] == "graph" for c in DENSE_SMOKE_DECODE)
 
     proc, _ = run_suite(tmp_path, STALE, [
@@ -325,6 +344,16 @@ def test_known_failures_become_strict_xfails(tmp_path):
     assert "KF-2 expects [kernel], got [graph]" in proc.stdout
 
 
+def test_quarantined_failure_runs_in_a_subprocess(known_failures_suite):
+    """A quarantine entry keeps the crash out of the test process: no worker dies, the case xfails."""
+    proc, by_backend, _ = known_failures_suite
+    assert proc.returncode == 0, proc.stdout[-2000:]
+    r = by_backend[HARD_CRASH]["mqa_p1_shuf/eager"]
+    assert r["isolated"] and r["failure_class"] == "crash" and "exit code 3" in r["message"]
+    lines = xfailed(proc, "toy_hard_crash")
+    assert len(lines) == 1 and "[toy_hard_crash-decode-eager-mqa_p1_shuf]" in lines[0] and " - KF-2" in lines[0], lines
+
+
 def test_entry_for_another_device_does_not_xfail_here(tmp_path):
     """An entry scoped to another device leaves this device's runs alone: they fail as plain
     failures here, and a pass here is no strict XPASS."""
@@ -333,17 +362,6 @@ def test_entry_for_another_device_does_not_xfail_here(tmp_path):
     assert proc.returncode == 1
     assert "XPASS" not in proc.stdout and "xfailed" not in proc.stdout
     assert f"{len(DENSE_SMOKE_DECODE)} failed" in proc.stdout, proc.stdout[-1500:]
-
-
-def test_quarantined_failure_runs_in_a_subprocess(tmp_path):
-    """A quarantine entry keeps the crash out of the test process: no worker dies, the case xfails."""
-    proc, records = run_suite(tmp_path, "tests.toys.crashing:HardCrashBackend", [
-        "| KF-1 | toy_hard_crash | decode | eager | mqa_p1_shuf | * | crash | quarantine | kills the process | tests/toys |"],
-        "--exec", "eager")
-    assert proc.returncode == 0, proc.stdout[-2000:]
-    r = records["mqa_p1_shuf/eager"]
-    assert r["isolated"] and r["failure_class"] == "crash" and "exit code 3" in r["message"]
-    assert "1 xfailed" in proc.stdout
 
 
 def test_interrupted_run_keeps_what_finished(tmp_path):
