@@ -103,15 +103,17 @@ def browser() -> Optional[str]:
 
 # Byte-compiled once here, on every core, rather than by each test process: where
 # PYTHONDONTWRITEBYTECODE is set (as on many CI machines) nothing compiled at import is kept, so each
-# of the suite's many processes would compile torch's, sglang's and transformers' modules again; where
+# of the suite's many processes would compile torch's, sglang's, transformers' and the kit's modules again; where
 # it is not, the first processes, started together, would each compile the same modules. Files that
 # are not Python 3 (templates, old examples) are left as they are.
 COMPILE = "import compileall, sys; [compileall.compile_dir(d, quiet=2, workers=0) for d in sys.argv[1:]]"
 COMPILED = ("torch", "transformers", "sglang")  # the largest packages the suite imports
 
 
-def site_dirs() -> List[str]:
-    return sorted({sysconfig.get_paths()[k] for k in ("purelib", "platlib")})
+def compile_dirs() -> List[str]:
+    """Where pip installs, and this checkout's own packages (a clean checkout has no .pyc either)."""
+    return (sorted({sysconfig.get_paths()[k] for k in ("purelib", "platlib")})
+            + sorted(str(init.parent) for init in REPO.glob("*/__init__.py")))
 
 
 def compiled() -> Optional[str]:
@@ -143,8 +145,8 @@ def steps(kind: str) -> List[Step]:
     # Required where CI runs the whole suite (CPU): there the HTML report's test fails without it.
     out.append(Step(f"a headless browser for the HTML report's test ({', '.join(BROWSER_PACKAGES)})",
                     browser, _apt, required=kind == "cpu" and os.environ.get("CI") == "true"))
-    out.append(Step("the installed packages, byte-compiled", compiled,
-                    lambda: [[sys.executable, "-c", COMPILE, *site_dirs()]], required=False))
+    out.append(Step("the installed packages and the kit, byte-compiled", compiled,
+                    lambda: [[sys.executable, "-c", COMPILE, *compile_dirs()]], required=False))
     return out
 
 

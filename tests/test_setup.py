@@ -64,6 +64,7 @@ def test_the_compile_step_compiles_every_module_and_passes_over_files_that_are_n
     assert subprocess.call([sys.executable, "-c", setup.COMPILE, str(tmp_path)], env=env) == 0
     assert setup.compiled() == "pkg and the rest byte-compiled"
     assert (pkg / "sub" / "__pycache__").is_dir()
+    assert {str(REPO / "kit"), str(REPO / "backends"), str(REPO / "cases")} <= set(setup.compile_dirs())
 
 
 def test_cuda_installs_the_kit_with_flashinfer_and_no_cpu_torch(fresh_machine):
