@@ -69,10 +69,16 @@ def test_a_crash_inside_torch_names_the_backends_line_too():
 MISBEHAVING = [f"{TOYS}:SysExitBackend", f"{TOYS}:BaseExceptionBackend", "os:path", f"{TOYS}:NoSupports"]
 
 
+def misbehaving_session(tmp_path_factory):
+    """(process, records by backend, folder); without progress lines (tests/test_progress.py reads
+    that too)."""
+    return once_per_session(tmp_path_factory, "misbehaving", lambda folder: suite_records(
+        folder, MISBEHAVING, (), "--exec", "eager", "--progress-every", "0"))
+
+
 @pytest.fixture
 def misbehaving_suite(tmp_path_factory):
-    return once_per_session(tmp_path_factory, "misbehaving",
-                            lambda folder: suite_records(folder, MISBEHAVING, (), "--exec", "eager"))
+    return misbehaving_session(tmp_path_factory)
 
 
 @pytest.mark.parametrize("backend", MISBEHAVING)
