@@ -19,6 +19,7 @@ import shutil
 import subprocess
 import sys
 import sysconfig
+import threading
 from pathlib import Path
 from typing import Callable, List, Optional, Tuple
 
@@ -39,6 +40,8 @@ class Step:
     done: Callable[[], Optional[str]]  # what is there already, or None when the step must run
     commands: Callable[[], List[List[str]]]
     required: bool = True  # a failed step that is not required is a warning
+    background: bool = False  # runs while the next steps do (on a core pip leaves idle); not required
+    waits: bool = False  # runs once the background steps have ended
 
 
 def _version(name: str) -> Optional[str]:
@@ -106,7 +109,8 @@ def browser() -> Optional[str]:
 # of the suite's many processes would compile torch's, sglang's, transformers' and the kit's modules again; where
 # it is not, the first processes, started together, would each compile the same modules. Files that
 # are not Python 3 (templates, old examples) are left as they are.
-COMPILE = "import compileall, sys; [compileall.compile_dir(d, quiet=2, workers=0) for d in sys.argv[1:]]"
+COMPILE = ("import compileall, sys; [compileall.compile_dir(d, quiet=2, workers=int(sys.argv[1])) "
+           "for d in sys.argv[2:]]")  # workers: 0 for every core
 COMPILED = ("torch", "transformers", "sglang")  # the largest packages the suite imports
 
 
@@ -116,13 +120,17 @@ def compile_dirs() -> List[str]:
             + sorted(str(init.parent) for init in REPO.glob("*/__init__.py")))
 
 
-def compiled() -> Optional[str]:
-    """The installed packages byte-compiled (the largest ones' package modules have their .pyc), or None."""
-    found = {name: spec.origin for name in COMPILED
+def compiled(names=COMPILED) -> Optional[str]:
+    """`names` byte-compiled (their package modules have their .pyc), or None."""
+    found = {name: spec.origin for name in names
              if (spec := importlib.util.find_spec(name)) is not None and spec.origin}
     if found and all(Path(importlib.util.cache_from_source(origin)).exists() for origin in found.values()):
-        return f"{', '.join(found)} and the rest byte-compiled"
+        return f"{', '.join(found)} byte-compiled"
     return None
+
+
+def _compile(workers: int = 0) -> List[List[str]]:
+    return [[sys.executable, "-c", COMPILE, str(workers), *compile_dirs()]]
 
 
 def _apt() -> List[List[str]]:
@@ -137,6 +145,9 @@ def steps(kind: str) -> List[Step]:
     if kind == "cpu":  # before the kit: its torch requirement would otherwise resolve the CUDA build
         out.append(Step(f"torch (CPU build, {CPU_TORCH})", lambda: _version("torch") and f"torch {_version('torch')}",
                         lambda: [_pip(CPU_TORCH, *torch_index())]))
+    # torch and its dependencies (a third of what is installed) compile on the core pip leaves idle
+    out.append(Step("torch and what it needs, byte-compiled (while the rest installs)",
+                    lambda: compiled(("torch",)), lambda: _compile(workers=1), required=False, background=True))
     extras = EXTRAS[kind]
     out.append(Step(f"the kit with [{extras}]", lambda: _kit_installed(extras),
                     lambda: [_pip("-e", f"{REPO}[{extras}]")]))
@@ -145,38 +156,58 @@ def steps(kind: str) -> List[Step]:
     # Required where CI runs the whole suite (CPU): there the HTML report's test fails without it.
     out.append(Step(f"a headless browser for the HTML report's test ({', '.join(BROWSER_PACKAGES)})",
                     browser, _apt, required=kind == "cpu" and os.environ.get("CI") == "true"))
-    out.append(Step("the installed packages and the kit, byte-compiled", compiled,
-                    lambda: [[sys.executable, "-c", COMPILE, *compile_dirs()]], required=False))
+    out.append(Step("the rest of the installed packages and the kit, byte-compiled", compiled, _compile,
+                    required=False, waits=True))
     return out
 
 
 def run(kind: str, dry_run: bool = False) -> int:
-    installed, present = [], []
+    installed, present, background = [], [], []
     for step in steps(kind):
         there = step.done()
         if there:
             print(f"setup: {step.what}: already there ({there})")
             present.append(step.what)
             continue
-        for cmd in step.commands():
-            print(f"setup: {step.what}: {'would run' if dry_run else 'running'} {' '.join(cmd)}", flush=True)
-            if dry_run:
-                continue
-            code = subprocess.call(cmd, cwd=REPO)
-            if code:
-                print(f"setup: {step.what}: failed (exit code {code})" +
-                      ("" if step.required else "; the tests that need it skip here"), file=sys.stderr)
-                if step.required:
-                    return code
-                break
-        else:
+        if step.waits:
+            _wait(background)
+        if step.background and not dry_run:
+            thread = threading.Thread(target=_run_step, args=(step, False))
+            thread.start()
+            background.append(thread)
             installed.append(step.what)
+            continue
+        code = _run_step(step, dry_run)
+        if code and step.required:
+            return code
+        if not code:
+            installed.append(step.what)
+    _wait(background)
     if not installed:
         print(f"setup {kind}: nothing to install, all {len(present)} steps already done")
     else:
         print(f"setup {kind}: {'would install' if dry_run else 'installed'}: {'; '.join(installed)}"
               + (f" (already there: {len(present)})" if present else "") + ("" if dry_run else "; done"))
     return 0
+
+
+def _run_step(step: Step, dry_run: bool) -> int:
+    """The step's commands, one after another; the first exit code that is not 0, else 0."""
+    for cmd in step.commands():
+        print(f"setup: {step.what}: {'would run' if dry_run else 'running'} {' '.join(cmd)}", flush=True)
+        if dry_run:
+            continue
+        code = subprocess.call(cmd, cwd=REPO)
+        if code:
+            print(f"setup: {step.what}: failed (exit code {code})" +
+                  ("" if step.required else "; the tests that need it skip here"), file=sys.stderr)
+            return code
+    return 0
+
+
+def _wait(threads: list) -> None:
+    while threads:
+        threads.pop().join()
 
 
 def main(argv=None) -> int:

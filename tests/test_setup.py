@@ -6,6 +6,8 @@ from __future__ import annotations
 import os
 import subprocess
 import sys
+import threading
+import time
 
 import pytest
 
@@ -21,7 +23,7 @@ def fresh_machine(monkeypatch):
     monkeypatch.setattr(setup, "_kit_installed", lambda extras: "kit" in have and "the kit")
     monkeypatch.setattr(setup, "_sglang", lambda: "sglang" in have and "sglang 0.5.23")
     monkeypatch.setattr(setup, "browser", lambda: "browser" in have and "chromium")
-    monkeypatch.setattr(setup, "compiled", lambda: "compiled" in have and "byte-compiled")
+    monkeypatch.setattr(setup, "compiled", lambda names=("all",): f"{names[0]} compiled" in have and "byte-compiled")
     monkeypatch.setenv("TORCH_INDEX_URL", "https://example.org/cpu")
     ran = []
 
@@ -29,7 +31,9 @@ def fresh_machine(monkeypatch):
         ran.append(cmd)
         text = " ".join(cmd)
         have.update(k for k, marker in (("torch", "torch=="), ("kit", "-e "), ("sglang", "backends.sglang.install"),
-                                        ("browser", "chromium-driver"), ("compiled", "compileall")) if marker in text)
+                                        ("browser", "chromium-driver")) if marker in text)
+        if "compileall" in text:  # what is installed when it runs
+            have.update(f"{name} compiled" for name in ("torch", "all") if name == "torch" or "sglang" in have)
         return 0
 
     monkeypatch.setattr(setup.subprocess, "call", call)
@@ -47,7 +51,7 @@ def test_second_run_installs_nothing_and_says_so(fresh_machine, capsys):
     assert any("apt-get install -y -q --no-install-recommends chromium chromium-driver" in c for c in commands)
     ran.clear()
     assert setup.run("cpu") == 0
-    assert ran == [] and "setup cpu: nothing to install, all 5 steps already done" in capsys.readouterr().out
+    assert ran == [] and "setup cpu: nothing to install, all 6 steps already done" in capsys.readouterr().out
 
 
 def test_the_compile_step_compiles_every_module_and_passes_over_files_that_are_not_python(tmp_path, monkeypatch):
@@ -57,14 +61,38 @@ def test_the_compile_step_compiles_every_module_and_passes_over_files_that_are_n
     for path in (pkg / "__init__.py", pkg / "sub" / "mod.py"):
         path.write_text("X = 1\n")
     (pkg / "template.py").write_text("{% if x %}not python{% endif %}\n")
-    monkeypatch.setattr(setup, "COMPILED", ("pkg",))
     monkeypatch.syspath_prepend(str(tmp_path))
-    assert setup.compiled() is None
+    assert setup.compiled(("pkg",)) is None
     env = {**os.environ, "PYTHONDONTWRITEBYTECODE": "1"}  # compiled all the same
-    assert subprocess.call([sys.executable, "-c", setup.COMPILE, str(tmp_path)], env=env) == 0
-    assert setup.compiled() == "pkg and the rest byte-compiled"
+    assert subprocess.call([sys.executable, "-c", setup.COMPILE, "0", str(tmp_path)], env=env) == 0
+    assert setup.compiled(("pkg",)) == "pkg byte-compiled"
     assert (pkg / "sub" / "__pycache__").is_dir()
     assert {str(REPO / "kit"), str(REPO / "backends"), str(REPO / "cases")} <= set(setup.compile_dirs())
+
+
+def test_torch_compiles_while_the_rest_installs_and_the_rest_compiles_after_it(fresh_machine, monkeypatch):
+    setup, ran = fresh_machine
+    fake = setup.subprocess.call
+    kit, sglang = threading.Event(), threading.Event()  # their installs have started
+    compiled, seen = [], []
+
+    def call(cmd, cwd=None):
+        text = " ".join(cmd)
+        kit.set() if f"-e {REPO}" in text else None
+        sglang.set() if "backends.sglang.install" in text else None
+        if "compileall" in text and not seen:  # torch's: beside the installs, still running at the last
+            seen.append(("beside the installs", kit.wait(10) and sglang.wait(10)))
+            time.sleep(0.2)
+        elif "compileall" in text:
+            seen.append(("after torch's", compiled == [1]))
+        code = fake(cmd, cwd)
+        compiled.append(1) if "compileall" in text else None
+        return code
+
+    monkeypatch.setattr(setup.subprocess, "call", call)
+    assert setup.run("cpu") == 0
+    assert seen == [("beside the installs", True), ("after torch's", True)]
+    assert "compileall" in " ".join(ran[-1])
 
 
 def test_cuda_installs_the_kit_with_flashinfer_and_no_cpu_torch(fresh_machine):
