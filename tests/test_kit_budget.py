@@ -87,7 +87,7 @@ def test_a_worker_sharing_its_gpu_hands_its_allocators_cache_back_after_each_run
     """What a run's peak left cached in a worker's allocator goes back to the device when the run
     ends, so that one worker's cache cannot run another out of memory; a process alone keeps it."""
     calls = count_calls(monkeypatch, torch.cuda, "empty_cache")
-    monkeypatch.setattr(budget, "sharing", lambda device: workers)
+    monkeypatch.setattr(budget, "sharing", lambda device: workers)  # a CPU device is never a shared GPU
     for _ in range(2):
         memory.after_run(torch.device("cuda", 0))
     memory.after_run(torch.device("cpu"))

@@ -74,7 +74,7 @@ def test_out_of_memory_in_the_backends_forward_on_a_shared_gpu_is_retried_once_r
     what the kit keeps counts against: the backend's run is tried again once that is released,
     and stays the backend's crash if it runs out again."""
     from kit.engine import budget
-    monkeypatch.setattr(budget, "sharing", lambda device: 16)
+    monkeypatch.setattr(budget, "gpu_shared", lambda device: True)
     r = run_case(f"{TOYS}:OutOfMemoryBackend", CASE, Exec.EAGER)
     assert (r.outcome, r.failure_class) == (FAIL, CRASH), r
     assert r.message.startswith("forward (layer 0): OutOfMemoryError: CUDA out of memory") and releases == [1]

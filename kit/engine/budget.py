@@ -27,6 +27,11 @@ def sharing(device: torch.device) -> int:
     return placement.workers_on(index, placement.worker_count(), count)
 
 
+def gpu_shared(device: torch.device) -> bool:
+    """This process runs on a GPU with other processes of the session."""
+    return device.type == "cuda" and sharing(device) > 1
+
+
 @functools.lru_cache(maxsize=None)
 def _free_at_start(device: str) -> int:
     return torch.cuda.mem_get_info(torch.device(device))[0]

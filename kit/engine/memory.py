@@ -36,5 +36,5 @@ def moving_to(backend: str, device: torch.device) -> None:
 def after_run(device: torch.device) -> None:
     """After each run of a process that shares its GPU: the blocks its caching allocator keeps
     unused (a run's peak) go back to the device, for the other processes on it."""
-    if torch.device(device).type == "cuda" and budget.sharing(torch.device(device)) > 1:
+    if budget.gpu_shared(torch.device(device)):
         torch.cuda.empty_cache()

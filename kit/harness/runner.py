@@ -230,7 +230,7 @@ def _run_releasing_memory(cls, caps: Capabilities, case: Case, exec_: Exec, devi
         except _KitOutOfMemory as exc:
             oom = exc
         except _Crash as exc:  # out of memory in the backend's code, while the kit held what it keeps
-            if last or not exc.out_of_memory or budget.sharing(torch.device(device)) == 1:
+            if last or not exc.out_of_memory or not budget.gpu_shared(torch.device(device)):
                 raise
             oom = exc
         except RuntimeError as exc:  # torch.OutOfMemoryError of the kit's code between backend calls
