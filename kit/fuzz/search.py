@@ -1,5 +1,5 @@
 """The search: Hypothesis draws cases (kit.fuzz.strategies), each runs eager and graph through the
-suite's own runner and verdicts (kit.harness.runner.run_case), and a failure is shrunk to a
+suite's own runner and verdicts (kit.harness.runner.execute), and a failure is shrunk to a
 minimal case failing the same way (same mode, exec and failure class).
 
 A failure KNOWN_FAILURES.md expects (kit.report.known_failures) is counted as known, with its
@@ -26,10 +26,11 @@ from kit.engine.case_line import format_case
 from kit.fuzz.strategies import any_case
 from kit.harness.registry import backend_label, load_backend
 from kit.harness.capabilities import Capabilities
-from kit.harness.runner import run_case, unsupported_reason
+from kit.harness.run import Run
+from kit.harness.runner import execute, unsupported_reason
 from kit.modes import Exec, ForwardMode
 from kit.report.known_failures import KnownFailure, is_expected, match
-from kit.report.record import FAIL, RunResult, repro_command
+from kit.report.record import FAIL, repro_command
 from kit.harness.environment import environment
 
 try:
@@ -212,12 +213,12 @@ class _Search:
 
     def _run(self, case: Case, exec_: Exec) -> Optional[Finding]:
         t = self.target
+        run = Run(t.backend, self.label, case, exec_)
         try:
-            result = run_case(t.backend, case, exec_, device=self.device, label=self.label, timeout=t.timeout)
+            result = execute(run, self.device, t.timeout)
         except Exception as exc:  # noqa: BLE001 - the kit's own error on a drawn case is a finding too
-            result = RunResult(backend=t.backend, mode=case.mode.value, exec=exec_.value, case=case.name,
-                               dtype=case.dtype, outcome=FAIL, failure_class=KIT_ERROR,
-                               message=f"the kit raised {type(exc).__name__}: {exc}")
+            result = run.record(outcome=FAIL, failure_class=KIT_ERROR,
+                                message=f"the kit raised {type(exc).__name__}: {exc}")
         self.outcome.runs += 1
         if result.device_lost:
             self.outcome.stopped = (f"the device was lost at example {self.outcome.examples} (a sticky device "
