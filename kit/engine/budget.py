@@ -56,4 +56,3 @@ def free_now(device: torch.device) -> int:
     if device.type != "cuda":
         return 1 << 62
     return torch.cuda.mem_get_info(device)[0]
-

@@ -45,11 +45,19 @@ STICKY_DEVICE_ERRORS = ("illegal memory access", "device-side assert", "unspecif
                         "misaligned address", "illegal instruction", "an illegal address")
 
 
+def _sticky(exc: BaseException) -> bool:
+    return any(e in str(exc) for e in STICKY_DEVICE_ERRORS)
+
+
+def _first_line(exc: BaseException) -> str:
+    return (str(exc).splitlines() or [""])[0]
+
+
 class _Crash(Exception):
     """A backend raised (or the device faulted); carries where it happened."""
 
     def __init__(self, stage: str, exc: BaseException):
-        self.device_lost = any(e in str(exc) for e in STICKY_DEVICE_ERRORS)
+        self.device_lost = _sticky(exc)
         self.timed_out = isinstance(exc, RunTimeout)
         self.out_of_memory = isinstance(exc, torch.OutOfMemoryError)
         super().__init__(f"{stage}: {type(exc).__name__}: {exc}{where(exc)}")
@@ -59,8 +67,7 @@ class _KitOutOfMemory(Exception):
     """The kit ran out of device memory in its own allocations (kit.harness.oom): no verdict."""
 
     def __init__(self, stage: str, exc: BaseException):
-        first = (str(exc).splitlines() or [""])[0]
-        super().__init__(f"{stage}: {type(exc).__name__}: {first} (allocated at {allocation_site(exc)})")
+        super().__init__(f"{stage}: {type(exc).__name__}: {_first_line(exc)} (allocated at {allocation_site(exc)})")
 
 
 def _unsynced(stage: str, fn, *args, **kwargs):
@@ -80,7 +87,7 @@ def _judged_on_device(stage: str, judge):
     try:
         return judge()
     except RuntimeError as exc:
-        if any(e in str(exc) for e in STICKY_DEVICE_ERRORS):
+        if _sticky(exc):
             raise _Crash(stage, exc) from exc
         raise
 
@@ -96,8 +103,8 @@ def _late_device_fault() -> Optional[str]:
     try:
         _device_done()
     except RuntimeError as exc:
-        if any(e in str(exc) for e in STICKY_DEVICE_ERRORS):
-            return (str(exc).splitlines() or [""])[0]
+        if _sticky(exc):
+            return _first_line(exc)
         raise
     return None
 
