@@ -25,7 +25,7 @@ def table(doc: Dict, source: str) -> str:
         where = f"{', '.join(r['modes'])} · {', '.join(r['execs'])}"
         if r["found"]:
             found = f"{_examples(r['examples'])}, {r['seconds']:g} s"
-            shrunk = f"`{r['case_line']}`"
+            shrunk = f"`{r['case_line']}`" + (f" ({r['error']})" if r["error"] else "")
         else:
             seen = f"; saw {', '.join(r['classes'])}" if r["classes"] else ""
             tried = r["error"] or _examples(r["examples"])

@@ -2,6 +2,7 @@
 that no case of the catalog reaches within its CI budget and shrinks it to the case the bug needs,
 prints the case line and a repro that re-runs exactly that case, reports a known failure by its
 KF id, and appends every run to the ledger; and a seeded fuzz of the in-box backends finds nothing."""
+import argparse
 import json
 import shlex
 
@@ -145,3 +146,36 @@ def test_seeded_fuzz_of_an_in_box_backend_finds_nothing_new(capsys, tmp_path, ba
     record = json.loads((tmp_path / "l.jsonl").read_text())
     assert code == 0 and record["new"] == [], out
     assert record["examples"] >= 1, out
+
+
+def test_a_mutant_that_takes_its_fuzz_process_down_is_found_as_a_crash_of_its_case(tmp_path):
+    """The fuzz process keeps the case it is running on disk (kit.fuzz.in_flight): a backend that
+    aborts it leaves that case behind, and the mutant table reads it as the crash the mutant was
+    expected to cause, not as a mutant missed."""
+    from kit.fuzz.mutants import row
+    from kit.mutation import Mutant
+    from kit.modes import Exec
+
+    mutant = Mutant(99, "aborts_in_forward", "tests.toys.crashing:AbortsInForwardBackend", ("crash",),
+                    (ForwardMode.DECODE,), (Exec.EAGER,), cpu=True)
+    args = argparse.Namespace(budget=60.0, shrink_budget=None, size="small", max_examples=5, seed=1, device="cpu",
+                              timeout=None, known_failures=None, ledger=str(tmp_path / "ledger.jsonl"))
+    r = row(mutant, args)
+    assert r["found"] and r["classes"] == ["crash"] and r["examples"] == 1, r
+    assert parse_case(r["case_line"]).mode is ForwardMode.DECODE and "--case-line" in r["repro"], r
+    assert r["error"].startswith("the process died running it (exit code -6"), r["error"]
+
+
+def test_the_next_fuzz_says_which_case_took_the_last_one_down(capsys, tmp_path):
+    from kit.fuzz import in_flight
+
+    running = tmp_path / "in-flight.json"
+    in_flight.write(running, dict(backend="b", mode="decode", exec="eager", case_line="Case(...)",
+                                  repro="python -m kit run ...", example=3, seconds=1.5))
+    code = kit_main(["fuzz", "--backend", "torch_native", "--mode", "decode", "--exec", "eager", "--max-examples", "1",
+                     "--database", "none", "--device", "cpu", "--ledger", str(tmp_path / "ledger.jsonl"),
+                     "--in-flight", str(running)])
+    err = capsys.readouterr().err
+    assert code == 0 and "the fuzz process before this one died running b eager (example 3, 1.5 s into its " \
+                          "search): Case(...); repro: python -m kit run ..." in err, err
+    assert not running.exists()  # taken, and this search ended in its own time

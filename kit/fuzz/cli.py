@@ -16,7 +16,7 @@ import sys
 from pathlib import Path
 
 from kit.cli import FAILED, fail
-from kit.fuzz import ledger, report
+from kit.fuzz import in_flight, ledger, report
 from kit.modes import MODES, Exec, parse_exec, parse_mode
 from kit.report import known_failures
 from kit.report.known_failures import KnownFailuresError
@@ -41,6 +41,9 @@ def add_parser(sub, prog: str) -> argparse.ArgumentParser:
     p.add_argument("--timeout", type=float, default=None, help="seconds after which one run stops as a crash")
     p.add_argument("--ledger", default=None, help="the ledger to append to (default: results/fuzz/ledger.jsonl "
                                                   "under the working directory)")
+    p.add_argument("--in-flight", default=None,
+                   help="where the case being run is kept while it runs, so that a backend that takes the process "
+                        "down leaves the case behind (default results/fuzz/in-flight.json under the working directory)")
     p.add_argument("--database", default=str(DATABASE), help=f"Hypothesis's example database, or `none` "
                                                              f"(default {DATABASE})")
     p.add_argument("--known-failures", default=None, help="default: the kit's KNOWN_FAILURES.md")
@@ -68,7 +71,11 @@ def main(args, prog: str) -> int:
     except (ValueError, KnownFailuresError) as exc:
         return fail(prog, f"fuzz: {exc}")
     from kit.fuzz.search import fuzz
-    outcome = fuzz(target, args.budget, args.seed, args.shrink_budget, args.max_examples, database, known)
+    running = Path(args.in_flight or in_flight.DEFAULT)
+    died = in_flight.take(running)
+    if died is not None:
+        print(f"fuzz: {in_flight.said(died)}", file=sys.stderr)
+    outcome = fuzz(target, args.budget, args.seed, args.shrink_budget, args.max_examples, database, known, running)
     record = ledger_record(args, target, outcome)
     path = ledger.append(args.ledger or ledger.DEFAULT, record)
     print(report.text(record))

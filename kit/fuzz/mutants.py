@@ -1,8 +1,8 @@
 """`python -m kit fuzz --mutants`: how fast the fuzzer finds each mutant of the catalog
 (tests/mutants, kit.mutation.Mutant) within a stated budget, searching the mutant's modes and
 execs from scratch (no example database). Each mutant is fuzzed in its own process (`python -m
-kit fuzz --json`), as kit.mutate scores them: a mutant that kills its process is a crash, and
-the next starts clean. Writes results/fuzz/mutants-<device>.json, the README's table
+kit fuzz --json`), as kit.mutate scores them: a mutant that kills its process is a crash of the
+case it was running (kit.fuzz.in_flight), and the next starts clean. Writes results/fuzz/mutants-<device>.json, the README's table
 (matrix.fuzz renders it)."""
 from __future__ import annotations
 
@@ -12,18 +12,20 @@ import os
 import re
 import subprocess
 import sys
+import tempfile
 from pathlib import Path
 from typing import Dict
 
 from kit.cli import FAILED, fail
-from kit.fuzz import ledger
+from kit.fuzz import in_flight, ledger
+from kit.report.record import CRASH
 from kit.report.results import REPO
 
 
-def _command(m, args) -> list:
+def _command(m, args, running: Path) -> list:
     cmd = [sys.executable, "-m", "kit", "fuzz", "--backend", m.backend, "--mode", ",".join(x.value for x in m.modes),
            "--exec", ",".join(x.value for x in m.execs), "--budget", str(args.budget), "--size", args.size,
-           "--max-examples", str(args.max_examples), "--database", "none", "--json",
+           "--max-examples", str(args.max_examples), "--database", "none", "--json", "--in-flight", str(running),
            "--seed", str(args.seed), "--ledger", str(Path(args.ledger or ledger.DEFAULT).resolve())]
     for flag, value in (("--shrink-budget", args.shrink_budget), ("--device", args.device),
                         ("--timeout", args.timeout), ("--known-failures", args.known_failures)):
@@ -37,7 +39,10 @@ def row(m, args) -> Dict:
     seconds, the shrunk case."""
     # The in-box mutants live in the repository's tests/ (not installed): importable from its root.
     env = dict(os.environ, PYTHONPATH=os.pathsep.join(filter(None, (str(REPO), os.environ.get("PYTHONPATH")))))
-    proc = subprocess.run(_command(m, args), capture_output=True, text=True, env=env)
+    with tempfile.TemporaryDirectory() as tmp:
+        running = Path(tmp) / "in-flight.json"
+        proc = subprocess.run(_command(m, args, running), capture_output=True, text=True, env=env)
+        died = in_flight.take(running)
     base = dict(number=m.number, mutant=m.name, expect=list(m.expect), modes=[x.value for x in m.modes],
                 execs=[x.value for x in m.execs])
     lines = proc.stdout.strip().splitlines()
@@ -45,8 +50,13 @@ def row(m, args) -> Dict:
         record = json.loads(lines[-1])
     except (IndexError, json.JSONDecodeError):
         tail = " | ".join(proc.stderr.strip().splitlines()[-2:])
-        return dict(base, found=False, error=f"exit code {proc.returncode}: {tail}", examples=0, seconds=None,
-                    classes=[], case_line="", repro="")
+        error = f"exit code {proc.returncode}: {tail}"
+        if died is None:
+            return dict(base, found=False, error=error, examples=0, seconds=None, classes=[], case_line="", repro="")
+        # The case it was running took the process down: a crash, found but not shrunk.
+        return dict(base, found=CRASH in m.expect, error=f"the process died running it ({error}): not shrunk",
+                    examples=died["example"], seconds=died["seconds"], shrink_seconds=0.0, classes=[CRASH],
+                    case_line=died["case_line"], repro=died["repro"], seed=args.seed)
     hits = [f for f in record["new"] if f["failure_class"] in m.expect]
     hit = hits[0] if hits else None
     return dict(base, found=hit is not None, error="", examples=record["first_example"] if hit else record["examples"],

@@ -14,6 +14,7 @@ from __future__ import annotations
 import dataclasses
 import random
 import time
+from pathlib import Path
 from typing import Dict, List, Optional, Sequence, Tuple
 
 import torch
@@ -23,6 +24,7 @@ from hypothesis.errors import Unsatisfiable
 
 from kit.engine.case import Case
 from kit.engine.case_line import format_case
+from kit.fuzz import in_flight
 from kit.fuzz.strategies import any_case
 from kit.harness.registry import backend_label, load_backend
 from kit.harness.capabilities import Capabilities
@@ -158,8 +160,9 @@ class Namespaced(ExampleDatabase):
 
 class _Search:
     def __init__(self, target: Target, known: Sequence[KnownFailure], budget: float, shrink_budget: float,
-                 outcome: Outcome):
+                 outcome: Outcome, running: Optional[Path] = None):
         self.target, self.known_entries, self.outcome = target, known, outcome
+        self.running = running  # kit.fuzz.in_flight's file, or None
         self.budget, self.shrink_budget = budget, shrink_budget
         self.device = torch.device(target.device) if target.device else None
         self.device_label = environment()["device"]
@@ -214,6 +217,11 @@ class _Search:
     def _run(self, case: Case, exec_: Exec) -> Optional[Finding]:
         t = self.target
         run = Run(t.backend, self.label, case, exec_)
+        repro = repro_command(t.backend, case.mode.value, exec_.value, case.name, case_line=format_case(case))
+        if self.running is not None:
+            in_flight.write(self.running, dict(backend=t.backend, mode=case.mode.value, exec=exec_.value,
+                                               case_line=format_case(case), repro=repro,
+                                               example=self.outcome.examples, seconds=round(self.elapsed(), 2)))
         try:
             result = execute(run, self.device, t.timeout)
         except Exception as exc:  # noqa: BLE001 - the kit's own error on a drawn case is a finding too
@@ -225,9 +233,7 @@ class _Search:
                                     f"fault): the failure is not shrunk; nothing more can run in this process")
         if result.outcome != FAIL:
             return None
-        finding = Finding(case, exec_.value, result.failure_class, result.message,
-                          repro_command(t.backend, case.mode.value, exec_.value, case.name,
-                                        case_line=format_case(case)),
+        finding = Finding(case, exec_.value, result.failure_class, result.message, repro,
                           example=self.outcome.examples, seconds=self.elapsed())
         entry = match(self.known_entries, self.label, case.mode.value, exec_.value, case.name, self.device_label)
         if is_expected(entry, result.outcome, result.failure_class):
@@ -244,12 +250,13 @@ class _Search:
 
 def fuzz(target: Target, budget: float, seed: Optional[int] = None, shrink_budget: Optional[float] = None,
          max_examples: int = 100_000, database: Optional[ExampleDatabase] = None,
-         known: Sequence[KnownFailure] = ()) -> Outcome:
+         known: Sequence[KnownFailure] = (), running: Optional[Path] = None) -> Outcome:
     """Search `target` for `budget` seconds (or `max_examples` cases), then shrink each new
-    failure for up to `shrink_budget` seconds (default: `budget`) from the first one found."""
+    failure for up to `shrink_budget` seconds (default: `budget`) from the first one found.
+    `running`: where the case being run is kept while it runs (kit.fuzz.in_flight)."""
     seed = random.getrandbits(32) if seed is None else seed
     outcome = Outcome(seed=seed)
-    search = _Search(target, known, budget, budget if shrink_budget is None else shrink_budget, outcome)
+    search = _Search(target, known, budget, budget if shrink_budget is None else shrink_budget, outcome, running)
     namespace = f"{target.backend}/{'+'.join(m.value for m in target.modes)}/" \
                 f"{'+'.join(e.value for e in target.execs)}/{target.size}"
     config = settings(database=Namespaced(database, namespace) if database is not None else None,
@@ -275,6 +282,9 @@ def fuzz(target: Target, budget: float, seed: Optional[int] = None, shrink_budge
         if rest is not None:
             raise rest
         outcome.new += [err.finding for err in _leaves(failed)]
+    finally:  # the process lives on: no case took it down
+        if running is not None:
+            in_flight.clear(running)
     end = search.elapsed()
     found = search.first_failure
     outcome.search_seconds = round(found if found is not None else end, 2)

@@ -135,3 +135,14 @@ class OutOfMemoryBackend(_MisbehavesOnThree):
     def misbehave(self, layer, batch):
         import torch
         raise torch.OutOfMemoryError("CUDA out of memory. Tried to allocate 80.00 GiB (planted in forward)")
+
+
+class AbortsInForwardBackend(TorchNativeBackend):
+    """Takes its process down (abort) in its first forward, whatever the case: a fuzz of it ends
+    at its first example."""
+
+    name = "toy_aborts_in_forward"
+    attention_kinds = ("dense",)
+
+    def forward(self, q, k, v, layer, batch, save_kv_cache=True):
+        os.abort()
