@@ -63,31 +63,44 @@ class KVPool:
         self.quantized = is_quantized(self.dtype)
         self.scales = [KV_SCALES[i] if self.quantized else (None, None) for i in range(NUM_LAYERS)]
 
+    def _k_scale(self, layer_id: int) -> Optional[float]:
+        return self.scales[layer_id][0]
+
+    def _v_scale(self, layer_id: int) -> Optional[float]:
+        return self.scales[layer_id][1]
+
     def stored(self, layer_id: int, k: torch.Tensor, v: torch.Tensor) -> Tuple[torch.Tensor, torch.Tensor]:
         """What the pool holds for K and V of layer `layer_id` (quantized with its scales)."""
-        k_scale, v_scale = self.scales[layer_id]
-        return quantize(k, k_scale, self.dtype), quantize(v, v_scale, self.dtype)
+        return quantize(k, self._k_scale(layer_id), self.dtype), quantize(v, self._v_scale(layer_id), self.dtype)
 
-    def _poison_like(self, layers: torch.Tensor, mean: float, std: float, gen, which: int) -> torch.Tensor:
-        """Poison drawn layer by layer; a quantized pool draws it in float32 and stores it with the
-        layer's scale (K's: which=0, V's: 1), so that what a backend reads is poison as designed."""
-        out = torch.empty_like(layers, dtype=torch.float32 if self.quantized else layers.dtype)
-        for lid, layer in enumerate(out):
-            layer.normal_(mean, std, generator=gen)
+    def _drawn(self, like: torch.Tensor) -> torch.Tensor:
+        """An empty tensor shaped as `like` to draw poison into: float32 where the pool is
+        quantized (stored by _stored_layers, so that what a backend reads is poison as designed)."""
+        return torch.empty_like(like, dtype=torch.float32 if self.quantized else like.dtype)
+
+    def _stored_layers(self, drawn: torch.Tensor, scale_of) -> torch.Tensor:
+        """[layers, ...] values as the pool stores them, each layer with its scale (`scale_of(layer_id)`)."""
         if not self.quantized:
-            return out
-        return torch.stack([quantize(layer, self.scales[lid][which], self.dtype) for lid, layer in enumerate(out)])
+            return drawn
+        return torch.stack([quantize(layer, scale_of(lid), self.dtype) for lid, layer in enumerate(drawn)])
+
+    def _poison_like(self, layers: torch.Tensor, mean: float, std: float, gen, scale_of) -> torch.Tensor:
+        """Poison drawn layer by layer, stored with each layer's scale."""
+        out = self._drawn(layers)
+        for layer in out:
+            layer.normal_(mean, std, generator=gen)
+        return self._stored_layers(out, scale_of)
 
     def draw_poison(self) -> None:
         gen = torch.Generator(device=self.device).manual_seed(POISON_SEED)
         # K then V: the values the pool always had
-        self._poison_k = self._poison_like(self.k_layers, 0.0, POISON_K_STD, gen, 0)
-        self._poison_v = self._poison_like(self.v_layers, POISON_V_MEAN, POISON_V_STD, gen, 1)
+        self._poison_k = self._poison_like(self.k_layers, 0.0, POISON_K_STD, gen, self._k_scale)
+        self._poison_v = self._poison_like(self.v_layers, POISON_V_MEAN, POISON_V_STD, gen, self._v_scale)
         self._sealed = fingerprint([self._poison_k, self._poison_v])
 
     def value_bound(self) -> torch.Tensor:
         """The largest |V| a backend can read from the pool (float32, on the pool's device)."""
-        return torch.stack([dequantize(v, self.scales[lid][1]).abs().max() for lid, v in enumerate(self.v_layers)]
+        return torch.stack([dequantize(v, self._v_scale(lid)).abs().max() for lid, v in enumerate(self.v_layers)]
                            ).max()
 
     def sealed_poison(self) -> Tuple[torch.Tensor, List[torch.Tensor], str]:
@@ -147,12 +160,10 @@ class MLAKVPool(KVPool):
         """The latent part as V's poison (far from real values), the rope part as K's (it
         adds score mass): reading an unowned slot moves the output past tolerance."""
         gen = torch.Generator(device=self.device).manual_seed(POISON_SEED)
-        poison = torch.empty_like(self.k_layers, dtype=torch.float32 if self.quantized else self.dtype)
+        poison = self._drawn(self.k_layers)
         poison[..., :self.kv_lora_rank].normal_(POISON_V_MEAN, POISON_V_STD, generator=gen)
         poison[..., self.kv_lora_rank:].normal_(0.0, POISON_K_STD, generator=gen)
-        # A quantized latent is stored with its layer's scale (k_scale, the latent's one)
-        self._poison = (torch.stack([quantize(layer, self.scales[lid][0], self.dtype) for lid, layer in enumerate(poison)])
-                        if self.quantized else poison)
+        self._poison = self._stored_layers(poison, self._k_scale)
         self._sealed = fingerprint([self._poison])
 
     def sealed_poison(self) -> Tuple[torch.Tensor, List[torch.Tensor], str]:
@@ -161,14 +172,9 @@ class MLAKVPool(KVPool):
     def reset(self) -> None:
         self.k_layers.copy_(self._poison)
 
-    def stored(self, layer_id: int, k: torch.Tensor, v: torch.Tensor) -> Tuple[torch.Tensor, torch.Tensor]:
-        """The latent row and its V columns, quantized with the latent's scale (k_scale)."""
-        scale = self.scales[layer_id][0]
-        return quantize(k, scale, self.dtype), quantize(v, scale, self.dtype)
-
-    def value_bound(self) -> torch.Tensor:
-        return torch.stack([dequantize(v, self.scales[lid][0]).abs().max() for lid, v in enumerate(self.v_layers)]
-                           ).max()
+    def _v_scale(self, layer_id: int) -> Optional[float]:
+        """V is the latent's first columns: stored with the latent's one scale (k_scale)."""
+        return self._k_scale(layer_id)
 
     def set_kv_buffer(self, layer, loc: torch.Tensor, cache_k: torch.Tensor, cache_v: torch.Tensor) -> None:
         """cache_k is the whole latent row (cache_v, its view, is not written again), as SGLang's;

@@ -289,14 +289,14 @@ class KVCheck(Check):
         return "kv pool wrong: " + "; ".join(parts)
 
 
-_BITS = {1: torch.uint8, 2: torch.int16, 4: torch.int32}  # element size -> an integer view of its bits
+def _bits(x: torch.Tensor) -> torch.Tensor:
+    """x's bits as integers of its width (any strides: a view, no copy)."""
+    return x.view({1: torch.uint8, 2: torch.int16, 4: torch.int32, 8: torch.int64}[x.element_size()])
 
 
 def _differs(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
     """Per-slot bitwise difference (NaN-safe) of [..., slots, heads, head_dim] tensors (fp8: their bytes)."""
-    a = a.flatten(-2).view(_BITS[a.element_size()])
-    b = b.flatten(-2).view(_BITS[b.element_size()])
-    return (a != b).any(dim=-1)
+    return (_bits(a.flatten(-2)) != _bits(b.flatten(-2))).any(dim=-1)
 
 
 def check_kv(pool, before_k: torch.Tensor, before_v: torch.Tensor, loc: torch.Tensor,
@@ -367,11 +367,6 @@ class InputsCheck(Check):
             return "inputs kept"
         more = len(self.changed) - self.SHOWN
         return "; ".join(self.changed[:self.SHOWN]) + (f"; and {more} more inputs changed" if more > 0 else "")
-
-
-def _bits(x: torch.Tensor) -> torch.Tensor:
-    """x's bits as integers of its width (any strides: a view, no copy)."""
-    return x.view({1: torch.uint8, 2: torch.int16, 4: torch.int32, 8: torch.int64}[x.element_size()])
 
 
 def inputs_figures(handed: Sequence[Handed]) -> Pending:

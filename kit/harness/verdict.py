@@ -95,7 +95,6 @@ def eager_verdict(fx: Fixture, outs: Sequence[torch.Tensor], before, memory: Pen
     return Verdict(**_judged(fx, outs, before, memory, [inputs_figures(handed_inputs(fx, given))]))
 
 
-
 def replay_verdict(fx: Fixture, replayed, before) -> Verdict:
     """`replayed`: kit.harness.graph.Replayed."""
     judged = _judged(fx, replayed.outs, before, replayed.memory, replayed.inputs,
