@@ -10,6 +10,10 @@ Which wrapper runs each mode (the conventions of SGLang's flashinfer backend):
   paged reads of fresh tokens on long prompts, while the single pass is one
   kernel and reads the new tokens through the page table, as decode does.
 - TARGET_VERIFY: the same wrapper with the custom mask, kv = prefix + drafts.
+- With attention sinks, every mode: BatchAttentionWithAttentionSinkWrapper, a
+  paged prefill wrapper over FlashInfer's AttentionSink variant (DECODE as one
+  query row a request), the layer's sinks given to run(). The variant has no
+  logits soft cap.
 The paged prefill wrappers pin backend="fa2", as SGLang pins its paged prefill
 wrapper: the FA3 (SM90) kernels reject custom masks, so "auto" would run verify
 on fa2 and extend on fa3; fa2 is also what tensor-core decode runs, so one JIT
@@ -65,6 +69,7 @@ def window_on_positions(mask: torch.Tensor, seq_lens, draft: int, window: int) -
 class FlashInferBackend(AttentionBackend):
     name = "flashinfer"
     kv_dtypes = ("fp8_e4m3", "fp8_e5m2")  # plan(kv_data_type=the cache's), run(k_scale=, v_scale=)
+    attention_features = ("sinks",)  # BatchAttentionWithAttentionSinkWrapper
     # EXTEND stays piecewise-eager: a use_cuda_graph prefill wrapper fixes its batch
     # size at construction and its query-row limit at the first plan(), while one
     # captured token bucket is replayed with batches of other request counts and more
@@ -89,10 +94,9 @@ class FlashInferBackend(AttentionBackend):
         if case.hybrid:
             return ("layers of different window / scale / cap: this adapter plans one kernel variant "
                     "(FlashInfer fixes them at plan()) for the whole model")
-        if case.sinks:
-            return ("attention sinks: the decode and paged prefill wrappers this adapter plans take none; "
-                    "FlashInfer's sink variant is another wrapper (BatchAttentionWithAttentionSinkWrapper, a "
-                    "JIT-built prefill variant with the sinks given to run()) that the adapter does not plan")
+        if case.sinks and case.cap > 0:
+            return ("attention sinks with a logit soft cap: FlashInfer's sink variant (AttentionSink, "
+                    "BatchAttentionWithAttentionSinkWrapper) applies no soft cap")
         if UNAVAILABLE is not None:
             return UNAVAILABLE
         if not torch.cuda.is_available():
@@ -105,6 +109,8 @@ class FlashInferBackend(AttentionBackend):
         self.page = ctx.page_size
         self.heads = (layer.tp_q_head_num, layer.tp_k_head_num, layer.head_dim)
         self.decode_tensor_cores = layer.tp_q_head_num // layer.tp_k_head_num >= TENSOR_CORE_MIN_GROUP
+        # each layer's own sink logits, made before any capture
+        self.sinks = {la.layer_id: la.sinks_tensor(ctx.device) for la in ctx.layers if la.sinks} or None
         self.variant = dict(q_data_type=ctx.dtype, kv_data_type=ctx.kv_cache_dtype, sm_scale=layer.scaling,
                             window_left=layer.sliding_window_size, logits_soft_cap=layer.logit_cap)
         self.workspace = torch.zeros(WORKSPACE_BYTES, dtype=torch.uint8, device=ctx.device)
@@ -118,7 +124,7 @@ class FlashInferBackend(AttentionBackend):
         """A wrapper for `mode`; with graph_bs, a CUDA-graph one whose metadata lives in the
         fixed buffers of init_cuda_graph_state (plan() fills them in place)."""
         g = graph_bs
-        if mode is ForwardMode.DECODE:
+        if mode is ForwardMode.DECODE and self.sinks is None:
             kw = {} if g is None else dict(
                 use_cuda_graph=True, paged_kv_indptr_buffer=self.g_kv_indptr[:g + 1],
                 paged_kv_indices_buffer=self.g_kv_indices, paged_kv_last_page_len_buffer=self.g_last_page_len[:g])
@@ -129,7 +135,15 @@ class FlashInferBackend(AttentionBackend):
             paged_kv_indices_buf=self.g_kv_indices, paged_kv_last_page_len_buf=self.g_last_page_len[:g])
         if g is not None and mode is ForwardMode.TARGET_VERIFY:
             kw.update(custom_mask_buf=self.g_mask, mask_indptr_buf=self.g_mask_indptr[:g + 1])
-        return flashinfer.BatchPrefillWithPagedKVCacheWrapper(self.workspace, "NHD", backend="fa2", **kw)
+        if self.sinks is None:
+            return flashinfer.BatchPrefillWithPagedKVCacheWrapper(self.workspace, "NHD", backend="fa2", **kw)
+        # The sink variant is built at construction: its dtypes, head dim and whether a window applies
+        # (TARGET_VERIFY folds the window into its mask, and plans none)
+        window = -1 if mode is ForwardMode.TARGET_VERIFY else self.variant["window_left"]
+        return flashinfer.BatchAttentionWithAttentionSinkWrapper(
+            self.workspace, "NHD", backend="fa2", q_data_type=self.variant["q_data_type"],
+            kv_data_type=self.variant["kv_data_type"], head_dim_qk=self.heads[2], head_dim_vo=self.heads[2],
+            window_left=window, **kw)
 
     @staticmethod
     def _lengths(mode: ForwardMode, seq_lens: torch.Tensor, spec_info,
@@ -167,7 +181,7 @@ class FlashInferBackend(AttentionBackend):
     def _plan(self, wrapper, mode: ForwardMode, rows, seq_lens_cpu, spec_info, extend_lens=None) -> None:
         q_lens, kv_lens = self._lengths(mode, seq_lens_cpu, spec_info, extend_lens)
         kv_indptr, kv_indices, last_page_len = self._page_table(rows, kv_lens)
-        if mode is ForwardMode.DECODE:
+        if mode is ForwardMode.DECODE and self.sinks is None:
             wrapper.plan(kv_indptr, kv_indices, last_page_len, *self.heads, self.page, **self.variant)
         else:
             qo_indptr = torch.cat([torch.zeros(1, dtype=torch.int32), torch.cumsum(q_lens, 0, dtype=torch.int32)])
@@ -227,7 +241,8 @@ class FlashInferBackend(AttentionBackend):
             pool.set_kv_buffer(layer, batch.out_cache_loc, k, v)
         k_cache, v_cache = pool.get_kv_buffer(layer.layer_id)
         paged = (k_cache.view(-1, self.page, *k_cache.shape[1:]), v_cache.view(-1, self.page, *v_cache.shape[1:]))
+        sinks = () if self.sinks is None else (self.sinks[layer.layer_id],)  # the sink variant's extra tensor
         if layer.k_scale is None:
-            return self.wrapper.run(q, paged)
+            return self.wrapper.run(q, paged, *sinks)
         # fp8 KV: the wrappers were planned with the cache's dtype (kv_data_type); run() descales
-        return self.wrapper.run(q, paged, k_scale=layer.k_scale, v_scale=layer.v_scale)
+        return self.wrapper.run(q, paged, *sinks, k_scale=layer.k_scale, v_scale=layer.v_scale)

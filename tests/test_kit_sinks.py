@@ -108,8 +108,7 @@ def test_a_backend_that_does_not_declare_sinks_reads_unsupported():
     assert run_case("torch_native", case, Exec.EAGER).outcome == PASS
 
 
-@pytest.mark.parametrize("backend", [FlashInferBackend, SGLangFlashInferBackend, SGLangTorchNativeBackend],
-                         ids=lambda b: b.name)
+@pytest.mark.parametrize("backend", [SGLangFlashInferBackend, SGLangTorchNativeBackend], ids=lambda b: b.name)
 def test_backends_without_sinks_say_why(backend):
     """Their own reason (what their library lacks), before the kit's generic one."""
     case = _sinks_case(dtype="fp16", head_dim=64, hybrid=False)
@@ -118,7 +117,14 @@ def test_backends_without_sinks_say_why(backend):
 
 
 def test_the_in_box_backends_declare_sinks():
-    assert all(Capabilities.of(b).feature_reason(_sinks_case()) is None for b in (TorchNativeBackend, TritonBackend))
+    assert all(Capabilities.of(b).feature_reason(_sinks_case()) is None
+               for b in (TorchNativeBackend, TritonBackend, FlashInferBackend))
+
+
+def test_flashinfer_says_its_sink_variant_takes_no_soft_cap():
+    case = _sinks_case(dtype="fp16", head_dim=64, hybrid=False)
+    assert FlashInferBackend.supports(case.with_(cap=30.0)).startswith("attention sinks with a logit soft cap")
+    assert "sinks" not in (FlashInferBackend.supports(case) or "")
 
 
 def test_a_malformed_features_declaration_is_refused():

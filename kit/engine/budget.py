@@ -6,9 +6,9 @@ that share one keep none past the last few (kept tensors pin the caching allocat
 were cut from, and workers sharing a GPU would run it out of memory; a worker runs few of the
 other backends' runs of a batch), and let go of what they keep when they move to
 another backend (kit.engine.memory). Before a large allocation (a pool) the kit checks what is
-free now. A process that shares its GPU hands its allocator's cache back after every run
-(kit.engine.memory.after_run): what one worker cached at its peak never runs another out of
-memory."""
+free now. A process that shares its GPU hands its allocator's unused cache back after a run that left more
+than a quarter of its share cached (kit.engine.memory.after_run): what one worker cached at its
+peak never runs another out of memory."""
 from __future__ import annotations
 
 import functools
