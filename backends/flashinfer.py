@@ -13,7 +13,8 @@ Which wrapper runs each mode (the conventions of SGLang's flashinfer backend):
 - With attention sinks, every mode: BatchAttentionWithAttentionSinkWrapper, a
   paged prefill wrapper over FlashInfer's AttentionSink variant (DECODE as one
   query row a request), the layer's sinks given to run(). The variant has no
-  logits soft cap.
+  logits soft cap, and applies no custom mask: TARGET_VERIFY runs chains
+  (causal), not trees.
 The paged prefill wrappers pin backend="fa2", as SGLang pins its paged prefill
 wrapper: the FA3 (SM90) kernels reject custom masks, so "auto" would run verify
 on fa2 and extend on fa3; fa2 is also what tensor-core decode runs, so one JIT
@@ -97,6 +98,11 @@ class FlashInferBackend(AttentionBackend):
         if case.sinks and case.cap > 0:
             return ("attention sinks with a logit soft cap: FlashInfer's sink variant (AttentionSink, "
                     "BatchAttentionWithAttentionSinkWrapper) applies no soft cap")
+        if case.sinks and case.topk > 1:
+            return ("attention sinks in a tree verify: FlashInfer's sink variant (AttentionSink) masks by its "
+                    "window alone, its LogitsMask replacing the one that reads a custom mask "
+                    "(include/flashinfer/attention/variants.cuh), so the tree's mask would be ignored; a chain "
+                    "runs causal")
         if UNAVAILABLE is not None:
             return UNAVAILABLE
         if not torch.cuda.is_available():
@@ -133,17 +139,15 @@ class FlashInferBackend(AttentionBackend):
         kw = {} if g is None else dict(
             use_cuda_graph=True, qo_indptr_buf=self.g_qo_indptr[:g + 1], paged_kv_indptr_buf=self.g_kv_indptr[:g + 1],
             paged_kv_indices_buf=self.g_kv_indices, paged_kv_last_page_len_buf=self.g_last_page_len[:g])
-        if g is not None and mode is ForwardMode.TARGET_VERIFY:
-            kw.update(custom_mask_buf=self.g_mask, mask_indptr_buf=self.g_mask_indptr[:g + 1])
         if self.sinks is None:
+            if g is not None and mode is ForwardMode.TARGET_VERIFY:
+                kw.update(custom_mask_buf=self.g_mask, mask_indptr_buf=self.g_mask_indptr[:g + 1])
             return flashinfer.BatchPrefillWithPagedKVCacheWrapper(self.workspace, "NHD", backend="fa2", **kw)
         # The sink variant is built at construction: its dtypes, head dim and whether a window applies
-        # (TARGET_VERIFY folds the window into its mask, and plans none)
-        window = -1 if mode is ForwardMode.TARGET_VERIFY else self.variant["window_left"]
         return flashinfer.BatchAttentionWithAttentionSinkWrapper(
             self.workspace, "NHD", backend="fa2", q_data_type=self.variant["q_data_type"],
             kv_data_type=self.variant["kv_data_type"], head_dim_qk=self.heads[2], head_dim_vo=self.heads[2],
-            window_left=window, **kw)
+            window_left=self.variant["window_left"], **kw)
 
     @staticmethod
     def _lengths(mode: ForwardMode, seq_lens: torch.Tensor, spec_info,
@@ -186,7 +190,7 @@ class FlashInferBackend(AttentionBackend):
         else:
             qo_indptr = torch.cat([torch.zeros(1, dtype=torch.int32), torch.cumsum(q_lens, 0, dtype=torch.int32)])
             mask, variant = None, self.variant
-            if mode is ForwardMode.TARGET_VERIFY:
+            if mode is ForwardMode.TARGET_VERIFY and self.sinks is None:  # with sinks: a chain, causal
                 mask, window = spec_info.custom_mask, self.variant["window_left"]
                 if window >= 0:
                     mask = window_on_positions(mask, seq_lens_cpu, spec_info.draft_token_num, window)

@@ -53,12 +53,15 @@ FULL += in_every_layout([
     C("mqa_fused_d64_p64", prefix=(63, 64, 65, 200), heads=MQA, head_dim=64, page=64, inputs="fused_qkv"),
 ])
 
-# Attention sinks (gpt-oss): plain, with a window, and gpt-oss's own shape (64 / 8 heads of 64 on one
-# GPU, window 128 on every other layer: hybrid, its full-attention layer with sinks of its own).
+# Attention sinks (gpt-oss): plain, with a window, over an fp8 cache, at gpt-oss's heads (64 / 8 of 64 on one
+# GPU), and in gpt-oss's own model (window 128 on every other layer: hybrid, its full-attention layer with sinks
+# of its own).
 FULL += in_every_layout([
     C("gqa_sinks_p16", prefix=(100, 40, 31, 7, 300), page=16, sinks=True),
     C("mha_bs1_sinks_long_p1", prefix=(1100,), heads=MHA, sinks=True),
     C("mqa_window_sinks_p64_fp16", prefix=(63, 200, 5, 1500), heads=MQA, page=64, window=64, dtype="fp16", sinks=True),
+    C("gptoss_sinks_p16", prefix=(90, 17, 640), page=16, heads=GPT_OSS, head_dim=64, sinks=True),
+    C("gqa_fp8_e4m3_sinks_p16", prefix=(100, 33, 5), page=16, kv_dtype="fp8_e4m3", sinks=True),
     C("gptoss_window_sinks_hybrid_p16", prefix=(300, 129, 1000, 17), page=16, heads=GPT_OSS, head_dim=64, window=128,
       hybrid=True, sinks=True),
 ])

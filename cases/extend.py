@@ -56,13 +56,16 @@ FULL += in_every_layout([
     C("mqa_fused_d64_p64", prefix=(0, 64, 130), new=(64, 1, 7), heads=MQA, head_dim=64, page=64, inputs="fused_qkv"),
 ])
 
-# Attention sinks (gpt-oss): plain, with a window, and gpt-oss's own shape (64 / 8 heads of 64 on one
-# GPU, window 128 on every other layer: hybrid, its full-attention layer with sinks of its own).
+# Attention sinks (gpt-oss): plain, with a window, over an fp8 cache, at gpt-oss's heads (64 / 8 of 64 on one
+# GPU), and in gpt-oss's own model (window 128 on every other layer: hybrid, its full-attention layer with sinks
+# of its own).
 FULL += in_every_layout([
     C("gqa_sinks_p16", prefix=(100, 0, 37), new=(40, 60, 9), page=16, sinks=True),
     C("mha_bs1_sinks_long_p1", prefix=(1000,), new=(100,), heads=MHA, sinks=True),
     C("mqa_window_sinks_p64_fp16", prefix=(70, 0, 130), new=(40, 100, 3), heads=MQA, page=64, window=16, dtype="fp16",
       sinks=True),
+    C("gptoss_sinks_p16", prefix=(90, 0, 640), new=(30, 17, 5), page=16, heads=GPT_OSS, head_dim=64, sinks=True),
+    C("gqa_fp8_e4m3_sinks_p16", prefix=(100, 0, 5), new=(20, 33, 9), page=16, kv_dtype="fp8_e4m3", sinks=True),
     C("gptoss_window_sinks_hybrid_p16", prefix=(300, 0, 1000), new=(64, 200, 17), page=16, heads=GPT_OSS, head_dim=64,
       window=128, hybrid=True, sinks=True),
 ])

@@ -121,10 +121,16 @@ def test_the_in_box_backends_declare_sinks():
                for b in (TorchNativeBackend, TritonBackend, FlashInferBackend))
 
 
-def test_flashinfer_says_its_sink_variant_takes_no_soft_cap():
-    case = _sinks_case(dtype="fp16", head_dim=64, hybrid=False)
+def test_flashinfer_says_its_sink_variant_takes_no_soft_cap_nor_tree_mask():
+    """FlashInfer's AttentionSink variant applies neither a soft cap nor a custom mask: a tree
+    verify would attend every draft (seen on an H100), a chain runs causal."""
+    flat = dict(dtype="fp16", head_dim=64, hybrid=False)
+    case = _sinks_case(**flat)
     assert FlashInferBackend.supports(case.with_(cap=30.0)).startswith("attention sinks with a logit soft cap")
-    assert "sinks" not in (FlashInferBackend.supports(case) or "")
+    tree = _sinks_case(TARGET_VERIFY, new=4, topk=2, **flat)
+    assert FlashInferBackend.supports(tree).startswith("attention sinks in a tree verify")
+    for runnable in (case, _sinks_case(TARGET_VERIFY, new=4, **flat)):
+        assert "sinks" not in (FlashInferBackend.supports(runnable) or "")
 
 
 def test_a_malformed_features_declaration_is_refused():
