@@ -10,11 +10,12 @@ Which wrapper runs each mode (the conventions of SGLang's flashinfer backend):
   paged reads of fresh tokens on long prompts, while the single pass is one
   kernel and reads the new tokens through the page table, as decode does.
 - TARGET_VERIFY: the same wrapper with the custom mask, kv = prefix + drafts.
-- With attention sinks, every mode: BatchAttentionWithAttentionSinkWrapper, a
-  paged prefill wrapper over FlashInfer's AttentionSink variant (DECODE as one
-  query row a request), the layer's sinks given to run(). The variant has no
-  logits soft cap, and applies no custom mask: TARGET_VERIFY runs chains
-  (causal), not trees.
+- With attention sinks, every mode: a paged prefill wrapper over FlashInfer's
+  AttentionSink variant (DECODE as one query row a request), the layer's sinks
+  given to run(). The variant has no logits soft cap, and applies no custom
+  mask: TARGET_VERIFY runs chains (causal), not trees. The adapter builds it as
+  BatchAttentionWithAttentionSinkWrapper does, under FlashInfer's full name for
+  the module (sink_wrapper).
 The paged prefill wrappers pin backend="fa2", as SGLang pins its paged prefill
 wrapper: the FA3 (SM90) kernels reject custom masks, so "auto" would run verify
 on fa2 and extend on fa3; fa2 is also what tensor-core decode runs, so one JIT
@@ -41,6 +42,8 @@ from kit.engine.transfer import to_device
 
 try:
     import flashinfer
+    from flashinfer.jit.attention import get_batch_prefill_attention_sink_uri
+    from flashinfer.jit.attention.variants import attention_sink_decl
 except Exception as exc:  # noqa: BLE001 - not installed, or a build that cannot load here: a reason, not a crash
     flashinfer = None
     UNAVAILABLE: Optional[str] = (f"flashinfer-python cannot be imported here ({type(exc).__name__}: {exc}); "
@@ -143,11 +146,25 @@ class FlashInferBackend(AttentionBackend):
             if g is not None and mode is ForwardMode.TARGET_VERIFY:
                 kw.update(custom_mask_buf=self.g_mask, mask_indptr_buf=self.g_mask_indptr[:g + 1])
             return flashinfer.BatchPrefillWithPagedKVCacheWrapper(self.workspace, "NHD", backend="fa2", **kw)
-        # The sink variant is built at construction: its dtypes, head dim and whether a window applies
-        return flashinfer.BatchAttentionWithAttentionSinkWrapper(
-            self.workspace, "NHD", backend="fa2", q_data_type=self.variant["q_data_type"],
-            kv_data_type=self.variant["kv_data_type"], head_dim_qk=self.heads[2], head_dim_vo=self.heads[2],
-            window_left=self.variant["window_left"], **kw)
+        return self.sink_wrapper(**kw)
+
+    def sink_wrapper(self, **kw):
+        """A paged prefill wrapper running FlashInfer's AttentionSink variant, built for the
+        case's dtypes, head dim and whether a window applies. Not BatchAttentionWithAttentionSinkWrapper:
+        in FlashInfer 0.7.2 it names its JIT module by q dtype and window alone
+        (flashinfer/attention/_core.py), so a variant of another head dim or KV dtype loads (and
+        rebuilds over) the one built first: gpt-oss's head_dim 64 ran the 128 kernel, an fp8 cache
+        was read as bf16 (tests/test_flashinfer_findings.py). FlashInfer's own name for the module
+        (get_batch_prefill_attention_sink_uri) names every one of them."""
+        q, kv, d, swa = self.variant["q_data_type"], self.variant["kv_data_type"], self.heads[2], \
+            self.variant["window_left"] >= 0
+        uri = get_batch_prefill_attention_sink_uri("fa2", q, kv, q, torch.int32, d, d, 0, swa)
+        jit_args = [uri, q, kv, q, torch.int32, d, d, ["sink"], ["float"], ["sm_scale"], ["double"],
+                    "AttentionSink", attention_sink_decl["fa2"]]
+        jit_kwargs = dict(use_sliding_window=swa, use_fp16_qk_reduction=False, pos_encoding_mode=0,
+                          paged_kv_stride_mode="independent", module_surface="full")
+        return flashinfer.BatchPrefillWithPagedKVCacheWrapper(self.workspace, "NHD", backend="fa2", jit_args=jit_args,
+                                                             jit_kwargs=jit_kwargs, **kw)
 
     @staticmethod
     def _lengths(mode: ForwardMode, seq_lens: torch.Tensor, spec_info,
