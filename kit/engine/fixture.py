@@ -308,7 +308,8 @@ def _pools_for(plans: Sequence[BatchPlan], first: Case, device: torch.device) ->
     need = dict(num_slots=max(p.num_slots for p in plans), max_reqs=max(p.max_reqs for p in plans),
                 max_context=max(p.max_context for p in plans), num_kv_heads=first.num_kv_heads,
                 head_dim=first.head_dim, dtype=first.kv_torch_dtype, device=device, kv_lora_rank=first.kv_lora_rank)
-    if POOL_CACHE.new_bytes(**need) > budget.free_now(device):
+    new = POOL_CACHE.new_bytes(**need)
+    if new and new > budget.free_now(device):  # a driver query, only for a pool not cached
         from kit.engine.memory import release  # a cycle: it releases this module's batches
         release()
     pools = POOL_CACHE.get(**need)

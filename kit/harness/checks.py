@@ -373,18 +373,14 @@ def inputs_figures(handed: Sequence[Handed]) -> Pending:
     """How many values of each handed input differ from what it held (NaN-safe, -0.0 is not
     0.0), per token row; finishes to the lines of those changed. The comparison runs now: a
     graph's static inputs are refilled before the next replay."""
-    rows = []
-    for h in handed:
-        after = _bits(h.after)
-        diff = after != (_bits(h.before) if h.before is not None else 0)
-        rows.append(diff.flatten(1).sum(dim=1))
-    counts = torch.stack([r.sum() for r in rows]) if rows else torch.zeros(0)
+    diffs = [_bits(h.after) != (_bits(h.before) if h.before is not None else 0) for h in handed]
+    counts = torch.stack([d.sum() for d in diffs]) if diffs else torch.zeros(0)
 
     def finish(values: List[float]) -> List[str]:
         changed = []
-        for h, per_row, count in zip(handed, rows, values):
-            if count:
-                first = h.first_row + int(per_row.nonzero()[0, 0])
+        for h, diff, count in zip(handed, diffs, values):
+            if count:  # where, from the kept differences: the inputs may have been refilled since
+                first = h.first_row + int(diff.flatten(1).any(dim=1).nonzero()[0, 0])
                 changed.append(f"{h.name} passed to forward was changed in place: {int(count)} of "
                                f"{h.after.numel()} values differ, first in token row {first} ({h.where})")
         return changed
