@@ -2,7 +2,8 @@
 an engine's whole set runs it.
 
     python -m benchmarks.many_backends [--backends 32] [--workers auto] [--case-set full]
-                                       [--limit-s 1800] [--cold] [--out PATH] [PYTEST ARGS]
+                                       [--limit-s 1800] [--cold] [--out PATH]
+                                       [--steps warmup,matrix,alone,warm] [--verdicts PATH] [PYTEST ARGS]
 
 The backends: `triton`, and `--backends` small subclasses of the in-box Triton backend, given as
 module:attr (this module's attributes): the public mutants of tests/mutants/triton.py first
@@ -18,6 +19,10 @@ row appended to `results/bench/many-backends-<device>.json` (or --out) as soon a
 4. the warmup and the many-backend matrix once more (warm).
 
 Each command runs under what is left of `--limit-s`; a step past it is recorded as such.
+`--steps` runs some of them (a machine that cannot give one process the whole time runs them in
+several invocations): the many-backend run's verdicts of `triton` are written to `--verdicts`
+(default results/bench/many-backends-verdicts.json, next to the rows), which step 3 compares with
+when step 2 is not in its invocation.
 Other arguments go to pytest as they are (e.g. `--mode decode`).
 """
 from __future__ import annotations
@@ -42,6 +47,7 @@ from tests.mutants import triton as mutants
 REPO = Path(__file__).resolve().parent.parent
 IN_BOX = "triton"
 MODULE = "benchmarks.many_backends"  # this module as the backends' module:attr names it (not __main__)
+STEPS = ("warmup", "matrix", "alone", "warm")
 
 _MUTANTS = [name for name, cls in vars(mutants).items()
             if isinstance(cls, type) and issubclass(cls, TritonBackend) and cls is not TritonBackend
@@ -157,10 +163,18 @@ def main() -> None:
     parser.add_argument("--limit-s", type=float, default=1800.0, help="time limit of the whole benchmark")
     parser.add_argument("--cold", action="store_true", help="label the first warmup a cold one (fresh machine)")
     parser.add_argument("--out", help="rows file (default: results/bench/many-backends-<device>.json)")
+    parser.add_argument("--steps", default=",".join(STEPS), help=f"the steps to run, of {','.join(STEPS)}")
+    parser.add_argument("--verdicts", help="triton's verdicts in the many-backend run: written by the matrix "
+                                           "step, read by the alone step (default: next to the rows file)")
     args, extra = parser.parse_known_args()
+    steps = args.steps.split(",")
+    unknown = sorted(set(steps) - set(STEPS))
+    if unknown:
+        parser.error(f"--steps: {', '.join(unknown)}: not among {', '.join(STEPS)}")
     clock, specs = Clock(args.limit_s), backends(args.backends)
     name, slug = device()
     out = Path(args.out) if args.out else REPO / "results" / "bench" / f"many-backends-{slug}.json"
+    verdicts = Path(args.verdicts) if args.verdicts else out.with_name(out.stem + "-verdicts.json")
     common = dict(device=name, kit_commit=kit_commit(), case_set=args.case_set, args=extra)
 
     def row(r: dict) -> dict:
@@ -169,15 +183,22 @@ def main() -> None:
         print(json.dumps(shown), flush=True)
         return r
 
-    row(warmup(specs, args.case_set, extra, clock, "cold" if args.cold else "first"))
-    many = row(matrix(specs, args.workers, args.case_set, extra, clock, "many backends"))
-    alone = matrix([IN_BOX], args.workers, args.case_set, extra, clock, "triton alone")
-    alone["in_box_equal"] = alone["verdicts"] == many["verdicts"] and bool(alone["verdicts"])
-    alone["in_box_differ"] = sorted(k for k in set(alone["verdicts"]) | set(many["verdicts"])
-                                    if alone["verdicts"].get(k) != many["verdicts"].get(k))[:10]
-    row(alone)
-    row(warmup(specs, args.case_set, extra, clock, "warm"))
-    row(matrix(specs, args.workers, args.case_set, extra, clock, "many backends, warm"))
+    if "warmup" in steps:
+        row(warmup(specs, args.case_set, extra, clock, "cold" if args.cold else "first"))
+    if "matrix" in steps:
+        many = row(matrix(specs, args.workers, args.case_set, extra, clock, "many backends"))
+        verdicts.write_text(json.dumps(dict(kit_commit=common["kit_commit"], verdicts=many["verdicts"]), indent=1))
+    if "alone" in steps:
+        many = json.loads(verdicts.read_text())
+        alone = matrix([IN_BOX], args.workers, args.case_set, extra, clock, "triton alone")
+        alone["compared_with_kit_commit"] = many["kit_commit"]
+        alone["in_box_equal"] = alone["verdicts"] == many["verdicts"] and bool(alone["verdicts"])
+        alone["in_box_differ"] = sorted(k for k in set(alone["verdicts"]) | set(many["verdicts"])
+                                        if alone["verdicts"].get(k) != many["verdicts"].get(k))[:10]
+        row(alone)
+    if "warm" in steps:
+        row(warmup(specs, args.case_set, extra, clock, "warm"))
+        row(matrix(specs, args.workers, args.case_set, extra, clock, "many backends, warm"))
     print(f"-> {out}")
 
 
