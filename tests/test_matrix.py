@@ -298,28 +298,26 @@ def run_suite(tmp_path, backend, kf_rows=(), *extra):
     return proc, by_backend[backend]
 
 
-def torch_native_session(tmp_path_factory):
-    """One plain session of torch_native's smoke decode eager runs, with progress lines, for the tests
-    that only read what such a session prints and writes: (process, records, its folder)."""
-    return once_per_session(tmp_path_factory, "torch_native_smoke", lambda folder: run_suite(
-        folder, "torch_native", (), "--exec", "eager", "-p", "no:xdist", "--progress-every", "0.001"))
-
-
-
 STALE = "tests.toys.dense:StaleReplayBackend"
 
 
 HARD_CRASH = "tests.toys.crashing:HardCrashBackend"
 
 
-@pytest.fixture
-def known_failures_suite(tmp_path_factory):
+def known_failures_session(tmp_path_factory):
     """One session of two backends, each with its known failure: the stale replay's graph runs
-    (xfail) and the hard crash's one case (quarantine; the backend has no graph runs):
+    (xfail) and the hard crash's one case (quarantine; the backend has no graph runs), with progress
+    lines; the tests that only read what a narrowed, complete session prints and writes read it too:
     (process, records by backend, folder)."""
     return once_per_session(tmp_path_factory, "known_failures", lambda folder: suite_records(folder, [STALE, HARD_CRASH], [
         "| KF-1 | toy_stale_replay | decode | graph | * | * | graph | xfail | replay keeps capture metadata | tests/toys |",
-        "| KF-2 | toy_hard_crash | decode | eager | mqa_p1_shuf | * | crash | quarantine | kills the process | tests/toys |"]))
+        "| KF-2 | toy_hard_crash | decode | eager | mqa_p1_shuf | * | crash | quarantine | kills the process | tests/toys |"],
+        "--progress-every", "0.001"))
+
+
+@pytest.fixture
+def known_failures_suite(tmp_path_factory):
+    return known_failures_session(tmp_path_factory)
 
 
 def xfailed(proc, backend):

@@ -8,8 +8,8 @@ import sys
 import pytest
 
 from kit.report.results import write_results
-from tests.test_matrix import (REPO, SMOKE_DECODE, project, rec, run_matrix, run_suite,  # noqa: F401
-                               torch_native_session, write_fresh)
+from tests.test_matrix import (REPO, SMOKE_DECODE, known_failures_session, project, rec, run_matrix,  # noqa: F401
+                               run_suite, write_fresh)
 
 TOYS = "tests.toys.crashing"
 
@@ -19,8 +19,9 @@ def _doc(tmp_path):
 
 
 @pytest.fixture
-def torch_native_suite(tmp_path_factory):
-    return torch_native_session(tmp_path_factory)
+def narrowed_suite(tmp_path_factory):
+    """A complete session of two toy backends' smoke decode runs, eager and graph."""
+    return known_failures_session(tmp_path_factory)
 
 
 def test_collect_only_leaves_the_results_file_alone(tmp_path):
@@ -32,19 +33,20 @@ def test_collect_only_leaves_the_results_file_alone(tmp_path):
     assert out.read_text() == "precious\n"
 
 
-def test_file_records_what_was_selected(torch_native_suite):
-    proc, _, folder = torch_native_suite
+def test_file_records_what_was_selected(narrowed_suite):
+    proc, _, folder = narrowed_suite
     assert proc.returncode == 0, proc.stdout[-1500:]
     run = _doc(folder)["run"]
     assert run["status"] == "complete"
-    assert sorted(run["selected"]) == sorted(f"torch_native-decode-eager-{c}" for c in SMOKE_DECODE)
+    assert sorted(run["selected"]) == sorted(f"{b}-decode-{e}-{c}" for b in ("toy_stale_replay", "toy_hard_crash")
+                                             for e in ("eager", "graph") for c in SMOKE_DECODE)
     assert set(run["selected"]) < set(run["catalog"])
     assert any(rid.startswith("triton-extend-graph-") for rid in run["catalog"])
 
 
-def test_write_refuses_a_narrowed_run(project, torch_native_suite):
+def test_write_refuses_a_narrowed_run(project, narrowed_suite):
     """`matrix write` cannot replace committed results with a narrowed run (docs/running.md: Regenerating the tables)."""
-    proc, _, folder = torch_native_suite
+    proc, _, folder = narrowed_suite
     assert proc.returncode == 0, proc.stdout[-1500:]
     shutil.copy(folder / "results.json", project["results_dir"] / "cpu.json")
     before = project["readme_path"].read_text()
