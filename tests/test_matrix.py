@@ -320,12 +320,22 @@ def known_failures_suite(tmp_path_factory):
     return known_failures_session(tmp_path_factory)
 
 
+@pytest.fixture
+def mismatched_known_failures_suite(tmp_path_factory):
+    """One session of the stale replay under entries that do not hold here: one claims a passing run
+    fails (a strict XPASS), one names the wrong class, one is for another device only: the process."""
+    return once_per_session(tmp_path_factory, "mismatched_known_failures", lambda folder: suite_records(folder, [STALE], [
+        "| KF-1 | toy_stale_replay | decode | eager | gqa_bf16_p16 | * | kernel | xfail | claims eager fails | tests/toys |",
+        "| KF-2 | toy_stale_replay | decode | graph | gqa_bf16_p16 | * | kernel | xfail | wrong class | tests/toys |",
+        "| KF-3 | toy_stale_replay | decode | * | * | *No Such Device* | graph | xfail | elsewhere only | tests/toys |"]))[0]
+
+
 def xfailed(proc, backend):
     """The -rxX lines of the runs of `backend` that xfailed."""
     return [line for line in proc.stdout.splitlines() if line.startswith("XFAIL ") and f"[{backend}-" in line]
 
 
-def test_known_failures_become_strict_xfails(known_failures_suite, tmp_path):
+def test_known_failures_become_strict_xfails(known_failures_suite, mismatched_known_failures_suite):
     """Matching failures xfail; a matching pass (XPASS strict) and a class mismatch fail the run."""
     proc, by_backend, _ = known_failures_suite
     records = by_backend[STALE]
@@ -334,9 +344,7 @@ def test_known_failures_become_strict_xfails(known_failures_suite, tmp_path):
     assert len(lines) == len(DENSE_SMOKE_DECODE) and all("-graph-" in l and " - KF-1" in l for l in lines), lines
     assert all(records[f"{c}/graph"]["failure_class"] == "graph" for c in DENSE_SMOKE_DECODE)
 
-    proc, _ = run_suite(tmp_path, STALE, [
-        "| KF-1 | toy_stale_replay | decode | eager | gqa_bf16_p16 | * | kernel | xfail | claims eager fails | tests/toys |",
-        "| KF-2 | toy_stale_replay | decode | graph | gqa_bf16_p16 | * | kernel | xfail | wrong class | tests/toys |"])
+    proc = mismatched_known_failures_suite
     assert proc.returncode == 1
     assert "XPASS(strict)" in proc.stdout and "KF-1" in proc.stdout
     assert "KF-2 expects [kernel], got [graph]" in proc.stdout
@@ -352,14 +360,16 @@ def test_quarantined_failure_runs_in_a_subprocess(known_failures_suite):
     assert len(lines) == 1 and "[toy_hard_crash-decode-eager-mqa_p1_shuf]" in lines[0] and " - KF-2" in lines[0], lines
 
 
-def test_entry_for_another_device_does_not_xfail_here(tmp_path):
+def test_entry_for_another_device_does_not_xfail_here(mismatched_known_failures_suite):
     """An entry scoped to another device leaves this device's runs alone: they fail as plain
-    failures here, and a pass here is no strict XPASS."""
-    proc, records = run_suite(tmp_path, STALE, [
-        "| KF-1 | toy_stale_replay | decode | * | * | *No Such Device* | graph | xfail | elsewhere only | tests/toys |"])
+    failures here, and a pass here is no strict XPASS (the one strict XPASS is KF-1's, on this device)."""
+    proc = mismatched_known_failures_suite
     assert proc.returncode == 1
-    assert "XPASS" not in proc.stdout and "xfailed" not in proc.stdout
-    assert f"{len(DENSE_SMOKE_DECODE)} failed" in proc.stdout, proc.stdout[-1500:]
+    assert "xfailed" not in proc.stdout and "KF-3" not in proc.stdout, proc.stdout[-1500:]
+    xpassed = [line for line in proc.stdout.splitlines() if "XPASS" in line]
+    assert len(xpassed) == 1 and "KF-1" in xpassed[0], xpassed
+    # every graph run (KF-2's wrong class among them) and KF-1's strict XPASS
+    assert f"{len(DENSE_SMOKE_DECODE) + 1} failed" in proc.stdout, proc.stdout[-1500:]
 
 
 def test_interrupted_run_keeps_what_finished(tmp_path):
