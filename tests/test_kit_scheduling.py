@@ -35,8 +35,9 @@ def xdist_session(tmp_path_factory):
 
 
 def _xdist_session(tmp):
-    """One `-n 2` session of the two test files below (each test looks at its own file's effects):
-    the process (and no data)."""
+    """One `-n 2 --dist load` session of the three test files below (each test looks at its own
+    file's effects): the process (and no data). Four tests: xdist's load scheduling sends each
+    worker two in a row, so test_two.py's two tests run on different workers."""
     default = int(subprocess.run([sys.executable, "-c", "import torch; print(torch.get_num_threads())"],
                                  capture_output=True, text=True, check=True).stdout)
     (tmp / "test_threads.py").write_text(
@@ -48,10 +49,18 @@ def _xdist_session(tmp):
         "    def __del__(self):\n        self.open(self.path, 'w').close()\n\n"
         "KEPT = _Freed()\natexit.register(pathlib.Path('atexit').write_text, '')\n\n"
         "def test_end():\n    pass\n")
+    (tmp / "test_two.py").write_text(
+        "import atexit, os, pathlib, time\n\n"
+        "def _mark(name):\n    pathlib.Path(name + '.' + os.environ['PYTEST_XDIST_WORKER']).write_text(repr(time.time()))\n\n"
+        "def test_fast():\n    atexit.register(_mark, 'fast-exit')\n\n"
+        # the slow test waits for the fast worker's exit (however loaded the machine), up to a minute
+        "def test_slow():\n    deadline = time.time() + 60\n"
+        "    while not list(pathlib.Path().glob('fast-exit.*')) and time.time() < deadline:\n        time.sleep(0.1)\n"
+        "    _mark('slow-end')\n")
     env = {k: v for k, v in os.environ.items() if k != "OMP_NUM_THREADS"}
-    proc = subprocess.run([sys.executable, "-m", "pytest", "-n", "2", "-q", "-p", "no:cacheprovider", "-rA",
-                           "test_threads.py", "test_end.py"], cwd=tmp, capture_output=True, text=True,
-                          timeout=120, env=env)
+    proc = subprocess.run([sys.executable, "-m", "pytest", "-n", "2", "--dist", "load", "-q", "-p", "no:cacheprovider",
+                           "-rA", "test_threads.py", "test_two.py", "test_end.py"], cwd=tmp, capture_output=True,
+                          text=True, timeout=120, env=env)
     return proc, None
 
 
@@ -288,21 +297,13 @@ def test_an_xdist_worker_skips_the_interpreters_teardown(xdist_session):
     assert (folder / "atexit").exists() and not (folder / "freed").exists()
 
 
-def test_an_xdist_worker_ends_when_its_own_session_does(tmp_path):
+def test_an_xdist_worker_ends_when_its_own_session_does(xdist_session):
     """A worker whose runs are done exits then, not when the controller ends every worker after the
     last run anywhere: the fast worker's exit handler runs while the other worker's test still runs."""
-    (tmp_path / "test_two.py").write_text(
-        "import atexit, os, pathlib, time\n\n"
-        "def _mark(name):\n    pathlib.Path(name + '.' + os.environ['PYTEST_XDIST_WORKER']).write_text(repr(time.time()))\n\n"
-        "def test_fast():\n    atexit.register(_mark, 'fast-exit')\n\n"
-        # the slow test waits for the fast worker's exit (however loaded the machine), up to a minute
-        "def test_slow():\n    deadline = time.time() + 60\n"
-        "    while not list(pathlib.Path().glob('fast-exit.*')) and time.time() < deadline:\n        time.sleep(0.1)\n"
-        "    _mark('slow-end')\n")
-    proc = subprocess.run([sys.executable, "-m", "pytest", "-n", "2", "--dist", "load", "-q", "-p", "no:cacheprovider",
-                           str(tmp_path / "test_two.py")], cwd=tmp_path, capture_output=True, text=True, timeout=120)
-    assert proc.returncode == 0, proc.stdout + proc.stderr
-    (fast,), (slow,) = tmp_path.glob("fast-exit.*"), tmp_path.glob("slow-end.*")
+    proc, _, folder = xdist_session
+    assert "PASSED test_two.py::test_fast" in proc.stdout and "PASSED test_two.py::test_slow" in proc.stdout, \
+        proc.stdout + proc.stderr
+    (fast,), (slow,) = folder.glob("fast-exit.*"), folder.glob("slow-end.*")
     assert fast.suffix != slow.suffix, "both tests ran on one worker"
     assert float(fast.read_text()) < float(slow.read_text())
 
