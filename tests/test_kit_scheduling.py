@@ -253,25 +253,39 @@ def test_a_free_worker_goes_where_the_pending_work_takes_longest(timed):
     assert runs[collection[third.sent[0]]][1] == ("slow" if timed else "quick")
 
 
-def test_the_matrix_command_groups_runs_by_backend(tmp_path):
+@pytest.fixture
+def matrix_session(tmp_path_factory):
+    return once_per_session(tmp_path_factory, "matrix_session", _matrix_session)
+
+
+def _matrix_session(tmp):
+    """One session as the matrix command runs (`-n 2 --dist loadgroup`), of two backends' smoke
+    decode runs, with the run timeline (benchmarks.timeline) and the spawn probe
+    (tests.toys.spawn_probe) as plugins: the process (and no data)."""
+    (tmp / "timeline").mkdir()
+    env = {**os.environ, "KIT_TIMELINE_DIR": str(tmp / "timeline"), "KIT_SPAWN_PROBE": str(tmp / "probe.json")}
+    proc = subprocess.run([sys.executable, "-m", "pytest", "-n", "2", "--dist", "loadgroup", "-q", "-p",
+                           "no:cacheprovider", "-p", "benchmarks.timeline", "-p", "tests.toys.spawn_probe",
+                           "tests/test_conformance.py", "--backend", "torch_native", "--backend",
+                           "tests.toys.dense:DenseGraphBackend", "--case-set", "smoke", "--mode", "decode"], cwd=REPO,
+                          capture_output=True, text=True, timeout=300, env=env)
+    return proc, None
+
+
+def test_the_matrix_command_groups_runs_by_backend(matrix_session):
     """End to end (`-n 2 --dist loadgroup`, two backends, benchmarks.timeline): the two workers
     start on different backends. With xdist_group marks alone, pytest 9 dropped the groups and
     both started on the first backend in the queue."""
-    env = {**os.environ, "KIT_TIMELINE_DIR": str(tmp_path)}
-    proc = subprocess.run([sys.executable, "-m", "pytest", "-n", "2", "--dist", "loadgroup", "-q", "-p",
-                           "no:cacheprovider", "-p", "benchmarks.timeline", "tests/test_conformance.py",
-                           "--backend", "torch_native", "--backend", "tests.toys.dense:DenseGraphBackend",
-                           "--case-set", "smoke", "--mode", "decode"], cwd=REPO, capture_output=True,
-                          text=True, timeout=300, env=env)
+    proc, _, folder = matrix_session
     assert proc.returncode == 0, proc.stdout + proc.stderr
     first = []
-    for path in sorted(tmp_path.glob("gw*.jsonl")):
+    for path in sorted((folder / "timeline").glob("gw*.jsonl")):
         tests = [json.loads(line) for line in path.read_text().splitlines() if '"test"' in line]
         first.append(parse_run_id(min(tests, key=lambda e: e["t"])["id"])[0])
     assert sorted(first) == ["torch_native", "toy_dense"], first
 
 
-def test_the_xdist_controller_starts_its_workers_before_importing_torch(tmp_path):
+def test_the_xdist_controller_starts_its_workers_before_importing_torch(matrix_session):
     """The controller runs no case: importing the plugin (and a case) must not import torch, and
     the catalog (whose cases import it, via their modes' rules) loads once the workers are started.
     Before, the controller spent 4-5 s of every matrix run on an H100 machine importing torch before
@@ -280,13 +294,9 @@ def test_the_xdist_controller_starts_its_workers_before_importing_torch(tmp_path
                             "print(sorted(m for m in sys.modules if m.split('.')[0] == 'torch')[:3])"],
                            cwd=REPO, capture_output=True, text=True, timeout=120)
     assert probe.stdout.strip() == "[]", probe.stdout + probe.stderr
-    env = {**os.environ, "KIT_SPAWN_PROBE": str(tmp_path / "probe.json")}
-    proc = subprocess.run([sys.executable, "-m", "pytest", "-n", "1", "-q", "-p", "no:cacheprovider", "-p",
-                           "tests.toys.spawn_probe", "tests/test_conformance.py", "--backend", "torch_native",
-                           "--case-set", "smoke", "--mode", "decode", "--exec", "eager", "-k", "mqa_p1_shuf"], cwd=REPO,
-                          capture_output=True, text=True, timeout=300, env=env)
+    proc, _, folder = matrix_session
     assert proc.returncode == 0, proc.stdout + proc.stderr
-    assert json.loads((tmp_path / "probe.json").read_text()) == {"catalog_loaded": False}
+    assert json.loads((folder / "probe.json").read_text()) == {"catalog_loaded": False}
 
 
 def test_an_xdist_worker_skips_the_interpreters_teardown(xdist_session):
