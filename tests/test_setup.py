@@ -61,12 +61,16 @@ def test_the_compile_step_compiles_every_module_and_passes_over_files_that_are_n
     for path in (pkg / "__init__.py", pkg / "sub" / "mod.py"):
         path.write_text("X = 1\n")
     (pkg / "template.py").write_text("{% if x %}not python{% endif %}\n")
+    unused = tmp_path / "sglang" / "multimodal_gen"  # a part of sglang nothing imports: left
+    unused.mkdir(parents=True)
+    (unused / "big.py").write_text("X = 1\n")
     monkeypatch.syspath_prepend(str(tmp_path))
     assert setup.compiled(("pkg",)) is None
     env = {**os.environ, "PYTHONDONTWRITEBYTECODE": "1"}  # compiled all the same
     assert subprocess.call([sys.executable, "-c", setup.COMPILE, "0", str(tmp_path)], env=env) == 0
     assert setup.compiled(("pkg",)) == "pkg byte-compiled"
     assert (pkg / "sub" / "__pycache__").is_dir()
+    assert not (unused / "__pycache__").exists()
     assert {str(REPO / "kit"), str(REPO / "backends"), str(REPO / "cases")} <= set(setup.compile_dirs())
 
 
