@@ -73,7 +73,7 @@ def window_on_positions(mask: torch.Tensor, seq_lens, draft: int, window: int) -
 class FlashInferBackend(AttentionBackend):
     name = "flashinfer"
     kv_dtypes = ("fp8_e4m3", "fp8_e5m2")  # plan(kv_data_type=the cache's), run(k_scale=, v_scale=)
-    attention_features = ("sinks",)  # BatchAttentionWithAttentionSinkWrapper
+    attention_features = ("sinks",)  # FlashInfer's AttentionSink variant (sink_wrapper)
     # EXTEND stays piecewise-eager: a use_cuda_graph prefill wrapper fixes its batch
     # size at construction and its query-row limit at the first plan(), while one
     # captured token bucket is replayed with batches of other request counts and more
@@ -129,11 +129,15 @@ class FlashInferBackend(AttentionBackend):
 
     # --- metadata ---------------------------------------------------------------------------
 
+    def _decode_wrapper(self, mode: ForwardMode) -> bool:
+        """Whether `mode` runs the decode wrapper (else a paged prefill one; with sinks every mode)."""
+        return mode is ForwardMode.DECODE and self.sinks is None
+
     def _new_wrapper(self, mode: ForwardMode, graph_bs: Optional[int] = None):
         """A wrapper for `mode`; with graph_bs, a CUDA-graph one whose metadata lives in the
         fixed buffers of init_cuda_graph_state (plan() fills them in place)."""
         g = graph_bs
-        if mode is ForwardMode.DECODE and self.sinks is None:
+        if self._decode_wrapper(mode):
             kw = {} if g is None else dict(
                 use_cuda_graph=True, paged_kv_indptr_buffer=self.g_kv_indptr[:g + 1],
                 paged_kv_indices_buffer=self.g_kv_indices, paged_kv_last_page_len_buffer=self.g_last_page_len[:g])
@@ -202,7 +206,7 @@ class FlashInferBackend(AttentionBackend):
     def _plan(self, wrapper, mode: ForwardMode, rows, seq_lens_cpu, spec_info, extend_lens=None) -> None:
         q_lens, kv_lens = self._lengths(mode, seq_lens_cpu, spec_info, extend_lens)
         kv_indptr, kv_indices, last_page_len = self._page_table(rows, kv_lens)
-        if mode is ForwardMode.DECODE and self.sinks is None:
+        if self._decode_wrapper(mode):
             wrapper.plan(kv_indptr, kv_indices, last_page_len, *self.heads, self.page, **self.variant)
         else:
             qo_indptr = torch.cat([torch.zeros(1, dtype=torch.int32), torch.cumsum(q_lens, 0, dtype=torch.int32)])

@@ -73,9 +73,10 @@ def test_a_worker_sharing_its_gpu_releases_what_it_kept_when_it_moves_to_another
 def test_a_new_pool_larger_than_what_is_free_is_made_after_a_release(monkeypatch, releases):
     POOL_CACHE.clear()
     fixtures_for([CASE], "cpu")
-    monkeypatch.setattr(budget, "free_now", lambda device: 0)
-    fixtures_for([CASE], "cpu")  # the cached pool fits: nothing allocated, nothing released
-    assert releases == []
+    queried = []
+    monkeypatch.setattr(budget, "free_now", lambda device: queried.append(device) or 0)
+    fixtures_for([CASE], "cpu")  # the cached pool fits: nothing allocated, nothing released, nothing asked
+    assert releases == [] and queried == []
     big = CASE.with_(name="big", prefix=(5000, 30, 1))
     fixtures_for([big], "cpu")
     assert releases == [1]

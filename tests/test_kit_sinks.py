@@ -123,7 +123,7 @@ def test_the_in_box_backends_declare_sinks():
 
 def test_flashinfer_says_its_sink_variant_takes_no_soft_cap_nor_tree_mask():
     """FlashInfer's AttentionSink variant applies neither a soft cap nor a custom mask: a tree
-    verify would attend every draft (seen on an H100), a chain runs causal."""
+    verify would attend every draft, a chain runs causal."""
     flat = dict(dtype="fp16", head_dim=64, hybrid=False)
     case = _sinks_case(**flat)
     assert FlashInferBackend.supports(case.with_(cap=30.0)).startswith("attention sinks with a logit soft cap")
