@@ -44,7 +44,7 @@ class TritonBackend(AttentionBackend):
         "decode": ("gqa_ragged_p16_fp32", "mqa_p1_shuf", "mha_bs1_window_p64_inter", "gqa_bs8_cap_p1_nonmono",
                    "mla_r32_h16_ragged_p16_fp32", "gqa_fused_p16_fp32", "gqa_fp8_e4m3_p16_fp16",
                    "gqa_window_sinks_hybrid_p16_fp16"),
-        "extend": ("mqa_p1_shuf", "gqa_hybrid_p16_fp32", "gqa_fused_p16_fp32", "gqa_fp8_e5m2_prefix_p16_fp16"),
+        "extend": ("gqa_hybrid_p16_fp32", "gqa_fp8_e5m2_prefix_p16_fp16"),
         "target_verify": ("mqa_tree6_p1_shuf", "gqa_tree8_window4_p16_inter", "mla_r32_h16_chain4_p16_fp32",
                           "gqa_fp8_e4m3_chain3_p16_fp16", "gqa_chain4_window_sinks_hybrid_p16_fp32"),
         "draft_extend_v2": ("gqa_draft4_p16_fp32", "mqa_draft3_p1_shuf", "gqa_draft2_fused_p16_fp32",
