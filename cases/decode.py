@@ -30,9 +30,11 @@ SMOKE = [
 # Cap cases use cap 5 at scale 0.25 (scores of std ~2.8): the cap bites, so a dropped cap
 # moves bf16 output past tolerance. At cap 30 and the default scale it never did (mutant 12).
 # Three window cases, so that no single case stands between the kit and a window bug (mutant 7).
+# One fp32 case per mode (a model served in fp32): its dot products must be IEEE fp32, not TF32.
 FULL = in_every_layout([
     C("mha_bs1_long_p1", prefix=(1100,), heads=MHA),
     C("gqa_ragged_p16", prefix=(0, 15, 16, 17, 33, 64, 100, 257), page=16),
+    C("gqa_fp32_ragged_p16", prefix=(0, 15, 16, 17, 33, 64, 100, 257), page=16, dtype="fp32"),
     C("mqa_ragged_p64_fp16", prefix=(63, 64, 65, 1, 200, 130, 7, 1500, 300), heads=MQA, page=64, dtype="fp16"),
     C("gqa32_long_p16", prefix=(1024, 2047, 1500, 3000), heads=GQA_32_8, page=16),
     C("gqa_d64_bs12_p1_fp16", prefix=(5, 90, 1, 300, 17, 64, 2, 129, 40, 8, 77, 250), head_dim=64, dtype="fp16"),

@@ -36,6 +36,7 @@ SMOKE = [
 FULL = in_every_layout([
     C("mha_bs1_long_p1", prefix=(1100,), new=3, heads=MHA),
     C("gqa_draft4_p16", prefix=(0, 17, 33, 64), new=4, page=16),
+    C("gqa_fp32_draft4_p16", prefix=(0, 17, 33, 64), new=4, page=16, dtype="fp32"),
     C("mqa_draft3_bs9_p64_fp16", prefix=(63, 64, 65, 1, 200, 130, 7, 1500, 300), new=3, heads=MQA, page=64,
       dtype="fp16"),
     C("gqa32_long_p16", prefix=(2048, 1023, 1500), new=8, heads=GQA_32_8, page=16),

@@ -33,6 +33,7 @@ SMOKE = [
 FULL = in_every_layout([
     C("mha_bs1_long_p1", prefix=(1000,), new=(100,), heads=MHA),
     C("gqa_ragged_p16", prefix=(0, 17, 33, 64), new=(5, 1, 16, 3), page=16),
+    C("gqa_fp32_ragged_p16", prefix=(0, 17, 33, 64), new=(5, 1, 16, 3), page=16, dtype="fp32"),
     C("mqa_ragged_p64_fp16", prefix=(0, 64, 63, 130, 1, 500), new=(1, 64, 65, 7, 128, 3), heads=MQA, page=64,
       dtype="fp16"),
     C("gqa32_long_p16", prefix=(1024, 0, 2000), new=(256, 1024, 17), heads=GQA_32_8, page=16),

@@ -42,6 +42,7 @@ SMOKE = [
 FULL = in_every_layout([
     C("mha_bs1_tree6_long_p1", prefix=(1100,), new=6, topk=2, heads=MHA),
     C("gqa_chain4_p16", prefix=(17, 64, 1, 33), new=4, page=16),
+    C("gqa_fp32_chain4_p16", prefix=(17, 64, 1, 33), new=4, page=16, dtype="fp32"),
     C("gqa_tree8_p16", prefix=(17, 64, 1, 33, 250), new=8, topk=2, page=16),
     C("mqa_chain3_bs9_p64_fp16", prefix=(63, 64, 65, 1, 200, 130, 7, 1500, 300), new=3, heads=MQA, page=64,
       dtype="fp16"),

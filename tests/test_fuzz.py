@@ -14,7 +14,7 @@ from kit.__main__ import main as kit_main
 from kit.engine.case import DTYPES, INPUT_FORMS, LAYOUTS, Case
 from kit.engine.case_line import format_case, parse_case
 from kit.engine.catalog import CASE_SETS
-from kit.fuzz.strategies import SIZES, any_case, around
+from kit.fuzz.strategies import SIZES, Takes, any_case, around
 from kit.harness.schedule import BS_BUCKETS, TOKEN_BUCKETS, batches
 from kit.modes import EXECS, MODES, ForwardMode
 from tests.toys.planted import ZeroRowBeforeFullPage, triggered
@@ -26,12 +26,12 @@ SMALL = SIZES["small"]
 SEARCH_EXAMPLES, SEARCH_SECONDS = 40, 600
 
 
-def _draw(n: int, at: int = 0):
+def _draw(n: int, at: int = 0, takes: Takes = Takes()):
     drawn = []
 
     @seed(at)
     @settings(max_examples=n, database=None, deadline=None, suppress_health_check=list(HealthCheck))
-    @given(any_case(MODES))
+    @given(any_case(MODES, takes=takes))
     def collect(case):
         drawn.append(case)
 
@@ -64,6 +64,18 @@ def test_drawn_cases_are_valid_and_cover_every_feature():
     assert any(c.sinks for c in drawn) and any(not c.sinks for c in drawn if not c.is_mla)
     extend_totals = {sum(c.new_lens) for c in drawn if c.mode is ForwardMode.EXTEND}
     assert extend_totals & set(around(TOKEN_BUCKETS, 1, SMALL.max_tokens))
+
+
+def test_drawn_cases_stay_within_what_the_backend_declares():
+    """An MLA-only backend that reads no quantized cache gets MLA cases of every latent width, none
+    with an fp8 cache or sinks (not a stream of rejected draws); a dense one no MLA, and only the
+    quantized caches it names."""
+    mla_only = _draw(100, takes=Takes(kinds=frozenset({"mla"}), kv_dtypes=frozenset(), features=frozenset()))
+    assert all(c.is_mla and c.kv_dtype is None and not c.sinks for c in mla_only)
+    assert {(c.kv_lora_rank, c.rope_dim) for c in mla_only} == set(SMALL.mla)
+    dense = _draw(100, takes=Takes(kinds=frozenset({"dense"}), kv_dtypes=frozenset({"fp8_e5m2"})))
+    assert not any(c.is_mla for c in dense) and {c.kv_dtype for c in dense} == {None, "fp8_e5m2"}
+    assert any(c.sinks for c in dense)
 
 
 def test_every_catalog_case_reads_back_from_its_line():

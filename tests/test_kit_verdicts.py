@@ -119,6 +119,21 @@ def test_output_magnitude_rule_boundary(dtype):
     assert "of its output's magnitude" in bad.describe()
 
 
+def test_a_head_below_the_dtypes_smallest_normal_is_judged_against_that():
+    """A head whose golden output is ~1e-9 (a sink taking nearly all of the weight) rounds to 0 in
+    fp16: right, though its error is all of its magnitude. Past REL_RMS of the smallest normal
+    number, an error in such a head still fails."""
+    dtype = torch.float16
+    golden = torch.randn(2, 2, 64, dtype=torch.float64, generator=torch.Generator().manual_seed(0))
+    golden[1, 0] *= 1e-9
+    assert check_output(golden.to(dtype).double(), golden, golden, dtype).ok
+    tiny = torch.finfo(dtype).tiny
+    out = golden.clone()
+    out[1, 0] += 1.01 * REL_RMS[dtype] * tiny
+    bad = check_output(out, golden, golden, dtype)
+    assert not bad.ok and bad.bad_rows == [1], bad.describe()
+
+
 LONG_DECODE = Case("verdict_long", DECODE, prefix=(1100,), heads=(8, 8), head_dim=128, dtype="bf16")
 
 

@@ -2,6 +2,10 @@
 the convention SGLang follows instead of the kit's reproduces what SGLang computes, on the
 failing run's own batch. Skipped, with the reason, only where the pinned sglang is not installed."""
 import dataclasses
+import json
+import os
+import subprocess
+import sys
 
 import pytest
 import torch
@@ -152,3 +156,20 @@ def test_kf24_fp8_write_divides_the_callers_k_and_v_in_place():
     backend.runner.token_to_kv_pool.set_kv_buffer(attn, fx.batch.out_cache_loc, k, v, attn.k_scale, attn.v_scale)
     assert attn.k_scale != 1 and attn.v_scale != 1
     assert torch.equal(k, x.k_new / attn.k_scale) and torch.equal(v, x.v_new / attn.v_scale)
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="TF32 is a GPU's: Triton's CPU interpreter computes fp32")
+def test_kf27_triton_fp32_dots_are_tf32_on_nvidia_gpus(tmp_path):
+    """SGLang's Triton kernels leave tl.dot's input precision to Triton, whose default on a GPU with
+    tensor cores is TF32: an fp32 case fails fp32's tolerance, and the same run with Triton's fp32
+    default set to IEEE (and a kernel cache of its own) passes."""
+    def run(**env):
+        cmd = [sys.executable, "-m", "kit", "run", "--backend", "sglang_triton", "--mode", "decode", "--exec", "eager",
+               "--case", "gqa_fp32_ragged_p16", "--json"]
+        proc = subprocess.run(cmd, capture_output=True, text=True, env=dict(os.environ, **env))
+        return json.loads(proc.stdout.strip().splitlines()[-1])
+
+    tf32 = run()
+    ieee = run(TRITON_F32_DEFAULT="ieee", TRITON_CACHE_DIR=str(tmp_path / "triton-ieee"))
+    assert (tf32["outcome"], tf32["failure_class"]) == ("fail", "kernel"), tf32["message"]
+    assert ieee["outcome"] == "pass", ieee["message"]

@@ -25,7 +25,7 @@ from hypothesis.errors import Unsatisfiable
 from kit.engine.case import Case
 from kit.engine.case_line import format_case
 from kit.fuzz import in_flight
-from kit.fuzz.strategies import any_case
+from kit.fuzz.strategies import Takes, any_case
 from kit.harness.registry import backend_label, load_backend
 from kit.harness.capabilities import Capabilities
 from kit.harness.run import Run
@@ -266,7 +266,7 @@ def fuzz(target: Target, budget: float, seed: Optional[int] = None, shrink_budge
 
     @hypothesis_seed(seed)
     @config
-    @given(any_case(target.modes, target.size))
+    @given(any_case(target.modes, target.size, Takes.of(search.caps)))
     def test(case):
         search.attempt(case)
 

@@ -6,13 +6,15 @@ Choices are ordered simplest first (the first of a `sampled_from`, the first bra
 `one_of`, the lower end of an `integers`): Hypothesis shrinks toward them, so a shrunk case
 keeps only what its failure needs. Lengths and windows are drawn at and around page boundaries
 (k * page - 1, k * page, k * page + 1) besides anywhere, and batch sizes and EXTEND token counts
-at and around the graph buckets, so padded graph rows appear.
+at and around the graph buckets, so padded graph rows appear. A backend's declarations
+(`Takes`: attention kinds, quantized KV caches, features) bound the draws: a case it refuses by
+declaration alone is never drawn, so an MLA-only backend gets MLA cases, not rejections.
 """
 from __future__ import annotations
 
 import dataclasses
 import zlib
-from typing import Callable, Dict, Tuple
+from typing import Callable, Dict, FrozenSet, Tuple
 
 from hypothesis import strategies as st
 
@@ -38,8 +40,9 @@ class Size:
 
 
 SIZES: Dict[str, Size] = {
+    # DeepSeek's 512 + 64 besides a small latent: the width some MLA kernels are built for only.
     "small": Size(max_bs=9, max_len=40, max_new=17, max_drafts=6, pages=(1, 4, 16), kv_heads=(1, 2),
-                  groups=(1, 2, 4), head_dims=(16, 32, 64), max_tokens=33, mla=((32, 16),)),
+                  groups=(1, 2, 4), head_dims=(16, 32, 64), max_tokens=33, mla=((32, 16), (512, 64))),
     "medium": Size(max_bs=17, max_len=300, max_new=70, max_drafts=8, pages=(1, 16, 64), kv_heads=(1, 2, 8),
                    groups=(1, 4, 8), head_dims=(64, 128), max_tokens=129, mla=((128, 32), (512, 64))),
     "large": Size(max_bs=65, max_len=4200, max_new=600, max_drafts=16, pages=(1, 16, 64), kv_heads=(1, 2, 8),
@@ -54,11 +57,26 @@ DTYPE_ORDER = ("fp32", "fp16", "bf16")  # shrinks toward the exact one
 
 
 @dataclasses.dataclass(frozen=True)
+class Takes:
+    """What a backend declares it takes (kit.harness.capabilities.Capabilities): drawn cases stay
+    within it. The default takes everything the kit has."""
+
+    kinds: FrozenSet[str] = frozenset(("dense", "mla"))
+    kv_dtypes: FrozenSet[str] = frozenset(KV_DTYPES)
+    features: FrozenSet[str] = frozenset(("sinks",))
+
+    @classmethod
+    def of(cls, caps) -> "Takes":
+        return cls(caps.attention_kinds, caps.kv_dtypes, caps.attention_features)
+
+
+@dataclasses.dataclass(frozen=True)
 class Drawing:
-    """What a feature's draw sees: the size, the mode and the fields drawn so far."""
+    """What a feature's draw sees: the size, the mode, what the backend takes and the fields drawn so far."""
 
     size: Size
     mode: ForwardMode
+    takes: Takes
     fields: Dict
 
 
@@ -118,7 +136,8 @@ def _window(draw, d: Drawing) -> Dict:
 def _mla(draw, d: Drawing) -> Dict:
     """Dense, or MLA (kit/engine/case.py's rules): one latent KV head as wide as the rank and the
     rope part, an explicit scale, no window, cap or hybrid layers."""
-    if not draw(st.booleans()):
+    kinds = d.takes.kinds
+    if "mla" not in kinds or ("dense" in kinds and not draw(st.booleans())):
         return {}
     rank, rope = draw(st.sampled_from(d.size.mla))
     scale = d.fields["scale"] if d.fields["scale"] is not None else draw(st.sampled_from(SCALES))
@@ -128,7 +147,14 @@ def _mla(draw, d: Drawing) -> Dict:
 
 def _sinks(draw, d: Drawing) -> Dict:
     """Attention sinks (gpt-oss), on dense layers only."""
-    return {} if d.fields.get("kv_lora_rank") else dict(sinks=draw(st.booleans()))
+    if d.fields.get("kv_lora_rank") or "sinks" not in d.takes.features:
+        return {}
+    return dict(sinks=draw(st.booleans()))
+
+
+def _kv_dtype(draw, d: Drawing) -> Dict:
+    """The model's dtype, or a quantized cache the backend reads."""
+    return dict(kv_dtype=draw(st.sampled_from((None,) + tuple(k for k in KV_DTYPES if k in d.takes.kv_dtypes))))
 
 
 FEATURES: Tuple[Tuple[str, Feature], ...] = (
@@ -145,7 +171,7 @@ FEATURES: Tuple[Tuple[str, Feature], ...] = (
     ("seed", lambda draw, d: dict(seed=draw(st.integers(0, SEEDS - 1)))),
     ("inputs", lambda draw, d: dict(inputs=draw(st.sampled_from(INPUT_FORMS)))),  # views of a fused QKV row
     ("mla", _mla),
-    ("kv_dtype", lambda draw, d: dict(kv_dtype=draw(st.sampled_from((None,) + tuple(KV_DTYPES))))),
+    ("kv_dtype", _kv_dtype),
     ("sinks", _sinks),  # last: the draws before it stay those of seeds recorded before it
 )
 
@@ -170,14 +196,14 @@ def case_name(fields: Dict, mode: ForwardMode) -> str:
 
 
 @st.composite
-def cases(draw, mode: ForwardMode, size: str = "small") -> Case:
-    """A valid case of `mode`, every feature drawn."""
+def cases(draw, mode: ForwardMode, size: str = "small", takes: Takes = Takes()) -> Case:
+    """A valid case of `mode` within `takes`, every feature drawn."""
     fields: Dict = {}
     for _, feature in FEATURES:
-        fields.update(feature(draw, Drawing(SIZES[size], mode, dict(fields))))
+        fields.update(feature(draw, Drawing(SIZES[size], mode, takes, dict(fields))))
     return Case(case_name(fields, mode), mode, **fields)
 
 
-def any_case(modes, size: str = "small") -> st.SearchStrategy:
-    """A case of any of `modes` (the first is where shrinking goes)."""
-    return st.one_of([cases(mode, size) for mode in modes])
+def any_case(modes, size: str = "small", takes: Takes = Takes()) -> st.SearchStrategy:
+    """A case of any of `modes` within `takes` (the first mode is where shrinking goes)."""
+    return st.one_of([cases(mode, size, takes) for mode in modes])
