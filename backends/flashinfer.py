@@ -52,6 +52,7 @@ else:
     UNAVAILABLE = None
 
 WORKSPACE_BYTES = 128 << 20  # the size FlashInfer recommends for its split-k scratch
+DTYPES = ("bf16", "fp16")  # the model dtypes FlashInfer has kernels for
 HEAD_DIMS = (64, 128, 256)
 TENSOR_CORE_MIN_GROUP = 4
 
@@ -89,7 +90,7 @@ class FlashInferBackend(AttentionBackend):
 
     @classmethod
     def supports(cls, case) -> Optional[str]:
-        if case.dtype not in ("bf16", "fp16"):
+        if case.dtype not in DTYPES:
             return f"{case.dtype}: FlashInfer's attention kernels take fp16/bf16 (or fp8) q/k/v, no fp32"
         if case.head_dim not in HEAD_DIMS:
             return (f"head_dim {case.head_dim}: FlashInfer supports head_dim 64, 128, 256 "

@@ -35,7 +35,7 @@ class FlashInferMLABackend(dense.FlashInferBackend):
 
     @classmethod
     def supports(cls, case) -> Optional[str]:
-        if case.dtype not in ("bf16", "fp16"):
+        if case.dtype not in dense.DTYPES:
             return f"{case.dtype}: FlashInfer's MLA kernels take fp16/bf16 (or fp8 KV), no fp32"
         if case.kv_lora_rank % FA_CKV_MULTIPLE or case.rope_dim % FA_KPE_MULTIPLE:
             return (f"kv_lora_rank {case.kv_lora_rank}, rope_dim {case.rope_dim}: FlashInfer's fa2/fa3 MLA kernels "

@@ -67,6 +67,18 @@ def test_flashinfer_adapter_names_a_flashinfer_that_cannot_load(monkeypatch):
     assert SGLangFlashInferBackend.supports(small_case("c", ForwardMode.DECODE, (3,))) == fi.UNAVAILABLE
 
 
+def test_sglang_flashinfer_refuses_fp32_which_flashinfer_has_no_kernels_for(monkeypatch):
+    """FlashInferAttnBackend plans in the model's dtype: with fp32, FlashInfer's JIT raises
+    KeyError (seen on an H100); the adapter says `unsupported` with the reason, as ours does."""
+    import backends.flashinfer as fi
+
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(fi, "UNAVAILABLE", None)
+    fp32 = small_case("c", ForwardMode.DECODE, (3,), dtype="fp32")
+    assert "no fp32 kernels" in SGLangFlashInferBackend.supports(fp32)
+    assert SGLangFlashInferBackend.supports(fp32.with_(dtype="bf16")) is None
+
+
 @pytest.mark.parametrize("cls", ADAPTERS, ids=lambda c: c.name)
 def test_graph_hooks_exactly_where_the_sglang_backend_has_them(cls):
     """The kit reads `no capture hooks` from the class: the adapter has the two-phase hooks iff

@@ -401,7 +401,11 @@ class SGLangFlashInferBackend(_GraphHooks, SGLangBackend):
                                               "FlashInferAttnBackend runs on CUDA GPUs only; no CUDA device here")
         from backends import flashinfer  # FlashInfer itself: SGLang's backend needs it as ours does
 
-        return super().supports(case) or (SGLANG_FLASHINFER_NO_SINKS if case.sinks else flashinfer.UNAVAILABLE)
+        problem = super().supports(case) or (SGLANG_FLASHINFER_NO_SINKS if case.sinks else flashinfer.UNAVAILABLE)
+        if problem is None and case.dtype not in flashinfer.DTYPES:
+            problem = (f"{case.dtype}: FlashInferAttnBackend plans FlashInfer's wrappers in the model's dtype, and "
+                       f"FlashInfer has no {case.dtype} kernels (its JIT raises KeyError: torch.float32)")
+        return problem
 
 
 class SGLangFlashInferMLABackend(_GraphHooks, SGLangBackend):
