@@ -555,3 +555,37 @@ def test_a_device_fault_left_behind_by_a_failed_run_is_that_runs(monkeypatch):
     assert r.message.startswith("forward (layer 0): ValueError: a shape"), r.message
     assert r.message.endswith("; then the device reported: CUDA error: an illegal memory access was encountered"), \
         r.message
+
+
+def test_a_device_fault_after_a_passing_runs_checks_is_that_runs(monkeypatch):
+    """Work a backend queues on a stream the judge's read back does not wait for can fault after
+    every check passed: the run's last wait (for the whole device) reports it on that run."""
+    import sys
+    import kit.harness.runner
+
+    real_wait = kit.harness.runner._device_done
+
+    def waits():  # the fault is pending once the last step is judged: only the run's last wait sees it
+        if sys._getframe(1).f_code.co_name == "_late_device_fault":
+            raise RuntimeError("CUDA error: an illegal instruction was encountered\nmore lines")
+        real_wait()
+    monkeypatch.setattr(kit.harness.runner, "_device_done", waits)
+    r = run_case("torch_native", DECODE_CASE, Exec.EAGER, torch.device("cpu"))
+    assert r.outcome == "fail" and r.failure_class == "crash" and r.device_lost, r
+    assert r.message == "every check passed, then the device reported: CUDA error: an illegal instruction was " \
+                        "encountered", r.message
+
+
+def test_a_device_fault_seen_in_the_kits_own_code_loses_the_device(monkeypatch):
+    """A sticky fault reported while the kit builds a run (its batches, its reference) is a lost
+    device, said as such: the process ends (its later runs would all fail) rather than leaving a
+    run without a verdict and blaming the next one's backend."""
+    import kit.harness.runner
+
+    def faulted(*args):
+        raise RuntimeError("CUDA error: an illegal instruction was encountered")
+    monkeypatch.setattr(kit.harness.runner, "fixtures_for", faulted)
+    r = run_case("torch_native", DECODE_CASE, Exec.EAGER, torch.device("cpu"))
+    assert r.failure_class == "crash" and r.device_lost, r
+    assert r.message.startswith("the device faulted (seen in the kit's own code): RuntimeError: CUDA error: an "
+                                "illegal instruction"), r.message

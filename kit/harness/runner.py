@@ -98,8 +98,9 @@ def _device_done() -> None:
 
 
 def _late_device_fault() -> Optional[str]:
-    """A sticky fault of device work a failed run launched and nothing waited for (it ended in an
-    exception first): reported by the next wait, it is that run's, not the next one's."""
+    """A sticky fault of device work the run launched and nothing waited for: a failed run's
+    (it ended in an exception first), or work on another stream than the one the judge read
+    back. Reported by the next wait, it is this run's, not the next one's."""
     try:
         _device_done()
     except RuntimeError as exc:
@@ -107,6 +108,20 @@ def _late_device_fault() -> Optional[str]:
             return _first_line(exc)
         raise
     return None
+
+
+def _charge_late_fault(result: RunResult) -> None:
+    fault = _late_device_fault()
+    if fault is None:
+        return
+    if result.outcome == PASS:  # the judge's read back waited for one stream; the fault was on another
+        result.message = f"every check passed, then the device reported: {fault}"
+    else:
+        result.message = f"{result.message}; then the device reported: {fault}" if result.message else \
+            f"the device reported: {fault}"
+    if result.outcome != FAIL:
+        result.outcome, result.failure_class = FAIL, CRASH
+    result.device_lost = True
 
 
 def _call(stage: str, fn, *args, **kwargs):
@@ -214,11 +229,8 @@ def execute(run: Run, device: Optional[torch.device] = None, timeout: Optional[f
     except RunTimeout as exc:  # in the kit's own code, between backend calls
         result.outcome, result.failure_class, result.message = FAIL, CRASH, f"{exc} in the kit, between backend calls"
         result.repro = run.repro(timeout)
-    if result.outcome == FAIL and not result.device_lost:
-        fault = _late_device_fault()
-        if fault is not None:
-            result.device_lost = True
-            result.message += f"; then the device reported: {fault}"
+    if not result.device_lost:
+        _charge_late_fault(result)
     if not result.device_lost:
         after_run(device)
     result.seconds = round(time.perf_counter() - start, 4)
@@ -241,6 +253,8 @@ def _run_releasing_memory(cls, caps: Capabilities, case: Case, exec_: Exec, devi
                 raise
             oom = exc
         except RuntimeError as exc:  # torch.OutOfMemoryError of the kit's code between backend calls
+            if _sticky(exc):  # a fault of device work queued before, reported by the kit's next wait
+                raise _Crash("the device faulted (seen in the kit's own code)", exc) from exc
             if not raised_by_kit(exc):
                 raise
             oom = _KitOutOfMemory("the kit, between backend calls", exc)
