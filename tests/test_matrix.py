@@ -168,11 +168,15 @@ def test_entry_is_scoped_to_its_device():
     assert match(entries, "be", "decode", "eager", "c", "CPU (x86_64)") is None
 
 
-def test_quarantine_wins_over_xfail_whatever_the_order():
-    entries = parse(kf_text("| KF-1 | be | * | * | * | * | crash | xfail | flaky | tests/toys |",
-                            "| KF-2 | be | decode | eager | c | * | crash | quarantine | kills it | tests/toys |"))
+def test_the_first_match_says_how_and_any_quarantine_match_isolates_whatever_the_order():
+    """A run that fails as the first entry says (a wrong output, before the step that would fault)
+    is judged by it, and still runs in a subprocess where a quarantine entry matches it too."""
+    entries = parse(kf_text("| KF-1 | be | * | * | *fp8* | * | kernel | xfail | wrong | tests/toys |",
+                            "| KF-2 | be | decode | eager | * | * | crash | quarantine | kills it | tests/toys |"))
+    first = match(entries, "be", "decode", "eager", "c_fp8", "CPU (x86_64)")
+    assert (first.id, first.failure_class, first.mark) == ("KF-1", "kernel", "quarantine")
     assert match(entries, "be", "decode", "eager", "c", "CPU (x86_64)").id == "KF-2"
-    assert match(entries, "be", "decode", "eager", "d", "CPU (x86_64)").id == "KF-1"
+    assert match(entries, "be", "extend", "eager", "c_fp8", "CPU (x86_64)").mark == "xfail"
 
 
 @pytest.mark.parametrize("link, ok", [("https://github.com/org/repo/issues/12", True), ("results/gpu-h100.json", True),

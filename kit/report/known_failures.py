@@ -132,10 +132,15 @@ def load_or_default(path=None) -> List[KnownFailure]:
 
 def match(entries: Sequence[KnownFailure], backend: str, mode: str, exec_: str, case: str,
           device: str) -> Optional[KnownFailure]:
-    """The entry for this run, if any: a quarantine entry wins over xfail entries (the run must
-    not take its process down, whatever the table's order), else the first match."""
+    """The entry for this run, if any: the first match, which says how the run fails; marked
+    quarantine where any match is (the run must not take its process down, whatever the table's
+    order: a run that fails one way before a later step would fault still goes to a subprocess)."""
     found = [e for e in entries if e.matches(backend, mode, exec_, case, device)]
-    return next((e for e in found if e.mark == QUARANTINE), found[0] if found else None)
+    if not found:
+        return None
+    if any(e.mark == QUARANTINE for e in found):
+        return dataclasses.replace(found[0], mark=QUARANTINE)
+    return found[0]
 
 
 def is_expected(entry: Optional[KnownFailure], outcome: str, failure_class: Optional[str]) -> bool:
