@@ -2,7 +2,7 @@
 import pytest
 
 from kit.harness.isolate import run_isolated
-from kit.harness.runner import execute
+from kit.harness.runner import execute, unsupported_here
 from kit.plugin.parametrize import KnownFailureHit
 from kit.plugin.timeouts import run_timeout
 from kit.report.known_failures import QUARANTINE, is_expected
@@ -13,7 +13,7 @@ def test_conformance(conformance_run, record_conformance, request):
     known = conformance_run.known
     timeout = run_timeout(request.node)
     if known is not None and known.mark == QUARANTINE:
-        result = run_isolated(conformance_run, timeout=timeout)
+        result = unsupported_here(conformance_run) or run_isolated(conformance_run, timeout=timeout)
     else:
         result = execute(conformance_run, timeout=timeout)
     record_conformance(result)

@@ -589,3 +589,23 @@ def test_a_device_fault_seen_in_the_kits_own_code_loses_the_device(monkeypatch):
     assert r.failure_class == "crash" and r.device_lost, r
     assert r.message.startswith("the device faulted (seen in the kit's own code): RuntimeError: CUDA error: an "
                                 "illegal instruction"), r.message
+
+
+class DeclinesEveryCase(TorchNativeBackend):
+    @classmethod
+    def supports(cls, case):
+        return "declines every case"
+
+
+def test_a_quarantined_run_its_backend_declines_is_not_sent_to_a_subprocess(monkeypatch):
+    """Whether the backend takes the case is known without running it: a quarantined run it
+    declines is recorded here as unsupported (a subprocess would cost its start for nothing)."""
+    import subprocess
+    from kit.harness.run import Run
+    from kit.harness.runner import unsupported_here
+
+    monkeypatch.setattr(subprocess, "run", lambda *a, **k: pytest.fail("started a subprocess"))
+    r = unsupported_here(Run(f"{MODULE}:DeclinesEveryCase", "declines", DECODE_CASE, Exec.GRAPH))
+    assert (r.outcome, r.message, r.isolated, r.backend) == ("unsupported", "declines every case", False, "declines"), r
+    assert unsupported_here(Run("torch_native", "torch_native", DECODE_CASE, Exec.EAGER)) is None
+    assert unsupported_here(Run("no.such.module:Backend", "missing", DECODE_CASE, Exec.EAGER)) is None

@@ -237,6 +237,22 @@ def execute(run: Run, device: Optional[torch.device] = None, timeout: Optional[f
     return result
 
 
+def unsupported_here(run: Run) -> Optional[RunResult]:
+    """`run`'s record where its backend declares the case unsupported, found without running
+    it (a quarantined run goes to a subprocess only where there is something to run); None
+    where the case is supported, or where the backend does not load (the run will say why)."""
+    try:
+        cls = load_backend(run.spec)
+        if backend_problem(cls):
+            return None
+        reason = unsupported_reason(cls, Capabilities.of(cls), run.case, run.exec_)
+        if reason is None:
+            return None
+        return run.record(outcome=UNSUPPORTED, message=str(reason), versions=versions(cls))
+    except Exception:  # noqa: BLE001 - the run itself reports a backend that fails here
+        return None
+
+
 def _run_releasing_memory(cls, caps: Capabilities, case: Case, exec_: Exec, device, result: RunResult) -> None:
     """_run, and where the kit runs out of device memory in its own allocations (or, on a GPU
     shared with other workers, the backend in its own), _run again from the start once everything
