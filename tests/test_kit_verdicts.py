@@ -609,3 +609,15 @@ def test_a_quarantined_run_its_backend_declines_is_not_sent_to_a_subprocess(monk
     assert (r.outcome, r.message, r.isolated, r.backend) == ("unsupported", "declines every case", False, "declines"), r
     assert unsupported_here(Run("torch_native", "torch_native", DECODE_CASE, Exec.EAGER)) is None
     assert unsupported_here(Run("no.such.module:Backend", "missing", DECODE_CASE, Exec.EAGER)) is None
+
+
+def test_loading_the_backend_waits_for_no_device(monkeypatch):
+    """Loading a backend, its capabilities and its versions launch no device work: each wait is
+    a switch between contexts when workers share the GPU, so the first is supports()'s."""
+    import sys
+    import kit.harness.runner
+
+    stages = []
+    monkeypatch.setattr(kit.harness.runner, "_device_done", lambda: stages.append(sys._getframe(1).f_locals.get("stage", "the run's end")))
+    assert run_case("torch_native", DECODE_CASE, Exec.EAGER, torch.device("cpu")).outcome == "pass"
+    assert stages[0] == "supports()" and "loading backend" not in stages and "versions()" not in stages, stages

@@ -208,13 +208,15 @@ def execute(run: Run, device: Optional[torch.device] = None, timeout: Optional[f
     result.versions = versions()
     try:
         with time_limit(timeout), interpreter_noise_filtered():
-            cls = _call("loading backend", load_backend, backend_spec)
+            # No wait for the device until supports(): loading is a lookup after a backend's first
+            # run, and the previous run ended with one (its faults are its own).
+            cls = _unsynced("loading backend", load_backend, backend_spec)
             interpreter.install()  # a no-op unless the backend's kernels run in Triton's interpreter
             problem = backend_problem(cls)
             if problem:
                 raise _Crash("loading backend", TypeError(f"{backend_spec}: {problem}"))
-            caps = _call("loading backend", Capabilities.of, cls)
-            result.versions = _call("versions()", versions, cls)
+            caps = _unsynced("loading backend", Capabilities.of, cls)
+            result.versions = _unsynced("versions()", versions, cls)
             _run_releasing_memory(cls, caps, case, exec_, device, result)
     except _KitOutOfMemory as oom:
         result.outcome, result.failure_class = ERROR, ENVIRONMENT
