@@ -600,15 +600,19 @@ class DeclinesEveryCase(TorchNativeBackend):
 def test_a_quarantined_run_its_backend_declines_is_not_sent_to_a_subprocess(monkeypatch):
     """Whether the backend takes the case is known without running it: a quarantined run it
     declines is recorded here as unsupported (a subprocess would cost its start for nothing)."""
-    import subprocess
+    import kit.harness.isolate
     from kit.harness.run import Run
-    from kit.harness.runner import unsupported_here
 
-    monkeypatch.setattr(subprocess, "run", lambda *a, **k: pytest.fail("started a subprocess"))
-    r = unsupported_here(Run(f"{MODULE}:DeclinesEveryCase", "declines", DECODE_CASE, Exec.GRAPH))
+    started = []
+    monkeypatch.setattr(kit.harness.isolate.subprocess, "run", lambda cmd, **kw: started.append(cmd) or
+                        types.SimpleNamespace(returncode=3, stdout="", stderr="planted"))
+    r = kit.harness.isolate.run_quarantined(Run(f"{MODULE}:DeclinesEveryCase", "declines", DECODE_CASE, Exec.GRAPH))
     assert (r.outcome, r.message, r.isolated, r.backend) == ("unsupported", "declines every case", False, "declines"), r
-    assert unsupported_here(Run("torch_native", "torch_native", DECODE_CASE, Exec.EAGER)) is None
-    assert unsupported_here(Run("no.such.module:Backend", "missing", DECODE_CASE, Exec.EAGER)) is None
+    assert started == []
+    for spec in ("torch_native", "no.such.module:Backend"):  # one it takes; one that does not load here
+        r = kit.harness.isolate.run_quarantined(Run(spec, spec, DECODE_CASE, Exec.EAGER))
+        assert r.isolated and "exit code 3" in r.message, r
+    assert len(started) == 2, started
 
 
 def test_loading_the_backend_waits_for_no_device(monkeypatch):
@@ -618,6 +622,7 @@ def test_loading_the_backend_waits_for_no_device(monkeypatch):
     import kit.harness.runner
 
     stages = []
-    monkeypatch.setattr(kit.harness.runner, "_device_done", lambda: stages.append(sys._getframe(1).f_locals.get("stage", "the run's end")))
+    monkeypatch.setattr(kit.harness.runner, "_device_done",
+                        lambda: stages.append(sys._getframe(1).f_locals.get("stage", "the run's end")))
     assert run_case("torch_native", DECODE_CASE, Exec.EAGER, torch.device("cpu")).outcome == "pass"
     assert stages[0] == "supports()" and "loading backend" not in stages and "versions()" not in stages, stages

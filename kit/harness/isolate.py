@@ -7,6 +7,7 @@ import sys
 from typing import Optional
 
 from kit.harness.run import Run
+from kit.harness.runner import unsupported_here
 from kit.report.record import CRASH, FAIL, RunResult
 from kit.harness.timeout import GRACE_S
 
@@ -35,3 +36,9 @@ def run_isolated(run: Run, timeout: Optional[float] = None) -> RunResult:
     tail = (proc.stderr or proc.stdout).strip().splitlines()[-3:]
     crashed.message = f"subprocess died with exit code {proc.returncode}: {' | '.join(tail)}"
     return crashed
+
+
+def run_quarantined(run: Run, timeout: Optional[float] = None) -> RunResult:
+    """A quarantined run: in a subprocess, unless its backend declines the case (known here
+    without running it; a subprocess would cost its start for nothing)."""
+    return unsupported_here(run) or run_isolated(run, timeout=timeout)
