@@ -3,7 +3,8 @@ an engine's whole set runs it.
 
     python -m benchmarks.many_backends [--backends 32] [--workers auto] [--case-set full]
                                        [--limit-s 1800] [--cold] [--out PATH]
-                                       [--steps warmup,matrix,alone,warm] [--verdicts PATH] [PYTEST ARGS]
+                                       [--steps warmup,matrix,alone,warm] [--verdicts PATH]
+                                       [--backend NAME ...] [PYTEST ARGS]
 
 The backends: `triton`, and `--backends` small subclasses of the in-box Triton backend, given as
 module:attr (this module's attributes): the public mutants of tests/mutants/triton.py first
@@ -16,9 +17,12 @@ row appended to `results/bench/many-backends-<device>.json` (or --out) as soon a
    status, records of out-of-memory (an `environment` error, or an OutOfMemoryError in a
    crash's message), whether the output holds an INTERNALERROR;
 3. the same command over `triton` alone: whether its verdicts equal those of the many-backend run;
-4. the warmup and the many-backend matrix once more (warm).
+4. the warmup and the many-backend matrix once more (warm: `warm` is the two steps `warm-warmup`
+   and `warm-matrix`).
 
-Each command runs under what is left of `--limit-s`; a step past it is recorded as such.
+`--backend NAME` (repeatable) names the backends instead: every registered one gives the README's
+matrix command as a user runs it on a fresh machine (`--cold`: warmup, then the matrix, then both
+warm). Each command runs under what is left of `--limit-s`; a step past it is recorded as such.
 `--steps` runs some of them (a machine that cannot give one process the whole time runs them in
 several invocations): the many-backend run's verdicts of `triton` are written to `--verdicts`
 (default results/bench/many-backends-verdicts.json, next to the rows), which step 3 compares with
@@ -47,7 +51,8 @@ from tests.mutants import triton as mutants
 REPO = Path(__file__).resolve().parent.parent
 IN_BOX = "triton"
 MODULE = "benchmarks.many_backends"  # this module as the backends' module:attr names it (not __main__)
-STEPS = ("warmup", "matrix", "alone", "warm")
+STEPS = ("warmup", "matrix", "alone", "warm-warmup", "warm-matrix")
+ALIASES = {"warm": ("warm-warmup", "warm-matrix")}
 
 _MUTANTS = [name for name, cls in vars(mutants).items()
             if isinstance(cls, type) and issubclass(cls, TritonBackend) and cls is not TritonBackend
@@ -163,15 +168,18 @@ def main() -> None:
     parser.add_argument("--limit-s", type=float, default=1800.0, help="time limit of the whole benchmark")
     parser.add_argument("--cold", action="store_true", help="label the first warmup a cold one (fresh machine)")
     parser.add_argument("--out", help="rows file (default: results/bench/many-backends-<device>.json)")
-    parser.add_argument("--steps", default=",".join(STEPS), help=f"the steps to run, of {','.join(STEPS)}")
+    parser.add_argument("--steps", default=",".join(STEPS),
+                        help=f"the steps to run, of {','.join(STEPS)} (warm: both warm ones)")
+    parser.add_argument("--backend", action="append", default=[],
+                        help="a backend to run (repeatable) instead of triton and its subclasses")
     parser.add_argument("--verdicts", help="triton's verdicts in the many-backend run: written by the matrix "
                                            "step, read by the alone step (default: next to the rows file)")
     args, extra = parser.parse_known_args()
-    steps = args.steps.split(",")
+    steps = [step for name in args.steps.split(",") for step in ALIASES.get(name, (name,))]
     unknown = sorted(set(steps) - set(STEPS))
     if unknown:
         parser.error(f"--steps: {', '.join(unknown)}: not among {', '.join(STEPS)}")
-    clock, specs = Clock(args.limit_s), backends(args.backends)
+    clock, specs = Clock(args.limit_s), args.backend or backends(args.backends)
     name, slug = device()
     out = Path(args.out) if args.out else REPO / "results" / "bench" / f"many-backends-{slug}.json"
     verdicts = Path(args.verdicts) if args.verdicts else out.with_name(out.stem + "-verdicts.json")
@@ -196,8 +204,9 @@ def main() -> None:
         alone["in_box_differ"] = sorted(k for k in set(alone["verdicts"]) | set(many["verdicts"])
                                         if alone["verdicts"].get(k) != many["verdicts"].get(k))[:10]
         row(alone)
-    if "warm" in steps:
+    if "warm-warmup" in steps:
         row(warmup(specs, args.case_set, extra, clock, "warm"))
+    if "warm-matrix" in steps:
         row(matrix(specs, args.workers, args.case_set, extra, clock, "many backends, warm"))
     print(f"-> {out}")
 
