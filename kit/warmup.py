@@ -4,14 +4,20 @@ A backend's first run of a kernel variant builds it (FlashInfer's JIT, Triton's 
 for FlashInfer on a fresh machine), and in a matrix session those builds land in the workers'
 first runs, against their time limits. Warmup runs each distinct
 (backend, mode, kernel variant) of the selection once (a backend derived from a registered one,
-as a mutant is, counts as that one: it builds the same kernels), on its smallest case, each in a process of
-its own (`python -m kit run`: a backend that takes its process down costs only that run), as
-many at once as there are cores (`--jobs`); the builds land in the libraries' own on-disk caches,
-which the matrix's workers then load. Progress is one plain line per finished build."""
+as a mutant is, counts as that one: it builds the same kernels), on its smallest case, in as
+many processes at once as there are cores (`--jobs`). A process runs build after build, taking
+the next of the backend it last ran where one is left: each process imports the backends and
+loads each once, not once a build (that start, 16 processes importing SGLang at once, took
+longer than most builds). A build that takes its process down costs only itself: the build is
+recorded lost with the process's exit code and last line of stderr, and a new process takes
+the rest. The builds land in the libraries' own on-disk caches, which the matrix's workers then
+load. Progress is one plain line per finished build."""
 from __future__ import annotations
 
+import argparse
 import json
 import os
+import selectors
 import subprocess
 import sys
 import tempfile
@@ -19,8 +25,10 @@ import time
 from dataclasses import dataclass
 from typing import Callable, Dict, List, Optional, Sequence
 
+from kit.engine import placement
 from kit.engine.case import Case
-from kit.modes import Exec, ForwardMode
+from kit.engine.catalog import load_catalog
+from kit.modes import Exec, ForwardMode, parse_exec, parse_mode
 
 BAR = 24
 
@@ -56,55 +64,145 @@ def builds(backends: Sequence[str], modes: Sequence[ForwardMode], execs: Sequenc
     return [Build(backend, case, exec_) for (backend, _, _), case in smallest.items()]
 
 
-def _command(build: Build, catalog_target: Optional[str], timeout: float) -> List[str]:
-    cmd = [sys.executable, "-m", "kit", "run", "--backend", build.backend, "--mode", build.case.mode.value,
-           "--exec", build.exec_.value, "--case", build.case.name, "--timeout", str(timeout), "--json"]
-    return cmd + (["--cases", catalog_target] if catalog_target else [])
-
-
-def _verdict(proc: subprocess.Popen, output) -> str:
-    output.seek(0)
-    out = output.read()
-    output.close()
-    try:
-        record = json.loads(out.strip().splitlines()[-1])
-    except (IndexError, json.JSONDecodeError):
-        return f"its process ended with exit code {proc.returncode} and no verdict"
-    return record["outcome"] + (f" [{record['failure_class']}]" if record.get("failure_class") else "")
-
-
 def bar(done: int, total: int) -> str:
     filled = BAR * done // max(total, 1)
     return "[" + "#" * filled + "." * (BAR - filled) + f"] {done}/{total}"
 
 
+def _interleaved(todo: Sequence[Build]) -> List[Build]:
+    """One build of each backend in turn: the first processes start every backend's builds (its
+    longest compiles) rather than the first backend's all."""
+    by_backend: Dict[str, List[Build]] = {}
+    for build in todo:
+        by_backend.setdefault(build.backend, []).append(build)
+    queues = list(by_backend.values())
+    return [queue[i] for i in range(max(map(len, queues), default=0)) for queue in queues if i < len(queue)]
+
+
+class _Process:
+    """One warmup process: builds go to its stdin, a verdict line each comes back on its stdout;
+    what the backends print goes to its stderr file."""
+
+    def __init__(self, slot: int, jobs: int, catalog_target: Optional[str], timeout: float):
+        self.slot = slot
+        self.stderr = tempfile.TemporaryFile("w+")  # not a pipe: a chatty backend would fill it and wait
+        cmd = [sys.executable, "-m", "kit.warmup", "--timeout", str(timeout)]
+        # Placed and budgeted as a session's worker is (kit.engine.placement): slot `slot` of `jobs`.
+        env = {**os.environ, "PYTEST_XDIST_WORKER": f"gw{slot}", "PYTEST_XDIST_WORKER_COUNT": str(jobs)}
+        self.proc = subprocess.Popen(cmd + (["--cases", catalog_target] if catalog_target else []),
+                                     stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=self.stderr,
+                                     text=True, env=env)
+        self.build: Optional[Build] = None
+        self.backend: Optional[str] = None
+        self.began = 0.0
+
+    def send(self, build: Build) -> bool:
+        """False where the process has ended already (its end is read next)."""
+        self.build, self.backend, self.began = build, build.backend, time.monotonic()
+        try:
+            self.proc.stdin.write(json.dumps(dict(backend=build.backend, mode=build.case.mode.value,
+                                                  case=build.case.name, exec=build.exec_.value)) + "\n")
+            self.proc.stdin.flush()
+            return True
+        except BrokenPipeError:
+            self.build = None
+            return False
+
+    def stop(self) -> None:
+        """No more builds: it ends once its input does."""
+        self.build = None
+        try:
+            self.proc.stdin.close()
+        except BrokenPipeError:
+            pass
+
+    def ended(self) -> str:
+        """Why its build has no verdict: the exit code and the last line it wrote on stderr."""
+        code = self.proc.wait()
+        self.stderr.seek(0)
+        lines = [line.strip() for line in self.stderr.read().splitlines() if line.strip()]
+        self.stderr.close()
+        return f"its process ended with exit code {code} and no verdict" + (f" ({lines[-1][:200]})" if lines else "")
+
+
+def _next_for(process: _Process, pending: List[Build]) -> Build:
+    same = next((i for i, b in enumerate(pending) if b.backend == process.backend), 0)
+    return pending.pop(same)
+
+
 def warmup(todo: Sequence[Build], jobs: int, catalog_target: Optional[str], timeout: float, out=sys.stdout) -> int:
-    """Runs `todo`, `jobs` processes at once; prints a line per finished build; the number of
-    builds whose process ended without a verdict."""
+    """Runs `todo` in up to `jobs` processes at once; prints a line per finished build; the number
+    of builds whose process ended without a verdict."""
     start = time.monotonic()
-    print(f"warmup: {len(todo)} kernel variants, {min(jobs, len(todo))} at once", file=out, flush=True)
-    pending, running, done, lost = list(todo), {}, 0, 0
-    while pending or running:
-        while pending and len(running) < jobs:
-            build = pending.pop(0)
-            output = tempfile.TemporaryFile("w+")  # not a pipe: a chatty backend would fill it and wait
-            proc = subprocess.Popen(_command(build, catalog_target, timeout), stdout=output,
-                                    stderr=subprocess.DEVNULL, text=True)
-            running[proc] = (build, output, time.monotonic())
-        finished = [p for p in running if p.poll() is not None]
-        if not finished:
-            time.sleep(0.05)
-            continue
-        for proc in finished:
-            build, output, began = running.pop(proc)
-            verdict = _verdict(proc, output)
-            lost += verdict.startswith("its process")
-            done += 1
-            print(f"{bar(done, len(todo))} {build.what}: {verdict}, {time.monotonic() - began:.1f} s",
-                  file=out, flush=True)
-    print(f"warmup: done in {time.monotonic() - start:.1f} s", file=out, flush=True)
+    jobs = min(jobs, len(todo))
+    print(f"warmup: {len(todo)} kernel variants, {jobs} processes", file=out, flush=True)
+    pending, done, lost, started = _interleaved(todo), 0, 0, 0
+    free_slots = list(range(jobs))
+    selector = selectors.DefaultSelector()
+
+    def report(build: Build, verdict: str, began: float) -> None:
+        nonlocal done
+        done += 1
+        print(f"{bar(done, len(todo))} {build.what}: {verdict}, {time.monotonic() - began:.1f} s", file=out, flush=True)
+
+    def give(process: _Process, build: Build) -> None:
+        if not process.send(build):
+            pending.insert(0, build)
+
+    while pending or selector.get_map():
+        while pending and free_slots:
+            process = _Process(free_slots.pop(0), jobs, catalog_target, timeout)
+            started += 1
+            selector.register(process.proc.stdout, selectors.EVENT_READ, process)
+            give(process, pending.pop(0))
+        for key, _ in selector.select(timeout=1.0):
+            process: _Process = key.data
+            line = process.proc.stdout.readline()
+            if line:
+                reply = json.loads(line)
+                report(process.build, reply["verdict"], process.began)
+                if pending and not reply["device_lost"]:  # a faulted device stays faulted in its process
+                    give(process, _next_for(process, pending))
+                else:
+                    process.stop()
+                continue
+            selector.unregister(process.proc.stdout)
+            free_slots.append(process.slot)
+            why = process.ended()
+            if process.build is not None:
+                lost += 1
+                report(process.build, why, process.began)
+    print(f"warmup: done in {time.monotonic() - start:.1f} s, {started} processes", file=out, flush=True)
     return lost
+
+
+def serve(catalog_target: Optional[str], timeout: float) -> None:
+    """A warmup process: runs each build read from stdin, in this process, and writes its verdict
+    as a line on stdout. What the backends print goes to stderr, not into those lines."""
+    placement.place_this_worker()  # before any CUDA call
+    from kit.harness.runner import run_case  # torch, and the backends' registry: in a warmup process only
+
+    replies = os.fdopen(os.dup(1), "w", buffering=1)
+    os.dup2(2, 1)
+    catalog = load_catalog(catalog_target)
+    for line in sys.stdin:
+        build = json.loads(line)
+        case = catalog.find_case(parse_mode(build["mode"]), build["case"])
+        result = run_case(build["backend"], case, parse_exec(build["exec"]), catalog=catalog_target, timeout=timeout)
+        verdict = result.outcome + (f" [{result.failure_class}]" if result.failure_class else "")
+        replies.write(json.dumps(dict(verdict=verdict, device_lost=bool(result.device_lost))) + "\n")
+        if result.device_lost:
+            return
 
 
 def default_jobs() -> int:
     return max(1, len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1)
+
+
+if __name__ == "__main__":
+    parser = argparse.ArgumentParser(prog="python -m kit.warmup",
+                                     description="one warmup process (`python -m kit warmup` starts them)")
+    parser.add_argument("--cases", default=None)
+    parser.add_argument("--timeout", type=float, required=True)
+    args = parser.parse_args()
+    serve(args.cases, args.timeout)

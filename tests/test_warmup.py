@@ -32,11 +32,26 @@ def test_warmup_builds_each_variant_once_in_parallel_with_progress(tmp_path):
     lines = log.read_text().splitlines()
     variants = [line.rsplit(" pid ", 1)[0] for line in lines]
     assert len(variants) == len(set(variants)) == len({c.kernel_variant for c in tiny.SMOKE}), lines
-    assert len({line.rsplit(" pid ", 1)[1] for line in lines}) == len(lines)  # a process each
+    # Two processes, each running builds one after another (not a process a build)
+    assert len({line.rsplit(" pid ", 1)[1] for line in lines}) == 2 < len(lines), lines
     assert (tmp_path / "builds.overlap").read_text().split() == ["together"] * len(lines), "not in parallel"
     progress = [line for line in proc.stdout.splitlines() if line.startswith("[")]
     assert [p.split("] ", 1)[1].split()[0] for p in progress] == [f"{i}/{len(lines)}" for i in range(1, len(lines) + 1)]
-    assert all(": pass, " in p for p in progress), proc.stdout
+    assert all(": pass, " in p for p in progress), proc.stdout  # what the backend printed did not get in the way
+    assert proc.stdout.splitlines()[-1].endswith(", 2 processes"), proc.stdout
+
+
+def test_a_build_that_takes_its_process_down_costs_only_that_build():
+    proc = subprocess.run([sys.executable, "-m", "kit", "warmup", "--backend", "tests.toys.dying:DiesConstructionSigkill",
+                           "--cases", "tests.toys.tiny:CATALOG", "--case-set", "smoke", "--jobs", "1"],
+                          cwd=REPO, capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 1, proc.stdout + proc.stderr
+    progress = [line for line in proc.stdout.splitlines() if line.startswith("[")]
+    assert len(progress) == len({c.kernel_variant for c in tiny.SMOKE}) == 4, proc.stdout
+    lost = [p for p in progress if "(victim)" in p]
+    assert len(lost) == 1 and ": its process ended with exit code -9 and no verdict" in lost[0], proc.stdout
+    assert all(": pass, " in p for p in progress if p not in lost), proc.stdout
+    assert proc.stdout.splitlines()[-1].endswith(", 2 processes"), proc.stdout  # a new one took the rest
 
 
 def test_a_backend_derived_from_a_registered_one_builds_as_that_one():

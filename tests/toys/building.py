@@ -1,6 +1,6 @@
 """A backend that records its builds: each construction appends its kernel variant and process
 to the file $KIT_TOY_BUILDS, then waits (up to WAIT_S) for a second build to have started, which
-only builds running at once see."""
+only builds running at once see. It prints as it builds, as compilers do."""
 import os
 import time
 
@@ -21,6 +21,7 @@ class RecordingBackend(DenseGraphBackend):
         super().__init__(ctx)
         layer = ctx.layers[-1]
         path = os.environ["KIT_TOY_BUILDS"]
+        print(f"building d{layer.head_dim} p{ctx.page_size}", flush=True)
         with open(path, "a") as f:
             f.write(f"{str(ctx.dtype).replace('torch.', '')} d{layer.head_dim} "
                     f"g{layer.tp_q_head_num // layer.tp_k_head_num} p{ctx.page_size} pid {os.getpid()}\n")
