@@ -15,6 +15,7 @@ load. Progress is one plain line per finished build."""
 from __future__ import annotations
 
 import argparse
+import collections
 import json
 import os
 import selectors
@@ -125,9 +126,20 @@ class _Process:
         return f"its process ended with exit code {code} and no verdict" + (f" ({lines[-1][:200]})" if lines else "")
 
 
-def _next_for(process: _Process, pending: List[Build]) -> Build:
-    same = next((i for i, b in enumerate(pending) if b.backend == process.backend), 0)
-    return pending.pop(same)
+def next_build(backend: Optional[str], pending: List[Build], working: Dict[str, int]) -> Build:
+    """The next build (taken from `pending`) of a process that last ran `backend`: one of that
+    backend where one is left (its backend is loaded); else one of the backend with the most
+    builds left per process on it (`working`: processes per backend, this one left out), so that
+    processes done with quick backends help with the slow ones (FlashInfer's builds compile for
+    minutes each) rather than leave them to the few that began there."""
+    same = [i for i, b in enumerate(pending) if b.backend == backend]
+    if not same:
+        left: Dict[str, int] = {}
+        for b in pending:
+            left[b.backend] = left.get(b.backend, 0) + 1
+        busiest = max(left, key=lambda name: left[name] / (working.get(name, 0) + 1))
+        same = [i for i, b in enumerate(pending) if b.backend == busiest]
+    return pending.pop(same[0])
 
 
 def warmup(todo: Sequence[Build], jobs: int, catalog_target: Optional[str], timeout: float, out=sys.stdout) -> int:
@@ -162,7 +174,9 @@ def warmup(todo: Sequence[Build], jobs: int, catalog_target: Optional[str], time
                 reply = json.loads(line)
                 report(process.build, reply["verdict"], process.began)
                 if pending and not reply["device_lost"]:  # a faulted device stays faulted in its process
-                    give(process, _next_for(process, pending))
+                    working = collections.Counter(key.data.backend for key in selector.get_map().values()
+                                                  if key.data is not process)
+                    give(process, next_build(process.backend, pending, working))
                 else:
                     process.stop()
                 continue

@@ -6,7 +6,7 @@ import sys
 
 from kit.engine.catalog import Catalog
 from kit.modes import EXECS, MODES, Exec, ForwardMode
-from kit.warmup import bar, builds
+from kit.warmup import bar, builds, next_build
 from tests.test_matrix import REPO
 from tests.toys import tiny
 
@@ -63,3 +63,15 @@ def test_a_backend_derived_from_a_registered_one_builds_as_that_one():
     assert kernels_of("os:path") == "os:path"  # no backend class: its own (the run says what is wrong)
     one = builds(["triton"], list(MODES), list(EXECS), tiny.CATALOG, "smoke", kernels_of)
     assert builds(mutants + ["triton"], list(MODES), list(EXECS), tiny.CATALOG, "smoke", kernels_of) == one
+
+
+def test_a_process_keeps_to_its_backend_then_helps_where_most_is_left_per_process():
+    todo = builds(["quick", "slow", "mid"], list(MODES), list(EXECS), tiny.CATALOG, "smoke")
+    pending = list(todo)
+    assert next_build("quick", pending, {}).backend == "quick"  # its backend is loaded
+    pending = [b for b in pending if b.backend != "quick"]  # quick is done: 4 slow and 4 mid left
+    assert next_build("quick", list(pending), {"slow": 3, "mid": 1}).backend == "mid"  # 4/2 > 4/4
+    assert next_build("quick", list(pending), {"slow": 1, "mid": 3}).backend == "slow"
+    pending = [b for b in pending if b.backend != "mid" or b.case.name == "victim"]  # 4 slow, 1 mid
+    assert next_build("quick", pending, {"slow": 3}).backend == "slow"
+    assert len(pending) == 4
