@@ -35,6 +35,7 @@ import argparse
 import collections
 import json
 import os
+import signal
 import subprocess
 import sys
 import tempfile
@@ -107,14 +108,19 @@ class Clock:
 
 
 def _run(cmd: List[str], clock: Clock) -> dict:
+    """`cmd` under what is left of the limit; past it, its whole process group is killed (its
+    workers, their compilers), which would otherwise hold its output open and run on."""
     start = time.perf_counter()
-    try:
-        proc = subprocess.run(cmd, cwd=REPO, capture_output=True, text=True, timeout=clock.left())
-        output, code = proc.stdout + proc.stderr, proc.returncode
-    except subprocess.TimeoutExpired as exc:
-        out = exc.stdout or ""  # bytes, whatever text= said
-        output = out.decode(errors="replace") if isinstance(out, bytes) else out
-        code = "past the time limit"
+    with tempfile.TemporaryFile("w+") as out:
+        proc = subprocess.Popen(cmd, cwd=REPO, stdout=out, stderr=subprocess.STDOUT, text=True, start_new_session=True)
+        try:
+            code = proc.wait(timeout=clock.left())
+        except subprocess.TimeoutExpired:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait()
+            code = "past the time limit"
+        out.seek(0)
+        output = out.read()
     return dict(seconds=round(time.perf_counter() - start, 2), exit_code=code, output=output)
 
 
