@@ -72,3 +72,17 @@ def test_a_kernel_with_helpers_computes_the_same_with_the_language_patched_once(
     torch.testing.assert_close(every_call, expected)
     assert torch.equal(once, every_call)
     assert per_launch > 3 * 3 and calls.count("row_sums_kernel") == 1 and "_scaled" not in calls
+
+
+def test_numpy_dtypes_are_the_interpreters_own():
+    """The remembered lookup gives what the interpreter's own does, for scalars, blocks and pointers
+    (not hashable: looked up each time), the first time and after."""
+    import triton.language as tl
+    from triton.runtime import interpreter as triton_interpreter
+    original = getattr(triton_interpreter._get_np_dtype, "__wrapped__", triton_interpreter._get_np_dtype)
+    once = interpreter._np_dtype_once(original, tl)
+    scalars = [tl.int1, tl.int8, tl.int32, tl.int64, tl.float16, tl.bfloat16, tl.float32, tl.float8e5, tl.float8e4nv]
+    kinds = (scalars + [tl.block_type(t, [4, 2]) for t in scalars]
+             + [tl.pointer_type(tl.float16), tl.block_type(tl.pointer_type(tl.float32), [4])])
+    for _ in range(2):
+        assert [once(t) for t in kinds] == [original(t) for t in kinds]
