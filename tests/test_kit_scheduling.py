@@ -226,6 +226,23 @@ def test_a_worker_that_ends_hands_what_is_left_to_the_workers_that_have_its_back
         f"workers wait for runs that never come: {first.sent}, {late.sent}, done {done}")
 
 
+def test_a_backends_last_groups_go_to_whichever_of_its_workers_is_free_first():
+    """Two workers on `y` (six groups of 3 runs), one on `x` (4 runs), all as fast: when x is done,
+    y's queued runs are too few to be worth a load, so x's worker ends; y's last groups then go
+    one at a time to y's workers as they free up (9 runs each), not all to one of them (6 and 12:
+    on the H100 one worker ran the last groups after the rest had ended)."""
+    from kit.plugin.worker_affinity import BackendAffinityScheduling
+    groups = {"x-1": ("x", 4), **{f"y-{i}": ("y", 3) for i in range(6)}}
+    runs = _runs(groups)
+    ran, on = _scheduled(BackendAffinityScheduling, 3, runs, group_of=runs.get)
+    assert sorted(ran.values()) == [["x"], ["y"], ["y"]], ran
+    per_worker = {}
+    for group, workers in on.items():
+        for worker in workers:
+            per_worker[worker] = per_worker.get(worker, 0) + groups[group][1]
+    assert sorted(per_worker.values()) == [4, 9, 9], per_worker
+
+
 @pytest.mark.parametrize("timed", [False, True])
 def test_a_free_worker_goes_where_the_pending_work_takes_longest(timed):
     """Workers on `slow` (1 s a run) and `quick` (0.1 s), each 5 runs into its first group; a third

@@ -112,13 +112,15 @@ class BackendAffinityScheduling(LoadGroupScheduling):
         if isinstance(getattr(dsession, "_failed_nodes_count", None), int):
             dsession._failed_nodes_count -= 1
 
-    def _hand_over(self, worker_of: Dict[str, object]) -> None:
-        """Every queued group to a worker that has its backend, now: an xdist worker holds its last
-        run until it has another or is told to end, so one that waits for its next group never
-        asks for it."""
-        for group in list(self.workqueue):
-            self.workqueue.move_to_end(group, last=False)  # xdist assigns the queue's first group
-            super()._assign_work_unit(worker_of[self._backend_of_group[group]])
+    def _wake(self, holders) -> None:
+        """Each worker that has a backend loaded and is down to its last runs gets its next group
+        now: an xdist worker holds its last run until it has another or is told to end, so one
+        that waits for its next group never asks for it. The others ask as their runs finish: a
+        backend's last groups go one at a time to whichever of its workers is free first, where
+        giving them all at once to one worker left that worker running them after the rest had
+        ended."""
+        for node in holders:
+            self._reschedule(node)
 
     def _assign_work_unit(self, node) -> None:
         if node not in self.registered_collections:  # not ready: it gets runs once it has collected
@@ -135,8 +137,8 @@ class BackendAffinityScheduling(LoadGroupScheduling):
             load = LOAD_RUNS * self._seconds_per_run()
             worth = [b for b in pending if pending[b] and (backend is None or pending[b] > load * crowd[b])]
             if not worth:  # what is left ends sooner on the workers that have its backend loaded
-                self._hand_over({b: n for n, b in holders.items()})
                 node.shutdown()
+                self._wake(holders)
                 return
             backend = max(worth, key=lambda b: pending[b] / (1 + crowd[b]))
             self._backend_of[node] = backend
