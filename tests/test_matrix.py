@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 
 from cases import CATALOG as catalog
-from kit.report.known_failures import COLUMNS, KnownFailuresError, covering, match, parse
+from kit.report.known_failures import COLUMNS, KnownFailuresError, covering, load, match, of_backend, parse
 from kit.modes import ForwardMode
 from kit.report.results import write_results
 from matrix import fuzz, gate, readme
@@ -177,6 +177,22 @@ def test_the_first_match_says_how_and_any_quarantine_match_isolates_whatever_the
     assert (first.id, first.failure_class, first.mark) == ("KF-1", "kernel", "quarantine")
     assert match(entries, "be", "decode", "eager", "c", "CPU (x86_64)").id == "KF-2"
     assert match(entries, "be", "extend", "eager", "c_fp8", "CPU (x86_64)").mark == "xfail"
+
+
+def test_a_backends_entries_match_its_runs_as_all_entries_do():
+    """Collection matches each run against its backend's entries only (of_backend): for every run
+    of the committed results, the same entry, and in a table whose first match is another
+    backend's, still the backend's own."""
+    entries = load(REPO / "KNOWN_FAILURES.md")
+    records = [r for path in sorted((REPO / "results").glob("*.json")) for r in json.loads(path.read_text())["records"]]
+    assert records and any(match(entries, r["backend"], r["mode"], r["exec"], r["case"], r["device"]) for r in records)
+    for r in records:
+        run = (r["backend"], r["mode"], r["exec"], r["case"], r["device"])
+        assert match(of_backend(entries, r["backend"], r["device"]), *run) == match(entries, *run), run
+    mixed = parse(kf_text("| KF-1 | other | * | * | * | * | kernel | xfail | theirs | tests/toys |",
+                          "| KF-2 | b* | * | * | * | *H100* | crash | xfail | ours | tests/toys |"))
+    assert [e.id for e in of_backend(mixed, "be", "NVIDIA H100 80GB HBM3")] == ["KF-2"]
+    assert of_backend(mixed, "be", "CPU (x86_64)") == []
 
 
 @pytest.mark.parametrize("link, ok", [("https://github.com/org/repo/issues/12", True), ("results/gpu-h100.json", True),

@@ -23,10 +23,12 @@ class Parametrize:
             return
         sel = metafunc.config.stash[SELECTION]
         device = device_name()
-        params = []
+        params, known = [], {}
         for run in sel.product():
-            entry = known_failures.match(sel.known, run.label, run.case.mode.value, run.exec_.value, run.case.name,
-                                         device)
+            if run.label not in known:
+                known[run.label] = known_failures.of_backend(sel.known, run.label, device)
+            entry = known_failures.match(known[run.label], run.label, run.case.mode.value, run.exec_.value,
+                                         run.case.name, device)
             marks = [] if entry is None else [pytest.mark.xfail(
                 strict=True, raises=KnownFailureHit,
                 reason=f"{entry.id} expects [{entry.failure_class}]: {entry.reason} ({entry.where})")]

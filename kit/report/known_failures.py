@@ -130,6 +130,12 @@ def load_or_default(path=None) -> List[KnownFailure]:
     return load(path)
 
 
+def of_backend(entries: Sequence[KnownFailure], backend: str, device: str) -> List[KnownFailure]:
+    """The entries that can match a run of `backend` on `device`, in order: what `match` needs to
+    look at for that backend's runs (a session's collection matches thousands against each)."""
+    return [e for e in entries if fnmatch.fnmatchcase(backend, e.backend) and fnmatch.fnmatchcase(device, e.device)]
+
+
 def match(entries: Sequence[KnownFailure], backend: str, mode: str, exec_: str, case: str,
           device: str) -> Optional[KnownFailure]:
     """The entry for this run, if any: the first match, which says how the run fails; marked
