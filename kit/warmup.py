@@ -194,7 +194,12 @@ def serve(catalog_target: Optional[str], timeout: float) -> None:
     """A warmup process: runs each build read from stdin, in this process, and writes its verdict
     as a line on stdout. What the backends print goes to stderr, not into those lines."""
     placement.place_this_worker()  # before any CUDA call
-    from kit.harness.runner import run_case  # torch, and the backends' registry: in a warmup process only
+    import torch
+
+    from kit.harness.runner import run_case  # the backends' registry: in a warmup process only
+
+    if "OMP_NUM_THREADS" not in os.environ:  # its share of the cores, as a session's worker's
+        torch.set_num_threads(placement.threads_per_worker(torch.get_num_threads(), placement.worker_count()))
 
     replies = os.fdopen(os.dup(1), "w", buffering=1)
     os.dup2(2, 1)

@@ -5,6 +5,7 @@ import subprocess
 import sys
 
 from kit.engine.catalog import Catalog
+from kit.engine.placement import threads_per_worker
 from kit.modes import EXECS, MODES, Exec, ForwardMode
 from kit.warmup import bar, builds, next_build
 from tests.test_matrix import REPO
@@ -27,9 +28,15 @@ def test_warmup_builds_each_variant_once_in_parallel_with_progress(tmp_path):
     proc = subprocess.run([sys.executable, "-m", "kit", "warmup", "--backend", "tests.toys.building:RecordingBackend",
                            "--cases", "tests.toys.tiny:CATALOG", "--case-set", "smoke", "--jobs", "2"],
                           cwd=REPO, capture_output=True, text=True, timeout=300,
-                          env={**os.environ, "KIT_TOY_BUILDS": str(log)})
+                          env={**{k: v for k, v in os.environ.items() if k != "OMP_NUM_THREADS"},
+                               "KIT_TOY_BUILDS": str(log)})
     assert proc.returncode == 0, proc.stdout + proc.stderr
     lines = log.read_text().splitlines()
+    default = int(subprocess.run([sys.executable, "-c", "import torch; print(torch.get_num_threads())"],
+                                 capture_output=True, text=True, check=True).stdout)
+    # each process runs torch on its share of the cores, as a session's worker does
+    assert {line.rsplit(" threads ", 1)[1] for line in lines} == {str(threads_per_worker(default, 2))}, lines
+    lines = [line.rsplit(" threads ", 1)[0] for line in lines]
     variants = [line.rsplit(" pid ", 1)[0] for line in lines]
     assert len(variants) == len(set(variants)) == len({c.kernel_variant for c in tiny.SMOKE}), lines
     # Two processes, each running builds one after another (not a process a build)

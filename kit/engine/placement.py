@@ -1,7 +1,8 @@
-"""Which device a pytest-xdist worker runs on: with several GPUs, workers are spread over them
-round robin by worker number (gw0 on GPU 0, gw1 on GPU 1, ...), so that the matrix scales with
-the GPUs and each GPU's memory is shared by its own workers alone. Pure functions of the worker's
-number, the worker count and the device count."""
+"""Which device a pytest-xdist worker (or a warmup process) runs on, and its share of the
+cores: with several GPUs, workers are spread over them round robin by worker number (gw0 on
+GPU 0, gw1 on GPU 1, ...), so that the matrix scales with the GPUs and each GPU's memory is
+shared by its own workers alone. Pure functions of the worker's number, the worker count and
+the device count."""
 from __future__ import annotations
 
 import os
@@ -29,6 +30,11 @@ def workers_on(device: int, workers: int, devices: int) -> int:
 
 def this_worker() -> Optional[int]:
     return worker_number(os.environ.get("PYTEST_XDIST_WORKER"))
+
+
+def threads_per_worker(threads: int, workers: int) -> int:
+    """A worker's share of torch's threads (its default: one per core)."""
+    return max(1, threads // workers)
 
 
 def worker_count() -> int:

@@ -8,18 +8,14 @@ import sys
 
 import pytest
 
+from kit.engine.placement import threads_per_worker
 from kit.plugin.selection import run_of
-
-
-def threads_per_worker(threads: int, workers: int) -> int:
-    """A worker's share of torch's threads (its default: one per core)."""
-    return max(1, threads // workers)
 
 
 def split_threads(config) -> None:
     """Under xdist, each worker gets its share of the cores for torch's CPU work. Left at
-    torch's default, N workers run N threads per core, and idle threads spin: on the H100
-    host the in-box matrix took 76 s with 4 workers, 45 s with one thread each. An
+    torch's default, N workers run N threads per core, and idle threads spin: on an H100
+    machine the in-box matrix took 76 s with 4 workers, 45 s with one thread each. An
     OMP_NUM_THREADS the user set is left as it is."""
     workerinput = getattr(config, "workerinput", None)
     if workerinput is not None and "OMP_NUM_THREADS" not in os.environ:
