@@ -5,17 +5,17 @@ for FlashInfer on a fresh machine), and in a matrix session those builds land in
 first runs, against their time limits. Warmup runs each distinct
 (backend, mode, kernel variant) of the selection once (a backend derived from a registered one,
 as a mutant is, counts as that one: it builds the same kernels), on its smallest case, in as
-many processes at once as there are cores (`--jobs`). A process runs build after build, taking
-the next of the backend it last ran where one is left: each process imports the backends and
-loads each once, not once a build (that start, 16 processes importing SGLang at once, took
-longer than most builds). A build that takes its process down costs only itself: the build is
-recorded lost with the process's exit code and last line of stderr, and a new process takes
-the rest. The builds land in the libraries' own on-disk caches, which the matrix's workers then
+many processes at once as there are cores (`--jobs`). A process runs build after build
+(`next_build`), so that it imports and loads each backend once, not once a build (16 processes
+importing SGLang at once took longer than most builds). A build that takes its process down
+costs only itself: the build is recorded lost with the process's exit code and last line of
+stderr, and a new process takes the rest, as it does after a sticky device fault. The builds land in the libraries' own on-disk caches, which the matrix's workers then
 load. Progress is one plain line per finished build."""
 from __future__ import annotations
 
 import argparse
 import collections
+import dataclasses
 import json
 import os
 import selectors
@@ -30,6 +30,7 @@ from kit.engine import placement
 from kit.engine.case import Case
 from kit.engine.catalog import load_catalog
 from kit.modes import Exec, ForwardMode, parse_exec, parse_mode
+from kit.report.record import verdict
 
 BAR = 24
 
@@ -174,8 +175,8 @@ def warmup(todo: Sequence[Build], jobs: int, catalog_target: Optional[str], time
                 reply = json.loads(line)
                 report(process.build, reply["verdict"], process.began)
                 if pending and not reply["device_lost"]:  # a faulted device stays faulted in its process
-                    working = collections.Counter(key.data.backend for key in selector.get_map().values()
-                                                  if key.data is not process)
+                    working = collections.Counter(other.data.backend for other in selector.get_map().values()
+                                                  if other.data is not process)
                     give(process, next_build(process.backend, pending, working))
                 else:
                     process.stop()
@@ -208,8 +209,8 @@ def serve(catalog_target: Optional[str], timeout: float) -> None:
         build = json.loads(line)
         case = catalog.find_case(parse_mode(build["mode"]), build["case"])
         result = run_case(build["backend"], case, parse_exec(build["exec"]), catalog=catalog_target, timeout=timeout)
-        verdict = result.outcome + (f" [{result.failure_class}]" if result.failure_class else "")
-        replies.write(json.dumps(dict(verdict=verdict, device_lost=bool(result.device_lost))) + "\n")
+        replies.write(json.dumps(dict(verdict=verdict(dataclasses.asdict(result)),
+                                      device_lost=bool(result.device_lost))) + "\n")
         if result.device_lost:
             return
 

@@ -82,3 +82,16 @@ def test_a_process_keeps_to_its_backend_then_helps_where_most_is_left_per_proces
     pending = [b for b in pending if b.backend != "mid" or b.case.name == "victim"]  # 4 slow, 1 mid
     assert next_build("quick", pending, {"slow": 3}).backend == "slow"
     assert len(pending) == 4
+
+
+def test_a_process_whose_device_faulted_runs_no_more_builds():
+    """A sticky device fault stays in its process: the build that met it is its backend's crash,
+    and a new process runs the rest (in the faulted one they would all fail)."""
+    proc = subprocess.run([sys.executable, "-m", "kit", "warmup", "--backend", "tests.toys.dying:DiesForwardFault",
+                           "--cases", "tests.toys.tiny:CATALOG", "--case-set", "smoke", "--jobs", "1"],
+                          cwd=REPO, capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    progress = [line for line in proc.stdout.splitlines() if line.startswith("[")]
+    assert [": fail [crash], " in p for p in progress] == ["(victim)" in p for p in progress], proc.stdout
+    assert sum(": pass, " in p for p in progress) == 3, proc.stdout
+    assert proc.stdout.splitlines()[-1].endswith(", 2 processes"), proc.stdout

@@ -112,16 +112,6 @@ class BackendAffinityScheduling(LoadGroupScheduling):
         if isinstance(getattr(dsession, "_failed_nodes_count", None), int):
             dsession._failed_nodes_count -= 1
 
-    def _wake(self, holders) -> None:
-        """Each worker that has a backend loaded and is down to its last runs gets its next group
-        now: an xdist worker holds its last run until it has another or is told to end, so one
-        that waits for its next group never asks for it. The others ask as their runs finish: a
-        backend's last groups go one at a time to whichever of its workers is free first, where
-        giving them all at once to one worker left that worker running them after the rest had
-        ended."""
-        for node in holders:
-            self._reschedule(node)
-
     def _assign_work_unit(self, node) -> None:
         if node not in self.registered_collections:  # not ready: it gets runs once it has collected
             return
@@ -138,7 +128,13 @@ class BackendAffinityScheduling(LoadGroupScheduling):
             worth = [b for b in pending if pending[b] and (backend is None or pending[b] > load * crowd[b])]
             if not worth:  # what is left ends sooner on the workers that have its backend loaded
                 node.shutdown()
-                self._wake(holders)
+                # Its backend's workers down to their last run get their next group now (an xdist
+                # worker holds its last run until it has another or is told to end, and would never
+                # ask); the others ask as their runs finish. So a backend's last groups go one at a
+                # time to whichever of its workers is free first: given all at once to one worker,
+                # they ran after the others had ended.
+                for holder in holders:
+                    self._reschedule(holder)
                 return
             backend = max(worth, key=lambda b: pending[b] / (1 + crowd[b]))
             self._backend_of[node] = backend

@@ -1,5 +1,5 @@
 """Backends that take their own process down (SIGKILL, abort, segfault: as a killed worker,
-a native crash or a lost device do) at one stage, on the victim case of the tiny catalog
+a native crash or a lost device do), or report a sticky device fault, at one stage, on the victim case of the tiny catalog
 of tests.toys.tiny only (the only case of its head_dim); every other run passes.
 `python -m pytest ... --cases tests.toys.tiny:CATALOG --backend tests.toys.dying:<Class>`."""
 from __future__ import annotations
@@ -20,7 +20,11 @@ def _segfault():
     ctypes.string_at(0)  # reads address 0: SIGSEGV
 
 
-KILLS = {"sigkill": _sigkill, "abort": os.abort, "segfault": _segfault}
+def _fault():
+    raise RuntimeError("CUDA error: an illegal memory access was encountered")  # a sticky device fault, as reported
+
+
+KILLS = {"sigkill": _sigkill, "abort": os.abort, "segfault": _segfault, "fault": _fault}
 
 
 class _Dies(DenseGraphBackend):
@@ -65,3 +69,4 @@ DiesMetadataAbort = _dies("metadata", "abort")
 DiesForwardSegfault = _dies("forward", "segfault")
 DiesCaptureSigkill = _dies("capture", "sigkill")
 DiesReplayAbort = _dies("replay", "abort")
+DiesForwardFault = _dies("forward", "fault")  # the process lives on, its device lost
