@@ -2,6 +2,8 @@
 import json
 import subprocess
 import sys
+import time
+from pathlib import Path
 
 from benchmarks.kit_throughput import IN_BOX, SLOWEST, device, matrix_command
 from benchmarks.timeline import phases
@@ -64,3 +66,30 @@ def test_phases_from_timelines(tmp_path):
     where = phases(str(tmp_path), t0=100.0, seconds=10.0)
     assert where == dict(workers=2, workers_ready_median_s=4.5, workers_ready_last_s=5.0, test_s=6.0, busy_share=0.3,
                          cpu_share=0.8, first_of_backend_s=5.0, other_runs_median_s=0.5, last_run_end_s=9.0)
+
+
+def test_a_benchmark_step_past_its_limit_ends_with_everything_it_started(tmp_path):
+    """benchmarks.many_backends: a step's command that outlives the limit is killed with its whole
+    process group; a process it started (a warmup's, a compiler) would hold the output open and
+    run on, and the step would wait for it."""
+    from benchmarks.many_backends import Clock, _run
+    pid_file = tmp_path / "child"
+    child = "import time; time.sleep(60)"
+    cmd = [sys.executable, "-c", f"import subprocess, sys, time; p = subprocess.Popen([sys.executable, '-c', {child!r}]); "
+           f"open({str(pid_file)!r}, 'w').write(str(p.pid)); print('started', flush=True); time.sleep(60)"]
+    ran = _run(cmd, Clock(3))
+    assert ran["exit_code"] == "past the time limit" and ran["seconds"] < 20, ran
+    assert ran["output"] == "started\n", ran
+    pid = int(pid_file.read_text())
+    deadline = time.monotonic() + 10
+    while _alive(pid) and time.monotonic() < deadline:
+        time.sleep(0.1)
+    assert not _alive(pid), "the step's child outlived it"
+
+
+def _alive(pid: int) -> bool:
+    try:
+        state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+    except OSError:
+        return False
+    return state != "Z"  # a zombie is dead, waiting for its parent (here init) to reap it
