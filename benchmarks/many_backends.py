@@ -4,7 +4,7 @@ an engine's whole set runs it.
     python -m benchmarks.many_backends [--backends 32] [--workers auto] [--case-set full]
                                        [--limit-s 1800] [--cold] [--out PATH]
                                        [--steps warmup,matrix,alone,warm] [--verdicts PATH]
-                                       [--backend NAME ...] [PYTEST ARGS]
+                                       [--backend NAME ...] [--keep DIR] [PYTEST ARGS]
 
 The backends: `triton`, and `--backends` small subclasses of the in-box Triton backend, given as
 module:attr (this module's attributes): the public mutants of tests/mutants/triton.py first
@@ -27,6 +27,9 @@ warm). Each command runs under what is left of `--limit-s`; a step past it is re
 several invocations): the many-backend run's verdicts of `triton` are written to `--verdicts`
 (default results/bench/many-backends-verdicts.json, next to the rows), which step 3 compares with
 when step 2 is not in its invocation.
+`--keep DIR` keeps each step's whole output (`<step>.log`) and each matrix step's results file
+(`<step>-results.json`). Each row has `cpu_busy`: the share of the host's cores busy over the step
+(/proc/stat; a warmup at 1.0 is bound by its compilers).
 Other arguments go to pytest as they are (e.g. `--mode decode`).
 """
 from __future__ import annotations
@@ -99,6 +102,15 @@ class MemoryPeak:
         self._thread.join()
 
 
+def _cpu_ticks() -> Optional[tuple]:
+    """(busy, all) jiffies of the host's cores since boot; None off Linux."""
+    try:
+        ticks = [int(x) for x in Path("/proc/stat").read_text().split("\n", 1)[0].split()[1:]]
+    except (OSError, ValueError):
+        return None
+    return sum(ticks) - ticks[3] - ticks[4], sum(ticks)  # idle and iowait are not busy
+
+
 class Clock:
     def __init__(self, limit_s: float):
         self.deadline = time.monotonic() + limit_s
@@ -107,10 +119,11 @@ class Clock:
         return max(1.0, self.deadline - time.monotonic())
 
 
-def _run(cmd: List[str], clock: Clock) -> dict:
+def _run(cmd: List[str], clock: Clock, keep: Optional[Path] = None) -> dict:
     """`cmd` under what is left of the limit; past it, its whole process group is killed (its
-    workers, their compilers), which would otherwise hold its output open and run on."""
-    start = time.perf_counter()
+    workers, their compilers), which would otherwise hold its output open and run on. The output
+    is also written to `keep`."""
+    start, ticks = time.perf_counter(), _cpu_ticks()
     with tempfile.TemporaryFile("w+") as out:
         proc = subprocess.Popen(cmd, cwd=REPO, stdout=out, stderr=subprocess.STDOUT, text=True, start_new_session=True)
         try:
@@ -121,7 +134,11 @@ def _run(cmd: List[str], clock: Clock) -> dict:
             code = "past the time limit"
         out.seek(0)
         output = out.read()
-    return dict(seconds=round(time.perf_counter() - start, 2), exit_code=code, output=output)
+    seconds, end = round(time.perf_counter() - start, 2), _cpu_ticks()
+    if keep:
+        keep.write_text(output)
+    busy = round((end[0] - ticks[0]) / (end[1] - ticks[1]), 3) if ticks and end and end[1] > ticks[1] else None
+    return dict(seconds=seconds, exit_code=code, cpu_busy=busy, output=output)
 
 
 def _selection(extra: List[str]) -> List[str]:
@@ -134,30 +151,32 @@ def _selection(extra: List[str]) -> List[str]:
             for value in values for a in (option, value)]
 
 
-def warmup(specs: List[str], case_set: str, extra: List[str], clock: Clock, label: str) -> dict:
+def warmup(specs: List[str], case_set: str, extra: List[str], clock: Clock, label: str,
+           keep: Optional[Path] = None) -> dict:
     selection = _selection(extra)
     cmd = [sys.executable, "-m", "kit", "warmup", "--case-set", case_set, *selection,
            *[a for spec in specs for a in ("--backend", spec)]]
-    ran = _run(cmd, clock)
-    return dict(step="warmup", label=label, seconds=ran["seconds"], exit_code=ran["exit_code"],
+    ran = _run(cmd, clock, keep)
+    return dict(step="warmup", label=label, seconds=ran["seconds"], exit_code=ran["exit_code"], cpu_busy=ran["cpu_busy"],
                 builds=sum(1 for line in ran["output"].splitlines() if line.startswith("[")),
                 last_lines=ran["output"].strip().splitlines()[-2:])
 
 
 def matrix(specs: List[str], workers: str, case_set: str, extra: List[str], clock: Clock, label: str,
-           keep: Optional[str] = None) -> dict:
+           keep: Optional[Path] = None) -> dict:
+    """`keep`: a path for the output, and next to it (`-results.json`) the results file."""
     with tempfile.TemporaryDirectory() as tmp:
-        results = keep or os.path.join(tmp, "results.json")
+        results = str(keep.with_name(keep.stem + "-results.json")) if keep else os.path.join(tmp, "results.json")
         cmd = [sys.executable, "-m", "pytest", "-n", workers, "--dist", "loadgroup", "tests/test_conformance.py",
                "--case-set", case_set, "--results-json", results, "-q", "-p", "no:cacheprovider",
                *[f"--backend={spec}" for spec in specs], *extra]
         with MemoryPeak() as memory:
-            ran = _run(cmd, clock)
+            ran = _run(cmd, clock, keep)
         doc = json.loads(Path(results).read_text()) if os.path.exists(results) else {}
     records = doc.get("records", [])
     oom = [r for r in records if r.get("failure_class") == ENVIRONMENT or "OutOfMemoryError" in r.get("message", "")]
     return dict(step="matrix", label=label, backends=len(specs), workers=workers, seconds=ran["seconds"],
-                exit_code=ran["exit_code"], gpu_memory_peak_mib=memory.peak,
+                exit_code=ran["exit_code"], cpu_busy=ran["cpu_busy"], gpu_memory_peak_mib=memory.peak,
                 status=doc.get("run", {}).get("status"), selected=len(doc.get("run", {}).get("selected", [])),
                 records=len(records), by_verdict=dict(collections.Counter(verdict(r) for r in records)),
                 out_of_memory_records=len(oom), out_of_memory_first=[record_id(r) for r in oom[:5]],
@@ -180,6 +199,7 @@ def main() -> None:
                         help="a backend to run (repeatable) instead of triton and its subclasses")
     parser.add_argument("--verdicts", help="triton's verdicts in the many-backend run: written by the matrix "
                                            "step, read by the alone step (default: next to the rows file)")
+    parser.add_argument("--keep", type=Path, help="a folder for each step's output and results file")
     args, extra = parser.parse_known_args()
     steps = [step for name in args.steps.split(",") for step in ALIASES.get(name, (name,))]
     unknown = sorted(set(steps) - set(STEPS))
@@ -190,6 +210,11 @@ def main() -> None:
     out = Path(args.out) if args.out else REPO / "results" / "bench" / f"many-backends-{slug}.json"
     verdicts = Path(args.verdicts) if args.verdicts else out.with_name(out.stem + "-verdicts.json")
     common = dict(device=name, kit_commit=kit_commit(), case_set=args.case_set, args=extra)
+    if args.keep:
+        args.keep.mkdir(parents=True, exist_ok=True)
+
+    def kept(step: str) -> Optional[Path]:
+        return args.keep / f"{step}.log" if args.keep else None
 
     def row(r: dict) -> dict:
         shown = {k: v for k, v in r.items() if k != "verdicts"}
@@ -198,22 +223,22 @@ def main() -> None:
         return r
 
     if "warmup" in steps:
-        row(warmup(specs, args.case_set, extra, clock, "cold" if args.cold else "first"))
+        row(warmup(specs, args.case_set, extra, clock, "cold" if args.cold else "first", kept("warmup")))
     if "matrix" in steps:
-        many = row(matrix(specs, args.workers, args.case_set, extra, clock, "many backends"))
+        many = row(matrix(specs, args.workers, args.case_set, extra, clock, "many backends", kept("matrix")))
         verdicts.write_text(json.dumps(dict(kit_commit=common["kit_commit"], verdicts=many["verdicts"]), indent=1))
     if "alone" in steps:
         many = json.loads(verdicts.read_text())
-        alone = matrix([IN_BOX], args.workers, args.case_set, extra, clock, "triton alone")
+        alone = matrix([IN_BOX], args.workers, args.case_set, extra, clock, "triton alone", kept("alone"))
         alone["compared_with_kit_commit"] = many["kit_commit"]
         alone["in_box_equal"] = alone["verdicts"] == many["verdicts"] and bool(alone["verdicts"])
         alone["in_box_differ"] = sorted(k for k in set(alone["verdicts"]) | set(many["verdicts"])
                                         if alone["verdicts"].get(k) != many["verdicts"].get(k))[:10]
         row(alone)
     if "warm-warmup" in steps:
-        row(warmup(specs, args.case_set, extra, clock, "warm"))
+        row(warmup(specs, args.case_set, extra, clock, "warm", kept("warm-warmup")))
     if "warm-matrix" in steps:
-        row(matrix(specs, args.workers, args.case_set, extra, clock, "many backends, warm"))
+        row(matrix(specs, args.workers, args.case_set, extra, clock, "many backends, warm", kept("warm-matrix")))
     print(f"-> {out}")
 
 

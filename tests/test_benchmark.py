@@ -1,5 +1,6 @@
 """benchmarks.kit_throughput: one timed matrix run on a tiny selection appends a complete row."""
 import json
+import os
 import subprocess
 import sys
 import time
@@ -93,3 +94,13 @@ def _alive(pid: int) -> bool:
     except OSError:
         return False
     return state != "Z"  # a zombie is dead, waiting for its parent (here init) to reap it
+
+
+def test_a_benchmark_step_keeps_its_output_and_how_busy_the_cores_were(tmp_path):
+    """benchmarks.many_backends: `--keep` keeps a step's whole output; `cpu_busy` is the share of
+    the host's cores busy over the step (one core spinning is at least its share)."""
+    from benchmarks.many_backends import Clock, _run
+    spin = "import time; t = time.perf_counter() + 1.0\nwhile time.perf_counter() < t: pass\nprint('spun')"
+    ran = _run([sys.executable, "-c", spin], Clock(30), keep=tmp_path / "step.log")
+    assert ran["exit_code"] == 0 and (tmp_path / "step.log").read_text() == "spun\n"
+    assert 0.8 / os.cpu_count() <= ran["cpu_busy"] <= 1.0, ran["cpu_busy"]
