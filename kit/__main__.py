@@ -23,7 +23,7 @@ from kit.report.record import ERROR, FAIL, PASS, repro_command
 from kit.harness.environment import device_name
 from kit.harness.registry import UnknownBackend, backend_label, kernels_of, known_backends, load_backend
 from kit.harness.runner import run_case
-from kit.harness.timeout import DEFAULT_S
+from kit.harness.timeout import BUILD_S, DEFAULT_S
 
 PROG = "python -m kit"
 
@@ -63,7 +63,9 @@ def build_parser() -> Parser:
     warm.add_argument("--exec", action="append", default=[], dest="exec_", help="eager, graph")
     warm.add_argument("--case-set", default="auto", help=f"{', '.join(CASE_SETS)}, or auto (default)")
     warm.add_argument("--jobs", type=int, default=None, help="builds at once (default: one per core)")
-    warm.add_argument("--timeout", type=_seconds, default=DEFAULT_S, help="seconds per build (0: none)")
+    warm.add_argument("--timeout", type=_seconds, default=BUILD_S,
+                      help=f"seconds per build (default {BUILD_S:g}: longer than a run's, since a compile "
+                           f"stopped is lost; 0: none)")
     for p in (run, lst, warm):
         p.add_argument("--cases", default=None, help="case catalog as module:attr (default: the in-box one)")
     fuzz_cli.add_parser(sub, PROG)

@@ -95,3 +95,16 @@ def test_a_process_whose_device_faulted_runs_no_more_builds():
     assert [": fail [crash], " in p for p in progress] == ["(victim)" in p for p in progress], proc.stdout
     assert sum(": pass, " in p for p in progress) == 3, proc.stdout
     assert proc.stdout.splitlines()[-1].endswith(", 2 processes"), proc.stdout
+
+
+def test_a_build_has_longer_than_a_run_since_a_compile_stopped_at_its_limit_is_lost(monkeypatch):
+    """With a compiler busy on every core, one of SGLang's FlashInfer modules took over a run's
+    600 s; stopped there, its compile is lost and the next process begins it again."""
+    from kit import __main__ as cli, warmup
+    from kit.harness.timeout import DEFAULT_S
+    limits = []
+    monkeypatch.setattr(warmup, "warmup", lambda todo, jobs, cases, timeout: limits.append(timeout) or 0)
+    argv = ["warmup", "--backend", "tests.toys.building:RecordingBackend", "--cases", "tests.toys.tiny:CATALOG",
+            "--case-set", "smoke"]
+    assert cli.main(argv) == 0 and cli.main([*argv, "--timeout", "90"]) == 0
+    assert limits[0] >= 6 * DEFAULT_S and limits[1] == 90, limits
