@@ -122,9 +122,9 @@ class Clock:
 def _run(cmd: List[str], clock: Clock, keep: Optional[Path] = None) -> dict:
     """`cmd` under what is left of the limit; past it, its whole process group is killed (its
     workers, their compilers), which would otherwise hold its output open and run on. The output
-    is also written to `keep`."""
+    goes to `keep` as it comes (`tail -f` shows a step's progress)."""
     start, ticks = time.perf_counter(), _cpu_ticks()
-    with tempfile.TemporaryFile("w+") as out:
+    with (open(keep, "w+") if keep else tempfile.TemporaryFile("w+")) as out:
         proc = subprocess.Popen(cmd, cwd=REPO, stdout=out, stderr=subprocess.STDOUT, text=True, start_new_session=True)
         try:
             code = proc.wait(timeout=clock.left())
@@ -135,8 +135,6 @@ def _run(cmd: List[str], clock: Clock, keep: Optional[Path] = None) -> dict:
         out.seek(0)
         output = out.read()
     seconds, end = round(time.perf_counter() - start, 2), _cpu_ticks()
-    if keep:
-        keep.write_text(output)
     busy = round((end[0] - ticks[0]) / (end[1] - ticks[1]), 3) if ticks and end and end[1] > ticks[1] else None
     return dict(seconds=seconds, exit_code=code, cpu_busy=busy, output=output)
 
