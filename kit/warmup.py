@@ -10,7 +10,8 @@ many processes at once as there are cores (`--jobs`). A process runs build after
 importing SGLang at once took longer than most builds). A build that takes its process down
 costs only itself: the build is recorded lost with the process's exit code and last line of
 stderr, and a new process takes the rest, as it does after a sticky device fault. The builds land in the libraries' own on-disk caches, which the matrix's workers then
-load. Progress is one plain line per finished build."""
+load. Progress is one plain line per finished build, and a line naming the longest-running
+builds after a minute with none finished (a FlashInfer module can compile for ten)."""
 from __future__ import annotations
 
 import argparse
@@ -33,6 +34,7 @@ from kit.modes import Exec, ForwardMode, parse_exec, parse_mode
 from kit.report.record import verdict
 
 BAR = 24
+QUIET_S = 60.0  # with no build finished for this long, a line names the longest-running ones
 
 
 @dataclass(frozen=True)
@@ -143,10 +145,12 @@ def next_build(backend: Optional[str], pending: List[Build], working: Dict[str, 
     return pending.pop(same[0])
 
 
-def warmup(todo: Sequence[Build], jobs: int, catalog_target: Optional[str], timeout: float, out=sys.stdout) -> int:
-    """Runs `todo` in up to `jobs` processes at once; prints a line per finished build; the number
-    of builds whose process ended without a verdict."""
-    start = time.monotonic()
+def warmup(todo: Sequence[Build], jobs: int, catalog_target: Optional[str], timeout: float, out=sys.stdout,
+           quiet_s: float = QUIET_S) -> int:
+    """Runs `todo` in up to `jobs` processes at once; prints a line per finished build, and one
+    naming the longest-running builds after every `quiet_s` with none finished; the number of
+    builds whose process ended without a verdict."""
+    start = last_line = time.monotonic()
     jobs = min(jobs, len(todo))
     print(f"warmup: {len(todo)} kernel variants, {jobs} processes", file=out, flush=True)
     pending, done, lost, started = _interleaved(todo), 0, 0, 0
@@ -154,8 +158,8 @@ def warmup(todo: Sequence[Build], jobs: int, catalog_target: Optional[str], time
     selector = selectors.DefaultSelector()
 
     def report(build: Build, verdict: str, began: float) -> None:
-        nonlocal done
-        done += 1
+        nonlocal done, last_line
+        done, last_line = done + 1, time.monotonic()
         print(f"{bar(done, len(todo))} {build.what}: {verdict}, {time.monotonic() - began:.1f} s", file=out, flush=True)
 
     def give(process: _Process, build: Build) -> None:
@@ -187,6 +191,13 @@ def warmup(todo: Sequence[Build], jobs: int, catalog_target: Optional[str], time
             if process.build is not None:
                 lost += 1
                 report(process.build, why, process.began)
+        now = time.monotonic()
+        if now - last_line >= quiet_s:
+            running = sorted((key.data for key in selector.get_map().values() if key.data.build), key=lambda p: p.began)
+            if running:
+                print(f"warmup: {done}/{len(todo)} done, still building {len(running)}: "
+                      + "; ".join(f"{p.build.what} {now - p.began:.0f} s" for p in running[:3]), file=out, flush=True)
+            last_line = now
     print(f"warmup: done in {time.monotonic() - start:.1f} s, {started} processes", file=out, flush=True)
     return lost
 

@@ -108,3 +108,21 @@ def test_a_build_has_longer_than_a_run_since_a_compile_stopped_at_its_limit_is_l
             "--case-set", "smoke"]
     assert cli.main(argv) == 0 and cli.main([*argv, "--timeout", "90"]) == 0
     assert limits[0] >= 6 * DEFAULT_S and limits[1] == 90, limits
+
+
+def test_a_long_build_is_named_while_it_runs(tmp_path, monkeypatch):
+    """A FlashInfer module can compile for ten minutes: with no build finished for `quiet_s`, a
+    line names the builds running longest and for how long (not a progress line: counts of those
+    stay the builds')."""
+    import io
+    from kit import warmup
+    monkeypatch.setenv("KIT_TOY_BUILDS", str(tmp_path / "builds"))
+    monkeypatch.setenv("KIT_TOY_BUILD_WAIT_S", "3")  # alone, each build waits this long for another
+    todo = builds(["tests.toys.building:RecordingBackend"], list(MODES), list(EXECS), tiny.CATALOG, "smoke")[:1]
+    out = io.StringIO()
+    assert warmup.warmup(todo, 1, "tests.toys.tiny:CATALOG", timeout=120, out=out, quiet_s=1.0) == 0
+    lines = out.getvalue().splitlines()
+    named = [line for line in lines if line.startswith("warmup: 0/1 done, still building 1: ")]
+    assert len(named) >= 2 and named[-1].startswith(f"warmup: 0/1 done, still building 1: {todo[0].what} "), lines
+    assert named[-1].endswith(" s") and int(named[-1].rsplit(" ", 2)[1]) >= 3, lines  # how long it has run
+    assert [line for line in lines if line.startswith("[")] == [lines[-2]] and ": pass, " in lines[-2], lines

@@ -1,5 +1,5 @@
 """A backend that records its builds: each construction appends its kernel variant, process and
-torch's threads to the file $KIT_TOY_BUILDS, then waits (up to WAIT_S) for a second build to have started, which
+torch's threads to the file $KIT_TOY_BUILDS, then waits (up to WAIT_S, $KIT_TOY_BUILD_WAIT_S) for a second build to have started, which
 only builds running at once see. It prints as it builds, as compilers do."""
 import os
 import time
@@ -8,7 +8,7 @@ import torch
 
 from tests.toys.dense import DenseGraphBackend
 
-WAIT_S = 30
+WAIT_S = float(os.environ.get("KIT_TOY_BUILD_WAIT_S", 30))
 
 
 def _builds(path):
