@@ -102,13 +102,20 @@ class MemoryPeak:
         self._thread.join()
 
 
-def _cpu_ticks() -> Optional[tuple]:
+def _cpu_ticks(stat: Path = Path("/proc/stat")) -> Optional[tuple]:
     """(busy, all) jiffies of the host's cores since boot; None off Linux."""
     try:
-        ticks = [int(x) for x in Path("/proc/stat").read_text().split("\n", 1)[0].split()[1:]]
+        ticks = [int(x) for x in stat.read_text().split("\n", 1)[0].split()[1:]]
     except (OSError, ValueError):
         return None
     return sum(ticks) - ticks[3] - ticks[4], sum(ticks)  # idle and iowait are not busy
+
+
+def busy_share(before: Optional[tuple], after: Optional[tuple]) -> Optional[float]:
+    """The share of the cores busy between two `_cpu_ticks`."""
+    if not before or not after or after[1] <= before[1]:
+        return None
+    return round((after[0] - before[0]) / (after[1] - before[1]), 3)
 
 
 class Clock:
@@ -134,9 +141,8 @@ def _run(cmd: List[str], clock: Clock, keep: Optional[Path] = None) -> dict:
             code = "past the time limit"
         out.seek(0)
         output = out.read()
-    seconds, end = round(time.perf_counter() - start, 2), _cpu_ticks()
-    busy = round((end[0] - ticks[0]) / (end[1] - ticks[1]), 3) if ticks and end and end[1] > ticks[1] else None
-    return dict(seconds=seconds, exit_code=code, cpu_busy=busy, output=output)
+    return dict(seconds=round(time.perf_counter() - start, 2), exit_code=code, cpu_busy=busy_share(ticks, _cpu_ticks()),
+                output=output)
 
 
 def _selection(extra: List[str]) -> List[str]:
@@ -155,7 +161,8 @@ def warmup(specs: List[str], case_set: str, extra: List[str], clock: Clock, labe
     cmd = [sys.executable, "-m", "kit", "warmup", "--case-set", case_set, *selection,
            *[a for spec in specs for a in ("--backend", spec)]]
     ran = _run(cmd, clock, keep)
-    return dict(step="warmup", label=label, seconds=ran["seconds"], exit_code=ran["exit_code"], cpu_busy=ran["cpu_busy"],
+    return dict(step="warmup", label=label, seconds=ran["seconds"], exit_code=ran["exit_code"],
+                cpu_busy=ran["cpu_busy"],
                 builds=sum(1 for line in ran["output"].splitlines() if line.startswith("[")),
                 last_lines=ran["output"].strip().splitlines()[-2:])
 

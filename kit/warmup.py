@@ -9,9 +9,10 @@ many processes at once as there are cores (`--jobs`). A process runs build after
 (`next_build`), so that it imports and loads each backend once, not once a build (16 processes
 importing SGLang at once took longer than most builds). A build that takes its process down
 costs only itself: the build is recorded lost with the process's exit code and last line of
-stderr, and a new process takes the rest, as it does after a sticky device fault. The builds land in the libraries' own on-disk caches, which the matrix's workers then
-load. Progress is one plain line per finished build, and a line naming the longest-running
-builds after a minute with none finished (a FlashInfer module can compile for ten)."""
+stderr, and a new process takes the rest, as it does after a sticky device fault. The builds
+land in the libraries' own on-disk caches, which the matrix's workers then load. Progress is
+one plain line per finished build, and a line naming the longest-running builds after a minute
+with none finished (a FlashInfer module can compile for ten)."""
 from __future__ import annotations
 
 import argparse
@@ -137,9 +138,7 @@ def next_build(backend: Optional[str], pending: List[Build], working: Dict[str, 
     minutes each) rather than leave them to the few that began there."""
     same = [i for i, b in enumerate(pending) if b.backend == backend]
     if not same:
-        left: Dict[str, int] = {}
-        for b in pending:
-            left[b.backend] = left.get(b.backend, 0) + 1
+        left = collections.Counter(b.backend for b in pending)
         busiest = max(left, key=lambda name: left[name] / (working.get(name, 0) + 1))
         same = [i for i, b in enumerate(pending) if b.backend == busiest]
     return pending.pop(same[0])
@@ -157,10 +156,10 @@ def warmup(todo: Sequence[Build], jobs: int, catalog_target: Optional[str], time
     free_slots = list(range(jobs))
     selector = selectors.DefaultSelector()
 
-    def report(build: Build, verdict: str, began: float) -> None:
+    def report(build: Build, said: str, began: float) -> None:
         nonlocal done, last_line
         done, last_line = done + 1, time.monotonic()
-        print(f"{bar(done, len(todo))} {build.what}: {verdict}, {time.monotonic() - began:.1f} s", file=out, flush=True)
+        print(f"{bar(done, len(todo))} {build.what}: {said}, {last_line - began:.1f} s", file=out, flush=True)
 
     def give(process: _Process, build: Build) -> None:
         if not process.send(build):

@@ -104,3 +104,16 @@ def test_a_benchmark_step_keeps_its_output_and_how_busy_the_cores_were(tmp_path)
     ran = _run([sys.executable, "-c", spin], Clock(30), keep=tmp_path / "step.log")
     assert ran["exit_code"] == 0 and (tmp_path / "step.log").read_text() == "spun\n"
     assert 0.8 / os.cpu_count() <= ran["cpu_busy"] <= 1.0, ran["cpu_busy"]
+
+
+def test_cpu_busy_leaves_out_idle_and_iowait(tmp_path):
+    """/proc/stat's first line: user nice system idle iowait irq softirq steal; busy is all but
+    idle and iowait."""
+    from benchmarks.many_backends import _cpu_ticks, busy_share
+    stat = tmp_path / "stat"
+    stat.write_text("cpu  100 0 50 800 50 0 0 0\ncpu0 1 2 3\n")
+    before = _cpu_ticks(stat)
+    stat.write_text("cpu  160 0 70 860 110 0 0 0\ncpu0 1 2 3\n")  # +80 busy, +60 idle, +60 iowait
+    assert before == (150, 1000) and busy_share(before, _cpu_ticks(stat)) == 0.4
+    assert busy_share(None, before) is None and busy_share(before, before) is None
+    assert _cpu_ticks(tmp_path / "absent") is None
