@@ -1,20 +1,30 @@
 """Runner modes and execution kinds, named as serving engines name them.
 
-A leaf: no torch, nothing of the kit, so that every layer (the report included)
-can name a mode. The members are listed in the tables' column order. A mode's
-rules live in `kit/engine/modes/<mode>.py` and its cases in `cases/<mode>.py`,
-both found by the member's value (kit.engine.modes.rules_for, kit.engine.catalog).
+A leaf: no torch, nothing of the kit, so that every layer (the report included) can name a
+mode. A mode is its rules file, `kit/engine/modes/<mode>.py`, and its catalog file,
+`cases/<mode>.py`, both found by the mode's value: the members of ForwardMode are the rules
+files there (listed here, not imported), in the tables' column order: the modes below first,
+then any other in name order.
 """
 from __future__ import annotations
 
 import enum
+from pathlib import Path
+
+# The tables' column order of the modes the kit ships; a new mode's file needs no entry here.
+COLUMN_ORDER = ("decode", "extend", "mixed", "target_verify", "draft_extend_v2", "draft_decode")
+_RULES_DIR = Path(__file__).resolve().parent / "engine" / "modes"
+_NOT_A_MODE = {"__init__", "rules"}
 
 
-class ForwardMode(enum.Enum):
-    DECODE = "decode"
-    EXTEND = "extend"
-    TARGET_VERIFY = "target_verify"
-    DRAFT_EXTEND_V2 = "draft_extend_v2"
+def _mode_values():
+    found = {p.stem for p in _RULES_DIR.glob("*.py") if p.stem not in _NOT_A_MODE and not p.stem.startswith("_")}
+    return [v for v in COLUMN_ORDER if v in found] + sorted(found - set(COLUMN_ORDER))
+
+
+ForwardMode = enum.Enum("ForwardMode", [(value.upper(), value) for value in _mode_values()],
+                        module=__name__, qualname="ForwardMode")
+ForwardMode.__doc__ = "A runner mode: one member per rules file in kit/engine/modes/, its value the file's name."
 
 
 class Exec(enum.Enum):

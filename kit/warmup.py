@@ -28,7 +28,7 @@ import time
 from dataclasses import dataclass
 from typing import Callable, Dict, List, Optional, Sequence
 
-from kit.engine import placement
+from kit.process import placement
 from kit.engine.case import Case
 from kit.engine.catalog import load_catalog
 from kit.modes import Exec, ForwardMode, parse_exec, parse_mode
@@ -92,8 +92,8 @@ class _Process:
         self.slot = slot
         self.stderr = tempfile.TemporaryFile("w+")  # not a pipe: a chatty backend would fill it and wait
         cmd = [sys.executable, "-m", "kit.warmup", "--timeout", str(timeout)]
-        # Placed and budgeted as a session's worker is (kit.engine.placement): slot `slot` of `jobs`.
-        env = {**os.environ, "PYTEST_XDIST_WORKER": f"gw{slot}", "PYTEST_XDIST_WORKER_COUNT": str(jobs)}
+        # Placed and budgeted as a session's worker is: slot `slot` of `jobs`.
+        env = {**os.environ, **placement.Placement(slot, jobs).env()}
         self.proc = subprocess.Popen(cmd + (["--cases", catalog_target] if catalog_target else []),
                                      stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=self.stderr,
                                      text=True, env=env)
@@ -204,13 +204,14 @@ def warmup(todo: Sequence[Build], jobs: int, catalog_target: Optional[str], time
 def serve(catalog_target: Optional[str], timeout: float) -> None:
     """A warmup process: runs each build read from stdin, in this process, and writes its verdict
     as a line on stdout. What the backends print goes to stderr, not into those lines."""
-    placement.place_this_worker()  # before any CUDA call
+    placed = placement.Placement.of_this_process()
+    placed.place()  # before any CUDA call
     import torch
 
     from kit.harness.runner import run_case  # the backends' registry: in a warmup process only
 
     if "OMP_NUM_THREADS" not in os.environ:  # its share of the cores, as a session's worker's
-        torch.set_num_threads(placement.threads_per_worker(torch.get_num_threads(), placement.worker_count()))
+        torch.set_num_threads(placed.threads(torch.get_num_threads()))
 
     replies = os.fdopen(os.dup(1), "w", buffering=1)
     os.dup2(2, 1)

@@ -5,9 +5,9 @@ import pytest
 import torch
 
 import kit.engine.fixture
-import kit.engine.memory as memory
+import kit.process.memory as memory
 from cases import CATALOG as catalog
-from kit.engine import budget, placement
+from kit.process import budget, placement
 from kit.engine.fixture import fixtures_for
 from kit.engine.pools import POOL_CACHE
 from kit.harness.runner import run_case

@@ -183,7 +183,7 @@ def test_an_mla_line_is_valid():
     (dict(MLA_OK, sinks=True), "MLA cases take no window, cap, hybrid layers or sinks"),
     (dict(sinks=1), "sinks 1 must be True or False"),
     (dict(MLA_OK, kv_lora_rank=-1), "kv_lora_rank -1 and rope_dim 64 must be ints >= 0"),
-    (dict(rope_dim=64), "rope_dim applies to MLA only"),
+    (dict(rope_dim=64), "rope_dim applies to MLA (latent attention) only"),
     (dict(inputs="packed"), "inputs 'packed' not in ('contiguous', 'fused_qkv')"),
     (dict(MLA_OK, inputs="fused_qkv"), "MLA inputs are contiguous"),
     (dict(kv_dtype="fp8"), "kv_dtype 'fp8' not in [None, 'fp8_e4m3', 'fp8_e5m2']"),

@@ -73,7 +73,7 @@ def test_out_of_memory_in_the_backends_forward_on_a_shared_gpu_is_retried_once_r
     """On a GPU shared with other workers each process's allocator is capped at its share, which
     what the kit keeps counts against: the backend's run is tried again once that is released,
     and stays the backend's crash if it runs out again."""
-    from kit.engine import budget
+    from kit.process import budget
     monkeypatch.setattr(budget, "gpu_shared", lambda device: True)
     r = run_case(f"{TOYS}:OutOfMemoryBackend", CASE, Exec.EAGER)
     assert (r.outcome, r.failure_class) == (FAIL, CRASH), r

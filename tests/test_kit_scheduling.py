@@ -8,7 +8,7 @@ import sys
 
 import pytest
 
-from kit.engine.placement import threads_per_worker
+from kit.process.placement import threads_per_worker
 from kit.report.record import parse_run_id
 from kit.report.results import REPO
 from tests.helpers import once_per_session

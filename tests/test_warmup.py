@@ -5,7 +5,7 @@ import subprocess
 import sys
 
 from kit.engine.catalog import Catalog
-from kit.engine.placement import threads_per_worker
+from kit.process.placement import threads_per_worker
 from kit.modes import EXECS, MODES, Exec, ForwardMode
 from kit.warmup import bar, builds, next_build
 from tests.test_matrix import REPO

@@ -7,6 +7,8 @@ import sys
 import zlib
 from typing import TYPE_CHECKING, Optional, Tuple, Union
 
+from kit.engine.kinds import KINDS, kind_of
+from kit.engine.layouts import LAYOUTS, PAGE_LAYOUTS
 from kit.engine.modes import rules_for
 from kit.modes import ForwardMode
 
@@ -15,7 +17,6 @@ if TYPE_CHECKING:
 
 DTYPES = {"bf16": "bfloat16", "fp16": "float16", "fp32": "float32"}  # torch's dtypes, by name
 KV_DTYPES = {"fp8_e4m3": "float8_e4m3fn", "fp8_e5m2": "float8_e5m2"}  # quantized KV caches (kit.engine.kv_quant)
-LAYOUTS = ("contiguous", "shuffled_pages", "interleaved_pages", "non_monotonic_extend")
 # How forward() is handed q, k and v: views of one fused QKV projection row per token, as
 # models pass them (head stride D, token stride the row's width), or tensors of their own.
 INPUT_FORMS = ("contiguous", "fused_qkv")
@@ -115,27 +116,17 @@ class Case:
             return f"kv_dtype {self.kv_dtype!r} not in {[None] + list(KV_DTYPES)} (None: the KV cache in `dtype`)"
         if not isinstance(self.sinks, bool):
             return f"sinks {self.sinks!r} must be True or False"
-        return self._mla_problem() or rules_for(self.mode).validate(self)
+        return self._kind_problem() or rules_for(self.mode).validate(self)
 
-    def _mla_problem(self) -> Optional[str]:
+    def _kind_problem(self) -> Optional[str]:
         if not _is_int(self.kv_lora_rank) or self.kv_lora_rank < 0 or not _is_int(self.rope_dim) or self.rope_dim < 0:
             return f"kv_lora_rank {self.kv_lora_rank!r} and rope_dim {self.rope_dim!r} must be ints >= 0"
-        if not self.is_mla:
-            return "rope_dim applies to MLA only (set kv_lora_rank > 0)" if self.rope_dim else None
-        if self.heads[1] != 1:
-            return f"MLA has one latent KV head: heads {self.heads!r} must be (q, 1)"
-        if self.head_dim != self.kv_lora_rank + self.rope_dim:
-            return (f"MLA head_dim {self.head_dim} must be kv_lora_rank + rope_dim = "
-                    f"{self.kv_lora_rank + self.rope_dim}")
-        if self.scale is None:
-            return ("MLA needs an explicit scale (DeepSeek: (qk_nope_head_dim + rope_dim) ** -0.5, e.g. "
-                    "DEEPSEEK_SCALE), never the latent's head_dim ** -0.5")
-        if self.window >= 0 or self.cap > 0 or self.hybrid or self.sinks:
-            return "MLA cases take no window, cap, hybrid layers or sinks (gpt-oss, the model with sinks, is dense)"
-        if self.inputs != "contiguous":
-            return ("MLA inputs are contiguous: the absorbed q and the latent row are concatenated "
-                    "(torch.cat), not views of one projection")
-        return None
+        kind = kind_of(self)
+        for other in KINDS.values():
+            stray = [f for f in other.fields if f not in kind.fields and getattr(self, f)]
+            if other is not kind and stray:
+                return f"{', '.join(stray)} applies to {other.label} only (set {' and '.join(other.fields)})"
+        return kind.problem(self)
 
     @property
     def bs(self) -> int:
@@ -161,12 +152,17 @@ class Case:
 
     @property
     def is_mla(self) -> bool:
-        return self.kv_lora_rank > 0
+        return self.kind == "mla"
 
     @property
     def kind(self) -> str:
         """The attention kind a backend declares support for (AttentionBackend.attention_kinds)."""
-        return "mla" if self.is_mla else "dense"
+        return kind_of(self).name
+
+    @property
+    def geometry(self):
+        """One layer's KV as the pool holds it (kit.engine.kinds.Geometry)."""
+        return kind_of(self).geometry(self)
 
     @property
     def features(self) -> Tuple[str, ...]:
@@ -175,8 +171,8 @@ class Case:
 
     @property
     def v_head_dim(self) -> int:
-        """Width of V and of each head's output: the latent's kv_lora_rank for MLA."""
-        return self.kv_lora_rank if self.is_mla else self.head_dim
+        """Width of V and of each head's output (MLA: the latent's kv_lora_rank)."""
+        return self.geometry.v_width
 
     @property
     def torch_dtype(self) -> "torch.dtype":
@@ -202,7 +198,7 @@ class Case:
         flags = "".join(f"-{name}" for name, on in (("window", self.window >= 0), ("cap", self.cap > 0),
                                                      ("hybrid", self.hybrid), ("sinks", self.sinks),
                                                      ("tree", self.topk > 1),
-                                                     (f"mla{self.kv_lora_rank}r{self.rope_dim}", self.is_mla),
+                                                     (kind_of(self).variant_tag(self), kind_of(self).variant_tag(self)),
                                                      (f"kv{self.kv_dtype}", self.kv_dtype is not None)) if on)
         return f"{self.dtype}-d{self.head_dim}-g{self.heads[0] // self.heads[1]}-p{self.page}{flags}"
 
@@ -235,10 +231,6 @@ def _declared_at(case) -> str:
     return f"{frame.f_code.co_filename}:{frame.f_lineno}" if frame else "<unknown>"
 
 
-_LAYOUT_SUFFIX = {"contiguous": "", "shuffled_pages": "_shuf", "interleaved_pages": "_inter",
-                  "non_monotonic_extend": "_nonmono"}
-
-
 def in_every_layout(cases):
     """Each case once per layout (SPEC: every mode runs on every layout)."""
-    return [c.with_(name=c.name + _LAYOUT_SUFFIX[layout], layout=layout) for c in cases for layout in LAYOUTS]
+    return [c.with_(name=c.name + layout.suffix, layout=layout.name) for c in cases for layout in PAGE_LAYOUTS.values()]

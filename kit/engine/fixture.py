@@ -17,7 +17,7 @@ from typing import Dict, List, Optional, Sequence, Tuple
 
 import torch
 
-from kit.engine import budget
+from kit.process import budget
 from kit.engine.batch import ForwardBatch
 from kit.engine.case import Case
 from kit.engine.fingerprint import fingerprint, unchanged
@@ -217,7 +217,7 @@ class _Shared:
 
 
 def _budget(device: torch.device) -> int:
-    """Bytes of batches kept for the whole process (kit.engine.budget)."""
+    """Bytes of batches kept for the whole process (kit.process.budget)."""
     return budget.kept(device)
 
 
@@ -310,7 +310,7 @@ def _pools_for(plans: Sequence[BatchPlan], first: Case, device: torch.device) ->
                 head_dim=first.head_dim, dtype=first.kv_torch_dtype, device=device, kv_lora_rank=first.kv_lora_rank)
     new = POOL_CACHE.new_bytes(**need)
     if new and new > budget.free_now(device):  # a driver query, only for a pool not cached
-        from kit.engine.memory import release  # a cycle: it releases this module's batches
+        from kit.process.memory import release  # a cycle: it releases this module's batches
         release()
     pools = POOL_CACHE.get(**need)
     pools.token_to_kv_pool.page_size = first.page

@@ -8,8 +8,9 @@ request's end pointing at them, a kernel reading past its data reads poison.
 """
 from __future__ import annotations
 
+import dataclasses
 import random
-from typing import List, Sequence, Tuple
+from typing import Callable, Dict, List, Sequence, Tuple
 
 
 def _ceil_div(a: int, b: int) -> int:
@@ -66,19 +67,33 @@ def _non_monotonic(old_new: Sequence[Tuple[int, int]], page: int, rng: random.Ra
     return [o + n for o, n in zip(old_pages, new_pages)]
 
 
+@dataclasses.dataclass(frozen=True)
+class PageLayout:
+    """How a batch's pages are placed: its name (Case.layout), the suffix of a case's name in
+    that layout (in_every_layout), and the placement: (counts of pages per request, (old, new)
+    tokens per request, page size, rng) -> page ids per request."""
+
+    name: str
+    suffix: str
+    place: Callable[[Sequence[int], Sequence[Tuple[int, int]], int, random.Random], List[List[int]]]
+
+
+# Every page layout, once; a new one is one more entry.
+PAGE_LAYOUTS: Dict[str, PageLayout] = {layout.name: layout for layout in (
+    PageLayout("contiguous", "", lambda counts, old_new, page, rng: _contiguous(counts, 1)),
+    PageLayout("shuffled_pages", "_shuf", lambda counts, old_new, page, rng: _shuffled(counts, rng)),
+    PageLayout("interleaved_pages", "_inter", lambda counts, old_new, page, rng: _interleaved(counts)),
+    PageLayout("non_monotonic_extend", "_nonmono", lambda counts, old_new, page, rng: _non_monotonic(old_new, page, rng)),
+)}
+LAYOUTS = tuple(PAGE_LAYOUTS)
+
+
 def place_pages(layout: str, page: int, old_new: Sequence[Tuple[int, int]],
                 rng: random.Random) -> List[List[int]]:
     """Page ids per request, in logical order. old_new: (tokens already cached, new tokens)."""
-    counts = [_ceil_div(o + n, page) for o, n in old_new]
-    if layout == "contiguous":
-        return _contiguous(counts, 1)
-    if layout == "shuffled_pages":
-        return _shuffled(counts, rng)
-    if layout == "interleaved_pages":
-        return _interleaved(counts)
-    if layout == "non_monotonic_extend":
-        return _non_monotonic(old_new, page, rng)
-    raise ValueError(f"unknown layout {layout!r}")
+    if layout not in PAGE_LAYOUTS:
+        raise ValueError(f"unknown layout {layout!r}")
+    return PAGE_LAYOUTS[layout].place([_ceil_div(o + n, page) for o, n in old_new], old_new, page, rng)
 
 
 def slots_of(page_ids: Sequence[int], page: int, num_tokens: int) -> List[int]:

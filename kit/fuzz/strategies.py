@@ -18,7 +18,9 @@ from typing import Callable, Dict, FrozenSet, Tuple
 
 from hypothesis import strategies as st
 
-from kit.engine.case import _LAYOUT_SUFFIX, INPUT_FORMS, KV_DTYPES, LAYOUTS, Case
+from kit.engine.case import INPUT_FORMS, KV_DTYPES, Case
+from kit.engine.kinds import KINDS
+from kit.engine.layouts import LAYOUTS, PAGE_LAYOUTS
 from kit.harness.schedule import BS_BUCKETS, TOKEN_BUCKETS
 from kit.modes import ForwardMode
 
@@ -61,7 +63,7 @@ class Takes:
     """What a backend declares it takes (kit.harness.capabilities.Capabilities): drawn cases stay
     within it. The default takes everything the kit has."""
 
-    kinds: FrozenSet[str] = frozenset(("dense", "mla"))
+    kinds: FrozenSet[str] = frozenset(KINDS)
     kv_dtypes: FrozenSet[str] = frozenset(KV_DTYPES)
     features: FrozenSet[str] = frozenset(("sinks",))
 
@@ -78,6 +80,7 @@ class Drawing:
     mode: ForwardMode
     takes: Takes
     fields: Dict
+    scales: Tuple[float, ...] = ()  # SCALES, for a kind's draws
 
 
 Feature = Callable[[Callable, Drawing], Dict]  # (draw, drawing) -> the fields it sets
@@ -133,16 +136,13 @@ def _window(draw, d: Drawing) -> Dict:
     return dict(window=draw(st.one_of(st.just(-1), window)))
 
 
-def _mla(draw, d: Drawing) -> Dict:
-    """Dense, or MLA (kit/engine/case.py's rules): one latent KV head as wide as the rank and the
-    rope part, an explicit scale, no window, cap or hybrid layers."""
-    kinds = d.takes.kinds
-    if "mla" not in kinds or ("dense" in kinds and not draw(st.booleans())):
-        return {}
-    rank, rope = draw(st.sampled_from(d.size.mla))
-    scale = d.fields["scale"] if d.fields["scale"] is not None else draw(st.sampled_from(SCALES))
-    return dict(kv_lora_rank=rank, rope_dim=rope, heads=(d.fields["heads"][0], 1), head_dim=rank + rope,
-                scale=scale, window=-1, cap=0.0, hybrid=False, inputs="contiguous")
+def _kind(draw, d: Drawing) -> Dict:
+    """The attention kind's own fields (kit/engine/kinds/): each kind, in turn, may claim the case."""
+    for kind in KINDS.values():
+        fields = kind.fuzz(draw, d)
+        if fields:
+            return fields
+    return {}
 
 
 def _sinks(draw, d: Drawing) -> Dict:
@@ -170,7 +170,7 @@ FEATURES: Tuple[Tuple[str, Feature], ...] = (
     ("hybrid", lambda draw, d: dict(hybrid=draw(st.booleans()))),
     ("seed", lambda draw, d: dict(seed=draw(st.integers(0, SEEDS - 1)))),
     ("inputs", lambda draw, d: dict(inputs=draw(st.sampled_from(INPUT_FORMS)))),  # views of a fused QKV row
-    ("mla", _mla),
+    ("kind", _kind),  # an attention kind other than dense (MLA), where the backend takes one
     ("kv_dtype", _kv_dtype),
     ("sinks", _sinks),  # last: the draws before it stay those of seeds recorded before it
 )
@@ -192,7 +192,7 @@ def case_name(fields: Dict, mode: ForwardMode) -> str:
                                     ("sinks", fields.get("sinks", False))) if on]
     parts += [f"p{fields['page']}", fields["dtype"]] + ([fields["kv_dtype"]] if fields.get("kv_dtype") else [])
     checksum = zlib.crc32(repr(sorted(fields.items())).encode()) & 0xFFFFFF
-    return "_".join(parts) + _LAYOUT_SUFFIX[fields["layout"]] + f"_fz{checksum:06x}"
+    return "_".join(parts) + PAGE_LAYOUTS[fields["layout"]].suffix + f"_fz{checksum:06x}"
 
 
 @st.composite
@@ -200,7 +200,7 @@ def cases(draw, mode: ForwardMode, size: str = "small", takes: Takes = Takes()) 
     """A valid case of `mode` within `takes`, every feature drawn."""
     fields: Dict = {}
     for _, feature in FEATURES:
-        fields.update(feature(draw, Drawing(SIZES[size], mode, takes, dict(fields))))
+        fields.update(feature(draw, Drawing(SIZES[size], mode, takes, dict(fields), SCALES)))
     return Case(case_name(fields, mode), mode, **fields)
 
 

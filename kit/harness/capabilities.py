@@ -8,6 +8,7 @@ import dataclasses
 import enum
 from typing import Dict, FrozenSet, Optional, Tuple
 
+from kit.engine import kinds
 from kit.engine.case import KV_DTYPES, Case
 from kit.engine.modes import rules_for
 from kit.modes import ForwardMode
@@ -83,8 +84,7 @@ class Capabilities:
         """Why the backend does not run the case's attention kind (its `attention_kinds` leave it out), or None."""
         if case.kind in self.attention_kinds:
             return None
-        what = {"mla": "MLA (latent attention)"}.get(case.kind, case.kind)
-        return f"{what}: the backend does not implement it (its `attention_kinds` leave out {case.kind!r})"
+        return f"{kinds.label(case.kind)}: the backend does not implement it (its `attention_kinds` leave out {case.kind!r})"
 
     def kv_dtype_reason(self, case: Case) -> Optional[str]:
         """Why the backend does not run the case's quantized KV cache (its `kv_dtypes` leave it out), or None."""

@@ -17,8 +17,8 @@ from kit.modes import Exec
 from kit.harness.nan_fill import nan_filled_allocations
 from kit.harness.capabilities import NO_CAPTURE_HOOKS, Capabilities
 from kit.harness.protocol import BackendContext, backend_problem
-from kit.engine import budget
-from kit.engine.memory import after_run, moving_to, release
+from kit.process import budget
+from kit.process.memory import after_run, moving_to, release
 from kit.harness.oom import allocation_site, raised_by_kit
 from kit.report.record import CRASH, EAGER, ENVIRONMENT, ERROR, FAIL, PASS, UNSUPPORTED, RunResult
 from kit.harness.run import Run
@@ -258,7 +258,7 @@ def unsupported_here(run: Run) -> Optional[RunResult]:
 def _run_releasing_memory(cls, caps: Capabilities, case: Case, exec_: Exec, device, result: RunResult) -> None:
     """_run, and where the kit runs out of device memory in its own allocations (or, on a GPU
     shared with other workers, the backend in its own), _run again from the start once everything
-    the kit keeps is released (kit.engine.memory); raises _KitOutOfMemory where the kit's
+    the kit keeps is released (kit.process.memory); raises _KitOutOfMemory where the kit's
     allocations run out again, the backend's crash where its own do."""
     for last in (False, True):
         try:

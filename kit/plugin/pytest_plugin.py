@@ -13,7 +13,7 @@ import os
 
 import pytest
 
-from kit.engine import placement
+from kit.process import placement
 from kit.harness import timeout
 from kit.harness.environment import to_record
 from kit.plugin import cuda_context, parallel_spawn

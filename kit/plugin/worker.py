@@ -8,7 +8,7 @@ import sys
 
 import pytest
 
-from kit.engine.placement import threads_per_worker
+from kit.process.placement import threads_per_worker
 from kit.plugin.selection import run_of
 
 

@@ -1,13 +1,13 @@
 """How much device memory this process may keep between runs. Its share of a GPU is what was
 free on the GPU when the process first asked (other sessions' memory is not free) divided by the
-session's processes on that GPU (kit.engine.placement); on CPU 1 GiB split between the workers.
+session's processes on that GPU (kit.process.placement); on CPU 1 GiB split between the workers.
 A process alone on a GPU keeps batches for every backend up to a quarter of its share; processes
 that share one keep none past the last few (kept tensors pin the caching allocator's segments they
 were cut from, and workers sharing a GPU would run it out of memory; a worker runs few of the
 other backends' runs of a batch), and let go of what they keep when they move to
-another backend (kit.engine.memory). Before a large allocation (a pool) the kit checks what is
+another backend (kit.process.memory). Before a large allocation (a pool) the kit checks what is
 free now. A process that shares its GPU hands its allocator's unused cache back after a run that left more
-than a quarter of its share cached (kit.engine.memory.after_run): what one worker cached at its
+than a quarter of its share cached (kit.process.memory.after_run): what one worker cached at its
 peak never runs another out of memory."""
 from __future__ import annotations
 
@@ -15,14 +15,14 @@ import functools
 
 import torch
 
-from kit.engine import placement
+from kit.process import placement
 
 CPU_BYTES = 1 << 30
 
 
 def sharing(device: torch.device) -> int:
     """The session's processes on this process's GPU (itself included): its workers are spread
-    over the GPUs (kit.engine.placement)."""
+    over the GPUs (kit.process.placement)."""
     index, count = placement.my_gpu() if device.type == "cuda" else (0, 1)
     return placement.workers_on(index, placement.worker_count(), count)
 

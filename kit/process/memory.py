@@ -5,7 +5,7 @@ import gc
 
 import torch
 
-from kit.engine import budget
+from kit.process import budget
 from kit.engine.fixture import SHARED
 from kit.engine.pools import POOL_CACHE
 
