@@ -9,8 +9,9 @@ from __future__ import annotations
 
 import torch
 
-from kit.modes import ForwardMode
+from kit.engine.modes import rules_for
 from kit.harness.protocol import AttentionBackend
+from kit.modes import ForwardMode
 
 
 class TorchNativeBackend(AttentionBackend):
@@ -20,21 +21,11 @@ class TorchNativeBackend(AttentionBackend):
     attention_features = ("sinks",)
 
     def init_forward_metadata(self, batch) -> None:
-        mode = batch.forward_mode
-        seq_lens = batch.seq_lens_cpu.tolist()
-        if mode is ForwardMode.DECODE:
-            q_lens, prefix = [1] * len(seq_lens), [s - 1 for s in seq_lens]
-        elif mode is ForwardMode.EXTEND:
-            q_lens, prefix = list(batch.extend_seq_lens_cpu), list(batch.extend_prefix_lens_cpu)
-        elif mode is ForwardMode.TARGET_VERIFY:
-            q_lens, prefix = [batch.spec_info.draft_token_num] * len(seq_lens), seq_lens
-        elif mode is ForwardMode.DRAFT_EXTEND_V2:
-            q_lens = batch.spec_info.extend_seq_lens_tensor.tolist()
-            prefix = [s - n for s, n in zip(seq_lens, q_lens)]  # seq_lens already count the drafts
-        else:
-            raise NotImplementedError(mode)
-        self.q_lens, self.prefix = q_lens, prefix
-        self.rows = batch.req_pool_indices.tolist()
+        # Each request's cached and new tokens, as its mode's rules read them from the batch (every
+        # mode the kit has: DRAFT_EXTEND_V2's seq_lens already count the drafts, say).
+        prefix, q_lens = rules_for(batch.forward_mode).query_lens(batch)
+        self.prefix, self.q_lens = prefix.tolist(), q_lens.tolist()
+        self.rows = batch.req_pool_indices[:batch.batch_size].tolist()
 
     def forward(self, q, k, v, layer, batch, save_kv_cache=True):
         pool = batch.token_to_kv_pool

@@ -14,8 +14,10 @@ from kit.__main__ import main as kit_main
 from kit.engine.case import DTYPES, INPUT_FORMS, LAYOUTS, Case
 from kit.engine.case_line import format_case, parse_case
 from kit.engine.catalog import CASE_SETS
-from kit.fuzz.strategies import SIZES, Takes, any_case, around
-from kit.harness.schedule import BS_BUCKETS, TOKEN_BUCKETS, batches
+from kit.engine.draws import SIZES, Takes, around
+from kit.fuzz.strategies import any_case
+from kit.engine.profile import SGLANG_BATCH_SIZES as BS_BUCKETS, SGLANG_TOKEN_BUCKETS as TOKEN_BUCKETS
+from kit.engine.schedule import batches
 from kit.modes import EXECS, MODES, ForwardMode
 from tests.toys.planted import ZeroRowBeforeFullPage, triggered
 

@@ -21,6 +21,16 @@ def _lint(root: Path) -> subprocess.CompletedProcess:
                           env={"PATH": "/usr/bin:/bin", "PYTHONPATH": str(root), "PYTHONNOUSERSITE": "1"})
 
 
+def test_the_layers_name_every_module_of_kit():
+    """A new package or module of kit/ takes its place in the layers (else nothing says what it may import)."""
+    import tomllib
+    layers = tomllib.loads((REPO / "pyproject.toml").read_text())["tool"]["importlinter"]["contracts"][0]["layers"]
+    named = {name.strip() for layer in layers for name in layer.split("|")}
+    present = {p.stem if p.is_file() else p.name for p in (REPO / "kit").iterdir()
+               if (p.suffix == ".py" or (p / "__init__.py").exists()) and p.stem != "__init__"}
+    assert present == named, f"in kit/ but not in the layers: {present - named}; named but absent: {named - present}"
+
+
 def test_the_import_contracts_hold():
     proc = _lint(REPO)
     assert proc.returncode == 0, proc.stdout + proc.stderr

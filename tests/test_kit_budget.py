@@ -4,12 +4,10 @@ released when a worker moves to another backend, and a new pool made only where 
 import pytest
 import torch
 
-import kit.engine.fixture
 import kit.process.memory as memory
 from cases import CATALOG as catalog
 from kit.process import budget, placement
 from kit.engine.fixture import fixtures_for
-from kit.engine.pools import POOL_CACHE
 from kit.harness.runner import run_case
 from tests.helpers import count_calls
 from kit.modes import Exec, ForwardMode
@@ -67,18 +65,18 @@ def test_a_worker_sharing_its_gpu_releases_what_it_kept_when_it_moves_to_another
         run_case(backend, CASE, Exec.EAGER)
     assert len(releases) == (workers > 1)
     if workers > 1:
-        assert not kit.engine.fixture.SHARED._recent or len(kit.engine.fixture.SHARED._recent) == 1
+        assert not memory.STORE.batches._recent or len(memory.STORE.batches._recent) == 1
 
 
 def test_a_new_pool_larger_than_what_is_free_is_made_after_a_release(monkeypatch, releases):
-    POOL_CACHE.clear()
-    fixtures_for([CASE], "cpu")
+    memory.STORE.pools.clear()
+    fixtures_for([CASE], "cpu", memory.STORE)
     queried = []
     monkeypatch.setattr(budget, "free_now", lambda device: queried.append(device) or 0)
-    fixtures_for([CASE], "cpu")  # the cached pool fits: nothing allocated, nothing released, nothing asked
+    fixtures_for([CASE], "cpu", memory.STORE)  # the cached pool fits: nothing allocated, nothing released, nothing asked
     assert releases == [] and queried == []
     big = CASE.with_(name="big", prefix=(5000, 30, 1))
-    fixtures_for([big], "cpu")
+    fixtures_for([big], "cpu", memory.STORE)
     assert releases == [1]
 
 

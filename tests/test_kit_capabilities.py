@@ -3,7 +3,8 @@ the backend's crash when it loads, named, never a silent default."""
 import pytest
 
 from backends.torch_native import TorchNativeBackend
-from kit.harness.capabilities import BadDeclaration, Capabilities, GraphHooks
+from kit.engine.profile import TWO_PHASE
+from kit.harness.capabilities import BadDeclaration, Capabilities
 from kit.harness.runner import run_case
 from kit.modes import Exec, ForwardMode
 from kit.report.record import CRASH, FAIL
@@ -38,7 +39,7 @@ def test_a_malformed_declaration_is_a_crash_when_the_backend_loads(cls, named):
 
 def test_declarations_as_read():
     caps = Capabilities.of(TorchNativeBackend)
-    assert caps.graph_hooks is None and not caps.has_graph_hooks and caps.modes is None
+    assert caps.hook_style is None and not caps.has_graph_hooks and caps.modes is None
     assert caps.mode_reason(ForwardMode.DECODE) is None
 
     class Two(TorchNativeBackend):
@@ -50,7 +51,7 @@ def test_declarations_as_read():
         def init_forward_metadata_out_graph(self, batch, in_capture=False): ...
     caps = Capabilities.of(Two)
     assert caps.modes == {"decode", "some_future_mode"} and caps.real_rows_only and not caps.in_graph
-    assert caps.graph_hooks is GraphHooks.TWO_PHASE
+    assert caps.hook_style == TWO_PHASE
     assert "does not implement mode extend" in caps.mode_reason(ForwardMode.EXTEND)
 
 

@@ -16,7 +16,9 @@ from backends.triton.metadata import SPLIT_TOKENS
 from cases import CATALOG as catalog
 from kit.engine.case import GQA, LAYOUTS, MHA, MQA, Case
 from kit.engine.catalog import CASE_SETS, Catalog
-from kit.engine.fixture import SHARED, Fixture, _pools_for, make_batch
+from kit.engine.fixture import Fixture, Step, _pools_for, make_batch
+from kit.engine.profile import SGLANG
+from kit.process.memory import STORE
 from kit.engine.kv_quant import quantize
 from kit.engine.layer import model_layers
 from kit.engine.pools import CASE_LAYER_ID
@@ -25,7 +27,7 @@ from kit.engine.modes import rules_for
 from kit.engine.modes.rules import causal
 from kit.report.record import parse_run_id, run_id
 from kit.engine.reference import attention
-from kit.harness.checks import check_inputs, check_kv, check_output, handed_inputs, inputs_figures, read_back
+from kit.harness.checks import KVState, check_inputs, check_kv, check_output, handed_inputs, inputs_figures, read_back
 from tests.mutants.triton import read_dense
 
 REPO = Path(__file__).resolve().parent.parent
@@ -388,11 +390,11 @@ BUG_CLASSES = {
 }
 
 
-def _case_batch(case) -> Fixture:
+def _case_batch(case) -> Step:
     """The case's batch (plan, model, inputs) as its runs build it, without a pool, a batch
     object or the earlier batches of its eager sequence: the reference reads none of them."""
-    built = SHARED.get(case, torch.device("cpu"))
-    return Fixture(plan=built.plan, pools=None, layers=built.layers, inputs=built.inputs, batch=None)
+    built = STORE.batches.get(case, torch.device("cpu"))
+    return Step(0, built.plan, None, built.layers, built.program_inputs)
 
 
 def _bugged(plant, fx) -> torch.Tensor:
@@ -449,10 +451,12 @@ KV_BUG_CLASSES = {
 def _written_batch(case) -> Fixture:
     """The case's batch over a pool, without the references a run computes first (the KV
     check reads none of them)."""
-    built, cpu = SHARED.get(case, torch.device("cpu")), torch.device("cpu")
-    pools = _pools_for([built.plan], case, cpu)
-    fx = Fixture(plan=built.plan, pools=pools, layers=built.layers, inputs=built.inputs,
-                 batch=make_batch(built.plan, pools, cpu))
+    built, cpu = STORE.batches.get(case, torch.device("cpu")), torch.device("cpu")
+    pools = _pools_for([built.plan], case, cpu, STORE, SGLANG)
+    batch = make_batch(built.plan, pools, cpu)
+    fx = Fixture(plan=built.plan, pools=pools, layers=built.layers, batch=batch,
+                 steps=[Step(0, built.plan, batch, built.layers, built.program_inputs)],
+                 program_inputs=built.program_inputs)
     fx.tables = built.tables
     return fx
 
@@ -469,10 +473,9 @@ def test_every_mla_kv_bug_class_is_caught_by_three_full_cases(mode):
         writes = {lid: (x.k_new, x.v_new) for lid, x in enumerate(fx.inputs)}
         for key, write in KV_BUG_CLASSES.items():
             fx.install()
-            before = pool.snapshot()
             for lid, x in enumerate(fx.inputs):
                 write(pool, lid, loc, x.k_new)
-            if not check_kv(pool, *before, loc, writes).ok:
+            if not check_kv(pool, KVState(fx.old_slots(), fx.installed_kv(), loc, writes)).ok:
                 caught[key].append(case.name)
     short = {f"{n} {bug}": cases for (n, bug), cases in caught.items() if len(cases) < MIN_CATCHING}
     assert not short, f"MLA KV bug classes caught by fewer than {MIN_CATCHING} full cases: {short}"

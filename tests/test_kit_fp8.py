@@ -3,6 +3,7 @@ the KV check compares byte for byte, and a backend reading the scales wrong fail
 from __future__ import annotations
 
 import dataclasses
+import types
 
 import pytest
 import torch
@@ -12,7 +13,7 @@ from kit.engine.kv_quant import KV_SCALES, dequantize, quantize
 from kit.engine.layer import model_layers
 from kit.engine.pools import CASE_LAYER_ID, POISON_K_STD, POISON_V_MEAN
 from kit.engine.reference import golden
-from kit.harness.checks import check_kv
+from kit.harness.checks import KVState, check_kv
 from kit.harness.runner import run_case
 from kit.modes import Exec, ForwardMode
 from kit.report.record import FAIL, KERNEL, PASS
@@ -57,7 +58,7 @@ def test_pool_holds_fp8_of_k_over_its_scale(case):
     pool of the fp8 dtype; its poison, read back with each layer's scale, is the poison designed."""
     fx = make_fixture(case)
     pool = fx.pools.token_to_kv_pool
-    assert pool.dtype == FP8[case.kv_dtype] and pool.k_layers.dtype == FP8[case.kv_dtype]
+    assert pool.dtype == FP8[case.kv_dtype] and pool.layers.dtype == FP8[case.kv_dtype]
     old = torch.tensor([s for r in fx.plan.requests for s in r.slots[:r.n_old]])
     for layer, x in zip(fx.layers, fx.inputs):
         expected = quantize(x.k_old, layer.k_scale, pool.dtype)
@@ -95,16 +96,14 @@ def test_kv_check_compares_the_stored_bytes(case):
     fx = make_fixture(case)
     pool, loc = fx.pools.token_to_kv_pool, fx.batch.out_cache_loc
     layer, x = fx.layers[CASE_LAYER_ID], fx.inputs[CASE_LAYER_ID]
-    writes = {CASE_LAYER_ID: (x.k_new, x.v_new)}
-    before = pool.snapshot()
+    state = KVState(fx.old_slots(), fx.installed_kv(), loc, {CASE_LAYER_ID: (x.k_new, x.v_new)})
     pool.set_kv_buffer(layer, loc, x.k_new, x.v_new)
-    assert check_kv(pool, *before, loc, writes).ok
+    assert check_kv(pool, state).ok
     for bug, (k, v) in _wrong_writes(layer, x.k_new, x.v_new, pool.dtype).items():
         fx.install()
-        before = pool.snapshot()
         pool.k_buffer[CASE_LAYER_ID][loc] = k
         pool.v_buffer[CASE_LAYER_ID][loc] = v
-        chk = check_kv(pool, *before, loc, writes)
+        chk = check_kv(pool, state)
         assert not chk.ok and chk.num_missing == loc.numel(), bug
 
 
@@ -119,12 +118,12 @@ def test_reference_attends_what_the_pool_holds(case):
                                       for name, scale in (("k_new", l.k_scale), ("k_old", l.k_scale),
                                                           ("v_new", l.v_scale), ("v_old", l.v_scale))})
             for x, l in zip(fx.inputs, fx.layers)]
-    as_read = dataclasses.replace(fx, plan=dataclasses.replace(fx.plan, case=plain), layers=model_layers(plain),
-                                  inputs=read)
-    raw = dataclasses.replace(as_read, inputs=fx.inputs)
+    as_read = types.SimpleNamespace(plan=dataclasses.replace(fx.plan, case=plain), layers=model_layers(plain),
+                                    inputs=read)
+    raw = types.SimpleNamespace(plan=as_read.plan, layers=as_read.layers, inputs=fx.inputs)
     for layer_id in range(len(fx.layers)):
-        assert torch.equal(golden(fx, layer_id), golden(as_read, layer_id))
-        assert not torch.allclose(golden(fx, layer_id), golden(raw, layer_id), atol=1e-3)
+        assert torch.equal(golden(fx.step, layer_id), golden(as_read, layer_id))
+        assert not torch.allclose(golden(fx.step, layer_id), golden(raw, layer_id), atol=1e-3)
 
 
 class _OtherFormat(TorchNativeBackend):

@@ -18,7 +18,9 @@ from kit.modes import Exec, ForwardMode
 from kit.engine.plan import plan_case
 from kit.engine.pools import CASE_LAYER_ID
 from kit.harness.protocol import AttentionBackend
-from kit.harness.schedule import BS_BUCKETS, TOKEN_BUCKETS, bucket_for, replay_schedule
+from kit.engine.modes import rules_for
+from kit.engine.profile import SGLANG, SGLANG_BATCH_SIZES as BS_BUCKETS, SGLANG_TOKEN_BUCKETS as TOKEN_BUCKETS
+from kit.engine.variants import bucket_for
 from kit.harness.runner import run_case
 from tests.helpers import run_setup, small_case
 
@@ -54,7 +56,7 @@ def tokens_per_req(case) -> int:
 def test_replay_schedule_order():
     """Schedule: a larger bucket first, then the case, then bs=1, then the case's bs again with other lengths."""
     case = HARNESS_CASES[DECODE]
-    sched = replay_schedule(case)
+    sched = rules_for(case.mode).replay_schedule(case, SGLANG)
     assert [c.bs for c in sched] == [8, 3, 1, 3]
     assert bucket_for(sched[0].bs, BS_BUCKETS) > bucket_for(case.bs, BS_BUCKETS)
     assert sched[1] is case
@@ -63,8 +65,8 @@ def test_replay_schedule_order():
     assert len({c.name for c in sched}) == len(sched)
     assert all(c.mode is case.mode and c.layout == case.layout and c.heads == case.heads for c in sched)
     one = case.with_(name="bs1", prefix=(5,))
-    assert [c.bs for c in replay_schedule(one)] == [2, 1, 1]
-    assert replay_schedule(one)[2].prefix != (5,)
+    assert [c.bs for c in rules_for(one.mode).replay_schedule(one, SGLANG)] == [2, 1, 1]
+    assert rules_for(one.mode).replay_schedule(one, SGLANG)[2].prefix != (5,)
 
 
 # ------------------------------------------------------------------ recording fake backend
@@ -165,7 +167,7 @@ def drive_batch_graphs(case, backend_cls, device):
         fx.install()
         # Copied at once, as the runner judges at once: with real graphs sharing one memory pool,
         # a replay's output is only valid until the next replay.
-        outs.append(harness.replay(fx).outs[1].clone())  # the case's layer
+        outs.append(harness.replay(fx).outs[0][1].clone())  # the only step, the case's layer
     return backend, harness, fixtures, outs, max_bs
 
 
@@ -365,7 +367,7 @@ def test_extend_graph_pads_tokens_to_slot0_and_judges_real_rows(device):
     r = run_case(f"{MODULE}:PaddingProbeBackend", case, Exec.GRAPH, torch.device(device))
     assert r.outcome == "pass", r.message
     assert r.exec_detail == "piecewise-eager"  # no extend_capture: the padded call runs eagerly
-    plans = [plan_case(c) for c in replay_schedule(case)]
+    plans = [plan_case(c) for c in rules_for(case.mode).replay_schedule(case, SGLANG)]
     rec = PaddingProbeBackend.RECORD
     assert rec[0][0] == "state" and [x[0] for x in rec].count("state") == 1
     inits = [x[1] for x in rec if x[0] == "init"]
@@ -474,7 +476,7 @@ def test_real_rows_only_backend_gets_real_rows_and_zero_padding(device):
     r = run_case(f"{MODULE}:RealRowsOnlyProbe", case, Exec.GRAPH, torch.device(device))
     assert r.outcome == "pass" and r.exec_detail == "piecewise-eager", r.message
     forwards = [x[1] for x in PaddingProbeBackend.RECORD if x[0] == "forward"]
-    plans = [plan_case(c) for c in replay_schedule(case)]
+    plans = [plan_case(c) for c in rules_for(case.mode).replay_schedule(case, SGLANG)]
     assert [f["q_tokens"] for f in forwards] == [p.num_tokens for p in plans]
     assert all(len(f["out_cache_loc"]) == f["q_tokens"] for f in forwards)
 

@@ -84,7 +84,8 @@ class _NoHooks:
 def test_extend_graph_static_inputs_are_fused():
     """EXTEND's token-bucket graphs hand forward() rows of these buffers."""
     harness = harness_for(_NoHooks(), run_setup(FUSED[EXTEND], Exec.GRAPH).fixtures)
-    for q, k, v in zip(harness.q, harness.k, harness.v):
+    step = harness.steps[0]
+    for q, k, v in zip(step.q, step.k, step.v):
         _fused_layout(q, k, v, harness.max_tokens)
 
 
@@ -162,12 +163,31 @@ def test_a_replay_is_judged_against_the_batch_and_zeroed_padding():
     fixtures = run_setup(case, Exec.GRAPH).fixtures
     fx = next(f for f in fixtures if f.case == case)
     harness = harness_for(_NoHooks(), fixtures)
-    harness._load_tokens(fx, 4)
-    assert check_inputs(read_back([harness._kept(fx, 3, 4)])).ok
-    harness.v[1][3, 1, 5] = 2.0
-    harness.q[0][1, 0, 0] += 1.0
-    changed = check_inputs(read_back([harness._kept(fx, 3, 4)])).changed
+    harness._load(fx, 4, 4, [4])
+    assert check_inputs(read_back([harness._kept(fx, [3], [4])])).ok
+    harness.steps[0].v[1][3, 1, 5] = 2.0
+    harness.steps[0].q[0][1, 0, 0] += 1.0
+    changed = check_inputs(read_back([harness._kept(fx, [3], [4])])).changed
     assert changed == [f"q passed to forward was changed in place: 1 of {3 * HQ * D} values differ, first in token "
                        f"row 1 (layer 0)",
                        f"v passed to forward was changed in place: 1 of {HKV * D} values differ, first in token "
                        f"row 3 (layer 1, padded rows)"], changed
+
+
+def test_a_request_has_the_same_inputs_in_any_batch_at_any_position():
+    """A request's queries, keys and values are drawn from its own seed (kit.engine.inputs): given
+    the same seed and lengths in another batch (other neighbours, another position, another batch
+    size), every layer's inputs for it are the same bit for bit, and its neighbours' are not."""
+    alone = small_case("alone", EXTEND, (7,), (5,), request_seeds=(41,))
+    crowded = small_case("crowded", EXTEND, (30, 2, 7, 11), (3, 9, 5, 1), request_seeds=(1, 2, 41, 3), page=4,
+                         layout="shuffled_pages")
+    a, b = make_fixture(alone), make_fixture(crowded)
+    for x, y in zip(a.inputs, b.inputs):
+        assert torch.equal(x.q, y.q[12:17]) and torch.equal(x.k_new, y.k_new[12:17])
+        assert torch.equal(x.v_new, y.v_new[12:17])
+        assert torch.equal(x.k_old, y.k_old[32:39]) and torch.equal(x.v_old, y.v_old[32:39])
+        assert not torch.equal(x.q, y.q[:5])
+    drawn_again = small_case("crowded_again", EXTEND, (30, 2, 7, 11), (3, 9, 5, 1), request_seeds=(5, 2, 41, 3))
+    again = make_fixture(drawn_again)
+    assert torch.equal(again.inputs[1].k_new[3:12], b.inputs[1].k_new[3:12])  # request 2's: the same seed
+    assert not torch.equal(again.inputs[1].k_new[:3], b.inputs[1].k_new[:3])  # request 1's: another seed

@@ -10,7 +10,7 @@ import torch
 
 import kit.harness.runner as runner
 from cases import CATALOG as catalog
-from kit.engine.pools import KVPool
+from kit.engine.fixture import Fixture
 from kit.harness import guard
 from tests.helpers import count_calls
 from kit.modes import Exec, ForwardMode
@@ -30,18 +30,18 @@ def releases(monkeypatch):
 
 @pytest.mark.parametrize("exec_", [Exec.EAGER, Exec.GRAPH])
 def test_kit_out_of_memory_once_is_released_and_retried(monkeypatch, releases, exec_):
-    """The pool's snapshot (the kit's, before every step) runs out of memory once: the run is run
-    again from the start after the kit released what it keeps, and judged as usual."""
-    snapshot, calls = raising_in_torch(KVPool.snapshot, times=1)
-    monkeypatch.setattr(KVPool, "snapshot", snapshot)
+    """Installing a batch in the pool (the kit's, before every program) runs out of memory once: the
+    run is run again from the start after the kit released what it keeps, and judged as usual."""
+    install, calls = raising_in_torch(Fixture.install, times=1)
+    monkeypatch.setattr(Fixture, "install", install)
     r = run_case("tests.toys.dense:DenseGraphBackend", CASE, exec_)
     assert (r.outcome, r.failure_class, r.message) == (PASS, None, ""), r.message
     assert len(calls) > 1 and releases == [1]
 
 
 def test_kit_out_of_memory_twice_is_an_environment_error(monkeypatch, releases):
-    snapshot, _ = raising_in_torch(KVPool.snapshot, times=2)
-    monkeypatch.setattr(KVPool, "snapshot", snapshot)
+    install, _ = raising_in_torch(Fixture.install, times=2)
+    monkeypatch.setattr(Fixture, "install", install)
     r = run_case("torch_native", CASE, Exec.EAGER)
     assert (r.outcome, r.failure_class) == (ERROR, ENVIRONMENT), r
     assert "out of device memory in the kit's own allocations" in r.message and "not a verdict" in r.message

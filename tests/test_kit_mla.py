@@ -6,11 +6,13 @@ import pytest
 import torch
 
 from kit.engine.case import Case
-from kit.engine.pools import MLAKVPool, POISON_V_MEAN, PoolCache
+from kit.engine.kinds import Geometry
+from kit.engine.pools import POISON_V_MEAN, KVPool, PoolCache, PoolSpec
+from kit.engine.storage import storage
 from kit.harness.capabilities import Capabilities
 from kit.harness.protocol import AttentionBackend
 from kit.harness.runner import run_case
-from kit.harness.checks import check_kv
+from kit.harness.checks import KVState, check_kv
 from kit.modes import Exec, ForwardMode
 from kit.report.record import PASS, UNSUPPORTED
 from tests.helpers import make_fixture, small_case
@@ -18,8 +20,11 @@ from tests.helpers import make_fixture, small_case
 MLA = dict(heads=(4, 1), head_dim=24, kv_lora_rank=16, rope_dim=8, scale=0.3)
 
 
+LATENT = Geometry(heads=1, k_width=24, v_width=16, v_in_k=True)
+
+
 def _pool():
-    return MLAKVPool(64, head_dim=24, kv_lora_rank=16, dtype=torch.float16, device="cpu")
+    return KVPool(storage("latent"), 64, 1, LATENT, torch.float16, "cpu")
 
 
 def test_v_buffer_is_a_view_of_the_latent():
@@ -30,23 +35,20 @@ def test_v_buffer_is_a_view_of_the_latent():
         assert v.data_ptr() == k.data_ptr() and v.stride() == k.stride()
         k[5] = 1.5  # written through K, seen through V: one buffer
         assert torch.all(v[5] == 1.5)
-    assert pool.v_layers.data_ptr() == pool.k_layers.data_ptr()
+    assert pool.layer_storage(1).shape == (64, 1, 24)  # SGLang's MLATokenToKVPool: one latent buffer a layer
 
 
-def test_latent_poison_reset_and_snapshot():
-    """reset() puts the whole latent row back (the rope part too); the snapshot is one copy,
-    its V a view of it."""
+def test_latent_poison_and_reset():
+    """reset() puts the whole latent row back (the rope part too); V's poison (the latent part) is
+    far from real values, K's (the rope part) adds score mass."""
     pool = _pool()
     pool.reset()
-    poison = pool.k_layers.clone()
-    assert pool.v_layers.float().mean() > POISON_V_MEAN / 2  # V's poison is far from real values
-    pool.k_layers.zero_()
+    poison = pool.layers.clone()
+    assert pool.v_buffer[1].float().mean() > POISON_V_MEAN / 2
+    assert pool.k_buffer[1][..., 16:].float().mean().abs() < POISON_V_MEAN / 4
+    pool.layers.zero_()
     pool.reset()
-    assert torch.equal(pool.k_layers, poison)
-    k, v = pool.snapshot()
-    assert torch.equal(k, poison) and v.data_ptr() == k.data_ptr() and v.shape[-1] == 16
-    pool.k_layers[1, 3, 0, -1] += 1  # a rope column
-    assert not torch.equal(pool.k_layers, k)
+    assert torch.equal(pool.layers, poison)
 
 
 def test_set_kv_buffer_writes_the_whole_latent_row():
@@ -63,10 +65,11 @@ def test_set_kv_buffer_writes_the_whole_latent_row():
 
 def test_pool_cache_keeps_mla_and_dense_pools_apart():
     cache = PoolCache()
-    args = dict(num_slots=32, max_reqs=4, max_context=64, num_kv_heads=1, head_dim=24, dtype=torch.float32,
-                device="cpu")
-    dense, mla = cache.get(**args), cache.get(**args, kv_lora_rank=16)
-    assert not isinstance(dense.token_to_kv_pool, MLAKVPool) and isinstance(mla.token_to_kv_pool, MLAKVPool)
+    args = dict(num_slots=32, max_reqs=4, max_context=64, block=1, dtype=torch.float32, device="cpu")
+    dense = cache.get(PoolSpec(geometry=Geometry(1, 24, 24, False), storage=storage("split"), **args))
+    mla = cache.get(PoolSpec(geometry=LATENT, storage=storage("latent"), **args))
+    assert dense is not mla
+    assert not dense.token_to_kv_pool.geometry.v_in_k and mla.token_to_kv_pool.geometry.v_in_k
 
 
 def test_fixture_inputs_are_latent_rows():
@@ -90,18 +93,18 @@ def test_kv_check_sees_each_part_of_the_latent_row(part):
     case = small_case("mla_kv", ForwardMode.DECODE, (3, 5), **MLA)
     fx = make_fixture(case)
     pool = fx.pools.token_to_kv_pool
-    before = pool.snapshot()
     writes = {lid: (x.k_new, x.v_new) for lid, x in enumerate(fx.inputs)}
+    state = KVState(fx.old_slots(), fx.installed_kv(), fx.batch.out_cache_loc, writes)
     for lid, x in enumerate(fx.inputs):
         pool.k_buffer[lid][fx.batch.out_cache_loc] = x.k_new
-    assert check_kv(pool, *before, fx.batch.out_cache_loc, writes).ok
+    assert check_kv(pool, state).ok
     slot = int(fx.batch.out_cache_loc[0])
-    pool.k_buffer[1][slot, 0, part] = before[0][1, slot, 0, part]
-    check = check_kv(pool, *before, fx.batch.out_cache_loc, writes)
+    pool.k_buffer[1][slot, 0, part] = pool.poison_k[1].reshape(pool.size, 1, 24)[slot, 0, part]
+    check = check_kv(pool, state)
     assert not check.ok and check.num_missing == 1 and check.missing == [(1, slot)]
     pool.k_buffer[1][slot] = fx.inputs[1].k_new[0]
     pool.k_buffer[0][1, 0, part] += 1  # slot 1: owned by no request here
-    check = check_kv(pool, *before, fx.batch.out_cache_loc, writes)
+    check = check_kv(pool, state)
     assert not check.ok and check.num_collateral == 1
 
 

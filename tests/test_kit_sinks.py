@@ -14,7 +14,7 @@ from kit.engine.reference import attention
 from kit.harness.capabilities import BadDeclaration, Capabilities
 from kit.harness.protocol import AttentionBackend
 from kit.harness.runner import run_case, unsupported_reason
-from kit.harness.schedule import batches
+from kit.engine.schedule import batches
 from kit.modes import Exec, ForwardMode
 from kit.report.record import PASS, UNSUPPORTED
 from tests.helpers import make_fixture, small_case

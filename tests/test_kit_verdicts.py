@@ -14,8 +14,8 @@ from kit.modes import Exec, ForwardMode
 from kit.engine.pools import CASE_LAYER_ID
 from kit.engine.reference import attention
 from kit.harness.runner import run_case
-from kit.harness.checks import ABS_FLOOR, RATIO, REL_RMS, check_form, check_kv, check_output, check_padding
-from tests.helpers import make_fixture, small_case
+from kit.harness.checks import ABS_FLOOR, RATIO, REL_RMS, KVState, check_form, check_kv, check_output, check_padding
+from tests.helpers import make_fixture, run_setup, small_case
 
 DECODE, EXTEND = ForwardMode.DECODE, ForwardMode.EXTEND
 TARGET_VERIFY, DRAFT_EXTEND_V2 = ForwardMode.TARGET_VERIFY, ForwardMode.DRAFT_EXTEND_V2
@@ -201,12 +201,16 @@ def test_padding_must_be_finite_and_within_the_pool():
 def _kv_setup(case=EXTEND_CASE):
     fx = make_fixture(case)
     pool = fx.pools.token_to_kv_pool
-    before = pool.snapshot()
-    return fx, pool, before, Layer.for_case(case)
+    return fx, pool, _state(fx, {CASE_LAYER_ID: (fx.k_new, fx.v_new)}), Layer.for_case(case)
 
 
-def _check(fx, pool, before):
-    return check_kv(pool, before[0], before[1], fx.batch.out_cache_loc, {CASE_LAYER_ID: (fx.k_new, fx.v_new)})
+def _state(fx, writes):
+    """The pool as it must be after a step writing `writes` (the installed fixture's known state)."""
+    return KVState(fx.old_slots(), fx.installed_kv(), fx.batch.out_cache_loc, writes)
+
+
+def _check(fx, pool, state):
+    return check_kv(pool, state)
 
 
 def _unowned_slot(fx):
@@ -299,10 +303,10 @@ def test_kv_scratch_slot_write_is_ignored():
 def test_kv_writes_of_layers_with_a_gap_are_refused():
     """The new k/v are compared for a run of consecutive layers at once: a set with a gap would be
     compared against the wrong layers, so it is refused, not judged."""
-    fx, pool, before, _ = _kv_setup()
+    fx, pool, _, _ = _kv_setup()
     writes = {0: (fx.k_new, fx.v_new), 2: (fx.k_new, fx.v_new)}
     with pytest.raises(ValueError, match="consecutive layers, got layers \\[0, 2\\]"):
-        check_kv(pool, before[0], before[1], fx.batch.out_cache_loc, writes)
+        check_kv(pool, _state(fx, writes))
 
 
 # ---------------------------------------------------------------- end to end through run_case
@@ -472,18 +476,17 @@ def test_a_step_is_read_back_from_the_device_once(monkeypatch):
     from kit.harness.guard import Guard, canary_figures
     fx = make_fixture(EXTEND_CASE)
     pool, loc = fx.pools.token_to_kv_pool, fx.batch.out_cache_loc.long()
-    before = pool.snapshot()
     for layer in fx.layers:  # what a right backend writes
         pool.k_buffer[layer.layer_id][loc] = fx.inputs[layer.layer_id].k_new
         pool.v_buffer[layer.layer_id][loc] = fx.inputs[layer.layer_id].v_new
-    outs = [fx.reference(layer.layer_id)[0].to(fx.case.torch_dtype) for layer in fx.layers]
+    outs = [[fx.reference(layer.layer_id)[0].to(fx.case.torch_dtype) for layer in fx.layers]]
     guard = Guard()
     with guard.watching():  # what a backend allocates gets a canary, read back with the rest
         torch.empty(4, device=fx.q.device)
     reads = []
     real = torch.Tensor.tolist
     monkeypatch.setattr(torch.Tensor, "tolist", lambda t: reads.append(t.shape) or real(t))
-    verdict = eager_verdict(fx, outs, before, canary_figures(guard), [x.handed(fx.case.inputs) for x in fx.inputs])
+    verdict = eager_verdict(fx, outs, canary_figures(guard), [[x.handed(fx.case.inputs) for x in fx.inputs]])
     assert verdict.ok, verdict.text
     assert len(fx.layers) > 1 and len(reads) == 1, reads
 
@@ -521,7 +524,7 @@ def test_an_eager_step_waits_for_the_device_once_before_its_read_back(monkeypatc
     backend = TorchNativeBackend(BackendContext.for_case(DECODE_CASE, fx.pools, torch.device("cpu")))
     waits = []
     monkeypatch.setattr(kit.harness.runner, "_device_done", lambda: waits.append(1))
-    assert kit.harness.runner._eager(backend, fx).ok
+    assert run_setup(DECODE_CASE).eager(backend, fx).ok
     assert len(waits) == 1, waits
 
 

@@ -237,7 +237,7 @@ def test_an_fp8_cache_is_written_by_sglangs_own_pool_code():
     and what the writer stores passes the kit's KV check, byte for byte."""
     from backends.sglang.adapter import MHA_POOL_CODE
     from backends.sglang.runtime import MHATokenToKVPool
-    from kit.harness.checks import check_kv
+    from kit.harness.checks import KVState, check_kv
 
     case = small_case("fp8", ForwardMode.EXTEND, (3, 5), (2, 4), dtype="fp16", page=4, kv_dtype="fp8_e4m3")
     fx, backend = _built(case)
@@ -249,6 +249,6 @@ def test_an_fp8_cache_is_written_by_sglangs_own_pool_code():
     assert (attn.k_scale_float, attn.v_scale_float) == (layer.k_scale, layer.v_scale)
     assert pool.get_key_buffer(1).dtype == torch.float8_e4m3fn
     assert pool.get_key_buffer(1).data_ptr() == kit_pool.k_buffer[1].data_ptr()
-    loc, before = fx.batch.out_cache_loc, kit_pool.snapshot()
+    loc = fx.batch.out_cache_loc
     pool.set_kv_buffer(attn, loc, x.k_new.clone(), x.v_new.clone(), attn.k_scale, attn.v_scale)
-    assert check_kv(kit_pool, *before, loc, {1: (x.k_new, x.v_new)}).ok
+    assert check_kv(kit_pool, KVState(fx.old_slots(), fx.installed_kv(), loc, {1: (x.k_new, x.v_new)})).ok

@@ -15,7 +15,8 @@ from backends.sglang.adapter import (SGLangFlashInferBackend, SGLangTorchNativeB
 from kit.engine.catalog import load_catalog
 from kit.modes import Exec, ForwardMode
 from kit.engine.reference import attention
-from kit.harness.runner import RunSetup, default_device
+from kit.harness.runner import default_device
+from tests.helpers import run_setup
 
 pytestmark = pytest.mark.skipif(sglang_problem() is not None, reason=str(sglang_problem()))
 
@@ -28,7 +29,7 @@ TIGHT = 1e-4 if DEVICE.type == "cpu" else 5e-3
 def _sglang_outputs(mode, case_name, backend_cls=SGLangTritonBackend):
     """SGLang's per-layer outputs on the case's own batch (an eager run's last step)."""
     case = load_catalog().find_case(mode, case_name)
-    setup = RunSetup.make(backend_cls, case, Exec.EAGER, DEVICE)
+    setup = run_setup(case, Exec.EAGER, DEVICE, backend_cls)
     fx = setup.fixtures[-1]
     fx.install()
     backend = setup.new_backend()
@@ -70,7 +71,7 @@ def test_kf3_triton_eager_extend_metadata_reads_whole_request_tensors():
     extend_seq_lens (triton_backend.py:1116): request tensors longer than the batch, as the kit's
     full-capacity replays hand them, do not fit its bs + 1 indptr."""
     case = load_catalog().find_case(ForwardMode.EXTEND, "mqa_p1_shuf")
-    setup = RunSetup.make(SGLangTritonBackend, case, Exec.EAGER, DEVICE)
+    setup = run_setup(case, Exec.EAGER, DEVICE, SGLangTritonBackend)
     fx = setup.fixtures[-1]
     fx.install()
     b = fx.batch
@@ -86,7 +87,7 @@ def test_kf5_torch_native_ignores_logit_cap():
     """TorchNativeAttnBackend attends without the layer's soft cap: the kit's reference with the cap
     off is what it computes."""
     case = load_catalog().find_case(ForwardMode.DECODE, "gqa_bs8_cap_p1_nonmono")
-    setup = RunSetup.make(SGLangTorchNativeBackend, case, Exec.EAGER, DEVICE)
+    setup = run_setup(case, Exec.EAGER, DEVICE, SGLangTorchNativeBackend)
     fx = setup.fixtures[-1]
     fx.install()
     backend = setup.new_backend()

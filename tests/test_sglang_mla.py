@@ -56,10 +56,10 @@ def test_sglangs_latent_writes_land_exactly_in_the_kits_buffer():
     rows = torch.randn(2, 1, RANK + ROPE, generator=gen, device=DEVICE)
     for write, loc in ((lambda loc: pool.set_kv_buffer(layer, loc, rows, rows[..., :RANK]), [3, 7]),
                        (lambda loc: pool.set_mla_kv_buffer(layer, loc, rows[..., :RANK], rows[..., RANK:]), [5, 2])):
-        expected = kit_pool.k_layers.clone()
+        expected = kit_pool.layers.clone()
         expected[1, loc] = rows
         write(KVWriteLoc(torch.tensor(loc, device=DEVICE), physical=True))
-        assert torch.equal(kit_pool.k_layers, expected)
+        assert torch.equal(kit_pool.layers, expected)
 
 
 def test_the_pools_readers_are_views_of_the_kits_latent():

@@ -63,6 +63,9 @@ class ForwardBatch:
     extend_prefix_lens_cpu: Optional[List[int]] = None
     # TARGET_VERIFY and DRAFT_EXTEND_V2
     spec_info: Optional[SpecInfo] = None
+    # The step described in engine-neutral terms (kit.engine.common.CommonBatch), for a backend
+    # driven in the builder style; None for the others.
+    common: Optional[object] = None
 
     @property
     def num_tokens(self) -> int:

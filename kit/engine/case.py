@@ -74,6 +74,10 @@ class Case:
     # The KV cache's dtype: None stores K/V in `dtype`; "fp8_e4m3" / "fp8_e5m2" store them
     # quantized with per-layer scales on the layer (kit.engine.kv_quant).
     kv_dtype: Optional[str] = None
+    # Each request's data seed (kit.engine.inputs: its queries, keys and values); None: derived from
+    # the case's. A request given the same seed and lengths in another case has the same inputs, bit
+    # for bit, wherever it sits in its batch.
+    request_seeds: Optional[Tuple[int, ...]] = None
 
     def __post_init__(self):
         problem = self._problem()
@@ -116,6 +120,9 @@ class Case:
             return f"kv_dtype {self.kv_dtype!r} not in {[None] + list(KV_DTYPES)} (None: the KV cache in `dtype`)"
         if not isinstance(self.sinks, bool):
             return f"sinks {self.sinks!r} must be True or False"
+        if self.request_seeds is not None and (not isinstance(self.request_seeds, tuple) or len(
+                self.request_seeds) != len(self.prefix) or not all(_is_int(s) and s >= 0 for s in self.request_seeds)):
+            return f"request_seeds {self.request_seeds!r} must be None or one int >= 0 per request"
         return self._kind_problem() or rules_for(self.mode).validate(self)
 
     def _kind_problem(self) -> Optional[str]:

@@ -1,118 +1,101 @@
-"""A plan made concrete: random q/k/v, poisoned pools, and the batch object.
+"""A plan made concrete: a step program over poisoned pools.
 
-What a batch case determines and no backend can change (plan, model, inputs, the
-references computed from them, the req_to_token table) is built once per process
-and shared by every run of that batch (`_Shared`, SHARED): the same batch is run by
-every backend and, for the case itself, by eager and graph runs. Before each reuse
-its fingerprint is compared (kit.engine.fingerprint): a stray write by an earlier run is
-not judged against. What a backend can write is never shared: each run gets its
-own batch object, the pools are re-installed before every step, and forward() is
-handed copies of the inputs (kit.harness.runner).
+A fixture is one batch of a run: its plan (the requests, as the metadata hooks see them), the
+batch object the metadata hooks get, and its steps: the forwards the batch is made of, in order,
+each with the batch object forward() gets, the requests as the reference sees them and their
+inputs per layer. Every mode but a multi-step one has a single step, the batch itself; a
+multi-step mode's rules derive its steps (kit.engine.modes.rules.ModeRules.steps), each reading
+the KV the ones before it wrote.
+
+What a batch case determines and no backend can change (plans, model, inputs, the references
+computed from them, the req_to_token table) is built once per process and shared by every run of
+that batch (`_Shared`, kept in a `Store`): the same batch is run by every backend and, for the
+case itself, by eager and graph runs. Before each reuse its fingerprint is compared
+(kit.engine.fingerprint): a stray write by an earlier run is not judged against. What a backend
+can write is never shared: each run gets its own batch objects, the pool is installed before
+every program, and forward() is handed copies of the inputs (kit.harness.runner). How long what
+is kept lives is the process's policy (kit.process.memory), handed in as the Store.
 """
 from __future__ import annotations
 
 import collections
 import dataclasses
-from typing import Dict, List, Optional, Sequence, Tuple
+from typing import Callable, Dict, List, Optional, Sequence, Tuple
 
 import torch
 
-from kit.process import budget
 from kit.engine.batch import ForwardBatch
 from kit.engine.case import Case
 from kit.engine.fingerprint import fingerprint, unchanged
+from kit.engine.inputs import LayerInputs, gather, streams
 from kit.engine.layer import Layer, model_layers
 from kit.engine.modes import rules_for
 from kit.engine.plan import BatchPlan, plan_case
-from kit.engine.pools import CASE_LAYER_ID, POOL_CACHE, Pools
+from kit.engine.pools import CASE_LAYER_ID, PoolCache, Pools, PoolSpec
+from kit.engine.profile import SGLANG, EngineProfile
 from kit.engine.reference import logical_kv, references
+from kit.engine.storage import storage
 from kit.engine.transfer import to_device
 
-# Batches kept built past the budget (_budget): one run's (at most 6) and more, so that a
-# case's graph run finds the batch its eager run built (kit.plugin.selection orders them so).
+# Batches kept built past the budget: one run's (at most 6) and more, so that a case's graph run
+# finds the batch its eager run built (kit.plugin.selection orders them so).
 SHARED_BATCHES = 8
 
 
 @dataclasses.dataclass
-class LayerInputs:
-    """One layer's random inputs for a batch."""
+class Step:
+    """One forward of a fixture's program: what forward() gets, the requests as the reference sees
+    them, and their inputs per layer (layer_id = index)."""
 
-    q: torch.Tensor  # [num_tokens, Hq, D] new tokens' queries
-    k_new: torch.Tensor  # [num_tokens, Hkv, D] new tokens' keys, handed to forward()
-    v_new: torch.Tensor  # [num_tokens, Hkv, Dv]; MLA: a view of k_new (the latent's first Dv columns)
-    k_old: torch.Tensor  # [sum n_old, Hkv, D] cached tokens' keys, in request order
-    v_old: torch.Tensor
+    index: int
+    plan: BatchPlan
+    batch: ForwardBatch
+    layers: Tuple[Layer, ...]
+    inputs: List[LayerInputs]
+    # Per layer id, the (float64 golden, same-dtype) references, shared by every run of the batch.
+    references: Dict[int, Tuple[torch.Tensor, torch.Tensor]] = dataclasses.field(default_factory=dict, repr=False)
 
     @property
-    def v_in_k(self) -> bool:
-        """V is a view of K's leading columns (MLA's latent), not a tensor of its own."""
-        return self.v_new.untyped_storage().data_ptr() == self.k_new.untyped_storage().data_ptr()
+    def case(self) -> Case:
+        return self.plan.case
 
-    def owned(self) -> List[torch.Tensor]:
-        """The tensors these inputs hold (V left out where it is a view of K)."""
-        return [self.q, self.k_new, self.k_old] + ([] if self.v_in_k else [self.v_new, self.v_old])
+    def reference(self, layer_id: int) -> Tuple[torch.Tensor, torch.Tensor]:
+        if layer_id not in self.references:
+            self.references.update(references(self))
+        return self.references[layer_id]
 
-    def _with_v(self, q: torch.Tensor, k: torch.Tensor, v: Optional[torch.Tensor]):
-        return q, k, (k[..., :self.v_new.shape[-1]] if self.v_in_k else v)
-
-    def named(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> List[Tuple[str, torch.Tensor]]:
-        """(name, tensor) of what holds each input (V left out where it is a view of K)."""
-        return [("q", q), ("k", k)] + ([] if self.v_in_k else [("v", v)])
-
-    def _storage(self, rows: int, form: str, new) -> Tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-        """(q, k, v) of `rows` tokens in `form` (kit.engine.case.INPUT_FORMS), from `new(like, shape)`:
-        tensors of their own, or views of one fused QKV row per token, as a model's QKV projection
-        hands them (head stride D, token stride the row's width)."""
-        if form == "contiguous":
-            def own(like):
-                return new(like, (rows,) + tuple(like.shape[1:]))
-            return self._with_v(own(self.q), own(self.k_new), None if self.v_in_k else own(self.v_new))
-        if form != "fused_qkv" or self.v_in_k:
-            raise ValueError(f"no {form!r} form for these inputs")
-        parts = (self.q, self.k_new, self.v_new)
-        widths = [x.shape[1] * x.shape[2] for x in parts]
-        row = new(self.q, (rows, sum(widths)))
-        views, start = [], 0
-        for x, width in zip(parts, widths):
-            views.append(row[:, start:start + width].unflatten(1, tuple(x.shape[1:])))
-            start += width
-        return tuple(views)
-
-    def handed(self, form: str = "contiguous") -> Tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-        """Copies of (q, k, v) for forward(), in `form`: the inputs are shared with other runs of
-        the batch, and each run judges whether forward() left its copies as they were. V stays a
-        view of K where it is one."""
-        copies = self._storage(self.q.shape[0], form, lambda like, shape: like.new_empty(shape))
-        for (_, copy), (_, x) in zip(self.named(*copies), self.named(self.q, self.k_new, self.v_new)):
-            copy.copy_(x)
-        return copies
-
-    def buffers(self, rows: int, form: str = "contiguous") -> Tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-        """Zeroed (q, k, v) of `rows` tokens shaped as these, in `form` (a graph's static inputs),
-        V a view of K where it is one."""
-        return self._storage(rows, form, lambda like, shape: like.new_zeros(shape))
+    def logical_kv(self, layer_id: int = CASE_LAYER_ID) -> List[Tuple[torch.Tensor, torch.Tensor]]:
+        """Per request, K and V of every logical token of a layer in order (cached, then new)."""
+        return logical_kv(self.plan, self.inputs[layer_id])
 
 
 @dataclasses.dataclass
 class Fixture:
-    plan: BatchPlan
+    plan: BatchPlan  # the requests, as the metadata hooks see them
     pools: Pools
     layers: Tuple[Layer, ...]  # the model, in layer order (layer_id = index)
-    inputs: List[LayerInputs]  # per layer
-    batch: ForwardBatch
-    # Per layer id, the (float64 golden, same-dtype) references (Fixture.reference), shared by
-    # every fixture of this batch in the process. init=False: a fixture made from
-    # another with dataclasses.replace (a planted bug) starts without them.
-    references: Dict[int, Tuple[torch.Tensor, torch.Tensor]] = dataclasses.field(
-        default_factory=dict, init=False, repr=False, compare=False)
-    # Per pool size, what install() copies in (Fixture._installed), shared the same way.
-    tables: Dict[tuple, tuple] = dataclasses.field(default_factory=dict, init=False, repr=False, compare=False)
+    batch: ForwardBatch  # what the metadata hooks get
+    steps: List[Step]  # the forwards, in order
+    program_inputs: List[LayerInputs]  # per layer, the plan's requests' inputs (their cached tokens installed)
+    # Per pool size, what install() copies in (Fixture._installed), shared with every run of the batch.
+    tables: Dict[tuple, tuple] = dataclasses.field(default_factory=dict, repr=False, compare=False)
 
     @property
-    def case(self):
+    def case(self) -> Case:
         return self.plan.case
 
-    # The case's own layer, the one most checks and tests look at.
+    @property
+    def step(self) -> Step:
+        """The only step of a single-step program."""
+        if len(self.steps) != 1:
+            raise ValueError(f"{self.case.name}: a program of {len(self.steps)} steps; name the step")
+        return self.steps[0]
+
+    # The only step's inputs, and those of the case's own layer, which most checks and tests read.
+    @property
+    def inputs(self) -> List[LayerInputs]:
+        return self.step.inputs
+
     @property
     def q(self) -> torch.Tensor:
         return self.inputs[CASE_LAYER_ID].q
@@ -125,30 +108,36 @@ class Fixture:
     def v_new(self) -> torch.Tensor:
         return self.inputs[CASE_LAYER_ID].v_new
 
+    def reference(self, layer_id: int, step: int = 0) -> Tuple[torch.Tensor, torch.Tensor]:
+        """(float64 golden, same-dtype reference) of one layer of one step: computed once per batch
+        and process (shared by every run of the batch), never by a run (fixtures_for computes
+        them before a backend is made)."""
+        return self.steps[step].reference(layer_id)
+
     def logical_kv(self, layer_id: int = CASE_LAYER_ID) -> List[Tuple[torch.Tensor, torch.Tensor]]:
         """Per request, K and V of every logical token of a layer in order (cached, then new)."""
-        return logical_kv(self.plan, self.inputs[layer_id])
-
-    def reference(self, layer_id: int) -> Tuple[torch.Tensor, torch.Tensor]:
-        """(float64 golden, same-dtype reference) of one layer: computed once per batch and
-        process for every layer (self.references is shared by every run of the batch), never
-        by a run (fixtures_for computes them before a backend is made)."""
-        if layer_id not in self.references:
-            self.references.update(references(self))
-        return self.references[layer_id]
+        return logical_kv(self.plan, self.program_inputs[layer_id])
 
     def install(self) -> None:
-        """Write this fixture into the (shared, reused) pools, in place: poison everywhere,
-        then the cached tokens' K/V and the requests' req_to_token rows."""
+        """Write this fixture into the (shared, reused) pools, in place: poison everywhere, then the
+        cached tokens' K/V and the requests' req_to_token rows."""
         kv, r2t = self.pools.token_to_kv_pool, self.pools.req_to_token_pool.req_to_token
         kv.reset()
         old_slots, table = self._installed(kv, r2t)
         if old_slots is not None:
-            for layer_id, x in enumerate(self.inputs):
-                k_old, v_old = kv.stored(layer_id, x.k_old, x.v_old)
-                kv.k_buffer[layer_id][old_slots] = k_old
-                kv.v_buffer[layer_id][old_slots] = v_old
+            for layer_id, (k_old, v_old) in enumerate(self.installed_kv()):
+                kv.write(layer_id, old_slots, k_old, v_old)
         r2t.copy_(table)
+
+    def installed_kv(self) -> List[Tuple[torch.Tensor, torch.Tensor]]:
+        """Per layer, the cached tokens' K and V as the pool stores them (in old_slots order)."""
+        kv = self.pools.token_to_kv_pool
+        return [kv.stored(layer_id, x.k_old, x.v_old) for layer_id, x in enumerate(self.program_inputs)]
+
+    def old_slots(self) -> Optional[torch.Tensor]:
+        """The cached tokens' slots (install() writes them), or None where there are none."""
+        kv = self.pools.token_to_kv_pool
+        return self._installed(kv, self.pools.req_to_token_pool.req_to_token)[0]
 
     def _installed(self, kv, r2t) -> Tuple[Optional[torch.Tensor], torch.Tensor]:
         """(slots of the cached tokens, the req_to_token table) for pools of this size: built
@@ -200,15 +189,18 @@ class _Shared:
 
     plan: BatchPlan
     layers: Tuple[Layer, ...]
-    inputs: List[LayerInputs]  # never handed to a backend (kit.harness.runner hands copies)
-    references: Dict[int, Tuple[torch.Tensor, torch.Tensor]]
+    program_inputs: List[LayerInputs]  # never handed to a backend (kit.harness.runner hands copies)
+    step_plans: List[BatchPlan]
+    step_inputs: List[List[LayerInputs]]  # per step, per layer
+    references: List[Dict[int, Tuple[torch.Tensor, torch.Tensor]]]  # per step
     tables: Dict[tuple, tuple]
     sealed: Optional[torch.Tensor] = None  # fingerprint of tensors(), once complete
     counted: int = 0  # bytes counted against the budget, while kept
 
     def tensors(self) -> List[torch.Tensor]:
-        held = [t for x in self.inputs for t in x.owned()]
-        held += [t for pair in self.references.values() for t in pair]
+        held = [t for x in self.program_inputs for t in x.owned()]
+        held += [t for inputs in self.step_inputs if inputs is not self.program_inputs for x in inputs for t in x.owned()]
+        held += [t for refs in self.references for pair in refs.values() for t in pair]
         return held + [t for pair in self.tables.values() for t in pair if t is not None]
 
     @property
@@ -216,40 +208,21 @@ class _Shared:
         return sum(t.numel() * t.element_size() for t in self.tensors())
 
 
-def _budget(device: torch.device) -> int:
-    """Bytes of batches kept for the whole process (kit.process.budget)."""
-    return budget.kept(device)
+def _build(case: Case, device: torch.device) -> _Shared:
+    plan, layers = plan_case(case), model_layers(case)
+    drawn = streams(plan, layers, case.torch_dtype, device)
+    program = [gather(plan, per_layer) for per_layer in drawn]
+    step_plans = rules_for(case.mode).steps(plan)
+    step_inputs = [program if p is plan else [gather(p, per_layer) for per_layer in drawn] for p in step_plans]
+    return _Shared(plan, layers, program, step_plans, step_inputs, [{} for _ in step_plans], {})
 
 
-def _inputs(plan: BatchPlan, layers: Tuple[Layer, ...], device) -> List[LayerInputs]:
-    """Random inputs for the plan (never constant), per layer."""
-    case = plan.case
-    gen = torch.Generator(device=device).manual_seed(case.rng_seed(2))
-    hq, hkv, d, dt = case.num_q_heads, case.num_kv_heads, case.head_dim, case.torch_dtype
-
-    def randn(n, h):
-        return torch.randn((n, h, d), generator=gen, device=device).to(dt)
-
-    n_tok = plan.num_tokens
-    n_old = sum(r.n_old for r in plan.requests)
-    inputs = {}
-    for layer in (layers[CASE_LAYER_ID],) + layers[:CASE_LAYER_ID]:  # the case's layer first: its data is stable
-        if case.is_mla:  # one latent row per token (every column drawn on its own); V is its first columns
-            q, k_new, k_old = randn(n_tok, hq), randn(n_tok, 1), randn(n_old, 1)
-            v_new, v_old = k_new[..., :case.kv_lora_rank], k_old[..., :case.kv_lora_rank]
-        else:
-            q, k_new, v_new = randn(n_tok, hq), randn(n_tok, hkv), randn(n_tok, hkv)
-            k_old, v_old = randn(n_old, hkv), randn(n_old, hkv)
-        inputs[layer.layer_id] = LayerInputs(q=q, k_new=k_new, v_new=v_new, k_old=k_old, v_old=v_old)
-    return [inputs[i] for i in range(len(layers))]
-
-
-class _SharedBatches:
+class SharedBatches:
     """Batches built, by everything that determines them: the batch case (every field, the
     layer config included; its repr, as a catalog may give lists) and the device. The runs
     of a backend go case after case, then the next backend's (kit.plugin.selection): each
-    batch is kept for the whole process while the budget (_budget) lasts, so that every
-    backend is judged on it as built once; past the budget, the last SHARED_BATCHES are."""
+    batch is kept while the budget lasts (Store.kept_bytes), so that every backend is judged on
+    it as built once; past the budget, the last SHARED_BATCHES are."""
 
     def __init__(self):
         self._kept: Dict[Tuple[str, str], _Shared] = {}
@@ -264,8 +237,7 @@ class _SharedBatches:
             if key in self._recent:
                 self._recent.move_to_end(key)
             return shared
-        plan, layers = plan_case(case), model_layers(case)
-        shared = _Shared(plan, layers, _inputs(plan, layers, device), {}, {})
+        shared = _build(case, device)
         self._recent[key] = shared
         while len(self._recent) > SHARED_BATCHES:
             self._recent.popitem(last=False)
@@ -284,14 +256,14 @@ class _SharedBatches:
             self._kept_bytes -= shared.counted
         self._recent.pop(key, None)
 
-    def seal(self, case: Case, device: torch.device, shared: _Shared) -> None:
+    def seal(self, case: Case, device: torch.device, shared: _Shared, budget: int) -> None:
         """`shared` is complete (references, the table of this run's pool): fingerprinted, and
-        kept for the process if the budget allows."""
+        kept if `budget` (bytes of batches kept in all) allows."""
         shared.sealed = fingerprint(shared.tensors())
         key = (repr(case), str(device))
         if key in self._kept:  # grown while kept (the table of a larger pool): counted again
             self._kept_bytes -= shared.counted
-        elif key in self._recent and self._kept_bytes + shared.nbytes <= _budget(device):
+        elif key in self._recent and self._kept_bytes + shared.nbytes <= budget:
             self._kept[key] = self._recent.pop(key)
         else:
             return
@@ -299,53 +271,88 @@ class _SharedBatches:
         self._kept_bytes += shared.counted
 
 
-SHARED = _SharedBatches()
+@dataclasses.dataclass
+class Store:
+    """What fixtures are built in and kept in between runs, and the policy that bounds it (the
+    process's: kit.process.memory): bytes of batches kept for every backend, bytes free on the
+    device now, and how to let go of everything kept before a large allocation."""
+
+    batches: SharedBatches = dataclasses.field(default_factory=SharedBatches)
+    pools: PoolCache = dataclasses.field(default_factory=PoolCache)
+    kept_bytes: Callable[[torch.device], int] = lambda device: 0
+    free_bytes: Callable[[torch.device], int] = lambda device: 1 << 62
+    release: Optional[Callable[[], None]] = None  # None: clear this store's caches
+    # A run since the pools' poison was last checked may have written outside its memory (it did
+    # not pass): the poison's fingerprint is compared before the next run.
+    poison_suspect: bool = False
+
+    def let_go(self) -> None:
+        if self.release is not None:
+            self.release()
+        else:
+            self.batches.clear()
+            self.pools.clear()
 
 
-def _pools_for(plans: Sequence[BatchPlan], first: Case, device: torch.device) -> Pools:
-    """The (cached) pools big enough for every plan, the page size set to the case's. A new pool
-    larger than what is free on the device now is made after the kit released what it keeps."""
-    need = dict(num_slots=max(p.num_slots for p in plans), max_reqs=max(p.max_reqs for p in plans),
-                max_context=max(p.max_context for p in plans), num_kv_heads=first.num_kv_heads,
-                head_dim=first.head_dim, dtype=first.kv_torch_dtype, device=device, kv_lora_rank=first.kv_lora_rank)
-    new = POOL_CACHE.new_bytes(**need)
-    if new and new > budget.free_now(device):  # a driver query, only for a pool not cached
-        from kit.process.memory import release  # a cycle: it releases this module's batches
-        release()
-    pools = POOL_CACHE.get(**need)
+def _pools_for(plans: Sequence[BatchPlan], first: Case, device: torch.device, store: Store,
+               profile: EngineProfile) -> Pools:
+    """The (cached) pools of the size class of every plan, in the engine's storage layout, the
+    page size set to the case's. A new pool larger than what is free on the device now is made
+    after the store let go of what it keeps."""
+    spec = PoolSpec(num_slots=max(p.num_slots for p in plans), max_reqs=max(p.max_reqs for p in plans),
+                    max_context=max(p.max_context for p in plans), geometry=first.geometry,
+                    storage=storage(profile.storage_for(first.kind)), block=first.page,
+                    dtype=first.kv_torch_dtype, device=str(device))
+    new = store.pools.new_bytes(spec)
+    if new and new > store.free_bytes(device):  # a driver query, only for a pool not cached
+        store.let_go()
+    pools = store.pools.get(spec)
     pools.token_to_kv_pool.page_size = first.page
     return pools
 
 
-def fixtures_for(cases: Sequence[Case], device) -> List[Fixture]:
-    """Fixtures for `cases` (one run: the same page size and layer config), sharing one
-    (cached) pool big enough for all of them: a graph's replays must all read the pool
-    it was captured against. The pool's page size is set here, once per run; each
-    fixture's batch object is its own; call install() before each use. Everything shared
-    (references, the pool's req_to_token table) is complete before a backend is made."""
-    device = torch.device(device)
-    shared = [SHARED.get(c, device) for c in cases]
-    pools = _pools_for([s.plan for s in shared], cases[0], device)
+DEFAULT_STORE = Store()
+
+
+def fixtures_for(cases: Sequence[Case], device, store: Optional[Store] = None,
+                 profile: EngineProfile = SGLANG) -> List[Fixture]:
+    """Fixtures for `cases` (one run: the same page size and layer config), sharing one (cached)
+    pool big enough for all of them, in the storage layout of the engine's profile: a graph's
+    replays must all read the pool it was captured against. The pool's page size is set here,
+    once per run; each fixture's batch objects are its own; call install() before each program.
+    Everything shared (references, the pool's req_to_token table) is complete before a backend
+    is made."""
+    device, store = torch.device(device), store or DEFAULT_STORE
+    shared = [store.batches.get(c, device) for c in cases]
+    pools = _pools_for([s.plan for s in shared], cases[0], device, store, profile)
     kv = pools.token_to_kv_pool
-    # What this run reuses (kept batches, the pool's poison) against its fingerprint, in one read back.
+    # What this run reuses (kept batches; the pool's poison where a stray write is suspected)
+    # against its fingerprint, in one read back.
     reused = [i for i, s in enumerate(shared) if s.sealed is not None]  # unsealed: a run failed building it
-    kept = unchanged([(shared[i].sealed, shared[i].tensors(), f"the batch {cases[i].name}") for i in reused]
-                     + [kv.sealed_poison()])
+    checked = [(shared[i].sealed, shared[i].tensors(), f"the batch {cases[i].name}") for i in reused]
+    suspect, store.poison_suspect = store.poison_suspect, False
+    kept = unchanged(checked + ([kv.sealed_poison()] if suspect else []))
     for i, ok in zip(reused, kept):
         if not ok:
-            SHARED.forget(cases[i], device)
-            shared[i] = SHARED.get(cases[i], device)
-    if not kept[-1]:
+            store.batches.forget(cases[i], device)
+            shared[i] = store.batches.get(cases[i], device)
+    if suspect and not kept[-1]:
         kv.draw_poison()
     fixtures = []
     for case, s in zip(cases, shared):
-        fx = Fixture(plan=s.plan, pools=pools, layers=s.layers, inputs=s.inputs,
-                     batch=make_batch(s.plan, pools, device))
-        fx.references, fx.tables = s.references, s.tables
+        batch = make_batch(s.plan, pools, device)
+        rules = rules_for(case.mode)
+        steps = [Step(i, p, batch if p is s.plan else rules.step_batch(batch, i), s.layers,
+                      inputs, refs)
+                 for i, (p, inputs, refs) in enumerate(zip(s.step_plans, s.step_inputs, s.references))]
+        fx = Fixture(plan=s.plan, pools=pools, layers=s.layers, batch=batch, steps=steps,
+                     program_inputs=s.program_inputs)
+        fx.tables = s.tables
         held = len(s.tensors())
-        fx.reference(CASE_LAYER_ID)
-        fx._installed(pools.token_to_kv_pool, pools.req_to_token_pool.req_to_token)
+        for step in steps:
+            step.reference(CASE_LAYER_ID)
+        fx._installed(kv, pools.req_to_token_pool.req_to_token)
         if s.sealed is None or len(s.tensors()) != held:
-            SHARED.seal(case, device, s)
+            store.batches.seal(case, device, s, store.kept_bytes(device))
         fixtures.append(fx)
     return fixtures

@@ -9,7 +9,8 @@ from __future__ import annotations
 
 import dataclasses
 import random
-from typing import List
+import zlib
+from typing import List, Optional
 
 import torch
 
@@ -19,6 +20,16 @@ from kit.engine.modes import rules_for
 
 # Columns of req_to_token past a request's last token still point at poison.
 CONTEXT_SLACK = 16
+
+
+@dataclasses.dataclass(frozen=True)
+class RequestData:
+    """What a request's inputs are drawn from (kit.engine.inputs): the same seed and token counts
+    give the same queries, keys and values in any batch, at any position."""
+
+    seed: int
+    n_prefix: int  # tokens whose KV is in the pool before the batch's first step
+    n_tokens: int  # tokens it has once every step of the batch ran
 
 
 @dataclasses.dataclass
@@ -31,10 +42,17 @@ class RequestPlan:
     visible: torch.Tensor  # bool [n_new, n_old + n_new], before the sliding window
     slots: List[int]  # KV slot of each logical token
     parents: List[int]  # TARGET_VERIFY tree: parent draft index, -1 for the root
+    request: int = 0  # which of the batch's RequestData it is drawn from
+    # Its keys' token numbers in that request (cached, then new); None: tokens 0 .. total - 1.
+    keys: Optional[List[int]] = None
 
     @property
     def total(self) -> int:
         return self.n_old + self.n_new
+
+    @property
+    def key_tokens(self) -> List[int]:
+        return list(range(self.total)) if self.keys is None else self.keys
 
     @property
     def key_pos(self) -> List[int]:
@@ -48,6 +66,7 @@ class BatchPlan:
     num_slots: int
     max_reqs: int
     max_context: int
+    data: List[RequestData] = dataclasses.field(default_factory=list)  # what its requests are drawn from
 
     @property
     def num_tokens(self) -> int:
@@ -62,8 +81,8 @@ def plan_case(case: Case) -> BatchPlan:
     rows = rng.sample(range(1, 2 * case.bs + 2), case.bs)
     requests = [
         RequestPlan(row=row, n_old=s.n_old, n_new=s.n_new, seq_len=s.seq_len, q_pos=s.q_pos, visible=s.visible,
-                    parents=s.parents, slots=slots_of(pg, case.page, s.n_old + s.n_new))
-        for row, s, pg in zip(rows, shapes, pages)
+                    parents=s.parents, slots=slots_of(pg, case.page, s.n_old + s.n_new), request=i)
+        for i, (row, s, pg) in enumerate(zip(rows, shapes, pages))
     ]
     max_page = max((max(pg) for pg in pages if pg), default=0)
     spare_pages = max(4, sum(len(pg) for pg in pages) // 2)  # unowned tail, poisoned
@@ -73,4 +92,12 @@ def plan_case(case: Case) -> BatchPlan:
         num_slots=(max_page + 1 + spare_pages) * case.page,
         max_reqs=2 * case.bs + 2,
         max_context=max(r.total for r in requests) + case.page + CONTEXT_SLACK,
+        data=[RequestData(request_seed(case, i), s.n_old, s.n_old + s.n_new) for i, s in enumerate(shapes)],
     )
+
+
+def request_seed(case: Case, i: int) -> int:
+    """The seed of the case's request i: its data, wherever it is batched."""
+    if case.request_seeds is not None:
+        return case.request_seeds[i]
+    return zlib.crc32(f"{case.rng_seed()}/request{i}".encode())

@@ -1,20 +1,26 @@
 """The objects a backend reads and writes: request-to-token table and paged KV pool.
 
-Conventions (SPEC): slot 0 is scratch, request row 0 is the dummy request
-(all zeros); real requests use rows >= 1 and slots >= page_size. Every slot a
-batch does not own holds poison (KVPool.reset, before each batch is installed).
-A quantized (fp8) pool stores fp8(x / scale) with each layer's scales
-(kit.engine.kv_quant.KV_SCALES, the model layers' k_scale / v_scale), its poison too.
+Conventions (SPEC): page 0 (which holds slot 0, an engine's scratch or null block) is never a
+request's, request row 0 is the dummy request (all zeros); real requests use rows >= 1 and
+slots >= page_size. Every slot a batch does not own holds poison (KVPool.reset, before each
+batch is installed). The pool keeps every layer's KV in one tensor in an engine's storage layout
+(kit.engine.storage), so that a backend is handed the layout its engine builds; the kit reads and
+writes through K and V views of it. A quantized (fp8) pool stores fp8(x / scale) with each
+layer's scales (kit.engine.kv_quant.KV_SCALES, the model layers' k_scale / v_scale), its poison
+too.
 """
 from __future__ import annotations
 
+import collections
 import dataclasses
 from typing import Dict, List, Optional, Tuple
 
 import torch
 
 from kit.engine.fingerprint import fingerprint
+from kit.engine.kinds import Geometry
 from kit.engine.kv_quant import KV_SCALES, dequantize, is_quantized, quantize
+from kit.engine.storage import KVStorage, flat
 
 # The layer every case runs on. The pool holds one more layer before it, so a
 # backend that ignores layer_id reads poison and writes the wrong layer.
@@ -37,31 +43,45 @@ class ReqToTokenPool:
 
 
 class KVPool:
-    """Per layer k_buffer/v_buffer[num_slots, num_kv_heads, head_dim], in pages of page_size slots.
-    The poison is drawn once, with the pool, and copied back by reset(): a copy costs a
-    fraction of drawing it again (on CPU most of what installing a batch cost)."""
+    """Every layer's KV in one tensor, `layers` [NUM_LAYERS, *storage shape]; per layer the K and
+    V views `k_blocks` / `v_blocks` [blocks, block, heads, width], and where the layout allows it
+    without a copy `k_buffer` / `v_buffer` [slots, heads, width] (SGLang's pool interface). An MLA
+    pool (V a view of K's leading columns) is also SGLang's MLATokenToKVPool: `kv_buffer`, its
+    ranks, and the latent's two writers. The poison is drawn once, with the pool, and copied back
+    by reset()."""
 
-    def __init__(self, num_slots: int, num_kv_heads: int, head_dim: int, dtype, device):
-        self.size = num_slots
-        self.page_size = 1  # set per case by the fixture
-        self.head_num = num_kv_heads
-        self.head_dim = head_dim
+    def __init__(self, storage: KVStorage, num_blocks: int, block: int, geometry: Geometry, dtype, device):
+        problem = storage.check(geometry)
+        if problem:
+            raise ValueError(problem)
+        self.storage, self.geometry = storage, geometry
+        self.num_blocks, self.block = num_blocks, block
+        self.size = num_blocks * block
+        self.page_size = block  # a flat layout's is set per case (kit.engine.fixture)
+        self.head_num, self.head_dim, self.v_head_dim = geometry.heads, geometry.k_width, geometry.v_width
         self.dtype = dtype
         self.device = torch.device(device)
-        self._init_scales()
-        shape = (NUM_LAYERS, num_slots, num_kv_heads, head_dim)
-        # Every layer in one allocation (k_buffer/v_buffer are its views, as backends index them):
-        # the pool is reset, snapshot and compared with a few operations for all layers at once.
-        self.k_layers = torch.empty(shape, dtype=dtype, device=device)
-        self.v_layers = torch.empty(shape, dtype=dtype, device=device)
-        self.k_buffer: List[torch.Tensor] = list(self.k_layers.unbind(0))
-        self.v_buffer: List[torch.Tensor] = list(self.v_layers.unbind(0))
+        self.quantized = is_quantized(dtype)
+        self.scales = [KV_SCALES[i] if self.quantized else (None, None) for i in range(NUM_LAYERS)]
+        if geometry.v_in_k:  # one latent, one scale (its k_scale)
+            self.scales = [(k, k) for k, _ in self.scales]
+        self.layers = torch.empty((NUM_LAYERS,) + storage.shape(num_blocks, block, geometry), dtype=dtype,
+                                  device=device)
+        self.k_blocks = [self._view(storage.k_view, t) for t in self.layers.unbind(0)]
+        self.v_blocks = [self._view(storage.v_view, t) for t in self.layers.unbind(0)]
+        self.k_buffer: List[Optional[torch.Tensor]] = [flat(k) for k in self.k_blocks]
+        self.v_buffer: List[Optional[torch.Tensor]] = [flat(v) for v in self.v_blocks]
+        if geometry.v_in_k:
+            self.kv_buffer = self.k_buffer
+            self.kv_lora_rank, self.qk_rope_head_dim = geometry.v_width, geometry.k_width - geometry.v_width
         self.draw_poison()
 
-    def _init_scales(self) -> None:
-        """Per layer id, the (k_scale, v_scale) its values are stored with (None: unquantized)."""
-        self.quantized = is_quantized(self.dtype)
-        self.scales = [KV_SCALES[i] if self.quantized else (None, None) for i in range(NUM_LAYERS)]
+    def _view(self, view, layer: torch.Tensor) -> torch.Tensor:
+        return view(layer, self.num_blocks, self.block, self.geometry)
+
+    def layer_storage(self, layer_id: int) -> torch.Tensor:
+        """One layer's KV as its engine's cache holds it (the storage layout's shape)."""
+        return self.layers[layer_id]
 
     def _k_scale(self, layer_id: int) -> Optional[float]:
         return self.scales[layer_id][0]
@@ -73,47 +93,49 @@ class KVPool:
         """What the pool holds for K and V of layer `layer_id` (quantized with its scales)."""
         return quantize(k, self._k_scale(layer_id), self.dtype), quantize(v, self._v_scale(layer_id), self.dtype)
 
-    def _drawn(self, like: torch.Tensor) -> torch.Tensor:
-        """An empty tensor shaped as `like` to draw poison into: float32 where the pool is
-        quantized (stored by _stored_layers, so that what a backend reads is poison as designed)."""
-        return torch.empty_like(like, dtype=torch.float32 if self.quantized else like.dtype)
+    def at(self, slots: torch.Tensor) -> Tuple[torch.Tensor, torch.Tensor]:
+        """(block, offset) index tensors of `slots`, to index the [blocks, block, ...] views."""
+        slots = slots.to(torch.int64)
+        return slots // self.block, slots % self.block
 
-    def _stored_layers(self, drawn: torch.Tensor, scale_of) -> torch.Tensor:
-        """[layers, ...] values as the pool stores them, each layer with its scale (`scale_of(layer_id)`)."""
-        if not self.quantized:
-            return drawn
-        return torch.stack([quantize(layer, scale_of(lid), self.dtype) for lid, layer in enumerate(drawn)])
+    def write(self, layer_id: int, slots: torch.Tensor, k: torch.Tensor, v: Optional[torch.Tensor]) -> None:
+        """Stores K and V (already as stored) at `slots` of one layer; V is not written again where
+        it is a view of K."""
+        index = self.at(slots)
+        self.k_blocks[layer_id][index] = k
+        if not self.geometry.v_in_k:
+            self.v_blocks[layer_id][index] = v
 
-    def _poison_like(self, layers: torch.Tensor, mean: float, std: float, gen, scale_of) -> torch.Tensor:
-        """Poison drawn layer by layer, stored with each layer's scale."""
-        out = self._drawn(layers)
-        for layer in out:
-            layer.normal_(mean, std, generator=gen)
-        return self._stored_layers(out, scale_of)
+    def _poison_view(self, views, mean: float, std: float, gen, scale_of) -> None:
+        for layer_id, view in enumerate(views):
+            drawn = torch.empty(view.shape, dtype=torch.float32, device=self.device).normal_(mean, std, generator=gen)
+            view.copy_(quantize(drawn, scale_of(layer_id), self.dtype))
 
     def draw_poison(self) -> None:
+        """K poison (it adds score mass), then V's (far from real values; where V is a view of K's
+        leading columns, the latent part holds V's poison and the rope part K's)."""
         gen = torch.Generator(device=self.device).manual_seed(POISON_SEED)
-        # K then V: the values the pool always had
-        self._poison_k = self._poison_like(self.k_layers, 0.0, POISON_K_STD, gen, self._k_scale)
-        self._poison_v = self._poison_like(self.v_layers, POISON_V_MEAN, POISON_V_STD, gen, self._v_scale)
-        self._sealed = fingerprint([self._poison_k, self._poison_v])
+        self._poison_view(self.k_blocks, 0.0, POISON_K_STD, gen, self._k_scale)
+        self._poison_view(self.v_blocks, POISON_V_MEAN, POISON_V_STD, gen, self._v_scale)
+        self.poison = self.layers.clone()
+        self.poison_k = [self._view(self.storage.k_view, t) for t in self.poison.unbind(0)]
+        self.poison_v = [self._view(self.storage.v_view, t) for t in self.poison.unbind(0)]
+        self._sealed = fingerprint([self.poison])
 
     def value_bound(self) -> torch.Tensor:
         """The largest |V| a backend can read from the pool (float32, on the pool's device)."""
-        return torch.stack([dequantize(v, self._v_scale(lid)).abs().max() for lid, v in enumerate(self.v_layers)]
-                           ).max()
+        return torch.stack([dequantize(v, self._v_scale(lid)).abs().max() for lid, v in enumerate(self.v_blocks)]).max()
 
     def sealed_poison(self) -> Tuple[torch.Tensor, List[torch.Tensor], str]:
-        """(fingerprint, tensors, name) of the poison, for kit.engine.fingerprint.unchanged: it is kept for
-        every run the pool serves, and drawn again if it changed (a stray write would otherwise
-        leave slots a backend must not read less poisonous, unseen)."""
-        return self._sealed, [self._poison_k, self._poison_v], "the KV pool's poison"
+        """(fingerprint, tensors, name) of the poison, for kit.engine.fingerprint.unchanged: a stray
+        write into it would leave slots a backend must not read less poisonous, unseen."""
+        return self._sealed, [self.poison], "the KV pool's poison"
 
     def reset(self) -> None:
         """Every slot of every layer back to poison."""
-        self.k_layers.copy_(self._poison_k)
-        self.v_layers.copy_(self._poison_v)
+        self.layers.copy_(self.poison)
 
+    # SGLang's pool interface, which the in-box backends use too.
     def get_key_buffer(self, layer_id: int) -> torch.Tensor:
         return self.k_buffer[layer_id]
 
@@ -124,62 +146,11 @@ class KVPool:
         return self.k_buffer[layer_id], self.v_buffer[layer_id]
 
     def set_kv_buffer(self, layer, loc: torch.Tensor, cache_k: torch.Tensor, cache_v: torch.Tensor) -> None:
-        """Quantized with the scales of the layer given (a backend's layer object)."""
-        self.k_buffer[layer.layer_id][loc] = quantize(cache_k, getattr(layer, "k_scale", None), self.dtype)
-        self.v_buffer[layer.layer_id][loc] = quantize(cache_v, getattr(layer, "v_scale", None), self.dtype)
-
-    def snapshot(self) -> Tuple[torch.Tensor, torch.Tensor]:
-        """Copies of every layer's K and V: [layers, slots, heads, head_dim] each."""
-        return self.k_layers.clone(), self.v_layers.clone()
-
-
-class MLAKVPool(KVPool):
-    """MLA's pool (the layout of SGLang's MLATokenToKVPool): per layer ONE latent buffer
-    [num_slots, 1, kv_lora_rank + rope_dim], the compressed KV then the rotary key part.
-    k_buffer is that buffer, v_buffer a view of its first kv_lora_rank columns (no copy):
-    the KV check, poison, reset and snapshot cover the one buffer."""
-
-    def __init__(self, num_slots: int, head_dim: int, kv_lora_rank: int, dtype, device):
-        self.size = num_slots
-        self.page_size = 1
-        self.head_num = 1
-        self.head_dim = head_dim
-        self.kv_lora_rank = kv_lora_rank
-        self.qk_rope_head_dim = head_dim - kv_lora_rank
-        self.dtype = dtype
-        self.device = torch.device(device)
-        self._init_scales()
-        self.k_layers = torch.empty((NUM_LAYERS, num_slots, 1, head_dim), dtype=dtype, device=device)
-        self.v_layers = self.k_layers[..., :kv_lora_rank]
-        self.kv_buffer: List[torch.Tensor] = list(self.k_layers.unbind(0))
-        self.k_buffer = self.kv_buffer
-        self.v_buffer: List[torch.Tensor] = list(self.v_layers.unbind(0))
-        self.draw_poison()
-
-    def draw_poison(self) -> None:
-        """The latent part as V's poison (far from real values), the rope part as K's (it
-        adds score mass): reading an unowned slot moves the output past tolerance."""
-        gen = torch.Generator(device=self.device).manual_seed(POISON_SEED)
-        poison = self._drawn(self.k_layers)
-        poison[..., :self.kv_lora_rank].normal_(POISON_V_MEAN, POISON_V_STD, generator=gen)
-        poison[..., self.kv_lora_rank:].normal_(0.0, POISON_K_STD, generator=gen)
-        self._poison = self._stored_layers(poison, self._k_scale)
-        self._sealed = fingerprint([self._poison])
-
-    def sealed_poison(self) -> Tuple[torch.Tensor, List[torch.Tensor], str]:
-        return self._sealed, [self._poison], "the KV pool's poison"
-
-    def reset(self) -> None:
-        self.k_layers.copy_(self._poison)
-
-    def _v_scale(self, layer_id: int) -> Optional[float]:
-        """V is the latent's first columns: stored with the latent's one scale (k_scale)."""
-        return self._k_scale(layer_id)
-
-    def set_kv_buffer(self, layer, loc: torch.Tensor, cache_k: torch.Tensor, cache_v: torch.Tensor) -> None:
-        """cache_k is the whole latent row (cache_v, its view, is not written again), as SGLang's;
-        quantized with the scale of the layer given (k_scale)."""
-        self.kv_buffer[layer.layer_id][loc] = quantize(cache_k, getattr(layer, "k_scale", None), self.dtype)
+        """Quantized with the scales of the layer given (a backend's layer object); an MLA pool
+        takes the whole latent row in cache_k (cache_v, its view, is not written again), as SGLang's."""
+        k = quantize(cache_k, getattr(layer, "k_scale", None), self.dtype)
+        v = None if self.geometry.v_in_k else quantize(cache_v, getattr(layer, "v_scale", None), self.dtype)
+        self.write(layer.layer_id, loc, k, v)
 
     def set_mla_kv_buffer(self, layer, loc: torch.Tensor, cache_k_nope: torch.Tensor,
                           cache_k_rope: torch.Tensor) -> None:
@@ -188,13 +159,8 @@ class MLAKVPool(KVPool):
 
     def get_mla_kv_buffer(self, layer, loc: torch.Tensor, dst_dtype=None) -> Tuple[torch.Tensor, torch.Tensor]:
         """The stored rows (as SGLang's: a quantized latent is returned as stored, unscaled)."""
-        rows = self.kv_buffer[layer.layer_id][loc].to(dst_dtype or self.dtype)
-        return rows[..., :self.kv_lora_rank], rows[..., self.kv_lora_rank:]
-
-    def snapshot(self) -> Tuple[torch.Tensor, torch.Tensor]:
-        """A copy of every layer's latent, and its V view."""
-        k = self.k_layers.clone()
-        return k, k[..., :self.kv_lora_rank]
+        rows = self.k_blocks[layer.layer_id][self.at(loc)].to(dst_dtype or self.dtype)
+        return rows[..., :self.v_head_dim], rows[..., self.v_head_dim:]
 
 
 @dataclasses.dataclass
@@ -203,54 +169,69 @@ class Pools:
     token_to_kv_pool: KVPool
 
 
-def _round_up_pow2(n: int) -> int:
+def round_up_pow2(n: int) -> int:
     return 1 << max(0, (n - 1).bit_length())
 
 
-def _fits(have: Optional[Pools], num_slots: int, max_reqs: int, max_context: int) -> bool:
-    return (have is not None and have.token_to_kv_pool.size >= num_slots and have.req_to_token_pool.size >= max_reqs
-            and have.req_to_token_pool.max_context_len >= max_context)
+@dataclasses.dataclass(frozen=True)
+class PoolSpec:
+    """What a pool is made for: at least num_slots slots, max_reqs request rows of max_context
+    tokens, KV of `geometry` in `storage`, blocks of `block` slots where the storage is blocked."""
+
+    num_slots: int
+    max_reqs: int
+    max_context: int
+    geometry: Geometry
+    storage: KVStorage
+    block: int
+    dtype: torch.dtype
+    device: str
+
+    @property
+    def size_class(self) -> tuple:
+        """The pool that serves it: every size rounded up to a power of two (a pool serves the runs
+        of its size class alone, so a run costs what its own size costs, whatever ran before)."""
+        block = self.block if self.storage.blocked else 1
+        slots = round_up_pow2(max(self.num_slots, block))
+        return (self.geometry, self.storage.name, block, self.dtype, self.device, slots,
+                round_up_pow2(self.max_reqs), round_up_pow2(self.max_context))
+
+    def new_bytes(self) -> int:
+        """About the bytes the pool of this size class takes: the KV and its poison, and the
+        int32 req_to_token table."""
+        _, _, block, _, _, slots, reqs, context = self.size_class
+        g = self.geometry
+        width = g.k_width * g.heads + (0 if g.v_in_k else g.v_width * g.heads)
+        size = torch.empty(0, dtype=self.dtype).element_size()
+        return 2 * NUM_LAYERS * slots * width * size + 4 * reqs * context
+
+    def make(self) -> Pools:
+        _, _, block, _, _, slots, reqs, context = self.size_class
+        kv = KVPool(self.storage, slots // block, block, self.geometry, self.dtype, self.device)
+        return Pools(ReqToTokenPool(reqs, context, self.device), kv)
 
 
 class PoolCache:
-    """Pools built once per worker and reused while big enough (SPEC speed rule); their poison is
-    checked before each run (kit.engine.fixture.fixtures_for)."""
+    """Pools kept between runs, one per size class (PoolSpec.size_class), the least recently used
+    let go past `kept`; their poison is checked before a run where a stray write is suspected
+    (kit.engine.fixture.fixtures_for)."""
 
-    def __init__(self):
-        self._pools: Dict[tuple, Pools] = {}
+    def __init__(self, kept: int = 4):
+        self.kept = kept
+        self._pools: "collections.OrderedDict[tuple, Pools]" = collections.OrderedDict()
 
     def clear(self) -> None:
         self._pools.clear()
 
-    def new_bytes(self, *, num_slots: int, max_reqs: int, max_context: int, num_kv_heads: int,
-                  head_dim: int, dtype, device, kv_lora_rank: int = 0) -> int:
-        """About the bytes get() would allocate for these arguments (0: the cached pool fits): K, V
-        and their poison, and the int32 req_to_token table, at least as large as asked."""
-        if _fits(self._pools.get((num_kv_heads, head_dim, kv_lora_rank, dtype, str(device))),
-                 num_slots, max_reqs, max_context):
-            return 0
-        heads = 1 if kv_lora_rank else num_kv_heads
-        size = torch.empty(0, dtype=dtype).element_size()
-        return (4 * NUM_LAYERS * _round_up_pow2(num_slots) * heads * head_dim * size
-                + 4 * _round_up_pow2(max_reqs) * _round_up_pow2(max_context))
+    def new_bytes(self, spec: PoolSpec) -> int:
+        """Bytes get(spec) would allocate (0: a pool of its class is kept)."""
+        return 0 if spec.size_class in self._pools else spec.new_bytes()
 
-    def get(self, *, num_slots: int, max_reqs: int, max_context: int, num_kv_heads: int,
-            head_dim: int, dtype, device, kv_lora_rank: int = 0) -> Pools:
-        """kv_lora_rank > 0: an MLA pool (MLAKVPool, one KV head)."""
-        key = (num_kv_heads, head_dim, kv_lora_rank, dtype, str(device))
-        have = self._pools.get(key)
-        if not _fits(have, num_slots, max_reqs, max_context):
-            if have is not None:  # grow to cover both the old and the new need
-                num_slots = max(num_slots, have.token_to_kv_pool.size)
-                max_reqs = max(max_reqs, have.req_to_token_pool.size)
-                max_context = max(max_context, have.req_to_token_pool.max_context_len)
-            self._pools.pop(key, None)
-            slots = _round_up_pow2(num_slots)
-            kv = (MLAKVPool(slots, head_dim, kv_lora_rank, dtype, device) if kv_lora_rank
-                  else KVPool(slots, num_kv_heads, head_dim, dtype, device))
-            have = Pools(ReqToTokenPool(_round_up_pow2(max_reqs), _round_up_pow2(max_context), device), kv)
-            self._pools[key] = have
-        return have
-
-
-POOL_CACHE = PoolCache()
+    def get(self, spec: PoolSpec) -> Pools:
+        key = spec.size_class
+        if key not in self._pools:
+            self._pools[key] = spec.make()
+            while len(self._pools) > self.kept:
+                self._pools.popitem(last=False)
+        self._pools.move_to_end(key)
+        return self._pools[key]

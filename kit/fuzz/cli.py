@@ -92,7 +92,7 @@ def resolve(args):
     from kit.harness.capabilities import Capabilities
     from kit.harness.registry import load_backend
     from kit.fuzz.search import Target
-    from kit.fuzz.strategies import SIZES
+    from kit.engine.draws import SIZES
 
     try:
         cls = load_backend(args.backend)

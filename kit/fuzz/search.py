@@ -25,7 +25,8 @@ from hypothesis.errors import Unsatisfiable
 from kit.engine.case import Case
 from kit.engine.case_line import format_case
 from kit.fuzz import in_flight
-from kit.fuzz.strategies import Takes, any_case
+from kit.engine.draws import Takes
+from kit.fuzz.strategies import any_case
 from kit.harness.registry import backend_label, load_backend
 from kit.harness.capabilities import Capabilities
 from kit.harness.run import Run

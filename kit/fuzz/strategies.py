@@ -12,113 +12,30 @@ declaration alone is never drawn, so an MLA-only backend gets MLA cases, not rej
 """
 from __future__ import annotations
 
-import dataclasses
 import zlib
-from typing import Callable, Dict, FrozenSet, Tuple
+from typing import Callable, Dict, Tuple
 
 from hypothesis import strategies as st
 
 from kit.engine.case import INPUT_FORMS, KV_DTYPES, Case
+from kit.engine.draws import CAPS, DTYPE_ORDER, SCALES, SEEDS, SIZES, Drawing, Takes, around, length
 from kit.engine.kinds import KINDS
 from kit.engine.layouts import LAYOUTS, PAGE_LAYOUTS
-from kit.harness.schedule import BS_BUCKETS, TOKEN_BUCKETS
+from kit.engine.modes import rules_for
 from kit.modes import ForwardMode
-
-
-@dataclasses.dataclass(frozen=True)
-class Size:
-    """How large a drawn case may get (`--size`): small runs fast on CPU."""
-
-    max_bs: int
-    max_len: int  # longest cached prefix
-    max_new: int  # longest EXTEND request
-    max_drafts: int  # TARGET_VERIFY / DRAFT_EXTEND_V2 draft tokens
-    pages: Tuple[int, ...]
-    kv_heads: Tuple[int, ...]
-    groups: Tuple[int, ...]  # q heads per kv head
-    head_dims: Tuple[int, ...]
-    max_tokens: int  # EXTEND token bucket totals drawn up to this
-    mla: Tuple[Tuple[int, int], ...]  # MLA (kv_lora_rank, rope_dim) pairs
-
-
-SIZES: Dict[str, Size] = {
-    # DeepSeek's 512 + 64 besides a small latent: the width some MLA kernels are built for only.
-    "small": Size(max_bs=9, max_len=40, max_new=17, max_drafts=6, pages=(1, 4, 16), kv_heads=(1, 2),
-                  groups=(1, 2, 4), head_dims=(16, 32, 64), max_tokens=33, mla=((32, 16), (512, 64))),
-    "medium": Size(max_bs=17, max_len=300, max_new=70, max_drafts=8, pages=(1, 16, 64), kv_heads=(1, 2, 8),
-                   groups=(1, 4, 8), head_dims=(64, 128), max_tokens=129, mla=((128, 32), (512, 64))),
-    "large": Size(max_bs=65, max_len=4200, max_new=600, max_drafts=16, pages=(1, 16, 64), kv_heads=(1, 2, 8),
-                  groups=(1, 4, 8), head_dims=(64, 128, 256), max_tokens=1025, mla=((512, 64),)),
-}
-
-CAPS = (5.0, 20.0, 30.0)
-SCALES = (0.05, 0.1, 0.25, 1.0)
-MAX_TOPK = 4
-SEEDS = 4  # input data draws per shape
-DTYPE_ORDER = ("fp32", "fp16", "bf16")  # shrinks toward the exact one
-
-
-@dataclasses.dataclass(frozen=True)
-class Takes:
-    """What a backend declares it takes (kit.harness.capabilities.Capabilities): drawn cases stay
-    within it. The default takes everything the kit has."""
-
-    kinds: FrozenSet[str] = frozenset(KINDS)
-    kv_dtypes: FrozenSet[str] = frozenset(KV_DTYPES)
-    features: FrozenSet[str] = frozenset(("sinks",))
-
-    @classmethod
-    def of(cls, caps) -> "Takes":
-        return cls(caps.attention_kinds, caps.kv_dtypes, caps.attention_features)
-
-
-@dataclasses.dataclass(frozen=True)
-class Drawing:
-    """What a feature's draw sees: the size, the mode, what the backend takes and the fields drawn so far."""
-
-    size: Size
-    mode: ForwardMode
-    takes: Takes
-    fields: Dict
-    scales: Tuple[float, ...] = ()  # SCALES, for a kind's draws
-
 
 Feature = Callable[[Callable, Drawing], Dict]  # (draw, drawing) -> the fields it sets
 
 
-def around(values, low: int, high: int) -> Tuple[int, ...]:
-    """v - 1, v, v + 1 of each value, within [low, high]."""
-    return tuple(sorted({n for v in values for n in (v - 1, v, v + 1) if low <= n <= high}))
-
-
-def length(page: int, low: int, high: int) -> st.SearchStrategy:
-    """A length in [low, high]: anywhere, 0 or 1, or at and around a page boundary."""
-    boundary = st.builds(lambda k, d: k * page + d, st.integers(1, max(1, (high + 1) // page)),
-                         st.sampled_from((-1, 0, 1)))
-    return st.one_of(st.integers(low, high), st.sampled_from((0, 1)), boundary).map(
-        lambda n: min(max(n, low), high))
-
-
 def _batch(draw, d: Drawing) -> Dict:
     s, page = d.size, d.fields["page"]
-    bs = draw(st.one_of(st.integers(1, s.max_bs), st.sampled_from(around(BS_BUCKETS, 1, s.max_bs))))
+    bs = draw(st.one_of(st.integers(1, s.max_bs), st.sampled_from(around(d.batch_sizes, 1, s.max_bs))))
     return dict(prefix=tuple(draw(st.lists(length(page, 0, s.max_len), min_size=bs, max_size=bs))))
 
 
 def _new(draw, d: Drawing) -> Dict:
-    """What `new` holds in each mode (kit/engine/modes/<mode>.py); TARGET_VERIFY's drafts are a chain or a tree."""
-    s, bs = d.size, len(d.fields["prefix"])
-    if d.mode is ForwardMode.EXTEND:
-        new = draw(st.lists(length(d.fields["page"], 1, s.max_new), min_size=bs, max_size=bs))
-        if draw(st.booleans()):  # the batch's token count at or around a token bucket
-            total = draw(st.sampled_from(around(TOKEN_BUCKETS, sum(new[:-1]) + 1, s.max_tokens) or (sum(new),)))
-            new[-1] = total - sum(new[:-1])
-        return dict(new=tuple(new))
-    if d.mode is ForwardMode.DECODE:
-        return dict(new=1)
-    drafts = draw(st.integers(1, s.max_drafts))
-    topk = draw(st.integers(1, MAX_TOPK)) if d.mode is ForwardMode.TARGET_VERIFY else 1
-    return dict(new=drafts, topk=topk)
+    """What `new` (and topk) hold: the mode's own draw (kit/engine/modes/<mode>.py)."""
+    return rules_for(d.mode).draw_new(draw, d)
 
 
 def _heads(draw, d: Drawing) -> Dict:
@@ -183,9 +100,9 @@ def case_name(fields: Dict, mode: ForwardMode) -> str:
     q, kv = fields["heads"]
     kind = "mla" if fields.get("kv_lora_rank") else "mha" if q == kv else "mqa" if kv == 1 else "gqa"
     parts = [kind, f"bs{len(fields['prefix'])}"]
-    if mode in (ForwardMode.TARGET_VERIFY, ForwardMode.DRAFT_EXTEND_V2):
-        parts.append(("tree" if fields.get("topk", 1) > 1 else "chain" if mode is ForwardMode.TARGET_VERIFY
-                      else "draft") + str(fields["new"]))
+    tag = rules_for(mode).name_tag(fields)
+    if tag:
+        parts.append(tag)
     parts += [flag for flag, on in (("window", fields["window"] >= 0), ("cap", fields["cap"] > 0),
                                     ("scale", fields["scale"] is not None), ("hybrid", fields["hybrid"]),
                                     ("fused", fields.get("inputs") == "fused_qkv"),
@@ -200,7 +117,7 @@ def cases(draw, mode: ForwardMode, size: str = "small", takes: Takes = Takes()) 
     """A valid case of `mode` within `takes`, every feature drawn."""
     fields: Dict = {}
     for _, feature in FEATURES:
-        fields.update(feature(draw, Drawing(SIZES[size], mode, takes, dict(fields), SCALES)))
+        fields.update(feature(draw, Drawing(SIZES[size], mode, takes, dict(fields))))
     return Case(case_name(fields, mode), mode, **fields)
 
 

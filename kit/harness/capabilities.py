@@ -5,28 +5,21 @@ cases a plain CPU run gives it. The harness asks this record, never the class.""
 from __future__ import annotations
 
 import dataclasses
-import enum
 from typing import Dict, FrozenSet, Optional, Tuple
 
 from kit.engine import kinds
 from kit.engine.case import KV_DTYPES, Case
 from kit.engine.modes import rules_for
+from kit.engine.profile import BUILDER, CAPTURE_REPLAY, SGLANG, TWO_PHASE, EngineProfile
 from kit.modes import ForwardMode
 
 
-class GraphHooks(enum.Enum):
-    """The two styles of graph metadata hooks a backend may implement (one or the other):
-    SGLang 0.5.23's two-phase pair (host prep before capture / replay, recordable device work
-    inside the graph), and the older capture / replay pair."""
-
-    TWO_PHASE = "two-phase"
-    CAPTURE_REPLAY = "capture/replay"
-
-
+# The hooks each style's graphs need (kit.harness.hooks drives them).
 HOOKS = {
-    GraphHooks.TWO_PHASE: ("init_cuda_graph_state", "init_forward_metadata_out_graph"),
-    GraphHooks.CAPTURE_REPLAY: ("init_cuda_graph_state", "init_forward_metadata_capture_cuda_graph",
-                                "init_forward_metadata_replay_cuda_graph"),
+    TWO_PHASE: ("init_cuda_graph_state", "init_forward_metadata_out_graph"),
+    CAPTURE_REPLAY: ("init_cuda_graph_state", "init_forward_metadata_capture_cuda_graph",
+                     "init_forward_metadata_replay_cuda_graph"),
+    BUILDER: ("init_cuda_graph_state", "build_for_capture"),
 }
 NO_CAPTURE_HOOKS = "no capture hooks"
 DENSE_ONLY = ("dense",)  # the attention kinds of a backend that names none
@@ -45,7 +38,8 @@ class Capabilities:
     attention_kinds: FrozenSet[str]  # Case.kind values forward() implements ("dense", "mla")
     kv_dtypes: FrozenSet[str]  # Case.kv_dtype values (quantized KV caches) forward() reads
     attention_features: FrozenSet[str]  # Case.features forward() implements ("sinks"); none by default
-    graph_hooks: Optional[GraphHooks]  # None: no graph runs ("no capture hooks")
+    profile: EngineProfile  # the engine's conventions (kit.engine.profile)
+    hook_style: Optional[str]  # the graph hooks' style (kit.harness.hooks); None: no graph runs ("no capture hooks")
     in_graph: bool  # two-phase: init_forward_metadata_in_graph, recorded in the graph
     extend_capture: bool  # EXTEND's forward() may be captured once per token bucket
     real_rows_only: bool  # forward() sees only the real tokens of a padded EXTEND batch
@@ -56,6 +50,10 @@ class Capabilities:
         """The declarations of `backend_cls` (kit.harness.protocol.AttentionBackend documents
         them), or BadDeclaration naming the one that is malformed."""
         name = getattr(backend_cls, "__name__", repr(backend_cls))
+        profile = getattr(backend_cls, "profile", SGLANG)
+        if not isinstance(profile, EngineProfile) or profile.problem():
+            raise BadDeclaration(f"{name}.profile must be a kit.engine.profile.EngineProfile"
+                                 + (f": {profile.problem()}" if isinstance(profile, EngineProfile) else f", not {profile!r}"))
         flags = {}
         for flag in ("extend_capture", "real_rows_only"):
             value = getattr(backend_cls, flag, False)
@@ -71,7 +69,7 @@ class Capabilities:
                    attention_features=_name_set(name, "attention_features",
                                                 getattr(backend_cls, "attention_features", ()),
                                                 _is_str, 'features (e.g. ("sinks",))'),
-                   graph_hooks=_graph_hooks(backend_cls),
+                   profile=profile, hook_style=_hook_style(backend_cls, profile),
                    in_graph=callable(getattr(backend_cls, "init_forward_metadata_in_graph", None)),
                    ci_cases=_ci_cases(name, getattr(backend_cls, "ci_cases", None)), **flags)
 
@@ -103,7 +101,7 @@ class Capabilities:
 
     @property
     def has_graph_hooks(self) -> bool:
-        return self.graph_hooks is not None
+        return self.hook_style is not None
 
 
 def _modes(name: str, declared) -> Optional[FrozenSet[str]]:
@@ -130,10 +128,12 @@ def _is_str(value) -> bool:
     return isinstance(value, str)
 
 
-def _graph_hooks(backend_cls) -> Optional[GraphHooks]:
-    """The first style whose hooks the class implements whole."""
-    for style, hooks in HOOKS.items():
-        if all(callable(getattr(backend_cls, h, None)) for h in hooks):
+def _hook_style(backend_cls, profile: EngineProfile) -> Optional[str]:
+    """The style the profile names, where the class implements its hooks whole; else, where the
+    profile names none, the first of SGLang's two styles it implements."""
+    styles = (profile.hooks,) if profile.hooks else (TWO_PHASE, CAPTURE_REPLAY)
+    for style in styles:
+        if all(callable(getattr(backend_cls, h, None)) for h in HOOKS[style]):
             return style
     return None
 

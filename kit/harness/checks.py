@@ -302,33 +302,60 @@ def _differs(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
     return (_bits(a.flatten(-2)) != _bits(b.flatten(-2))).any(dim=-1)
 
 
-def check_kv(pool, before_k: torch.Tensor, before_v: torch.Tensor, loc: torch.Tensor,
-             writes: Dict[int, Tuple[torch.Tensor, torch.Tensor]]) -> KVCheck:
-    return read_back([kv_figures(pool, before_k, before_v, loc, writes)])[0]
+def check_kv(pool, state: "KVState") -> KVCheck:
+    return read_back([kv_figures(pool, state)])[0]
 
 
-def kv_figures(pool, before_k: torch.Tensor, before_v: torch.Tensor, loc: torch.Tensor,
-               writes: Dict[int, Tuple[torch.Tensor, torch.Tensor]]) -> Pending:
-    """The new k/v of a run of consecutive layers (`writes`: layer_id -> (k, v)) must sit at
-    `loc` as the pool stores them (a quantized pool: quantized with the layer's scales, compared
-    byte for byte); nothing else may change but scratch slot 0. `before_k`/`before_v`: the pool's
-    snapshot ([layers, slots, heads, head_dim]). All layers at once."""
-    loc = loc.to(torch.int64)
-    k, v = pool.k_layers, pool.v_layers
-    changed = _differs(k, before_k) | _differs(v, before_v)  # [layers, slots]
-    changed[:, :1].fill_(False)  # a fill, not `changed[:, 0] = False`: that copies False from the host and waits
+@dataclasses.dataclass
+class KVState:
+    """What the KV pool must hold after a program: its poison everywhere but at `old_slots` (the
+    cached tokens install() wrote: `old_kv` per layer, as stored) and at `loc` (the new tokens'
+    slots: `writes`, layer_id -> (k, v) as forward() was handed them, of consecutive layers);
+    slot 0 may hold anything where it is the engine's scratch slot (`scratch`)."""
+
+    old_slots: Optional[torch.Tensor]
+    old_kv: List[Tuple[torch.Tensor, torch.Tensor]]
+    loc: torch.Tensor
+    writes: Dict[int, Tuple[torch.Tensor, torch.Tensor]]
+    scratch: bool = True
+
+
+def _slots(pool, blocks: torch.Tensor, against: torch.Tensor) -> torch.Tensor:
+    """Per slot, whether one layer's [blocks, block, H, W] view differs from `against` bitwise."""
+    return _differs(blocks, against).reshape(-1)
+
+
+def kv_figures(pool, state: KVState) -> Pending:
+    """The new k/v must sit at `state.loc` as the pool stores them (a quantized pool: quantized with
+    the layer's scales, compared byte for byte); the cached tokens must be as installed; every
+    other slot must still hold its poison, but the scratch slot. Compared against the known state,
+    not a copy of the pool: a run costs what its own pool's size costs."""
+    loc = state.loc.to(torch.int64)
+    writes = state.writes
     first, last = (min(writes), max(writes)) if writes else (0, -1)
     if sorted(writes) != list(range(first, last + 1)):
         raise ValueError(f"writes must be of consecutive layers, got layers {sorted(writes)}")
-    written = slice(first, last + 1)
+    layers = range(len(pool.k_blocks))
+    changed = torch.stack([_slots(pool, pool.k_blocks[lid], pool.poison_k[lid]) | _slots(pool, pool.v_blocks[lid],
+                                                                                         pool.poison_v[lid])
+                           for lid in layers])  # [layers, slots]
+    if state.old_slots is not None:
+        at_old = pool.at(state.old_slots)
+        kept_old = torch.stack([_differs(pool.k_blocks[lid][at_old], k) | _differs(pool.v_blocks[lid][at_old], v)
+                                for lid, (k, v) in zip(layers, state.old_kv)])
+        changed[:, state.old_slots] = kept_old  # an installed token is a stray write only where it changed
+    if state.scratch:
+        changed[:, :1].fill_(False)  # a fill, not `changed[:, 0] = False`: that copies False from the host and waits
     if writes:
-        stored = [pool.stored(lid, *writes[lid]) for lid in range(first, last + 1)]  # fp8: quantized, bit-exact
-        new_k = torch.stack([kv[0] for kv in stored])
-        new_v = torch.stack([kv[1] for kv in stored])
-        lost = (_differs(k[written][:, loc], new_k) | _differs(v[written][:, loc], new_v)) & (loc != 0)
-        changed[written].index_fill_(1, loc, False)
+        at_new = pool.at(loc)
+        lost = []
+        for lid in range(first, last + 1):
+            k, v = pool.stored(lid, *writes[lid])  # fp8: quantized, bit-exact
+            lost.append(_differs(pool.k_blocks[lid][at_new], k) | _differs(pool.v_blocks[lid][at_new], v))
+        lost = torch.stack(lost) & (loc != 0)
+        changed[first:last + 1].index_fill_(1, loc, False)
     else:
-        lost = torch.zeros((0, loc.numel()), dtype=torch.bool, device=k.device)
+        lost = torch.zeros((0, loc.numel()), dtype=torch.bool, device=changed.device)
 
     def finish(counts: List[float]) -> KVCheck:
         num_missing, num_collateral = int(sum(counts[:lost.shape[0]])), int(sum(counts[lost.shape[0]:]))

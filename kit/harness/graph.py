@@ -1,23 +1,21 @@
 """The graph harness: the production capture/replay contract (SPEC "Graph mode").
 
-Batch-size graphs (DECODE / TARGET_VERIFY / DRAFT_EXTEND_V2): static buffers
-sized for the largest bucket, one graph captured per batch-size bucket (warm-up
-on a side stream first), then replays in mixed order with padded rows set by
-the fill rules. Token graphs (EXTEND, piecewise contract): the token axis is
-padded to a token bucket; padded tokens write KV to slot 0.
+Batch-size graphs (DECODE / TARGET_VERIFY / DRAFT_EXTEND_V2, ...): static buffers sized for the
+largest bucket of the engine's batch sizes, one graph captured per bucket (warm-up on a side
+stream first), then replays in mixed order with padded rows as the engine's profile fills them
+(kit.engine.profile: a padded token's KV slot, a padded request's seq_len). Token graphs (EXTEND,
+piecewise contract): the token axis is padded to a token bucket. A graph records the whole step
+program of a batch: the in-graph metadata, then every step's forward for every layer.
 
-The backend's hooks are driven in its own style (kit.harness.capabilities.GraphHooks):
-two-phase (out_graph before capture and before every replay, in_graph recorded
-in the graph with forward) or capture/replay. Every second replay hands the
-backend full-capacity request buffers (rows past the batch hold what earlier
-batches left there), as SGLang's draft-extend runner does.
+The backend's hooks are driven in its own style (kit.harness.hooks). Every second replay hands the
+backend full-capacity request buffers (rows past the batch hold what earlier batches left there),
+as SGLang's draft-extend runner does.
 
-Without CUDA the same hooks, buffers, padding and order run without a graph
-("emulated"): forward() runs again at each replay, but with the backend's Python
-state put back to what it was at capture (kit.harness.hoststate), as a real graph keeps
-its launch arguments; a tensor the replay hooks replaced is named. Allocations
-of the hooks and of the captured forward carry canary tails (kit.harness.guard), on GPU
-too, so a write past one is seen after each replay.
+Without CUDA the same hooks, buffers, padding and order run without a graph ("emulated"):
+forward() runs again at each replay, but with the backend's Python state put back to what it was
+at capture (kit.harness.hoststate), as a real graph keeps its launch arguments; a tensor the replay
+hooks replaced is named. Allocations of the hooks and of the captured forward carry canary tails
+(kit.harness.guard), on GPU too, so a write past one is seen after each replay.
 """
 from __future__ import annotations
 
@@ -30,16 +28,17 @@ import torch
 
 from kit.engine.batch import ForwardBatch
 from kit.engine.fixture import Fixture
-from kit.harness.guard import Guard, canary_figures
-from kit.harness.hoststate import Bindings, replaced, tensor_pointers
 from kit.engine.modes import rules_for
-from kit.engine.modes.rules import GraphBuckets
-from kit.harness.nan_fill import nan_filled_allocations
-from kit.harness.capabilities import Capabilities, GraphHooks
+from kit.engine.modes.rules import EXTEND_REQUEST_FIELDS, GraphBuckets
+from kit.engine.variants import bucket_for
+from kit.harness.capabilities import Capabilities
+from kit.harness.checks import Handed, Pending, handed_inputs, inputs_figures
+from kit.harness.guard import Guard, canary_figures
+from kit.harness.hooks import driver_for
+from kit.harness.hoststate import Bindings, replaced, tensor_pointers
+from kit.harness.program import forward_program
 from kit.harness.protocol import seq_len_fill_value
 from kit.report.record import CUDA_GRAPH, EMULATED, PIECEWISE_EAGER
-from kit.harness.schedule import BS_BUCKETS, TOKEN_BUCKETS, bucket_for
-from kit.harness.checks import Handed, Pending, handed_inputs, inputs_figures
 
 WARMUP_RUNS = 2
 
@@ -62,10 +61,11 @@ def _no_collection():
         if enabled:
             gc.enable()
 
+
 @dataclasses.dataclass
 class Replayed:
-    outs: List[torch.Tensor]  # per layer, the output of the real rows
-    padded: List[torch.Tensor]  # per layer, the output of the padded rows
+    outs: List[List[torch.Tensor]]  # per step, per layer, the output of the real rows
+    padded: List[torch.Tensor]  # the outputs of the padded rows (every step, every layer)
     replaced: List[str]  # backend attributes holding another tensor than at capture (emulated graphs)
     memory: Pending  # canaries of what the hooks and the captured forward allocated (kit.harness.guard)
     inputs: List[Pending]  # the static inputs kept, at this replay and the captures since the last
@@ -73,104 +73,139 @@ class Replayed:
 
 @dataclasses.dataclass
 class _Captured:
-    batch: ForwardBatch  # the batch object the captured step saw (views of static buffers)
+    batch: ForwardBatch  # the batch object the captured program saw (views of static buffers)
     graph: Optional["torch.cuda.CUDAGraph"] = None
-    outs: Optional[List[torch.Tensor]] = None
-    guard: Optional[Guard] = None  # real graphs: canary tails of what the captured step allocated
+    outs: Optional[List[List[torch.Tensor]]] = None
+    guard: Optional[Guard] = None  # real graphs: canary tails of what the captured program allocated
     bindings: Optional[Bindings] = None  # emulated: the backend's Python state at capture
     pointers: Dict[str, int] = dataclasses.field(default_factory=dict)
+
+
+@dataclasses.dataclass
+class _StepInputs:
+    """One step's static q/k/v per layer, and its tokens per request."""
+
+    q: List[torch.Tensor]
+    k: List[torch.Tensor]
+    v: List[torch.Tensor]
+    v_in_k: List[bool]  # per layer: V is a view of K (MLA's latent), not an input of its own
+    per_request: int  # rows of each request in this step (0: ragged, the token axis is padded instead)
 
 
 class _Harness:
     """Static buffers, captures and replays for one run's fixtures (one pool, one model)."""
 
-    def __init__(self, backend, caps: Capabilities, fixtures: Sequence[Fixture], max_tokens: int):
+    def __init__(self, backend, caps: Capabilities, fixtures: Sequence[Fixture], buckets: Sequence[int],
+                 max_tokens: int, token_axis: bool):
         self.backend = backend
         self.caps = caps
+        self.profile = caps.profile
+        self.driver = driver_for(backend, caps)
         self.layers = fixtures[0].layers
         self.pools = fixtures[0].pools
         self.case = fixtures[0].case
         self.mode = self.case.mode
-        self.two_phase = caps.graph_hooks is GraphHooks.TWO_PHASE
-        self.max_bs = max(bucket_for(fx.batch.batch_size, BS_BUCKETS) for fx in fixtures)
+        self.rules = rules_for(self.mode)
+        self.max_bs = max(buckets)
         kv = self.pools.token_to_kv_pool
         self.device = kv.device
         self.real = self.device.type == "cuda"
         self.detail = CUDA_GRAPH if self.real else EMULATED
         self.fill = seq_len_fill_value(backend)
-        zeros = lambda *shape, dtype=kv.dtype: torch.zeros(shape, dtype=dtype, device=self.device)  # noqa: E731
-        # per layer: the token inputs forward() is handed, shaped as the fixture's
+        self.padded_seq_len = self.fill if self.profile.padded_seq_len is None else self.profile.padded_seq_len
+        # Per request, tokens of the batch (its KV slots and positions) and rows of each step; a
+        # token-axis graph pads tokens, not requests.
+        first = fixtures[0]
+        per_request = lambda n: 0 if token_axis else n // first.batch.batch_size  # noqa: E731
+        self.tokens_per_req = per_request(first.batch.out_cache_loc.shape[0])
+        self.positions_per_req = per_request(first.batch.positions.shape[0])
         self.max_tokens = max_tokens
-        self.inputs = fixtures[0].inputs
-        self.q, self.k, self.v = (list(t) for t in zip(*(x.buffers(max_tokens, self.case.inputs)
-                                                          for x in self.inputs)))
+        self.steps = []
+        for step in first.steps:
+            rows = max_tokens if token_axis else self.max_bs * per_request(step.batch.num_tokens)
+            q, k, v = (list(t) for t in zip(*(x.buffers(rows, self.case.inputs) for x in step.inputs)))
+            self.steps.append(_StepInputs(q, k, v, [x.v_in_k for x in step.inputs], per_request(step.batch.num_tokens)))
         self.input_checks: List[Pending] = []  # of captures, judged with the next replay
-        self.out_cache_loc = zeros(max_tokens, dtype=torch.int64)
-        self.positions = zeros(max_tokens, dtype=torch.int64)
-        self.req_pool_indices = zeros(self.max_bs, dtype=torch.int32)
-        self.seq_lens = torch.full((self.max_bs,), self.fill, dtype=torch.int32, device=self.device)
-        self.seq_lens_cpu = torch.full((self.max_bs,), self.fill, dtype=torch.int32)
+        self.out_cache_loc = self._zeros(max(max_tokens, self.max_bs * self.tokens_per_req), torch.int64)
+        self.positions = self._zeros(max(max_tokens, self.max_bs * self.positions_per_req), torch.int64)
+        self.req_pool_indices = self._zeros(self.max_bs, torch.int32)
+        self.seq_lens = torch.full((self.max_bs,), self.padded_seq_len, dtype=torch.int32, device=self.device)
+        self.seq_lens_cpu = torch.full((self.max_bs,), self.padded_seq_len, dtype=torch.int32)
         self.captured: Dict[int, _Captured] = {}
         self.mempool = torch.cuda.graph_pool_handle() if self.real else None
         self.replays = 0
 
-    def _forward(self, batch: ForwardBatch, n: int) -> List[torch.Tensor]:
-        """forward() for every layer of the model, on the same metadata."""
-        with nan_filled_allocations():
-            return [self.backend.forward(self.q[i][:n], self.k[i][:n], self.v[i][:n], layer, batch)
-                    for i, layer in enumerate(self.layers)]
+    def _zeros(self, n: int, dtype) -> torch.Tensor:
+        return torch.zeros(n, dtype=dtype, device=self.device)
 
-    def _step(self, batch: ForwardBatch, n: int) -> List[torch.Tensor]:
-        """What a graph records: the two-phase backend's in-graph metadata, then forward per layer."""
-        if self.two_phase and self.caps.in_graph:
-            self.backend.init_forward_metadata_in_graph(batch)
-        return self._forward(batch, n)
+    def _init_state(self, max_num_tokens: int) -> None:
+        """The backend's graph state, then the driver's own buffers (both for the largest batch)."""
+        self.backend.init_cuda_graph_state(self.max_bs, max_num_tokens)
+        self.driver.prepare(self.max_bs, self.pools.req_to_token_pool.req_to_token, self.pools.token_to_kv_pool.page_size,
+                            self.device)
 
-    def _static(self, start: int, end: int) -> List[tuple]:
-        """Per layer, rows [start, end) of the static (q, k, v)."""
-        return [(q[start:end], k[start:end], v[start:end]) for q, k, v in zip(self.q, self.k, self.v)]
+    def _step_views(self, batch: ForwardBatch, steps: int) -> List[ForwardBatch]:
+        """The batch each step's forward gets: the batch itself, or the mode's step views of it."""
+        return [batch] if steps == 1 else [self.rules.step_batch(batch, i) for i in range(steps)]
 
-    def _kept(self, fx: Optional[Fixture], n: int, padded: int, where: str = "") -> Pending:
-        """The static inputs after a step on `padded` rows, against what the kit loaded: the
-        real rows of `fx` (its own inputs, the first n rows), zeros past them."""
-        handed = handed_inputs(fx, self._static(0, n), where) if fx is not None else []
-        for layer, x, qkv in zip(self.layers, self.inputs, self._static(n, padded)):
-            rows = "padded rows" if fx is not None else "zeroed rows"
-            handed += [Handed(name, f"layer {layer.layer_id}, {rows}{where}", after, first_row=n)
-                       for name, after in x.named(*qkv)]
+    def _program(self, batch: ForwardBatch, rows: List[int]) -> List[List[torch.Tensor]]:
+        """What a graph records: the in-graph metadata, then every step's forward for every layer
+        on the first rows[i] rows of step i's static inputs."""
+        self.driver.in_graph(batch)
+        views = self._step_views(batch, len(self.steps))
+        static = [[(q[:n], k[:n], v[:n]) for q, k, v in zip(s.q, s.k, s.v)] for s, n in zip(self.steps, rows)]
+        return forward_program(self.backend, self.layers, views, static)
+
+    def _rows(self, padded_requests: int, padded_tokens: int) -> List[int]:
+        """Rows of each step's static inputs a graph of this size runs."""
+        return [padded_tokens if s.per_request == 0 else padded_requests * s.per_request for s in self.steps]
+
+    def _kept(self, fx: Optional[Fixture], real: List[int], padded: List[int], where: str = "") -> Pending:
+        """The static inputs after a program, against what the kit loaded: each step's real rows of
+        `fx` (its own inputs), zeros past them up to its padded rows."""
+        handed: List[Handed] = []
+        rows = "padded rows" if fx is not None else "zeroed rows"
+        for i, s in enumerate(self.steps):
+            step = f", step {i + 1}" if len(self.steps) > 1 else ""
+            if fx is not None:
+                handed += handed_inputs(fx.steps[i], [(q[:real[i]], k[:real[i]], v[:real[i]])
+                                                      for q, k, v in zip(s.q, s.k, s.v)], step + where)
+            for layer, q, k, v, v_in_k in zip(self.layers, s.q, s.k, s.v, s.v_in_k):
+                tail = [("q", q), ("k", k)] + ([] if v_in_k else [("v", v)])
+                handed += [Handed(name, f"layer {layer.layer_id}{step}, {rows}{where}", t[real[i]:padded[i]],
+                                  first_row=real[i]) for name, t in tail]
         return inputs_figures(handed)
 
-    def _capture(self, key: int, batch: ForwardBatch, n: int, fx: Optional[Fixture] = None, real_rows: int = 0) -> None:
-        """Captures graph `key` on n rows of the static inputs, which hold `fx`'s first real_rows
-        (else zeros)."""
-        self._capture_step(key, batch, n)
-        self.input_checks.append(self._kept(fx, real_rows, n, f", at the capture of {self._graph_name(key)}"))
-
-    def _capture_step(self, key: int, batch: ForwardBatch, n: int) -> None:
+    def _capture(self, key: int, batch: ForwardBatch, rows: List[int], fx: Optional[Fixture] = None,
+                 real: Optional[List[int]] = None) -> None:
+        """Captures graph `key` on rows[i] rows of each step's static inputs, which hold `fx`'s first
+        real[i] rows (else zeros)."""
         if not self.real:
-            self._step(batch, n)  # capture-time output is discarded
+            self._program(batch, rows)  # capture-time output is discarded
             self.captured[key] = _Captured(batch, bindings=Bindings.of(self.backend),
                                            pointers=tensor_pointers(self.backend))
-            return
-        side = torch.cuda.Stream()
-        side.wait_stream(torch.cuda.current_stream())
-        with torch.cuda.stream(side):
-            for _ in range(WARMUP_RUNS):
-                self._step(batch, n)
-        torch.cuda.current_stream().wait_stream(side)
-        torch.cuda.synchronize()
-        graph, guard = torch.cuda.CUDAGraph(), Guard()
-        # capture_begin/end on a side stream, as torch.cuda.graph does, without its empty_cache():
-        # run after run, that handed the cache back and the next batch's allocations went to cudaMalloc.
-        with _no_collection(), torch.cuda.stream(side), guard.watching():
-            graph.capture_begin(pool=self.mempool)
-            try:
-                outs = self._step(batch, n)
-            finally:
-                graph.capture_end()
-        self.captured[key] = _Captured(batch, graph, outs, guard)
+        else:
+            side = torch.cuda.Stream()
+            side.wait_stream(torch.cuda.current_stream())
+            with torch.cuda.stream(side):
+                for _ in range(WARMUP_RUNS):
+                    self._program(batch, rows)
+            torch.cuda.current_stream().wait_stream(side)
+            torch.cuda.synchronize()
+            graph, guard = torch.cuda.CUDAGraph(), Guard()
+            # capture_begin/end on a side stream, as torch.cuda.graph does, without its empty_cache():
+            # run after run, that handed the cache back and the next batch's allocations went to cudaMalloc.
+            with _no_collection(), torch.cuda.stream(side), guard.watching():
+                graph.capture_begin(pool=self.mempool)
+                try:
+                    outs = self._program(batch, rows)
+                finally:
+                    graph.capture_end()
+            self.captured[key] = _Captured(batch, graph, outs, guard)
+        self.input_checks.append(self._kept(fx, real or [0] * len(rows), rows,
+                                            f", at the capture of {self._graph_name(key)}"))
 
-    def _run(self, key: int, n: int, guard: Guard):
+    def _run(self, key: int, rows: List[int], guard: Guard):
         """Replays graph `key` after its hooks ran (under `guard`): (outs, replaced tensors, memory)."""
         cap = self.captured[key]
         if self.real:
@@ -181,21 +216,29 @@ class _Harness:
         cap.bindings.restore()
         try:
             with guard.watching():
-                outs = self._step(cap.batch, n)
+                outs = self._program(cap.batch, rows)
         finally:
             after_hooks.restore()  # forward's own Python side effects do not happen in a real replay
         return outs, swapped, canary_figures(guard)
 
-    def _load_tokens(self, fx: Fixture, padded: int) -> int:
-        """Real tokens copied in; padded tokens write slot 0 at position 0."""
-        n = fx.plan.num_tokens
-        pairs = [(self.out_cache_loc, fx.batch.out_cache_loc), (self.positions, fx.batch.positions)]
-        for i, x in enumerate(fx.inputs):
-            pairs += [(self.q[i], x.q), (self.k[i], x.k_new), (self.v[i], x.v_new)]
-        for buf, src in pairs:
-            buf[:n].copy_(src)
-            buf[n:padded].zero_()
-        return n
+    def _load(self, fx: Fixture, padded_tokens: int, padded_positions: int, padded_rows: List[int]) -> List[int]:
+        """The batch's real tokens and each step's real rows copied in; padded tokens write the
+        profile's padded slot (the scratch slot, or none) at position 0, padded rows are zeros.
+        Returns each step's real rows."""
+        b = fx.batch
+        for buf, src, pad, end in ((self.out_cache_loc, b.out_cache_loc, self.profile.padded_slot, padded_tokens),
+                                   (self.positions, b.positions, 0, padded_positions)):
+            buf[:src.shape[0]].copy_(src)
+            buf[src.shape[0]:end].fill_(pad)
+        real = []
+        for s, step, rows in zip(self.steps, fx.steps, padded_rows):
+            m = step.batch.num_tokens
+            for i, x in enumerate(step.inputs):
+                for buf, src in ((s.q[i], x.q), (s.k[i], x.k_new), (s.v[i], x.v_new)):
+                    buf[:m].copy_(src)
+                    buf[m:rows].zero_()
+            real.append(m)
+        return real
 
     def _requests(self, bs: int, full: bool) -> dict:
         """The request buffers a batch view hands over: exact-size views, or full capacity."""
@@ -203,13 +246,13 @@ class _Harness:
         return dict(req_pool_indices=self.req_pool_indices[:end], seq_lens=self.seq_lens[:end],
                     seq_lens_cpu=self.seq_lens_cpu[:end])
 
-    def _replayed(self, outs: List[torch.Tensor], fx: Fixture, padded: int, swapped: List[str],
-                  memory: Pending) -> Replayed:
-        """Real and padded rows of the outputs, per layer; the static inputs judged kept (and
-        those of the captures since the last replay)."""
-        n = fx.plan.num_tokens
-        inputs, self.input_checks = self.input_checks + [self._kept(fx, n, padded)], []
-        return Replayed([o[:n] for o in outs], [o[n:] for o in outs], swapped, memory, inputs)
+    def _replayed(self, outs: List[List[torch.Tensor]], fx: Fixture, real: List[int], swapped: List[str],
+                  memory: Pending, padded: List[int]) -> Replayed:
+        """Real and padded rows of the outputs, per step and layer; the static inputs judged kept
+        (and those of the captures since the last replay)."""
+        inputs, self.input_checks = self.input_checks + [self._kept(fx, real, padded)], []
+        return Replayed([[o[:n] for o in step] for step, n in zip(outs, real)],
+                        [o[n:] for step, n in zip(outs, real) for o in step], swapped, memory, inputs)
 
     def _graph_name(self, key: int) -> str:
         raise NotImplementedError
@@ -243,43 +286,38 @@ class _Harness:
 
 class BatchGraphs(_Harness):
     """One graph per batch-size bucket, a fixed number of tokens per request (DECODE,
-    TARGET_VERIFY, DRAFT_EXTEND_V2)."""
+    TARGET_VERIFY, DRAFT_EXTEND_V2, ...)."""
 
     def __init__(self, backend, caps: Capabilities, fixtures: Sequence[Fixture]):
-        case = fixtures[0].case
-        self.rules = rules_for(case.mode)
-        self.tokens_per_req = self.rules.tokens_per_request(case)
-        max_bs = max(bucket_for(fx.batch.batch_size, BS_BUCKETS) for fx in fixtures)
-        super().__init__(backend, caps, fixtures, max_bs * self.tokens_per_req)
-        self.buckets = sorted({bucket_for(fx.batch.batch_size, BS_BUCKETS) for fx in fixtures}, reverse=True)
-        backend.init_cuda_graph_state(max_bs, max_bs * self.tokens_per_req)
+        sizes = caps.profile.batch_sizes
+        buckets = sorted({bucket_for(fx.batch.batch_size, sizes) for fx in fixtures}, reverse=True)
+        first = fixtures[0]
+        tokens = first.batch.out_cache_loc.shape[0] // first.batch.batch_size
+        super().__init__(backend, caps, fixtures, buckets, max(buckets) * tokens, token_axis=False)
+        self.sizes, self.buckets = sizes, buckets
+        self._init_state(self.max_bs * max(s.per_request for s in self.steps))
 
     def _spec_info(self, bs: int, real_rows: int, real_mask: Optional[torch.Tensor]):
-        return self.rules.spec_info(self.case, bs, real_rows, real_mask, self.fill, self.device)
+        return self.rules.spec_info(self.case, bs, real_rows, real_mask, self.padded_seq_len, self.device)
 
     def _view(self, bs: int, seq_lens_sum: int, spec_info, full: bool) -> ForwardBatch:
-        n = bs * self.tokens_per_req
         return ForwardBatch(
             forward_mode=self.mode, batch_size=bs, **self._requests(bs, full), seq_lens_sum=seq_lens_sum,
-            out_cache_loc=self.out_cache_loc[:n], positions=self.positions[:n],
+            out_cache_loc=self.out_cache_loc[:bs * self.tokens_per_req],
+            positions=self.positions[:bs * self.positions_per_req],
             req_to_token_pool=self.pools.req_to_token_pool, token_to_kv_pool=self.pools.token_to_kv_pool,
             spec_info=spec_info)
 
     def capture_bucket(self, bs: int) -> None:
-        n = bs * self.tokens_per_req
         self.req_pool_indices[:bs].zero_()
-        self.seq_lens[:bs].fill_(self.fill)
-        self.seq_lens_cpu[:bs].fill_(self.fill)
-        self.out_cache_loc[:n].zero_()
-        self.positions[:n].zero_()
-        spec_info = self._spec_info(bs, 0, None)
-        batch = self._view(bs, self.fill * bs, spec_info, full=False)
-        if self.two_phase:
-            self.backend.init_forward_metadata_out_graph(batch, in_capture=True)
-        else:
-            self.backend.init_forward_metadata_capture_cuda_graph(
-                bs, n, batch.req_pool_indices, batch.seq_lens, self.mode, spec_info)
-        self._capture(bs, batch, n)
+        self.seq_lens[:bs].fill_(self.padded_seq_len)
+        self.seq_lens_cpu[:bs].fill_(self.padded_seq_len)
+        self.out_cache_loc[:bs * self.tokens_per_req].fill_(self.profile.padded_slot)
+        self.positions[:bs * self.positions_per_req].zero_()
+        batch = self._view(bs, self.padded_seq_len * bs, self._spec_info(bs, 0, None), full=False)
+        rows = self._rows(bs, 0)
+        batch = self.driver.capture(batch, bs * self.tokens_per_req, 0)
+        self._capture(bs, batch, rows)
 
     def capture(self) -> None:
         for bs in self.buckets:  # largest first, as engines capture
@@ -288,59 +326,55 @@ class BatchGraphs(_Harness):
     def _replay(self, fx: Fixture, full: bool) -> Replayed:
         b = fx.batch
         bs = b.batch_size
-        pbs = bucket_for(bs, BS_BUCKETS)
+        pbs = bucket_for(bs, self.sizes)
         # Rows past pbs keep what earlier batches left: a full-capacity view shows them.
         self.req_pool_indices[:bs].copy_(b.req_pool_indices)
         self.req_pool_indices[bs:pbs].zero_()
         self.seq_lens[:bs].copy_(b.seq_lens)
-        self.seq_lens[bs:pbs].fill_(self.fill)
+        self.seq_lens[bs:pbs].fill_(self.padded_seq_len)
         self.seq_lens_cpu[:bs].copy_(b.seq_lens_cpu)
-        self.seq_lens_cpu[bs:pbs].fill_(self.fill)
-        self._load_tokens(fx, pbs * self.tokens_per_req)
+        self.seq_lens_cpu[bs:pbs].fill_(self.padded_seq_len)
+        rows = self._rows(pbs, 0)
+        real = self._load(fx, pbs * self.tokens_per_req, pbs * self.positions_per_req, rows)
         real_mask = b.spec_info.custom_mask if b.spec_info is not None else None
-        spec_info = self._spec_info(pbs, bs, real_mask)
-        view = self._view(pbs, b.seq_lens_sum + self.fill * (pbs - bs), spec_info, full)
+        view = self._view(pbs, b.seq_lens_sum + self.padded_seq_len * (pbs - bs), self._spec_info(pbs, bs, real_mask),
+                          full)
         guard = Guard()
         with guard.watching():
-            if self.two_phase:
-                self.backend.init_forward_metadata_out_graph(view)
-            else:
-                self.backend.init_forward_metadata_replay_cuda_graph(
-                    pbs, view.req_pool_indices, view.seq_lens, view.seq_lens_sum, self.mode, spec_info,
-                    view.seq_lens_cpu)
-        outs, swapped, memory = self._run(pbs, pbs * self.tokens_per_req, guard)
-        return self._replayed(outs, fx, pbs * self.tokens_per_req, swapped, memory)
+            self.driver.replay(view, pbs * self.tokens_per_req, b.out_cache_loc.shape[0])
+        outs, swapped, memory = self._run(pbs, rows, guard)
+        return self._replayed(outs, fx, real, swapped, memory, rows)
 
     def _where(self, fx: Fixture) -> str:
-        return f" in bucket {bucket_for(fx.batch.batch_size, BS_BUCKETS)}"
+        return f" in bucket {bucket_for(fx.batch.batch_size, self.sizes)}"
 
     def _graph_name(self, key: int) -> str:
         return f"bucket {key}"
 
 
-class ExtendGraphs(_Harness):
+class TokenGraphs(_Harness):
     """The piecewise contract: the token axis padded to a token bucket (EXTEND); one graph per
     token bucket, replayed with any batch whose tokens fit it, whatever its request count."""
 
-    EXTEND_FIELDS = ("extend_seq_lens", "extend_prefix_lens", "extend_start_loc")
-
     def __init__(self, backend, caps: Capabilities, fixtures: Sequence[Fixture]):
-        max_tokens = max(fx.plan.num_tokens for fx in fixtures)
-        super().__init__(backend, caps, fixtures, bucket_for(max_tokens, TOKEN_BUCKETS))
+        self.token_buckets = caps.profile.token_buckets
+        max_tokens = max(fx.batch.out_cache_loc.shape[0] for fx in fixtures)
+        max_bs = bucket_for(max(fx.batch.batch_size for fx in fixtures), caps.profile.batch_sizes)
+        super().__init__(backend, caps, fixtures, [max_bs], bucket_for(max_tokens, self.token_buckets), token_axis=True)
         self.real_rows_only = caps.real_rows_only
         # A backend that sees only the real rows cannot have them captured: their count varies.
         self.capturing = caps.extend_capture and not self.real_rows_only
         if not self.capturing:
             self.detail = PIECEWISE_EAGER
-        self.extend = {f: torch.zeros(self.max_bs, dtype=torch.int32, device=self.device) for f in self.EXTEND_FIELDS}
-        backend.init_cuda_graph_state(self.max_bs, self.max_tokens)
+        self.extend = {f: self._zeros(self.max_bs, torch.int32) for f in EXTEND_REQUEST_FIELDS}
+        self._init_state(self.max_tokens)
 
     def _view(self, fx: Fixture, padded: int, full: bool) -> ForwardBatch:
         """The batch over the static buffers: its requests copied in (rows past it keep what
         earlier batches left), its tokens padded to the bucket."""
         b = fx.batch
         bs = b.batch_size
-        self._load_tokens(fx, padded)
+        self._load(fx, padded, padded, [padded] * len(self.steps))
         for buf, src in ((self.req_pool_indices, b.req_pool_indices), (self.seq_lens, b.seq_lens),
                          (self.seq_lens_cpu, b.seq_lens_cpu)):
             buf[:bs].copy_(src)
@@ -351,52 +385,47 @@ class ExtendGraphs(_Harness):
             b, **self._requests(bs, full), **{f: buf[:end] for f, buf in self.extend.items()},
             out_cache_loc=self.out_cache_loc[:padded], positions=self.positions[:padded])
 
-    def _metadata(self, batch: ForwardBatch, in_capture: bool = False) -> None:
-        if self.two_phase:
-            self.backend.init_forward_metadata_out_graph(batch, in_capture=in_capture)
-        else:
-            self.backend.init_forward_metadata(batch)
-
     def prepare(self, fx: Fixture) -> None:
-        padded = bucket_for(fx.plan.num_tokens, TOKEN_BUCKETS)
+        padded = bucket_for(fx.batch.out_cache_loc.shape[0], self.token_buckets)
         if self.capturing and padded not in self.captured:
-            batch = self._view(fx, padded, full=False)
-            self._metadata(batch, in_capture=True)
-            self._capture(padded, batch, padded, fx, fx.plan.num_tokens)
+            n = fx.batch.out_cache_loc.shape[0]
+            batch = self.driver.ragged(self._view(fx, padded, full=False), n, in_capture=True)
+            self._capture(padded, batch, [padded] * len(self.steps), fx, [n] * len(self.steps))
 
     def _replay(self, fx: Fixture, full: bool) -> Replayed:
-        padded = bucket_for(fx.plan.num_tokens, TOKEN_BUCKETS)
-        n = fx.plan.num_tokens
+        n = fx.batch.out_cache_loc.shape[0]
+        padded = bucket_for(n, self.token_buckets)
         batch = self._view(fx, padded, full)
         guard = Guard()
         with guard.watching():
-            self._metadata(batch)
+            batch = self.driver.ragged(batch, n)
+        rows = [padded] * len(self.steps)
         if self.capturing:
-            outs, swapped, memory = self._run(padded, padded, guard)
+            outs, swapped, memory = self._run(padded, rows, guard)
         else:
             swapped = []
             with guard.watching():
-                outs = self._step_piecewise(batch, n, padded)
+                outs = self._program_piecewise(batch, n, padded)
             memory = canary_figures(guard)
-        return self._replayed(outs, fx, padded, swapped, memory)
+        return self._replayed(outs, fx, [n] * len(self.steps), swapped, memory, rows)
 
-    def _step_piecewise(self, batch: ForwardBatch, n: int, padded: int) -> List[torch.Tensor]:
+    def _program_piecewise(self, batch: ForwardBatch, n: int, padded: int) -> List[List[torch.Tensor]]:
         """The padded call, eager; for a real-rows-only backend, what SGLang's layer does: the
         backend on the real rows, zeros for the padded ones."""
         if not self.real_rows_only:
-            return self._step(batch, padded)
+            return self._program(batch, [padded] * len(self.steps))
         real = dataclasses.replace(batch, out_cache_loc=batch.out_cache_loc[:n], positions=batch.positions[:n])
-        return [torch.cat([out, out.new_zeros((padded - n,) + tuple(out.shape[1:]))])
-                for out in self._step(real, n)]
+        return [[torch.cat([out, out.new_zeros((padded - n,) + tuple(out.shape[1:]))]) for out in step]
+                for step in self._program(real, [n] * len(self.steps))]
 
     def _where(self, fx: Fixture) -> str:
-        return f", {fx.plan.num_tokens} tokens"
+        return f", {fx.batch.out_cache_loc.shape[0]} tokens"
 
     def _graph_name(self, key: int) -> str:
         return f"token bucket {key}"
 
 
-HARNESSES = {GraphBuckets.BATCH_SIZE: BatchGraphs, GraphBuckets.TOKEN_COUNT: ExtendGraphs}
+HARNESSES = {GraphBuckets.BATCH_SIZE: BatchGraphs, GraphBuckets.TOKEN_COUNT: TokenGraphs}
 
 
 def harness_for(backend, fixtures: Sequence[Fixture], caps: Optional[Capabilities] = None) -> _Harness:

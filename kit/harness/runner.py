@@ -14,17 +14,20 @@ from kit.harness import interpreter
 from kit.harness.guard import Guard, canary_figures
 from kit.harness.verdict import Verdict, eager_verdict, replay_failure, replay_verdict
 from kit.modes import Exec
-from kit.harness.nan_fill import nan_filled_allocations
+from kit.harness.hooks import HookDriver, driver_for
+from kit.harness.program import forward_program
 from kit.harness.capabilities import NO_CAPTURE_HOOKS, Capabilities
 from kit.harness.protocol import BackendContext, backend_problem
 from kit.process import budget
-from kit.process.memory import after_run, moving_to, release
+from kit.process.memory import STORE, after_run, moving_to, release
 from kit.harness.oom import allocation_site, raised_by_kit
 from kit.report.record import CRASH, EAGER, ENVIRONMENT, ERROR, FAIL, PASS, UNSUPPORTED, RunResult
 from kit.harness.run import Run
 from kit.harness.registry import load_backend
 from kit.harness.environment import versions
-from kit.harness.schedule import batches
+from kit.engine.modes import rules_for
+from kit.engine.profile import EngineProfile
+from kit.engine.schedule import batches
 from kit.harness.interpreter_noise import interpreter_noise_filtered
 from kit.harness.timeout import RunTimeout, time_limit
 from kit.harness.where import where
@@ -133,21 +136,27 @@ def _call(stage: str, fn, *args, **kwargs):
 
 @dataclasses.dataclass
 class RunSetup:
-    """What one run is given: the backend class and its fixtures (one pool, one model)."""
+    """What one run is given: the backend class, its capabilities and its fixtures (one pool, in
+    its engine's storage layout; one model)."""
 
     backend_cls: type
+    caps: Capabilities
     case: Case
     fixtures: List[Fixture]
     device: torch.device
 
     @classmethod
-    def make(cls, backend_cls, case: Case, exec_: Exec, device) -> "RunSetup":
+    def make(cls, backend_cls, caps: Capabilities, case: Case, exec_: Exec, device) -> "RunSetup":
         device = torch.device(device)
-        return cls(backend_cls, case, fixtures_for(batches(case, exec_), device), device)
+        cases = batches(case, exec_, caps.profile)
+        return cls(backend_cls, caps, case, fixtures_for(cases, device, STORE, caps.profile), device)
 
     def new_backend(self):
         ctx = BackendContext.for_case(self.case, self.fixtures[0].pools, self.device)
         return _call("constructing backend", self.backend_cls, ctx)
+
+    def eager(self, backend, fx: Fixture) -> Verdict:
+        return _eager(backend, fx, driver_for(backend, self.caps), self.caps.profile)
 
 
 def unsupported_reason(backend_cls, caps: Capabilities, case: Case, exec_: Exec) -> Optional[str]:
@@ -164,30 +173,28 @@ def unsupported_reason(backend_cls, caps: Capabilities, case: Case, exec_: Exec)
     return reason
 
 
-def _outputs(outs) -> List[torch.Tensor]:
-    for out in outs:
+def _outputs(outs: List[List[torch.Tensor]]) -> List[List[torch.Tensor]]:
+    for out in (o for step in outs for o in step):
         if not isinstance(out, torch.Tensor):
             raise _Crash("forward", TypeError(f"forward returned {type(out).__name__}, not a tensor"))
     return outs
 
 
-def _eager(backend, fx: Fixture) -> Verdict:
-    """One step: the metadata once, then forward for every layer of the model on it."""
+def _eager(backend, fx: Fixture, driver: HookDriver, profile: EngineProfile) -> Verdict:
+    """One program: the metadata once, then every step's forward for every layer of the model."""
     fx.install()
-    before = fx.pools.token_to_kv_pool.snapshot()
     # Copies in the case's input form: the inputs are shared with other runs of the batch
     # (kit.engine.fixture) and judged after; the copies are judged unchanged.
-    given = [x.handed(fx.case.inputs) for x in fx.inputs]
+    given = [[x.handed(fx.case.inputs) for x in step.inputs] for step in fx.steps]
     guard = Guard()
-    outs = []
     with guard.watching():
-        _call("init_forward_metadata", backend.init_forward_metadata, fx.batch)
-        with nan_filled_allocations():
-            for layer, (q, k, v) in zip(fx.layers, given):
-                outs.append(_unsynced(f"forward (layer {layer.layer_id})", backend.forward, q, k, v, layer, fx.batch))
-    outs = _outputs(outs)
-    return _judged_on_device(f"forward (layers 0-{len(fx.layers) - 1}, on the device)",
-                             lambda: eager_verdict(fx, outs, before, canary_figures(guard), given))
+        batch = _call("init_forward_metadata", driver.eager, fx.batch)
+        views = [batch] if len(fx.steps) == 1 else [rules_for(fx.case.mode).step_batch(batch, i)
+                                                    for i in range(len(fx.steps))]
+        outs = _outputs(forward_program(backend, fx.layers, views, given, call=_unsynced))
+    layers = f"layers 0-{len(fx.layers) - 1}" + (f" of {len(fx.steps)} steps" if len(fx.steps) > 1 else "")
+    return _judged_on_device(f"forward ({layers}, on the device)",
+                             lambda: eager_verdict(fx, outs, canary_figures(guard), given, profile.scratch))
 
 
 def run_case(backend_spec: str, case: Case, exec_: Exec, device: Optional[torch.device] = None,
@@ -231,6 +238,8 @@ def execute(run: Run, device: Optional[torch.device] = None, timeout: Optional[f
     except RunTimeout as exc:  # in the kit's own code, between backend calls
         result.outcome, result.failure_class, result.message = FAIL, CRASH, f"{exc} in the kit, between backend calls"
         result.repro = run.repro(timeout)
+    if result.outcome not in (PASS, UNSUPPORTED):  # it may have written outside its memory
+        STORE.poison_suspect = True
     if not result.device_lost:
         _charge_late_fault(result)
     if not result.device_lost:
@@ -290,12 +299,12 @@ def _run(cls, caps: Capabilities, case: Case, exec_: Exec, device, result: RunRe
     if reason is not None:
         result.outcome, result.message = UNSUPPORTED, str(reason)
         return
-    setup = RunSetup.make(cls, case, exec_, device)
+    setup = RunSetup.make(cls, caps, case, exec_, device)
     backend = setup.new_backend()
     if exec_ is Exec.EAGER:
         _eager_sequence(backend, setup, result)
     else:
-        _graph(backend, caps, setup, result)
+        _graph(backend, setup, result)
 
 
 def _eager_sequence(backend, setup: RunSetup, result: RunResult) -> None:
@@ -303,7 +312,7 @@ def _eager_sequence(backend, setup: RunSetup, result: RunResult) -> None:
     result.exec_detail = EAGER
     fixtures = setup.fixtures
     for i, fx in enumerate(fixtures):
-        v = _eager(backend, fx)
+        v = setup.eager(backend, fx)
         result.max_err = max(result.max_err or 0.0, v.max_err)
         result.tol = v.tol if result.tol is None else min(result.tol, v.tol)
         if v.ok:
@@ -311,7 +320,7 @@ def _eager_sequence(backend, setup: RunSetup, result: RunResult) -> None:
         result.outcome, result.failure_class = FAIL, v.failure_class()
         result.message = f"{_describe_step(i, fixtures)}: {v.text}"
         if i:  # the same batch on a fresh instance tells state kept across calls from a plain bug
-            fresh = _eager(setup.new_backend(), fx)
+            fresh = setup.eager(setup.new_backend(), fx)
             result.message += ("; on a fresh backend instance the same batch is right -> state kept from "
                                "the earlier batches" if fresh.ok else "; wrong on a fresh backend instance too")
         return
@@ -319,31 +328,30 @@ def _eager_sequence(backend, setup: RunSetup, result: RunResult) -> None:
 
 def _describe_step(i: int, fixtures: List[Fixture]) -> str:
     fx = fixtures[i]
-    text = f"eager batch {i + 1}/{len(fixtures)} (bs={fx.batch.batch_size}, {fx.plan.num_tokens} tokens"
+    text = f"eager batch {i + 1}/{len(fixtures)} (bs={fx.batch.batch_size}, {fx.batch.out_cache_loc.shape[0]} tokens"
     if i:
         text += f", on the instance that ran bs={fixtures[i - 1].batch.batch_size} before"
     return text + ")"
 
 
-def _graph(backend, caps: Capabilities, setup: RunSetup, result: RunResult) -> None:
-    fixtures, pools = setup.fixtures, setup.fixtures[0].pools
-    harness = _call("init_cuda_graph_state", harness_for, backend, fixtures, caps)
+def _graph(backend, setup: RunSetup, result: RunResult) -> None:
+    fixtures, scratch = setup.fixtures, setup.caps.profile.scratch
+    harness = _call("init_cuda_graph_state", harness_for, backend, fixtures, setup.caps)
     _call("capture", harness.capture)
     result.exec_detail = harness.detail
     worst = 0.0
     for i, fx in enumerate(fixtures):
         _call("capture", harness.prepare, fx)
         fx.install()
-        before = pools.token_to_kv_pool.snapshot()
         replayed = _unsynced(f"replay {i + 1}", harness.replay, fx)
         _outputs(replayed.outs)
-        v = _judged_on_device(f"replay {i + 1}", lambda: replay_verdict(fx, replayed, before))
+        v = _judged_on_device(f"replay {i + 1}", lambda: replay_verdict(fx, replayed, scratch))
         worst = max(worst, v.max_err)
         result.tol = v.tol if result.tol is None else min(result.tol, v.tol)
         if v.ok:
             continue
         # Diagnostic: the same batch run eagerly on a fresh backend says where to look.
-        eager = _eager(setup.new_backend(), fx) if v.needs_eager_diagnosis else None
+        eager = setup.eager(setup.new_backend(), fx) if v.needs_eager_diagnosis else None
         cls, why = replay_failure(v, eager)
         result.outcome, result.failure_class = FAIL, cls
         result.message = f"{harness.describe(i, fixtures)}: {v.text}{why}"

@@ -9,9 +9,9 @@ from typing import List, Optional, Sequence, Tuple
 import torch
 
 from kit.engine.fixture import Fixture
-from kit.harness.checks import (Check, FormCheck, InputsCheck, KVCheck, OutputCheck, PaddingCheck, Pending,
-                                StateCheck, check_form, check_inputs, check_state, handed_inputs, inputs_figures,
-                                kv_figures, output_figures, padding_figures, read_back)
+from kit.harness.checks import (Check, FormCheck, InputsCheck, KVCheck, KVState, OutputCheck, PaddingCheck,
+                                Pending, StateCheck, check_form, check_inputs, check_state, handed_inputs,
+                                inputs_figures, kv_figures, output_figures, padding_figures, read_back)
 from kit.report.record import GRAPH, KERNEL, KV_WRITE
 
 # When several checks fail, the class that says where to look first: a wrong KV pool
@@ -21,7 +21,7 @@ PRECEDENCE = (KV_WRITE, KERNEL, GRAPH)
 
 @dataclasses.dataclass
 class Verdict:
-    outputs: List[OutputCheck]  # each layer's output against its golden, in layer order
+    outputs: List[OutputCheck]  # each step's output of each layer against its golden, in step then layer order
     kv: KVCheck  # the KV pool of every layer
     forms: List[FormCheck]  # each output's shape, dtype and device
     memory: Check  # writes past what the backend allocated (kit.harness.guard.GuardCheck)
@@ -62,42 +62,69 @@ class Verdict:
         return any(not c.ok and not c.replay_only for c in self.checks)
 
 
-def _judged(fx: Fixture, outs: Sequence[torch.Tensor], before, memory: Pending, inputs: Sequence[Pending],
-            padding: Optional[Pending] = None) -> dict:
-    """The checks of a step by name (Verdict's fields), read back from the device at once:
-    each layer's output against its golden, the KV pool of every layer, each output's form,
-    `memory`, the inputs forward() was handed (`inputs`: kit.harness.checks.inputs_figures)
-    and, for a replay, `padding`."""
-    refs = [fx.reference(layer.layer_id) for layer in fx.layers]
-    labels = [f"layer {layer.layer_id} " for layer in fx.layers]
-    writes = {layer.layer_id: (fx.inputs[layer.layer_id].k_new, fx.inputs[layer.layer_id].v_new)
-              for layer in fx.layers}
+def _labels(fx: Fixture) -> List[List[str]]:
+    """Per step, per layer: how messages name an output ("layer 1 ", "step 2, layer 1 ")."""
+    many = len(fx.steps) > 1
+    return [[(f"step {step.index + 1}, " if many else "") + f"layer {layer.layer_id} " for layer in fx.layers]
+            for step in fx.steps]
+
+
+def kv_state(fx: Fixture, scratch: bool) -> KVState:
+    """What the pool must hold after fx's program: the cached tokens as installed, every step's
+    new tokens at their slots."""
+    if len(fx.steps) == 1:
+        loc = fx.batch.out_cache_loc
+        writes = {layer.layer_id: (fx.step.inputs[layer.layer_id].k_new, fx.step.inputs[layer.layer_id].v_new)
+                  for layer in fx.layers}
+    else:
+        loc = torch.cat([step.batch.out_cache_loc for step in fx.steps])
+        writes = {layer.layer_id: (torch.cat([step.inputs[layer.layer_id].k_new for step in fx.steps]),
+                                   torch.cat([step.inputs[layer.layer_id].v_new for step in fx.steps]))
+                  for layer in fx.layers}
+    return KVState(fx.old_slots(), fx.installed_kv(), loc, writes, scratch)
+
+
+def _judged(fx: Fixture, outs: Sequence[Sequence[torch.Tensor]], memory: Pending, inputs: Sequence[Pending],
+            scratch: bool, padding: Optional[Pending] = None) -> dict:
+    """The checks of a program by name (Verdict's fields), read back from the device at once:
+    each step's output of each layer against its golden, the KV pool of every layer, each
+    output's form, `memory`, the inputs forward() was handed (`inputs`:
+    kit.harness.checks.inputs_figures) and, for a replay, `padding`."""
+    labels = _labels(fx)
+    refs = [step.reference(layer.layer_id) for step in fx.steps for layer in fx.layers]
+    flat_outs = [o for step in outs for o in step]
+    flat_labels = [label for step in labels for label in step]
     pending = dict(
-        outputs=output_figures(outs, [r[0] for r in refs], [r[1] for r in refs], fx.case.torch_dtype, labels),
-        kv=kv_figures(fx.pools.token_to_kv_pool, before[0], before[1], fx.batch.out_cache_loc, writes),
+        outputs=output_figures(flat_outs, [r[0] for r in refs], [r[1] for r in refs], fx.case.torch_dtype, flat_labels),
+        kv=kv_figures(fx.pools.token_to_kv_pool, kv_state(fx, scratch)),
         memory=memory)
     if padding is not None:
         pending["padding"] = padding
     done = read_back(list(pending.values()) + list(inputs))
     judged = dict(zip(pending, done))
     judged["inputs"] = check_inputs(done[len(pending):])
-    judged["forms"] = [check_form(out, fx.inputs[layer.layer_id].q, label=label,
-                                  v_head_dim=layer.v_head_dim)
-                       for layer, out, label in zip(fx.layers, outs, labels)]
+    judged["forms"] = [check_form(out, step.inputs[layer.layer_id].q, label=label, v_head_dim=layer.v_head_dim)
+                       for step, step_outs, step_labels in zip(fx.steps, outs, labels)
+                       for layer, out, label in zip(fx.layers, step_outs, step_labels)]
     return judged
 
 
-def eager_verdict(fx: Fixture, outs: Sequence[torch.Tensor], before, memory: Pending,
-                  given: Sequence[Tuple[torch.Tensor, torch.Tensor, torch.Tensor]]) -> Verdict:
-    """`outs`: forward's output for each layer of the model, in layer order; `memory`: the
-    guard's canaries (kit.harness.guard.canary_figures); `given`: the (q, k, v) each layer's
-    forward was handed (copies of fx.inputs)."""
-    return Verdict(**_judged(fx, outs, before, memory, [inputs_figures(handed_inputs(fx, given))]))
+def eager_verdict(fx: Fixture, outs: Sequence[Sequence[torch.Tensor]], memory: Pending,
+                  given: Sequence[Sequence[Tuple[torch.Tensor, torch.Tensor, torch.Tensor]]],
+                  scratch: bool = True) -> Verdict:
+    """`outs`: per step, forward's output for each layer of the model, in layer order; `memory`:
+    the guard's canaries (kit.harness.guard.canary_figures); `given`: per step, the (q, k, v) each
+    layer's forward was handed (copies of the step's inputs); `scratch`: slot 0 is the engine's
+    scratch slot (kit.engine.profile)."""
+    many = len(fx.steps) > 1
+    handed = [h for step, step_given in zip(fx.steps, given)
+              for h in handed_inputs(step, step_given, f", step {step.index + 1}" if many else "")]
+    return Verdict(**_judged(fx, outs, memory, [inputs_figures(handed)], scratch))
 
 
-def replay_verdict(fx: Fixture, replayed, before) -> Verdict:
+def replay_verdict(fx: Fixture, replayed, scratch: bool = True) -> Verdict:
     """`replayed`: kit.harness.graph.Replayed."""
-    judged = _judged(fx, replayed.outs, before, replayed.memory, replayed.inputs,
+    judged = _judged(fx, replayed.outs, replayed.memory, replayed.inputs, scratch,
                      padding_figures(replayed.padded, fx.pools.token_to_kv_pool))
     return Verdict(**judged, state=check_state(replayed.replaced))
 

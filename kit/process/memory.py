@@ -1,21 +1,23 @@
-"""What the kit keeps on a device between runs (shared batches, pools), and letting it go."""
+"""What the kit keeps on a device between runs (shared batches, pools: the engine's Store, STORE
+here, bounded by kit.process.budget), and letting it go."""
 from __future__ import annotations
 
 import gc
 
 import torch
 
+from kit.engine.fixture import SharedBatches, Store
+from kit.engine.pools import PoolCache
 from kit.process import budget
-from kit.engine.fixture import SHARED
-from kit.engine.pools import POOL_CACHE
 
 
 def release() -> None:
     """Drops every batch and pool kept between runs and hands the allocator's cache back to the
-    device, for the other processes on it: after the kit ran out of memory (it retries once), and
-    when a worker moves to another backend (whose runs use other batches)."""
-    SHARED.clear()
-    POOL_CACHE.clear()
+    device, for the other processes on it: after the kit ran out of memory (it retries once), when
+    a worker moves to another backend (whose runs use other batches), and before a pool larger
+    than what is free on the device."""
+    STORE.batches.clear()
+    STORE.pools.clear()
     gc.collect()  # a failed run's tensors may sit in reference cycles (tracebacks)
     if torch.cuda.is_available():
         torch.cuda.empty_cache()
@@ -51,3 +53,8 @@ def after_run(device: torch.device) -> None:
     device = torch.device(device)
     if budget.gpu_shared(device) and cached_unused(device) > budget.share(device) // CACHED_PART:
         torch.cuda.empty_cache()
+
+
+# What this process's runs build fixtures in (kit.harness.runner hands it to the engine).
+STORE = Store(SharedBatches(), PoolCache(), kept_bytes=lambda device: budget.kept(device),
+              free_bytes=lambda device: budget.free_now(device), release=lambda: release())  # looked up at each call

@@ -1,5 +1,5 @@
 """Out-of-memory errors planted as torch's allocator raises them, and a pytest plugin
-(`-p tests.toys.kit_out_of_memory`) with which the kit's pool snapshot always runs out."""
+(`-p tests.toys.kit_out_of_memory`) with which installing a batch in the kit's pool always runs out."""
 import torch
 
 
@@ -17,5 +17,5 @@ def raising_in_torch(original, times):
 
 
 def pytest_configure(config):
-    from kit.engine.pools import KVPool
-    KVPool.snapshot = raising_in_torch(KVPool.snapshot, times=10 ** 9)[0]
+    from kit.engine.fixture import Fixture
+    Fixture.install = raising_in_torch(Fixture.install, times=10 ** 9)[0]

@@ -18,6 +18,14 @@ class DraftExtendV2(ModeRules):
         return RequestShape(n_old=prefix, n_new=new, seq_len=prefix + new, q_pos=[prefix + i for i in range(new)],
                             visible=causal(prefix, new))
 
+    def query_lens(self, batch):
+        bs = batch.batch_size
+        new = batch.spec_info.extend_seq_lens_tensor[:bs]
+        return (batch.seq_lens[:bs] - new).clamp(min=0), new
+
+    def name_tag(self, fields):
+        return f"draft{fields['new']}"
+
     def speculative_config(self, case):
         return SpeculativeConfig(algorithm="EAGLE", num_draft_tokens=case.new, topk=case.topk)
 

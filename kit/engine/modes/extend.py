@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from kit.modes import ForwardMode
 from kit.engine.modes.rules import GraphBuckets, ModeRules, RequestShape, causal, extend_fields
-
+from kit.engine.variants import variant
 
 
 class Extend(ModeRules):
@@ -15,7 +15,7 @@ class Extend(ModeRules):
 
     def validate(self, case):
         if isinstance(case.new, int) or len(case.new) != len(case.prefix) or min(case.new) < 1:
-            return f"EXTEND needs `new` as {self.new_help}"
+            return f"{self.mode.name} needs `new` as {self.new_help}"
         if case.topk != 1:
             return "topk > 1 only applies to TARGET_VERIFY"
         return None
@@ -25,10 +25,37 @@ class Extend(ModeRules):
                             visible=causal(prefix, new))
 
     def tokens_per_request(self, case):
-        raise TypeError("EXTEND requests have ragged token counts; its graphs are per token bucket")
+        raise TypeError(f"{self.mode.name} requests have ragged token counts; its graphs are per token bucket")
 
     def batch_fields(self, plan, device):
         return extend_fields(plan, device)
+
+    def query_lens(self, batch):
+        bs = batch.batch_size
+        return batch.extend_prefix_lens[:bs], batch.extend_seq_lens[:bs]
+
+    def replay_schedule(self, case, profile):
+        """Token graphs: the bucket pairs (they capture those buckets; other request counts, a bs-1
+        batch among them), then the case, then its shape with other lengths."""
+        return self.token_bucket_pairs(case) + [case, variant(case, case.bs, 3)]
+
+    def token_bucket_pairs(self, case):
+        """Token graphs are per token bucket, and production replays one with any batch whose tokens
+        fit it: each pair is captured with its first batch and replayed with the second, of another
+        request count (16 x 1 then 2 x 8: fewer requests; 1 x 32 then 8 x 4: more)."""
+        return [variant(case, 16, 4, new=(1,) * 16), variant(case, 2, 5, new=(8, 8)),
+                variant(case, 1, 6, new=(32,)), variant(case, 8, 7, new=(4,) * 8)]
+
+    def draw_new(self, draw, d):
+        """Ragged extend lengths; half the time the batch's token count at or around a token bucket."""
+        from hypothesis import strategies as st
+
+        s, bs = d.size, len(d.fields["prefix"])
+        new = draw(st.lists(d.length(d.fields["page"], 1, s.max_new), min_size=bs, max_size=bs))
+        if draw(st.booleans()):
+            total = draw(st.sampled_from(d.around(d.token_buckets, sum(new[:-1]) + 1, s.max_tokens) or (sum(new),)))
+            new[-1] = total - sum(new[:-1])
+        return dict(new=tuple(new))
 
 
 RULES = Extend()

@@ -1,20 +1,23 @@
 """What a runner mode is made of: the base of every kit/engine/modes/<mode>.py.
 
-A mode says which cases it takes, how a request of a case is planned (the
-SPEC seq_lens table: cached and new tokens, seq_len, positions, visibility),
-which ForwardBatch fields it fills, its speculative inputs for real and padded
-rows alike, and which graph contract it follows.
+A mode says which cases it takes, how a request of a case is planned (the SPEC seq_lens table:
+cached and new tokens, seq_len, positions, visibility), which ForwardBatch fields it fills, its
+speculative inputs for real and padded rows alike, the steps a batch is made of, which graph
+contract it follows, the batches an eager run and a graph run are made of, how the fuzzer draws
+its `new` field and what a drawn case's name says of it. A new mode is its rules file (this
+class's subclass, named RULES) and its catalog file, cases/<mode>.py.
 """
 from __future__ import annotations
 
 import dataclasses
 import enum
 import random
-from typing import List, Optional
+from typing import Dict, List, Optional, Tuple
 
 import torch
 
 from kit.engine.transfer import to_device
+from kit.engine.variants import bucket_for, variant
 
 
 class GraphBuckets(enum.Enum):
@@ -54,6 +57,10 @@ def extend_fields(plan, device) -> dict:
                 extend_seq_lens_cpu=new, extend_prefix_lens_cpu=old)
 
 
+# The ForwardBatch fields extend_fields fills per request (device tensors a graph keeps static copies of).
+EXTEND_REQUEST_FIELDS = ("extend_seq_lens", "extend_prefix_lens", "extend_start_loc")
+
+
 class ModeRules:
     mode = None  # the ForwardMode this file defines
     graph = GraphBuckets.BATCH_SIZE
@@ -62,6 +69,7 @@ class ModeRules:
     assumed_supported = True
     new_help = ""  # what `Case.new` holds in this mode (for errors and `kit list`)
 
+    # ---- cases ---------------------------------------------------------------------------------
     def validate(self, case) -> Optional[str]:
         """A problem with a case of this mode, or None."""
         if not isinstance(case.new, int) or case.new < 1:
@@ -81,6 +89,7 @@ class ModeRules:
         """The server's speculative config a backend is built with in this mode, or None."""
         return None
 
+    # ---- batches -------------------------------------------------------------------------------
     def batch_fields(self, plan, device) -> dict:
         """ForwardBatch fields this mode fills beyond the common ones."""
         return {}
@@ -88,4 +97,49 @@ class ModeRules:
     def spec_info(self, case, rows: int, real_rows: int, real_mask: Optional[torch.Tensor], fill: int, device):
         """Speculative inputs for `rows` requests: the first `real_rows` real (with their
         custom mask, where the mode has one), the rest padded rows of seq_len `fill`."""
+        return None
+
+    def query_lens(self, batch) -> Tuple[torch.Tensor, torch.Tensor]:
+        """(tokens cached before the step, new tokens) per request of `batch` (device tensors of
+        its batch_size rows): the engine-neutral description of a step (kit.engine.common)."""
+        raise NotImplementedError(f"{self.mode.value} does not describe its requests' query lengths")
+
+    # ---- steps ---------------------------------------------------------------------------------
+    def steps(self, plan) -> list:
+        """The plans of the forwards a batch is made of, in order (each a BatchPlan whose requests
+        the reference judges); one forward, the batch itself, but in a multi-step mode."""
+        return [plan]
+
+    def step_batch(self, batch, index: int):
+        """The ForwardBatch forward() gets in step `index` of a multi-step batch, derived from the
+        batch the metadata hooks got (views and device operations only: a graph records them)."""
+        raise NotImplementedError(f"{self.mode.value} is a single-step mode")
+
+    # ---- runs ----------------------------------------------------------------------------------
+    def eager_sequence(self, case) -> list:
+        """One backend instance, as an engine keeps it: a batch of another shape, one of the
+        case's shape (batch size and tokens) with other lengths, then the case itself."""
+        return [variant(case, case.bs + 2, 8, tag="step"), variant(case, case.bs, 9, tag="step"), case]
+
+    def replay_schedule(self, case, profile) -> list:
+        """Batches replayed, in order: a larger bucket first (of the engine's batch sizes), then the
+        case (smaller after larger), then a bs-1 batch, then the case's bucket again with other
+        lengths."""
+        sizes = profile.batch_sizes
+        bucket = bucket_for(case.bs, sizes)
+        larger = [b for b in sizes if b > bucket][:1]
+        schedule = [variant(case, b, 1) for b in larger] + [case]
+        if case.bs > 1:
+            schedule.append(variant(case, 1, 2))
+        schedule.append(variant(case, case.bs, 3))
+        return schedule
+
+    # ---- the fuzzer ----------------------------------------------------------------------------
+    def draw_new(self, draw, d) -> Dict:
+        """The `new` (and topk) fields of a drawn case (kit.fuzz.strategies: `d` the Drawing)."""
+        from hypothesis import strategies as st  # the fuzzer's: only where it draws
+        return dict(new=draw(st.integers(1, d.size.max_drafts)))
+
+    def name_tag(self, fields: Dict) -> Optional[str]:
+        """What a drawn case's name says of this mode's fields (e.g. "chain4"), or None."""
         return None

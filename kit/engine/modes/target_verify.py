@@ -69,6 +69,18 @@ class TargetVerify(ModeRules):
     def speculative_config(self, case):
         return SpeculativeConfig(algorithm="EAGLE", num_draft_tokens=case.new, topk=case.topk)
 
+    def query_lens(self, batch):
+        seq_lens = batch.seq_lens[:batch.batch_size]
+        return seq_lens, torch.full_like(seq_lens, batch.spec_info.draft_token_num)
+
+    def draw_new(self, draw, d):
+        """Drafts, a chain or a tree."""
+        from hypothesis import strategies as st
+        return dict(new=draw(st.integers(1, d.size.max_drafts)), topk=draw(st.integers(1, d.max_topk)))
+
+    def name_tag(self, fields):
+        return ("tree" if fields.get("topk", 1) > 1 else "chain") + str(fields["new"])
+
     def batch_fields(self, plan, device):
         mask = to_device(torch.cat([r.visible.reshape(-1) for r in plan.requests]), device)
         n = len(plan.requests)

@@ -1,0 +1,64 @@
+"""An engine's conventions, as a profile a backend (or its adapter) declares (`profile = ...`;
+SGLANG when it declares none): how its KV cache stores each attention kind (kit.engine.storage),
+what a padded row of a graph batch holds and whether it may write KV, the batch sizes and token
+counts it captures graphs for, and how its graph metadata hooks are driven. The pools, the graph
+harness, the KV check and the replay schedule read the profile; none of them assumes an engine.
+A new engine is an adapter plus its profile."""
+from __future__ import annotations
+
+import dataclasses
+from typing import Dict, Optional, Tuple
+
+# SGLang's CUDA-graph batch sizes, and the token buckets of its piecewise prefill graphs.
+SGLANG_BATCH_SIZES = (1, 2, 4, 8, 16, 32, 64, 128, 256)
+SGLANG_TOKEN_BUCKETS = tuple(16 << i for i in range(12))  # 16 .. 32768
+
+# How a backend's graph metadata hooks are driven (kit.harness.hooks).
+TWO_PHASE, CAPTURE_REPLAY, BUILDER = "two-phase", "capture/replay", "builder"
+SCRATCH_SLOT = 0  # a padded token writes its KV here (SGLang); its pages are never a request's
+NO_WRITE = -1  # a padded token writes no KV (vLLM's slot_mapping)
+
+
+@dataclasses.dataclass(frozen=True)
+class EngineProfile:
+    name: str
+    storage: Dict[str, str]  # attention kind -> KV storage layout (kit.engine.storage.STORAGES)
+    # A padded token's KV slot in a graph batch: SCRATCH_SLOT (written, never read for real rows)
+    # or NO_WRITE (the backend must skip it; any write is a stray one).
+    padded_slot: int = SCRATCH_SLOT
+    # A padded request's seq_len in a graph batch: None for the backend's fill value
+    # (get_cuda_graph_seq_len_fill_value, SGLang's), else this (vLLM: 0, an empty request).
+    padded_seq_len: Optional[int] = None
+    batch_sizes: Tuple[int, ...] = SGLANG_BATCH_SIZES  # graphs captured per batch-size bucket
+    token_buckets: Tuple[int, ...] = SGLANG_TOKEN_BUCKETS  # graphs of ragged batches, per token bucket
+    # The hook style; None: whichever of SGLang's two the backend implements (kit.harness.capabilities).
+    hooks: Optional[str] = None
+
+    def storage_for(self, kind: str) -> str:
+        if kind not in self.storage:
+            raise ValueError(f"engine profile {self.name!r} names no KV storage for {kind!r} attention")
+        return self.storage[kind]
+
+    @property
+    def scratch(self) -> bool:
+        """Whether slot 0 is a scratch slot padded rows write (exempt from the KV check)."""
+        return self.padded_slot == SCRATCH_SLOT
+
+    def problem(self) -> Optional[str]:
+        """What is malformed in the profile, or None."""
+        from kit.engine.storage import STORAGES  # torch: only when a backend is loaded
+
+        bad = [s for s in self.storage.values() if s not in STORAGES]
+        if bad:
+            return f"unknown KV storage {bad[0]!r} (known: {', '.join(STORAGES)})"
+        if self.padded_slot not in (SCRATCH_SLOT, NO_WRITE):
+            return f"padded_slot must be {SCRATCH_SLOT} (scratch) or {NO_WRITE} (no write), not {self.padded_slot!r}"
+        if self.hooks not in (None, TWO_PHASE, CAPTURE_REPLAY, BUILDER):
+            return f"hooks must be None, {TWO_PHASE!r}, {CAPTURE_REPLAY!r} or {BUILDER!r}, not {self.hooks!r}"
+        for name, sizes in (("batch_sizes", self.batch_sizes), ("token_buckets", self.token_buckets)):
+            if not sizes or list(sizes) != sorted(set(sizes)) or sizes[0] < 1:
+                return f"{name} must be increasing sizes >= 1, not {sizes!r}"
+        return None
+
+
+SGLANG = EngineProfile("sglang", storage={"dense": "split", "mla": "latent"})

@@ -1,0 +1,147 @@
+"""How a backend's metadata hooks are driven, in its engine's style (kit.engine.profile): for an
+eager step, before a graph's capture, before each replay (outside the graph) and inside the
+graph. One driver per style, chosen once per run from the backend's capabilities:
+
+- two-phase (SGLang 0.5.23): init_forward_metadata_out_graph(batch, in_capture) outside the
+  graph, init_forward_metadata_in_graph(batch) recorded in it;
+- capture/replay (SGLang's older pair): init_forward_metadata_capture_cuda_graph(bs, num_tokens,
+  req_pool_indices, seq_lens, forward_mode, spec_info), then before each replay
+  init_forward_metadata_replay_cuda_graph(bs, req_pool_indices, seq_lens, seq_lens_sum,
+  forward_mode, spec_info, seq_lens_cpu);
+- builder (vLLM's metadata builders): the step described in engine-neutral terms
+  (kit.engine.common.CommonBatch, `batch.common`), built over the graph's static buffers, then
+  build_for_capture(batch) at capture and init_forward_metadata(batch) before each replay.
+
+Ragged (token-bucket) graphs run the backend's eager metadata before capture and replay, as
+SGLang's piecewise prefill graphs do; a two-phase backend its out_graph hook.
+"""
+from __future__ import annotations
+
+import dataclasses
+
+import torch
+
+from kit.engine.common import describe
+from kit.engine.profile import BUILDER, CAPTURE_REPLAY, TWO_PHASE
+
+
+class HookDriver:
+    style = ""
+
+    def __init__(self, backend, caps):
+        self.backend, self.caps = backend, caps
+
+    def eager(self, batch):
+        """Before an eager step; returns the batch forward() gets."""
+        self.backend.init_forward_metadata(batch)
+        return batch
+
+    def capture(self, view, num_tokens: int, real_tokens: int):
+        """Before a capture of a batch-size graph, outside it; returns the batch the graph records."""
+        raise NotImplementedError
+
+    def replay(self, view, num_tokens: int, real_tokens: int):
+        """Before each replay of a batch-size graph, outside it; returns the batch the hooks got."""
+        raise NotImplementedError
+
+    def ragged(self, view, real_tokens: int, in_capture: bool = False):
+        """Before a capture or replay of a token-bucket graph, outside it."""
+        self.backend.init_forward_metadata(view)
+        return view
+
+    def in_graph(self, view) -> None:
+        """Recorded in the graph, before the forwards."""
+
+    def prepare(self, max_bs: int, req_to_token, page: int, device) -> None:
+        """Once a run, before its first capture: the driver's own buffers, for the largest batch."""
+
+
+class TwoPhase(HookDriver):
+    style = TWO_PHASE
+
+    def capture(self, view, num_tokens, real_tokens):
+        self.backend.init_forward_metadata_out_graph(view, in_capture=True)
+        return view
+
+    def replay(self, view, num_tokens, real_tokens):
+        self.backend.init_forward_metadata_out_graph(view)
+        return view
+
+    def ragged(self, view, real_tokens, in_capture=False):
+        self.backend.init_forward_metadata_out_graph(view, in_capture=in_capture)
+        return view
+
+    def in_graph(self, view):
+        if self.caps.in_graph:
+            self.backend.init_forward_metadata_in_graph(view)
+
+
+class CaptureReplay(HookDriver):
+    style = CAPTURE_REPLAY
+
+    def capture(self, view, num_tokens, real_tokens):
+        self.backend.init_forward_metadata_capture_cuda_graph(
+            view.batch_size, num_tokens, view.req_pool_indices, view.seq_lens, view.forward_mode, view.spec_info)
+        return view
+
+    def replay(self, view, num_tokens, real_tokens):
+        self.backend.init_forward_metadata_replay_cuda_graph(
+            view.batch_size, view.req_pool_indices, view.seq_lens, view.seq_lens_sum, view.forward_mode,
+            view.spec_info, view.seq_lens_cpu)
+        return view
+
+
+class Builder(HookDriver):
+    """The step described as `batch.common`, its request tensors copied into buffers of the
+    driver's own that keep their addresses from capture to replay (as an engine's runner keeps
+    its persistent inputs), sized once for the graph's largest batch (prepare)."""
+
+    style = BUILDER
+
+    def __init__(self, backend, caps):
+        super().__init__(backend, caps)
+        self.static = None  # {field: buffer} of the CommonBatch tensors a captured graph reads
+
+    def eager(self, batch):
+        batch = dataclasses.replace(batch, common=describe(batch))
+        self.backend.init_forward_metadata(batch)
+        return batch
+
+    def prepare(self, max_bs: int, req_to_token, page: int, device) -> None:
+        blocks = -(-req_to_token.shape[1] // page)
+        self.static = dict(query_start_loc=torch.zeros(max_bs + 1, dtype=torch.int32, device=device),
+                           seq_lens=torch.zeros(max_bs, dtype=torch.int32, device=device),
+                           block_table=torch.zeros((max_bs, blocks), dtype=torch.int32, device=device))
+
+    def _described(self, view, real_tokens: int):
+        common = describe(view, real_tokens)
+        held = {}
+        for field, buffer in self.static.items():
+            new = getattr(common, field)
+            head = buffer[:new.shape[0]]
+            head.copy_(new)
+            held[field] = head
+        return dataclasses.replace(view, common=dataclasses.replace(common, **held))
+
+    def capture(self, view, num_tokens, real_tokens):
+        view = self._described(view, real_tokens)
+        self.backend.build_for_capture(view)
+        return view
+
+    def replay(self, view, num_tokens, real_tokens):
+        view = self._described(view, real_tokens)
+        self.backend.init_forward_metadata(view)
+        return view
+
+    def ragged(self, view, real_tokens, in_capture=False):
+        view = self._described(view, real_tokens)
+        (self.backend.build_for_capture if in_capture else self.backend.init_forward_metadata)(view)
+        return view
+
+
+DRIVERS = {TWO_PHASE: TwoPhase, CAPTURE_REPLAY: CaptureReplay, BUILDER: Builder}
+
+
+def driver_for(backend, caps) -> HookDriver:
+    """The driver of the backend's hook style (its eager metadata alone where it has no graph hooks)."""
+    return DRIVERS.get(caps.hook_style, HookDriver)(backend, caps)
