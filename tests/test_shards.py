@@ -2,7 +2,10 @@
 for the matrix and its warmup) and the merge (one run from its shards; a missing, doubled,
 narrowed or disagreeing shard refused in one line, by `matrix merge`, `check` and `write`)."""
 import json
+import os
 import random
+import re
+import shlex
 import subprocess
 import sys
 
@@ -18,7 +21,7 @@ from kit.report.results import write_results
 from kit.shard import Shard, split
 from matrix import gate
 from matrix.merge import ShardsError, merge
-from tests.test_matrix import REPO, project, rec, run_matrix  # noqa: F401
+from tests.test_matrix import REPO, kf_text, project, rec, run_matrix  # noqa: F401
 
 LABELS = {"torch_native": "torch_native", "tests.toys.dense:DenseGraphBackend": "toy_dense"}  # a spec not its label
 
@@ -278,23 +281,58 @@ def test_write_refuses_a_shard_as_committed_results(project, tmp_path):
     assert len(line) == 1 and "partial results: shard 1/2 of a run" in line[0] and "python -m matrix merge" in line[0]
 
 
-# ------------------------------------------------------------------------------- a sharded session
+# ------------------------------------------------------------------- the workflow's sharded CPU run
+
+WORKFLOW = REPO / ".github" / "workflows" / "conformance.yml"
+TOY = ["--cases", "tests.toys.tiny:CATALOG", "--case-set", "smoke", "--backend", "torch_native",
+       "--backend", "tests.toys.dense:DenseGraphBackend"]
 
 
-def test_sharded_sessions_merge_into_the_unsharded_run(tmp_path):
-    """Two pytest sessions on the tiny toy catalog, shards 1/2 and 2/2 (at once): each file says its
-    shard, and their merge selected and recorded what one unsharded session selects."""
-    base = [sys.executable, "-m", "pytest", "tests/test_conformance.py", "-q", "-p", "no:cacheprovider",
-            "--cases", "tests.toys.tiny:CATALOG", "--case-set", "smoke", "--backend", "torch_native",
-            "--backend", "tests.toys.dense:DenseGraphBackend"]
-    procs = [subprocess.Popen(base + ["--shard", f"{k}/2", "--results-json", str(tmp_path / f"s{k}.json")], cwd=REPO,
-                              stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True) for k in (1, 2)]
+def _job_commands(job: str):
+    """The one-line `run:` commands of a job of the workflow."""
+    parts = re.split(r"^  ([\w-]+):\n", WORKFLOW.read_text(), flags=re.M)
+    return re.findall(r"^ +- run: (.+)$", dict(zip(parts[1::2], parts[2::2]))[job], flags=re.M)
+
+
+def test_the_workflows_shards_and_gate_make_and_judge_one_run(project, tmp_path):
+    """The CPU shard jobs' command (shards 1/2 and 2/2, at once, on the tiny toy catalog, in one
+    process each), then the gate job's merge and check as the workflow runs them: each file says
+    its shard, their merge is what one unsharded session selects, and the gate passes on it and
+    refuses it with a shard missing."""
+    shard_job = next(c for c in _job_commands("cpu-shard") if "--shard" in c)
+    merge_cmd, check_cmd = next(c for c in _job_commands("cpu-gate") if "matrix merge" in c).split(" && ")
+    env = {**os.environ, "PYTHONPATH": str(REPO)}
+    procs = []
+    for k in (1, 2):
+        cmd = (shard_job.replace("${{ matrix.shard }}", str(k)).replace("${{ strategy.job-total }}", "2")
+               .replace(".venv/bin/python", sys.executable).replace("-n auto", "-n 0")
+               .replace("tests/test_conformance.py", str(REPO / "tests" / "test_conformance.py")))
+        procs.append(subprocess.Popen(shlex.split(cmd) + TOY + ["-q", "-p", "no:cacheprovider"], cwd=tmp_path,
+                                      env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True))
     for proc in procs:
         assert proc.wait(timeout=300) == 0, proc.stdout.read()
-    shards = [read_results_file(tmp_path / f"s{k}.json") for k in (1, 2)]
+    shards = [read_results_file(tmp_path / f"cpu-shard-{k}.json") for k in (1, 2)]
     assert [str(f.shard) for f in shards] == ["1/2", "2/2"] and all(f.selected for f in shards)
-    run = merge(shards, "merged.json")
+    # the gate's project: no committed results, no known failure (the toy runs all pass)
+    (project["results_dir"] / "cpu.json").unlink()
+    project["known_path"].write_text(kf_text())
+    assert run_matrix("write", project).returncode == 0
+    gate_args = [a for key, option in (("readme_path", "--readme"), ("known_path", "--known-failures"),
+                                       ("results_dir", "--results-dir")) for a in (option, str(project[key]))]
+
+    def gate():
+        merged = subprocess.run(merge_cmd, shell=True, cwd=tmp_path, env=env, capture_output=True, text=True)
+        if merged.returncode:
+            return merged
+        return subprocess.run(shlex.split(check_cmd) + gate_args, cwd=tmp_path, env=env, capture_output=True, text=True)
+
+    passed = gate()
+    assert passed.returncode == 0, passed.stdout + passed.stderr
+    run = read_results_file(tmp_path / "results-cpu.json")
     catalog = load_catalog("tests.toys.tiny:CATALOG")
-    expected = {f"{label}-decode-{e.value}-{case.name}" for label in ("torch_native", "toy_dense")
-                for case in catalog.cases("smoke", MODES[0]) for e in EXECS}
-    assert run.status == "complete" and set(run.selected) == expected and not run.missing(run.selected)
+    assert run.status == "complete" and not run.missing(run.selected)
+    assert set(run.selected) == {f"{label}-decode-{e.value}-{case.name}" for label in ("torch_native", "toy_dense")
+                                 for case in catalog.cases("smoke", MODES[0]) for e in EXECS}
+    (tmp_path / "cpu-shard-2.json").unlink()
+    refused = gate()
+    assert refused.returncode == 1 and refused.stderr.count("\n") == 1 and "shard 2/2 of the run" in refused.stderr
