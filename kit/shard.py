@@ -71,7 +71,8 @@ class Shard:
         if not (isinstance(section, dict) and set(section) == fields and isinstance(section["selection"], str)
                 and all(isinstance(section[k], int) for k in ("index", "count", "runs"))
                 and 1 <= section["index"] <= section["count"]):
-            raise ValueError(f"its run's shard is {section!r}, not {{{', '.join(sorted(fields))}}} of a --shard K/N run")
+            raise ValueError(f"its run's shard is {section!r}, not the {', '.join(sorted(fields))} of a --shard "
+                             f"K/N run")
         return cls(**section)
 
     def __str__(self) -> str:

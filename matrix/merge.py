@@ -53,7 +53,8 @@ def _disagreement(files: Sequence[ResultsFile]) -> str:
             for field, value in values_of(f).items():
                 first, path = seen.setdefault(field, (value, f.path))
                 if value != first:
-                    return f"{path} and {f.path} disagree on {field}: {', '.join(first)} against {', '.join(value)}; {fix}"
+                    return (f"{path} and {f.path} disagree on {field}: {', '.join(first)} against "
+                            f"{', '.join(value)}; {fix}")
     return ""
 
 
