@@ -29,7 +29,7 @@ import sys
 import tempfile
 import time
 from pathlib import Path
-from typing import List, Tuple
+from typing import Dict, List, Optional, Tuple
 
 import torch
 
@@ -71,10 +71,10 @@ def matrix_command(workers: str, case_set: str, results: str, extra: List[str]) 
 
 
 def measure(name: str, workers: str, case_set: str, cold: bool, extra: List[str], keep=None,
-            timeline=None) -> dict:
+            timeline=None, env: Optional[Dict[str, str]] = None) -> dict:
     """One timed run of the matrix command: the row (exits if it did not complete). `keep`: where
     the run's results file stays, `timeline`: the folder its processes' timelines stay in
-    (benchmarks.timeline; else temporary ones)."""
+    (benchmarks.timeline; else temporary ones); `env`: its environment (default: this one's)."""
     cached = bytecode_cached()
     with tempfile.TemporaryDirectory() as tmp:
         results = os.path.abspath(keep) if keep else os.path.join(tmp, "results.json")
@@ -82,7 +82,8 @@ def measure(name: str, workers: str, case_set: str, cold: bool, extra: List[str]
         timeline = os.path.abspath(timeline) if timeline else os.path.join(tmp, "timeline")
         os.makedirs(timeline, exist_ok=True)
         t0, start = time.time(), time.perf_counter()
-        proc = subprocess.run(cmd, cwd=REPO, capture_output=True, text=True, env={**os.environ, TIMELINE_ENV: timeline})
+        proc = subprocess.run(cmd, cwd=REPO, capture_output=True, text=True,
+                              env={**(os.environ if env is None else env), TIMELINE_ENV: timeline})
         seconds = time.perf_counter() - start
         doc = json.loads(Path(results).read_text()) if os.path.exists(results) else {}
         where = phases(timeline, t0, seconds)

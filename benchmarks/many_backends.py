@@ -45,7 +45,7 @@ import tempfile
 import threading
 import time
 from pathlib import Path
-from typing import List, Optional
+from typing import Dict, List, Optional, Tuple
 
 from backends.triton import TritonBackend
 from benchmarks.kit_throughput import append_row, device, kit_commit
@@ -74,24 +74,46 @@ def backends(count: int) -> List[str]:
     return [IN_BOX] + [f"{MODULE}:{name}" for name in names]
 
 
-class MemoryPeak:
-    """The largest GPU memory in use, summed over the GPUs, polled with nvidia-smi every `every` s
-    (None without nvidia-smi)."""
+GPU_QUERY = "index,memory.used,utilization.gpu"
+
+
+def gpu_sample(csv: str) -> Dict[str, Tuple[int, int]]:
+    """nvidia-smi's `--query-gpu=index,memory.used,utilization.gpu --format=csv,noheader,nounits`
+    lines: each GPU's (MiB in use, % utilization) by index."""
+    rows = [[field.strip() for field in line.split(",")] for line in csv.strip().splitlines()]
+    return {index: (int(memory), int(utilization)) for index, memory, utilization in rows}
+
+
+class GpuPoll:
+    """Each GPU's memory in use and utilization, polled with nvidia-smi every `every` s; nothing
+    without nvidia-smi."""
 
     def __init__(self, every: float = 0.5):
-        self.every, self.peak, self._stop = every, None, threading.Event()
+        self.every, self.samples, self._stop = every, [], threading.Event()
         self._thread = threading.Thread(target=self._poll, daemon=True)
 
     def _poll(self) -> None:
         while not self._stop.is_set():
             try:
-                out = subprocess.run(["nvidia-smi", "--query-gpu=memory.used", "--format=csv,noheader,nounits"],
+                out = subprocess.run(["nvidia-smi", f"--query-gpu={GPU_QUERY}", "--format=csv,noheader,nounits"],
                                      capture_output=True, text=True, timeout=10).stdout
-                used = sum(int(x) for x in out.split())
-                self.peak = max(self.peak or 0, used)
+                self.samples.append(gpu_sample(out))
             except (OSError, ValueError, subprocess.SubprocessError):
                 return
             self._stop.wait(self.every)
+
+    @property
+    def peak(self) -> Optional[int]:
+        """The largest memory in use, summed over the GPUs (MiB)."""
+        return max((sum(memory for memory, _ in sample.values()) for sample in self.samples), default=None)
+
+    def utilization(self) -> Dict[str, float]:
+        """Each GPU's mean utilization (%) over the samples."""
+        by_gpu = collections.defaultdict(list)
+        for sample in self.samples:
+            for index, (_, utilization) in sample.items():
+                by_gpu[index].append(utilization)
+        return {index: round(sum(values) / len(values), 1) for index, values in sorted(by_gpu.items())}
 
     def __enter__(self):
         self._thread.start()
@@ -175,7 +197,7 @@ def matrix(specs: List[str], workers: str, case_set: str, extra: List[str], cloc
         cmd = [sys.executable, "-m", "pytest", "-n", workers, "--dist", "loadgroup", "tests/test_conformance.py",
                "--case-set", case_set, "--results-json", results, "-q", "-p", "no:cacheprovider",
                *[f"--backend={spec}" for spec in specs], *extra]
-        with MemoryPeak() as memory:
+        with GpuPoll() as memory:
             ran = _run(cmd, clock, keep)
         doc = json.loads(Path(results).read_text()) if os.path.exists(results) else {}
     records = doc.get("records", [])

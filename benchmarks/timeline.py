@@ -81,6 +81,12 @@ def _read(path: Path) -> List[dict]:
     return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
 
 
+def test_seconds(directory: str) -> Dict[str, float]:
+    """Seconds each process (by its timeline's name: `gw0`, ..., `main`) spent in tests."""
+    return {f.stem: sum(e["end"] - e["t"] for e in _read(f) if e["event"] == "test")
+            for f in sorted(Path(directory).glob("*.jsonl"))}
+
+
 def phases(directory: str, t0: float, seconds: float) -> Optional[Dict[str, float]]:
     """From the workers' timelines (the controller's, without xdist) of a run started at `t0`
     and lasting `seconds`: how many processes ran tests, when they were ready (median and

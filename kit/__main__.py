@@ -20,6 +20,7 @@ from kit.harness.protocol import backend_problem
 from kit.report import known_failures
 from kit.report.known_failures import KnownFailuresError
 from kit.report.record import ERROR, FAIL, PASS, repro_command
+from kit.shard import Shard
 from kit.harness.environment import device_name
 from kit.harness.registry import UnknownBackend, backend_label, kernels_of, known_backends, load_backend
 from kit.harness.runner import run_case
@@ -63,6 +64,8 @@ def build_parser() -> Parser:
     warm.add_argument("--exec", action="append", default=[], dest="exec_", help="eager, graph")
     warm.add_argument("--case-set", default="auto", help=f"{', '.join(CASE_SETS)}, or auto (default)")
     warm.add_argument("--jobs", type=int, default=None, help="builds at once (default: one per core)")
+    warm.add_argument("--shard", type=_shard, default=None, metavar="K/N",
+                      help="only the builds of the matrix's --shard K/N (the same selection options)")
     warm.add_argument("--timeout", type=_seconds, default=BUILD_S,
                       help=f"seconds per build (default {BUILD_S:g}: longer than a run's, since a compile "
                            f"stopped is lost; 0: none)")
@@ -78,6 +81,13 @@ def _seconds(text: str) -> float:
     if seconds < 0:
         raise argparse.ArgumentTypeError(f"{text}: give seconds >= 0 (0: no limit)")
     return seconds
+
+
+def _shard(text: str) -> Shard:
+    try:
+        return Shard.parse(text)
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
 
 
 def _list_cases(catalog, case_set: str) -> None:
@@ -185,15 +195,14 @@ def _warmup(args, catalog, case_set: str) -> int:
     from kit import warmup
     try:
         backends = _csv(args.backend) or known_backends()
-        for spec in backends:
-            backend_label(spec)
+        labels = {spec: backend_label(spec) for spec in backends}
         modes = [parse_mode(m) for m in _csv(args.mode)] or list(MODES)
         execs = [parse_exec(e) for e in _csv(args.exec_)] or list(EXECS)
     except (UnknownBackend, ImportError, AttributeError, ValueError, TypeError) as exc:
         return fail(PROG, f"{exc}")
     if args.jobs is not None and args.jobs < 1:
         return fail(PROG, f"--jobs {args.jobs}: give 1 or more")
-    todo = warmup.builds(backends, modes, execs, catalog, case_set, kernels_of)
+    todo = warmup.builds(backends, modes, execs, catalog, case_set, kernels_of, args.shard, labels.get)
     lost = warmup.warmup(todo, args.jobs or warmup.default_jobs(), args.cases, args.timeout)
     return FAILED if lost else 0
 

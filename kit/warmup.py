@@ -33,6 +33,7 @@ from kit.engine.case import Case
 from kit.engine.catalog import load_catalog
 from kit.modes import Exec, ForwardMode, parse_exec, parse_mode
 from kit.report.record import verdict
+from kit.shard import Shard, kernel_group, split
 
 BAR = 24
 QUIET_S = 60.0  # with no build finished for this long, a line names the longest-running ones
@@ -54,18 +55,26 @@ def _size(case: Case):
 
 
 def builds(backends: Sequence[str], modes: Sequence[ForwardMode], execs: Sequence[Exec], catalog,
-           case_set: str, kernels_of: Callable[[str], str] = lambda spec: spec) -> List[Build]:
+           case_set: str, kernels_of: Callable[[str], str] = lambda spec: spec, shard: Optional[Shard] = None,
+           label_of: Callable[[str], str] = lambda spec: spec) -> List[Build]:
     """One build per backend whose kernels the selection runs (`kernels_of`), mode and kernel
     variant: its smallest case, eager where the selection runs eager (graph runs load the same
-    kernels)."""
+    kernels). With `shard`, those of the kernel groups the matrix's `--shard` runs (groups of the
+    backends' labels, `label_of`, split as kit.plugin.selection.Selection.runs splits them)."""
     exec_ = Exec.EAGER if Exec.EAGER in execs else execs[0]
+    backend_cases = [(spec, case) for spec in backends for mode in modes for case in catalog.cases(case_set, mode)]
+
+    def group(spec: str, case: Case) -> str:
+        return kernel_group(label_of(spec), case.mode.value, case.kernel_variant)
+
+    shard_of = split((group(spec, case) for spec, case in backend_cases for _ in execs), shard.count) if shard else {}
     smallest: Dict[tuple, Case] = {}
-    for backend in dict.fromkeys(kernels_of(spec) for spec in backends):
-        for mode in modes:
-            for case in catalog.cases(case_set, mode):
-                key = (backend, mode, case.kernel_variant)
-                if key not in smallest or _size(case) < _size(smallest[key]):
-                    smallest[key] = case
+    for spec, case in backend_cases:
+        if shard and shard_of[group(spec, case)] != shard.index:
+            continue
+        key = (kernels_of(spec), case.mode, case.kernel_variant)
+        if key not in smallest or _size(case) < _size(smallest[key]):
+            smallest[key] = case
     return [Build(backend, case, exec_) for (backend, _, _), case in smallest.items()]
 
 

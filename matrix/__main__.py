@@ -1,4 +1,5 @@
-"""python -m matrix write | check | html — the README tables from results, the gate, and an HTML report."""
+"""python -m matrix write | check | html | merge — the README tables from results, the gate, an HTML
+report, and one results file from a run's shards."""
 from __future__ import annotations
 
 import sys
@@ -7,9 +8,10 @@ from pathlib import Path
 from kit.cli import FAILED, Parser, fail
 from kit.report.known_failures import KnownFailuresError, load
 from kit.report.record import ResultsError, read_results_file
-from kit.report.results import write_text
+from kit.report.results import write_results, write_text
 from matrix import gate, html, readme
 from matrix.committed import committed_text, write_if_changed
+from matrix.merge import ShardsError, merge
 
 REPO = Path(__file__).resolve().parent.parent
 PROG = "python -m matrix"
@@ -26,7 +28,7 @@ def build_parser() -> Parser:
     common.add_argument("--readme", default=str(REPO / "README.md"),
                         help="the README whose generated blocks are written or checked (default: the kit's)")
     parser = Parser(prog=PROG, description=__doc__)
-    sub = parser.add_subparsers(dest="command", required=True, metavar="{write,check,html}")
+    sub = parser.add_subparsers(dest="command", required=True, metavar="{write,check,html,merge}")
     sub.add_parser("write", parents=[common], prog=f"{PROG} write",
                    help="write the committed results files in their committed form (no timings, dates or commits; "
                         "errors to 3 digits) and the README's matrix and mutation tables from them; a file "
@@ -38,13 +40,20 @@ def build_parser() -> Parser:
                                 "results that are interrupted or disagree with the committed ones")
     check.add_argument("--fresh", action="append", default=[], metavar="FILE",
                        help="results of a run just made (repeatable): each must be a whole run, every failure "
-                            "known, verdicts equal to the committed results of its device")
+                            "known, verdicts equal to the committed results of its device; the shards of a "
+                            "--shard K/N run among them are taken as that run (as `merge` makes it)")
     html = sub.add_parser("html", parents=[sources], prog=f"{PROG} html",
                           help="write one static HTML page: the matrix per device, cells coloured by outcome, each "
                                "failing cell opening its runs (message, class, max err / tol, known failure, repro)")
     html.add_argument("--out", default="matrix.html", help="the page to write (default: matrix.html)")
     html.add_argument("--results", action="append", default=[], metavar="FILE",
                       help="results files to show (repeatable; default: the committed results in --results-dir)")
+    merging = sub.add_parser("merge", prog=f"{PROG} merge",
+                           help="write one results file from the N results files of a --shard K/N run: refused, "
+                                "in one line, where a shard is missing or twice, or they disagree on the "
+                                "selection, catalog, device, kit commit or library versions")
+    merging.add_argument("out", help="the results file to write")
+    merging.add_argument("shards", nargs="+", metavar="SHARD", help="the shards' results files")
     return parser
 
 
@@ -111,10 +120,31 @@ def _check(args) -> int:
     return 0
 
 
+def _merge(args) -> int:
+    shards = []
+    for path in args.shards:
+        if not Path(path).is_file():
+            return fail(PROG, f"{path}: no such file; name the results files the shards wrote with --results-json")
+        try:
+            shards.append(read_results_file(path))
+        except ResultsError as exc:
+            return fail(PROG, str(exc), FAILED)
+    try:
+        run = merge(shards, args.out)
+    except ShardsError as exc:
+        return fail(PROG, str(exc), FAILED)
+    write_results(run.path, run.records, dict(status=run.status, selected=run.selected, catalog=run.catalog))
+    print(f"matrix merge: wrote {run.path} ({len(shards)} shards, {len(run.records)} of {len(run.selected)} "
+          f"selected runs recorded, {run.status})")
+    return 0
+
+
 def main(argv=None) -> int:
     args = build_parser().parse_args(argv)
     if args.command == "html":
         return _html(args)
+    if args.command == "merge":
+        return _merge(args)
     if not Path(args.readme).is_file():
         return fail(PROG, f"--readme {args.readme}: no such file; name the README with the generated blocks")
     for path in getattr(args, "fresh", []):

@@ -41,6 +41,8 @@ def committed_text(f: ResultsFile) -> str:
     run = None
     if f.has_run_list:
         run = dict(status=f.status, selected=sorted(f.selected), catalog=sorted(f.catalog))
+        if f.shard is not None:
+            run["shard"] = f.shard.section()
     return results_text([committed_record(r) for r in f.records], run)
 
 

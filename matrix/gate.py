@@ -11,6 +11,7 @@ from kit.report.record import (COMPLETE, ERROR, FAIL, PASS, UNSUPPORTED, Results
                         record_id as _id, verdict as _verdict)
 from matrix import fuzz, mutation, readme
 from matrix.committed import committed_text
+from matrix.merge import ShardsError, merge
 from matrix.table import render
 
 REGENERATE = "regenerate it with the full command for its device (docs/running.md, 'Regenerating the tables')"
@@ -27,6 +28,9 @@ def _not_judged(f: ResultsFile) -> List[str]:
 
 def _partial(f: ResultsFile) -> str:
     """Why a committed results file is not a whole run of the catalog, or ''."""
+    if f.shard is not None:
+        return (f"{f.path}: partial results: shard {f.shard} of a run; commit the run whole, its shards merged "
+                f"into one file: python -m matrix merge {f.path} SHARD...")
     stopped = _not_judged(f)
     if stopped:
         return (f"{f.path}: partial results: {len(stopped)} runs stopped by their environment before a verdict "
@@ -169,6 +173,28 @@ def _agreement(fresh: List[ResultsFile], committed: Dict[str, List[Dict]]) -> Li
     return problems
 
 
+def _fresh_runs(paths: Sequence[str], problems: List[str], sources: Dict[int, str]) -> List[ResultsFile]:
+    """The fresh results files, the shards among them as the one run they make (matrix.merge);
+    a problem for each file that cannot be read, and for shards that make no run; each record's
+    file in `sources`."""
+    files = []
+    for path in paths:
+        try:
+            files.append(read_results_file(path))
+        except ResultsError as exc:
+            problems.append(str(exc))
+            continue
+        sources.update((id(r), str(path)) for r in files[-1].records)
+    shards = [f for f in files if f.shard is not None]
+    runs = [f for f in files if f.shard is None]
+    if shards:
+        try:
+            runs.append(merge(shards, " + ".join(f.path for f in shards)))
+        except ShardsError as exc:
+            problems.append(str(exc))
+    return runs
+
+
 def check(readme_path, known_path, results_dir, fresh_paths: Sequence[str] = ()) -> List[str]:
     problems: List[str] = []
     try:
@@ -184,20 +210,13 @@ def check(readme_path, known_path, results_dir, fresh_paths: Sequence[str] = ())
     fresh: List[Dict] = []
     whole: List[ResultsFile] = []
     sources: Dict[int, str] = {}
-    for path in fresh_paths:
-        try:
-            f = read_results_file(path)
-        except ResultsError as exc:
-            problems.append(str(exc))
-            continue
+    for f in _fresh_runs(fresh_paths, problems, sources):
         trouble = _fresh_problems(f)
         problems += trouble
         if trouble:
             continue  # a partial run speaks for nothing: the committed results keep being judged
         whole.append(f)
-        for r in f.records:
-            fresh.append(r)
-            sources[id(r)] = str(path)
+        fresh += f.records
     fresh_devices = {r["device"] for r in fresh}
     left_out = _left_out(whole)
     judged = list(fresh)

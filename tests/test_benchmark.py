@@ -1,4 +1,5 @@
-"""benchmarks.kit_throughput: one timed matrix run on a tiny selection appends a complete row."""
+"""The benchmarks: kit_throughput appends a complete row of one timed matrix run on a tiny selection;
+many_backends and gpus keep their steps, rows and measures (busy shares, verdicts) as they say."""
 import json
 import os
 import subprocess
@@ -6,9 +7,11 @@ import sys
 import time
 from pathlib import Path
 
+import pytest
+
 from benchmarks.kit_throughput import IN_BOX, SLOWEST, device, matrix_command
 from benchmarks.timeline import phases
-from kit.report.results import REPO
+from kit.report.results import REPO, write_results
 
 from cases import CATALOG
 from kit.modes import ForwardMode
@@ -117,3 +120,100 @@ def test_cpu_busy_leaves_out_idle_and_iowait(tmp_path):
     assert before == (150, 1000) and busy_share(before, _cpu_ticks(stat)) == 0.4
     assert busy_share(None, before) is None and busy_share(before, before) is None
     assert _cpu_ticks(tmp_path / "absent") is None
+
+
+# ------------------------------------------------------------- benchmarks.gpus: one GPU against all
+
+
+def test_gpu_settings_are_the_first_gpu_alone_and_every_gpu():
+    from benchmarks.gpus import settings
+    assert settings(["1", "all"], ["2", "3"]) == [("1 GPU", "2", 1), ("2 GPUs", None, 2)]
+    assert settings(["all"], ["0"]) == [("1 GPUs", None, 1)]
+    with pytest.raises(SystemExit, match="no GPU here"):
+        settings(["1"], [])
+    with pytest.raises(SystemExit, match="--gpus 2: give 1, all or 1,all"):
+        settings(["1", "2"], ["0", "1"])
+
+
+def test_workers_busy_by_gpu_follows_the_placement(tmp_path):
+    """Worker N runs on GPU N mod the GPUs (kit.engine.placement): gw0 and gw2 on GPU 0."""
+    from benchmarks.gpus import busy_by_gpu
+    from benchmarks.timeline import test_seconds
+    test = lambda t, end: dict(event="test", id="a-decode-eager-x", t=t, end=end)  # noqa: E731
+    for worker, tests in (("gw0", [test(0, 4), test(5, 9)]), ("gw1", [test(0, 1)]), ("gw2", [test(0, 2)]),
+                          ("gw3", []), ("main", [])):
+        _timeline(tmp_path / f"{worker}.jsonl", [dict(event="start", t=0.0)] + tests)
+    assert test_seconds(str(tmp_path)) == dict(gw0=8.0, gw1=1.0, gw2=2.0, gw3=0.0, main=0.0)
+    assert busy_by_gpu(test_seconds(str(tmp_path)), 2, 10.0) == {
+        "0": dict(workers=2, test_s=10.0, busy_share=0.5), "1": dict(workers=2, test_s=1.0, busy_share=0.05)}
+
+
+def test_verdicts_are_compared_run_by_run_with_the_committed_ones():
+    from benchmarks.gpus import compare_verdicts
+    from tests.test_matrix import rec
+    committed = [rec("a"), rec("b", "fail", "graph"), rec("c", "unsupported")]
+    assert compare_verdicts([rec("a"), rec("b", "fail", "graph")], committed) == dict(
+        verdicts_equal=True, verdicts_differ=[], verdicts_differing=0)
+    other = compare_verdicts([rec("a"), rec("b", "fail", "kernel"), rec("d")], committed)
+    assert other == dict(verdicts_equal=False, verdicts_differ=["be-decode-eager-b", "be-decode-eager-d"],
+                         verdicts_differing=2)
+    assert compare_verdicts([], committed)["verdicts_equal"] is False
+
+
+def test_gpu_samples_give_each_gpus_utilization_and_the_memory_peak():
+    from benchmarks.many_backends import GpuPoll, gpu_sample
+    assert gpu_sample("0, 1200, 35\n1, 800, 90\n") == {"0": (1200, 35), "1": (800, 90)}
+    poll = GpuPoll()
+    poll.samples = [gpu_sample("0, 1200, 30\n1, 800, 90\n"), gpu_sample("0, 1000, 50\n1, 1500, 70\n")]
+    assert poll.peak == 2500 and poll.utilization() == {"0": 40.0, "1": 80.0}
+    assert GpuPoll().peak is None and GpuPoll().utilization() == {}
+
+
+def test_the_backends_are_the_in_box_four_unless_named():
+    from benchmarks.gpus import IN_BOX, backends
+    from kit.harness.registry import known_backends
+    assert backends(False, ["--mode", "decode"]) == (list(IN_BOX), ["--mode", "decode"])
+    assert backends(True, []) == (known_backends(), [])
+    assert backends(True, ["--backend", "triton", "-k", "x", "--backend=a,b"]) == (["triton", "a", "b"], ["-k", "x"])
+
+
+def test_one_command_appends_a_warmup_row_then_each_setting_in_turn(monkeypatch, tmp_path):
+    """The matrix runs stand in (their results file and timelines planted): the rows, in order, each
+    with its GPUs, CUDA_VISIBLE_DEVICES, workers busy by GPU and verdicts against the committed."""
+    import benchmarks.gpus as gpus
+    from tests.test_matrix import rec
+    committed = tmp_path / "committed.json"
+    write_results(committed, [rec("a"), rec("b")])
+    ran = []
+
+    def measure(name, workers, case_set, cold, extra, keep, timeline, env):
+        ran.append((env.get("CUDA_VISIBLE_DEVICES"), extra))
+        verdict_b = "fail" if len(ran) == 2 else "pass"  # the second run disagrees on b
+        write_results(keep, [rec("a"), rec("b", verdict_b, "kernel" if verdict_b == "fail" else None)])
+        os.makedirs(timeline)
+        _timeline(Path(timeline) / "gw0.jsonl", [dict(event="test", id="a-decode-eager-a", t=0.0, end=3.0)])
+        _timeline(Path(timeline) / "gw1.jsonl", [dict(event="test", id="a-decode-eager-b", t=0.0, end=1.0)])
+        return dict(device=name, workers=workers, runs=2, seconds=4.0, runs_per_s=0.5, cold=cold, kit_commit="x",
+                    case_set=case_set, args=extra, phases=None, slowest=[])
+
+    monkeypatch.setattr(gpus, "measure", measure)
+    monkeypatch.setattr(gpus, "warmup", lambda specs, *a: dict(step="warmup", seconds=9.0, exit_code=0,
+                                                               builds=len(specs)))
+    monkeypatch.setattr(gpus, "gpus_here", lambda: ["0", "1"])
+    monkeypatch.delenv("CUDA_VISIBLE_DEVICES", raising=False)
+    out = tmp_path / "rows.json"
+    gpus.main(["--out", str(out), "--committed", str(committed), "--mode", "decode"])
+    rows = json.loads(out.read_text())
+    assert [(r["step"], r.get("label")) for r in rows] == [("warmup", None), ("matrix", "1 GPU"), ("matrix", "2 GPUs"),
+                                                          ("matrix", "1 GPU"), ("matrix", "2 GPUs")]
+    assert [env for env, _ in ran] == ["0", None, "0", None]
+    assert ran[0][1] == [f"--backend={b}" for b in gpus.IN_BOX] + ["--mode", "decode"]
+    assert rows[0]["builds"] == 4 and all(r["backends"] == list(gpus.IN_BOX) for r in rows)
+    one, two = rows[1], rows[2]
+    assert (one["gpus"], one["cuda_visible_devices"], two["gpus"], two["cuda_visible_devices"]) == (1, "0", 2, None)
+    assert one["workers_busy_by_gpu"] == {"0": dict(workers=2, test_s=4.0, busy_share=0.5)}
+    assert two["workers_busy_by_gpu"] == {"0": dict(workers=1, test_s=3.0, busy_share=0.75),
+                                          "1": dict(workers=1, test_s=1.0, busy_share=0.25)}
+    assert [r["verdicts_equal"] for r in rows[1:]] == [True, False, True, True]
+    assert two["verdicts_differ"] == ["be-decode-eager-b"] and two["compared_with"] == str(committed)
+    assert one["seconds"] == 4.0 and one["runs"] == 2 and "kit_commit" in one and one["device"] == rows[0]["device"]

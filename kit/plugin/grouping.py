@@ -6,7 +6,7 @@ from typing import Dict, Tuple
 
 import pytest
 
-from kit.plugin.selection import SELECTION, Selection, run_of
+from kit.plugin.selection import SELECTION, Selection, group_of, run_of
 
 
 def groups(sel: Selection) -> Dict[str, Tuple[str, str]]:
@@ -15,8 +15,7 @@ def groups(sel: Selection) -> Dict[str, Tuple[str, str]]:
     small enough to keep every worker busy. Not xdist_group marks, whose `@group` suffix pytest 9
     drops from the node ids (xdist 3.8 sets `item._nodeid`, which pytest 9 no longer reads): every
     run was a group of its own."""
-    return {run.id: (f"{run.label}-{run.case.mode.value}-{run.case.kernel_variant}", run.label)
-            for run in sel.product()}
+    return {run.id: (group_of(run), run.label) for run in sel.runs()}
 
 
 class Grouping:

@@ -13,6 +13,9 @@ def addoption(parser) -> None:
     g.addoption("--exec", action="append", default=[], dest="exec_", help="eager, graph")
     g.addoption("--case-set", default="auto", help="smoke, full, or auto (full with CUDA, smoke without)")
     g.addoption("--cases", default=None, help="case catalog as module:attr (default: the in-box catalog)")
+    g.addoption("--shard", default=None, metavar="K/N",
+                help="run shard K of N of the selection (whole kernel groups; every machine splits alike); "
+                     "`python -m matrix merge` makes one results file of the N")
     g.addoption("--results-json", default=None, help="write one record per run to this file")
     g.addoption("--progress-every", type=float, default=progress.EVERY_S, metavar="SECONDS",
                 help=f"show runs done and time left per backend this often (default {progress.EVERY_S:g}; 0: never)")

@@ -17,14 +17,14 @@ class KnownFailureHit(Exception):
 
 class Parametrize:
     def pytest_generate_tests(self, metafunc):
-        """One test per run of Selection.product, in its order. Under `--dist loadgroup` the runs
-        of a group (kit.plugin.grouping) go to one worker."""
+        """One test per run of Selection.runs (the product, or a shard's part of it), in its order.
+        Under `--dist loadgroup` the runs of a group (kit.plugin.grouping) go to one worker."""
         if "conformance_run" not in metafunc.fixturenames:
             return
         sel = metafunc.config.stash[SELECTION]
         device = device_name()
         params, known = [], {}
-        for run in sel.product():
+        for run in sel.runs():
             if run.label not in known:
                 known[run.label] = known_failures.of_backend(sel.known, run.label, device)
             entry = known_failures.match(known[run.label], run.label, run.case.mode.value, run.exec_.value,

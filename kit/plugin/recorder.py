@@ -41,6 +41,7 @@ class Recorder:
         self.started = False  # runs began: from then on the file is this session's
         self.progress: Optional[progress.Progress] = None  # once the runs are known
         self.catalog: Optional[List[str]] = None  # Selection.catalog_ids, at the first write (loaded late)
+        self.shard: Optional[dict] = None  # --shard: Selection.recorded_shard, at the first write
 
     def _select(self, nodeids) -> None:
         if self.selected is None:
@@ -142,9 +143,12 @@ class Recorder:
             self.pending = None
             if self.writes and (self.started or self.records):  # never for --co or a run that selected nothing
                 if self.catalog is None:
-                    self.catalog = self.config.stash[SELECTION].catalog_ids()
+                    sel = self.config.stash[SELECTION]
+                    self.catalog, shard = sel.catalog_ids(), sel.recorded_shard()
+                    self.shard = None if shard is None else shard.section()
+                run = dict(status=status, selected=self.selected or [], catalog=self.catalog)
                 write_results(self.path, list(self.records.values()),
-                              run=dict(status=status, selected=self.selected or [], catalog=self.catalog))
+                              run=run if self.shard is None else dict(run, shard=self.shard))
                 self.last_write = time.monotonic()
 
     def pytest_sessionfinish(self, session, exitstatus):

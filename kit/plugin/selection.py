@@ -16,6 +16,7 @@ from kit.modes import EXECS, MODES, Exec, ForwardMode, parse_exec, parse_mode
 from kit.report import known_failures
 from kit.report.known_failures import KnownFailure
 from kit.report.record import parse_run_id
+from kit.shard import Shard, kernel_group, split
 
 
 def _csv(values):
@@ -61,6 +62,7 @@ class Selection:
     # Per spec, the backend's `ci_cases` under `--case-set auto` on CPU (a backend too slow here for
     # every smoke case names those; `--case-set smoke` runs them all), else None: every case.
     ci_cases: Dict[str, Optional[dict]] = dataclasses.field(default_factory=dict)
+    shard: Optional[Shard] = None  # --shard K/N: this session runs that part of the product (runs())
 
     @classmethod
     def from_options(cls, config) -> "Selection":
@@ -76,7 +78,8 @@ class Selection:
                   execs=_parsed("--exec", lambda: [parse_exec(e) for e in _csv(opt("exec_"))] or list(EXECS)),
                   catalog_target=opt("--cases"),
                   known=_parsed("--known-failures", known_failures.load_or_default, opt("--known-failures")),
-                  _load=functools.partial(_load_cases, opt, specs))
+                  _load=functools.partial(_load_cases, opt, specs),
+                  shard=_parsed("--shard", Shard.parse, opt("--shard")) if opt("--shard") else None)
         return sel if is_xdist_controller(config) else sel.loaded()
 
     @property
@@ -109,6 +112,20 @@ class Selection:
                     for exec_ in execs or self.execs:
                         yield Run(spec, label, case, exec_, catalog=self.catalog_target)
 
+    def runs(self) -> Iterator[Run]:
+        """The runs this session runs: the product, or, with a shard, the product's runs whose kernel
+        group is in it (kit.shard.split, the groups weighed by the case set's every case, ci_cases
+        aside, as `python -m kit warmup --shard` weighs them: both split alike)."""
+        if self.shard is None:
+            yield from self.product()
+            return
+        shard_of = split((group_of(run) for run in self.product(every_case=True)), self.shard.count)
+        yield from (run for run in self.product() if shard_of[group_of(run)] == self.shard.index)
+
+    def recorded_shard(self) -> Optional[Shard]:
+        """The shard, saying which selection it is a part of (the product's run ids), or None."""
+        return None if self.shard is None else self.shard.of_selection(run.id for run in self.product())
+
     def catalog_ids(self) -> List[str]:
         """Every run the catalog has for this case set: each registered backend (and each one named
         on the command line), every mode and exec. A results file lacking some of them is partial."""
@@ -121,6 +138,11 @@ class Selection:
         spec = {lab: spec for spec, lab in self.labels.items()}.get(label, label)
         case = self.loaded().catalog.find_case(parse_mode(mode), name)
         return Run(spec, label, case, parse_exec(exec_), catalog=self.catalog_target)
+
+
+def group_of(run: Run) -> str:
+    """The run's kernel group (kit.shard.kernel_group)."""
+    return kernel_group(run.label, run.case.mode.value, run.case.kernel_variant)
 
 
 def _load_cases(opt, specs) -> Tuple[Catalog, str, Dict[str, Optional[dict]]]:

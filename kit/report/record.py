@@ -8,6 +8,8 @@ import shlex
 from pathlib import Path
 from typing import Dict, List, Optional, Tuple
 
+from kit.shard import Shard
+
 # Outcomes of a run.
 PASS, FAIL, UNSUPPORTED = "pass", "fail", "unsupported"
 # Failure classes: where to look.
@@ -111,6 +113,7 @@ class ResultsFile:
     # registered backends. None: not recorded (files written before the `run` section).
     selected: Optional[List[str]] = None
     catalog: Optional[List[str]] = None
+    shard: Optional[Shard] = None  # a `--shard K/N` run's: which part of which selection it holds
 
     @property
     def has_run_list(self) -> bool:
@@ -148,7 +151,11 @@ def read_results_file(path) -> ResultsFile:
     if bad:
         more = f" (and {len(bad) - 1} more)" if len(bad) > 1 else ""
         raise ResultsError(f"{path}: record {record_id(bad[0])}: {_vocabulary_problem(bad[0])}{more}; {fix}")
-    return ResultsFile(str(path), records, run.get("status", COMPLETE), run.get("selected"), run.get("catalog"))
+    try:
+        shard = None if run.get("shard") is None else Shard.from_section(run["shard"])
+    except ValueError as exc:
+        raise ResultsError(f"{path}: {exc}; {fix}") from None
+    return ResultsFile(str(path), records, run.get("status", COMPLETE), run.get("selected"), run.get("catalog"), shard)
 
 
 _RECORD_KEYS = {"backend", "mode", "exec", "case", "outcome", "device"}
