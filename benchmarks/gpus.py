@@ -10,7 +10,7 @@ in turn, the README's matrix command (benchmarks.kit_throughput.measure) on the 
 a row to `results/bench/gpus-<device>.json` (or --out) as it ends: the warmup's seconds; for a
 matrix run, the GPUs it had, seconds, runs, runs per second and where the time went (as
 kit_throughput's rows), each GPU's workers' share of their time in runs (`workers_busy_by_gpu`:
-kit.engine.placement puts worker N on GPU N mod the GPUs) and seconds in runs, each GPU's mean
+kit.process.placement puts worker N on GPU N mod the GPUs) and seconds in runs, each GPU's mean
 utilization and the memory peak (nvidia-smi, polled), and whether its verdicts equal those of the
 committed results (`--committed`, default `results/gpu-h100.json`; `verdicts_differ`: the first
 that do not). Other arguments go to pytest as they are (e.g. `--mode decode`).
@@ -27,7 +27,7 @@ from typing import Dict, List, Optional, Sequence, Tuple
 from benchmarks.kit_throughput import append_row, device, kit_commit, measure
 from benchmarks.many_backends import Clock, GpuPoll, warmup
 from benchmarks.timeline import test_seconds
-from kit.engine.placement import device_of, gpus_here, worker_number
+from kit.process.placement import device_of, gpus_here, worker_number
 from kit.report.record import ResultsError, read_results, record_id, verdict
 
 REPO = Path(__file__).resolve().parent.parent
@@ -50,7 +50,7 @@ def settings(which: Sequence[str], gpus: Sequence[str]) -> List[Tuple[str, Optio
 
 
 def busy_by_gpu(seconds_in_tests: Dict[str, float], gpus: int, seconds: float) -> Dict[str, dict]:
-    """Per GPU (its index among the run's), its workers (`gw0`, ... as kit.engine.placement placed
+    """Per GPU (its index among the run's), its workers (`gw0`, ... as kit.process.placement placed
     them), their seconds in runs and the share of their time that was (the run's `seconds` each)."""
     by_gpu = collections.defaultdict(list)
     for name, busy in seconds_in_tests.items():

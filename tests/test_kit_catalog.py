@@ -99,7 +99,7 @@ def _new_features(c: Case) -> set:
 # identity, not a feature). The dtype feature puts bf16 and fp32 together: the CPU runs fp32
 # where the GPU runs bf16.
 FEATURES = {
-    "name": None, "mode": None, "seed": None,
+    "name": None, "mode": None, "seed": None, "request_seeds": None,  # data identity, no feature
     "prefix": lambda c: {f"bs {'1' if c.bs == 1 else '8+' if c.bs >= 8 else '2-7'}"}
     | ({"zero prefix"} if 0 in c.prefix else set())
     | ({"context past 1,000 tokens"} if max(map(sum, zip(c.prefix, c.new_lens))) > 1000 else set()),
