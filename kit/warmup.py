@@ -4,7 +4,7 @@ A backend's first run of a kernel variant builds it (FlashInfer's JIT, Triton's 
 for FlashInfer on a fresh machine), and in a matrix session those builds land in the workers'
 first runs, against their time limits. Warmup runs each distinct
 (backend, mode, kernel variant) of the selection once (a backend derived from a registered one,
-as a mutant is, counts as that one: it builds the same kernels), on its smallest case, in as
+as a mutant is, counts as that one: it builds the same kernels), on its smallest case it runs, in as
 many processes at once as there are cores (`--jobs`). A process runs build after build
 (`next_build`), so that it imports and loads each backend once, not once a build (16 processes
 importing SGLang at once took longer than most builds). A build that takes its process down
@@ -18,6 +18,7 @@ from __future__ import annotations
 import argparse
 import collections
 import dataclasses
+import functools
 import json
 import os
 import selectors
@@ -29,6 +30,7 @@ from dataclasses import dataclass
 from typing import Callable, Dict, List, Optional, Sequence
 
 from kit.engine import placement
+from kit.harness import child
 from kit.engine.case import Case
 from kit.engine.catalog import load_catalog
 from kit.modes import Exec, ForwardMode, parse_exec, parse_mode
@@ -54,19 +56,43 @@ def _size(case: Case):
 
 
 def builds(backends: Sequence[str], modes: Sequence[ForwardMode], execs: Sequence[Exec], catalog,
-           case_set: str, kernels_of: Callable[[str], str] = lambda spec: spec) -> List[Build]:
+           case_set: str, kernels_of: Callable[[str], str] = lambda spec: spec,
+           runs: Callable[[str, Case, Exec], bool] = lambda backend, case, exec_: True) -> List[Build]:
     """One build per backend whose kernels the selection runs (`kernels_of`), mode and kernel
-    variant: its smallest case, eager where the selection runs eager (graph runs load the same
-    kernels)."""
+    variant: its smallest case the backend `runs`, eager where the selection runs eager (graph
+    runs load the same kernels). A variant whose every case the backend declines builds nothing."""
     exec_ = Exec.EAGER if Exec.EAGER in execs else execs[0]
     smallest: Dict[tuple, Case] = {}
     for backend in dict.fromkeys(kernels_of(spec) for spec in backends):
         for mode in modes:
             for case in catalog.cases(case_set, mode):
+                if not runs(backend, case, exec_):
+                    continue
                 key = (backend, mode, case.kernel_variant)
                 if key not in smallest or _size(case) < _size(smallest[key]):
                     smallest[key] = case
     return [Build(backend, case, exec_) for (backend, _, _), case in smallest.items()]
+
+
+@functools.lru_cache(maxsize=None)
+def _declarations(backend: str):
+    from kit.harness.capabilities import Capabilities
+    from kit.harness.registry import load_backend
+
+    cls = load_backend(backend)
+    return cls, Capabilities.of(cls)
+
+
+def runs_here(backend: str, case: Case, exec_: Exec) -> bool:
+    """Whether `backend` runs `case` (kit.harness.scope decides): a build on a case it declines
+    builds nothing. A backend that does not load, or whose supports() raises, is left to its
+    build, which reports it."""
+    from kit.harness.scope import unsupported_reason
+
+    try:
+        return unsupported_reason(*_declarations(backend), case, exec_) is None
+    except Exception:  # noqa: BLE001 - its build says what is wrong
+        return True
 
 
 def bar(done: int, total: int) -> str:
@@ -91,10 +117,11 @@ class _Process:
     def __init__(self, slot: int, jobs: int, catalog_target: Optional[str], timeout: float):
         self.slot = slot
         self.stderr = tempfile.TemporaryFile("w+")  # not a pipe: a chatty backend would fill it and wait
-        cmd = [sys.executable, "-m", "kit.warmup", "--timeout", str(timeout)]
+        cmd = child.command("kit.warmup", "--timeout", str(timeout),
+                            *(["--cases", catalog_target] if catalog_target else []))
         # Placed and budgeted as a session's worker is (kit.engine.placement): slot `slot` of `jobs`.
-        env = {**os.environ, "PYTEST_XDIST_WORKER": f"gw{slot}", "PYTEST_XDIST_WORKER_COUNT": str(jobs)}
-        self.proc = subprocess.Popen(cmd + (["--cases", catalog_target] if catalog_target else []),
+        env = {**child.environment(), "PYTEST_XDIST_WORKER": f"gw{slot}", "PYTEST_XDIST_WORKER_COUNT": str(jobs)}
+        self.proc = subprocess.Popen(cmd,
                                      stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=self.stderr,
                                      text=True, env=env)
         self.build: Optional[Build] = None
@@ -122,12 +149,12 @@ class _Process:
             pass
 
     def ended(self) -> str:
-        """Why its build has no verdict: the exit code and the last line it wrote on stderr."""
+        """Why its build has no verdict: how its process ended and the last line it wrote on stderr."""
         code = self.proc.wait()
         self.stderr.seek(0)
-        lines = [line.strip() for line in self.stderr.read().splitlines() if line.strip()]
+        ended = child.Ended(code, "", self.stderr.read())
         self.stderr.close()
-        return f"its process ended with exit code {code} and no verdict" + (f" ({lines[-1][:200]})" if lines else "")
+        return f"its process ended with no verdict, {ended.death(1)[:300]}"
 
 
 def next_build(backend: Optional[str], pending: List[Build], working: Dict[str, int]) -> Build:

@@ -164,19 +164,6 @@ def test_help_shows_them(main, args, words):
     assert proc.returncode == 0 and all(w in proc.stdout for w in words), proc.stdout
 
 
-def test_list_backends_says_what_is_available_and_why_not():
-    proc = _main(kit_main, "list", "--backends")
-    assert proc.returncode == 0, proc.stderr
-    lines = {line.split()[0]: line for line in proc.stdout.splitlines()}
-    assert {"torch_native", "triton", "flashinfer"} <= set(lines)
-    assert "available: " in lines["torch_native"] and "eager only (no capture hooks)" in lines["torch_native"]
-    assert "graph hooks" in lines["triton"]
-    try:
-        import flashinfer  # noqa: F401
-    except ImportError:
-        assert "unavailable: " in lines["flashinfer"] and "cannot be imported" in lines["flashinfer"]
-
-
 def _known_failures_file(tmp_path, rows):
     from kit.report.known_failures import BEGIN, COLUMNS, END
 

@@ -29,9 +29,10 @@ from kit.fuzz.strategies import Takes, any_case
 from kit.harness.registry import backend_label, load_backend
 from kit.harness.capabilities import Capabilities
 from kit.harness.run import Run
-from kit.harness.runner import execute, unsupported_reason
+from kit.harness.runner import execute
+from kit.harness.scope import unsupported_reason
 from kit.modes import Exec, ForwardMode
-from kit.report.known_failures import KnownFailure, is_expected, match
+from kit.report.known_failures import KnownFailure, against, is_expected, match
 from kit.report.record import FAIL, repro_command
 from kit.harness.environment import environment
 
@@ -242,7 +243,7 @@ class _Search:
             self.outcome.known[entry.id] = (count + 1, first)
             return None
         if entry is not None:
-            finding.message = f"{entry.id} expects [{entry.failure_class}], got: {finding.message}"
+            finding.message = f"{against(entry, result.outcome, result.failure_class)}; {finding.message}"
         if self.first_failure is None:
             self.first_failure, self.outcome.first_example = self.elapsed(), self.outcome.examples
         return finding

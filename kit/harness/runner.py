@@ -15,7 +15,7 @@ from kit.harness.guard import Guard, canary_figures
 from kit.harness.verdict import Verdict, eager_verdict, replay_failure, replay_verdict
 from kit.modes import Exec
 from kit.harness.nan_fill import nan_filled_allocations
-from kit.harness.capabilities import NO_CAPTURE_HOOKS, Capabilities
+from kit.harness.capabilities import Capabilities
 from kit.harness.protocol import BackendContext, backend_problem
 from kit.engine import budget
 from kit.engine.memory import after_run, moving_to, release
@@ -25,6 +25,7 @@ from kit.harness.run import Run
 from kit.harness.registry import load_backend
 from kit.harness.environment import versions
 from kit.harness.schedule import batches
+from kit.harness.scope import unsupported_reason
 from kit.harness.interpreter_noise import interpreter_noise_filtered
 from kit.harness.timeout import RunTimeout, time_limit
 from kit.harness.where import where
@@ -150,20 +151,6 @@ class RunSetup:
         return _call("constructing backend", self.backend_cls, ctx)
 
 
-def unsupported_reason(backend_cls, caps: Capabilities, case: Case, exec_: Exec) -> Optional[str]:
-    # The kind first: a backend written for dense attention need not know an MLA case's fields.
-    reason = caps.kind_reason(case) or caps.kv_dtype_reason(case)
-    if reason is None:
-        reason = _call("supports()", backend_cls.supports, case)
-    if reason is None:  # after supports(): a backend may say why it lacks a feature
-        reason = caps.feature_reason(case)
-    if reason is None:
-        reason = caps.mode_reason(case.mode)
-    if reason is None and exec_ is Exec.GRAPH and not caps.has_graph_hooks:
-        reason = NO_CAPTURE_HOOKS
-    return reason
-
-
 def _outputs(outs) -> List[torch.Tensor]:
     for out in outs:
         if not isinstance(out, torch.Tensor):
@@ -250,7 +237,7 @@ def unsupported_here(run: Run) -> Optional[RunResult]:
         reason = unsupported_reason(cls, Capabilities.of(cls), run.case, run.exec_)
         if reason is None:
             return None
-        return run.record(outcome=UNSUPPORTED, message=str(reason), versions=versions(cls))
+        return run.record(outcome=UNSUPPORTED, message=reason, versions=versions(cls))
     except Exception:  # noqa: BLE001 - the run itself reports a backend that fails here
         return None
 
@@ -286,9 +273,9 @@ def _run_releasing_memory(cls, caps: Capabilities, case: Case, exec_: Exec, devi
 
 
 def _run(cls, caps: Capabilities, case: Case, exec_: Exec, device, result: RunResult) -> None:
-    reason = unsupported_reason(cls, caps, case, exec_)
+    reason = _call("supports()", unsupported_reason, cls, caps, case, exec_)
     if reason is not None:
-        result.outcome, result.message = UNSUPPORTED, str(reason)
+        result.outcome, result.message = UNSUPPORTED, reason
         return
     setup = RunSetup.make(cls, case, exec_, device)
     backend = setup.new_backend()

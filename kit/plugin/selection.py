@@ -11,15 +11,13 @@ import pytest
 from kit.engine.catalog import Catalog, load_catalog, resolve_set
 from kit.harness.capabilities import Capabilities
 from kit.harness.registry import UnknownBackend, backend_label, known_backends, load_backend
+from kit import options
 from kit.harness.run import Run
+from kit.harness.scope import cases_of, narrows_to_ci
 from kit.modes import EXECS, MODES, Exec, ForwardMode, parse_exec, parse_mode
 from kit.report import known_failures
 from kit.report.known_failures import KnownFailure
 from kit.report.record import parse_run_id
-
-
-def _csv(values):
-    return [v for item in values for v in item.split(",") if v]
 
 
 def _parsed(option, parse, *values, fix=""):
@@ -65,15 +63,15 @@ class Selection:
     @classmethod
     def from_options(cls, config) -> "Selection":
         opt = config.getoption
-        specs = _csv(opt("--backend")) or known_backends()
+        specs = options.csv(opt("--backend")) or known_backends()
         labels = {spec: _parsed(f"--backend {spec}", backend_label, spec,
                                 fix=f"give a registered name ({', '.join(known_backends())}) or module:attr of a "
                                     f"backend class that imports") for spec in specs}
         if opt("--case-set") != "auto":
             _parsed("--case-set", resolve_set, opt("--case-set"))
         sel = cls(labels=labels,
-                  modes=_parsed("--mode", lambda: [parse_mode(m) for m in _csv(opt("--mode"))] or list(MODES)),
-                  execs=_parsed("--exec", lambda: [parse_exec(e) for e in _csv(opt("exec_"))] or list(EXECS)),
+                  modes=_parsed("--mode", options.modes, opt("--mode")),
+                  execs=_parsed("--exec", options.execs, opt("exec_")),
                   catalog_target=opt("--cases"),
                   known=_parsed("--known-failures", known_failures.load_or_default, opt("--known-failures")),
                   _load=functools.partial(_load_cases, opt, specs))
@@ -103,9 +101,7 @@ class Selection:
         for spec, label in (labels or self.labels).items():
             ci_cases = None if every_case else self.ci_cases.get(spec)
             for mode in modes or self.modes:
-                for case in self.catalog.cases(self.case_set, mode):
-                    if ci_cases is not None and case.name not in ci_cases.get(mode.value, ()):
-                        continue
+                for case in cases_of(self.catalog, self.case_set, mode, ci_cases):
                     for exec_ in execs or self.execs:
                         yield Run(spec, label, case, exec_, catalog=self.catalog_target)
 
@@ -127,7 +123,7 @@ def _load_cases(opt, specs) -> Tuple[Catalog, str, Dict[str, Optional[dict]]]:
     """The catalog, the case set and, for `--case-set auto` on CPU, each backend's `ci_cases`
     (the catalog of the results file keeps every run)."""
     case_set = _parsed("--case-set", resolve_set, opt("--case-set"))
-    auto_smoke = opt("--case-set") == "auto" and case_set == "smoke"
+    auto_smoke = narrows_to_ci(opt("--case-set"), case_set)
     catalog = _parsed(f"--cases {opt('--cases')}", load_catalog, opt("--cases"),
                       fix="give module:attr of a kit.engine.catalog.Catalog that imports")
     return catalog, case_set, {spec: _parsed(f"--backend {spec}", lambda: Capabilities.of(load_backend(spec)).ci_cases)
