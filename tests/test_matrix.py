@@ -367,7 +367,7 @@ def test_known_failures_become_strict_xfails(known_failures_suite, mismatched_kn
     proc = mismatched_known_failures_suite
     assert proc.returncode == 1
     assert "XPASS(strict)" in proc.stdout and "KF-1" in proc.stdout
-    assert "KF-2 expects [kernel], got [graph]" in proc.stdout
+    assert "not the known failure: KF-2 (" in proc.stdout and "expects [kernel] here, this run failed [graph]" in proc.stdout
 
 
 def test_quarantined_failure_runs_in_a_subprocess(known_failures_suite):

@@ -9,7 +9,7 @@ from pathlib import Path
 from typing import Dict, List, Optional, Sequence
 
 from kit.modes import EXECS, MODES
-from kit.report.record import FAIL, FAILURE_CLASSES as CLASSES
+from kit.report.record import FAIL, FAILURE_CLASSES as CLASSES, PASS
 
 BEGIN, END = "<!-- known-failures:begin -->", "<!-- known-failures:end -->"
 COLUMNS = ("id", "backend", "mode", "exec", "case", "device", "class", "mark", "reason", "link")
@@ -153,6 +153,22 @@ def is_expected(entry: Optional[KnownFailure], outcome: str, failure_class: Opti
     """The expected-failure rule: a run is its entry's known failure only if it fails with the
     entry's class (a pass, or another class, is a failure of the suite)."""
     return entry is not None and outcome == FAIL and failure_class == entry.failure_class
+
+
+def against(entry: Optional[KnownFailure], outcome: str, failure_class: Optional[str]) -> str:
+    """What a run is against its entry, in one line ('' without one): the entry's known failure
+    (is_expected), another failure, a pass (the entry stale here) or no verdict. Every command
+    that tells a user about a run's entry says it in these words."""
+    if entry is None:
+        return ""
+    if is_expected(entry, outcome, failure_class):
+        return f"known failure: {entry.id} ({entry.where}): {entry.reason}"
+    expects = f"{entry.id} ({entry.where}) expects [{entry.failure_class}] here"
+    if outcome == FAIL:
+        return f"not the known failure: {expects}, this run failed [{failure_class}]"
+    if outcome == PASS:
+        return f"{expects}, but this run passed: the entry is stale here"
+    return f"{expects}; this run: {outcome}"
 
 
 def covering(entries: Sequence[KnownFailure], record: Dict) -> Optional[KnownFailure]:
