@@ -3,8 +3,10 @@ that no case of the catalog reaches within its CI budget and shrinks it to the c
 prints the case line and a repro that re-runs exactly that case, reports a known failure by its
 KF id, and appends every run to the ledger; and a seeded fuzz of the in-box backends finds nothing."""
 import argparse
+import ast
 import json
 import shlex
+from pathlib import Path
 
 import pytest
 from hypothesis import HealthCheck, given, seed, settings
@@ -175,7 +177,7 @@ def test_a_mutant_that_takes_its_fuzz_process_down_is_found_as_a_crash_of_its_ca
     r = row(mutant, args)
     assert r["found"] and r["classes"] == ["crash"] and r["examples"] == 1, r
     assert parse_case(r["case_line"]).mode is ForwardMode.DECODE and "--case-line" in r["repro"], r
-    assert r["error"].startswith("the process died running it (exit code -6"), r["error"]
+    assert r["error"].startswith("the process died running it (killed by SIGABRT (exit code -6)"), r["error"]
 
 
 def test_the_next_fuzz_says_which_case_took_the_last_one_down(capsys, tmp_path):
@@ -191,3 +193,23 @@ def test_the_next_fuzz_says_which_case_took_the_last_one_down(capsys, tmp_path):
     assert code == 0 and "the fuzz process before this one died running b eager (example 3, 1.5 s into its " \
                           "search): Case(...); repro: python -m kit run ..." in err, err
     assert not running.exists()  # taken, and this search ended in its own time
+
+
+def test_every_catalog_line_reads_as_a_case_line():
+    """Each `C("name", ...)` line of cases/<mode>.py, with `Case` and its mode written out, is read
+    back by --case-line as the catalog's case (its presets too: GPT_OSS, GQA_32_8, ...); lines that
+    spread a dict (`**SMALL_MLA`) or compute a value (`tuple(range(...))`) are no case line."""
+    read = 0
+    for mode in MODES:
+        path = Path(__file__).resolve().parent.parent / "cases" / f"{mode.value}.py"
+        for call in ast.walk(ast.parse(path.read_text())):
+            if not (isinstance(call, ast.Call) and getattr(call.func, "id", None) == "C"):
+                continue
+            values = [*call.args, *(k.value for k in call.keywords)]
+            if any(k.arg is None for k in call.keywords) or any(
+                    isinstance(node, (ast.Call, ast.BinOp)) for v in values for node in ast.walk(v)):
+                continue
+            line = f"Case({ast.unparse(call)[2:-1]}, mode=ForwardMode.{mode.name})"
+            assert parse_case(line) == CATALOG.find_case(mode, ast.literal_eval(call.args[0])), line
+            read += 1
+    assert read > 100
