@@ -17,7 +17,6 @@ from __future__ import annotations
 
 import argparse
 import collections
-import dataclasses
 import functools
 import json
 import os
@@ -34,7 +33,6 @@ from kit.harness import child
 from kit.engine.case import Case
 from kit.engine.catalog import load_catalog
 from kit.modes import Exec, ForwardMode, parse_exec, parse_mode
-from kit.report.record import verdict
 
 BAR = 24
 QUIET_S = 60.0  # with no build finished for this long, a line names the longest-running ones
@@ -246,7 +244,7 @@ def serve(catalog_target: Optional[str], timeout: float) -> None:
         build = json.loads(line)
         case = catalog.find_case(parse_mode(build["mode"]), build["case"])
         result = run_case(build["backend"], case, parse_exec(build["exec"]), catalog=catalog_target, timeout=timeout)
-        replies.write(json.dumps(dict(verdict=verdict(dataclasses.asdict(result)),
+        replies.write(json.dumps(dict(verdict=result.verdict,
                                       device_lost=bool(result.device_lost))) + "\n")
         if result.device_lost:
             return

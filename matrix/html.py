@@ -7,8 +7,8 @@ from __future__ import annotations
 from html import escape
 from typing import Dict, List, Sequence
 
-from kit.report.known_failures import KnownFailure, covering, match
-from kit.report.record import FAIL, record_id, verdict
+from kit.report.known_failures import KnownFailure, covering, of_record
+from kit.report.record import FAIL, Record
 from matrix.table import COLUMNS, Notes, by_device, cell, cells, environment_line, tally
 
 STYLE = """
@@ -36,36 +36,36 @@ def _figure(value) -> str:
     return "-" if value is None else f"{value:.3g}"
 
 
-def _entry(entries: Sequence[KnownFailure], r: Dict) -> str:
+def _entry(entries: Sequence[KnownFailure], r: Record) -> str:
     entry = covering(entries, r)
     if entry is None:
-        near = match(entries, r["backend"], r["mode"], r["exec"], r["case"], r.get("device", ""))
+        near = of_record(entries, r)
         return ("none: no entry covers this failure" +
                 (f" ({near.id} expects [{near.failure_class}])" if near else ""))
     links = " ".join(f'<a href="{escape(link)}">{escape(link)}</a>' for link in entry.links)
     return f"{escape(entry.id)} ({escape(entry.mark)}): {escape(entry.reason)}<br>{links}"
 
 
-def _run(entries: Sequence[KnownFailure], r: Dict) -> str:
-    fields = [("verdict", escape(verdict(r))), ("message", f"<pre>{escape(r.get('message', ''))}</pre>"),
-              ("max err / tol", f"{_figure(r.get('max_err'))} / {_figure(r.get('tol'))}"),
+def _run(entries: Sequence[KnownFailure], r: Record) -> str:
+    fields = [("verdict", escape(r.verdict)), ("message", f"<pre>{escape(r.message)}</pre>"),
+              ("max err / tol", f"{_figure(r.max_err)} / {_figure(r.tol)}"),
               ("known failure", _entry(entries, r)),
-              ("repro", f'<code class="repro">{escape(r.get("repro", ""))}</code>')]
+              ("repro", f'<code class="repro">{escape(r.repro)}</code>')]
     body = "".join(f"<dt>{name}</dt><dd>{value}</dd>" for name, value in fields)
-    return f'<div class="run"><b>{escape(record_id(r))}</b><dl>{body}</dl></div>'
+    return f'<div class="run"><b>{escape(r.test_id)}</b><dl>{body}</dl></div>'
 
 
-def _device(index: int, device: str, records: List[Dict], sources: List[str],
+def _device(index: int, device: str, records: List[Record], sources: List[str],
             entries: Sequence[KnownFailure]) -> str:
     groups, notes, sections = cells(records), Notes(), []
     head = "".join(f"<th>{escape(m)} {escape(e)}</th>" for m, e in COLUMNS)
     rows = []
-    for backend in sorted({r["backend"] for r in records}):
+    for backend in sorted({r.backend for r in records}):
         tds = []
         for m, e in COLUMNS:
             runs = groups[(backend, m, e)]
             text, kind = escape(cell(runs, entries, notes)), tally(runs, entries).kind
-            failing = [r for r in runs if r["outcome"] == FAIL]
+            failing = [r for r in runs if r.outcome == FAIL]
             if failing:
                 anchor = f"runs-{index}-{backend}-{m}-{e}"
                 text = f'<a href="#{escape(anchor)}">{text}</a>'
@@ -81,7 +81,7 @@ def _device(index: int, device: str, records: List[Dict], sources: List[str],
             + "".join(sections))
 
 
-def page(results: Dict[str, List[Dict]], entries: Sequence[KnownFailure]) -> str:
+def page(results: Dict[str, List[Record]], entries: Sequence[KnownFailure]) -> str:
     """results: source name -> records."""
     legend = " ".join(f'<span class="{k}">&nbsp;{k.replace("-", " ")}&nbsp;</span> {escape(what)};'
                       for k, what in LEGEND)

@@ -104,7 +104,7 @@ def _fresh_problem(project, tmp_path, write, code, *words):
     (lambda p: p.write_text('{"schema": 2, "records": [{"backend": "a"'), 1, ["bad JSON", "truncated?"]),
     (lambda p: p.write_text("not json at all"), 1, ["bad JSON"]),
     (lambda p: p.write_text('{"schema": 9, "records": []}'), 1, ["results schema 9, expected 2", "regenerate"]),
-    (lambda p: p.write_text('{"schema": 2, "records": [{"x": 1}]}'), 1, ["records missing or malformed"]),
+    (lambda p: p.write_text('{"schema": 2, "records": [{"x": 1}]}'), 1, ["record 1: missing backend, mode", "fields no record has: x"]),
 ], ids=["missing", "directory", "truncated", "not_json", "schema", "records"])
 def test_matrix_check_fresh_errors(project, tmp_path, write, code, words):
     _fresh_problem(project, tmp_path, write, code, *words)

@@ -213,3 +213,19 @@ def test_every_catalog_line_reads_as_a_case_line():
             assert parse_case(line) == CATALOG.find_case(mode, ast.literal_eval(call.args[0])), line
             read += 1
     assert read > 100
+
+
+def test_the_kit_raising_on_a_drawn_case_is_a_finding_of_class_kit_error(monkeypatch):
+    """Not the backend's failure: a record of outcome error and class kit-error (the record's
+    vocabulary, kit.report.record), still reported as new so that the kit's bug is seen."""
+    from kit.fuzz import search
+    from kit.report.record import ERROR_CLASSES, KIT_ERROR
+
+    def raises(run, device, timeout):
+        raise IndexError("the kit's own bug")
+    monkeypatch.setattr(search, "execute", raises)
+    outcome = search.fuzz(search.Target("torch_native", (ForwardMode.DECODE,), (EXECS[0],), device="cpu"),
+                          budget=60, seed=1, shrink_budget=0, max_examples=3)
+    assert KIT_ERROR in ERROR_CLASSES
+    assert {f.failure_class for f in outcome.new} == {KIT_ERROR}, outcome
+    assert "the kit raised IndexError: the kit's own bug" in outcome.new[0].message

@@ -33,7 +33,7 @@ from kit.harness.runner import execute
 from kit.harness.scope import unsupported_reason
 from kit.modes import Exec, ForwardMode
 from kit.report.known_failures import KnownFailure, against, is_expected, match
-from kit.report.record import FAIL, repro_command
+from kit.report.record import ERROR, FAIL, KIT_ERROR, repro_command
 from kit.harness.environment import environment
 
 try:
@@ -41,7 +41,6 @@ try:
 except NameError:  # Python 3.10: Hypothesis's own dependency
     from exceptiongroup import BaseExceptionGroup
 
-KIT_ERROR = "kit-error"  # the kit itself raised on a drawn case (not the backend): a bug of the kit
 
 
 @dataclasses.dataclass
@@ -226,13 +225,13 @@ class _Search:
         try:
             result = execute(run, self.device, t.timeout)
         except Exception as exc:  # noqa: BLE001 - the kit's own error on a drawn case is a finding too
-            result = run.record(outcome=FAIL, failure_class=KIT_ERROR,
+            result = run.record(outcome=ERROR, failure_class=KIT_ERROR,
                                 message=f"the kit raised {type(exc).__name__}: {exc}")
         self.outcome.runs += 1
         if result.device_lost:
             self.outcome.stopped = (f"the device was lost at example {self.outcome.examples} (a sticky device "
                                     f"fault): the failure is not shrunk; nothing more can run in this process")
-        if result.outcome != FAIL:
+        if result.outcome != FAIL and result.failure_class != KIT_ERROR:
             return None
         finding = Finding(case, exec_.value, result.failure_class, result.message, repro,
                           example=self.outcome.examples, seconds=self.elapsed())

@@ -16,7 +16,7 @@ from kit.harness.registry import load_backend
 from kit.plugin import progress
 from kit.plugin.device_lost import last_words_path, leave_record
 from kit.plugin.selection import SELECTION, run_of
-from kit.report.record import COMPLETE, CRASH, FAIL, INTERRUPTED, RUNNING, parse_run_id, record_id
+from kit.report.record import COMPLETE, CRASH, FAIL, INTERRUPTED, RUNNING, parse_run_id, run_id
 from kit.report.results import write_results
 
 RECORD_KEY = "conformance_record"
@@ -153,7 +153,7 @@ class Recorder:
         if pending is not None:  # the final write below takes its records, and must be the last
             pending.cancel()
             pending.join()
-        recorded = {record_id(r) for r in self.records.values()}
+        recorded = {run_id(r["backend"], r["mode"], r["exec"], r["case"]) for r in self.records.values()}
         whole = exitstatus in (pytest.ExitCode.OK, pytest.ExitCode.TESTS_FAILED) and recorded >= set(self.selected or [])
         self._write(COMPLETE if whole else INTERRUPTED)
         if self.writes:

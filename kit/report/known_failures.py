@@ -6,10 +6,10 @@ import dataclasses
 import fnmatch
 import re
 from pathlib import Path
-from typing import Dict, List, Optional, Sequence
+from typing import List, Optional, Sequence
 
 from kit.modes import EXECS, MODES
-from kit.report.record import FAIL, FAILURE_CLASSES as CLASSES, PASS
+from kit.report.record import FAIL, FAILURE_CLASSES as CLASSES, PASS, Record
 
 BEGIN, END = "<!-- known-failures:begin -->", "<!-- known-failures:end -->"
 COLUMNS = ("id", "backend", "mode", "exec", "case", "device", "class", "mark", "reason", "link")
@@ -48,9 +48,8 @@ class KnownFailure:
             (backend, self.backend), (mode, self.mode), (exec_, self.exec), (case, self.case),
             (device, self.device)))
 
-    def matches_record(self, record: Dict) -> bool:
-        return self.matches(record["backend"], record["mode"], record["exec"], record["case"],
-                            record.get("device", ""))
+    def matches_record(self, record: Record) -> bool:
+        return self.matches(record.backend, record.mode, record.exec, record.case, record.device)
 
 
 def _cells(line: str) -> List[str]:
@@ -171,8 +170,12 @@ def against(entry: Optional[KnownFailure], outcome: str, failure_class: Optional
     return f"{expects}; this run: {outcome}"
 
 
-def covering(entries: Sequence[KnownFailure], record: Dict) -> Optional[KnownFailure]:
+def of_record(entries: Sequence[KnownFailure], record: Record) -> Optional[KnownFailure]:
+    """The entry for a results record's run, if any (see match)."""
+    return match(entries, record.backend, record.mode, record.exec, record.case, record.device)
+
+
+def covering(entries: Sequence[KnownFailure], record: Record) -> Optional[KnownFailure]:
     """The entry a results record is the expected failure of, if any."""
-    entry = match(entries, record["backend"], record["mode"], record["exec"], record["case"],
-                  record.get("device", ""))
-    return entry if is_expected(entry, record["outcome"], record.get("failure_class")) else None
+    entry = of_record(entries, record)
+    return entry if is_expected(entry, record.outcome, record.failure_class) else None
