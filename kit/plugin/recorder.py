@@ -5,8 +5,6 @@ from __future__ import annotations
 
 import json
 import shutil
-import threading
-import time
 from typing import Dict, List, Optional
 
 import pytest
@@ -17,26 +15,23 @@ from kit.plugin import progress
 from kit.plugin.device_lost import last_words_path, leave_record
 from kit.plugin.selection import SELECTION, run_of
 from kit.report.record import COMPLETE, CRASH, FAIL, INTERRUPTED, RUNNING, parse_run_id, run_id
-from kit.report.results import write_results
+from kit.report.results import GrowingResults
 
 RECORD_KEY = "conformance_record"
-WRITE_EVERY_S = 2.0  # at most one write of the results file this often; an interrupted run keeps what finished
 
 
 class Recorder:
     """Collects records from reports (on the xdist controller they arrive from workers), and
-    writes them with what the session selected and how it ended (kit.report.record.ResultsFile)."""
+    writes them with what the session selected and how it ended (kit.report.record.ResultsFile):
+    marked `running` before the first run, each record appended as its run ends (a session that
+    dies leaves every finished run's record), the file written whole and sorted at the end."""
 
     def __init__(self, config):
         self.config = config
         self.path = config.getoption("--results-json")
         self.writes = bool(self.path) and not hasattr(config, "workerinput")  # the controller, or a plain run
         self.records: Dict[str, dict] = {}
-        self.last_write = 0.0
-        # A record that arrives within WRITE_EVERY_S of the last write is written by a timer: the next
-        # run may hang, and nothing else would write it. The lock orders the timer's and the session's.
-        self.pending: Optional[threading.Timer] = None
-        self.lock = threading.Lock()
+        self.file = GrowingResults(self.path) if self.writes else None
         self.selected: Optional[List[str]] = None  # run ids, once collection is known
         self.started = False  # runs began: from then on the file is this session's
         self.progress: Optional[progress.Progress] = None  # once the runs are known
@@ -67,7 +62,13 @@ class Recorder:
             self.started = True
             self.progress = progress.Progress((parse_run_id(rid)[0] for rid in self.selected),
                                               self.config.getoption("--progress-every"))
-            self._write(RUNNING)
+            if self.writes:
+                self.file.start(self._run_section(RUNNING))
+
+    def _run_section(self, status: str) -> dict:
+        if self.catalog is None:
+            self.catalog = self.config.stash[SELECTION].catalog_ids()
+        return dict(status=status, selected=self.selected or [], catalog=self.catalog)
 
     def _show_progress(self, report, record) -> None:
         if self.progress is None or hasattr(self.config, "workerinput"):
@@ -86,23 +87,17 @@ class Recorder:
         record = next((json.loads(v) for k, v in report.user_properties if k == RECORD_KEY), None)
         if record is None and report.failed and report.nodeid not in self.records:
             record = self._crash_record(report)  # the worker died, or the test failed before its verdict
-        if record is None:
-            return
-        if report.nodeid not in self.records:
+        if record is None or self.records.get(report.nodeid) == record:
+            return  # a report of the run's teardown carries the record its call did
+        known = report.nodeid in self.records
+        if not known:
             self._show_progress(report, record)
         self.records[report.nodeid] = record
-        self._write_soon()
-
-    def _write_soon(self) -> None:
-        if not self.writes:
-            return
-        with self.lock:
-            if self.pending is not None:
-                return  # a write is due: it takes this record too
-            wait = max(0.0, WRITE_EVERY_S - (time.monotonic() - self.last_write))
-            self.pending = threading.Timer(wait, self._write, args=(RUNNING,))
-            self.pending.daemon = True
-            self.pending.start()
+        if self.writes and self.started:
+            if known:  # a record that replaces another: the file whole (no run should give two)
+                self.file.finish(list(self.records.values()), self._run_section(RUNNING))
+            else:
+                self.file.append(record)
 
     def _crash_record(self, report):
         if self.path:
@@ -130,31 +125,16 @@ class Recorder:
         record = self._crash_of(nodeid, message, self.config.getoption("timeout", None))
         if self.writes:
             self.records[nodeid] = record
-            self._write(INTERRUPTED)
+            self.file.finish(list(self.records.values()), self._run_section(INTERRUPTED))
             return (f"{nodeid}: recorded as a crash in {self.path}; the runs after it did not run (under -n "
                     f"the others go on)")
         if self.path:
             leave_record(self.path, nodeid, record)
         return f"{nodeid}: recorded as a crash"
 
-    def _write(self, status: str) -> None:
-        with self.lock:
-            self.pending = None
-            if self.writes and (self.started or self.records):  # never for --co or a run that selected nothing
-                if self.catalog is None:
-                    self.catalog = self.config.stash[SELECTION].catalog_ids()
-                write_results(self.path, list(self.records.values()),
-                              run=dict(status=status, selected=self.selected or [], catalog=self.catalog))
-                self.last_write = time.monotonic()
-
     def pytest_sessionfinish(self, session, exitstatus):
-        with self.lock:
-            pending = self.pending
-        if pending is not None:  # the final write below takes its records, and must be the last
-            pending.cancel()
-            pending.join()
         recorded = {run_id(r["backend"], r["mode"], r["exec"], r["case"]) for r in self.records.values()}
         whole = exitstatus in (pytest.ExitCode.OK, pytest.ExitCode.TESTS_FAILED) and recorded >= set(self.selected or [])
-        self._write(COMPLETE if whole else INTERRUPTED)
-        if self.writes:
+        if self.writes and (self.started or self.records):  # never for --co or a run that selected nothing
+            self.file.finish(list(self.records.values()), self._run_section(COMPLETE if whole else INTERRUPTED))
             shutil.rmtree(f"{self.path}.lost", ignore_errors=True)
