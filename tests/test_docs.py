@@ -106,6 +106,25 @@ def test_nothing_in_the_product_speaks_of_how_it_was_developed():
     assert not found, found
 
 
+# A measurement: a figure with its unit, within two lines of the machine it was measured on.
+MACHINE = re.compile(r"\b(?:H100|H200|A100|\d+-core|machine)\b")
+FIGURE = re.compile(r"\b\d+(?:\.\d+)?(?: ?- ?\d+(?:\.\d+)?)? ?(?:s|ms|min|GiB|MiB)\b")
+CODE = ("kit/**/*.py", "backends/**/*.py", "matrix/**/*.py", "cases/**/*.py", "scripts/*.py", "pyproject.toml", ".ci/run")
+
+
+def test_code_says_why_not_what_was_measured_where():
+    """Comments and docstrings say why; what a choice saved on which machine is in
+    results/bench/README.md ("Why the kit schedules as it does") and the commit messages."""
+    found = []
+    for path in (p for pattern in CODE for p in REPO.glob(pattern)):
+        lines = path.read_text().splitlines()
+        for n, line in enumerate(lines):
+            near = " ".join(lines[max(0, n - 2):n + 3])
+            if MACHINE.search(line) and FIGURE.search(near):
+                found.append(f"{path.relative_to(REPO)}:{n + 1}: {line.strip()}")
+    assert not found, "\n".join(found)
+
+
 @pytest.mark.parametrize("page", PAGES, ids=lambda p: p.name)
 def test_pages_are_a_manual_not_a_diary(page):
     """Measurement history, with the commit of each step, lives next to the rows

@@ -94,9 +94,8 @@ class Selection:
         A case's eager and graph runs follow each other: they share the case's batch
         (kit.engine.fixture). Backends are not interleaved case by case: a backend's stray write
         into the kit's memory (outside its pool and its own allocations, where no verdict sees it)
-        would reach the batch the next backend is judged on, as SGLang's EXTEND graphs under
-        full-capacity replays seemed to on the H100; kit.engine.fixture's fingerprints rebuild a
-        batch that changed, but cannot say which run changed it."""
+        would reach the batch the next backend is judged on; kit.engine.fixture's fingerprints
+        rebuild a batch that changed, but cannot say which run changed it."""
         self.loaded()
         for spec, label in (labels or self.labels).items():
             ci_cases = None if every_case else self.ci_cases.get(spec)
@@ -137,7 +136,7 @@ class CatalogLoader:
     @pytest.hookimpl(wrapper=True)
     def pytest_sessionstart(self, session):
         """The xdist controller loads its catalog once it has started its workers (in xdist's
-        sessionstart, wrapped here): its torch import (4-5 s on an H100 machine without bytecode,
-        1.5 s with) overlaps theirs instead of delaying them. A bad `--cases` is a usage error here."""
+        sessionstart, wrapped here): its torch import overlaps theirs instead of delaying them. A
+        bad `--cases` is a usage error here."""
         yield
         session.config.stash[SELECTION].loaded()
