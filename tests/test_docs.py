@@ -150,3 +150,36 @@ def test_adding_a_backend_names_every_field_a_backend_reads():
     missing = [n for n in names if f"`{n}`" not in section and f"`{n} " not in section]
     assert not missing, missing
     assert "`name`" in section and "test ids" in section and "backends/torch_native.py" in section
+
+
+def test_the_contract_says_how_many_replays_a_graph_run_has():
+    """Four, three for a case of one request or one in the largest bucket: as the schedule makes them."""
+    from kit.harness.schedule import BS_BUCKETS, replay_schedule
+    from kit.modes import ForwardMode
+    from tests.helpers import small_case
+
+    text = " ".join((REPO / "docs" / "contract.md").read_text().split())
+    assert (f"That is four replays, three for a case of one request (no bs-1 batch besides it) or one in the "
+            f"largest bucket, {BS_BUCKETS[-1]} (no larger one).") in text
+    for prefix, replays in (((5, 9, 3), 4), ((7,), 3), ((4,) * (BS_BUCKETS[-2] + 1), 3)):
+        case = small_case("c", ForwardMode.DECODE, prefix)
+        assert len(replay_schedule(case)) == replays, (len(prefix), replay_schedule(case))
+
+
+def test_running_md_names_everything_a_kernel_variant_holds():
+    """Each part the page names, changed alone, makes another variant (and so another worker group)."""
+    from kit.modes import ForwardMode
+    from tests.helpers import small_case
+
+    text = " ".join((REPO / "docs" / "running.md").read_text().split())
+    base = small_case("c", ForwardMode.TARGET_VERIFY, (5, 9), new=2, page=4)
+    parts = {"dtype": dict(dtype="fp16"), "head_dim": dict(head_dim=32), "GQA group": dict(heads=(4, 4)),
+             "page size": dict(page=1), "a window": dict(window=4), "a cap": dict(cap=5.0),
+             "hybrid layers": dict(hybrid=True), "sinks": dict(sinks=True), "a tree mask": dict(topk=2),
+             "MLA's rank and rope width": dict(heads=(4, 1), head_dim=24, kv_lora_rank=16, rope_dim=8, scale=0.1),
+             "a quantized KV cache": dict(kv_dtype="fp8_e4m3")}
+    said = text.split("`--dist loadgroup` keeps each backend's runs of one mode and kernel variant (", 1)[1]
+    said = said.split(": `Case.kernel_variant`)", 1)[0]
+    for part, change in parts.items():
+        assert part in said, (part, said)
+        assert base.with_(**change).kernel_variant != base.kernel_variant, part
