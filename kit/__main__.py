@@ -3,13 +3,12 @@ show the catalog and the backends, build every kernel variant a matrix selection
 search a backend's case space. Exit codes: docs/running.md, 'Exit codes'."""
 from __future__ import annotations
 
-import argparse
 import dataclasses
 import json
 import sys
 
 from kit import options
-from kit.cli import FAILED, Parser, fail
+from kit.cli import FAILED, Parser, count, fail, seconds
 from kit.fuzz import cli as fuzz_cli
 from kit.harness.timeout import BUILD_S, DEFAULT_S
 from kit.modes import EXECS, MODES
@@ -33,7 +32,7 @@ def build_parser() -> Parser:
                                            "fuzz` prints it (the mode is the line's)")
     run.add_argument("--cases", default=None, help="case catalog as module:attr (default: the in-box one)")
     run.add_argument("--device", default=None, help="cpu or cuda (default: cuda when present)")
-    run.add_argument("--timeout", type=_seconds, default=DEFAULT_S,
+    run.add_argument("--timeout", type=seconds, default=DEFAULT_S,
                      help=f"seconds after which the run stops as a crash (default {DEFAULT_S:g}; 0: none)")
     run.add_argument("--json", action="store_true", help="print the result record as JSON on the last line")
     run.add_argument("--known-failures", default=None,
@@ -49,27 +48,12 @@ def build_parser() -> Parser:
                                "compile), in parallel, before any run: each backend x mode x kernel variant once, on "
                                "its smallest case the backend runs")
     options.add_selection(warm.add_argument)
-    warm.add_argument("--jobs", type=_count, default=None, help="builds at once (default: one per core)")
-    warm.add_argument("--timeout", type=_seconds, default=BUILD_S,
+    warm.add_argument("--jobs", type=count, default=None, help="builds at once (default: one per core)")
+    warm.add_argument("--timeout", type=seconds, default=BUILD_S,
                       help=f"seconds per build (default {BUILD_S:g}: longer than a run's, since a compile "
                            f"stopped is lost; 0: none)")
     fuzz_cli.add_parser(sub, PROG)
     return parser
-
-
-def _seconds(text: str) -> float:
-    """A time limit: seconds, 0 for none; a negative one is refused (it would mean none, silently)."""
-    seconds = float(text)
-    if seconds < 0:
-        raise argparse.ArgumentTypeError(f"{text}: give seconds >= 0 (0: no limit)")
-    return seconds
-
-
-def _count(text: str) -> int:
-    count = int(text)
-    if count < 1:
-        raise argparse.ArgumentTypeError(f"{text}: give 1 or more")
-    return count
 
 
 def _run(args, catalog) -> int:

@@ -60,20 +60,24 @@ def _entries(path, problems: list) -> list:
 def _html(args) -> int:
     problems = []
     entries = _entries(args.known_failures, problems)
-    results = {}
+    files = {}
     if args.results:
         for path in args.results:
             try:
-                results[path] = read_results_file(path).records
+                files[path] = read_results_file(path)
             except ResultsError as exc:
                 problems.append(str(exc))
     else:
-        results = gate.committed_results(args.results_dir, [])
+        files = gate.committed_files(args.results_dir, [])
     if problems:
         print("\n".join(f"matrix html: {p}" for p in problems), file=sys.stderr)
         return FAILED
-    write_text(args.out, html.page(results, entries))
-    print(f"matrix html: wrote {args.out} ({sum(map(len, results.values()))} runs from {len(results)} file(s))")
+    write_text(args.out, html.page(files, entries))
+    print(f"matrix html: wrote {args.out} ({sum(len(f.records) for f in files.values())} runs from "
+          f"{len(files)} file(s){'' if args.results else ': the committed results; --results FILE for a run'})")
+    for path, f in files.items():
+        if f.incomplete():
+            print(f"matrix html: {path}: {f.incomplete()} (said at the top of the page)", file=sys.stderr)
     return 0
 
 
@@ -113,14 +117,15 @@ def _check(args) -> int:
 
 def main(argv=None) -> int:
     args = build_parser().parse_args(argv)
+    for option, path in [*(("--fresh", p) for p in getattr(args, "fresh", [])),
+                         *(("--results", p) for p in getattr(args, "results", []))]:
+        if not Path(path).is_file():
+            what = "a directory, not a results file" if Path(path).is_dir() else "no such file"
+            return fail(PROG, f"{option} {path}: {what}; name the file the run wrote with --results-json")
     if args.command == "html":
         return _html(args)
     if not Path(args.readme).is_file():
         return fail(PROG, f"--readme {args.readme}: no such file; name the README with the generated blocks")
-    for path in getattr(args, "fresh", []):
-        if not Path(path).is_file():
-            what = "a directory, not a results file" if Path(path).is_dir() else "no such file"
-            return fail(PROG, f"--fresh {path}: {what}; name the file the run wrote with --results-json")
     try:
         return _write(args) if args.command == "write" else _check(args)
     except readme.MarkersMissing as exc:

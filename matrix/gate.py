@@ -129,16 +129,13 @@ def _fresh_problems(f: ResultsFile) -> List[str]:
         return [f"{f.path}: no run list (written by an older kit or by hand); run the suite again with this kit"]
     if not f.selected:
         return [f"{f.path}: no runs: the session selected none; check --backend/--mode/--exec/--case-set/-k"]
-    missing = f.missing(f.selected)
     stopped = _not_judged(f)
     if stopped:
         return [f"{f.path}: {len(stopped)} runs stopped by their environment before a verdict (first: "
                 f"{_first(stopped)}: {next(r.message for r in f.records if r.test_id == stopped[0])[:300]}); "
                 f"run them again (not compared with the committed results)"]
-    if f.status != COMPLETE or missing:
-        return [f"{f.path}: interrupted run ({f.status}): {len(f.selected) - len(missing)} of {len(f.selected)} "
-                f"selected runs recorded{f' (first missing: {_first(missing)})' if missing else ''}; run it again "
-                f"to the end (not compared with the committed results)"]
+    if f.incomplete():
+        return [f"{f.path}: {f.incomplete()}; run it again to the end (not compared with the committed results)"]
     return []
 
 

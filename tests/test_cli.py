@@ -1,5 +1,5 @@
-"""Command lines on bad input end in one line naming the problem and the fix (exit 2 for a usage
-error, 1 otherwise; pytest's own code for a usage error is 4), and --help describes everything.
+"""Command lines on bad input end in one line naming the problem and the fix (one scheme of exit codes,
+kit.cli: USAGE, pytest's 4, for a usage error, FAILED otherwise), and --help describes everything.
 The commands' `main` runs in this process where what is checked is what it prints and returns; one
 test per command runs it as its own process (its exit code, and nothing else on stderr)."""
 import argparse
@@ -12,6 +12,7 @@ import sys
 
 import pytest
 
+from kit.cli import FAILED, USAGE
 from kit.__main__ import build_parser as kit_parser, main as kit_main
 from matrix.__main__ import build_parser as matrix_parser, main as matrix_main
 from tests.test_matrix import REPO, project, run_matrix  # noqa: F401
@@ -64,11 +65,11 @@ def _main(main, *args):
 def test_kit_usage_errors(args, words):
     if "cuda" in args:
         pytest.importorskip("torch").cuda.is_available() and pytest.skip("CUDA is present here")
-    _one_line_error(_main(kit_main, *args), 2, *words)
+    _one_line_error(_main(kit_main, *args), USAGE, *words)
 
 
 def test_a_kit_usage_error_ends_the_process_with_one_line():
-    _one_line_error(_run("-m", "kit", *RUN, "--case", "nosuch"), 2, "no decode case named 'nosuch'")
+    _one_line_error(_run("-m", "kit", *RUN, "--case", "nosuch"), USAGE, "no decode case named 'nosuch'")
 
 
 @pytest.mark.parametrize("backend, words", [
@@ -79,7 +80,7 @@ def test_a_kit_usage_error_ends_the_process_with_one_line():
 @pytest.mark.parametrize("xdist", [[], ["-n", "2"]], ids=["plain", "xdist"])
 def test_pytest_bad_backend_is_one_line(backend, words, xdist):
     proc = _run("-m", "pytest", "tests/test_conformance.py", "-q", "-p", "no:cacheprovider", "--backend", backend, *xdist)
-    _one_line_error(proc, 4, "ERROR: ", *words)
+    _one_line_error(proc, USAGE, "ERROR: ", *words)
 
 
 def test_kit_run_labels_a_module_attr_backend_as_pytest_does():
@@ -92,22 +93,26 @@ def test_kit_run_labels_a_module_attr_backend_as_pytest_does():
     assert "--backend tests.toys.crashing:HangBackend" in record["repro"], record
 
 
-def _fresh_problem(project, tmp_path, write, code, *words):
+@pytest.mark.parametrize("write, code, words", [
+    (lambda p: None, USAGE, ["no such file", "--results-json"]),
+    (lambda p: p.mkdir(), USAGE, ["a directory, not a results file"]),
+    (lambda p: p.write_text('{"schema": 2, "records": [{"backend": "a"'), FAILED, ["bad JSON", "truncated?"]),
+    (lambda p: p.write_text("not json at all"), FAILED, ["bad JSON"]),
+    (lambda p: p.write_text('{"schema": 9, "records": []}'), FAILED, ["results schema 9, expected 2", "regenerate"]),
+    (lambda p: p.write_text('{"schema": 2, "records": [{"x": 1}]}'), FAILED,
+     ["record 1: missing backend, mode", "fields no record has: x"]),
+], ids=["missing", "directory", "truncated", "not_json", "schema", "records"])
+@pytest.mark.parametrize("command", [["check", "--fresh"], ["html", "--results"]], ids=["check", "html"])
+def test_a_bad_results_file_reads_the_same_to_check_and_html(project, tmp_path, write, code, words, command):
     path = tmp_path / "fresh.json"
     write(path)
-    _one_line_error(run_matrix("check", project, "--fresh", str(path)), code, *words)
-
-
-@pytest.mark.parametrize("write, code, words", [
-    (lambda p: None, 2, ["--fresh", "no such file", "--results-json"]),
-    (lambda p: p.mkdir(), 2, ["a directory, not a results file"]),
-    (lambda p: p.write_text('{"schema": 2, "records": [{"backend": "a"'), 1, ["bad JSON", "truncated?"]),
-    (lambda p: p.write_text("not json at all"), 1, ["bad JSON"]),
-    (lambda p: p.write_text('{"schema": 9, "records": []}'), 1, ["results schema 9, expected 2", "regenerate"]),
-    (lambda p: p.write_text('{"schema": 2, "records": [{"x": 1}]}'), 1, ["record 1: missing backend, mode", "fields no record has: x"]),
-], ids=["missing", "directory", "truncated", "not_json", "schema", "records"])
-def test_matrix_check_fresh_errors(project, tmp_path, write, code, words):
-    _fresh_problem(project, tmp_path, write, code, *words)
+    if command[0] == "html":
+        proc = _run("-m", "matrix", "html", "--known-failures", str(project["known_path"]), "--results", str(path),
+                    "--out", str(tmp_path / "m.html"))
+    else:
+        proc = run_matrix("check", project, "--fresh", str(path))
+    _one_line_error(proc, code, *words)
+    assert not (tmp_path / "m.html").exists()
 
 
 def test_corrupted_committed_files_and_deleted_known_failures(project):
@@ -129,7 +134,38 @@ def test_corrupted_committed_files_and_deleted_known_failures(project):
 
 
 def test_mutate_usage_error():
-    _one_line_error(_run("-m", "kit.mutate", "--case-set", "nosuch"), 2, "unknown case set 'nosuch'")
+    _one_line_error(_run("-m", "kit.mutate", "--case-set", "nosuch"), USAGE, "unknown case set 'nosuch'")
+
+
+@pytest.mark.parametrize("args, words", [
+    (["fuzz", "--backend", "torch_native", "--budget", "-5"], ["--budget", "-5: give seconds >= 0"]),
+    (["fuzz", "--backend", "torch_native", "--shrink-budget", "-1"], ["--shrink-budget", "give seconds >= 0"]),
+    (["fuzz", "--backend", "torch_native", "--max-examples", "0"], ["--max-examples", "0: give 1 or more"]),
+    (["fuzz", "--backend", "torch_native", "--timeout", "-2"], ["--timeout", "give seconds >= 0"]),
+    (["warmup", "--jobs", "0"], ["--jobs", "give 1 or more"]),
+], ids=["budget", "shrink_budget", "max_examples", "timeout", "jobs"])
+def test_nonsense_numbers_are_refused(args, words):
+    """A negative budget searched nothing and said green; each is a usage error now."""
+    _one_line_error(_main(kit_main, *args), USAGE, *words)
+
+
+@pytest.mark.parametrize("timeout", [["--timeout", "-1"], ["-o", "timeout=-1"]], ids=["option", "ini"])
+def test_pytest_refuses_a_negative_time_limit(timeout):
+    """pytest-timeout took -1 for no limit: a hung run kept the session, and its file, running."""
+    proc = _run("-m", "pytest", "tests/test_conformance.py", "-q", "-p", "no:cacheprovider", "--co", *timeout)
+    _one_line_error(proc, USAGE, "ERROR: ", "timeout", "-1: give seconds >= 0 (0: no limit)")
+
+
+def test_exit_codes_are_one_scheme_written_in_one_place():
+    """docs/running.md's table is kit.cli's scheme, code for code; no other page gives a code."""
+    from kit.cli import EXIT_CODES
+
+    section = (REPO / "docs" / "running.md").read_text().split("\n## Exit codes\n", 1)[1].split("\n## ", 1)[0]
+    rows = [line for line in section.splitlines() if line.startswith("| ") and not line.startswith("| code")]
+    assert [int(line.split("|")[1].strip().strip("`")) for line in rows] == list(EXIT_CODES), rows
+    for page in [REPO / "README.md", *sorted((REPO / "docs").glob("*.md"))]:
+        text = page.read_text() if page.name != "running.md" else section
+        assert page.name == "running.md" or "exit code 2" not in text and "exits 2" not in text, page
 
 
 # ------------------------------------------------------------------------------------------- help

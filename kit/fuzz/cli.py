@@ -15,7 +15,7 @@ import json
 import sys
 from pathlib import Path
 
-from kit.cli import FAILED, fail
+from kit.cli import FAILED, count, fail, seconds
 from kit.fuzz import in_flight, ledger, report
 from kit.modes import MODES, Exec, parse_exec, parse_mode
 from kit.report import known_failures
@@ -31,14 +31,14 @@ def add_parser(sub, prog: str) -> argparse.ArgumentParser:
     p.add_argument("--backend", help="a registered backend name, or module:attr of a backend class")
     p.add_argument("--mode", default="", help="comma-separated modes (default: every mode the backend runs)")
     p.add_argument("--exec", default="eager,graph", dest="exec_", help="eager, graph or both (default both)")
-    p.add_argument("--budget", type=float, default=60.0, help="seconds of search (default 60)")
-    p.add_argument("--shrink-budget", type=float, default=None,
+    p.add_argument("--budget", type=seconds, default=60.0, help="seconds of search (default 60)")
+    p.add_argument("--shrink-budget", type=seconds, default=None,
                    help="seconds of shrinking, from the first failure (default: --budget)")
-    p.add_argument("--max-examples", type=int, default=100_000, help="stop the search after this many cases")
+    p.add_argument("--max-examples", type=count, default=100_000, help="stop the search after this many cases")
     p.add_argument("--seed", type=int, default=None, help="Hypothesis's seed (default: a random one, printed)")
     p.add_argument("--size", default="small", help="small (CPU, default), medium or large: how large cases get")
     p.add_argument("--device", default=None, help="cpu or cuda (default: cuda when present)")
-    p.add_argument("--timeout", type=float, default=None, help="seconds after which one run stops as a crash")
+    p.add_argument("--timeout", type=seconds, default=None, help="seconds after which one run stops as a crash")
     p.add_argument("--ledger", default=None, help="the ledger to append to (default: results/fuzz/ledger.jsonl "
                                                   "under the working directory)")
     p.add_argument("--in-flight", default=None,
@@ -53,7 +53,7 @@ def add_parser(sub, prog: str) -> argparse.ArgumentParser:
                                                           "is found to --table-json")
     p.add_argument("--catalog", default="tests.mutants:MUTANTS", help="the mutant catalog (module:attr)")
     p.add_argument("--only", default="", help="with --mutants: comma-separated mutant names")
-    p.add_argument("-j", "--jobs", type=int, default=1, help="with --mutants: mutants fuzzed at once (default 1: "
+    p.add_argument("-j", "--jobs", type=count, default=1, help="with --mutants: mutants fuzzed at once (default 1: "
                                                                "the times are each mutant's own)")
     p.add_argument("--table-json", default=None,
                    help="with --mutants: where the table goes (default results/fuzz/mutants-<device>.json)")

@@ -183,6 +183,18 @@ class ResultsFile:
         have = {r.test_id for r in self.records}
         return [rid for rid in wanted or [] if rid not in have]
 
+    def incomplete(self) -> str:
+        """Why the file is not a whole run of what its session selected, or '': `interrupted run
+        (status): N of M selected runs recorded (first missing: ...)`."""
+        if not self.has_run_list:
+            return ""
+        missing = self.missing(self.selected)
+        if self.status == COMPLETE and not missing:
+            return ""
+        first = f" (first missing: {missing[0]}{' ...' if len(missing) > 1 else ''})" if missing else ""
+        return (f"interrupted run ({self.status}): {len(self.selected) - len(missing)} of {len(self.selected)} "
+                f"selected runs recorded{first}")
+
     def not_selected(self) -> set:
         """Catalog runs this session left out on purpose (narrowed by options)."""
         return set(self.catalog or []) - set(self.selected or [])
