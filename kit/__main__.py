@@ -61,7 +61,7 @@ def _run(args, catalog) -> int:
 
     from kit.engine.case_line import format_case, parse_case
     from kit.harness.environment import device_name
-    from kit.harness.registry import UnknownBackend, backend_label
+    from kit.harness.registry import UnknownBackend, backend_label, import_root
     from kit.harness.runner import run_case
     from kit.modes import parse_exec, parse_mode
     from kit.report import known_failures
@@ -77,8 +77,8 @@ def _run(args, catalog) -> int:
         else:
             case = catalog.find_case(parse_mode(args.mode), args.case)
         device = torch.device(args.device) if args.device else None
-    except KeyError as exc:
-        return fail(PROG, f"{exc.args[0]} (see `python -m kit list`)")
+    except KeyError:
+        return fail(PROG, _no_case(catalog, args.mode, args.case))
     except (ValueError, RuntimeError) as exc:
         return fail(PROG, f"{exc}")
     try:  # as pytest does: an unknown name or a target that does not import is a usage error
@@ -96,7 +96,7 @@ def _run(args, catalog) -> int:
                       timeout=args.timeout)
     if args.case_line:
         result.repro = repro_command(args.backend, case.mode.value, exec_.value, case.name,
-                                     case_line=format_case(case))
+                                     case_line=format_case(case), pythonpath=import_root(args.backend))
     entry = known_failures.match(entries, result.backend, result.mode, result.exec, result.case, device_name())
     if args.json:
         print(json.dumps(dataclasses.asdict(result)))
@@ -108,6 +108,20 @@ def _run(args, catalog) -> int:
     if entry is not None:
         print(known_failures.against(entry, result.outcome, result.failure_class))
     return FAILED if result.outcome in (FAIL, ERROR) else 0
+
+
+def _no_case(catalog, mode: str, name: str) -> str:
+    """Why `--mode mode --case name` names no case: a case of another mode, or a near miss."""
+    import difflib
+
+    from kit.modes import parse_mode
+
+    elsewhere = [m.value for m in MODES if name in catalog.all_cases(m)]
+    if elsewhere:
+        return f"{name!r} is a {elsewhere[0]} case, not a {mode} one: give --mode {elsewhere[0]}"
+    close = difflib.get_close_matches(name, catalog.all_cases(parse_mode(mode)), n=3)
+    return f"no {mode} case named {name!r}" + (f"; did you mean {', '.join(close)}?" if close else "") + \
+        f" (`python -m kit list --mode {mode}` lists them)"
 
 
 def _selection(args):

@@ -42,7 +42,9 @@ def build_parser() -> Parser:
     html = sub.add_parser("html", parents=[sources], prog=f"{PROG} html",
                           help="write one static HTML page: the matrix per device, cells coloured by outcome, each "
                                "failing cell opening its runs (message, class, max err / tol, known failure, repro)")
-    html.add_argument("--out", default="matrix.html", help="the page to write (default: matrix.html)")
+    html.add_argument("--out", default=None, help="the page to write (default: the first --results file's name with "
+                                                  ".html for .json, e.g. results-local.html; matrix.html for the "
+                                                  "committed results)")
     html.add_argument("--results", action="append", default=[], metavar="FILE",
                       help="results files to show (repeatable; default: the committed results in --results-dir)")
     return parser
@@ -55,6 +57,15 @@ def _entries(path, problems: list) -> list:
     except KnownFailuresError as exc:
         problems += str(exc).splitlines()
         return []
+
+
+def page_path(results) -> str:
+    """Where `matrix html` writes without --out: beside the run's results file (results-local.json ->
+    results-local.html, which git ignores as it ignores the results file), else matrix.html."""
+    if not results:
+        return "matrix.html"
+    path = Path(results[0])
+    return str(path.with_suffix(".html") if path.suffix == ".json" else path.with_name(path.name + ".html"))
 
 
 def _html(args) -> int:
@@ -72,8 +83,9 @@ def _html(args) -> int:
     if problems:
         print("\n".join(f"matrix html: {p}" for p in problems), file=sys.stderr)
         return FAILED
-    write_text(args.out, html.page(files, entries))
-    print(f"matrix html: wrote {args.out} ({sum(len(f.records) for f in files.values())} runs from "
+    out = args.out or page_path(args.results)
+    write_text(out, html.page(files, entries))
+    print(f"matrix html: wrote {out} ({sum(len(f.records) for f in files.values())} runs from "
           f"{len(files)} file(s){'' if args.results else ': the committed results; --results FILE for a run'})")
     for path, f in files.items():
         if f.incomplete():

@@ -6,6 +6,7 @@ import argparse
 import contextlib
 import io
 import json
+import os
 import shutil
 import subprocess
 import sys
@@ -227,3 +228,92 @@ def test_a_failing_kit_run_says_whether_it_is_a_known_failure(tmp_path, klass, s
     assert ("the toy's einsum" in last) == (klass == "crash"), last
     no_entry = _main(kit_main, *TORCH_ERROR, "--known-failures", str(_known_failures_file(tmp_path, [])))
     assert no_entry.returncode == 1 and "KF-" not in no_entry.stdout, no_entry.stdout[-2000:]
+
+
+# ----------------------------------------------------------------------------- what a user meets
+
+
+def test_a_case_of_another_mode_is_named_as_such():
+    """Not the 134 names of the mode asked for: the mode the case has."""
+    proc = _main(kit_main, "run", "--backend", "torch_native", "--mode", "decode", "--exec", "eager",
+                 "--case", "gqa_chain4_p16_fp32")
+    _one_line_error(proc, USAGE, "'gqa_chain4_p16_fp32' is a target_verify case, not a decode one: give --mode "
+                                 "target_verify")
+    near = _main(kit_main, *RUN, "--case", "mqa_p1_shu")
+    _one_line_error(near, USAGE, "no decode case named 'mqa_p1_shu'; did you mean mqa_p1_shuf")
+    assert len(near.stderr) < 300, near.stderr
+
+
+def test_two_backends_of_one_name_are_refused():
+    """A copy of a backend keeping its `name` would share its test ids and records (the results file
+    then read interrupted, 0 of 2 runs recorded)."""
+    proc = _run("-m", "pytest", "tests/test_conformance.py", "-q", "-p", "no:cacheprovider", "--co",
+                "--backend", "torch_native", "--backend", "tests.toys.copied:TorchNativeCopy")
+    _one_line_error(proc, USAGE, "ERROR: --backend torch_native and --backend tests.toys.copied:TorchNativeCopy: both "
+                                 "are named 'torch_native'", "give each its own `name`")
+    once, twice = (_run("-m", "pytest", "tests/test_conformance.py", "-q", "-p", "no:cacheprovider", "--co", "--mode",
+                        "decode", *backends) for backends in (["--backend", "torch_native"], [
+                            "--backend", "torch_native", "--backend", "backends.torch_native:TorchNativeBackend"]))
+    ids = [[line for line in proc.stdout.splitlines() if "::" in line] for proc in (once, twice)]
+    assert once.returncode == twice.returncode == 0 and ids[0] == ids[1] and ids[0]  # one backend named twice: once
+
+
+def test_a_known_failure_naming_no_backend_is_refused(tmp_path):
+    """A misspelt backend column left its failure uncovered, and only the gate saw it."""
+    path = _known_failures_file(tmp_path, [
+        "| KF-7 | torch_natvie | decode | eager | mqa_* | * | kernel | xfail | a typo | tests/toys/crashing.py |"])
+    proc = _run("-m", "pytest", "tests/test_conformance.py", "-q", "-p", "no:cacheprovider", "--co",
+                "--backend", "torch_native", "--known-failures", str(path))
+    _one_line_error(proc, USAGE, "ERROR: --known-failures: ", "KF-7 names backend 'torch_natvie', which is none of",
+                    "fix its backend column")
+
+
+def test_a_repro_of_a_backend_outside_the_kit_works_in_a_fresh_shell(tmp_path):
+    """Importable here through PYTHONPATH, the backend's module is not in a fresh shell elsewhere: the
+    repro names the folder it is imported from."""
+    own = tmp_path / "own"
+    own.mkdir()
+    (own / "mybackend.py").write_text("from backends.torch_native import TorchNativeBackend\n\n\n"
+                                      "class MyBackend(TorchNativeBackend):\n    name = 'mine'\n")
+    env = {**os.environ, "PYTHONPATH": str(own)}
+    proc = subprocess.run([sys.executable, "-m", "kit", *RUN[:1], "--backend", "mybackend:MyBackend", *RUN[3:],
+                           "--case", "mqa_p1_shuf", "--json"], cwd=REPO, capture_output=True, text=True, env=env)
+    repro = json.loads(proc.stdout.strip().splitlines()[-1])["repro"]
+    assert repro.startswith(f"PYTHONPATH={own} python -m kit run --backend mybackend:MyBackend"), repro
+    fresh = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
+    elsewhere = tmp_path / "elsewhere"
+    elsewhere.mkdir()
+    again = subprocess.run(["bash", "-c", repro], cwd=elsewhere, capture_output=True, text=True, env=fresh)
+    assert again.returncode == 0 and "mine-decode-eager-mqa_p1_shuf: pass" in again.stdout, again.stderr[-2000:]
+    inside = _main(kit_main, "run", "--backend", "tests.toys.dense:DenseGraphBackend", *RUN[3:], "--case",
+                   "gqa_ragged_p16_fp32", "--json")
+    assert json.loads(inside.stdout.splitlines()[-1])["repro"].startswith("python -m kit run"), inside.stdout
+
+
+def test_fuzzing_ones_own_backend_leaves_the_checkout_as_it_was(tmp_path, monkeypatch, capsys):
+    """Its ledger goes to the user's cache; the kit's own backends' goes to the tracked one."""
+    from kit.fuzz import ledger
+
+    monkeypatch.setenv("HOME", str(tmp_path))
+    tracked = REPO / ledger.DEFAULT
+    before = tracked.read_bytes() if tracked.exists() else None
+    monkeypatch.chdir(REPO)
+    code = kit_main(["fuzz", "--backend", "tests.toys.dense:DenseGraphBackend", "--mode", "decode", "--exec", "eager",
+                     "--max-examples", "1", "--budget", "60", "--seed", "1", "--database", "none", "--device", "cpu"])
+    assert code == 0, capsys.readouterr()
+    assert (tracked.read_bytes() if tracked.exists() else None) == before
+    own = tmp_path / ".cache" / "attention-conformance-kit" / "fuzz-ledger.jsonl"
+    assert json.loads(own.read_text())["backend"] == "tests.toys.dense:DenseGraphBackend"
+    assert f"ledger: {own}" in capsys.readouterr().out
+    assert ledger.default(in_box=True) == ledger.DEFAULT
+
+
+def test_ci_leaves_no_file_git_does_not_ignore():
+    """.ci/run's HTML report goes beside the results file, which git ignores as it ignores the file."""
+    from matrix.__main__ import page_path
+
+    trap = next(line for line in (REPO / ".ci" / "run").read_text().splitlines() if "matrix html" in line)
+    assert "--out" not in trap and "--results results-local.json" in trap, trap
+    for path in ("results-local.json", page_path(["results-local.json"]), page_path([])):
+        ignored = subprocess.run(["git", "check-ignore", "-q", path], cwd=REPO)
+        assert ignored.returncode == 0, f"{path} is not ignored by git"

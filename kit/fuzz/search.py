@@ -26,7 +26,7 @@ from kit.engine.case import Case
 from kit.engine.case_line import format_case
 from kit.fuzz import in_flight
 from kit.fuzz.strategies import Takes, any_case
-from kit.harness.registry import backend_label, load_backend
+from kit.harness.registry import backend_label, import_root, load_backend
 from kit.harness.capabilities import Capabilities
 from kit.harness.run import Run
 from kit.harness.runner import execute
@@ -217,7 +217,8 @@ class _Search:
     def _run(self, case: Case, exec_: Exec) -> Optional[Finding]:
         t = self.target
         run = Run(t.backend, self.label, case, exec_)
-        repro = repro_command(t.backend, case.mode.value, exec_.value, case.name, case_line=format_case(case))
+        repro = repro_command(t.backend, case.mode.value, exec_.value, case.name, case_line=format_case(case),
+                              pythonpath=import_root(t.backend))
         if self.running is not None:
             in_flight.write(self.running, dict(backend=t.backend, mode=case.mode.value, exec=exec_.value,
                                                case_line=format_case(case), repro=repro,

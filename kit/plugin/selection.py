@@ -3,6 +3,7 @@ backend x mode x case x exec product, enumerated here only (Selection.product)."
 from __future__ import annotations
 
 import dataclasses
+import fnmatch
 import functools
 from typing import Callable, Dict, Iterator, List, Optional, Sequence, Tuple
 
@@ -27,6 +28,35 @@ def _parsed(option, parse, *values, fix=""):
     except (UnknownBackend, ValueError, ImportError, AttributeError, TypeError) as exc:
         hint = f"; {fix}" if fix and not isinstance(exc, UnknownBackend) else ""  # that one lists the known
         raise pytest.UsageError(f"{option}: {exc}{hint}") from None
+
+
+def _one_name_each(labels: Dict[str, str]) -> Dict[str, str]:
+    """`labels` (spec -> label), a backend named twice (by its registered name and its module:attr)
+    once; two backends under one name are a usage error: they would share test ids and records."""
+    specs: Dict[str, List[str]] = {}
+    for spec, label in labels.items():
+        specs.setdefault(label, []).append(spec)
+    kept = dict(labels)
+    for label, same in specs.items():
+        if len(same) > 1 and len({id(_parsed(f"--backend {spec}", load_backend, spec)) for spec in same}) > 1:
+            raise pytest.UsageError(f"--backend {' and --backend '.join(same)}: both are named {label!r} (the "
+                                    f"class's `name`); give each its own `name`: test ids and records tell "
+                                    f"backends apart by it")
+        for spec in same[1:]:
+            del kept[spec]
+    return kept
+
+
+def _naming_backends(entries: List[KnownFailure], labels) -> List[KnownFailure]:
+    """`entries`, each naming a registered backend or one of this session's; else a usage error (a
+    misspelt backend would leave the failure it was written for uncovered, and its entry unused)."""
+    names = sorted(set(known_backends()) | set(labels))
+    for entry in entries:
+        if not any(fnmatch.fnmatchcase(name, entry.backend) for name in names):
+            raise pytest.UsageError(f"--known-failures: {entry.where}: {entry.id} names backend {entry.backend!r}, "
+                                    f"which is none of {', '.join(names)}; fix its backend column (or run the "
+                                    f"backend it names with --backend)")
+    return entries
 
 
 def is_xdist_controller(config) -> bool:
@@ -67,14 +97,16 @@ class Selection:
         labels = {spec: _parsed(f"--backend {spec}", backend_label, spec,
                                 fix=f"give a registered name ({', '.join(known_backends())}) or module:attr of a "
                                     f"backend class that imports") for spec in specs}
+        labels = _one_name_each(labels)
         if opt("--case-set") != "auto":
             _parsed("--case-set", resolve_set, opt("--case-set"))
         sel = cls(labels=labels,
                   modes=_parsed("--mode", options.modes, opt("--mode")),
                   execs=_parsed("--exec", options.execs, opt("exec_")),
                   catalog_target=opt("--cases"),
-                  known=_parsed("--known-failures", known_failures.load_or_default, opt("--known-failures")),
-                  _load=functools.partial(_load_cases, opt, specs))
+                  known=_naming_backends(_parsed("--known-failures", known_failures.load_or_default,
+                                                 opt("--known-failures")), labels.values()),
+                  _load=functools.partial(_load_cases, opt, list(labels)))
         return sel if is_xdist_controller(config) else sel.loaded()
 
     @property

@@ -139,10 +139,13 @@ def _vocabulary_problem(r: Record) -> str:
 
 
 def repro_command(backend: str, mode: str, exec_: str, case: str, catalog: Optional[str] = None,
-                  timeout: Optional[float] = None, case_line: Optional[str] = None) -> str:
+                  timeout: Optional[float] = None, case_line: Optional[str] = None,
+                  pythonpath: Optional[str] = None) -> str:
     """The one-line command that re-runs a run (the catalog named only when not the default; the
     time limit for a run that ran out of it, which the same limit reproduces); a case in no catalog
-    (a fuzzed one) is given whole, as its `Case(...)` line (kit.engine.case_line)."""
+    (a fuzzed one) is given whole, as its `Case(...)` line (kit.engine.case_line); `pythonpath`: the
+    folder a backend outside the kit and the installed packages is imported from (a fresh shell
+    has no other way to find it)."""
     if case_line:
         args = ["--backend", backend, "--exec", exec_, "--case-line", case_line]
     else:
@@ -151,7 +154,8 @@ def repro_command(backend: str, mode: str, exec_: str, case: str, catalog: Optio
         args += ["--cases", catalog]
     if timeout:
         args += ["--timeout", f"{timeout:g}"]
-    return "python -m kit run " + " ".join(shlex.quote(a) for a in args)
+    prefix = f"PYTHONPATH={shlex.quote(pythonpath)} " if pythonpath else ""
+    return prefix + "python -m kit run " + " ".join(shlex.quote(a) for a in args)
 
 
 # A results file's `run`: what the session selected and how it ended. `running` while it writes
