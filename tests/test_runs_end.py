@@ -10,14 +10,14 @@ import pytest
 
 from cases import CATALOG as catalog
 from kit.modes import Exec, ForwardMode
-from kit.report.record import CRASH, FAIL, PASS
+from kit.report.record import CRASH, FAIL, KERNEL, PASS
 from kit.harness.runner import run_case
 from kit.harness.timeout import EXIT_STUCK
 from tests.helpers import once_per_session
 from tests.test_matrix import REPO, SMOKE_DECODE, run_suite, suite_records
 from tests.toys import tiny
 from backends.torch_native import TorchNativeBackend
-from tests.toys.crashing import HangBackend, TorchErrorBackend
+from tests.toys.crashing import GuardedOpErrorBackend, HangBackend, TorchErrorBackend
 
 TOYS = "tests.toys.crashing"
 BS3 = catalog.find_case(ForwardMode.DECODE, "mqa_p1_shuf")  # the smoke decode case the toys misbehave on
@@ -71,6 +71,24 @@ def test_a_crash_inside_torch_names_the_backends_line_too():
     assert "--timeout" not in r.repro
 
 
+def test_a_crash_through_the_kits_guard_names_the_backends_line():
+    """torch's dispatch runs the kit's guard while forward runs: the frame between torch and the
+    backend is the kit's, and the crash names the backend's line, not the guard's (KF-4's read
+    `called from kit/harness/guard.py`)."""
+    r = run_case(f"{TOYS}:GuardedOpErrorBackend", TINY_BS3, Exec.EAGER)
+    assert (r.outcome, r.failure_class) == (FAIL, CRASH)
+    line = inspect.getsourcelines(GuardedOpErrorBackend.misbehave)[1] + 3
+    assert r.message.endswith(f"(called from {inspect.getsourcefile(GuardedOpErrorBackend)}:{line})"), r.message
+
+
+def test_an_output_on_the_meta_device_is_the_kernels_failure():
+    """A tensor with no values, of the right shape and dtype: the output check says where it is (it
+    was the kit's own error, `the run ended without a verdict`, at the line that read it)."""
+    r = run_case(f"{TOYS}:MetaOutputBackend", TINY_BS3, Exec.EAGER)
+    assert (r.outcome, r.failure_class) == (FAIL, KERNEL), r.message
+    assert "meta" in r.message and "cpu" in r.message, r.message
+
+
 # One session for the backends each test below looks at (each its own backend's records): a session
 # is a process (three under xdist) importing torch and collecting the suite.
 MISBEHAVING = [f"{TOYS}:SysExitBackend", f"{TOYS}:BaseExceptionBackend", "os:path", f"{TOYS}:NoSupports"]
@@ -114,7 +132,7 @@ def xdist_suite(tmp_path_factory):
         "--cases", TINY))
     assert proc.returncode == 1 and "INTERNALERROR" not in proc.stdout + proc.stderr, proc.stdout[-2000:]
     assert json.loads((folder / "results.json").read_text())["run"]["status"] == "complete"
-    return by_backend, folder
+    return by_backend, folder, proc
 
 
 def _only_failure(records):
@@ -140,8 +158,11 @@ def test_dead_worker_is_recorded_as_crash_and_the_run_completes(xdist_suite):
     records = xdist_suite[0][HARD_CRASH]
     assert _only_failure(records) == [TINY_VICTIM]
     r = records[f"{TINY_VICTIM}/eager"]
-    assert r["failure_class"] == CRASH and "crashed while running" in r["message"]
+    assert r["failure_class"] == CRASH and "crashed while running" in r["message"] and "exit code 3" in r["message"]
     assert r["repro"].startswith(f"python -m kit run --backend {HARD_CRASH}")
+    proc = xdist_suite[2]  # said on screen, not only in the file
+    said = f"toy_hard_crash-decode-eager-{TINY_VICTIM}: its worker died, exit code 3; recorded as a crash; repro: "
+    assert said + r["repro"] in proc.stdout, proc.stdout[-3000:]
     assert len(records) == len(tiny.SMOKE)
 
 
@@ -204,9 +225,11 @@ def test_dead_workers_cost_only_their_runs_under_loadgroup(tmp_path):
     crashed = {(r["backend"], r["case"], r["exec"]) for r in doc["records"] if r["outcome"] != PASS}
     assert crashed == {(getattr(dying, name).name, "victim", e) for name, execs in DYING.items() for e in execs}
     assert len(doc["records"]) == len(DYING) * len(tiny.SMOKE) * 2
+    signals = {"sigkill": "killed by SIGKILL", "abort": "killed by SIGABRT", "segfault": "killed by SIGSEGV"}
     for r in doc["records"]:
         if r["outcome"] != PASS:
             assert r["failure_class"] == CRASH and "crashed while running" in r["message"], r
+            assert signals[r["backend"].rsplit("_", 1)[1]] in r["message"], r  # a kill and an exit read apart
     # one worker death per crash: a run that took its worker down and ran again would take another
     assert output.count("node down") == len(crashed), "a run that took its worker down ran again"
 

@@ -5,10 +5,12 @@ from __future__ import annotations
 
 import json
 import shutil
+import subprocess
 from typing import Dict, List, Optional
 
 import pytest
 
+from kit.harness.child import ending
 from kit.harness.environment import to_record, versions
 from kit.harness.registry import load_backend
 from kit.plugin import progress
@@ -18,6 +20,15 @@ from kit.report.record import COMPLETE, CRASH, FAIL, INTERRUPTED, RUNNING, parse
 from kit.report.results import GrowingResults
 
 RECORD_KEY = "conformance_record"
+
+
+def _exit_code(node) -> Optional[int]:
+    """The exit code of a dead xdist worker's process (its execnet gateway's), None if unknown."""
+    popen = getattr(getattr(getattr(node, "gateway", None), "_io", None), "popen", None)
+    try:
+        return popen.wait(timeout=10) if popen is not None else None
+    except subprocess.TimeoutExpired:
+        return None
 
 
 class Recorder:
@@ -73,13 +84,7 @@ class Recorder:
     def _show_progress(self, report, record) -> None:
         if self.progress is None or hasattr(self.config, "workerinput"):
             return
-        lines = self.progress.add(record["backend"], record.get("seconds") or 0.0, getattr(report, "node", None))
-        terminal = self.config.pluginmanager.get_plugin("terminalreporter")
-        if lines and terminal is not None:
-            if getattr(terminal, "_width_of_current_line", 0):  # after the dots of -q, on a line of its own
-                terminal.write("\n")
-            for line in lines:
-                terminal.write_line(line)
+        self._say(*self.progress.add(record["backend"], record.get("seconds") or 0.0, getattr(report, "node", None)))
 
     def pytest_runtest_logreport(self, report):
         if run_of(report.nodeid) is None:
@@ -107,11 +112,22 @@ class Recorder:
                 lost.unlink()
                 return record
         if report.when == "???":  # xdist: the worker died
-            message = f"the test process died (a hard crash, or stuck past the time limit): {report.longrepr}"
-        else:
-            last = (report.longreprtext.strip().splitlines() or ["?"])[-1]
-            message = f"the run ended without a verdict ({report.when}): {last}"
-        return self._crash_of(report.nodeid, message)
+            code = _exit_code(getattr(report, "node", None))
+            died = "died" if code is None else f"died, {ending(code)}"
+            record = self._crash_of(report.nodeid, f"the test process {died} (a hard crash, or stuck past the time "
+                                                   f"limit): {report.longrepr}")
+            self._say(f"{run_of(report.nodeid)}: its worker {died}; recorded as a crash; repro: {record['repro']}")
+            return record
+        last = (report.longreprtext.strip().splitlines() or ["?"])[-1]
+        return self._crash_of(report.nodeid, f"the run ended without a verdict ({report.when}): {last}")
+
+    def _say(self, *lines: str) -> None:
+        terminal = self.config.pluginmanager.get_plugin("terminalreporter")
+        if lines and terminal is not None:
+            if getattr(terminal, "_width_of_current_line", 0):  # after the dots of -q, on a line of its own
+                terminal.write("\n")
+            for line in lines:
+                terminal.write_line(line)
 
     def _crash_of(self, nodeid: str, message: str, limit: Optional[float] = None) -> dict:
         run = self.config.stash[SELECTION].run_named(run_of(nodeid))
