@@ -7,7 +7,7 @@ from pathlib import Path
 from kit.cli import FAILED, Parser, fail
 from kit.report.known_failures import KnownFailuresError, load
 from kit.report.record import ResultsError, read_results_file
-from kit.report.results import write_text
+from kit.report.results import page_path, write_text
 from matrix import gate, html, readme
 from matrix.committed import committed_text, write_if_changed
 
@@ -57,15 +57,6 @@ def _entries(path, problems: list) -> list:
     except KnownFailuresError as exc:
         problems += str(exc).splitlines()
         return []
-
-
-def page_path(results) -> str:
-    """Where `matrix html` writes without --out: beside the run's results file (results-local.json ->
-    results-local.html, which git ignores as it ignores the results file), else matrix.html."""
-    if not results:
-        return "matrix.html"
-    path = Path(results[0])
-    return str(path.with_suffix(".html") if path.suffix == ".json" else path.with_name(path.name + ".html"))
 
 
 def _html(args) -> int:

@@ -310,7 +310,7 @@ def test_fuzzing_ones_own_backend_leaves_the_checkout_as_it_was(tmp_path, monkey
 
 def test_ci_leaves_no_file_git_does_not_ignore():
     """.ci/run's HTML report goes beside the results file, which git ignores as it ignores the file."""
-    from matrix.__main__ import page_path
+    from kit.report.results import page_path
 
     trap = next(line for line in (REPO / ".ci" / "run").read_text().splitlines() if "matrix html" in line)
     assert "--out" not in trap and "--results results-local.json" in trap, trap

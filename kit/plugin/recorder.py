@@ -17,7 +17,7 @@ from kit.plugin import progress
 from kit.plugin.device_lost import last_words_path, leave_record
 from kit.plugin.selection import SELECTION, run_of
 from kit.report.record import COMPLETE, CRASH, FAIL, INTERRUPTED, RUNNING, parse_run_id, run_id
-from kit.report.results import GrowingResults
+from kit.report.results import GrowingResults, page_path
 
 RECORD_KEY = "conformance_record"
 
@@ -44,13 +44,17 @@ class Recorder:
         self.records: Dict[str, dict] = {}
         self.file = GrowingResults(self.path) if self.writes else None
         self.selected: Optional[List[str]] = None  # run ids, once collection is known
+        self.kit_tests = 0  # the session's other tests (the kit's own, in the README's test command)
+        self.status: Optional[str] = None  # how the session ended, once it has
         self.started = False  # runs began: from then on the file is this session's
         self.progress: Optional[progress.Progress] = None  # once the runs are known
         self.catalog: Optional[List[str]] = None  # Selection.catalog_ids, at the first write (loaded late)
 
     def _select(self, nodeids) -> None:
         if self.selected is None:
-            self.selected = [rid for rid in map(run_of, nodeids) if rid is not None]
+            runs = [run_of(nodeid) for nodeid in nodeids]
+            self.selected = [rid for rid in runs if rid is not None]
+            self.kit_tests = runs.count(None)
 
     def pytest_collection_finish(self, session):
         self._select(item.nodeid for item in session.items)
@@ -71,7 +75,8 @@ class Recorder:
         (os._exit) then leaves a `running` file, never the previous run's results."""
         if self.selected and not self.started:
             self.started = True
-            self.progress = progress.Progress((parse_run_id(rid)[0] for rid in self.selected),
+            self.progress = progress.Progress([parse_run_id(rid)[0] for rid in self.selected]
+                                              + [progress.KIT_TESTS] * self.kit_tests,
                                               self.config.getoption("--progress-every"))
             if self.writes:
                 self.file.start(self._run_section(RUNNING))
@@ -81,13 +86,14 @@ class Recorder:
             self.catalog = self.config.stash[SELECTION].catalog_ids()
         return dict(status=status, selected=self.selected or [], catalog=self.catalog)
 
-    def _show_progress(self, report, record) -> None:
-        if self.progress is None or hasattr(self.config, "workerinput"):
-            return
-        self._say(*self.progress.add(record["backend"], record.get("seconds") or 0.0, getattr(report, "node", None)))
+    def _show_progress(self, group: str, seconds: float) -> None:
+        if self.progress is not None and not hasattr(self.config, "workerinput"):
+            self._say(*self.progress.add(group, seconds))
 
     def pytest_runtest_logreport(self, report):
         if run_of(report.nodeid) is None:
+            if report.when == "call" or (report.when == "setup" and not report.passed):  # once a test
+                self._show_progress(progress.KIT_TESTS, report.duration)
             return
         record = next((json.loads(v) for k, v in report.user_properties if k == RECORD_KEY), None)
         if record is None and report.failed and report.nodeid not in self.records:
@@ -96,7 +102,7 @@ class Recorder:
             return  # a report of the run's teardown carries the record its call did
         known = report.nodeid in self.records
         if not known:
-            self._show_progress(report, record)
+            self._show_progress(record["backend"], record.get("seconds") or 0.0)
         self.records[report.nodeid] = record
         if self.writes and self.started:
             if known:  # a record that replaces another: the file whole (no run should give two)
@@ -148,9 +154,32 @@ class Recorder:
             leave_record(self.path, nodeid, record)
         return f"{nodeid}: recorded as a crash"
 
+    @pytest.hookimpl(trylast=True)
+    def pytest_terminal_summary(self, terminalreporter):
+        """What a user needs after a session: what the CPU's default case set left out, where the
+        results are and how complete, and what to run next."""
+        if hasattr(self.config, "workerinput") or not self.selected:
+            return
+        for line in self.config.stash[SELECTION].narrowed():
+            terminalreporter.write_line(f"narrowed: {line}")
+        if not self.path:
+            terminalreporter.write_line("results: none written (--results-json PATH writes them)")
+            return
+        if self.file is None or not self.started:
+            return
+        recorded = len(self.records)
+        status = self.status or RUNNING
+        terminalreporter.write_line(f"results: {self.path} ({status}: {recorded} of {len(self.selected)} selected "
+                                    f"runs recorded)")
+        terminalreporter.write_line(f"next: python -m matrix check --fresh {self.path}   (the gate: every failure "
+                                    f"known, verdicts as committed)")
+        terminalreporter.write_line(f"      python -m matrix html --results {self.path}   (the page: "
+                                    f"{page_path([self.path])})")
+
     def pytest_sessionfinish(self, session, exitstatus):
         recorded = {run_id(r["backend"], r["mode"], r["exec"], r["case"]) for r in self.records.values()}
         whole = exitstatus in (pytest.ExitCode.OK, pytest.ExitCode.TESTS_FAILED) and recorded >= set(self.selected or [])
+        self.status = COMPLETE if whole else INTERRUPTED
         if self.writes and (self.started or self.records):  # never for --co or a run that selected nothing
-            self.file.finish(list(self.records.values()), self._run_section(COMPLETE if whole else INTERRUPTED))
+            self.file.finish(list(self.records.values()), self._run_section(self.status))
             shutil.rmtree(f"{self.path}.lost", ignore_errors=True)

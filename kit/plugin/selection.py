@@ -136,6 +136,17 @@ class Selection:
                     for exec_ in execs or self.execs:
                         yield Run(spec, label, case, exec_, catalog=self.catalog_target)
 
+    def narrowed(self) -> List[str]:
+        """A line per backend `--case-set auto` without CUDA gave its ci_cases alone, saying so."""
+        out = []
+        for spec, ci_cases in self.loaded().ci_cases.items():
+            if ci_cases is not None and spec in self.labels:
+                given = sum(len(cases_of(self.catalog, self.case_set, m, ci_cases)) for m in self.modes)
+                whole = sum(len(self.catalog.cases(self.case_set, m)) for m in self.modes)
+                out.append(f"{self.labels[spec]} ran its ci_cases only, {given} of {whole} {self.case_set} cases "
+                           f"(`--case-set auto` without CUDA; `--case-set {self.case_set}` runs them all)")
+        return out
+
     def catalog_ids(self) -> List[str]:
         """Every run the catalog has for this case set: each registered backend (and each one named
         on the command line), every mode and exec. A results file lacking some of them is partial."""

@@ -42,6 +42,16 @@ def write_text(path, text: str) -> None:
         raise
 
 
+def page_path(results) -> str:
+    """Where `python -m matrix html` writes without --out: beside the run's results file
+    (results-local.json -> results-local.html, which git ignores as it ignores the results file),
+    else matrix.html."""
+    if not results:
+        return "matrix.html"
+    path = Path(results[0])
+    return str(path.with_suffix(".html") if path.suffix == ".json" else path.with_name(path.name + ".html"))
+
+
 def write_results(path: str, records: List[Dict], run: Optional[Dict] = None) -> None:
     """`run`: what the session selected and how it ended (kit.report.record.ResultsFile's status,
     selected, catalog)."""
