@@ -121,12 +121,9 @@ def _vocabulary_problem(r: Record) -> str:
     """Why a record's values are outside the vocabulary above, or ''."""
     if not all(isinstance(v, str) and v for v in (r.backend, r.case, r.dtype, r.device)):
         return "backend, case, dtype and device must be names"
-    if r.mode not in MODE_VALUES:
-        return f"mode {r.mode!r} is not one of {', '.join(MODE_VALUES)}"
-    if r.exec not in EXEC_VALUES:
-        return f"exec {r.exec!r} is not one of {', '.join(EXEC_VALUES)}"
-    if r.outcome not in OUTCOMES:
-        return f"outcome {r.outcome!r} is not one of {', '.join(OUTCOMES)}"
+    for field, allowed in (("mode", MODE_VALUES), ("exec", EXEC_VALUES), ("outcome", OUTCOMES)):
+        if getattr(r, field) not in allowed:
+            return f"{field} {getattr(r, field)!r} is not one of {', '.join(allowed)}"
     classes = {FAIL: FAILURE_CLASSES, ERROR: ERROR_CLASSES}.get(r.outcome, (None,))
     if r.failure_class not in classes:
         return (f"failure class {r.failure_class!r} of a run with outcome {r.outcome} is not one of "
