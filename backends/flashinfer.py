@@ -158,9 +158,8 @@ class FlashInferBackend(AttentionBackend):
         case's dtypes, head dim and whether a window applies. Not BatchAttentionWithAttentionSinkWrapper:
         in FlashInfer 0.7.2 it names its JIT module by q dtype and window alone
         (flashinfer/attention/_core.py), so a variant of another head dim or KV dtype loads (and
-        rebuilds over) the one built first: gpt-oss's head_dim 64 ran the 128 kernel, an fp8 cache
-        was read as bf16 (tests/test_flashinfer_findings.py). FlashInfer's own name for the module
-        (get_batch_prefill_attention_sink_uri) names every one of them."""
+        rebuilds over) the one built first (tests/test_flashinfer_findings.py). FlashInfer's own
+        name for the module (get_batch_prefill_attention_sink_uri) names every one of them."""
         q, kv, d, swa = self.variant["q_data_type"], self.variant["kv_data_type"], self.heads[2], \
             self.variant["window_left"] >= 0
         uri = get_batch_prefill_attention_sink_uri("fa2", q, kv, q, torch.int32, d, d, 0, swa)

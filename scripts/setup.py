@@ -42,6 +42,7 @@ class Step:
     required: bool = True  # a failed step that is not required is a warning
     background: bool = False  # runs while the next steps do (on a core pip leaves idle); not required
     waits: bool = False  # runs once the background steps have ended
+    how: str = ""  # what it downloads, with what: said before anything runs
 
 
 def _version(name: str) -> Optional[str]:
@@ -52,7 +53,8 @@ def _version(name: str) -> Optional[str]:
 
 
 def _pip(*args: str) -> List[str]:
-    return [sys.executable, "-m", "pip", "install", "-q", *args]
+    """pip install, its progress shown: a quiet pip said nothing for minutes."""
+    return [sys.executable, "-m", "pip", "install", *args]
 
 
 def torch_index() -> List[str]:
@@ -147,31 +149,46 @@ def steps(kind: str) -> List[Step]:
     out = []
     if kind == "cpu":  # before the kit: its torch requirement would otherwise resolve the CUDA build
         out.append(Step(f"torch (CPU build, {CPU_TORCH})", lambda: _version("torch") and f"torch {_version('torch')}",
-                        lambda: [_pip(CPU_TORCH, *torch_index())]))
+                        lambda: [_pip(CPU_TORCH, *torch_index())],
+                        how=f"pip, from {(torch_index() or ['', 'the index pip is configured with'])[1]}, "
+                            f"about 200 MB"))
     # torch and its dependencies (a third of what is installed) compile on the core pip leaves idle
     out.append(Step("torch and what it needs, byte-compiled (while the rest installs)",
-                    lambda: compiled(("torch",)), lambda: _compile(workers=1), required=False, background=True))
+                    lambda: compiled(("torch",)), lambda: _compile(workers=1), required=False, background=True,
+                    how="on a core pip leaves idle, no download"))
     extras = EXTRAS[kind]
     out.append(Step(f"the kit with [{extras}]", lambda: _kit_installed(extras),
-                    lambda: [_pip("-e", f"{REPO}[{extras}]")]))
+                    lambda: [_pip("-e", f"{REPO}[{extras}]")],
+                    how="pip, editable from this checkout" + (" (CUDA torch and FlashInfer: gigabytes)"
+                                                              if kind == "cuda" else "")))
     out.append(Step("SGLang's backends (sglang without its serving stack)", _sglang,
-                    lambda: [[sys.executable, "-m", "backends.sglang.install"]]))
+                    lambda: [[sys.executable, "-m", "backends.sglang.install"]],
+                    how="pip, --no-deps, from backends/sglang/requirements-cpu.txt"))
     # Required where CI runs the whole suite (CPU): there the HTML report's test fails without it.
     out.append(Step(f"a headless browser for the HTML report's test ({', '.join(BROWSER_PACKAGES)})",
-                    browser, _apt, required=kind == "cpu" and os.environ.get("CI") == "true"))
+                    browser, _apt, required=kind == "cpu" and os.environ.get("CI") == "true",
+                    how=f"apt-get{' with sudo' if _apt()[0][0] == 'sudo' else ''}, about 440 MB; without it "
+                        f"the HTML report's test skips (under CI it fails)"))
     out.append(Step("the rest of the installed packages and the kit, byte-compiled", compiled, _compile,
-                    required=False, waits=True))
+                    required=False, waits=True, how="on every core, no download"))
     return out
 
 
 def run(kind: str, dry_run: bool = False) -> int:
     installed, present, background = [], [], []
+    todo = []
     for step in steps(kind):
         there = step.done()
         if there:
             print(f"setup: {step.what}: already there ({there})")
             present.append(step.what)
-            continue
+        else:
+            todo.append(step)
+    if todo:  # what is about to be downloaded and with what, before any of it runs
+        print(f"setup {kind}: {'would install' if dry_run else 'installs'}, in this order:")
+        for step in todo:
+            print(f"  - {step.what}" + (f": {step.how}" if step.how else ""), flush=True)
+    for step in todo:
         if step.waits:
             _wait(background)
         if step.background and not dry_run:

@@ -54,6 +54,22 @@ def test_second_run_installs_nothing_and_says_so(fresh_machine, capsys):
     assert ran == [] and "setup cpu: nothing to install, all 6 steps already done" in capsys.readouterr().out
 
 
+def test_it_says_what_it_installs_and_with_what_before_anything_runs(fresh_machine, capsys, monkeypatch):
+    """apt-get's 440 MB browser and pip's downloads are named before the first of them runs, and pip
+    shows its progress (a quiet pip said nothing for minutes)."""
+    setup, ran = fresh_machine
+    said_before = []
+    monkeypatch.setattr(setup.subprocess, "call", lambda cmd, cwd=None: said_before.append(capsys.readouterr().out)
+                        or ran.append(cmd) or 0)
+    assert setup.run("cpu") == 0
+    plan = said_before[0]
+    assert "setup cpu: installs, in this order:" in plan
+    assert "  - torch (CPU build, torch==2.13.0): pip, from https://example.org/cpu, about 200 MB" in plan
+    assert "chromium, chromium-driver): apt-get" in plan and "about 440 MB" in plan, plan
+    assert plan.index("torch (CPU") < plan.index("the kit with [test]") < plan.index("headless browser")
+    assert all("-q" not in cmd for cmd in ran if "pip" in cmd), ran
+
+
 def test_the_compile_step_compiles_every_module_and_passes_over_files_that_are_not_python(tmp_path, monkeypatch):
     from scripts import setup
     pkg = tmp_path / "pkg"

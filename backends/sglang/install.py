@@ -26,7 +26,7 @@ def main() -> int:
     try:
         version = importlib.metadata.version("sglang")
     except importlib.metadata.PackageNotFoundError:
-        cmd = [sys.executable, "-m", "pip", "install", "-q", "--no-deps", "-r", str(REQUIREMENTS)]
+        cmd = [sys.executable, "-m", "pip", "install", "--no-deps", "-r", str(REQUIREMENTS)]
         print("installing sglang", PINNED, "without its serving stack:", " ".join(cmd[2:]), flush=True)
         before = installed()
         code = subprocess.call(cmd)

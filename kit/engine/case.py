@@ -31,6 +31,9 @@ GPT_OSS = (64, 8)  # gpt-oss-120b on one GPU: 64 query heads of 64, 8 KV heads
 MLA_128, MLA_16 = (128, 1), (16, 1)
 DEEPSEEK_RANK, DEEPSEEK_ROPE = 512, 64
 DEEPSEEK_SCALE = (128 + 64) ** -0.5  # qk_head_dim = qk_nope_head_dim + qk_rope_head_dim, not the latent's 576
+# The named values a case line may use (kit.engine.case_line reads lines by this table).
+PRESETS = dict(MHA=MHA, GQA=GQA, MQA=MQA, GQA_32_8=GQA_32_8, GPT_OSS=GPT_OSS, MLA_128=MLA_128, MLA_16=MLA_16,
+               DEEPSEEK_RANK=DEEPSEEK_RANK, DEEPSEEK_ROPE=DEEPSEEK_ROPE, DEEPSEEK_SCALE=DEEPSEEK_SCALE)
 
 
 @dataclasses.dataclass(frozen=True)

@@ -70,6 +70,8 @@ def _guarded_alloc(func, args, kwargs):
         # A page-locked host buffer (a library's staging area, e.g. FlashInfer MLA's plan workspace,
         # allocated at its first plan): the guard's own allocation would not be page-locked.
         return None
+    if _device(args, kwargs).type == "meta":  # no memory to write past
+        return None
     made = func(*args, **kwargs) if func in ARANGE else None
     try:
         meta = made if made is not None else func(*args, **{**kwargs, "device": torch.device("meta")})

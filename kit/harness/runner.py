@@ -16,7 +16,7 @@ from kit.harness.verdict import Verdict, eager_verdict, replay_failure, replay_v
 from kit.modes import Exec
 from kit.harness.hooks import HookDriver, driver_for
 from kit.harness.program import forward_program
-from kit.harness.capabilities import NO_CAPTURE_HOOKS, Capabilities
+from kit.harness.capabilities import Capabilities
 from kit.harness.protocol import BackendContext, backend_problem
 from kit.process import budget
 from kit.process.memory import STORE, after_run, moving_to, release
@@ -28,6 +28,7 @@ from kit.harness.environment import versions
 from kit.engine.modes import rules_for
 from kit.engine.profile import EngineProfile
 from kit.engine.schedule import batches
+from kit.harness.scope import unsupported_reason
 from kit.harness.interpreter_noise import interpreter_noise_filtered
 from kit.harness.timeout import RunTimeout, time_limit
 from kit.harness.where import where
@@ -159,20 +160,6 @@ class RunSetup:
         return _eager(backend, fx, driver_for(backend, self.caps), self.caps.profile)
 
 
-def unsupported_reason(backend_cls, caps: Capabilities, case: Case, exec_: Exec) -> Optional[str]:
-    # The kind first: a backend written for dense attention need not know an MLA case's fields.
-    reason = caps.kind_reason(case) or caps.kv_dtype_reason(case)
-    if reason is None:
-        reason = _call("supports()", backend_cls.supports, case)
-    if reason is None:  # after supports(): a backend may say why it lacks a feature
-        reason = caps.feature_reason(case)
-    if reason is None:
-        reason = caps.mode_reason(case.mode)
-    if reason is None and exec_ is Exec.GRAPH and not caps.has_graph_hooks:
-        reason = NO_CAPTURE_HOOKS
-    return reason
-
-
 def _outputs(outs: List[List[torch.Tensor]]) -> List[List[torch.Tensor]]:
     for out in (o for step in outs for o in step):
         if not isinstance(out, torch.Tensor):
@@ -259,7 +246,7 @@ def unsupported_here(run: Run) -> Optional[RunResult]:
         reason = unsupported_reason(cls, Capabilities.of(cls), run.case, run.exec_)
         if reason is None:
             return None
-        return run.record(outcome=UNSUPPORTED, message=str(reason), versions=versions(cls))
+        return run.record(outcome=UNSUPPORTED, message=reason, versions=versions(cls))
     except Exception:  # noqa: BLE001 - the run itself reports a backend that fails here
         return None
 
@@ -295,9 +282,9 @@ def _run_releasing_memory(cls, caps: Capabilities, case: Case, exec_: Exec, devi
 
 
 def _run(cls, caps: Capabilities, case: Case, exec_: Exec, device, result: RunResult) -> None:
-    reason = unsupported_reason(cls, caps, case, exec_)
+    reason = _call("supports()", unsupported_reason, cls, caps, case, exec_)
     if reason is not None:
-        result.outcome, result.message = UNSUPPORTED, str(reason)
+        result.outcome, result.message = UNSUPPORTED, reason
         return
     setup = RunSetup.make(cls, caps, case, exec_, device)
     backend = setup.new_backend()
