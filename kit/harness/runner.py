@@ -168,8 +168,10 @@ def unsupported_reason(backend_cls, caps: Capabilities, case: Case, exec_: Exec)
         reason = caps.feature_reason(case)
     if reason is None:
         reason = caps.mode_reason(case.mode)
-    if reason is None and exec_ is Exec.GRAPH and not caps.has_graph_hooks:
-        reason = NO_CAPTURE_HOOKS
+    if reason is None and exec_ is Exec.GRAPH:
+        graph_reason = getattr(backend_cls, "supports_graph", None)
+        reason = NO_CAPTURE_HOOKS if not caps.has_graph_hooks else (
+            _call("supports_graph()", graph_reason, case) if callable(graph_reason) else None)
     return reason
 
 
