@@ -378,6 +378,25 @@ class SGLangTorchNativeBackend(SGLangBackend):
             "(torch_native_backend.py:279, :338)" if case.sinks else None)
 
 
+class SGLangFlexAttentionBackend(SGLangBackend):
+    """TorchFlexAttnBackend (`--attention-backend flex_attention`): PyTorch's flex attention,
+    compiled, one request at a time, block masks built per request in init_forward_metadata.
+    No graph hooks (no init_cuda_graph_state), no verify path."""
+
+    name = "sglang_flex_attention"
+    sglang_class = "sglang.srt.layers.attention.torch_flex_backend:TorchFlexAttnBackend"
+    server_name = "flex_attention"
+    modes = (ForwardMode.DECODE, ForwardMode.EXTEND)  # its metadata builds masks for these two only (torch_flex_backend.py:40-67)
+    # On CPU each new shape compiles a flex kernel in C++ (tens of seconds cold): CI runs one short case.
+    ci_cases = {"decode": ("mqa_p1_shuf",)}
+
+    @classmethod
+    def supports(cls, case):
+        return super().supports(case) or (
+            "attention sinks: TorchFlexAttnBackend's forward_extend / forward_decode take no `sinks` "
+            "(torch_flex_backend.py:242, :288)" if case.sinks else None)
+
+
 SGLANG_FLASHINFER_NO_SINKS = ("attention sinks: FlashInferAttnBackend's forward_extend / forward_decode take no "
                               "`sinks` (flashinfer_backend.py:1357, :1521)")
 
