@@ -164,3 +164,25 @@ def test_a_token_graph_replayed_with_fewer_requests_than_captured_needs_them_pad
     capture, without padded requests it reads rows the capture left in the static buffers."""
     r = run_case(f"{__name__}:_UnpaddedTokenGraphs", CASES[ForwardMode.EXTEND], Exec.GRAPH)
     assert (r.outcome, r.failure_class) == ("fail", "graph") and "bs=2, 16 tokens, after bs=16" in r.message, r.message
+
+
+class _LeavesPaddedRows(InterleavedBackend):
+    """Writes nothing into the output rows of padded tokens (slot -1), as vLLM's layer leaves the
+    rows it allocated for them."""
+
+    def forward(self, q, k, v, layer, batch, save_kv_cache=True):
+        out = super().forward(q, k, v, layer, batch, save_kv_cache)
+        return torch.where((self.slot_mapping >= 0).view(-1, 1, 1), out, float("nan"))
+
+
+class _LeavesPaddedRowsOfRealRequests(_LeavesPaddedRows):
+    profile = dataclasses.replace(PROFILE, padded_query_len=None)
+
+
+def test_padded_rows_are_judged_only_where_a_padded_token_belongs_to_a_request():
+    """Under empty padded requests a padded token is nobody's: its output row is not judged. Where
+    padded requests decode like real ones, their rows must be finite."""
+    case = CASES[ForwardMode.DECODE]
+    assert run_case(f"{__name__}:_LeavesPaddedRows", case, Exec.GRAPH).outcome == PASS
+    r = run_case(f"{__name__}:_LeavesPaddedRowsOfRealRequests", case, Exec.GRAPH)
+    assert r.outcome == "fail" and "padded rows not finite" in r.message, r.message

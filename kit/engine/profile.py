@@ -49,6 +49,12 @@ class EngineProfile:
         return self.storage[kind]
 
     @property
+    def padded_rows_attend(self) -> bool:
+        """Whether a padded token belongs to a (padded) request and so has an output, which must
+        be finite; an empty padded request owns no token, and no engine computes those rows."""
+        return self.padded_query_len is None
+
+    @property
     def scratch(self) -> bool:
         """Whether slot 0 is a scratch slot padded rows write (exempt from the KV check)."""
         return self.padded_slot == SCRATCH_SLOT

@@ -248,11 +248,12 @@ class _Harness:
 
     def _replayed(self, outs: List[List[torch.Tensor]], fx: Fixture, real: List[int], swapped: List[str],
                   memory: Pending, padded: List[int]) -> Replayed:
-        """Real and padded rows of the outputs, per step and layer; the static inputs judged kept
+        """Real and padded rows of the outputs, per step and layer (padded ones only where a padded
+        token belongs to a request: else nothing computes them); the static inputs judged kept
         (and those of the captures since the last replay)."""
         inputs, self.input_checks = self.input_checks + [self._kept(fx, real, padded)], []
-        return Replayed([[o[:n] for o in step] for step, n in zip(outs, real)],
-                        [o[n:] for step, n in zip(outs, real) for o in step], swapped, memory, inputs)
+        judged = [o[n:] for step, n in zip(outs, real) for o in step] if self.profile.padded_rows_attend else []
+        return Replayed([[o[:n] for o in step] for step, n in zip(outs, real)], judged, swapped, memory, inputs)
 
     def _graph_name(self, key: int) -> str:
         raise NotImplementedError
