@@ -207,7 +207,7 @@ def test_mutant_loader_patches_a_copy_never_the_installed_module():
     assert "bs = len(forward_batch.req_pool_indices)" in src
     assert "bs = len(forward_batch.req_pool_indices)" not in inspect.getsource(
         original.TritonAttnBackend._init_forward_metadata_out_graph)
-    with pytest.raises(ValueError, match="another sglang"):
+    with pytest.raises(ValueError, match="another version of sglang"):
         patched_module(TRITON, 759, "not this line", "x = 1")
 
 
