@@ -8,7 +8,18 @@ import importlib.metadata
 import subprocess
 import sys
 from pathlib import Path
-from typing import Dict, Sequence
+from typing import Dict, Optional, Sequence
+
+
+def pin_problem(dist: str, pin: str, install_command: str) -> Optional[str]:
+    """Why `dist` at `pin` is not what is installed (absent, or another version), or None."""
+    try:
+        version = importlib.metadata.version(dist)
+    except importlib.metadata.PackageNotFoundError:
+        return f"{dist} {pin} is not installed: {install_command}"
+    if version != pin:
+        return f"{dist} {version} is installed, the adapter is pinned to {pin} (docs/{dist}.md says how to move the pin)"
+    return None
 
 
 def installed() -> Dict[str, str]:

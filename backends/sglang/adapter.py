@@ -21,12 +21,12 @@ What is mapped, and nothing more (a bug here could hide one in SGLang):
 from __future__ import annotations
 
 import importlib
-import importlib.metadata
 import inspect
 from typing import Optional
 
 import torch
 
+from backends import pinned
 from backends.sglang import mla
 from kit.modes import ForwardMode
 from kit.harness.protocol import AttentionBackend, library_version
@@ -40,14 +40,7 @@ NOMINAL_SMS = 132
 
 def sglang_problem() -> Optional[str]:
     """Why the pinned sglang cannot be used here, or None."""
-    try:
-        version = importlib.metadata.version("sglang")
-    except importlib.metadata.PackageNotFoundError:
-        return f"sglang {PINNED} is not installed: {INSTALL}"
-    if version != PINNED:
-        return (f"sglang {version} is installed, the adapter is pinned to {PINNED} "
-                f"(docs/sglang.md says how to move the pin)")
-    return None
+    return pinned.pin_problem("sglang", PINNED, INSTALL)
 
 
 class _ModelConfig:

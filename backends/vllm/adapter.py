@@ -24,12 +24,14 @@ AttentionMetadataBuilder.get_cudagraph_support (`supports_graph`).
 """
 from __future__ import annotations
 
+import contextlib
 import importlib
 import importlib.metadata
 from typing import Dict, Optional
 
 import torch
 
+from backends import pinned
 from kit.engine.modes import rules_for
 from kit.engine.modes.rules import GraphBuckets
 from kit.engine.profile import BUILDER, NO_WRITE, EngineProfile
@@ -52,13 +54,7 @@ INTERPRETER_BF16 = "bf16 on CPU: Triton's interpreter computes bf16 tl.dot wrong
 
 def vllm_problem() -> Optional[str]:
     """Why the pinned vllm cannot be used here, or None."""
-    try:
-        version = importlib.metadata.version("vllm")
-    except importlib.metadata.PackageNotFoundError:
-        return f"vllm {PINNED} is not installed: {INSTALL}"
-    if version != PINNED:
-        return f"vllm {version} is installed, the adapter is pinned to {PINNED} (docs/vllm.md says how to move the pin)"
-    return _import_problem()
+    return pinned.pin_problem("vllm", PINNED, INSTALL) or _import_problem()
 
 
 _IMPORTED: Dict[str, Optional[str]] = {}
@@ -125,6 +121,7 @@ class VllmBackend(AttentionBackend):
     # vLLM's full graphs capture a mixed batch's forward whole where the builder declares ALWAYS
     # (supports_graph says where it does not).
     extend_capture = True
+    compiles = False  # its kernels are compiled by torch.compile (flex attention)
 
     @classmethod
     def versions(cls):
@@ -303,9 +300,16 @@ class VllmBackend(AttentionBackend):
             for name in names:
                 self.metadata[name], self.slot_mapping[name] = metadata, batch.common.slot_mapping
 
-    def _running(self):
+    def _running(self) -> contextlib.ExitStack:
+        """While vLLM runs (its metadata build and forward): what it needs of torch here
+        (backends/vllm/environment.py)."""
         from backends.vllm import environment
-        return environment.cuda_capability_answered()
+
+        stack = contextlib.ExitStack()
+        stack.enter_context(environment.cuda_capability_answered())
+        if self.compiles:
+            stack.enter_context(environment.static_compiles())
+        return stack
 
     def init_forward_metadata(self, batch) -> None:
         self._build(batch, capture=False)
@@ -358,9 +362,18 @@ class VllmFlexAttentionBackend(VllmBackend):
 
     name = "vllm_flex_attention"
     vllm_backend = "FLEX_ATTENTION"
+    compiles = True
     impl_refuses = {"cap": "logit soft cap: FlexAttentionImpl raises NotImplementedError for it (flex_attention.py:1186)"}
     # On CPU each new shape compiles flex attention in C++ (tens of seconds cold): CI runs one short case.
     ci_cases = {"decode": ("gqa_ragged_p16_fp32",)}
+
+    @classmethod
+    def supports_graph(cls, case):
+        if not torch.cuda.is_available():
+            return ("graphs on CPU: PyTorch's CPU flex attention template refuses the block mask vLLM builds at "
+                    "capture (KV indices narrower than the KV cache: torch/_inductor/kernel/flex/flex_cpu.py:322-326); "
+                    "its GPU template has no such check")
+        return super().supports_graph(case)
 
 
 class VllmFlashAttnBackend(VllmBackend):

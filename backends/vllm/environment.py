@@ -13,7 +13,9 @@ vLLM decides two things once, at its first import, and keeps them for the proces
 
 Its Triton KV writer asks torch for the device's compute capability (a tile size heuristic,
 triton_reshape_and_cache_flash.py:445), which CPU torch refuses; `cuda_capability_answered`
-answers for non-CUDA devices while vLLM runs, and puts torch's function back after.
+answers for non-CUDA devices while vLLM runs, and puts torch's function back after. Its flex
+backend compiles flex attention; `static_compiles` keeps PyTorch's CPU recompiles static while it
+runs.
 """
 from __future__ import annotations
 
@@ -84,3 +86,19 @@ def cuda_capability_answered() -> Iterator[None]:
         yield
     finally:
         torch.cuda.get_device_capability = real
+
+
+@contextlib.contextmanager
+def static_compiles() -> Iterator[None]:
+    """Without CUDA: torch.compile recompiles a function for a new shape with that shape's static
+    sizes (torch._dynamo.config.automatic_dynamic_shapes off) while it lasts. PyTorch's CPU flex
+    attention template generates C++ that does not compile for a recompile with dynamic shapes
+    (torch 2.13: "'cur_kvSplitSize4' was not declared in this scope"), which every batch of another
+    shape after the first is. Where CUDA is present nothing changes."""
+    if not NO_CUDA:
+        yield
+        return
+    import torch._dynamo  # here: seconds of imports, and only vLLM's flex backend compiles
+
+    with torch._dynamo.config.patch(automatic_dynamic_shapes=False):
+        yield

@@ -41,7 +41,14 @@ class _UpProjection(torch.nn.Module):
 # The modes whose batches vLLM's MLA builders send (in part) to the prefill path: ragged query
 # lengths (split_decodes_and_prefills, backends/utils.py:837).
 PREFILL_MODES = (ForwardMode.EXTEND.value, "mixed")
-MLA_NO_CAP = "logit soft cap: vLLM's MLAAttention takes none (it builds its impl with logits_soft_cap=None, mla_attention.py:584)"
+
+
+def refusals(impl: str, where: str) -> dict:
+    """What an MLA backend refuses of a layer (VllmBackend.impl_refuses): the soft cap, which
+    MLAAttention never passes on (it builds its impl with logits_soft_cap=None, mla_attention.py:584),
+    and a window, which `impl` raises for (at `where`)."""
+    return {"cap": "logit soft cap: vLLM's MLAAttention takes none (mla_attention.py:584)",
+            "window": f"sliding window: {impl} raises NotImplementedError for it ({where})"}
 
 
 class VllmMLABackend(VllmBackend):
@@ -93,8 +100,7 @@ class VllmTritonMLABackend(VllmMLABackend):
     name = "vllm_triton_mla"
     vllm_backend = "TRITON_MLA"
     triton_kernels = True
-    impl_refuses = {"cap": MLA_NO_CAP, "window": "sliding window: TritonMLAImpl raises NotImplementedError for it "
-                                               "(triton_mla.py:184-188)"}
+    impl_refuses = refusals("TritonMLAImpl", "triton_mla.py:184-188")
     kv_dtypes = ("fp8_e4m3",)  # TritonMLABackend.supported_kv_cache_dtypes
     ci_cases = {"decode": ("mla_deepseek_h128_bs1_p64_fp16",)}
 
@@ -106,8 +112,7 @@ class VllmFlashMLABackend(VllmMLABackend):
     name = "vllm_flashmla"
     vllm_backend = "FLASHMLA"
     cuda_only = True
-    impl_refuses = {"cap": MLA_NO_CAP, "window": "sliding window: FlashMLAImpl raises NotImplementedError for it "
-                                               "(flashmla.py:244-249)"}
+    impl_refuses = refusals("FlashMLAImpl", "flashmla.py:244-249")
     kv_dtypes = ("fp8_e4m3",)  # FlashMLABackend.supported_kv_cache_dtypes
 
 
@@ -118,5 +123,4 @@ class VllmFlashAttnMLABackend(VllmMLABackend):
     name = "vllm_flash_attn_mla"
     vllm_backend = "FLASH_ATTN_MLA"
     cuda_only = True
-    impl_refuses = {"cap": MLA_NO_CAP, "window": "sliding window: FlashAttnMLAImpl raises NotImplementedError for it "
-                                               "(flashattn_mla.py:334-339)"}
+    impl_refuses = refusals("FlashAttnMLAImpl", "flashattn_mla.py:334-339")

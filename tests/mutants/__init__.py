@@ -118,8 +118,8 @@ MUTANTS = [
     Mutant(46, "sglang_flashinfer_mla_verify_graph_without_drafts", SG + "FlashInferMLAVerifyGraphWithoutDrafts",
            G + C, (TV,), GRAPH, cpu=False),
     # Real-code vLLM mutants (numbered from 70): bug classes of vLLM's metadata builders, impls and KV
-    # writer, one-line patches of a copy of vLLM's own module run through the vllm_* adapters. The
-    # decode cases of TRITON_ATTN and FLEX run on CPU (Triton's interpreter, emulated graphs).
+    # writer, one-line patches of a copy of vLLM's own module run through the vllm_* adapters.
+    # TRITON_ATTN's run on CPU (Triton's interpreter, emulated graphs).
     Mutant(70, "vllm_triton_seq_lens_one_short", VL + "TritonSeqLensOneShort", K, (D, E, TV), EAGER, cpu=True),
     Mutant(71, "vllm_triton_query_start_loc_copied", VL + "TritonQueryStartLocCopied", G, (D, E, TV), GRAPH,
            cpu=True),
@@ -130,7 +130,8 @@ MUTANTS = [
     # (kv-write), or before the pool's memory (a crash, or corruption seen later).
     Mutant(74, "vllm_triton_padded_slots_written", VL + "TritonPaddedSlotsWritten", KV + C, (D, TV), GRAPH,
            cpu=True),
-    Mutant(75, "vllm_flex_doc_ids_not_persistent", VL + "FlexDocIdsNotPersistent", G, (D, E), GRAPH, cpu=True),
+    # FLEX graphs run on CUDA only (PyTorch's CPU flex template refuses vLLM's capture-time block mask).
+    Mutant(75, "vllm_flex_doc_ids_not_persistent", VL + "FlexDocIdsNotPersistent", G, (D, E), GRAPH, cpu=False),
     Mutant(76, "vllm_fa3_scheduler_metadata_not_persistent", VL + "FlashAttnSchedulerMetadataNotPersistent",
            G + C, (D, E, TV), GRAPH, cpu=False),
     # CPU-catchable (TRITON_MLA's DeepSeek-width decode case), but a run takes minutes in the
