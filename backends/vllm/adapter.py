@@ -351,8 +351,9 @@ class VllmTritonAttnBackend(VllmBackend):
     triton_kernels = True
     attention_features = ("sinks",)  # Attention(..., sinks=) (triton_attn.py: TritonAttentionImpl sinks)
     kv_dtypes = ("fp8_e4m3", "fp8_e5m2")  # TritonAttentionBackend.supported_kv_cache_dtypes
-    ci_cases = {"decode": ("gqa_ragged_p16_fp32", "gqa_window_sinks_hybrid_p16_fp16"),
-                "extend": ("gqa_ragged_p16_fp32",), "target_verify": ("gqa_chain4_p16_fp32",)}
+    # A plain CPU run (CI): its decode kernel splits each request's keys into 16 segments, seconds a
+    # layer call in Triton's interpreter; `--case-set smoke` runs every smoke case (results/cpu.json).
+    ci_cases = {"decode": ("gqa_fused_p16_fp32",)}
 
 
 class VllmFlexAttentionBackend(VllmBackend):

@@ -88,17 +88,23 @@ def cuda_capability_answered() -> Iterator[None]:
         torch.cuda.get_device_capability = real
 
 
+# Compiles of one function a process keeps (torch's default: 8), as SGLang's flex backend raises
+# its cache's (torch_flex_backend.py:27): a process runs many shapes.
+STATIC_RECOMPILES = 1024
+
+
 @contextlib.contextmanager
 def static_compiles() -> Iterator[None]:
     """Without CUDA: torch.compile recompiles a function for a new shape with that shape's static
-    sizes (torch._dynamo.config.automatic_dynamic_shapes off) while it lasts. PyTorch's CPU flex
-    attention template generates C++ that does not compile for a recompile with dynamic shapes
-    (torch 2.13: "'cur_kvSplitSize4' was not declared in this scope"), which every batch of another
-    shape after the first is. Where CUDA is present nothing changes."""
+    sizes (torch._dynamo.config.automatic_dynamic_shapes off), up to STATIC_RECOMPILES of them,
+    while it lasts. PyTorch's CPU flex attention template generates C++ that does not compile for a
+    recompile with dynamic shapes (torch 2.13: "'cur_kvSplitSize4' was not declared in this scope"),
+    which every batch of another shape after the first is. Where CUDA is present nothing changes."""
     if not NO_CUDA:
         yield
         return
     import torch._dynamo  # here: seconds of imports, and only vLLM's flex backend compiles
 
-    with torch._dynamo.config.patch(automatic_dynamic_shapes=False):
+    with torch._dynamo.config.patch(automatic_dynamic_shapes=False, recompile_limit=STATIC_RECOMPILES,
+                                    accumulated_recompile_limit=STATIC_RECOMPILES):
         yield
