@@ -154,10 +154,13 @@ def test_the_config_is_the_pools_and_the_layers_are_the_models():
 
 
 def test_the_kv_writer_that_ran_is_recorded():
-    versions = VllmTritonAttnBackend.versions()
-    assert versions["vllm"] == PINNED and "reshape_and_cache_flash" in versions["kv_write"]
+    """TRITON_ATTN's own Triton writer everywhere; the others' compiled op, or where it does not
+    load vLLM's equivalent, naming why."""
+    assert VllmTritonAttnBackend.versions()["kv_write"].startswith("vllm triton_reshape_and_cache_flash (TritonAttention")
+    flex = VllmFlexAttentionBackend.versions()
+    assert flex["vllm"] == PINNED and "reshape_and_cache_flash" in flex["kv_write"]
     if not torch.cuda.is_available():
-        assert versions["kv_write"].startswith("vllm triton_reshape_and_cache_flash (_C not loadable: ")
+        assert flex["kv_write"].startswith("vllm triton_reshape_and_cache_flash (_C not loadable: ")
         assert "CPUMLAImpl.do_kv_cache_update" in VllmTritonMLABackend.versions()["kv_write"]
 
 

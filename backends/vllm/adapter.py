@@ -122,12 +122,14 @@ class VllmBackend(AttentionBackend):
     # (supports_graph says where it does not).
     extend_capture = True
     compiles = False  # its kernels are compiled by torch.compile (flex attention)
+    # The KV writer its impl calls itself, whatever loads; None: the compiled op (runtime.KV_WRITE).
+    own_kv_writer: Optional[str] = None
 
     @classmethod
     def versions(cls):
         out = {"vllm": _installed_version(), "triton": library_version("triton")}
         if vllm_problem() is None:
-            out["kv_write"] = runtime().KV_WRITE[cls.attention_kinds[0]]
+            out["kv_write"] = cls.own_kv_writer or runtime().KV_WRITE[cls.attention_kinds[0]]
         return out
 
     @classmethod
@@ -349,6 +351,7 @@ class VllmTritonAttnBackend(VllmBackend):
     name = "vllm_triton_attn"
     vllm_backend = "TRITON_ATTN"
     triton_kernels = True
+    own_kv_writer = "vllm triton_reshape_and_cache_flash (TritonAttentionImpl.do_kv_cache_update, triton_attn.py:834)"
     attention_features = ("sinks",)  # Attention(..., sinks=) (triton_attn.py: TritonAttentionImpl sinks)
     kv_dtypes = ("fp8_e4m3", "fp8_e5m2")  # TritonAttentionBackend.supported_kv_cache_dtypes
     # A plain CPU run (CI): its decode kernel splits each request's keys into 16 segments, seconds a

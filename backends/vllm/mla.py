@@ -102,9 +102,9 @@ class VllmTritonMLABackend(VllmMLABackend):
     triton_kernels = True
     impl_refuses = refusals("TritonMLAImpl", "triton_mla.py:184-188")
     kv_dtypes = ("fp8_e4m3",)  # TritonMLABackend.supported_kv_cache_dtypes
-    # None in a plain CPU run (CI): the smoke set's only width vLLM's MLA takes is DeepSeek's (128 heads
-    # of 576), minutes a run in Triton's interpreter; `--case-set smoke` runs them (results/cpu.json).
-    ci_cases: dict = {}
+    # A plain CPU run (CI): the smoke set's only width vLLM's MLA takes is DeepSeek's (128 heads of
+    # 576), its decode case 20-25 s a run in Triton's interpreter; `--case-set smoke` runs every one.
+    ci_cases = {"decode": ("mla_deepseek_h128_bs1_p64_fp16",)}
 
 
 class VllmFlashMLABackend(VllmMLABackend):
