@@ -10,8 +10,8 @@ import sys
 import pytest
 import torch
 
-from backends.sglang.adapter import (SGLangFlashInferBackend, SGLangTorchNativeBackend, SGLangTritonBackend,
-                                     sglang_problem)
+from backends.sglang.adapter import (SGLangFlashInferBackend, SGLangFlexAttentionBackend, SGLangTorchNativeBackend,
+                                     SGLangTritonBackend, sglang_problem)
 from kit.engine.catalog import load_catalog
 from kit.modes import Exec, ForwardMode
 from kit.engine.reference import attention
@@ -97,6 +97,19 @@ def test_kf5_torch_native_ignores_logit_cap():
     uncapped = dataclasses.replace(fx, layers=tuple(dataclasses.replace(l, logit_cap=0.0) for l in fx.layers))
     assert _err(out, attention(fx, layer_id=1)) > 1e-3
     assert _err(out, attention(uncapped, layer_id=1)) < TIGHT
+
+
+@pytest.mark.parametrize("mode, case_name, off", [
+    (ForwardMode.DECODE, "mha_bs1_window_p64_inter", dict(sliding_window_size=-1)),
+    (ForwardMode.EXTEND, "gqa_bs8_cap_p1_nonmono", dict(logit_cap=0.0))])
+def test_kf28_kf29_flex_ignores_the_window_and_the_logit_cap(mode, case_name, off):
+    """TorchFlexAttnBackend builds causal (EXTEND) or full (DECODE) block masks and calls flex
+    attention without a score modifier: the kit's reference with the layer's window or cap off is
+    what it computes."""
+    fx, outs = _sglang_outputs(mode, case_name, SGLangFlexAttentionBackend)
+    without = dataclasses.replace(fx, layers=tuple(dataclasses.replace(layer, **off) for layer in fx.layers))
+    assert _err(outs[1], attention(fx, layer_id=1)) > 1e-3
+    assert _err(outs[1], attention(without, layer_id=1)) < TIGHT
 
 
 def _rel(out, ref):

@@ -21,12 +21,12 @@ What is mapped, and nothing more (a bug here could hide one in SGLang):
 from __future__ import annotations
 
 import importlib
-import importlib.metadata
 import inspect
 from typing import Optional
 
 import torch
 
+from backends import pinned
 from backends.sglang import mla
 from kit.modes import ForwardMode
 from kit.harness.protocol import AttentionBackend, library_version
@@ -40,14 +40,7 @@ NOMINAL_SMS = 132
 
 def sglang_problem() -> Optional[str]:
     """Why the pinned sglang cannot be used here, or None."""
-    try:
-        version = importlib.metadata.version("sglang")
-    except importlib.metadata.PackageNotFoundError:
-        return f"sglang {PINNED} is not installed: {INSTALL}"
-    if version != PINNED:
-        return (f"sglang {version} is installed, the adapter is pinned to {PINNED} "
-                f"(docs/sglang.md says how to move the pin)")
-    return None
+    return pinned.pin_problem("sglang", PINNED, INSTALL)
 
 
 class _ModelConfig:
@@ -376,6 +369,25 @@ class SGLangTorchNativeBackend(SGLangBackend):
             "(torch_native_backend.py forward_extend)" if case.mode is ForwardMode.TARGET_VERIFY else
             "attention sinks: TorchNativeAttnBackend's forward_extend / forward_decode take no `sinks` "
             "(torch_native_backend.py:279, :338)" if case.sinks else None)
+
+
+class SGLangFlexAttentionBackend(SGLangBackend):
+    """TorchFlexAttnBackend (`--attention-backend flex_attention`): PyTorch's flex attention,
+    compiled, one request at a time, block masks built per request in init_forward_metadata.
+    No graph hooks (no init_cuda_graph_state), no verify path."""
+
+    name = "sglang_flex_attention"
+    sglang_class = "sglang.srt.layers.attention.torch_flex_backend:TorchFlexAttnBackend"
+    server_name = "flex_attention"
+    modes = (ForwardMode.DECODE, ForwardMode.EXTEND)  # its metadata builds masks for these two only (torch_flex_backend.py:40-67)
+    # On CPU each new shape compiles a flex kernel in C++ (tens of seconds cold): CI runs one short case.
+    ci_cases = {"decode": ("mqa_p1_shuf",)}
+
+    @classmethod
+    def supports(cls, case):
+        return super().supports(case) or (
+            "attention sinks: TorchFlexAttnBackend's forward_extend / forward_decode take no `sinks` "
+            "(torch_flex_backend.py:242, :288)" if case.sinks else None)
 
 
 SGLANG_FLASHINFER_NO_SINKS = ("attention sinks: FlashInferAttnBackend's forward_extend / forward_decode take no "

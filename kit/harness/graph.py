@@ -248,11 +248,12 @@ class _Harness:
 
     def _replayed(self, outs: List[List[torch.Tensor]], fx: Fixture, real: List[int], swapped: List[str],
                   memory: Pending, padded: List[int]) -> Replayed:
-        """Real and padded rows of the outputs, per step and layer; the static inputs judged kept
+        """Real and padded rows of the outputs, per step and layer (padded ones only where a padded
+        token belongs to a request: else nothing computes them); the static inputs judged kept
         (and those of the captures since the last replay)."""
         inputs, self.input_checks = self.input_checks + [self._kept(fx, real, padded)], []
-        return Replayed([[o[:n] for o in step] for step, n in zip(outs, real)],
-                        [o[n:] for step, n in zip(outs, real) for o in step], swapped, memory, inputs)
+        judged = [o[n:] for step, n in zip(outs, real) for o in step] if self.profile.padded_rows_attend else []
+        return Replayed([[o[:n] for o in step] for step, n in zip(outs, real)], judged, swapped, memory, inputs)
 
     def _graph_name(self, key: int) -> str:
         raise NotImplementedError
@@ -341,7 +342,7 @@ class BatchGraphs(_Harness):
                           full)
         guard = Guard()
         with guard.watching():
-            self.driver.replay(view, pbs * self.tokens_per_req, b.out_cache_loc.shape[0])
+            self.driver.replay(view, pbs * self.tokens_per_req, b.out_cache_loc.shape[0], bs)
         outs, swapped, memory = self._run(pbs, rows, guard)
         return self._replayed(outs, fx, real, swapped, memory, rows)
 
@@ -369,27 +370,39 @@ class TokenGraphs(_Harness):
         self.extend = {f: self._zeros(self.max_bs, torch.int32) for f in EXTEND_REQUEST_FIELDS}
         self._init_state(self.max_tokens)
 
+    def _graph_requests(self, fx: Fixture, padded: int) -> int:
+        """Requests the graph of token bucket `padded` is replayed with: the batch's own, or where
+        the profile pads them, as many as the bucket has tokens, up to the largest batch."""
+        return min(padded, self.max_bs) if self.profile.pads_token_graph_requests else fx.batch.batch_size
+
     def _view(self, fx: Fixture, padded: int, full: bool) -> ForwardBatch:
-        """The batch over the static buffers: its requests copied in (rows past it keep what
-        earlier batches left), its tokens padded to the bucket."""
+        """The batch over the static buffers: its requests copied in, then padded requests up to the
+        graph's count (rows past them keep what earlier batches left), its tokens padded to the
+        bucket."""
         b = fx.batch
-        bs = b.batch_size
+        bs, rows = b.batch_size, self._graph_requests(fx, padded)
         self._load(fx, padded, padded, [padded] * len(self.steps))
-        for buf, src in ((self.req_pool_indices, b.req_pool_indices), (self.seq_lens, b.seq_lens),
-                         (self.seq_lens_cpu, b.seq_lens_cpu)):
+        for buf, src, pad in ((self.req_pool_indices, b.req_pool_indices, 0),
+                              (self.seq_lens, b.seq_lens, self.padded_seq_len),
+                              (self.seq_lens_cpu, b.seq_lens_cpu, self.padded_seq_len)):
             buf[:bs].copy_(src)
-        end = self.max_bs if full else bs
+            buf[bs:rows].fill_(pad)
+        end = self.max_bs if full else rows
         for f, buf in self.extend.items():
             buf[:bs].copy_(getattr(b, f))
+            buf[bs:rows].zero_()
+        pad = [0] * (rows - bs)
         return dataclasses.replace(
-            b, **self._requests(bs, full), **{f: buf[:end] for f, buf in self.extend.items()},
+            b, batch_size=rows, **self._requests(rows, full), **{f: buf[:end] for f, buf in self.extend.items()},
+            seq_lens_sum=b.seq_lens_sum + self.padded_seq_len * (rows - bs),
+            extend_seq_lens_cpu=list(b.extend_seq_lens_cpu) + pad, extend_prefix_lens_cpu=list(b.extend_prefix_lens_cpu) + pad,
             out_cache_loc=self.out_cache_loc[:padded], positions=self.positions[:padded])
 
     def prepare(self, fx: Fixture) -> None:
         padded = bucket_for(fx.batch.out_cache_loc.shape[0], self.token_buckets)
         if self.capturing and padded not in self.captured:
             n = fx.batch.out_cache_loc.shape[0]
-            batch = self.driver.ragged(self._view(fx, padded, full=False), n, in_capture=True)
+            batch = self.driver.ragged(self._view(fx, padded, full=False), n, fx.batch.batch_size, in_capture=True)
             self._capture(padded, batch, [padded] * len(self.steps), fx, [n] * len(self.steps))
 
     def _replay(self, fx: Fixture, full: bool) -> Replayed:
@@ -398,7 +411,7 @@ class TokenGraphs(_Harness):
         batch = self._view(fx, padded, full)
         guard = Guard()
         with guard.watching():
-            batch = self.driver.ragged(batch, n)
+            batch = self.driver.ragged(batch, n, fx.batch.batch_size)
         rows = [padded] * len(self.steps)
         if self.capturing:
             outs, swapped, memory = self._run(padded, rows, guard)

@@ -2,7 +2,12 @@
 tensor a backend allocates gets a canary tail. A write past the end of one (a
 buffer sized from a stale length, an index builder running long) changes the
 canary and is reported, on GPU too, where the stray write would otherwise land
-silently in allocator slack."""
+silently in allocator slack.
+
+The guard steps aside for what PyTorch runs as a whole: a higher-order operator (flex
+attention's) runs without it, and torch.compile compiles as it would unwatched (with a dispatch
+mode on it otherwise falls back to eager, and flex attention eager refuses modes without a rule).
+What they allocate inside is theirs; the backend's own allocations around them stay guarded."""
 from __future__ import annotations
 
 import contextlib
@@ -10,6 +15,7 @@ import dataclasses
 from typing import Dict, Iterator, List
 
 import torch
+from torch._ops import HigherOrderOperator
 from torch.utils._python_dispatch import TorchDispatchMode
 
 from kit.harness.checks import Check, Pending, read_back
@@ -90,6 +96,14 @@ def _guarded_alloc(func, args, kwargs):
 
 
 class _GuardMode(TorchDispatchMode):
+    # A higher-order operator comes to __torch_dispatch__ with this mode already popped, and runs
+    # there as is.
+    supports_higher_order_operators = True
+
+    @classmethod
+    def ignore_compile_internals(cls) -> bool:
+        return True
+
     @classmethod
     def _should_skip_dynamo(cls) -> bool:
         # Else PyTorch wraps __torch_dispatch__ in torch._dynamo.disable, whose first call imports
@@ -102,6 +116,8 @@ class _GuardMode(TorchDispatchMode):
 
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
         kwargs = kwargs or {}
+        if isinstance(func, HigherOrderOperator):
+            return func(*args, **kwargs)
         made = _guarded_alloc(func, args, kwargs) if func in FACTORIES else None
         if made is None:
             return func(*args, **kwargs)

@@ -82,6 +82,13 @@ class AttentionBackend:
         return None
 
     @classmethod
+    def supports_graph(cls, case: Case) -> Optional[str]:
+        """None, or why graph runs of this case are out of scope though its eager runs are not
+        (e.g. the engine captures no full graph of such batches); asked only of a backend with
+        graph hooks."""
+        return None
+
+    @classmethod
     def versions(cls) -> Dict[str, str]:
         """Versions of the libraries this backend runs on, for the records (torch and CUDA
         are recorded by the kit): e.g. {"triton": "3.6.0"}."""

@@ -33,8 +33,14 @@ def declined(backend_cls, caps: Capabilities, case: Case, exec_: Exec) -> Option
         reason = caps.feature_reason(case)
     if reason is None:
         reason = caps.mode_reason(case.mode)
-    if reason is None and exec_ is Exec.GRAPH and not caps.has_graph_hooks:
-        reason = NO_CAPTURE_HOOKS
+    if reason is None and exec_ is Exec.GRAPH:
+        if not caps.has_graph_hooks:
+            reason = NO_CAPTURE_HOOKS
+        else:  # a backend may capture some cases and not others (an engine's graph support per case)
+            graph_reason = getattr(backend_cls, "supports_graph", None)
+            said = graph_reason(case) if callable(graph_reason) else None
+            if said is not None:
+                return Declined(str(said), declared=False)
     return None if reason is None else Declined(reason, declared=True)
 
 

@@ -22,6 +22,7 @@ SG = "tests.mutants.sglang:"
 MLA = "tests.mutants.mla:"
 FP8 = "tests.mutants.fp8:"
 SINK = "tests.mutants.sinks:"
+VL = "tests.mutants.vllm:"
 G, K, KV, C = ("graph",), ("kernel",), ("kv-write",), ("crash",)
 # Reading or writing past a buffer the backend sized itself: wrong output where the
 # stray access lands in readable memory, a crash where it corrupts the heap.
@@ -116,6 +117,26 @@ MUTANTS = [
            SG + "FlashInferMLADraftExtendCountsDraftsTwice", K + C, (DE,), EAGER, cpu=False),
     Mutant(46, "sglang_flashinfer_mla_verify_graph_without_drafts", SG + "FlashInferMLAVerifyGraphWithoutDrafts",
            G + C, (TV,), GRAPH, cpu=False),
+    # Real-code vLLM mutants (numbered from 70): bug classes of vLLM's metadata builders, impls and KV
+    # writer, one-line patches of a copy of vLLM's own module run through the vllm_* adapters.
+    # TRITON_ATTN's run on CPU (Triton's interpreter, emulated graphs).
+    Mutant(70, "vllm_triton_seq_lens_one_short", VL + "TritonSeqLensOneShort", K, (D, E, TV), EAGER, cpu=True),
+    Mutant(71, "vllm_triton_query_start_loc_copied", VL + "TritonQueryStartLocCopied", G, (D, E, TV), GRAPH,
+           cpu=True),
+    Mutant(72, "vllm_triton_window_one_long", VL + "TritonWindowOneLong", K, (D, E, TV), EAGER, cpu=True,
+           reaches=WINDOWED),
+    Mutant(73, "vllm_triton_sinks_ignored", VL + "TritonSinksIgnored", K, (D, E, TV), EAGER, cpu=True, reaches=SINKS),
+    # A padded token's write lands one slot before the layer's cache: the other layer's last slot
+    # (kv-write), or before the pool's memory (a crash, or corruption seen later).
+    Mutant(74, "vllm_triton_padded_slots_written", VL + "TritonPaddedSlotsWritten", KV + C, (D, TV), GRAPH,
+           cpu=True),
+    # FLEX graphs run on CUDA only (PyTorch's CPU flex template refuses vLLM's capture-time block mask).
+    Mutant(75, "vllm_flex_doc_ids_not_persistent", VL + "FlexDocIdsNotPersistent", G, (D, E), GRAPH, cpu=False),
+    Mutant(76, "vllm_fa3_scheduler_metadata_not_persistent", VL + "FlashAttnSchedulerMetadataNotPersistent",
+           G + C, (D, E, TV), GRAPH, cpu=False),
+    # CPU-catchable (TRITON_MLA's DeepSeek-width decode case), but a run takes minutes in the
+    # interpreter: scored by `python -m kit.mutate`, not in the suite.
+    Mutant(77, "vllm_mla_decode_seq_lens_one_short", VL + "MLADecodeSeqLensOneShort", K, (D, TV), EAGER, cpu=False),
     # What a backend is handed (numbered from 50): q, k and v are views of a fused QKV row, and
     # the caller's to keep.
     Mutant(50, "strides_ignored", T + "StridesIgnored", K, ALL_MODES, EAGER + GRAPH, cpu=True,
