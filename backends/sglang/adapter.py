@@ -56,7 +56,7 @@ class _ModelConfig:
     def __init__(self, ctx, sg):
         layer = ctx.layers[0]  # the kit's layers share heads and head_dim
         self.attention_arch = sg.AttentionArch.MHA
-        self.context_len = ctx.max_context_len
+        self.context_len = ctx.context_len  # the model's; the req_to_token pool's rows may be wider
         self.num_attention_heads = layer.tp_q_head_num
         self.num_key_value_heads = layer.tp_k_head_num
         self.head_dim = self.v_head_dim = self.swa_v_head_dim = layer.head_dim
@@ -269,7 +269,7 @@ class SGLangBackend(AttentionBackend):
             return sg.EagleVerifyInput(
                 draft_token=None, custom_mask=s.custom_mask, positions=b.positions, retrieve_index=None,
                 retrieve_next_token=None, retrieve_next_sibling=None, retrieve_cum_len=None,
-                spec_steps=s.draft_token_num - 1, topk=s.topk, draft_token_num=s.draft_token_num,
+                spec_steps=s.num_steps, topk=s.topk, draft_token_num=s.draft_token_num,
                 capture_hidden_mode=sg.CaptureHiddenMode.FULL, seq_lens_sum=b.seq_lens_sum,
                 seq_lens_cpu=b.seq_lens_cpu)
         if b.forward_mode is ForwardMode.DRAFT_EXTEND_V2:

@@ -61,7 +61,7 @@ def install_server_args(attention_backend: str, device: torch.device, speculativ
         speculative_algorithm=speculative.algorithm if speculative else None,
         speculative_eagle_topk=speculative.topk if speculative else 1,
         speculative_num_draft_tokens=speculative.num_draft_tokens if speculative else 1,
-        speculative_num_steps=speculative.num_draft_tokens - 1 if speculative else 0,
+        speculative_num_steps=speculative.num_steps if speculative else 0,
         device=device.type,
         **fields,
     ).install()

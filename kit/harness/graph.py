@@ -132,6 +132,7 @@ class _Harness:
         self.seq_lens = torch.full((self.max_bs,), self.padded_seq_len, dtype=torch.int32, device=self.device)
         self.seq_lens_cpu = torch.full((self.max_bs,), self.padded_seq_len, dtype=torch.int32)
         self.captured: Dict[int, _Captured] = {}
+        self.state_guard = Guard("init_cuda_graph_state: ")
         self.mempool = torch.cuda.graph_pool_handle() if self.real else None
         self.replays = 0
 
@@ -139,8 +140,12 @@ class _Harness:
         return torch.zeros(n, dtype=dtype, device=self.device)
 
     def _init_state(self, max_num_tokens: int) -> None:
-        """The backend's graph state, then the driver's own buffers (both for the largest batch)."""
-        self.backend.init_cuda_graph_state(self.max_bs, max_num_tokens)
+        """The backend's graph state, then the driver's own buffers (both for the largest batch).
+        What the backend allocates for its graphs carries canary tails, checked after every replay:
+        a graph buffer sized short (a factor missing, the model's context length for the request
+        pool's) is written past by a replay's hooks or by the graph itself."""
+        with self.state_guard.watching():
+            self.backend.init_cuda_graph_state(self.max_bs, max_num_tokens)
         self.driver.prepare(self.max_bs, self.pools.req_to_token_pool.req_to_token, self.pools.token_to_kv_pool.page_size,
                             self.device)
 
@@ -210,7 +215,7 @@ class _Harness:
         cap = self.captured[key]
         if self.real:
             cap.graph.replay()
-            return cap.outs, [], canary_figures(guard, cap.guard)
+            return cap.outs, [], canary_figures(guard, cap.guard, self.state_guard)
         swapped = replaced(cap.pointers, tensor_pointers(self.backend))
         after_hooks = Bindings.of(self.backend)
         cap.bindings.restore()
@@ -219,7 +224,7 @@ class _Harness:
                 outs = self._program(cap.batch, rows)
         finally:
             after_hooks.restore()  # forward's own Python side effects do not happen in a real replay
-        return outs, swapped, canary_figures(guard)
+        return outs, swapped, canary_figures(guard, self.state_guard)
 
     def _load(self, fx: Fixture, padded_tokens: int, padded_positions: int, padded_rows: List[int]) -> List[int]:
         """The batch's real tokens and each step's real rows copied in; padded tokens write the
@@ -302,7 +307,7 @@ class BatchGraphs(_Harness):
 
     def _view(self, bs: int, seq_lens_sum: int, spec_info, full: bool) -> ForwardBatch:
         return ForwardBatch(
-            forward_mode=self.mode, batch_size=bs, **self._requests(bs, full), seq_lens_sum=seq_lens_sum,
+            forward_mode=self.rules.graph_mode(), batch_size=bs, **self._requests(bs, full), seq_lens_sum=seq_lens_sum,
             out_cache_loc=self.out_cache_loc[:bs * self.tokens_per_req],
             positions=self.positions[:bs * self.positions_per_req],
             req_to_token_pool=self.pools.req_to_token_pool, token_to_kv_pool=self.pools.token_to_kv_pool,
@@ -371,7 +376,8 @@ class TokenGraphs(_Harness):
 
     def _view(self, fx: Fixture, padded: int, full: bool) -> ForwardBatch:
         """The batch over the static buffers: its requests copied in (rows past it keep what
-        earlier batches left), its tokens padded to the bucket."""
+        earlier batches left), its tokens padded to the bucket, in the mode the graph is
+        replayed as (a MIXED batch as EXTEND: ModeRules.graph_mode)."""
         b = fx.batch
         bs = b.batch_size
         self._load(fx, padded, padded, [padded] * len(self.steps))
@@ -383,7 +389,8 @@ class TokenGraphs(_Harness):
             buf[:bs].copy_(getattr(b, f))
         return dataclasses.replace(
             b, **self._requests(bs, full), **{f: buf[:end] for f, buf in self.extend.items()},
-            out_cache_loc=self.out_cache_loc[:padded], positions=self.positions[:padded])
+            out_cache_loc=self.out_cache_loc[:padded], positions=self.positions[:padded],
+            forward_mode=rules_for(fx.case.mode).graph_mode())
 
     def prepare(self, fx: Fixture) -> None:
         padded = bucket_for(fx.batch.out_cache_loc.shape[0], self.token_buckets)
@@ -406,7 +413,7 @@ class TokenGraphs(_Harness):
             swapped = []
             with guard.watching():
                 outs = self._program_piecewise(batch, n, padded)
-            memory = canary_figures(guard)
+            memory = canary_figures(guard, self.state_guard)
         return self._replayed(outs, fx, [n] * len(self.steps), swapped, memory, rows)
 
     def _program_piecewise(self, batch: ForwardBatch, n: int, padded: int) -> List[List[torch.Tensor]]:

@@ -152,7 +152,7 @@ class RunSetup:
         return cls(backend_cls, caps, case, fixtures_for(cases, device, STORE, caps.profile), device)
 
     def new_backend(self):
-        ctx = BackendContext.for_case(self.case, self.fixtures[0].pools, self.device)
+        ctx = BackendContext.for_case(self.case, self.fixtures[0].pools, self.device, [fx.plan for fx in self.fixtures])
         return _call("constructing backend", self.backend_cls, ctx)
 
     def eager(self, backend, fx: Fixture) -> Verdict:
