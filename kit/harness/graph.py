@@ -132,7 +132,9 @@ class _Harness:
         self.seq_lens = torch.full((self.max_bs,), self.padded_seq_len, dtype=torch.int32, device=self.device)
         self.seq_lens_cpu = torch.full((self.max_bs,), self.padded_seq_len, dtype=torch.int32)
         self.captured: Dict[int, _Captured] = {}
-        self.state_guard = Guard("init_cuda_graph_state: ")
+        # Canaries on what the backend allocates for its graphs (init_cuda_graph_state, the capture
+        # hooks: the graphs read it at every replay), checked after every replay.
+        self.graph_guards = [Guard("init_cuda_graph_state: ")]
         self.mempool = torch.cuda.graph_pool_handle() if self.real else None
         self.replays = 0
 
@@ -144,7 +146,7 @@ class _Harness:
         What the backend allocates for its graphs carries canary tails, checked after every replay:
         a graph buffer sized short (a factor missing, the model's context length for the request
         pool's) is written past by a replay's hooks or by the graph itself."""
-        with self.state_guard.watching():
+        with self.graph_guards[0].watching():
             self.backend.init_cuda_graph_state(self.max_bs, max_num_tokens)
         self.driver.prepare(self.max_bs, self.pools.req_to_token_pool.req_to_token, self.pools.token_to_kv_pool.page_size,
                             self.device)
@@ -181,6 +183,14 @@ class _Harness:
                                   first_row=real[i]) for name, t in tail]
         return inputs_figures(handed)
 
+    def _capture_hooks(self, hooks, *args, **kwargs):
+        """The driver's capture hooks (`hooks(*args, **kwargs)`), what they allocate watched as the
+        graph state is: a backend may make a graph's buffers at its first capture."""
+        guard = Guard("the capture hooks: ")
+        self.graph_guards.append(guard)
+        with guard.watching():
+            return hooks(*args, **kwargs)
+
     def _capture(self, key: int, batch: ForwardBatch, rows: List[int], fx: Optional[Fixture] = None,
                  real: Optional[List[int]] = None) -> None:
         """Captures graph `key` on rows[i] rows of each step's static inputs, which hold `fx`'s first
@@ -215,7 +225,7 @@ class _Harness:
         cap = self.captured[key]
         if self.real:
             cap.graph.replay()
-            return cap.outs, [], canary_figures(guard, cap.guard, self.state_guard)
+            return cap.outs, [], canary_figures(guard, cap.guard, *self.graph_guards)
         swapped = replaced(cap.pointers, tensor_pointers(self.backend))
         after_hooks = Bindings.of(self.backend)
         cap.bindings.restore()
@@ -224,7 +234,7 @@ class _Harness:
                 outs = self._program(cap.batch, rows)
         finally:
             after_hooks.restore()  # forward's own Python side effects do not happen in a real replay
-        return outs, swapped, canary_figures(guard, self.state_guard)
+        return outs, swapped, canary_figures(guard, *self.graph_guards)
 
     def _load(self, fx: Fixture, padded_tokens: int, padded_positions: int, padded_rows: List[int]) -> List[int]:
         """The batch's real tokens and each step's real rows copied in; padded tokens write the
@@ -321,7 +331,7 @@ class BatchGraphs(_Harness):
         self.positions[:bs * self.positions_per_req].zero_()
         batch = self._view(bs, self.padded_seq_len * bs, self._spec_info(bs, 0, None), full=False)
         rows = self._rows(bs, 0)
-        batch = self.driver.capture(batch, bs * self.tokens_per_req, 0)
+        batch = self._capture_hooks(self.driver.capture, batch, bs * self.tokens_per_req, 0)
         self._capture(bs, batch, rows)
 
     def capture(self) -> None:
@@ -396,7 +406,7 @@ class TokenGraphs(_Harness):
         padded = bucket_for(fx.batch.out_cache_loc.shape[0], self.token_buckets)
         if self.capturing and padded not in self.captured:
             n = fx.batch.out_cache_loc.shape[0]
-            batch = self.driver.ragged(self._view(fx, padded, full=False), n, in_capture=True)
+            batch = self._capture_hooks(self.driver.ragged, self._view(fx, padded, full=False), n, in_capture=True)
             self._capture(padded, batch, [padded] * len(self.steps), fx, [n] * len(self.steps))
 
     def _replay(self, fx: Fixture, full: bool) -> Replayed:
@@ -413,7 +423,7 @@ class TokenGraphs(_Harness):
             swapped = []
             with guard.watching():
                 outs = self._program_piecewise(batch, n, padded)
-            memory = canary_figures(guard, self.state_guard)
+            memory = canary_figures(guard, *self.graph_guards)
         return self._replayed(outs, fx, [n] * len(self.steps), swapped, memory, rows)
 
     def _program_piecewise(self, batch: ForwardBatch, n: int, padded: int) -> List[List[torch.Tensor]]:

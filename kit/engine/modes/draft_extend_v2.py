@@ -7,7 +7,7 @@ import torch
 
 from kit.engine.batch import SpecInfo
 from kit.modes import ForwardMode
-from kit.engine.modes.rules import ModeRules, RequestShape, causal, extend_fields, num_steps
+from kit.engine.modes.rules import ModeRules, RequestShape, causal, draw_draft, extend_fields, num_steps
 
 
 class DraftExtendV2(ModeRules):
@@ -23,6 +23,10 @@ class DraftExtendV2(ModeRules):
         bs = batch.batch_size
         new = batch.spec_info.extend_seq_lens_tensor[:bs]
         return (batch.seq_lens[:bs] - new).clamp(min=0), new
+
+    def draw_new(self, draw, d):
+        """The drafts of a chain, or of a tree with a draft count of its own."""
+        return draw_draft(draw, d, min_steps=0)
 
     def name_tag(self, fields):
         return f"draft{fields['new']}" + (f"_tree{fields['topk']}" if fields.get("topk", 1) > 1 else "")

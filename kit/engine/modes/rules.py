@@ -72,6 +72,19 @@ def num_steps(case) -> int:
     return case.steps if case.steps is not None else case.new - 1
 
 
+def draw_draft(draw, d, min_steps: int, trees: bool = True) -> Dict:
+    """A drawn speculative config (kit.fuzz.strategies; `d` the Drawing): a chain (topk 1, steps + 1
+    draft tokens) or, where `trees`, a tree of topk > 1 and a draft count of its own, as SGLang's
+    tree configs set it apart from the steps."""
+    from hypothesis import strategies as st  # the fuzzer's: only where it draws
+
+    steps = draw(st.integers(min_steps, max(min_steps, d.size.max_drafts - 1)))
+    topk = draw(st.integers(1, d.max_topk)) if trees and steps >= 1 else 1
+    if topk == 1:
+        return dict(new=steps + 1)
+    return dict(new=draw(st.integers(2, topk * steps + 1)), topk=topk, steps=steps)
+
+
 class ModeRules:
     mode = None  # the ForwardMode this file defines
     graph = GraphBuckets.BATCH_SIZE
