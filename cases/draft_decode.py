@@ -13,9 +13,10 @@ C = partial(Case, mode=ForwardMode.DRAFT_DECODE)
 # context plus the lanes (the window rail); a full bucket of long rows, K lanes each: a graph
 # kv_indices row missing the topk factor is written past (sgl-project/sglang#27338, #27460), while
 # its average row stays `steps` short of the model's context length (one short request); every
-# committed length within `steps` of the model's context length in a full bucket, so that buffers
-# sized by the model's context length instead of the request pool's rows overflow (#29695: the
-# steps' lanes lie past the context length, in each req_to_token row's headroom).
+# committed length within `steps` of the model's context length in a full bucket (at the context
+# edge: the model's context length is the run's longest committed sequence), so that buffers sized
+# by the model's context length instead of the request pool's rows overflow (#29695: the steps'
+# lanes lie past the context length, in each req_to_token row's headroom).
 SMOKE = [
     C("gqa_chain3_p16_fp32", prefix=(1, 15, 16, 33), new=4, page=16, dtype="fp32", head_dim=64),
     C("mqa_tree4_draft8_p1_shuf", prefix=(5, 30, 12), new=8, topk=4, steps=3, heads=MQA, dtype="fp32", head_dim=64,
@@ -37,7 +38,7 @@ SMOKE = [
     C("gqa_fp8_e4m3_tree2_p1_fp16", prefix=(5, 30), new=4, topk=2, steps=3, dtype="fp16", head_dim=64,
       kv_dtype="fp8_e4m3"),
     C("gqa_tree4_full_bucket_p1_fp32", prefix=(30, 30, 30, 4), new=8, topk=4, steps=3, dtype="fp32", head_dim=64),
-    C("gqa_context_edge_chain6_p1_fp32", prefix=(40, 40, 40), new=7, dtype="fp32", head_dim=64),
+    C("gqa_context_edge_chain6_p1_fp32", prefix=(40, 40, 40), new=7, dtype="fp32", head_dim=64, context_edge=True),
 ]
 
 # Cap cases use cap 5 at scale 0.25: the cap bites. Three window cases (mutant 7).
@@ -52,7 +53,7 @@ FULL = in_every_layout([
       head_dim=64, dtype="fp16"),
     C("gqa_window_chain5_p16", prefix=(100, 40, 31, 7), new=6, page=16, window=8),
     C("gqa_cap_tree3_p1", prefix=(50, 700, 3), new=6, topk=3, steps=3, cap=5.0, scale=0.25),
-    C("gqa_context_edge_chain6_bs8_p1", prefix=(300,) * 8, new=7),
+    C("gqa_context_edge_chain6_bs8_p1", prefix=(300,) * 8, new=7, context_edge=True),
     C("gqa_tree4_full_bucket_p1", prefix=(500,) * 7 + (20,), new=9, topk=4, steps=4),
     C("mha_window_long_tree2_p1", prefix=(1100, 600), new=5, topk=2, steps=3, heads=MHA, window=128),
     C("gqa_window_cap_chain3_p64_fp16", prefix=(63, 64, 130, 7), new=4, page=64, window=4, cap=5.0, scale=0.25,

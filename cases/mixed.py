@@ -33,7 +33,7 @@ SMOKE = [
     C("gqa_all_ones_bs9_p16_fp32", prefix=(0, 1, 15, 16, 17, 31, 32, 100, 64), new=(1,) * 9, page=16, dtype="fp32",
       head_dim=64),
     C("mla_r32_h16_p16_fp32", prefix=(0, 17, 33), new=(5, 1, 1), page=16, dtype="fp32", **SMALL_MLA),
-    C("mla_deepseek_h128_p64_fp16", prefix=(64, 5), new=(3, 1), page=64, dtype="fp16", **deepseek(128)),
+    C("mla_deepseek_h128_p64_fp16", prefix=(5, 9), new=(3, 1), page=64, dtype="fp16", **deepseek(128)),
     C("gqa_fp8_e5m2_p16_fp16", prefix=(17, 33), new=(5, 1), page=16, dtype="fp16", head_dim=64, kv_dtype="fp8_e5m2"),
 ]
 

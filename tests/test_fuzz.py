@@ -73,6 +73,7 @@ def test_drawn_cases_are_valid_and_cover_every_feature():
     for mode in (ForwardMode.DRAFT_EXTEND_V2, ForwardMode.DRAFT_DECODE):
         assert any(c.topk > 1 and c.steps + 1 != c.new for c in drawn if c.mode is mode), mode
     assert any(c.topk == 1 and c.new > 3 for c in drawn if c.mode is ForwardMode.DRAFT_DECODE)
+    assert seen(lambda c: c.context_edge) == {False, True}
 
 
 def test_drawn_cases_stay_within_what_the_backend_declares():

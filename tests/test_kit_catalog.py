@@ -142,6 +142,7 @@ FEATURES = {
     "kv_dtype": lambda c: {f"kv cache {c.kv_dtype or 'in dtype'}"},
     "rope_dim": lambda c: set(),  # MLA's widths: head_dim's feature (rank + rope) covers them
     "steps": _draft_fields,
+    "context_edge": lambda c: {"at the model's context edge"} if c.context_edge else set(),
     "inputs": lambda c: {f"inputs {c.inputs}"},
     "sinks": lambda c: {"sinks" if c.sinks else "no sinks"} | ({"sinks with window"} if c.sinks and c.window >= 0
                                                                 else set()),

@@ -101,23 +101,18 @@ def test_every_step_is_judged():
     assert "step 2, layer 0 output wrong" in r.message and "step 1, layer 0 output wrong" not in r.message
 
 
-@pytest.mark.parametrize("mode, case", [
-    (DRAFT_DECODE, TREE),
-    (ForwardMode.DECODE, small_case("ctx_decode", ForwardMode.DECODE, (5, 9))),
-    (ForwardMode.TARGET_VERIFY, small_case("ctx_tv", ForwardMode.TARGET_VERIFY, (5, 9), 3)),
-])
-def test_the_model_context_length_is_the_longest_committed_sequence_where_lanes_lie_past_it(mode, case):
-    """A draft decode's backend is built with the model's context length, the run's longest committed
-    sequence, its lanes in the req_to_token rows' headroom past it (as SGLang sizes them); elsewhere
-    the context length is the row's width."""
-    setup = run_setup(case, Exec.GRAPH, "cpu", TorchNativeBackend)
-    ctx = setup.new_backend().ctx
-    longest = max(r.seq_len for fx in setup.fixtures for r in fx.plan.requests)
-    if mode is DRAFT_DECODE:
-        assert ctx.context_len == longest < ctx.max_context_len
-        assert longest + case.topk * case.steps <= ctx.max_context_len
-    else:
-        assert ctx.context_len == ctx.max_context_len
+@pytest.mark.parametrize("case", [TREE, small_case("ctx_tv", ForwardMode.TARGET_VERIFY, (5, 9), 3),
+                                  small_case("ctx_decode", ForwardMode.DECODE, (5, 9))], ids=lambda c: c.mode.value)
+def test_at_the_context_edge_the_model_context_length_is_the_longest_committed_sequence(case):
+    """A backend is built with the model's context length: the req_to_token rows' width, or at the
+    context edge the run's longest committed sequence (seq_lens), what the mode writes past it
+    (drafts, lanes) in the rows' headroom, as SGLang sizes its rows past model_config.context_len."""
+    for edge in (False, True):
+        setup = run_setup(case.with_(context_edge=edge), Exec.GRAPH, "cpu", TorchNativeBackend)
+        ctx = setup.new_backend().ctx
+        longest = max(r.seq_len for fx in setup.fixtures for r in fx.plan.requests)
+        assert ctx.context_len == (longest if edge else ctx.max_context_len)
+        assert longest < ctx.max_context_len
 
 
 class GraphStateOverrun(DenseGraphBackend):
@@ -185,3 +180,16 @@ def test_step_views_are_device_operations_on_the_metadata_batch():
         view = rules.step_batch(longer, i)
         assert torch.equal(view.out_cache_loc, fx.steps[i].batch.out_cache_loc)
         assert torch.equal(view.positions, fx.steps[i].batch.positions)
+
+
+def test_a_draft_of_two_steps_is_one_forward_on_its_step_batch():
+    """steps = 2: one forward, on step 0's batch (column 0 of every lane), not on the batch the
+    metadata hooks got (every column): one step, but of a multi-step mode."""
+    chain = small_case("dd_chain2", DRAFT_DECODE, (5, 9), 3)
+    fx = make_fixture(chain)
+    [step] = fx.steps
+    assert step.batch is not fx.batch and step.batch.spec_info.draft_step == 0
+    assert step.batch.out_cache_loc.tolist() == fx.batch.out_cache_loc[::2].tolist()
+    for exec_ in (Exec.EAGER, Exec.GRAPH):
+        r = run_case("torch_native" if exec_ is Exec.EAGER else "triton", chain, exec_)
+        assert r.outcome == PASS, r.message

@@ -82,6 +82,10 @@ class Case:
     # The speculative modes: the EAGLE draft's steps (SGLang's speculative_num_steps; DRAFT_DECODE's
     # forwards are steps - 1). None: new - 1, what a chain (topk 1) always has; a tree may set another.
     steps: Optional[int] = None
+    # The model's context length is the run's longest committed sequence (seq_lens), so that its
+    # longest requests sit at the model's limit, whatever the mode writes past them (drafts) in the
+    # req_to_token rows' headroom (sgl-project/sglang#29695); else the rows' width (no headroom).
+    context_edge: bool = False
 
     def __post_init__(self):
         problem = self._problem()
@@ -124,6 +128,8 @@ class Case:
             return f"kv_dtype {self.kv_dtype!r} not in {[None] + list(KV_DTYPES)} (None: the KV cache in `dtype`)"
         if not isinstance(self.sinks, bool):
             return f"sinks {self.sinks!r} must be True or False"
+        if not isinstance(self.context_edge, bool):
+            return f"context_edge {self.context_edge!r} must be True or False"
         if self.steps is not None and (not _is_int(self.steps) or self.steps < 1):
             return f"steps {self.steps!r} must be None or an int >= 1"
         if self.request_seeds is not None and (not isinstance(self.request_seeds, tuple) or len(

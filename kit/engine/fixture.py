@@ -343,9 +343,8 @@ def fixtures_for(cases: Sequence[Case], device, store: Optional[Store] = None,
     for case, s in zip(cases, shared):
         batch = make_batch(s.plan, pools, device)
         rules = rules_for(case.mode)
-        steps = [Step(i, p, batch if p is s.plan else rules.step_batch(batch, i), s.layers,
-                      inputs, refs)
-                 for i, (p, inputs, refs) in enumerate(zip(s.step_plans, s.step_inputs, s.references))]
+        steps = [Step(i, p, view, s.layers, inputs, refs) for i, (p, view, inputs, refs) in enumerate(
+            zip(s.step_plans, rules.step_batches(batch, len(s.step_plans)), s.step_inputs, s.references))]
         fx = Fixture(plan=s.plan, pools=pools, layers=s.layers, batch=batch, steps=steps,
                      program_inputs=s.program_inputs)
         fx.tables = s.tables

@@ -151,15 +151,11 @@ class _Harness:
         self.driver.prepare(self.max_bs, self.pools.req_to_token_pool.req_to_token, self.pools.token_to_kv_pool.page_size,
                             self.device)
 
-    def _step_views(self, batch: ForwardBatch, steps: int) -> List[ForwardBatch]:
-        """The batch each step's forward gets: the batch itself, or the mode's step views of it."""
-        return [batch] if steps == 1 else [self.rules.step_batch(batch, i) for i in range(steps)]
-
     def _program(self, batch: ForwardBatch, rows: List[int]) -> List[List[torch.Tensor]]:
         """What a graph records: the in-graph metadata, then every step's forward for every layer
         on the first rows[i] rows of step i's static inputs."""
         self.driver.in_graph(batch)
-        views = self._step_views(batch, len(self.steps))
+        views = self.rules.step_batches(batch, len(self.steps))
         static = [[(q[:n], k[:n], v[:n]) for q, k, v in zip(s.q, s.k, s.v)] for s, n in zip(self.steps, rows)]
         return forward_program(self.backend, self.layers, views, static)
 

@@ -34,8 +34,9 @@ class BackendContext:
     token_to_kv_pool: KVPool
     speculative: Optional[SpeculativeConfig] = None  # set for the speculative modes
     # The model's context length (SGLang's model_config.context_len): the longest sequence a request
-    # commits. req_to_token rows (max_context_len) are as wide, or wider where the mode writes
-    # tokens past it (DRAFT_DECODE's draft lanes, SGLang's speculative headroom); None: as wide.
+    # commits. None: as wide as a req_to_token row (max_context_len); a case at the context edge
+    # (Case.context_edge) sets it to the run's longest committed sequence, the rows wider by what
+    # the mode writes past it (drafts: SGLang's speculative headroom).
     model_context_len: Optional[int] = None
 
     @property
@@ -50,13 +51,13 @@ class BackendContext:
 
     @classmethod
     def for_case(cls, case: Case, pools, device, plans=()) -> "BackendContext":
-        """The context of a run of `case` over `pools`; `plans`: the run's batches (the model's
-        context length covers them, kit.engine.modes.rules.ModeRules.model_context_len)."""
-        rules = rules_for(case.mode)
+        """The context of a run of `case` over `pools`; `plans`: the run's batches (at the context
+        edge, the model's context length is their longest committed sequence)."""
+        edge = max(r.seq_len for plan in plans for r in plan.requests) if case.context_edge else None
         return cls(device=torch.device(device), dtype=case.torch_dtype, kv_cache_dtype=case.kv_torch_dtype,
                    page_size=pools.token_to_kv_pool.page_size, layers=model_layers(case), req_to_token_pool=pools.req_to_token_pool,
-                   token_to_kv_pool=pools.token_to_kv_pool, speculative=rules.speculative_config(case),
-                   model_context_len=rules.model_context_len(plans) if plans else None)
+                   token_to_kv_pool=pools.token_to_kv_pool, speculative=rules_for(case.mode).speculative_config(case),
+                   model_context_len=edge)
 
 
 class AttentionBackend:

@@ -189,8 +189,7 @@ def _eager(backend, fx: Fixture, driver: HookDriver, profile: EngineProfile) -> 
     guard = Guard()
     with guard.watching():
         batch = _call("init_forward_metadata", driver.eager, fx.batch)
-        views = [batch] if len(fx.steps) == 1 else [rules_for(fx.case.mode).step_batch(batch, i)
-                                                    for i in range(len(fx.steps))]
+        views = rules_for(fx.case.mode).step_batches(batch, len(fx.steps))
         outs = _outputs(forward_program(backend, fx.layers, views, given, call=_unsynced))
     layers = f"layers 0-{len(fx.layers) - 1}" + (f" of {len(fx.steps)} steps" if len(fx.steps) > 1 else "")
     return _judged_on_device(f"forward ({layers}, on the device)",

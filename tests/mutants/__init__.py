@@ -47,8 +47,10 @@ TREE_DRAFTS = lambda c: c.topk > 1 and c.steps is not None and c.steps + 1 != c.
 # row of the longest request per request: a row sized without the topk factor overflows.
 FULL_TREE_BUCKET = lambda c: (c.topk > 1 and c.bs in SGLANG.batch_sizes  # noqa: E731
                               and sum(c.prefix) * c.topk > 2 * c.bs * max(c.prefix))
-# Every committed length within `steps` of the others (and so of the model's context length).
-CONTEXT_EDGE = lambda c: len(set(c.prefix)) == 1 and (c.steps or c.new - 1) > 2 * c.page + 3  # noqa: E731
+# At the model's context edge, every committed length within `steps` of the others (so of the context
+# length: a variant adds at most 2 * page + 3 to each, kit.engine.variants).
+CONTEXT_EDGE = lambda c: (c.context_edge and len(set(c.prefix)) == 1  # noqa: E731
+                          and (c.steps or c.new - 1) > 2 * c.page + 3)
 MIXED_UNALIGNED = lambda c: c.page > 1 and any(p % c.page for p in c.prefix)  # noqa: E731
 
 MUTANTS = [

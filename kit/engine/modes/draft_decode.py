@@ -48,6 +48,7 @@ def lane_columns(seq_len: int, lane: int, steps: int, upto: int) -> List[int]:
 class DraftDecode(ModeRules):
     mode = ForwardMode.DRAFT_DECODE
     speculative = True
+    multi_step = True
     assumed_supported = False
     new_help = "the server's draft token count; topk lanes of `steps` columns each"
 
@@ -80,11 +81,6 @@ class DraftDecode(ModeRules):
 
     def tokens_per_request(self, case):
         return case.topk * num_steps(case)
-
-    def model_context_len(self, plans):
-        """The longest committed sequence of the run: the lanes lie past it, in each req_to_token
-        row's headroom, as SGLang sizes its rows past the model's context length."""
-        return max(r.seq_len for plan in plans for r in plan.requests)
 
     def batch_fields(self, plan, device):
         n = len(plan.requests)

@@ -136,11 +136,6 @@ class ModeRules:
         return SpeculativeConfig(algorithm="EAGLE", num_draft_tokens=case.new, topk=case.topk,
                                  num_steps=num_steps(case))
 
-    def model_context_len(self, plans) -> Optional[int]:
-        """The model's context length a backend is built with (BackendContext.context_len) for a run of
-        `plans`, where this mode puts tokens past it in each req_to_token row; None: the row's width."""
-        return None
-
     # ---- batches -------------------------------------------------------------------------------
     def batch_fields(self, plan, device) -> dict:
         """ForwardBatch fields this mode fills beyond the common ones."""
@@ -157,6 +152,13 @@ class ModeRules:
         raise NotImplementedError(f"{self.mode.value} does not describe its requests' query lengths")
 
     # ---- steps ---------------------------------------------------------------------------------
+    multi_step = False  # a batch is several forwards (steps), each with its own batch (step_batch)
+
+    def step_batches(self, batch, count: int) -> list:
+        """The batches the `count` steps of a program over `batch` hand forward(): the batch itself
+        in a single-step mode, else each step's (derived from it: step_batch)."""
+        return [self.step_batch(batch, i) for i in range(count)] if self.multi_step else [batch]
+
     def steps(self, plan) -> list:
         """The plans of the forwards a batch is made of, in order (each a BatchPlan whose requests
         the reference judges); one forward, the batch itself, but in a multi-step mode."""
