@@ -56,6 +56,8 @@ class TritonBackend(AttentionBackend):
                           "gqa_fp8_e4m3_chain3_p16_fp16", "gqa_chain4_window_sinks_hybrid_p16_fp32"),
         "draft_extend_v2": ("gqa_draft4_p16_fp32", "mqa_draft3_p1_shuf", "gqa_draft2_fused_p16_fp32",
                             "gqa_fp8_e5m2_draft3_p16_fp16"),
+        "mixed": ("gqa_fresh_prompt_p16_fp32", "gqa_all_ones_bs9_p16_fp32"),
+        "draft_decode": ("gqa_chain3_p16_fp32", "gqa_hybrid_tree2_p1_fp32", "gqa_context_edge_chain6_p1_fp32"),
     }
 
     @classmethod
