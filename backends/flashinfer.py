@@ -3,7 +3,7 @@
 Which wrapper runs each mode (the conventions of SGLang's flashinfer backend):
 - DECODE: BatchDecodeWithPagedKVCacheWrapper, on tensor cores when the GQA
   group is >= 4 (engines' rule: the CUDA-core kernel only wins for small groups).
-- EXTEND, DRAFT_EXTEND_V2: BatchPrefillWithPagedKVCacheWrapper, causal
+- EXTEND, MIXED, DRAFT_EXTEND_V2: BatchPrefillWithPagedKVCacheWrapper, causal
   (bottom-right aligned) over prefix + new tokens, whose KV forward() writes to
   the pool first. One paged pass, not SGLang's ragged pass over the new tokens
   merged (merge_state) with a paged pass over the prefix: that split only saves
@@ -52,6 +52,10 @@ else:
     UNAVAILABLE = None
 
 WORKSPACE_BYTES = 128 << 20  # the size FlashInfer recommends for its split-k scratch
+EXTEND_LIKE = (ForwardMode.EXTEND, ForwardMode.MIXED)  # extend_* fields: a MIXED decode row is a 1-token extend
+NO_DRAFT_DECODE = ("DRAFT_DECODE: this adapter has no multi-step draft path (a decode plan per draft step over "
+                   "each lane's keys, as SGLang's FlashInferMultiStepDraftBackend builds them: backend "
+                   "sglang_flashinfer_draft)")
 DTYPES = ("bf16", "fp16")  # the model dtypes FlashInfer has kernels for
 HEAD_DIMS = (64, 128, 256)
 TENSOR_CORE_MIN_GROUP = 4
@@ -73,6 +77,8 @@ def window_on_positions(mask: torch.Tensor, seq_lens, draft: int, window: int) -
 
 class FlashInferBackend(AttentionBackend):
     name = "flashinfer"
+    modes = (ForwardMode.DECODE, ForwardMode.EXTEND, ForwardMode.MIXED, ForwardMode.TARGET_VERIFY,
+             ForwardMode.DRAFT_EXTEND_V2)
     kv_dtypes = ("fp8_e4m3", "fp8_e5m2")  # plan(kv_data_type=the cache's), run(k_scale=, v_scale=)
     attention_features = ("sinks",)  # FlashInfer's AttentionSink variant (sink_wrapper)
     # EXTEND stays piecewise-eager: a use_cuda_graph prefill wrapper fixes its batch
@@ -90,6 +96,8 @@ class FlashInferBackend(AttentionBackend):
 
     @classmethod
     def supports(cls, case) -> Optional[str]:
+        if case.mode is ForwardMode.DRAFT_DECODE:
+            return NO_DRAFT_DECODE
         if case.dtype not in DTYPES:
             return f"{case.dtype}: FlashInfer's attention kernels take fp16/bf16 (or fp8) q/k/v, no fp32"
         if case.head_dim not in HEAD_DIMS:
@@ -177,7 +185,7 @@ class FlashInferBackend(AttentionBackend):
         seq_lens = seq_lens.to(torch.int32)
         if mode is ForwardMode.DECODE:
             return torch.ones_like(seq_lens), seq_lens
-        if mode is ForwardMode.EXTEND:
+        if mode in EXTEND_LIKE:
             return extend_lens, seq_lens  # seq_lens = prefix + extend
         if mode is ForwardMode.TARGET_VERIFY:
             q = torch.full_like(seq_lens, spec_info.draft_token_num)
@@ -225,7 +233,7 @@ class FlashInferBackend(AttentionBackend):
         if mode not in self.eager_wrappers:
             self.eager_wrappers[mode] = self._new_wrapper(mode)
         extend_lens = (torch.tensor(batch.extend_seq_lens_cpu, dtype=torch.int32)
-                       if mode is ForwardMode.EXTEND else None)
+                       if mode in EXTEND_LIKE else None)
         bs = batch.batch_size  # request buffers may be longer (a runner's full-capacity views)
         self._plan(self.eager_wrappers[mode], mode, batch.req_pool_indices[:bs], batch.seq_lens_cpu[:bs],
                    batch.spec_info, extend_lens)

@@ -17,6 +17,7 @@ from kit.engine.case import DTYPES, INPUT_FORMS, LAYOUTS, Case
 from kit.engine.case_line import format_case, parse_case
 from kit.engine.catalog import CASE_SETS
 from kit.engine.draws import SIZES, Takes, around
+from kit.engine.modes.mixed import decode_rows
 from kit.fuzz.strategies import any_case
 from kit.engine.profile import SGLANG_BATCH_SIZES as BS_BUCKETS, SGLANG_TOKEN_BUCKETS as TOKEN_BUCKETS
 from kit.engine.schedule import batches
@@ -47,7 +48,7 @@ def test_drawn_cases_are_valid_and_cover_every_feature():
     """Every drawn case is a Case (validated on construction) and reads back from its line; together they
     reach every mode, layout, dtype, page size, the graph buckets' batch sizes, page-boundary lengths and
     windows, caps, scales, trees, hybrid layers, MLA, fused QKV inputs, sinks and EXTEND token counts at the
-    token buckets."""
+    token buckets, MIXED decode rows, draft decode chains and trees."""
     drawn = _draw(300)
     assert all(isinstance(c, Case) and parse_case(format_case(c)) == c for c in drawn)
     seen = lambda f: {f(c) for c in drawn}  # noqa: E731
@@ -68,6 +69,13 @@ def test_drawn_cases_are_valid_and_cover_every_feature():
     assert any(c.sinks for c in drawn) and any(not c.sinks for c in drawn if not c.is_mla)
     extend_totals = {sum(c.new_lens) for c in drawn if c.mode is ForwardMode.EXTEND}
     assert extend_totals & set(around(TOKEN_BUCKETS, 1, SMALL.max_tokens))
+    # MIXED: decode rows after extend rows, one or several; draft decode and draft extend trees whose draft
+    # count is not their steps + 1, draft decode chains past two steps
+    assert {decode_rows(c.new) > 1 for c in drawn if c.mode is ForwardMode.MIXED} == {False, True}
+    for mode in (ForwardMode.DRAFT_EXTEND_V2, ForwardMode.DRAFT_DECODE):
+        assert any(c.topk > 1 and c.steps + 1 != c.new for c in drawn if c.mode is mode), mode
+    assert any(c.topk == 1 and c.new > 3 for c in drawn if c.mode is ForwardMode.DRAFT_DECODE)
+    assert seen(lambda c: c.context_edge) == {False, True}
 
 
 def test_drawn_cases_stay_within_what_the_backend_declares():

@@ -11,7 +11,7 @@ import pytest
 import torch
 
 from backends.sglang.adapter import (SGLangFlashInferBackend, SGLangFlexAttentionBackend, SGLangTorchNativeBackend,
-                                     SGLangTritonBackend, sglang_problem)
+                                     SGLangTritonBackend, SGLangTritonDraftBackend, sglang_problem)
 from kit.engine.catalog import load_catalog
 from kit.modes import Exec, ForwardMode
 from kit.engine.reference import attention
@@ -187,3 +187,48 @@ def test_kf27_triton_fp32_dots_are_tf32_on_nvidia_gpus(tmp_path):
     ieee = run(TRITON_F32_DEFAULT="ieee", TRITON_CACHE_DIR=str(tmp_path / "triton-ieee"))
     assert (tf32["outcome"], tf32["failure_class"]) == ("fail", "kernel"), tf32["message"]
     assert ieee["outcome"] == "pass", ieee["message"]
+
+
+def test_kf34_triton_draft_window_attends_one_key_fewer():
+    """TritonMultiStepDraftBackend's window rail (generate_draft_decode_window_kv_indices,
+    kernels/ops/speculative/cache_locs.py) gives step i's window layers the last
+    min(seq_len + i + 1, W) keys: W keys, KF-1's count, where the kit takes W + 1. The kit's reference
+    with window W - 1 is what every step computes."""
+    case = load_catalog().find_case(ForwardMode.DRAFT_DECODE, "mha_bs1_chain4_window_p64_inter")
+    setup = run_setup(case, Exec.EAGER, DEVICE, SGLangTritonDraftBackend)
+    fx = setup.fixtures[-1]
+    fx.install()
+    backend = setup.new_backend()
+    backend.init_forward_metadata(fx.batch)
+    for step in fx.steps:
+        one_fewer = dataclasses.replace(step, layers=tuple(
+            dataclasses.replace(layer, sliding_window_size=layer.sliding_window_size - 1) for layer in step.layers))
+        for layer, x in zip(step.layers, step.inputs):
+            out = backend.forward(x.q, x.k_new, x.v_new, layer, step.batch).double()
+            assert _err(out, attention(step, layer_id=layer.layer_id)) > 0.1
+            assert _err(out, attention(one_fewer, layer_id=layer.layer_id)) < TIGHT
+
+
+def test_kf37_triton_draft_kv_indices_rows_sized_by_the_model_context_length():
+    """TritonMultiStepDraftBackend sizes each step's kv_indices row by bs * topk * model_config.context_len
+    (draft_kv_indices_buffer_width with max_context_len = context_len, triton_backend.py:2538, :2717),
+    while a lane of a request near that length reads up to `steps` keys past it, in the req_to_token
+    row's headroom (sgl-project/sglang#29695): the steps' key lists run past their rows (kv_indptr past
+    each row's length), and the last row past the buffer's end, which the kit's guard sees. Its decode
+    kernel then reads indices past the rows (the suite's run of it faults the process: quarantined)."""
+    from kit.harness.guard import Guard
+
+    case = load_catalog().find_case(ForwardMode.DRAFT_DECODE, "gqa_context_edge_chain6_p1_fp32")
+    setup = run_setup(case, Exec.EAGER, DEVICE, SGLangTritonDraftBackend)
+    fx = setup.fixtures[0]  # the eager sequence's first batch: every request within `steps` of the longest
+    fx.install()
+    backend = setup.new_backend()
+    row = fx.batch.batch_size * case.topk * backend.ctx.context_len
+    assert backend.ctx.context_len < backend.ctx.max_context_len
+    guard = Guard()
+    with guard.watching():
+        backend.init_forward_metadata(fx.batch)
+    ends = [int(step.forward_metadata.kv_indptr[-1]) for step in backend.impl.attn_backends]
+    assert all(step.forward_metadata.kv_indices.numel() <= row for step in backend.impl.attn_backends)
+    assert max(ends) > row, (ends, row)
+    assert "wrote past the end" in guard.check().describe()

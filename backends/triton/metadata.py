@@ -9,7 +9,7 @@ size, so a graph can record them.
 from __future__ import annotations
 
 import dataclasses
-from typing import Optional
+from typing import List, Optional
 
 import torch
 
@@ -71,13 +71,18 @@ class Metadata:
 
 
 def fill_kv(bufs: Buffers, req_to_token: torch.Tensor, req_pool_indices: torch.Tensor,
-            kv_lens: torch.Tensor) -> None:
-    """kv_indptr from the per-request key counts, then kv_indices from req_to_token."""
-    rows = kv_lens.shape[0]
-    torch.cumsum(kv_lens, 0, dtype=torch.int32, out=bufs.kv_indptr[1:rows + 1])
+            kv_lens: torch.Tensor, lanes: int = 1, lane_width: int = 0, lane_keys: int = 0) -> None:
+    """kv_indptr from the per-row key counts, then kv_indices from req_to_token: a row per request,
+    its first kv_lens columns; with lanes (a draft decode), `lanes` rows a request, each its
+    request's first kv_lens columns then `lane_keys` of its lane's (lane k's from column
+    kv_lens + k * lane_width on)."""
+    row_lens = kv_lens if lanes == 1 else kv_lens.repeat_interleave(lanes)
+    row_lens = row_lens + lane_keys if lane_keys else row_lens
+    rows = row_lens.shape[0]
+    torch.cumsum(row_lens, 0, dtype=torch.int32, out=bufs.kv_indptr[1:rows + 1])
     kernels.build_kv_indices_kernel[(rows,)](
         req_to_token, req_pool_indices, kv_lens, bufs.kv_indptr, bufs.kv_indices, req_to_token.stride(0),
-        BLOCK=KV_INDICES_BLOCK)
+        lanes, lane_width, lane_keys, BLOCK=KV_INDICES_BLOCK)
 
 
 def max_splits_for(bs: int, num_kv_heads: int, num_sms: int) -> int:
@@ -85,12 +90,35 @@ def max_splits_for(bs: int, num_kv_heads: int, num_sms: int) -> int:
     return max(1, min(MAX_KV_SPLITS, cdiv(2 * num_sms, bs * num_kv_heads)))
 
 
+def fill_splits(bufs: Buffers, rows: int, max_splits: int) -> None:
+    """The KV split count of each of the first `rows` rows, from its key count (kv_indptr)."""
+    kv_lens = bufs.kv_indptr[1:rows + 1] - bufs.kv_indptr[:rows]
+    bufs.num_kv_splits[:rows].copy_(torch.clamp((kv_lens + SPLIT_TOKENS - 1) // SPLIT_TOKENS, 1, max_splits))
+
+
 def fill_decode(bufs: Buffers, req_to_token, req_pool_indices, seq_lens, max_splits: int) -> None:
     """Device side of decode metadata: kv_indptr / kv_indices and the split count per request."""
-    bs = seq_lens.shape[0]
     fill_kv(bufs, req_to_token, req_pool_indices, seq_lens)
-    splits = torch.clamp((seq_lens + SPLIT_TOKENS - 1) // SPLIT_TOKENS, 1, max_splits)
-    bufs.num_kv_splits[:bs].copy_(splits)
+    fill_splits(bufs, seq_lens.shape[0], max_splits)
+
+
+def fill_draft_step(bufs: Buffers, req_to_token, req_pool_indices, seq_lens, lanes: int, steps: int, step: int,
+                    max_splits: int) -> None:
+    """Device side of one draft decode step's metadata: a row a lane (request b, lane k), its keys
+    b's committed tokens, then the lane's columns 0..step (req_to_token[row, seq_len + k*steps + j]);
+    each row's split count from its own key count."""
+    fill_kv(bufs, req_to_token, req_pool_indices, seq_lens, lanes, steps, step + 1)
+    fill_splits(bufs, seq_lens.shape[0] * lanes, max_splits)
+
+
+def draft_buffers(first: Buffers, steps: int) -> List[Buffers]:
+    """One Buffers per draft decode step: `first`, then copies with key lists (kv_indptr,
+    kv_indices, split counts) of their own and its split-KV partials (the steps run one after
+    another)."""
+    return [first] + [dataclasses.replace(first, kv_indptr=torch.zeros_like(first.kv_indptr),
+                                          kv_indices=torch.zeros_like(first.kv_indices),
+                                          num_kv_splits=torch.zeros_like(first.num_kv_splits))
+                      for _ in range(steps - 1)]
 
 
 def extend_grid(bufs: Buffers, num_tokens: int) -> int:

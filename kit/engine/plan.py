@@ -76,7 +76,7 @@ class BatchPlan:
 def plan_case(case: Case) -> BatchPlan:
     rng = random.Random(case.rng_seed())
     rules = rules_for(case.mode)
-    shapes = [rules.request(p, n, case.topk, rng) for p, n in zip(case.prefix, case.new_lens)]
+    shapes = [rules.request(case, p, n, rng) for p, n in zip(case.prefix, case.new_lens)]
     pages = place_pages(case.layout, case.page, [(s.n_old, s.n_new) for s in shapes], rng)
     rows = rng.sample(range(1, 2 * case.bs + 2), case.bs)
     requests = [

@@ -65,7 +65,7 @@ def _fill(func, head: torch.Tensor, args, made) -> None:
         head.fill_(args[FULL[func]])
 
 
-def _guarded_alloc(func, args, kwargs):
+def _guarded_alloc(func, args, kwargs, where: str = ""):
     """The factory's tensor as the head of a larger allocation whose tail is the canary: one
     allocation of the tensor's size plus GUARD_BYTES, no copy (a tensor copied into a guarded
     buffer would take twice the memory). None where it cannot be guarded.
@@ -90,7 +90,7 @@ def _guarded_alloc(func, args, kwargs):
     head = base[:meta.numel()].view(meta.shape)
     _fill(func, head, args, made)
     guarded = _Guarded(base, meta.numel() * meta.element_size(),
-                       f"{tuple(meta.shape)} {str(meta.dtype).replace('torch.', '')}")
+                       f"{where}{tuple(meta.shape)} {str(meta.dtype).replace('torch.', '')}")
     guarded.canary.fill_(CANARY)
     return head, guarded
 
@@ -110,15 +110,16 @@ class _GuardMode(TorchDispatchMode):
         # torch._dynamo, seconds of each worker's start. The kit compiles nothing.
         return False
 
-    def __init__(self):
+    def __init__(self, where: str = ""):
         super().__init__()
+        self.where = where
         self.guarded: List[_Guarded] = []
 
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
         kwargs = kwargs or {}
         if isinstance(func, HigherOrderOperator):
             return func(*args, **kwargs)
-        made = _guarded_alloc(func, args, kwargs) if func in FACTORIES else None
+        made = _guarded_alloc(func, args, kwargs, self.where) if func in FACTORIES else None
         if made is None:
             return func(*args, **kwargs)
         head, guarded = made
@@ -140,8 +141,10 @@ class GuardCheck(Check):
 
 
 class Guard:
-    def __init__(self):
-        self._mode = _GuardMode()
+    def __init__(self, where: str = ""):
+        """`where`: what the watched code is, named before each tensor it allocated (a stage the
+        messages would not tell otherwise: "init_cuda_graph_state ")."""
+        self._mode = _GuardMode(where)
 
     @contextlib.contextmanager
     def watching(self) -> Iterator[None]:

@@ -3,8 +3,10 @@ sessions): running out of it in the kit's own allocations (batches, pools, refer
 graph buffers) says nothing of the backend, and is no verdict on it; running out inside the
 backend's own code (its forward, metadata, hooks, its libraries) is its crash. Told apart by
 where the allocation was made: the innermost frame of the traceback outside torch and the
-standard library, and outside the kit's wrappers that allocate on a backend's behalf (the guard
-gives a backend's tensor its canary, the NaN fill its values: the sizes are the backend's)."""
+standard library, and outside the kit's code that allocates on its caller's behalf: the guard
+gives a backend's tensor its canary, the NaN fill its values (the sizes are the backend's), and a
+mode's rules describe a batch for whoever asks (the kit building a batch, a backend reading its
+requests' query lengths)."""
 from __future__ import annotations
 
 import sysconfig
@@ -16,7 +18,8 @@ import torch
 
 KIT = Path(__file__).resolve().parents[1]
 ON_BEHALF = {KIT / "harness" / "guard.py", KIT / "harness" / "nan_fill.py"}
-_NOT_A_CALLER = (Path(torch.__file__).resolve().parent, Path(sysconfig.get_paths()["stdlib"]).resolve())
+_NOT_A_CALLER = (Path(torch.__file__).resolve().parent, Path(sysconfig.get_paths()["stdlib"]).resolve(),
+                 KIT / "engine" / "modes")
 
 
 def is_out_of_memory(exc: BaseException) -> bool:

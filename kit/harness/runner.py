@@ -153,7 +153,7 @@ class RunSetup:
         return cls(backend_cls, caps, case, fixtures_for(cases, device, STORE, caps.profile), device)
 
     def new_backend(self):
-        ctx = BackendContext.for_case(self.case, self.fixtures[0].pools, self.device)
+        ctx = BackendContext.for_case(self.case, self.fixtures[0].pools, self.device, [fx.plan for fx in self.fixtures])
         return _call("constructing backend", self.backend_cls, ctx)
 
     def eager(self, backend, fx: Fixture) -> Verdict:
@@ -176,8 +176,7 @@ def _eager(backend, fx: Fixture, driver: HookDriver, profile: EngineProfile) -> 
     guard = Guard()
     with guard.watching():
         batch = _call("init_forward_metadata", driver.eager, fx.batch)
-        views = [batch] if len(fx.steps) == 1 else [rules_for(fx.case.mode).step_batch(batch, i)
-                                                    for i in range(len(fx.steps))]
+        views = rules_for(fx.case.mode).step_batches(batch, len(fx.steps))
         outs = _outputs(forward_program(backend, fx.layers, views, given, call=_unsynced))
     layers = f"layers 0-{len(fx.layers) - 1}" + (f" of {len(fx.steps)} steps" if len(fx.steps) > 1 else "")
     return _judged_on_device(f"forward ({layers}, on the device)",

@@ -10,10 +10,12 @@ state put back to its capture-time values, so stale pointers and grids baked at
 capture are caught on CPU too.
 """
 from kit.engine.layer import model_layers
+from kit.engine.profile import SGLANG
 from kit.modes import Exec, ForwardMode
 from kit.mutation import Mutant
 
 D, E, TV, DE = ForwardMode.DECODE, ForwardMode.EXTEND, ForwardMode.TARGET_VERIFY, ForwardMode.DRAFT_EXTEND_V2
+MX, DD = ForwardMode.MIXED, ForwardMode.DRAFT_DECODE
 ALL_MODES = (D, E, TV, DE)
 EAGER, GRAPH = (Exec.EAGER,), (Exec.GRAPH,)
 T = "tests.mutants.triton:"
@@ -40,6 +42,17 @@ CAPPED = _any_layer(lambda layer: layer.logit_cap > 0)
 TREE = lambda c: c.topk > 1  # noqa: E731
 FP8_KV = lambda c: c.kv_dtype is not None  # noqa: E731
 SINKS = lambda c: c.sinks  # noqa: E731
+# A tree whose draft count is not its steps + 1, at bs > 1 (a stride of steps + 1 shows there only).
+TREE_DRAFTS = lambda c: c.topk > 1 and c.steps is not None and c.steps + 1 != c.new and c.bs > 1  # noqa: E731
+# A full batch-size bucket (no padded row dilutes its keys) of K lanes each, whose keys come to twice a
+# row of the longest request per request: a row sized without the topk factor overflows.
+FULL_TREE_BUCKET = lambda c: (c.topk > 1 and c.bs in SGLANG.batch_sizes  # noqa: E731
+                              and sum(c.prefix) * c.topk > 2 * c.bs * max(c.prefix))
+# At the model's context edge, every committed length within `steps` of the others (so of the context
+# length: a variant adds at most 2 * page + 3 to each, kit.engine.variants).
+CONTEXT_EDGE = lambda c: (c.context_edge and len(set(c.prefix)) == 1  # noqa: E731
+                          and (c.steps or c.new - 1) > 2 * c.page + 3)
+MIXED_UNALIGNED = lambda c: c.page > 1 and any(p % c.page for p in c.prefix)  # noqa: E731
 
 MUTANTS = [
     # Mutant 1 lives in a capture/replay-style backend: in the two-phase Triton backend the
@@ -160,4 +173,24 @@ MUTANTS = [
     # Only a request of more than one KV split shows it (backends/triton/metadata.py: one per 32 keys).
     Mutant(49, "sink_folded_per_split", SINK + "SinkFoldedPerSplit", K, (D,), EAGER, cpu=True,
            reaches=SINKS),
+    # The multi-step draft decode and its speculative graphs, MIXED batches (numbered from 70). A graph
+    # buffer sized short is written past by the replay hooks (guarded: what init_cuda_graph_state and the
+    # capture hooks allocate carries canaries), or by the graph: graph, or a crash where it corrupts.
+    Mutant(70, "draft_graph_keys_without_topk", T + "DraftGraphKeysWithoutTopk", G + C, (DD,), GRAPH, cpu=True,
+           reaches=FULL_TREE_BUCKET),
+    Mutant(70, "sglang_draft_graph_keys_without_topk", SG + "DraftGraphKeysWithoutTopk", G + K + C, (DD,), GRAPH,
+           cpu=False, reaches=FULL_TREE_BUCKET),
+    Mutant(71, "draft_extend_rows_from_steps", T + "DraftExtendRowsFromSteps", G, (DE,), GRAPH, cpu=True,
+           reaches=TREE_DRAFTS),
+    Mutant(71, "sglang_draft_extend_rows_from_steps", SG + "DraftExtendRowsFromSteps", G, (DE,), GRAPH, cpu=False,
+           reaches=TREE_DRAFTS),
+    Mutant(72, "draft_graph_keys_from_context_length", T + "DraftGraphKeysFromContextLength", G + C, (DD,), GRAPH,
+           cpu=True, reaches=CONTEXT_EDGE),
+    Mutant(73, "draft_step_lengths_not_refreshed", T + "DraftStepLengthsNotRefreshed", K, (DD,), EAGER + GRAPH,
+           cpu=True, reaches=lambda c: (c.steps or c.new - 1) >= 3),
+    Mutant(74, "draft_lanes_read_lane_zero", T + "DraftLanesReadLaneZero", K, (DD,), EAGER + GRAPH, cpu=True,
+           reaches=TREE),
+    Mutant(75, "mixed_prefixes_page_aligned", T + "MixedPrefixesPageAligned", K, (MX,), EAGER + GRAPH, cpu=True,
+           reaches=MIXED_UNALIGNED),
+    Mutant(76, "mixed_prefixes_uncounted", T + "MixedPrefixesUncounted", K, (MX,), EAGER, cpu=True),
 ]

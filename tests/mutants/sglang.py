@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import types
 
-from backends.sglang.adapter import SGLangFlashInferMLABackend, SGLangTritonBackend
+from backends.sglang.adapter import SGLangFlashInferMLABackend, SGLangTritonBackend, SGLangTritonDraftBackend
 from tests.mutants import patching
 
 TRITON = "sglang.srt.layers.attention.triton_backend"
@@ -76,6 +76,25 @@ class DraftExtendNoClamp(_TritonMutant):
 
     patch = (725, "kv_lens = torch.clamp(seq_lens - extend_seq_lens, min=0).to(torch.int32)",
              "kv_lens = (seq_lens - extend_seq_lens).to(torch.int32)")
+
+
+class DraftExtendRowsFromSteps(_TritonMutant):
+    """DRAFT_EXTEND_V2's graph metadata takes each request's query rows as speculative_num_steps + 1,
+    not the num_draft_tokens the runner lays out (sgl-project/sglang#27545, the line it fixed): the
+    same for a chain, for a tree of another draft count a wrong qo_indptr stride, NaN at bs > 1."""
+
+    patch = (703, "self.num_draft_tokens", "self.speculative_num_steps + 1")
+
+
+class DraftGraphKeysWithoutTopk(SGLangTritonDraftBackend):
+    """TritonMultiStepDraftBackend's graph kv_indices rows sized max_bs * max_context_len, the topk
+    factor missing (sgl-project/sglang#27338, the line it fixed): a full bucket of K lanes over long
+    rows writes past each row, the last one past the buffer."""
+
+    patch = (2764, "max_bs, self.topk, self.max_context_len", "max_bs, 1, self.max_context_len")
+
+    def _impl_class(self):
+        return patched_module(TRITON, *self.patch).TritonMultiStepDraftBackend
 
 
 # MLA: known bug classes of SGLang's latent attention (its latent write, MLA page-size rules, MLA

@@ -16,11 +16,9 @@ class Extend(ModeRules):
     def validate(self, case):
         if isinstance(case.new, int) or len(case.new) != len(case.prefix) or min(case.new) < 1:
             return f"{self.mode.name} needs `new` as {self.new_help}"
-        if case.topk != 1:
-            return "topk > 1 only applies to TARGET_VERIFY"
-        return None
+        return self.draft_problem(case)
 
-    def request(self, prefix, new, topk, rng):
+    def request(self, case, prefix, new, rng):
         return RequestShape(n_old=prefix, n_new=new, seq_len=prefix + new, q_pos=[prefix + i for i in range(new)],
                             visible=causal(prefix, new))
 
