@@ -1,5 +1,5 @@
-"""python -m backends.vllm.gpu_bundle — vLLM's attention backends for an x86_64 CUDA machine without
-network, in parts of at most 30 MiB.
+"""python -m backends.vllm.gpu_bundle — vLLM's attention backends for an offline x86_64 CUDA
+computer, in parts of at most PART_BYTES (sizes any copy or upload passes).
 
     python -m backends.vllm.gpu_bundle build OUT [--wheels DIR] [--python 3.12]   (where there is network)
     python -m backends.vllm.gpu_bundle install BUNDLE TARGET                       (on the machine)
