@@ -98,7 +98,8 @@ def _run(args, catalog) -> int:
     if args.case_line:
         result.repro = repro_command(args.backend, case.mode.value, exec_.value, case.name,
                                      case_line=format_case(case), pythonpath=import_root(args.backend))
-    entry = known_failures.match(entries, result.backend, result.mode, result.exec, result.case, device_name())
+    entry = known_failures.match(entries, result.backend, result.mode, result.exec, result.case, device_name(),
+                                 result.dtype)
     if args.json:
         print(json.dumps(dataclasses.asdict(result)))
         return FAILED if result.outcome in (FAIL, ERROR) else 0

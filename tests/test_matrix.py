@@ -172,7 +172,7 @@ def test_entry_is_scoped_to_its_device():
     gpu = record("c", "fail", "kernel", device="NVIDIA H100 80GB HBM3")
     assert covering(entries, gpu) is entries[0]
     assert covering(entries, record("c", "fail", "kernel")) is None
-    assert match(entries, "be", "decode", "eager", "c", "CPU (x86_64)") is None
+    assert match(entries, "be", "decode", "eager", "c", "CPU (x86_64)", "fp32") is None
 
 
 def test_the_first_match_says_how_and_any_quarantine_match_isolates_whatever_the_order():
@@ -180,10 +180,21 @@ def test_the_first_match_says_how_and_any_quarantine_match_isolates_whatever_the
     is judged by it, and still runs in a subprocess where a quarantine entry matches it too."""
     entries = parse(kf_text("| KF-1 | be | * | * | *fp8* | * | kernel | xfail | wrong | tests/toys |",
                             "| KF-2 | be | decode | eager | * | * | crash | quarantine | kills it | tests/toys |"))
-    first = match(entries, "be", "decode", "eager", "c_fp8", "CPU (x86_64)")
+    first = match(entries, "be", "decode", "eager", "c_fp8", "CPU (x86_64)", "fp16")
     assert (first.id, first.failure_class, first.mark) == ("KF-1", "kernel", "quarantine")
-    assert match(entries, "be", "decode", "eager", "c", "CPU (x86_64)").id == "KF-2"
-    assert match(entries, "be", "extend", "eager", "c_fp8", "CPU (x86_64)").mark == "xfail"
+    assert match(entries, "be", "decode", "eager", "c", "CPU (x86_64)", "fp16").id == "KF-2"
+    assert match(entries, "be", "extend", "eager", "c_fp8", "CPU (x86_64)", "fp16").mark == "xfail"
+
+
+def test_a_case_pattern_names_a_dtype_after_at():
+    """`*@fp32` matches every fp32 case, whatever its name says; a name pattern still matches the
+    name alone."""
+    entries = parse(kf_text("| KF-1 | be | * | * | *@fp32 | * | kernel | xfail | tf32 | tests/toys |",
+                            "| KF-2 | be | * | * | c_bf16 | * | kernel | xfail | named | tests/toys |"))
+    assert match(entries, "be", "decode", "eager", "mqa_p1", "CPU (x86_64)", "fp32").id == "KF-1"
+    assert match(entries, "be", "decode", "eager", "mqa_p1", "CPU (x86_64)", "fp16") is None
+    assert match(entries, "be", "decode", "eager", "c_bf16", "CPU (x86_64)", "bf16").id == "KF-2"
+    assert covering(entries, record("mqa_p1", "fail", "kernel")).id == "KF-1"  # record()'s dtype: fp32
 
 
 def test_a_backends_entries_match_its_runs_as_all_entries_do():
@@ -192,9 +203,9 @@ def test_a_backends_entries_match_its_runs_as_all_entries_do():
     backend's, still the backend's own."""
     entries = load(REPO / "KNOWN_FAILURES.md")
     records = [r for path in sorted((REPO / "results").glob("*.json")) for r in json.loads(path.read_text())["records"]]
-    assert records and any(match(entries, r["backend"], r["mode"], r["exec"], r["case"], r["device"]) for r in records)
+    assert records and any(match(entries, r["backend"], r["mode"], r["exec"], r["case"], r["device"], r["dtype"]) for r in records)
     for r in records:
-        run = (r["backend"], r["mode"], r["exec"], r["case"], r["device"])
+        run = (r["backend"], r["mode"], r["exec"], r["case"], r["device"], r["dtype"])
         assert match(of_backend(entries, r["backend"], r["device"]), *run) == match(entries, *run), run
     mixed = parse(kf_text("| KF-1 | other | * | * | * | * | kernel | xfail | theirs | tests/toys |",
                           "| KF-2 | b* | * | * | * | *H100* | crash | xfail | ours | tests/toys |"))

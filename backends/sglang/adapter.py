@@ -505,6 +505,13 @@ class SGLangFlashInferDraftBackend(_MultiStepDraft, SGLangFlashInferBackend):
     sglang_class = "sglang.srt.layers.attention.flashinfer_backend:FlashInferMultiStepDraftBackend"
     single_step = "sglang_flashinfer"
 
+    @classmethod
+    def supports(cls, case):
+        return super().supports(case) or (
+            "sliding-window layers: FlashInferMultiStepDraftBackend hands each step's FlashInferAttnBackend one "
+            "kv_indptr buffer, which asserts one wrapper (flashinfer_backend.py:482), and a window model plans two"
+            if case.window >= 0 or case.hybrid else None)
+
 
 class SGLangFlashInferMLABackend(_GraphHooks, SGLangBackend):
     """FlashInferMLAAttnBackend: what SGLang builds for `--attention-backend flashinfer` on an MLA

@@ -169,14 +169,25 @@ class VllmBackend(AttentionBackend):
         """vLLM's own check of a configuration (AttentionBackend.validate_configuration, what its
         backend selector asks), or None."""
         rt = runtime()
-        reasons = cls.backend_cls().validate_configuration(
+        with rt.set_current_vllm_config(cls.served_config(case)):  # some backends read the config there
+            reasons = cls._validate(case)
+        if not reasons:
+            return None
+        return f"vLLM's {cls.vllm_backend} refuses it (validate_configuration): {', '.join(reasons)}"
+
+    @classmethod
+    def _validate(cls, case):
+        rt = runtime()
+        return cls.backend_cls().validate_configuration(
             head_size=case.head_dim, dtype=case.torch_dtype, kv_cache_dtype=CACHE_DTYPES[case.kv_dtype],
             block_size=case.page, use_mla=case.is_mla, has_sink=case.sinks, use_sparse=False, use_mm_prefix=False,
             use_per_head_quant_scales=False, device_capability=rt.current_platform.get_device_capability(),
             attn_type="decoder", has_sliding_window=case.window >= 0 or case.hybrid)
-        if not reasons:
-            return None
-        return f"vLLM's {cls.vllm_backend} refuses it (validate_configuration): {', '.join(reasons)}"
+
+    @classmethod
+    def served_config(cls, case):
+        """The VllmConfig of an engine serving the case's model with this backend."""
+        return runtime().served_config(model_of(case), cls.backend_cls())
 
     @classmethod
     def supports_graph(cls, case) -> Optional[str]:
@@ -206,7 +217,7 @@ class VllmBackend(AttentionBackend):
     def _graph_support(cls, case):
         """The builder's declaration for the case's model (get_cudagraph_support, a classmethod)."""
         rt = runtime()
-        config = rt.vllm_config(model_of(case))
+        config = cls.served_config(case)
         return cls.backend_cls().get_builder_cls().get_cudagraph_support(config, rt.kv_cache_spec(config))
 
     # ---- construction -------------------------------------------------------------------------
@@ -216,8 +227,12 @@ class VllmBackend(AttentionBackend):
         layout = ctx.token_to_kv_pool.storage.name
         if layout != self.profile.storage_for(self.attention_kinds[0]):
             raise ValueError(f"the pool stores KV as {layout!r}, not as vLLM's cache does (profile {self.profile.name!r})")
-        self.vllm_config = rt.vllm_config(model_of(ctx=ctx))
         backend = self._vllm_backend()
+        self.vllm_config = rt.served_config(model_of(ctx=ctx), backend)
+        resolved = self.vllm_config.cache_config.kv_cache_layout
+        if resolved != "LBNHC":
+            raise ValueError(f"vLLM resolves the KV cache layout {resolved} for {self.vllm_backend}; the pool holds "
+                             f"vLLM's LBNHC (the adapter's cache view)")
         default = torch.get_default_dtype()
         with rt.set_current_vllm_config(self.vllm_config):
             torch.set_default_dtype(ctx.dtype)  # vLLM's layers take the activation dtype from it
@@ -310,7 +325,7 @@ class VllmBackend(AttentionBackend):
         stack = contextlib.ExitStack()
         stack.enter_context(environment.cuda_capability_answered())
         if self.compiles:
-            stack.enter_context(environment.static_compiles())
+            stack.enter_context(environment.flex_compiles())
         return stack
 
     def init_forward_metadata(self, batch) -> None:

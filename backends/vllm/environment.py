@@ -14,7 +14,7 @@ vLLM decides two things once, at its first import, and keeps them for the proces
 Its Triton KV writer asks torch for the device's compute capability (a tile size heuristic,
 triton_reshape_and_cache_flash.py:445), which CPU torch refuses; `cuda_capability_answered`
 answers for non-CUDA devices while vLLM runs, and puts torch's function back after. Its flex
-backend compiles flex attention; `static_compiles` keeps PyTorch's CPU recompiles static while it
+backend compiles flex attention; `flex_compiles` keeps PyTorch's CPU recompiles static while it
 runs.
 """
 from __future__ import annotations
@@ -90,21 +90,20 @@ def cuda_capability_answered() -> Iterator[None]:
 
 # Compiles of one function a process keeps (torch's default: 8), as SGLang's flex backend raises
 # its cache's (torch_flex_backend.py:27): a process runs many shapes.
-STATIC_RECOMPILES = 1024
+RECOMPILES = 1024
 
 
 @contextlib.contextmanager
-def static_compiles() -> Iterator[None]:
-    """Without CUDA: torch.compile recompiles a function for a new shape with that shape's static
-    sizes (torch._dynamo.config.automatic_dynamic_shapes off), up to STATIC_RECOMPILES of them,
-    while it lasts. PyTorch's CPU flex attention template generates C++ that does not compile for a
-    recompile with dynamic shapes (torch 2.13: "'cur_kvSplitSize4' was not declared in this scope"),
-    which every batch of another shape after the first is. Where CUDA is present nothing changes."""
-    if not NO_CUDA:
-        yield
-        return
+def flex_compiles() -> Iterator[None]:
+    """While vLLM's flex backend runs: torch.compile may recompile a function up to RECOMPILES times.
+    A server compiles flex attention for its one model; the kit's process runs many models (head
+    counts, widths, dtypes, windows), each a recompile of the same function, past dynamo's default
+    limit of 8 (FailOnRecompileLimitHit under fullgraph=True, depending on what ran before).
+    Without CUDA, recompiles also keep the new shape's static sizes (automatic_dynamic_shapes off):
+    PyTorch's CPU flex attention template generates C++ that does not compile for a recompile with
+    dynamic shapes (torch 2.13: "'cur_kvSplitSize4' was not declared in this scope")."""
     import torch._dynamo  # here: seconds of imports, and only vLLM's flex backend compiles
 
-    with torch._dynamo.config.patch(automatic_dynamic_shapes=False, recompile_limit=STATIC_RECOMPILES,
-                                    accumulated_recompile_limit=STATIC_RECOMPILES):
+    static = {"automatic_dynamic_shapes": False} if NO_CUDA else {}
+    with torch._dynamo.config.patch(recompile_limit=RECOMPILES, accumulated_recompile_limit=RECOMPILES, **static):
         yield

@@ -41,6 +41,7 @@ from vllm.v1.attention.backend import AttentionCGSupport, CommonAttentionMetadat
 from vllm.v1.attention.backends.mla.prefill.base import MLADimensions  # noqa: E402
 from vllm.v1.attention.backends.mla.prefill.selector import MLAPrefillSelectorConfig  # noqa: E402
 from vllm.v1.attention.backends.registry import AttentionBackendEnum  # noqa: E402
+from vllm.v1.attention.backends.utils import get_supported_kv_cache_layouts, resolve_kv_cache_layout  # noqa: E402
 from vllm.v1.kv_cache_interface import FullAttentionSpec, MLAAttentionSpec, get_kv_quant_mode  # noqa: E402
 from vllm.utils.torch_utils import kv_cache_dtype_str_to_dtype  # noqa: E402
 
@@ -185,6 +186,16 @@ def vllm_config(model: Model) -> VllmConfig:
     return config
 
 
+def served_config(model: Model, backend) -> VllmConfig:
+    """vllm_config(model) as an engine serving it with `backend` alone has it: its KV cache layout
+    resolved from what the backend supports (the engine core's resolve_kv_cache_layout,
+    v1/engine/core.py:286), which builders and impls read."""
+    config = vllm_config(model)
+    names = [layout.name for layout in get_supported_kv_cache_layouts([backend])]
+    resolve_kv_cache_layout(config, [names], [kv_cache_spec(config)])
+    return config
+
+
 def kv_cache_spec(config: VllmConfig):
     """The KV cache spec of the config's (full-attention) layers, as their get_kv_cache_spec gives
     it (attention.py:611, mla_attention.py get_kv_cache_spec), for the builders' class-level questions."""
@@ -225,4 +236,4 @@ def backend_class(name: str):
 
 __all__ = ["Attention", "AttentionCGSupport", "CommonAttentionMetadata", "KV_WRITE", "MLAAttention", "MLACommonBackend",
            "Model", "backend_class", "current_platform", "kv_cache_spec", "mla_prefill", "set_current_vllm_config",
-           "set_forward_context", "vllm_config"]
+           "served_config", "set_forward_context", "vllm_config"]

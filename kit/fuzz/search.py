@@ -237,7 +237,8 @@ class _Search:
             return None
         finding = Finding(case, exec_.value, result.failure_class, result.message, repro,
                           example=self.outcome.examples, seconds=self.elapsed())
-        entry = match(self.known_entries, self.label, case.mode.value, exec_.value, case.name, self.device_label)
+        entry = match(self.known_entries, self.label, case.mode.value, exec_.value, case.name, self.device_label,
+                      case.dtype)
         if is_expected(entry, result.outcome, result.failure_class):
             finding.known = entry.id
             count, first = self.outcome.known.get(entry.id, (0, finding))

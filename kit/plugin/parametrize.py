@@ -28,7 +28,7 @@ class Parametrize:
             if run.label not in known:
                 known[run.label] = known_failures.of_backend(sel.known, run.label, device)
             entry = known_failures.match(known[run.label], run.label, run.case.mode.value, run.exec_.value,
-                                         run.case.name, device)
+                                         run.case.name, device, run.case.dtype)
             marks = [] if entry is None else [pytest.mark.xfail(
                 strict=True, raises=KnownFailureHit,
                 reason=f"{entry.id} expects [{entry.failure_class}]: {entry.reason} ({entry.where})")]

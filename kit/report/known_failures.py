@@ -43,13 +43,15 @@ class KnownFailure:
     def links(self) -> List[str]:
         return self.link.split()
 
-    def matches(self, backend: str, mode: str, exec_: str, case: str, device: str) -> bool:
+    def matches(self, backend: str, mode: str, exec_: str, case: str, device: str, dtype: str) -> bool:
+        """The case pattern is matched against the case's name and against `name@dtype` (`*@fp32`:
+        every fp32 case, whatever its name says)."""
         return all(fnmatch.fnmatchcase(value, pattern) for value, pattern in (
-            (backend, self.backend), (mode, self.mode), (exec_, self.exec), (case, self.case),
-            (device, self.device)))
+            (backend, self.backend), (mode, self.mode), (exec_, self.exec), (device, self.device))) and (
+            fnmatch.fnmatchcase(case, self.case) or fnmatch.fnmatchcase(f"{case}@{dtype}", self.case))
 
     def matches_record(self, record: Record) -> bool:
-        return self.matches(record.backend, record.mode, record.exec, record.case, record.device)
+        return self.matches(record.backend, record.mode, record.exec, record.case, record.device, record.dtype)
 
 
 def _cells(line: str) -> List[str]:
@@ -136,11 +138,11 @@ def of_backend(entries: Sequence[KnownFailure], backend: str, device: str) -> Li
 
 
 def match(entries: Sequence[KnownFailure], backend: str, mode: str, exec_: str, case: str,
-          device: str) -> Optional[KnownFailure]:
+          device: str, dtype: str) -> Optional[KnownFailure]:
     """The entry for this run, if any: the first match, which says how the run fails; marked
     quarantine where any match is (the run must not take its process down, whatever the table's
     order: a run that fails one way before a later step would fault still goes to a subprocess)."""
-    found = [e for e in entries if e.matches(backend, mode, exec_, case, device)]
+    found = [e for e in entries if e.matches(backend, mode, exec_, case, device, dtype)]
     if not found:
         return None
     if any(e.mark == QUARANTINE for e in found):
@@ -172,7 +174,7 @@ def against(entry: Optional[KnownFailure], outcome: str, failure_class: Optional
 
 def of_record(entries: Sequence[KnownFailure], record: Record) -> Optional[KnownFailure]:
     """The entry for a results record's run, if any (see match)."""
-    return match(entries, record.backend, record.mode, record.exec, record.case, record.device)
+    return match(entries, record.backend, record.mode, record.exec, record.case, record.device, record.dtype)
 
 
 def covering(entries: Sequence[KnownFailure], record: Record) -> Optional[KnownFailure]:
