@@ -115,7 +115,7 @@ SMOKE += [
     C("gqa_fp8_e5m2_window_cap_sinks_hybrid_fused_p16_nonmono_fp16", prefix=(17, 0, 33), page=16, head_dim=64,
       window=8, cap=5.0, scale=0.25, dtype="fp16", sinks=True, hybrid=True, inputs="fused_qkv", kv_dtype="fp8_e5m2",
       layout="non_monotonic_extend"),
-    C("gqa_fp32_fp8_e5m2_p1", prefix=(9, 30), head_dim=64, dtype="fp32", kv_dtype="fp8_e5m2"),
+    C("gqa_fp32_fp8_e5m2_p1", prefix=(9, 200), head_dim=64, dtype="fp32", kv_dtype="fp8_e5m2"),
     C("gqa_p16_inter_fp16", prefix=(20, 33), page=16, head_dim=64, dtype="fp16", layout="interleaved_pages"),
     C("mla_r32_h16_fp8_e5m2_p1_inter", prefix=(0, 17, 33), kv_dtype="fp8_e5m2", layout="interleaved_pages",
       **SMALL_MLA),

@@ -15,6 +15,9 @@ from backends.sglang.adapter import (SGLangFlashInferBackend, SGLangTorchNativeB
 from kit.engine.catalog import load_catalog
 from kit.modes import Exec, ForwardMode
 from kit.engine.reference import attention
+from kit.harness import mirrors
+from kit.harness.checks import read_back
+from kit.harness.guard import Guard, canary_figures
 from kit.harness.runner import default_device
 from tests.helpers import run_setup
 
@@ -27,10 +30,10 @@ TIGHT = 1e-4 if DEVICE.type == "cpu" else 5e-3
 
 
 def _sglang_outputs(mode, case_name, backend_cls=SGLangTritonBackend):
-    """SGLang's per-layer outputs on the case's own batch (an eager run's last step)."""
+    """SGLang's per-layer outputs on the case's own batch (its batch in an eager run)."""
     case = load_catalog().find_case(mode, case_name)
     setup = run_setup(case, Exec.EAGER, DEVICE, backend_cls)
-    fx = setup.fixtures[-1]
+    fx = setup.case_fixture
     fx.install()
     backend = setup.new_backend()
     backend.init_forward_metadata(fx.batch)
@@ -72,7 +75,7 @@ def test_kf3_triton_eager_extend_metadata_reads_whole_request_tensors():
     full-capacity replays hand them, do not fit its bs + 1 indptr."""
     case = load_catalog().find_case(ForwardMode.EXTEND, "mqa_p1_shuf")
     setup = run_setup(case, Exec.EAGER, DEVICE, SGLangTritonBackend)
-    fx = setup.fixtures[-1]
+    fx = setup.case_fixture
     fx.install()
     b = fx.batch
     longer = {f: torch.cat([getattr(b, f), getattr(b, f)]) for f in (
@@ -88,7 +91,7 @@ def test_kf5_torch_native_ignores_logit_cap():
     off is what it computes."""
     case = load_catalog().find_case(ForwardMode.DECODE, "gqa_bs8_cap_p1_nonmono")
     setup = run_setup(case, Exec.EAGER, DEVICE, SGLangTorchNativeBackend)
-    fx = setup.fixtures[-1]
+    fx = setup.case_fixture
     fx.install()
     backend = setup.new_backend()
     backend.init_forward_metadata(fx.batch)
@@ -174,3 +177,26 @@ def test_kf27_triton_fp32_dots_are_tf32_on_nvidia_gpus(tmp_path):
     ieee = run(TRITON_F32_DEFAULT="ieee", TRITON_CACHE_DIR=str(tmp_path / "triton-ieee"))
     assert (tf32["outcome"], tf32["failure_class"]) == ("fail", "kernel"), tf32["message"]
     assert ieee["outcome"] == "pass", ieee["message"]
+
+
+@pytest.mark.parametrize("mode, case_name", [(ForwardMode.DECODE, "mqa_p1_shuf"),
+                                             (ForwardMode.TARGET_VERIFY, "mqa_tree6_p1_shuf")])
+def test_kf28_triton_sizes_kv_indices_from_a_stale_seq_lens_sum(mode, case_name):
+    """TritonAttnBackend declares needs_cpu_seq_lens = False (SGLang need not make seq_lens_sum exact for
+    it), yet its eager DECODE and TARGET_VERIFY metadata size kv_indices from seq_lens_sum where one is set:
+    handed one step stale, the buffer holds fewer slots than the keys its own kv_indptr counts, and the
+    index builder writes past its end (into the guard's canary here)."""
+    case = load_catalog().find_case(mode, case_name)
+    setup = run_setup(case, Exec.EAGER, DEVICE, SGLangTritonBackend)
+    fx = setup.case_fixture
+    fx.install()
+    stale = mirrors.handed(fx.batch, [r.n_new for r in fx.plan.requests], mirrors.STALE, frozenset({"seq_lens_sum"}))
+    backend = setup.new_backend()
+    assert backend.impl.needs_cpu_seq_lens is False
+    guard = Guard()
+    with guard.watching():
+        backend.init_forward_metadata(stale)
+    md = backend.impl.forward_metadata
+    keys = int(md.kv_indptr[fx.batch.batch_size])
+    assert md.kv_indices.numel() == stale.seq_lens_sum < keys == fx.batch.seq_lens_sum
+    assert not read_back([canary_figures(guard)])[0].ok

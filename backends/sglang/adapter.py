@@ -337,6 +337,10 @@ class SGLangTritonBackend(_GraphHooks, SGLangBackend):
     # divides by k_scale before the pool's write, triton_backend.py:1721), read with the layer's scales.
     kv_dtypes = ("fp8_e4m3", "fp8_e5m2")
     attention_features = ("sinks",)  # forward_extend / forward_decode take `sinks` (triton_backend.py:1677, :2296)
+    # TritonAttnBackend declares needs_cpu_seq_lens = False (triton_backend.py:153): SGLang does not wait
+    # for the device to make its host copies exact. Its eager DECODE and TARGET_VERIFY metadata still read
+    # seq_lens_sum where one is handed (:903, :1018).
+    host_mirrors = ("seq_lens_sum",)
     # A plain CPU run (CI) gives it one short case per mode: in Triton's interpreter SGLang's
     # kernels take 5-60 s a run. `--case-set smoke` runs every smoke case (results/cpu.json).
     # MLA: the small-rank EXTEND and TARGET_VERIFY cases; DECODE has none here (its kernel does not tile rank 32 + rope 16, and

@@ -50,7 +50,7 @@ def install_server_args(attention_backend: str, device: torch.device, speculativ
     SGLang's own test hook (runtime_context.py:1177). Graphs are driven by the kit, so SGLang's
     own CUDA-graph runners are off; speculative fields come from the kit's config; `fields`, a
     backend's own."""
-    get_context().override_server_args(
+    args = dict(
         attention_backend=attention_backend,
         chunked_prefill_size=-1,
         cuda_graph_config=CudaGraphConfig(decode=PhaseConfig(backend=Backend.DISABLED),
@@ -63,8 +63,8 @@ def install_server_args(attention_backend: str, device: torch.device, speculativ
         speculative_num_draft_tokens=speculative.num_draft_tokens if speculative else 1,
         speculative_num_steps=speculative.num_draft_tokens - 1 if speculative else 0,
         device=device.type,
-        **fields,
-    ).install()
+    )
+    get_context().override_server_args(**{**args, **fields}).install()  # a backend's fields over the defaults
 
 
 MODES = {"decode": ForwardMode.DECODE, "extend": ForwardMode.EXTEND, "target_verify": ForwardMode.TARGET_VERIFY,

@@ -17,8 +17,8 @@ from typing import Optional
 import torch
 
 from backends.triton import kernels, mla
-from backends.triton.metadata import (BLOCK_M, MAX_KV_SPLITS, Buffers, Metadata, extend_grid, fill_decode,
-                                      fill_extend, max_splits_for)
+from backends.triton.metadata import (BLOCK_M, INTERPRETED_SPLIT_TOKENS, MAX_KV_SPLITS, SPLIT_TOKENS, Buffers,
+                                      Metadata, extend_grid, fill_decode, fill_extend)
 from kit.modes import ForwardMode
 from kit.harness.protocol import AttentionBackend, library_version
 
@@ -27,12 +27,13 @@ DECODE_BLOCK_N = 64
 EXTEND_BLOCK_N = 32
 LAUNCH = dict(num_warps=4, num_stages=3)
 DECODE_BLOCK_H = 16  # tl.dot needs 16 rows: a KV head's query group is padded to it
-CPU_NOMINAL_SMS = 16  # the interpreter has no SMs; a fixed count keeps split choices deterministic
 
 
 class TritonBackend(AttentionBackend):
     name = "triton"
     extend_capture = True
+    batch_invariant = True  # a request's KV splits follow its own length alone (metadata.fill_decode)
+    host_mirrors = ()  # its metadata reads no host copy of seq_lens: the engine need not wait to make one
     attention_kinds = ("dense", "mla")
     kv_dtypes = ("fp8_e4m3", "fp8_e5m2")
     attention_features = ("sinks",)
@@ -72,10 +73,7 @@ class TritonBackend(AttentionBackend):
         self.num_q_heads, self.num_kv_heads = model.tp_q_head_num, model.tp_k_head_num
         self.head_dim = model.head_dim
         self.v_head_dim = model.v_head_dim
-        # decode programs per request and split: a KV head's query group each, MLA's heads in blocks
-        self.decode_programs = mla.head_blocks(model.tp_q_head_num) if model.is_mla else model.tp_k_head_num
-        self.num_sms = (torch.cuda.get_device_properties(ctx.device).multi_processor_count
-                        if ctx.device.type == "cuda" else CPU_NOMINAL_SMS)
+        self.split_tokens = SPLIT_TOKENS if ctx.device.type == "cuda" else INTERPRETED_SPLIT_TOKENS
         # Sink logits on the device, made here (a graph cannot copy them in): by layer's values
         self.sink_tensors = {layer.sinks: layer.sinks_tensor(ctx.device) for layer in ctx.layers if layer.sinks}
         self.no_sinks = torch.zeros(1, dtype=torch.float32, device=ctx.device)  # a pointer HAS_SINK=False never reads
@@ -94,10 +92,15 @@ class TritonBackend(AttentionBackend):
                                 self.ctx.device)
 
     def _eager_buffers(self, batch) -> Buffers:
-        """Sized for this batch (seq_lens_sum bounds every mode's key count)."""
+        """Sized for this batch."""
         mask = batch.spec_info.custom_mask if batch.spec_info is not None else None
-        return self._allocate(batch.batch_size + 1, batch.num_tokens, batch.seq_lens_sum,
+        return self._allocate(batch.batch_size + 1, batch.num_tokens, self._key_capacity(batch),
                               0 if mask is None else mask.numel())
+
+    def _key_capacity(self, batch) -> int:
+        """Keys the batch's kv_indices may hold, without a host mirror (host_mirrors: none is exact
+        here): no request has more than a req_to_token row."""
+        return batch.batch_size * self.ctx.max_context_len
 
     def init_forward_metadata_out_graph(self, batch, in_capture: bool = False) -> None:
         bs, mode = batch.batch_size, batch.forward_mode
@@ -124,10 +127,12 @@ class TritonBackend(AttentionBackend):
             self._fill_extend(batch)
 
     def _max_splits(self, batch) -> int:
-        return max_splits_for(batch.batch_size, self.decode_programs, self.num_sms)
+        """The decode grid's split dimension: every split a request may have, whatever the batch (each
+        request's own count, on the device, follows its length alone: metadata.fill_decode)."""
+        return MAX_KV_SPLITS
 
     def _fill_decode(self, bufs: Buffers, req_pool_indices, seq_lens) -> None:
-        fill_decode(bufs, self.req_to_token, req_pool_indices, seq_lens, self.forward_metadata.max_splits)
+        fill_decode(bufs, self.req_to_token, req_pool_indices, seq_lens, self.split_tokens)
 
     def _fill_extend(self, batch) -> None:
         md, bs = self.forward_metadata, batch.batch_size

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from kit.modes import ForwardMode
 from kit.engine.modes.rules import GraphBuckets, ModeRules, RequestShape, causal, extend_fields
-from kit.engine.variants import variant
+from kit.engine.variants import alone, variant
 
 
 class Extend(ModeRules):
@@ -36,8 +36,10 @@ class Extend(ModeRules):
 
     def replay_schedule(self, case, profile):
         """Token graphs: the bucket pairs (they capture those buckets; other request counts, a bs-1
-        batch among them), then the case, then its shape with other lengths."""
-        return self.token_bucket_pairs(case) + [case, variant(case, case.bs, 3)]
+        batch among them), then the case, then its shape with other lengths, then the case's recurring
+        request alone (another token bucket, kit.engine.variants)."""
+        schedule = self.token_bucket_pairs(case) + [case, variant(case, case.bs, 3)]
+        return schedule + ([alone(case, 11)] if case.bs > 1 else [])
 
     def token_bucket_pairs(self, case):
         """Token graphs are per token bucket, and production replays one with any batch whose tokens
