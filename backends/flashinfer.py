@@ -3,7 +3,7 @@
 Which wrapper runs each mode (the conventions of SGLang's flashinfer backend):
 - DECODE: BatchDecodeWithPagedKVCacheWrapper, on tensor cores when the GQA
   group is >= 4 (engines' rule: the CUDA-core kernel only wins for small groups).
-- EXTEND, DRAFT_EXTEND_V2: BatchPrefillWithPagedKVCacheWrapper, causal
+- EXTEND, MIXED, DRAFT_EXTEND_V2: BatchPrefillWithPagedKVCacheWrapper, causal
   (bottom-right aligned) over prefix + new tokens, whose KV forward() writes to
   the pool first. One paged pass, not SGLang's ragged pass over the new tokens
   merged (merge_state) with a paged pass over the prefix: that split only saves
@@ -52,6 +52,10 @@ else:
     UNAVAILABLE = None
 
 WORKSPACE_BYTES = 128 << 20  # the size FlashInfer recommends for its split-k scratch
+EXTEND_LIKE = (ForwardMode.EXTEND, ForwardMode.MIXED)  # extend_* fields: a MIXED decode row is a 1-token extend
+NO_DRAFT_DECODE = ("DRAFT_DECODE: this adapter has no multi-step draft path (a decode plan per draft step over "
+                   "each lane's keys, as SGLang's FlashInferMultiStepDraftBackend builds them: backend "
+                   "sglang_flashinfer_draft)")
 DTYPES = ("bf16", "fp16")  # the model dtypes FlashInfer has kernels for
 HEAD_DIMS = (64, 128, 256)
 TENSOR_CORE_MIN_GROUP = 4
@@ -73,6 +77,8 @@ def window_on_positions(mask: torch.Tensor, seq_lens, draft: int, window: int) -
 
 class FlashInferBackend(AttentionBackend):
     name = "flashinfer"
+    modes = (ForwardMode.DECODE, ForwardMode.EXTEND, ForwardMode.MIXED, ForwardMode.TARGET_VERIFY,
+             ForwardMode.DRAFT_EXTEND_V2)
     kv_dtypes = ("fp8_e4m3", "fp8_e5m2")  # plan(kv_data_type=the cache's), run(k_scale=, v_scale=)
     attention_features = ("sinks",)  # FlashInfer's AttentionSink variant (sink_wrapper)
     # EXTEND stays piecewise-eager: a use_cuda_graph prefill wrapper fixes its batch
@@ -90,6 +96,8 @@ class FlashInferBackend(AttentionBackend):
 
     @classmethod
     def supports(cls, case) -> Optional[str]:
+        if case.mode is ForwardMode.DRAFT_DECODE:
+            return NO_DRAFT_DECODE
         if case.dtype not in DTYPES:
             return f"{case.dtype}: FlashInfer's attention kernels take fp16/bf16 (or fp8) q/k/v, no fp32"
         if case.head_dim not in HEAD_DIMS:
@@ -158,9 +166,8 @@ class FlashInferBackend(AttentionBackend):
         case's dtypes, head dim and whether a window applies. Not BatchAttentionWithAttentionSinkWrapper:
         in FlashInfer 0.7.2 it names its JIT module by q dtype and window alone
         (flashinfer/attention/_core.py), so a variant of another head dim or KV dtype loads (and
-        rebuilds over) the one built first: gpt-oss's head_dim 64 ran the 128 kernel, an fp8 cache
-        was read as bf16 (tests/test_flashinfer_findings.py). FlashInfer's own name for the module
-        (get_batch_prefill_attention_sink_uri) names every one of them."""
+        rebuilds over) the one built first (tests/test_flashinfer_findings.py). FlashInfer's own
+        name for the module (get_batch_prefill_attention_sink_uri) names every one of them."""
         q, kv, d, swa = self.variant["q_data_type"], self.variant["kv_data_type"], self.heads[2], \
             self.variant["window_left"] >= 0
         uri = get_batch_prefill_attention_sink_uri("fa2", q, kv, q, torch.int32, d, d, 0, swa)
@@ -178,7 +185,7 @@ class FlashInferBackend(AttentionBackend):
         seq_lens = seq_lens.to(torch.int32)
         if mode is ForwardMode.DECODE:
             return torch.ones_like(seq_lens), seq_lens
-        if mode is ForwardMode.EXTEND:
+        if mode in EXTEND_LIKE:
             return extend_lens, seq_lens  # seq_lens = prefix + extend
         if mode is ForwardMode.TARGET_VERIFY:
             q = torch.full_like(seq_lens, spec_info.draft_token_num)
@@ -226,7 +233,7 @@ class FlashInferBackend(AttentionBackend):
         if mode not in self.eager_wrappers:
             self.eager_wrappers[mode] = self._new_wrapper(mode)
         extend_lens = (torch.tensor(batch.extend_seq_lens_cpu, dtype=torch.int32)
-                       if mode is ForwardMode.EXTEND else None)
+                       if mode in EXTEND_LIKE else None)
         bs = batch.batch_size  # request buffers may be longer (a runner's full-capacity views)
         self._plan(self.eager_wrappers[mode], mode, batch.req_pool_indices[:bs], batch.seq_lens_cpu[:bs],
                    batch.spec_info, extend_lens)

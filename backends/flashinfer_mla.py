@@ -6,7 +6,7 @@ plan() takes a CSR page table over the kit's req_to_token rows (page ids, kv len
 query rows per request; run() reads the kit's latent buffer in place, split into its compressed
 part (ckv = buffer[..., :R]) and its rope part (kpe = buffer[..., R:]), as the query is split
 into q_nope·W_UK and q_pe. Its mask is causal and bottom-right aligned (kv - q + i), which is
-EXTEND, DRAFT_EXTEND_V2 and a verify chain; there is no custom mask, so no tree verify.
+EXTEND, MIXED, DRAFT_EXTEND_V2 and a verify chain; there is no custom mask, so no tree verify.
 DECODE plans non-causal (one query row sees its whole sequence), as SGLang does.
 
 The wrapper is pinned to its fa2 kernels: one kernel family for every mode (the library's
@@ -35,6 +35,8 @@ class FlashInferMLABackend(dense.FlashInferBackend):
 
     @classmethod
     def supports(cls, case) -> Optional[str]:
+        if case.mode is ForwardMode.DRAFT_DECODE:
+            return dense.NO_DRAFT_DECODE
         if case.dtype not in dense.DTYPES:
             return f"{case.dtype}: FlashInfer's MLA kernels take fp16/bf16 (or fp8 KV), no fp32"
         if case.kv_lora_rank % FA_CKV_MULTIPLE or case.rope_dim % FA_KPE_MULTIPLE:

@@ -4,18 +4,21 @@ to read lengths, as a reference backend may. MLA is the same loop over the pool'
 latent rows: one KV head, keys the whole row, values its first kv_lora_rank columns
 (the pool's get_kv_buffer gives both). An fp8 pool is read as stored (fp8) times the
 layer's k_scale / v_scale; its write (the pool's set_kv_buffer) divides by them. Sinks: one more
-column of each softmax, dropped after it."""
+column of each softmax, dropped after it. DRAFT_DECODE: one query row a lane, its keys the
+request's committed tokens and the lane's columns so far (kit/engine/modes/draft_decode.py)."""
 from __future__ import annotations
 
 import torch
 
 from kit.engine.modes import rules_for
+from kit.engine.modes.draft_decode import lane_columns
 from kit.harness.protocol import AttentionBackend
-from kit.modes import ForwardMode
+from kit.modes import MODES, ForwardMode
 
 
 class TorchNativeBackend(AttentionBackend):
     name = "torch_native"
+    modes = tuple(MODES)
     batch_invariant = True  # each request attended alone, in matmuls of its own shapes
     host_mirrors = ()  # it reads the device's lengths itself (a wait of its own)
     attention_kinds = ("dense", "mla")
@@ -25,9 +28,22 @@ class TorchNativeBackend(AttentionBackend):
     def init_forward_metadata(self, batch) -> None:
         # Each request's cached and new tokens, as its mode's rules read them from the batch (every
         # mode the kit has: DRAFT_EXTEND_V2's seq_lens already count the drafts, say).
+        self.rows = batch.req_pool_indices[:batch.batch_size].tolist()
+        if batch.forward_mode is ForwardMode.DRAFT_DECODE:  # per step, in forward()
+            self.seq_lens = batch.seq_lens[:batch.batch_size].tolist()
+            return
         prefix, q_lens = rules_for(batch.forward_mode).query_lens(batch)
         self.prefix, self.q_lens = prefix.tolist(), q_lens.tolist()
-        self.rows = batch.req_pool_indices[:batch.batch_size].tolist()
+
+    def _key_columns(self, batch):
+        """Per query row group: (req_to_token row, its keys' columns, new tokens, cached keys)."""
+        if batch.forward_mode is not ForwardMode.DRAFT_DECODE:
+            return [(row, range(n_prefix + n_q), n_q, n_prefix)
+                    for row, n_q, n_prefix in zip(self.rows, self.q_lens, self.prefix)]
+        spec = batch.spec_info
+        step = spec.draft_step
+        return [(row, list(range(seq_len)) + lane_columns(seq_len, k, spec.num_steps, step + 1), 1, seq_len + step)
+                for row, seq_len in zip(self.rows, self.seq_lens) for k in range(spec.topk)]
 
     def forward(self, q, k, v, layer, batch, save_kv_cache=True):
         pool = batch.token_to_kv_pool
@@ -39,9 +55,9 @@ class TorchNativeBackend(AttentionBackend):
         tree = batch.forward_mode is ForwardMode.TARGET_VERIFY
         out = q.new_empty(q.shape[:-1] + (layer.v_head_dim,))
         start = mask_start = 0
-        for row, n_q, n_prefix in zip(self.rows, self.q_lens, self.prefix):
+        for row, columns, n_q, n_prefix in self._key_columns(batch):
             n_kv = n_prefix + n_q
-            slots = r2t[row, :n_kv].long()
+            slots = r2t[row, torch.as_tensor(columns, device=r2t.device)].long()
             keys = _read(k_cache[slots], layer.k_scale).repeat_interleave(group, dim=1)
             vals = _read(v_cache[slots], layer.v_scale).repeat_interleave(group, dim=1)
             qs = q[start:start + n_q].float()

@@ -10,7 +10,7 @@ in turn, the README's matrix command (benchmarks.kit_throughput.measure) on the 
 a row to `results/bench/gpus-<device>.json` (or --out) as it ends: the warmup's seconds; for a
 matrix run, the GPUs it had, seconds, runs, runs per second and where the time went (as
 kit_throughput's rows), each GPU's workers' share of their time in runs (`workers_busy_by_gpu`:
-kit.engine.placement puts worker N on GPU N mod the GPUs) and seconds in runs, each GPU's mean
+kit.process.placement puts worker N on GPU N mod the GPUs) and seconds in runs, each GPU's mean
 utilization and the memory peak (nvidia-smi, polled), and whether its verdicts equal those of the
 committed results (`--committed`, default `results/gpu-h100.json`; `verdicts_differ`: the first
 that do not). Other arguments go to pytest as they are (e.g. `--mode decode`).
@@ -27,8 +27,8 @@ from typing import Dict, List, Optional, Sequence, Tuple
 from benchmarks.kit_throughput import append_row, device, kit_commit, measure
 from benchmarks.many_backends import Clock, GpuPoll, warmup
 from benchmarks.timeline import test_seconds
-from kit.engine.placement import device_of, gpus_here, worker_number
-from kit.report.record import ResultsError, read_results, record_id, verdict
+from kit.process.placement import device_of, gpus_here, worker_number
+from kit.report.record import Record, ResultsError, read_results_file
 
 REPO = Path(__file__).resolve().parent.parent
 PROG = "python -m benchmarks.gpus"
@@ -50,7 +50,7 @@ def settings(which: Sequence[str], gpus: Sequence[str]) -> List[Tuple[str, Optio
 
 
 def busy_by_gpu(seconds_in_tests: Dict[str, float], gpus: int, seconds: float) -> Dict[str, dict]:
-    """Per GPU (its index among the run's), its workers (`gw0`, ... as kit.engine.placement placed
+    """Per GPU (its index among the run's), its workers (`gw0`, ... as kit.process.placement placed
     them), their seconds in runs and the share of their time that was (the run's `seconds` each)."""
     by_gpu = collections.defaultdict(list)
     for name, busy in seconds_in_tests.items():
@@ -61,21 +61,21 @@ def busy_by_gpu(seconds_in_tests: Dict[str, float], gpus: int, seconds: float) -
                       busy_share=round(sum(busy) / (len(busy) * seconds), 3)) for gpu, busy in sorted(by_gpu.items())}
 
 
-def compare_verdicts(records: List[dict], committed: List[dict]) -> dict:
+def compare_verdicts(records: List[Record], committed: List[Record]) -> dict:
     """Whether each run's verdict is the committed one (a run the committed results lack differs)."""
-    theirs = {record_id(r): verdict(r) for r in committed}
-    differ = sorted(record_id(r) for r in records if theirs.get(record_id(r)) != verdict(r))
+    theirs = {r.test_id: r.verdict for r in committed}
+    differ = sorted(r.test_id for r in records if theirs.get(r.test_id) != r.verdict)
     return dict(verdicts_equal=bool(records) and not differ, verdicts_differ=differ[:DIFFER_SHOWN],
                 verdicts_differing=len(differ))
 
 
-def matrix_run(label: str, visible: Optional[str], gpus: int, args, extra: List[str], committed: List[dict]) -> dict:
+def matrix_run(label: str, visible: Optional[str], gpus: int, args, extra: List[str], committed: List[Record]) -> dict:
     """One timed matrix run under `visible` (CUDA_VISIBLE_DEVICES; None: as it is): its row."""
     env = dict(os.environ) if visible is None else {**os.environ, "CUDA_VISIBLE_DEVICES": visible}
     with tempfile.TemporaryDirectory() as tmp, GpuPoll() as poll:
         results, timeline = os.path.join(tmp, "results.json"), os.path.join(tmp, "timeline")
         row = measure(device()[0], args.workers, args.case_set, False, extra, keep=results, timeline=timeline, env=env)
-        records = read_results(results)
+        records = read_results_file(results).records
         by_gpu = busy_by_gpu(test_seconds(timeline), gpus, row["seconds"])
     return dict(step="matrix", label=label, gpus=gpus, cuda_visible_devices=env.get("CUDA_VISIBLE_DEVICES"),
                 **{k: v for k, v in row.items() if k not in ("device", "kit_commit", "case_set", "args", "cold")},
@@ -121,7 +121,7 @@ def main(argv: Optional[List[str]] = None) -> None:
         parser().error(f"--repeat {args.repeat}: give 1 or more")
     runs = settings(args.gpus.split(","), gpus_here())
     try:
-        committed = read_results(REPO / args.committed)
+        committed = read_results_file(REPO / args.committed).records
     except ResultsError as exc:
         raise SystemExit(f"{PROG}: --committed: {exc}") from None
     specs, extra = backends(args.full, extra)

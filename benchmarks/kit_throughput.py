@@ -34,7 +34,7 @@ from typing import Dict, List, Optional, Tuple
 import torch
 
 from benchmarks.timeline import ENV as TIMELINE_ENV, phases
-from kit.report.record import UNSUPPORTED, record_id
+from kit.report.record import COMPLETE, UNSUPPORTED, read_results_file
 
 REPO = Path(__file__).resolve().parent.parent
 SLOWEST = 10
@@ -85,19 +85,19 @@ def measure(name: str, workers: str, case_set: str, cold: bool, extra: List[str]
         proc = subprocess.run(cmd, cwd=REPO, capture_output=True, text=True,
                               env={**(os.environ if env is None else env), TIMELINE_ENV: timeline})
         seconds = time.perf_counter() - start
-        doc = json.loads(Path(results).read_text()) if os.path.exists(results) else {}
+        written = read_results_file(results) if os.path.exists(results) else None
         where = phases(timeline, t0, seconds)
     # 0: all passed, 1: some run failed (still a timing); anything else stopped the session
-    if proc.returncode not in (0, 1) or doc.get("run", {}).get("status") != "complete":
+    if proc.returncode not in (0, 1) or written is None or written.status != COMPLETE:
         tail = "\n".join((proc.stdout + proc.stderr).strip().splitlines()[-5:])
         raise SystemExit(f"the matrix run did not complete (exit code {proc.returncode}): {' '.join(cmd)}\n{tail}")
-    executed = [r for r in doc["records"] if r["outcome"] != UNSUPPORTED]
-    slowest = sorted(executed, key=lambda r: -r["seconds"])[:SLOWEST]
+    executed = [r for r in written.records if r.outcome != UNSUPPORTED]
+    slowest = sorted(executed, key=lambda r: -r.seconds)[:SLOWEST]
     seconds = round(seconds, 2)  # runs_per_s from the figure the row shows: the row agrees with itself
     return dict(device=name, workers=workers, runs=len(executed), seconds=seconds,
                 runs_per_s=round(len(executed) / seconds, 2), cold=cold, kit_commit=kit_commit(),
                 case_set=case_set, args=extra, bytecode_cached=cached, phases=where,
-                slowest=[dict(run=record_id(r), seconds=r["seconds"]) for r in slowest])
+                slowest=[dict(run=r.test_id, seconds=r.seconds) for r in slowest])
 
 
 def append_row(path: Path, row: dict) -> None:

@@ -49,7 +49,7 @@ from typing import Dict, List, Optional, Tuple
 
 from backends.triton import TritonBackend
 from benchmarks.kit_throughput import append_row, device, kit_commit
-from kit.report.record import ENVIRONMENT, record_id, verdict
+from kit.report.record import ENVIRONMENT, read_results_file
 from tests.mutants import triton as mutants
 
 REPO = Path(__file__).resolve().parent.parent
@@ -199,17 +199,17 @@ def matrix(specs: List[str], workers: str, case_set: str, extra: List[str], cloc
                *[f"--backend={spec}" for spec in specs], *extra]
         with GpuPoll() as memory:
             ran = _run(cmd, clock, keep)
-        doc = json.loads(Path(results).read_text()) if os.path.exists(results) else {}
-    records = doc.get("records", [])
-    oom = [r for r in records if r.get("failure_class") == ENVIRONMENT or "OutOfMemoryError" in r.get("message", "")]
+        written = read_results_file(results) if os.path.exists(results) else None
+    records = written.records if written else []
+    oom = [r for r in records if r.failure_class == ENVIRONMENT or "OutOfMemoryError" in r.message]
     return dict(step="matrix", label=label, backends=len(specs), workers=workers, seconds=ran["seconds"],
                 exit_code=ran["exit_code"], cpu_busy=ran["cpu_busy"], gpu_memory_peak_mib=memory.peak,
-                status=doc.get("run", {}).get("status"), selected=len(doc.get("run", {}).get("selected", [])),
-                records=len(records), by_verdict=dict(collections.Counter(verdict(r) for r in records)),
-                out_of_memory_records=len(oom), out_of_memory_first=[record_id(r) for r in oom[:5]],
+                status=written and written.status, selected=len(written and written.selected or []),
+                records=len(records), by_verdict=dict(collections.Counter(r.verdict for r in records)),
+                out_of_memory_records=len(oom), out_of_memory_first=[r.test_id for r in oom[:5]],
                 internal_error="INTERNALERROR" in ran["output"],
                 last_lines=ran["output"].strip().splitlines()[-3:],
-                verdicts={record_id(r): verdict(r) for r in records if r["backend"] == IN_BOX})
+                verdicts={r.test_id: r.verdict for r in records if r.backend == IN_BOX})
 
 
 def main() -> None:

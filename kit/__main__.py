@@ -1,32 +1,21 @@
-"""python -m kit run | list | warmup — re-run one case (the repro line every failure prints),
-show the catalog and the backends, or build every kernel variant a matrix selection will load."""
+"""python -m kit run | list | warmup | fuzz — re-run one case (the repro line every failure prints),
+show the catalog and the backends, build every kernel variant a matrix selection will load, or
+search a backend's case space. Exit codes: docs/running.md, 'Exit codes'."""
 from __future__ import annotations
 
-import argparse
-import collections
 import dataclasses
 import json
 import sys
 
-import torch
-
-from kit.engine.case_line import format_case, parse_case
-from kit.engine.catalog import CASE_SETS, load_catalog, resolve_set
-from kit.cli import FAILED, Parser, fail
+from kit import options
+from kit.cli import FAILED, Parser, count, fail, seconds
 from kit.fuzz import cli as fuzz_cli
-from kit.modes import EXECS, MODES, parse_exec, parse_mode
-from kit.harness.capabilities import Capabilities
-from kit.harness.protocol import backend_problem
-from kit.report import known_failures
-from kit.report.known_failures import KnownFailuresError
-from kit.report.record import ERROR, FAIL, PASS, repro_command
-from kit.shard import Shard
-from kit.harness.environment import device_name
-from kit.harness.registry import UnknownBackend, backend_label, kernels_of, known_backends, load_backend
-from kit.harness.runner import run_case
 from kit.harness.timeout import BUILD_S, DEFAULT_S
+from kit.modes import EXECS, MODES
 
 PROG = "python -m kit"
+# Torch, the engine and the backends are imported by the commands that need them: `--help` and a
+# usage error answer at once.
 
 
 def build_parser() -> Parser:
@@ -41,98 +30,45 @@ def build_parser() -> Parser:
     which.add_argument("--case", help="case name (see `python -m kit list`)")
     which.add_argument("--case-line", help="a case in no catalog, whole: its Case(...) line, as `python -m kit "
                                            "fuzz` prints it (the mode is the line's)")
+    run.add_argument("--cases", default=None, help="case catalog as module:attr (default: the in-box one)")
     run.add_argument("--device", default=None, help="cpu or cuda (default: cuda when present)")
-    run.add_argument("--timeout", type=_seconds, default=DEFAULT_S,
+    run.add_argument("--timeout", type=seconds, default=DEFAULT_S,
                      help=f"seconds after which the run stops as a crash (default {DEFAULT_S:g}; 0: none)")
     run.add_argument("--json", action="store_true", help="print the result record as JSON on the last line")
     run.add_argument("--known-failures", default=None,
                      help="expected-failures file whose entry for this run is named (default: the kit's "
                           "KNOWN_FAILURES.md, if present)")
-    lst = sub.add_parser("list", prog=f"{PROG} list", help="list the cases of a set (mode, name, batch, page, dtype, "
-                                                           "heads, head_dim, layout), or the backends")
-    lst.add_argument("--case-set", default="auto", help=f"{', '.join(CASE_SETS)}, or auto (full with CUDA, smoke "
-                                                        f"without; default)")
+    lst = sub.add_parser("list", prog=f"{PROG} list", help="list the cases of the selection (mode, name, batch, page, "
+                                                           "dtype, heads, head_dim, layout), or its backends")
+    options.add_selection(lst.add_argument)
     lst.add_argument("--backends", action="store_true",
-                     help="list the registered backends instead: available here or not, and why")
+                     help="list the selection's backends instead: what each runs here, and why not the rest")
     warm = sub.add_parser("warmup", prog=f"{PROG} warmup",
                           help="build every kernel variant the matrix selection will load (FlashInfer's JIT, Triton's "
                                "compile), in parallel, before any run: each backend x mode x kernel variant once, on "
-                               "its smallest case")
-    warm.add_argument("--backend", action="append", default=[],
-                      help="as the matrix's (repeat or comma-separate); default: every registered backend")
-    warm.add_argument("--mode", action="append", default=[], help=", ".join(m.value for m in MODES))
-    warm.add_argument("--exec", action="append", default=[], dest="exec_", help="eager, graph")
-    warm.add_argument("--case-set", default="auto", help=f"{', '.join(CASE_SETS)}, or auto (default)")
-    warm.add_argument("--jobs", type=int, default=None, help="builds at once (default: one per core)")
-    warm.add_argument("--shard", type=_shard, default=None, metavar="K/N",
-                      help="only the builds of the matrix's --shard K/N (the same selection options)")
-    warm.add_argument("--timeout", type=_seconds, default=BUILD_S,
+                               "its smallest case the backend runs")
+    options.add_selection(warm.add_argument)
+    options.add_shard(warm.add_argument)
+    warm.add_argument("--jobs", type=count, default=None, help="builds at once (default: one per core)")
+    warm.add_argument("--timeout", type=seconds, default=BUILD_S,
                       help=f"seconds per build (default {BUILD_S:g}: longer than a run's, since a compile "
                            f"stopped is lost; 0: none)")
-    for p in (run, lst, warm):
-        p.add_argument("--cases", default=None, help="case catalog as module:attr (default: the in-box one)")
     fuzz_cli.add_parser(sub, PROG)
     return parser
 
 
-def _seconds(text: str) -> float:
-    """A time limit: seconds, 0 for none; a negative one is refused (it would mean none, silently)."""
-    seconds = float(text)
-    if seconds < 0:
-        raise argparse.ArgumentTypeError(f"{text}: give seconds >= 0 (0: no limit)")
-    return seconds
-
-
-def _shard(text: str) -> Shard:
-    try:
-        return Shard.parse(text)
-    except ValueError as exc:
-        raise argparse.ArgumentTypeError(str(exc)) from None
-
-
-def _list_cases(catalog, case_set: str) -> None:
-    for mode in MODES:
-        for case in catalog.cases(case_set, mode):
-            print(f"{mode.value:16} {case.name:36} bs={case.bs:<3} page={case.page:<3} {case.dtype} "
-                  f"heads={case.heads} d={case.head_dim} layout={case.layout}"
-                  + (f" mla={case.kv_lora_rank}+{case.rope_dim}" if case.is_mla else "")
-                  + (f" inputs={case.inputs}" if case.inputs != "contiguous" else "")
-                  + (f" kv={case.kv_dtype}" if case.kv_dtype else ""))
-
-
-def availability(spec: str, catalog, case_set: str) -> str:
-    """`available: ...` or `unavailable: <reason>`, from the backend's own `supports()` over the set."""
-    try:
-        cls = load_backend(spec)
-    except Exception as exc:  # noqa: BLE001 - a backend that cannot load is what this reports
-        return f"unavailable: cannot be loaded ({type(exc).__name__}: {exc})"
-    problem = backend_problem(cls)
-    if problem:
-        return f"unavailable: {problem}"
-    try:
-        caps = Capabilities.of(cls)
-    except TypeError as exc:
-        return f"unavailable: {exc}"
-    reasons = collections.Counter()
-    runs = 0
-    for mode in MODES:
-        for case in catalog.cases(case_set, mode):
-            try:
-                reason = cls.supports(case) or caps.mode_reason(mode)
-            except Exception as exc:  # noqa: BLE001
-                reason = f"supports() raised {type(exc).__name__}: {exc}"
-            runs += 1
-            if reason:
-                reasons[str(reason)] += 1
-    ok = runs - sum(reasons.values())
-    why = " | ".join(reason for reason, _ in reasons.most_common())
-    if not ok:
-        return f"unavailable: {why or f'no {case_set} cases'}"
-    graph = "graph hooks" if caps.has_graph_hooks else "eager only (no capture hooks)"
-    return f"available: {ok}/{runs} {case_set} cases, {graph}" + (f"; the others: {why}" if why else "")
-
-
 def _run(args, catalog) -> int:
+    import torch
+
+    from kit.engine.case_line import format_case, parse_case
+    from kit.harness.environment import device_name
+    from kit.harness.registry import UnknownBackend, backend_label, import_root
+    from kit.harness.runner import run_case
+    from kit.modes import parse_exec, parse_mode
+    from kit.report import known_failures
+    from kit.report.known_failures import KnownFailuresError
+    from kit.report.record import ERROR, FAIL, repro_command
+
     try:
         exec_ = parse_exec(args.exec_)
         if args.case_line:
@@ -142,8 +78,8 @@ def _run(args, catalog) -> int:
         else:
             case = catalog.find_case(parse_mode(args.mode), args.case)
         device = torch.device(args.device) if args.device else None
-    except KeyError as exc:
-        return fail(PROG, f"{exc.args[0]} (see `python -m kit list`)")
+    except KeyError:
+        return fail(PROG, _no_case(catalog, args.mode, args.case))
     except (ValueError, RuntimeError) as exc:
         return fail(PROG, f"{exc}")
     try:  # as pytest does: an unknown name or a target that does not import is a usage error
@@ -161,7 +97,7 @@ def _run(args, catalog) -> int:
                       timeout=args.timeout)
     if args.case_line:
         result.repro = repro_command(args.backend, case.mode.value, exec_.value, case.name,
-                                     case_line=format_case(case))
+                                     case_line=format_case(case), pythonpath=import_root(args.backend))
     entry = known_failures.match(entries, result.backend, result.mode, result.exec, result.case, device_name())
     if args.json:
         print(json.dumps(dataclasses.asdict(result)))
@@ -171,46 +107,76 @@ def _run(args, catalog) -> int:
     if result.message:
         print(result.message)
     if entry is not None:
-        print(_known_line(entry, result))
+        print(known_failures.against(entry, result.outcome, result.failure_class))
     return FAILED if result.outcome in (FAIL, ERROR) else 0
 
 
-def _known_line(entry, result) -> str:
-    """What the run is against its KNOWN_FAILURES.md entry: that known failure, or not."""
-    said = f"{entry.id} ({entry.where}) expects [{entry.failure_class}] here"
-    if known_failures.is_expected(entry, result.outcome, result.failure_class):
-        return f"known failure: {entry.id} ({entry.where}): {entry.reason}"
-    if result.outcome == FAIL:
-        return f"not the known failure: {said}, this run failed [{result.failure_class}]"
-    if result.outcome == PASS:
-        return f"{said}, but this run passed: the entry is stale here"
-    return f"{said}; this run: {result.outcome}"
+def _no_case(catalog, mode: str, name: str) -> str:
+    """Why `--mode mode --case name` names no case: a case of another mode, or a near miss."""
+    import difflib
+
+    from kit.modes import parse_mode
+
+    elsewhere = [m.value for m in MODES if name in catalog.all_cases(m)]
+    if elsewhere:
+        return f"{name!r} is a {elsewhere[0]} case, not a {mode} one: give --mode {elsewhere[0]}"
+    close = difflib.get_close_matches(name, catalog.all_cases(parse_mode(mode)), n=3)
+    return f"no {mode} case named {name!r}" + (f"; did you mean {', '.join(close)}?" if close else "") + \
+        f" (`python -m kit list --mode {mode}` lists them)"
 
 
-def _csv(values):
-    return [v for item in values for v in item.split(",") if v]
+def _selection(args):
+    """(backend specs, modes, execs) of the selection options, or ValueError naming the bad one."""
+    from kit.harness.registry import UnknownBackend, backend_label, known_backends
+
+    backends = options.csv(args.backend) or known_backends()
+    for spec in backends:
+        try:
+            backend_label(spec)
+        except (UnknownBackend, ImportError, AttributeError, ValueError, TypeError) as exc:
+            raise ValueError(f"--backend {spec}: {exc}") from None
+    return backends, options.modes(args.mode), options.execs(args.exec_)
 
 
 def _warmup(args, catalog, case_set: str) -> int:
     from kit import warmup
+    from kit.harness.registry import backend_label, kernels_of
+    from kit.shard import Shard
+
     try:
-        backends = _csv(args.backend) or known_backends()
-        labels = {spec: backend_label(spec) for spec in backends}
-        modes = [parse_mode(m) for m in _csv(args.mode)] or list(MODES)
-        execs = [parse_exec(e) for e in _csv(args.exec_)] or list(EXECS)
-    except (UnknownBackend, ImportError, AttributeError, ValueError, TypeError) as exc:
+        backends, modes, execs = _selection(args)
+        shard = Shard.parse(args.shard) if args.shard else None
+    except ValueError as exc:
         return fail(PROG, f"{exc}")
-    if args.jobs is not None and args.jobs < 1:
-        return fail(PROG, f"--jobs {args.jobs}: give 1 or more")
-    todo = warmup.builds(backends, modes, execs, catalog, case_set, kernels_of, args.shard, labels.get)
+    labels = {spec: backend_label(spec) for spec in backends}
+    todo = warmup.builds(backends, modes, execs, catalog, case_set, kernels_of, warmup.runs_here, shard, labels.get)
     lost = warmup.warmup(todo, args.jobs or warmup.default_jobs(), args.cases, args.timeout)
     return FAILED if lost else 0
+
+
+def _list(args, catalog, case_set: str) -> int:
+    from kit import listing
+    from kit.harness.scope import narrows_to_ci
+
+    try:
+        backends, modes, execs = _selection(args) if args.backends else ([], options.modes(args.mode), [])
+    except ValueError as exc:
+        return fail(PROG, f"{exc}")
+    if not args.backends:
+        print("\n".join(listing.case_lines(catalog, case_set, modes)))
+        return 0
+    for spec in backends:
+        print("\n".join(listing.backend_lines(spec, catalog, case_set, modes, execs,
+                                              narrows_to_ci(args.case_set, case_set))))
+    return 0
 
 
 def main(argv=None) -> int:
     args = build_parser().parse_args(argv)
     if args.command == "fuzz":
         return fuzz_cli.main(args, PROG)
+    from kit.engine.catalog import load_catalog, resolve_set
+
     try:
         catalog = load_catalog(args.cases)
         case_set = resolve_set(getattr(args, "case_set", "auto"))
@@ -222,12 +188,7 @@ def main(argv=None) -> int:
         return _run(args, catalog)
     if args.command == "warmup":
         return _warmup(args, catalog, case_set)
-    if args.backends:
-        for name in known_backends():
-            print(f"{name:14} {availability(name, catalog, case_set)}")
-    else:
-        _list_cases(catalog, case_set)
-    return 0
+    return _list(args, catalog, case_set)
 
 
 if __name__ == "__main__":

@@ -1,11 +1,23 @@
-"""What the command lines share: errors are one line, `prog: error: problem; fix`, with exit
-code 2 for a usage error (a bad option or path) and 1 for anything else. Torch-free."""
+"""What the command lines share: errors are one line, `prog: error: problem; fix`, and one scheme
+of exit codes for `python -m pytest` (pytest's own), `python -m kit`, `python -m kit.mutate` and
+`python -m matrix` (docs/running.md, 'Exit codes'). Torch-free."""
 from __future__ import annotations
 
 import argparse
 import sys
 
-USAGE, FAILED = 2, 1
+OK = 0
+FAILED = 1  # a run failed, a mutant was missed, the gate found a problem, an input file is malformed
+INTERRUPTED = 2  # the user stopped it (Ctrl-C): pytest's code
+USAGE = 4  # a bad option, value or path: pytest's code for a usage error, so one scheme for all
+DEVICE_LOST = 70  # a process that ran nothing more after a sticky device fault (kit.plugin.device_lost)
+STUCK = 75  # a process ended by a run stuck in native code past its limit (kit.harness.timeout)
+EXIT_CODES = {OK: "every run passed (known failures as expected), or the command did what it was asked",
+              FAILED: "a run failed, a mutant was missed, the gate found a problem, or an input file is malformed",
+              INTERRUPTED: "stopped by the user (Ctrl-C)",
+              USAGE: "a bad option, value or path; nothing ran",
+              DEVICE_LOST: "a process ended itself after a sticky device fault (one process, `-p no:xdist`)",
+              STUCK: "a run stuck in native code past its limit ended the process (one process, `-p no:xdist`)"}
 
 
 class Parser(argparse.ArgumentParser):
@@ -18,3 +30,19 @@ class Parser(argparse.ArgumentParser):
 def fail(prog: str, message: str, code: int = USAGE) -> int:
     print(f"{prog}: error: {message}", file=sys.stderr)
     return code
+
+
+def seconds(text: str) -> float:
+    """An option's seconds: 0 or more (a negative limit or budget would mean none, silently)."""
+    value = float(text)
+    if not value >= 0:
+        raise argparse.ArgumentTypeError(f"{text}: give seconds >= 0")
+    return value
+
+
+def count(text: str) -> int:
+    """An option's count of things: 1 or more."""
+    value = int(text)
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"{text}: give 1 or more")
+    return value

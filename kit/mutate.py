@@ -17,7 +17,7 @@ import sys
 import torch
 
 from kit.engine.catalog import load_catalog, resolve_set
-from kit.cli import Parser, fail
+from kit.cli import Parser, count, fail
 from kit.mutation import score_all, worker
 from kit.harness.registry import load_backend
 from kit.targets import import_target
@@ -34,7 +34,7 @@ def main(argv=None) -> int:
     parser.add_argument("--case-set", default="auto", help="smoke, full, or auto (full with CUDA, smoke without)")
     parser.add_argument("--only", default="", help="comma-separated mutant names")
     parser.add_argument("--cpu-only", action="store_true", help="only the mutants the CPU can catch")
-    parser.add_argument("-j", "--jobs", type=int, default=os.cpu_count() or 1,
+    parser.add_argument("-j", "--jobs", type=count, default=os.cpu_count() or 1,
                         help="mutants scored at once, each in its own process (default: one per CPU)")
     parser.add_argument("--json", help="write the scores here")
     parser.add_argument("--stop-when-caught", action="store_true", help="stop a mutant at its first catch")

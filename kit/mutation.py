@@ -10,14 +10,13 @@ import collections
 import concurrent.futures
 import dataclasses
 import json
-import subprocess
-import sys
 from typing import Callable, Dict, List, Optional, Sequence, Tuple
 
 from kit.engine.case import Case
 from kit.engine.catalog import load_catalog
 from kit.modes import Exec, ForwardMode
 from kit.report.record import CRASH, FAIL, UNSUPPORTED, parse_run_id, repro_command, run_id
+from kit.harness import child
 from kit.harness.registry import load_backend
 from kit.targets import import_target
 from kit.harness.runner import run_case
@@ -118,24 +117,20 @@ def score_isolated(mutant: Mutant, catalog: str, case_set: str, stop_when_caught
                    cases: Optional[str] = None) -> Score:
     """score() in a subprocess: a mutant that kills its process (heap corruption, a
     device fault) is caught as a crash at the run it was in, and the caller lives."""
-    cmd = [sys.executable, "-m", "kit.mutate", "--worker", "--catalog", catalog, "--only", mutant.name,
-           "--case-set", case_set] + (["--stop-when-caught"] if stop_when_caught else []) + (
-           ["--cases", cases] if cases else [])
-    proc = subprocess.run(cmd, capture_output=True, text=True)
-    lines = proc.stdout.splitlines()
-    for line in lines:
-        if line.startswith(SCORE):
-            record = json.loads(line[len(SCORE):])
-            return Score(mutant, runs=record["runs"], failed=record["failed"], classes=record["classes"],
-                         first_failure=record["first_failure"], repro=record["repro"], not_run=record["not_run"])
-    started = [line[len(RUN):] for line in lines if line.startswith(RUN)]
+    cmd = child.command("kit.mutate", "--worker", "--catalog", catalog, "--only", mutant.name, "--case-set", case_set,
+                        *(["--stop-when-caught"] if stop_when_caught else []), *(["--cases", cases] if cases else []))
+    ended = child.run(cmd)
+    record = ended.answer(SCORE)
+    if record is not None:
+        return Score(mutant, runs=record["runs"], failed=record["failed"], classes=record["classes"],
+                     first_failure=record["first_failure"], repro=record["repro"], not_run=record["not_run"])
+    started = [line[len(RUN):] for line in ended.stdout.splitlines() if line.startswith(RUN)]
     if not started:
-        raise RuntimeError(f"mutant worker for {mutant.name} failed before any run:\n{proc.stderr[-2000:]}")
-    tail = " | ".join(proc.stderr.strip().splitlines()[-2:])
+        raise RuntimeError(f"mutant worker for {mutant.name} failed before any run ({ended.death(20)})")
     _, mode, exec_, case = parse_run_id(started[-1])
     repro = repro_command(mutant.backend, mode, exec_, case, cases)
     return Score(mutant, runs=len(started), failed=1, classes={CRASH: 1}, first_failure=started[-1],
-                 repro=f"{repro}  # process died, exit code {proc.returncode}: {tail}",
+                 repro=f"{repro}  # process died, {ended.death()}",
                  not_run=len(_runs(mutant, case_set, cases, stop_when_caught)) - len(started))
 
 

@@ -4,7 +4,7 @@ A backend's first run of a kernel variant builds it (FlashInfer's JIT, Triton's 
 for FlashInfer on a fresh machine), and in a matrix session those builds land in the workers'
 first runs, against their time limits. Warmup runs each distinct
 (backend, mode, kernel variant) of the selection once (a backend derived from a registered one,
-as a mutant is, counts as that one: it builds the same kernels), on its smallest case, in as
+as a mutant is, counts as that one: it builds the same kernels), on its smallest case it runs, in as
 many processes at once as there are cores (`--jobs`). A process runs build after build
 (`next_build`), so that it imports and loads each backend once, not once a build (16 processes
 importing SGLang at once took longer than most builds). A build that takes its process down
@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import argparse
 import collections
-import dataclasses
+import functools
 import json
 import os
 import selectors
@@ -29,10 +29,10 @@ from dataclasses import dataclass
 from typing import Callable, Dict, List, Optional, Sequence
 
 from kit.process import placement
+from kit.harness import child
 from kit.engine.case import Case
 from kit.engine.catalog import load_catalog
 from kit.modes import Exec, ForwardMode, parse_exec, parse_mode
-from kit.report.record import verdict
 from kit.shard import Shard, kernel_group, split
 
 BAR = 24
@@ -55,12 +55,14 @@ def _size(case: Case):
 
 
 def builds(backends: Sequence[str], modes: Sequence[ForwardMode], execs: Sequence[Exec], catalog,
-           case_set: str, kernels_of: Callable[[str], str] = lambda spec: spec, shard: Optional[Shard] = None,
+           case_set: str, kernels_of: Callable[[str], str] = lambda spec: spec,
+           runs: Callable[[str, Case, Exec], bool] = lambda backend, case, exec_: True, shard: Optional[Shard] = None,
            label_of: Callable[[str], str] = lambda spec: spec) -> List[Build]:
     """One build per backend whose kernels the selection runs (`kernels_of`), mode and kernel
-    variant: its smallest case, eager where the selection runs eager (graph runs load the same
-    kernels). With `shard`, those of the kernel groups the matrix's `--shard` runs (groups of the
-    backends' labels, `label_of`, split as kit.plugin.selection.Selection.runs splits them)."""
+    variant: its smallest case the backend `runs`, eager where the selection runs eager (graph
+    runs load the same kernels); a variant whose every case the backend declines builds nothing.
+    With `shard`, those of the kernel groups the matrix's `--shard` runs (groups of the backends'
+    labels, `label_of`, split as kit.plugin.selection.Selection.runs splits them)."""
     exec_ = Exec.EAGER if Exec.EAGER in execs else execs[0]
     backend_cases = [(spec, case) for spec in backends for mode in modes for case in catalog.cases(case_set, mode)]
 
@@ -72,10 +74,34 @@ def builds(backends: Sequence[str], modes: Sequence[ForwardMode], execs: Sequenc
     for spec, case in backend_cases:
         if shard and shard_of[group(spec, case)] != shard.index:
             continue
-        key = (kernels_of(spec), case.mode, case.kernel_variant)
+        backend = kernels_of(spec)
+        if not runs(backend, case, exec_):
+            continue
+        key = (backend, case.mode, case.kernel_variant)
         if key not in smallest or _size(case) < _size(smallest[key]):
             smallest[key] = case
     return [Build(backend, case, exec_) for (backend, _, _), case in smallest.items()]
+
+
+@functools.lru_cache(maxsize=None)
+def _declarations(backend: str):
+    from kit.harness.capabilities import Capabilities
+    from kit.harness.registry import load_backend
+
+    cls = load_backend(backend)
+    return cls, Capabilities.of(cls)
+
+
+def runs_here(backend: str, case: Case, exec_: Exec) -> bool:
+    """Whether `backend` runs `case` (kit.harness.scope decides): a build on a case it declines
+    builds nothing. A backend that does not load, or whose supports() raises, is left to its
+    build, which reports it."""
+    from kit.harness.scope import unsupported_reason
+
+    try:
+        return unsupported_reason(*_declarations(backend), case, exec_) is None
+    except Exception:  # noqa: BLE001 - its build says what is wrong
+        return True
 
 
 def bar(done: int, total: int) -> str:
@@ -100,10 +126,11 @@ class _Process:
     def __init__(self, slot: int, jobs: int, catalog_target: Optional[str], timeout: float):
         self.slot = slot
         self.stderr = tempfile.TemporaryFile("w+")  # not a pipe: a chatty backend would fill it and wait
-        cmd = [sys.executable, "-m", "kit.warmup", "--timeout", str(timeout)]
+        cmd = child.command("kit.warmup", "--timeout", str(timeout),
+                            *(["--cases", catalog_target] if catalog_target else []))
         # Placed and budgeted as a session's worker is: slot `slot` of `jobs`.
-        env = {**os.environ, **placement.Placement(slot, jobs).env()}
-        self.proc = subprocess.Popen(cmd + (["--cases", catalog_target] if catalog_target else []),
+        env = {**child.environment(), **placement.Placement(slot, jobs).env()}
+        self.proc = subprocess.Popen(cmd,
                                      stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=self.stderr,
                                      text=True, env=env)
         self.build: Optional[Build] = None
@@ -131,12 +158,12 @@ class _Process:
             pass
 
     def ended(self) -> str:
-        """Why its build has no verdict: the exit code and the last line it wrote on stderr."""
+        """Why its build has no verdict: how its process ended and the last line it wrote on stderr."""
         code = self.proc.wait()
         self.stderr.seek(0)
-        lines = [line.strip() for line in self.stderr.read().splitlines() if line.strip()]
+        ended = child.Ended(code, "", self.stderr.read())
         self.stderr.close()
-        return f"its process ended with exit code {code} and no verdict" + (f" ({lines[-1][:200]})" if lines else "")
+        return f"its process ended with no verdict, {ended.death(1)[:300]}"
 
 
 def next_build(backend: Optional[str], pending: List[Build], working: Dict[str, int]) -> Build:
@@ -229,7 +256,7 @@ def serve(catalog_target: Optional[str], timeout: float) -> None:
         build = json.loads(line)
         case = catalog.find_case(parse_mode(build["mode"]), build["case"])
         result = run_case(build["backend"], case, parse_exec(build["exec"]), catalog=catalog_target, timeout=timeout)
-        replies.write(json.dumps(dict(verdict=verdict(dataclasses.asdict(result)),
+        replies.write(json.dumps(dict(verdict=result.verdict,
                                       device_lost=bool(result.device_lost))) + "\n")
         if result.device_lost:
             return

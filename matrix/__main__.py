@@ -8,7 +8,7 @@ from pathlib import Path
 from kit.cli import FAILED, Parser, fail
 from kit.report.known_failures import KnownFailuresError, load
 from kit.report.record import ResultsError, read_results_file
-from kit.report.results import write_results, write_text
+from kit.report.results import page_path, write_results, write_text
 from matrix import gate, html, readme
 from matrix.committed import committed_text, write_if_changed
 from matrix.merge import ShardsError, merge
@@ -45,7 +45,9 @@ def build_parser() -> Parser:
     html = sub.add_parser("html", parents=[sources], prog=f"{PROG} html",
                           help="write one static HTML page: the matrix per device, cells coloured by outcome, each "
                                "failing cell opening its runs (message, class, max err / tol, known failure, repro)")
-    html.add_argument("--out", default="matrix.html", help="the page to write (default: matrix.html)")
+    html.add_argument("--out", default=None, help="the page to write (default: the first --results file's name with "
+                                                  ".html for .json, e.g. results-local.html; matrix.html for the "
+                                                  "committed results)")
     html.add_argument("--results", action="append", default=[], metavar="FILE",
                       help="results files to show (repeatable; default: the committed results in --results-dir)")
     merging = sub.add_parser("merge", prog=f"{PROG} merge",
@@ -69,20 +71,25 @@ def _entries(path, problems: list) -> list:
 def _html(args) -> int:
     problems = []
     entries = _entries(args.known_failures, problems)
-    results = {}
+    files = {}
     if args.results:
         for path in args.results:
             try:
-                results[path] = read_results_file(path).records
+                files[path] = read_results_file(path)
             except ResultsError as exc:
                 problems.append(str(exc))
     else:
-        results = gate.committed_results(args.results_dir, [])
+        files = gate.committed_files(args.results_dir, [])
     if problems:
         print("\n".join(f"matrix html: {p}" for p in problems), file=sys.stderr)
         return FAILED
-    write_text(args.out, html.page(results, entries))
-    print(f"matrix html: wrote {args.out} ({sum(map(len, results.values()))} runs from {len(results)} file(s))")
+    out = args.out or page_path(args.results)
+    write_text(out, html.page(files, entries))
+    print(f"matrix html: wrote {out} ({sum(len(f.records) for f in files.values())} runs from "
+          f"{len(files)} file(s){'' if args.results else ': the committed results; --results FILE for a run'})")
+    for path, f in files.items():
+        if f.incomplete():
+            print(f"matrix html: {path}: {f.incomplete()} (said at the top of the page)", file=sys.stderr)
     return 0
 
 
@@ -133,7 +140,7 @@ def _merge(args) -> int:
         run = merge(shards, args.out)
     except ShardsError as exc:
         return fail(PROG, str(exc), FAILED)
-    write_results(run.path, run.records, dict(status=run.status, selected=run.selected, catalog=run.catalog))
+    write_results(run.path, [r.to_dict() for r in run.records], dict(status=run.status, selected=run.selected, catalog=run.catalog))
     print(f"matrix merge: wrote {run.path} ({len(shards)} shards, {len(run.records)} of {len(run.selected)} "
           f"selected runs recorded, {run.status})")
     return 0
@@ -141,16 +148,17 @@ def _merge(args) -> int:
 
 def main(argv=None) -> int:
     args = build_parser().parse_args(argv)
+    for option, path in [*(("--fresh", p) for p in getattr(args, "fresh", [])),
+                         *(("--results", p) for p in getattr(args, "results", []))]:
+        if not Path(path).is_file():
+            what = "a directory, not a results file" if Path(path).is_dir() else "no such file"
+            return fail(PROG, f"{option} {path}: {what}; name the file the run wrote with --results-json")
     if args.command == "html":
         return _html(args)
     if args.command == "merge":
         return _merge(args)
     if not Path(args.readme).is_file():
         return fail(PROG, f"--readme {args.readme}: no such file; name the README with the generated blocks")
-    for path in getattr(args, "fresh", []):
-        if not Path(path).is_file():
-            what = "a directory, not a results file" if Path(path).is_dir() else "no such file"
-            return fail(PROG, f"--fresh {path}: {what}; name the file the run wrote with --results-json")
     try:
         return _write(args) if args.command == "write" else _check(args)
     except readme.MarkersMissing as exc:

@@ -6,12 +6,9 @@ import re
 from pathlib import Path
 from typing import Dict
 
-from kit.report.record import ResultsFile
+from kit.report.record import VOLATILE, Record, ResultsFile
 from kit.report.results import results_text, write_text
 
-# When and by which commit a run was made, and how long it took: the commit that adds the file
-# says the first two, and the third is noise between runs.
-VOLATILE = ("seconds", "date", "kit_commit")
 # Errors and tolerances move in their last digits between runs (threads sum in another order):
 # kept to the 3 significant digits the failure messages print.
 ROUNDED = ("max_err", "tol")
@@ -27,8 +24,10 @@ def _rounded(value):
     return float(f"{value:.{DIGITS}g}") if isinstance(value, float) else value
 
 
-def committed_record(record: Dict) -> Dict:
-    out = {k: v for k, v in record.items() if k not in VOLATILE}
+def committed_record(record: Record) -> Dict:
+    """The record without its VOLATILE fields (when and by which commit a run was made, and how
+    long it took: the commit that adds the file says the first two, the third is noise)."""
+    out = {k: v for k, v in record.to_dict().items() if k not in VOLATILE}
     if isinstance(out.get("message"), str):
         out["message"] = INSTALL_PREFIX.sub(r"\1/", out["message"])
     for field in ROUNDED:

@@ -7,8 +7,8 @@ from pathlib import Path
 from typing import Dict, List, Sequence, Tuple
 
 from kit.report.known_failures import KnownFailuresError, covering, load
-from kit.report.record import (COMPLETE, ERROR, FAIL, PASS, UNSUPPORTED, ResultsError, ResultsFile, read_results_file,
-                        record_id as _id, verdict as _verdict)
+from kit.report.record import (COMPLETE, ERROR, FAIL, PASS, UNSUPPORTED, Record, ResultsError, ResultsFile,
+                               read_results_file)
 from matrix import fuzz, mutation, readme
 from matrix.committed import committed_text
 from matrix.merge import ShardsError, merge
@@ -23,7 +23,7 @@ def _first(ids: List[str]) -> str:
 
 def _not_judged(f: ResultsFile) -> List[str]:
     """Run ids of the records its environment stopped before a verdict (kit.report.record.ERROR)."""
-    return [_id(r) for r in f.records if r["outcome"] == ERROR]
+    return [r.test_id for r in f.records if r.outcome == ERROR]
 
 
 def _partial(f: ResultsFile) -> str:
@@ -60,7 +60,7 @@ def committed_files(results_dir, problems: List[str]) -> Dict[str, ResultsFile]:
     return out
 
 
-def committed_results(results_dir, problems: List[str]) -> Dict[str, List[Dict]]:
+def committed_results(results_dir, problems: List[str]) -> Dict[str, List[Record]]:
     """source -> records of each committed results file (see committed_files)."""
     return {src: f.records for src, f in committed_files(results_dir, problems).items()}
 
@@ -71,11 +71,11 @@ def _not_in_committed_form(files: Dict[str, ResultsFile]) -> List[str]:
             if Path(f.path).read_text() != committed_text(f)]
 
 
-def expected_block(results: Dict[str, List[Dict]], entries) -> str:
+def expected_block(results: Dict[str, List[Record]], entries) -> str:
     return render(results, entries) if results else "No results yet."
 
 
-def readme_blocks(results: Dict[str, List[Dict]], entries, results_dir,
+def readme_blocks(results: Dict[str, List[Record]], entries, results_dir,
                   problems: List[str]) -> List[Tuple[str, str, str, str]]:
     """(what, begin marker, end marker, generated text) of each generated README block that can be
     made; a problem for each that cannot."""
@@ -109,15 +109,15 @@ def _stale_readme(readme_path, blocks) -> List[str]:
     return problems
 
 
-def _coverage(records: List[Dict], sources: Dict[int, str], entries) -> List[str]:
+def _coverage(records: List[Record], sources: Dict[int, str], entries) -> List[str]:
     problems = []
     for r in records:
-        if r["outcome"] == FAIL and covering(entries, r) is None:
-            problems.append(f"uncovered failure: {_id(r)} [{r['failure_class']}] in {sources[id(r)]}: fix it or "
-                            f"add a KNOWN_FAILURES.md entry; repro: {r.get('repro', '')}")
+        if r.outcome == FAIL and covering(entries, r) is None:
+            problems.append(f"uncovered failure: {r.test_id} [{r.failure_class}] in {sources[id(r)]}: fix it or "
+                            f"add a KNOWN_FAILURES.md entry; repro: {r.repro}")
     for e in entries:
-        matched = [r for r in records if r["outcome"] != UNSUPPORTED and e.matches_record(r)]
-        passing = [_id(r) for r in matched if r["outcome"] == PASS]
+        matched = [r for r in records if r.outcome != UNSUPPORTED and e.matches_record(r)]
+        passing = [r.test_id for r in matched if r.outcome == PASS]
         if not matched:
             problems.append(f"stale known failure: {e.id} ({e.where}) matches no run in the results: "
                             f"remove it or fix its patterns")
@@ -133,36 +133,33 @@ def _fresh_problems(f: ResultsFile) -> List[str]:
         return [f"{f.path}: no run list (written by an older kit or by hand); run the suite again with this kit"]
     if not f.selected:
         return [f"{f.path}: no runs: the session selected none; check --backend/--mode/--exec/--case-set/-k"]
-    missing = f.missing(f.selected)
     stopped = _not_judged(f)
     if stopped:
         return [f"{f.path}: {len(stopped)} runs stopped by their environment before a verdict (first: "
-                f"{_first(stopped)}: {next(r['message'] for r in f.records if _id(r) == stopped[0])[:300]}); "
+                f"{_first(stopped)}: {next(r.message for r in f.records if r.test_id == stopped[0])[:300]}); "
                 f"run them again (not compared with the committed results)"]
-    if f.status != COMPLETE or missing:
-        return [f"{f.path}: interrupted run ({f.status}): {len(f.selected) - len(missing)} of {len(f.selected)} "
-                f"selected runs recorded{f' (first missing: {_first(missing)})' if missing else ''}; run it again "
-                f"to the end (not compared with the committed results)"]
+    if f.incomplete():
+        return [f"{f.path}: {f.incomplete()}; run it again to the end (not compared with the committed results)"]
     return []
 
 
 def _left_out(fresh: List[ResultsFile]) -> set:
     """Catalog runs the fresh sessions left out by their options (and none of them ran)."""
-    ran = {_id(r) for f in fresh for r in f.records}
+    ran = {r.test_id for f in fresh for r in f.records}
     return set().union(*(f.not_selected() for f in fresh)) - ran
 
 
-def _agreement(fresh: List[ResultsFile], committed: Dict[str, List[Dict]]) -> List[str]:
+def _agreement(fresh: List[ResultsFile], committed: Dict[str, List[Record]]) -> List[str]:
     """Per device, for the backends these runs covered: the same runs with the same verdicts
     (catalog runs the session left out by its options are not compared)."""
     problems = []
     records = [r for f in fresh for r in f.records]
     left_out = _left_out(fresh)
-    for device in sorted({r["device"] for r in records}):
-        mine = {_id(r): _verdict(r) for r in records if r["device"] == device}
-        backends = {r["backend"] for r in records if r["device"] == device}
-        theirs = {_id(r): (_verdict(r), src) for src, recs in committed.items() for r in recs
-                  if r["device"] == device and r["backend"] in backends and _id(r) not in left_out}
+    for device in sorted({r.device for r in records}):
+        mine = {r.test_id: r.verdict for r in records if r.device == device}
+        backends = {r.backend for r in records if r.device == device}
+        theirs = {r.test_id: (r.verdict, src) for src, recs in committed.items() for r in recs
+                  if r.device == device and r.backend in backends and r.test_id not in left_out}
         if not theirs:
             continue  # nothing committed for this device and these backends: nothing to agree with
         for tid in sorted(set(mine) | set(theirs)):
@@ -207,7 +204,7 @@ def check(readme_path, known_path, results_dir, fresh_paths: Sequence[str] = ())
     problems += _not_in_committed_form(files)
     committed = {src: f.records for src, f in files.items()}
     problems += _stale_readme(readme_path, readme_blocks(committed, entries, results_dir, problems))
-    fresh: List[Dict] = []
+    fresh: List[Record] = []
     whole: List[ResultsFile] = []
     sources: Dict[int, str] = {}
     for f in _fresh_runs(fresh_paths, problems, sources):
@@ -217,12 +214,12 @@ def check(readme_path, known_path, results_dir, fresh_paths: Sequence[str] = ())
             continue  # a partial run speaks for nothing: the committed results keep being judged
         whole.append(f)
         fresh += f.records
-    fresh_devices = {r["device"] for r in fresh}
+    fresh_devices = {r.device for r in fresh}
     left_out = _left_out(whole)
     judged = list(fresh)
     for src, recs in committed.items():
         for r in recs:
-            if r["device"] not in fresh_devices or _id(r) in left_out:  # what no fresh run speaks for
+            if r.device not in fresh_devices or r.test_id in left_out:  # what no fresh run speaks for
                 judged.append(r)
                 sources[id(r)] = src
     problems += _coverage(judged, sources, entries)

@@ -1,14 +1,15 @@
 """Results -> one static HTML page: the matrix of each device, each cell coloured by what its
 runs did; a cell with failing or expected-failing runs links to them (message, class, max err /
-tol, the KNOWN_FAILURES.md entry, the repro command). No script and no external asset: a cell's
-runs are a section the page shows when the link targets it (CSS :target)."""
+tol, the KNOWN_FAILURES.md entry, the repro command), and back; the failing cells listed at the
+top, under what an interrupted run lacks. No script and no external asset: a cell's runs are a
+section the page shows when the link targets it (CSS :target)."""
 from __future__ import annotations
 
 from html import escape
 from typing import Dict, List, Sequence
 
-from kit.report.known_failures import KnownFailure, covering, match
-from kit.report.record import FAIL, record_id, verdict
+from kit.report.known_failures import KnownFailure, covering, of_record
+from kit.report.record import ERROR, FAIL, Record, ResultsFile
 from matrix.table import COLUMNS, Notes, by_device, cell, cells, environment_line, tally
 
 STYLE = """
@@ -25,6 +26,7 @@ td a { color: inherit; display: block; }
 .run { border-top: 1px solid #ccc; padding: 0.4em 0; }
 dt { font-weight: bold; } dd { margin: 0 0 0.3em 1.5em; }
 pre { white-space: pre-wrap; margin: 0; } code.repro { background: #f3f3f3; padding: 0.1em 0.3em; }
+.warning { background: #f4b4b4; border: 2px solid #a33; padding: 0.5em 1em; font-weight: bold; }
 """
 LEGEND = (("pass", "every run that ran passed"), ("fail", "a failure no known-failure entry covers"),
           ("xfail", "failing as KNOWN_FAILURES.md says"), ("quarantine", "a known failure run in a subprocess"),
@@ -36,57 +38,69 @@ def _figure(value) -> str:
     return "-" if value is None else f"{value:.3g}"
 
 
-def _entry(entries: Sequence[KnownFailure], r: Dict) -> str:
+def _entry(entries: Sequence[KnownFailure], r: Record) -> str:
     entry = covering(entries, r)
     if entry is None:
-        near = match(entries, r["backend"], r["mode"], r["exec"], r["case"], r.get("device", ""))
+        near = of_record(entries, r)
         return ("none: no entry covers this failure" +
                 (f" ({near.id} expects [{near.failure_class}])" if near else ""))
     links = " ".join(f'<a href="{escape(link)}">{escape(link)}</a>' for link in entry.links)
     return f"{escape(entry.id)} ({escape(entry.mark)}): {escape(entry.reason)}<br>{links}"
 
 
-def _run(entries: Sequence[KnownFailure], r: Dict) -> str:
-    fields = [("verdict", escape(verdict(r))), ("message", f"<pre>{escape(r.get('message', ''))}</pre>"),
-              ("max err / tol", f"{_figure(r.get('max_err'))} / {_figure(r.get('tol'))}"),
+def _run(entries: Sequence[KnownFailure], r: Record) -> str:
+    fields = [("verdict", escape(r.verdict)), ("message", f"<pre>{escape(r.message)}</pre>"),
+              ("max err / tol", f"{_figure(r.max_err)} / {_figure(r.tol)}"),
               ("known failure", _entry(entries, r)),
-              ("repro", f'<code class="repro">{escape(r.get("repro", ""))}</code>')]
+              ("repro", f'<code class="repro">{escape(r.repro)}</code>')]
     body = "".join(f"<dt>{name}</dt><dd>{value}</dd>" for name, value in fields)
-    return f'<div class="run"><b>{escape(record_id(r))}</b><dl>{body}</dl></div>'
+    return f'<div class="run"><b>{escape(r.test_id)}</b><dl>{body}</dl></div>'
 
 
-def _device(index: int, device: str, records: List[Dict], sources: List[str],
-            entries: Sequence[KnownFailure]) -> str:
+def _device(index: int, device: str, records: List[Record], sources: List[str], entries: Sequence[KnownFailure],
+            failing_cells: List[str]) -> str:
     groups, notes, sections = cells(records), Notes(), []
     head = "".join(f"<th>{escape(m)} {escape(e)}</th>" for m, e in COLUMNS)
+    back = f'<p><a href="#table-{index}">back to the table</a> · <a href="#top">to the top</a></p>'
     rows = []
-    for backend in sorted({r["backend"] for r in records}):
+    for backend in sorted({r.backend for r in records}):
         tds = []
         for m, e in COLUMNS:
             runs = groups[(backend, m, e)]
             text, kind = escape(cell(runs, entries, notes)), tally(runs, entries).kind
-            failing = [r for r in runs if r["outcome"] == FAIL]
-            if failing:
-                anchor = f"runs-{index}-{backend}-{m}-{e}"
-                text = f'<a href="#{escape(anchor)}">{text}</a>'
-                sections.append(f'<section class="runs" id="{escape(anchor)}"><h3>{escape(device)}: '
-                                f'{escape(backend)} · {escape(m)} {escape(e)}</h3>'
-                                + "".join(_run(entries, r) for r in failing) + "</section>")
+            shown = [r for r in runs if r.outcome in (FAIL, ERROR)]
+            if shown:
+                anchor = escape(f"runs-{index}-{backend}-{m}-{e}")
+                where = f"{escape(backend)} · {escape(m)} {escape(e)}"
+                text = f'<a href="#{anchor}">{text}</a>'
+                sections.append(f'<section class="runs" id="{anchor}"><h3>{escape(device)}: {where}</h3>{back}'
+                                + "".join(_run(entries, r) for r in shown) + "</section>")
+                if kind in ("fail", "not-judged"):
+                    failing_cells.append(f'<li><a href="#{anchor}">{escape(device)}: {where}</a>: {text}</li>')
             tds.append(f'<td class="{kind}">{text}</td>')
         rows.append(f"<tr><th>{escape(backend)}</th>{''.join(tds)}</tr>")
     reasons = "".join(f"<li>({n}) {escape(reason)}</li>" for reason, n in notes.numbers.items())
     return (f"<h2>{escape(device)}</h2><p>{escape(environment_line(records))} · from "
-            f"{', '.join(escape(s) for s in sources)}</p><table><tr><th>backend</th>{head}</tr>{''.join(rows)}"
-            f"</table>" + (f"<p>Unsupported, because:</p><ul>{reasons}</ul>" if reasons else "")
+            f"{', '.join(escape(s) for s in sources)}</p><table id=\"table-{index}\"><tr><th>backend</th>{head}</tr>"
+            f"{''.join(rows)}</table>" + (f"<p>Unsupported, because:</p><ul>{reasons}</ul>" if reasons else "")
             + "".join(sections))
 
 
-def page(results: Dict[str, List[Dict]], entries: Sequence[KnownFailure]) -> str:
-    """results: source name -> records."""
+def page(files: Dict[str, ResultsFile], entries: Sequence[KnownFailure]) -> str:
+    """files: source name -> results file. At the top, what an interrupted or partial file lacks,
+    then the failing cells, each a link to its runs; each device's table; each cell's runs, with
+    a link back to the table."""
     legend = " ".join(f'<span class="{k}">&nbsp;{k.replace("-", " ")}&nbsp;</span> {escape(what)};'
                       for k, what in LEGEND)
-    body = "".join(_device(i, d, records, sources, entries)
+    warnings = "".join(f'<p class="warning">{escape(source)}: {escape(f.incomplete())}: this page shows the runs '
+                       f'it recorded only</p>' for source, f in files.items() if f.incomplete())
+    failing: List[str] = []
+    results = {source: f.records for source, f in files.items()}
+    body = "".join(_device(i, d, records, sources, entries, failing)
                    for i, (d, records, sources) in enumerate(by_device(results)))
+    summary = (f"<h2>Failing cells ({len(failing)})</h2><ul>{''.join(failing)}</ul>" if failing
+               else "<p>No failing cell: every failure is a known one.</p>" if body else "")
     return (f'<!doctype html>\n<html lang="en"><head><meta charset="utf-8"><title>Attention conformance matrix'
-            f'</title><style>{STYLE}</style></head><body><h1>Attention conformance matrix</h1><p>{legend} '
-            f'a coloured cell with a link opens its failing runs.</p>{body or "<p>No results.</p>"}</body></html>\n')
+            f'</title><style>{STYLE}</style></head><body id="top"><h1>Attention conformance matrix</h1>{warnings}'
+            f'<p>{legend} a coloured cell with a link opens its failing runs.</p>{summary}'
+            f'{body or "<p>No results.</p>"}</body></html>\n')

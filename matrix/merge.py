@@ -6,7 +6,7 @@ from __future__ import annotations
 import collections
 from typing import Callable, Dict, List, Sequence, Tuple
 
-from kit.report.record import COMPLETE, ResultsFile
+from kit.report.record import COMPLETE, Record, ResultsFile
 from kit.shard import fingerprint
 
 ONE_RUN = "give the N files of one run: the same --shard N, --backend, --mode, --exec, --case-set and --cases"
@@ -19,7 +19,7 @@ class ShardsError(ValueError):
 def _values(f: ResultsFile, field: str) -> Dict[str, tuple]:
     """The values of a record field in a file (none where no record has it: committed results keep
     no kit commit)."""
-    values = tuple(sorted({str(r[field]) for r in f.records if r.get(field) is not None}))
+    values = tuple(sorted({str(getattr(r, field)) for r in f.records if getattr(r, field)}))
     return {f"the {field.replace('_', ' ')}": values} if values else {}
 
 
@@ -27,7 +27,7 @@ def _versions(f: ResultsFile) -> Dict[str, tuple]:
     """Per library, the versions its records report (a shard without a backend using it says nothing)."""
     found = collections.defaultdict(set)
     for r in f.records:
-        for library, version in r.get("versions", {}).items():
+        for library, version in r.versions.items():
             found[f"the {library} version"].add(version)
     return {library: tuple(sorted(versions)) for library, versions in found.items()}
 
@@ -103,6 +103,6 @@ def merge(files: Sequence[ResultsFile], path: str) -> ResultsFile:
     if problem:
         raise ShardsError(problem)
     unfinished = [f.status for f in files if f.status != COMPLETE]
-    records: List[dict] = [r for f in files for r in f.records]
+    records: List[Record] = [r for f in files for r in f.records]
     return ResultsFile(path, records, unfinished[0] if unfinished else COMPLETE,
                        sorted(rid for f in files for rid in f.selected or []), files[0].catalog)

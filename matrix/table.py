@@ -10,7 +10,7 @@ from tabulate import tabulate
 
 from kit.report.known_failures import KnownFailure, covering
 from kit.modes import EXECS, MODES
-from kit.report.record import ERROR, FAIL, PASS, UNSUPPORTED, WEAKER_THAN_A_GRAPH
+from kit.report.record import ERROR, FAIL, PASS, UNSUPPORTED, WEAKER_THAN_A_GRAPH, Record
 
 FIRST_VERSIONS = ("torch", "cuda")  # then the backends' libraries, by name
 
@@ -34,9 +34,9 @@ class Notes:
 @dataclasses.dataclass
 class Tally:
     """A cell's runs, sorted by what they did."""
-    ran: List[Dict]
-    skipped: List[Dict]
-    stopped: List[Dict]  # no verdict (kit.report.record.ERROR): not counted against the backend
+    ran: List[Record]
+    skipped: List[Record]
+    stopped: List[Record]  # no verdict (kit.report.record.ERROR): not counted against the backend
     passed: int = 0
     unknown: Counter = dataclasses.field(default_factory=Counter)  # class -> failures no entry covers
     known: Counter = dataclasses.field(default_factory=Counter)  # KF id -> expected failures
@@ -51,24 +51,24 @@ class Tally:
                                    ("xfail", self.known), ("pass", True)) if n)
 
 
-def tally(records: List[Dict], entries: Sequence[KnownFailure]) -> Tally:
-    t = Tally([r for r in records if r["outcome"] not in (UNSUPPORTED, ERROR)],
-              [r for r in records if r["outcome"] == UNSUPPORTED], [r for r in records if r["outcome"] == ERROR])
-    t.passed = sum(r["outcome"] == PASS for r in t.ran)
+def tally(records: List[Record], entries: Sequence[KnownFailure]) -> Tally:
+    t = Tally([r for r in records if r.outcome not in (UNSUPPORTED, ERROR)],
+              [r for r in records if r.outcome == UNSUPPORTED], [r for r in records if r.outcome == ERROR])
+    t.passed = sum(r.outcome == PASS for r in t.ran)
     for r in t.ran:
-        if r["outcome"] != FAIL:
+        if r.outcome != FAIL:
             continue
         entry = covering(entries, r)
         if entry is None:
-            t.unknown[r["failure_class"]] += 1
-        elif r.get("isolated"):
+            t.unknown[r.failure_class] += 1
+        elif r.isolated:
             t.quarantined[entry.id] += 1
         else:
             t.known[entry.id] += 1
     return t
 
 
-def cell(records: List[Dict], entries: Sequence[KnownFailure], notes: Notes) -> str:
+def cell(records: List[Record], entries: Sequence[KnownFailure], notes: Notes) -> str:
     """What a cell's runs did, each count out of the runs that ran: `✗ 1/8 graph` (failures no
     entry covers, by class), `✓ 5/8` (passed), `xfail 2/8 (KF-1)`, `quarantine 1/8 (KF-5,
     subprocess)`, `3 unsupported (1)`; `— unsupported (1)` when nothing ran. A part with no run is
@@ -77,9 +77,9 @@ def cell(records: List[Dict], entries: Sequence[KnownFailure], notes: Notes) -> 
         return "not run"
     t = tally(records, entries)
     if not t.ran and t.stopped:
-        return f"{len(t.stopped)} not judged ({_values(r['failure_class'] for r in t.stopped)})"
+        return f"{len(t.stopped)} not judged ({_values(r.failure_class for r in t.stopped)})"
     if not t.ran:
-        return f"— unsupported ({notes.refs(r['message'] for r in t.skipped)})"
+        return f"— unsupported ({notes.refs(r.message for r in t.skipped)})"
     of = f"/{len(t.ran)}"
     parts = []
     if t.unknown:
@@ -92,11 +92,11 @@ def cell(records: List[Dict], entries: Sequence[KnownFailure], notes: Notes) -> 
         parts.append(f"quarantine {sum(t.quarantined.values())}{of} "
                      f"({', '.join(sorted(t.quarantined, key=_kf_number))}, subprocess)")
     if t.skipped:
-        parts.append(f"{len(t.skipped)} unsupported ({notes.refs(r['message'] for r in t.skipped)})")
+        parts.append(f"{len(t.skipped)} unsupported ({notes.refs(r.message for r in t.skipped)})")
     if t.stopped:
-        parts.append(f"{len(t.stopped)} not judged ({_values(r['failure_class'] for r in t.stopped)})")
+        parts.append(f"{len(t.stopped)} not judged ({_values(r.failure_class for r in t.stopped)})")
     # Graphs without CUDA, or an EXTEND path run eagerly, are not what a real graph proves: say so.
-    labels = sorted({r.get("exec_detail") for r in t.ran} & set(WEAKER_THAN_A_GRAPH))
+    labels = sorted({r.exec_detail for r in t.ran} & set(WEAKER_THAN_A_GRAPH))
     return ", ".join(parts) + (f" ({', '.join(labels)})" if labels else "")
 
 
@@ -108,47 +108,47 @@ def _values(values) -> str:
     return ", ".join(sorted({str(v) for v in values}))
 
 
-def environment_line(records: List[Dict]) -> str:
+def environment_line(records: List[Record]) -> str:
     """Library versions, each as the runs that use it report it (when and by which commit the
     results were made is the results file's history, not a table's content)."""
-    libraries = sorted({name for r in records for name in r["versions"]} - set(FIRST_VERSIONS))
-    return " · ".join(f"{name} {_values(r['versions'][name] for r in records if name in r['versions'])}"
+    libraries = sorted({name for r in records for name in r.versions} - set(FIRST_VERSIONS))
+    return " · ".join(f"{name} {_values(r.versions[name] for r in records if name in r.versions)}"
                       for name in FIRST_VERSIONS + tuple(libraries))
 
 
 COLUMNS = tuple((m.value, e.value) for m in MODES for e in EXECS)
 
 
-def cells(records: List[Dict]) -> Dict[tuple, List[Dict]]:
+def cells(records: List[Record]) -> Dict[tuple, List[Record]]:
     """(backend, mode, exec) -> the records of that cell."""
     groups = defaultdict(list)
     for r in records:
-        groups[(r["backend"], r["mode"], r["exec"])].append(r)
+        groups[(r.backend, r.mode, r.exec)].append(r)
     return groups
 
 
-def by_device(results: Dict[str, List[Dict]]):
+def by_device(results: Dict[str, List[Record]]):
     """[(device, its records, its sources)], devices sorted by name."""
     records, sources = defaultdict(list), defaultdict(set)
     for source, recs in results.items():
         for r in recs:
-            records[r["device"]].append(r)
-            sources[r["device"]].add(source)
+            records[r.device].append(r)
+            sources[r.device].add(source)
     return [(d, records[d], sorted(sources[d])) for d in sorted(records)]
 
 
-def device_table(device: str, records: List[Dict], entries: Sequence[KnownFailure], sources: str) -> str:
+def device_table(device: str, records: List[Record], entries: Sequence[KnownFailure], sources: str) -> str:
     groups = cells(records)
     headers = ["backend"] + [f"{m} {e}" for m, e in COLUMNS]
     notes = Notes()
     rows = [[backend] + [cell(groups[(backend, m, e)], entries, notes) for m, e in COLUMNS]
-            for backend in sorted({r["backend"] for r in records})]
+            for backend in sorted({r.backend for r in records})]
     table = tabulate(rows, headers, tablefmt="github")
     unsupported = f"\n\nUnsupported, because:\n\n{notes.block()}" if notes.numbers else ""
     return f"### {device}\n\n{environment_line(records)} · from {sources}\n\n{table}{unsupported}\n"
 
 
-def render(results: Dict[str, List[Dict]], entries: Sequence[KnownFailure]) -> str:
+def render(results: Dict[str, List[Record]], entries: Sequence[KnownFailure]) -> str:
     """results: source name -> records. One table per device, devices sorted by name."""
     return "\n".join(device_table(d, records, entries, ", ".join(f"`{s}`" for s in sources))
                      for d, records, sources in by_device(results))

@@ -2,8 +2,8 @@
 
 Into the Python that runs it (use a virtual environment): torch (on CPU the CPU build, first:
 `pip install -e .` first would pull the CUDA build and its NVIDIA packages), the kit with its test
-extra (FlashInfer too on CUDA), SGLang's backends (`python -m backends.sglang.install`), and the
-headless browser the HTML report's test drives (Debian's chromium and chromium-driver), and the
+extra (FlashInfer too on CUDA), SGLang's backends (`python -m backends.sglang.install`), vLLM's
+backends (`python -m backends.vllm.install`), and the headless browser the HTML report's test drives (Debian's chromium and chromium-driver), and the
 installed packages byte-compiled. Each step first looks whether it is done, so a second run
 installs nothing and says so.
 """
@@ -29,7 +29,9 @@ CPU_TORCH = "torch==2.13.0"
 # of its own (pip config) is left to it.
 CPU_INDEX = "https://download.pytorch.org/whl/cpu"
 EXTRAS = {"cpu": "test", "cuda": "test,flashinfer"}
-SGLANG_REQUIREMENTS = REPO / "backends" / "sglang" / "requirements-cpu.txt"
+# The engines whose backends the test command covers: (name, its distribution, its pinned requirements).
+ENGINES = (("SGLang", "sglang", REPO / "backends" / "sglang" / "requirements-cpu.txt"),
+           ("vLLM", "vllm", REPO / "backends" / "vllm" / "requirements-cpu.txt"))
 BROWSERS = ("chromium", "chromium-browser", "google-chrome")
 BROWSER_PACKAGES = ("chromium", "chromium-driver")
 
@@ -42,6 +44,7 @@ class Step:
     required: bool = True  # a failed step that is not required is a warning
     background: bool = False  # runs while the next steps do (on a core pip leaves idle); not required
     waits: bool = False  # runs once the background steps have ended
+    how: str = ""  # what it downloads, with what: said before anything runs
 
 
 def _version(name: str) -> Optional[str]:
@@ -52,7 +55,8 @@ def _version(name: str) -> Optional[str]:
 
 
 def _pip(*args: str) -> List[str]:
-    return [sys.executable, "-m", "pip", "install", "-q", *args]
+    """pip install, its progress shown: a quiet pip said nothing for minutes."""
+    return [sys.executable, "-m", "pip", "install", *args]
 
 
 def torch_index() -> List[str]:
@@ -83,12 +87,12 @@ def _kit_installed(extras: str) -> Optional[str]:
     return f"the kit, editable from {REPO}, with [{extras}]"
 
 
-def _sglang() -> Optional[str]:
-    """sglang at the version the adapter is pinned to (its requirements' pin), or None: then
-    `python -m backends.sglang.install` installs it, or says why the installed one is not used."""
-    pin = next(line.split("==")[1].strip() for line in SGLANG_REQUIREMENTS.read_text().splitlines()
-               if line.startswith("sglang=="))
-    return f"sglang {pin}" if _version("sglang") == pin else None
+def _engine(dist: str, requirements: Path) -> Optional[str]:
+    """The engine at the version its adapter is pinned to (its requirements' pin), or None: then
+    `python -m backends.<dist>.install` installs it, or says why the installed one is not used."""
+    pin = next(line.split("==")[1].strip() for line in requirements.read_text().splitlines()
+               if line.startswith(f"{dist}=="))
+    return f"{dist} {pin}" if _version(dist) == pin else None
 
 
 def browser_paths() -> Optional[Tuple[str, str]]:
@@ -114,7 +118,7 @@ def browser() -> Optional[str]:
 NOT_IMPORTED = r"[\\/]sglang[\\/](multimodal_gen|test)[\\/]"
 COMPILE = ("import compileall, re, sys; [compileall.compile_dir(d, quiet=2, workers=int(sys.argv[1]), "
            f"rx=re.compile({NOT_IMPORTED!r})) for d in sys.argv[2:]]")  # workers: 0 for every core
-COMPILED = ("torch", "transformers", "sglang")  # the largest packages the suite imports
+COMPILED = ("torch", "transformers", "sglang", "vllm")  # the largest packages the suite imports
 
 
 def compile_dirs() -> List[str]:
@@ -147,31 +151,48 @@ def steps(kind: str) -> List[Step]:
     out = []
     if kind == "cpu":  # before the kit: its torch requirement would otherwise resolve the CUDA build
         out.append(Step(f"torch (CPU build, {CPU_TORCH})", lambda: _version("torch") and f"torch {_version('torch')}",
-                        lambda: [_pip(CPU_TORCH, *torch_index())]))
+                        lambda: [_pip(CPU_TORCH, *torch_index())],
+                        how=f"pip, from {(torch_index() or ['', 'the index pip is configured with'])[1]}, "
+                            f"about 200 MB"))
     # torch and its dependencies (a third of what is installed) compile on the core pip leaves idle
     out.append(Step("torch and what it needs, byte-compiled (while the rest installs)",
-                    lambda: compiled(("torch",)), lambda: _compile(workers=1), required=False, background=True))
+                    lambda: compiled(("torch",)), lambda: _compile(workers=1), required=False, background=True,
+                    how="on a core pip leaves idle, no download"))
     extras = EXTRAS[kind]
     out.append(Step(f"the kit with [{extras}]", lambda: _kit_installed(extras),
-                    lambda: [_pip("-e", f"{REPO}[{extras}]")]))
-    out.append(Step("SGLang's backends (sglang without its serving stack)", _sglang,
-                    lambda: [[sys.executable, "-m", "backends.sglang.install"]]))
+                    lambda: [_pip("-e", f"{REPO}[{extras}]")],
+                    how="pip, editable from this checkout" + (" (CUDA torch and FlashInfer: gigabytes)"
+                                                              if kind == "cuda" else "")))
+    for name, dist, requirements in ENGINES:
+        out.append(Step(f"{name}'s backends ({dist} without its serving stack)",
+                        lambda d=dist, r=requirements: _engine(d, r),
+                        lambda d=dist: [[sys.executable, "-m", f"backends.{d}.install"]],
+                        how=f"pip, --no-deps, from {Path(requirements).relative_to(REPO)}"))
     # Required where CI runs the whole suite (CPU): there the HTML report's test fails without it.
     out.append(Step(f"a headless browser for the HTML report's test ({', '.join(BROWSER_PACKAGES)})",
-                    browser, _apt, required=kind == "cpu" and os.environ.get("CI") == "true"))
+                    browser, _apt, required=kind == "cpu" and os.environ.get("CI") == "true",
+                    how=f"apt-get{' with sudo' if _apt()[0][0] == 'sudo' else ''}, about 440 MB; without it "
+                        f"the HTML report's test skips (under CI it fails)"))
     out.append(Step("the rest of the installed packages and the kit, byte-compiled", compiled, _compile,
-                    required=False, waits=True))
+                    required=False, waits=True, how="on every core, no download"))
     return out
 
 
 def run(kind: str, dry_run: bool = False) -> int:
     installed, present, background = [], [], []
+    todo = []
     for step in steps(kind):
         there = step.done()
         if there:
             print(f"setup: {step.what}: already there ({there})")
             present.append(step.what)
-            continue
+        else:
+            todo.append(step)
+    if todo:  # what is about to be downloaded and with what, before any of it runs
+        print(f"setup {kind}: {'would install' if dry_run else 'installs'}, in this order:")
+        for step in todo:
+            print(f"  - {step.what}" + (f": {step.how}" if step.how else ""), flush=True)
+    for step in todo:
         if step.waits:
             _wait(background)
         if step.background and not dry_run:

@@ -150,7 +150,7 @@ def test_workers_busy_by_gpu_follows_the_placement(tmp_path):
 
 def test_verdicts_are_compared_run_by_run_with_the_committed_ones():
     from benchmarks.gpus import compare_verdicts
-    from tests.test_matrix import rec
+    from tests.test_matrix import record as rec
     committed = [rec("a"), rec("b", "fail", "graph"), rec("c", "unsupported")]
     assert compare_verdicts([rec("a"), rec("b", "fail", "graph")], committed) == dict(
         verdicts_equal=True, verdicts_differ=[], verdicts_differing=0)

@@ -1,17 +1,19 @@
-"""Command lines on bad input end in one line naming the problem and the fix (exit 2 for a usage
-error, 1 otherwise; pytest's own code for a usage error is 4), and --help describes everything.
+"""Command lines on bad input end in one line naming the problem and the fix (one scheme of exit codes,
+kit.cli: USAGE, pytest's 4, for a usage error, FAILED otherwise), and --help describes everything.
 The commands' `main` runs in this process where what is checked is what it prints and returns; one
 test per command runs it as its own process (its exit code, and nothing else on stderr)."""
 import argparse
 import contextlib
 import io
 import json
+import os
 import shutil
 import subprocess
 import sys
 
 import pytest
 
+from kit.cli import FAILED, USAGE
 from kit.__main__ import build_parser as kit_parser, main as kit_main
 from matrix.__main__ import build_parser as matrix_parser, main as matrix_main
 from tests.test_matrix import REPO, project, run_matrix  # noqa: F401
@@ -64,11 +66,11 @@ def _main(main, *args):
 def test_kit_usage_errors(args, words):
     if "cuda" in args:
         pytest.importorskip("torch").cuda.is_available() and pytest.skip("CUDA is present here")
-    _one_line_error(_main(kit_main, *args), 2, *words)
+    _one_line_error(_main(kit_main, *args), USAGE, *words)
 
 
 def test_a_kit_usage_error_ends_the_process_with_one_line():
-    _one_line_error(_run("-m", "kit", *RUN, "--case", "nosuch"), 2, "no decode case named 'nosuch'")
+    _one_line_error(_run("-m", "kit", *RUN, "--case", "nosuch"), USAGE, "no decode case named 'nosuch'")
 
 
 @pytest.mark.parametrize("backend, words", [
@@ -79,7 +81,7 @@ def test_a_kit_usage_error_ends_the_process_with_one_line():
 @pytest.mark.parametrize("xdist", [[], ["-n", "2"]], ids=["plain", "xdist"])
 def test_pytest_bad_backend_is_one_line(backend, words, xdist):
     proc = _run("-m", "pytest", "tests/test_conformance.py", "-q", "-p", "no:cacheprovider", "--backend", backend, *xdist)
-    _one_line_error(proc, 4, "ERROR: ", *words)
+    _one_line_error(proc, USAGE, "ERROR: ", *words)
 
 
 def test_kit_run_labels_a_module_attr_backend_as_pytest_does():
@@ -92,22 +94,26 @@ def test_kit_run_labels_a_module_attr_backend_as_pytest_does():
     assert "--backend tests.toys.crashing:HangBackend" in record["repro"], record
 
 
-def _fresh_problem(project, tmp_path, write, code, *words):
+@pytest.mark.parametrize("write, code, words", [
+    (lambda p: None, USAGE, ["no such file", "--results-json"]),
+    (lambda p: p.mkdir(), USAGE, ["a directory, not a results file"]),
+    (lambda p: p.write_text('{"schema": 2, "records": [{"backend": "a"'), FAILED, ["bad JSON", "truncated?"]),
+    (lambda p: p.write_text("not json at all"), FAILED, ["bad JSON"]),
+    (lambda p: p.write_text('{"schema": 9, "records": []}'), FAILED, ["results schema 9, expected 2", "regenerate"]),
+    (lambda p: p.write_text('{"schema": 2, "records": [{"x": 1}]}'), FAILED,
+     ["record 1: missing backend, mode", "fields no record has: x"]),
+], ids=["missing", "directory", "truncated", "not_json", "schema", "records"])
+@pytest.mark.parametrize("command", [["check", "--fresh"], ["html", "--results"]], ids=["check", "html"])
+def test_a_bad_results_file_reads_the_same_to_check_and_html(project, tmp_path, write, code, words, command):
     path = tmp_path / "fresh.json"
     write(path)
-    _one_line_error(run_matrix("check", project, "--fresh", str(path)), code, *words)
-
-
-@pytest.mark.parametrize("write, code, words", [
-    (lambda p: None, 2, ["--fresh", "no such file", "--results-json"]),
-    (lambda p: p.mkdir(), 2, ["a directory, not a results file"]),
-    (lambda p: p.write_text('{"schema": 2, "records": [{"backend": "a"'), 1, ["bad JSON", "truncated?"]),
-    (lambda p: p.write_text("not json at all"), 1, ["bad JSON"]),
-    (lambda p: p.write_text('{"schema": 9, "records": []}'), 1, ["results schema 9, expected 2", "regenerate"]),
-    (lambda p: p.write_text('{"schema": 2, "records": [{"x": 1}]}'), 1, ["records missing or malformed"]),
-], ids=["missing", "directory", "truncated", "not_json", "schema", "records"])
-def test_matrix_check_fresh_errors(project, tmp_path, write, code, words):
-    _fresh_problem(project, tmp_path, write, code, *words)
+    if command[0] == "html":
+        proc = _run("-m", "matrix", "html", "--known-failures", str(project["known_path"]), "--results", str(path),
+                    "--out", str(tmp_path / "m.html"))
+    else:
+        proc = run_matrix("check", project, "--fresh", str(path))
+    _one_line_error(proc, code, *words)
+    assert not (tmp_path / "m.html").exists()
 
 
 def test_corrupted_committed_files_and_deleted_known_failures(project):
@@ -129,7 +135,38 @@ def test_corrupted_committed_files_and_deleted_known_failures(project):
 
 
 def test_mutate_usage_error():
-    _one_line_error(_run("-m", "kit.mutate", "--case-set", "nosuch"), 2, "unknown case set 'nosuch'")
+    _one_line_error(_run("-m", "kit.mutate", "--case-set", "nosuch"), USAGE, "unknown case set 'nosuch'")
+
+
+@pytest.mark.parametrize("args, words", [
+    (["fuzz", "--backend", "torch_native", "--budget", "-5"], ["--budget", "-5: give seconds >= 0"]),
+    (["fuzz", "--backend", "torch_native", "--shrink-budget", "-1"], ["--shrink-budget", "give seconds >= 0"]),
+    (["fuzz", "--backend", "torch_native", "--max-examples", "0"], ["--max-examples", "0: give 1 or more"]),
+    (["fuzz", "--backend", "torch_native", "--timeout", "-2"], ["--timeout", "give seconds >= 0"]),
+    (["warmup", "--jobs", "0"], ["--jobs", "give 1 or more"]),
+], ids=["budget", "shrink_budget", "max_examples", "timeout", "jobs"])
+def test_nonsense_numbers_are_refused(args, words):
+    """A negative budget searched nothing and said green; each is a usage error now."""
+    _one_line_error(_main(kit_main, *args), USAGE, *words)
+
+
+@pytest.mark.parametrize("timeout", [["--timeout", "-1"], ["-o", "timeout=-1"]], ids=["option", "ini"])
+def test_pytest_refuses_a_negative_time_limit(timeout):
+    """pytest-timeout took -1 for no limit: a hung run kept the session, and its file, running."""
+    proc = _run("-m", "pytest", "tests/test_conformance.py", "-q", "-p", "no:cacheprovider", "--co", *timeout)
+    _one_line_error(proc, USAGE, "ERROR: ", "timeout", "-1: give seconds >= 0 (0: no limit)")
+
+
+def test_exit_codes_are_one_scheme_written_in_one_place():
+    """docs/running.md's table is kit.cli's scheme, code for code; no other page gives a code."""
+    from kit.cli import EXIT_CODES
+
+    section = (REPO / "docs" / "running.md").read_text().split("\n## Exit codes\n", 1)[1].split("\n## ", 1)[0]
+    rows = [line for line in section.splitlines() if line.startswith("| ") and not line.startswith("| code")]
+    assert [int(line.split("|")[1].strip().strip("`")) for line in rows] == list(EXIT_CODES), rows
+    for page in [REPO / "README.md", *sorted((REPO / "docs").glob("*.md"))]:
+        text = page.read_text() if page.name != "running.md" else section
+        assert page.name == "running.md" or "exit code 2" not in text and "exits 2" not in text, page
 
 
 # ------------------------------------------------------------------------------------------- help
@@ -164,19 +201,6 @@ def test_help_shows_them(main, args, words):
     assert proc.returncode == 0 and all(w in proc.stdout for w in words), proc.stdout
 
 
-def test_list_backends_says_what_is_available_and_why_not():
-    proc = _main(kit_main, "list", "--backends")
-    assert proc.returncode == 0, proc.stderr
-    lines = {line.split()[0]: line for line in proc.stdout.splitlines()}
-    assert {"torch_native", "triton", "flashinfer"} <= set(lines)
-    assert "available: " in lines["torch_native"] and "eager only (no capture hooks)" in lines["torch_native"]
-    assert "graph hooks" in lines["triton"]
-    try:
-        import flashinfer  # noqa: F401
-    except ImportError:
-        assert "unavailable: " in lines["flashinfer"] and "cannot be imported" in lines["flashinfer"]
-
-
 def _known_failures_file(tmp_path, rows):
     from kit.report.known_failures import BEGIN, COLUMNS, END
 
@@ -204,3 +228,92 @@ def test_a_failing_kit_run_says_whether_it_is_a_known_failure(tmp_path, klass, s
     assert ("the toy's einsum" in last) == (klass == "crash"), last
     no_entry = _main(kit_main, *TORCH_ERROR, "--known-failures", str(_known_failures_file(tmp_path, [])))
     assert no_entry.returncode == 1 and "KF-" not in no_entry.stdout, no_entry.stdout[-2000:]
+
+
+# ----------------------------------------------------------------------------- what a user meets
+
+
+def test_a_case_of_another_mode_is_named_as_such():
+    """Not the 134 names of the mode asked for: the mode the case has."""
+    proc = _main(kit_main, "run", "--backend", "torch_native", "--mode", "decode", "--exec", "eager",
+                 "--case", "gqa_chain4_p16_fp32")
+    _one_line_error(proc, USAGE, "'gqa_chain4_p16_fp32' is a target_verify case, not a decode one: give --mode "
+                                 "target_verify")
+    near = _main(kit_main, *RUN, "--case", "mqa_p1_shu")
+    _one_line_error(near, USAGE, "no decode case named 'mqa_p1_shu'; did you mean mqa_p1_shuf")
+    assert len(near.stderr) < 300, near.stderr
+
+
+def test_two_backends_of_one_name_are_refused():
+    """A copy of a backend keeping its `name` would share its test ids and records (the results file
+    then read interrupted, 0 of 2 runs recorded)."""
+    proc = _run("-m", "pytest", "tests/test_conformance.py", "-q", "-p", "no:cacheprovider", "--co",
+                "--backend", "torch_native", "--backend", "tests.toys.copied:TorchNativeCopy")
+    _one_line_error(proc, USAGE, "ERROR: --backend torch_native and --backend tests.toys.copied:TorchNativeCopy: both "
+                                 "are named 'torch_native'", "give each its own `name`")
+    once, twice = (_run("-m", "pytest", "tests/test_conformance.py", "-q", "-p", "no:cacheprovider", "--co", "--mode",
+                        "decode", *backends) for backends in (["--backend", "torch_native"], [
+                            "--backend", "torch_native", "--backend", "backends.torch_native:TorchNativeBackend"]))
+    ids = [[line for line in proc.stdout.splitlines() if "::" in line] for proc in (once, twice)]
+    assert once.returncode == twice.returncode == 0 and ids[0] == ids[1] and ids[0]  # one backend named twice: once
+
+
+def test_a_known_failure_naming_no_backend_is_refused(tmp_path):
+    """A misspelt backend column left its failure uncovered, and only the gate saw it."""
+    path = _known_failures_file(tmp_path, [
+        "| KF-7 | torch_natvie | decode | eager | mqa_* | * | kernel | xfail | a typo | tests/toys/crashing.py |"])
+    proc = _run("-m", "pytest", "tests/test_conformance.py", "-q", "-p", "no:cacheprovider", "--co",
+                "--backend", "torch_native", "--known-failures", str(path))
+    _one_line_error(proc, USAGE, "ERROR: --known-failures: ", "KF-7 names backend 'torch_natvie', which is none of",
+                    "fix its backend column")
+
+
+def test_a_repro_of_a_backend_outside_the_kit_works_in_a_fresh_shell(tmp_path):
+    """Importable here through PYTHONPATH, the backend's module is not in a fresh shell elsewhere: the
+    repro names the folder it is imported from."""
+    own = tmp_path / "own"
+    own.mkdir()
+    (own / "mybackend.py").write_text("from backends.torch_native import TorchNativeBackend\n\n\n"
+                                      "class MyBackend(TorchNativeBackend):\n    name = 'mine'\n")
+    env = {**os.environ, "PYTHONPATH": str(own)}
+    proc = subprocess.run([sys.executable, "-m", "kit", *RUN[:1], "--backend", "mybackend:MyBackend", *RUN[3:],
+                           "--case", "mqa_p1_shuf", "--json"], cwd=REPO, capture_output=True, text=True, env=env)
+    repro = json.loads(proc.stdout.strip().splitlines()[-1])["repro"]
+    assert repro.startswith(f"PYTHONPATH={own} python -m kit run --backend mybackend:MyBackend"), repro
+    fresh = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
+    elsewhere = tmp_path / "elsewhere"
+    elsewhere.mkdir()
+    again = subprocess.run(["bash", "-c", repro], cwd=elsewhere, capture_output=True, text=True, env=fresh)
+    assert again.returncode == 0 and "mine-decode-eager-mqa_p1_shuf: pass" in again.stdout, again.stderr[-2000:]
+    inside = _main(kit_main, "run", "--backend", "tests.toys.dense:DenseGraphBackend", *RUN[3:], "--case",
+                   "gqa_ragged_p16_fp32", "--json")
+    assert json.loads(inside.stdout.splitlines()[-1])["repro"].startswith("python -m kit run"), inside.stdout
+
+
+def test_fuzzing_ones_own_backend_leaves_the_checkout_as_it_was(tmp_path, monkeypatch, capsys):
+    """Its ledger goes to the user's cache; the kit's own backends' goes to the tracked one."""
+    from kit.fuzz import ledger
+
+    monkeypatch.setenv("HOME", str(tmp_path))
+    tracked = REPO / ledger.DEFAULT
+    before = tracked.read_bytes() if tracked.exists() else None
+    monkeypatch.chdir(REPO)
+    code = kit_main(["fuzz", "--backend", "tests.toys.dense:DenseGraphBackend", "--mode", "decode", "--exec", "eager",
+                     "--max-examples", "1", "--budget", "60", "--seed", "1", "--database", "none", "--device", "cpu"])
+    assert code == 0, capsys.readouterr()
+    assert (tracked.read_bytes() if tracked.exists() else None) == before
+    own = tmp_path / ".cache" / "attention-conformance-kit" / "fuzz-ledger.jsonl"
+    assert json.loads(own.read_text())["backend"] == "tests.toys.dense:DenseGraphBackend"
+    assert f"ledger: {own}" in capsys.readouterr().out
+    assert ledger.default(in_box=True) == ledger.DEFAULT
+
+
+def test_ci_leaves_no_file_git_does_not_ignore():
+    """.ci/run's HTML report goes beside the results file, which git ignores as it ignores the file."""
+    from kit.report.results import page_path
+
+    trap = next(line for line in (REPO / ".ci" / "run").read_text().splitlines() if "matrix html" in line)
+    assert "--out" not in trap and "--results results-local.json" in trap, trap
+    for path in ("results-local.json", page_path(["results-local.json"]), page_path([])):
+        ignored = subprocess.run(["git", "check-ignore", "-q", path], cwd=REPO)
+        assert ignored.returncode == 0, f"{path} is not ignored by git"

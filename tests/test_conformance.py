@@ -5,7 +5,7 @@ from kit.harness.isolate import run_quarantined
 from kit.harness.runner import execute
 from kit.plugin.parametrize import KnownFailureHit
 from kit.plugin.timeouts import run_timeout
-from kit.report.known_failures import QUARANTINE, is_expected
+from kit.report.known_failures import QUARANTINE, against, is_expected
 from kit.report.record import ERROR, FAIL, UNSUPPORTED
 
 
@@ -23,9 +23,8 @@ def test_conformance(conformance_run, record_conformance, request):
         pytest.fail(f"[{result.failure_class}] {result.message}\nrepro: {result.repro}", pytrace=False)
     if result.outcome != FAIL:
         return  # a known failure that passes is reported by its strict xfail mark
-    failure = f"[{result.failure_class}] {result.message}\nrepro: {result.repro}"
+    failure = "\n".join(filter(None, (against(known, result.outcome, result.failure_class),
+                                      f"[{result.failure_class}] {result.message}", f"repro: {result.repro}")))
     if is_expected(known, result.outcome, result.failure_class):
-        raise KnownFailureHit(f"{known.id}: {failure}")
-    if known is not None:
-        failure = f"{known.id} expects [{known.failure_class}], got {failure}"
+        raise KnownFailureHit(failure)
     pytest.fail(failure, pytrace=False)

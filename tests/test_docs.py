@@ -85,11 +85,12 @@ def test_the_readme_keeps_the_two_commands_and_says_where_things_went():
         assert f"(docs/{page.name})" in text, f"the README does not link {page.name}"
 
 
-def test_the_readme_says_the_test_command_covers_sglangs_backends():
+def test_the_readme_says_the_test_command_covers_the_engines_backends():
     run = _section(REPO / "README.md", "Run")
-    assert run.index(TEST_COMMAND) < run.index("covers SGLang's backends"), run
-    assert all(f"`{name}`" in (REPO / "README.md").read_text()
-               for name in ("sglang_triton", "sglang_torch_native", "sglang_flashinfer"))
+    assert run.index(TEST_COMMAND) < run.index("covers\nthe engines' own backends"), run
+    readme = (REPO / "README.md").read_text()
+    assert all(f"`{name}`" in readme for name in ("sglang_triton", "sglang_torch_native", "sglang_flashinfer",
+                                                   "vllm_triton_attn", "vllm_flash_attn", "vllm_triton_mla"))
 
 
 # How the kit was developed is no part of the product: not the machines it was measured on as
@@ -104,6 +105,25 @@ def test_nothing_in_the_product_speaks_of_how_it_was_developed():
     found = [f"{p.relative_to(REPO)}:{n}" for p in files if p != Path(__file__)
              for n, line in enumerate(p.read_text().splitlines(), 1) if DEV_TALK.search(line)]
     assert not found, found
+
+
+# A measurement: a figure with its unit, within two lines of the machine it was measured on.
+MACHINE = re.compile(r"\b(?:H100|H200|A100|\d+-core|machine)\b")
+FIGURE = re.compile(r"\b\d+(?:\.\d+)?(?: ?- ?\d+(?:\.\d+)?)? ?(?:s|ms|min|GiB|MiB)\b")
+CODE = ("kit/**/*.py", "backends/**/*.py", "matrix/**/*.py", "cases/**/*.py", "scripts/*.py", "pyproject.toml", ".ci/run")
+
+
+def test_code_says_why_not_what_was_measured_where():
+    """Comments and docstrings say why; what a choice saved on which machine is in
+    results/bench/README.md ("Why the kit schedules as it does") and the commit messages."""
+    found = []
+    for path in (p for pattern in CODE for p in REPO.glob(pattern)):
+        lines = path.read_text().splitlines()
+        for n, line in enumerate(lines):
+            near = " ".join(lines[max(0, n - 2):n + 3])
+            if MACHINE.search(line) and FIGURE.search(near):
+                found.append(f"{path.relative_to(REPO)}:{n + 1}: {line.strip()}")
+    assert not found, "\n".join(found)
 
 
 @pytest.mark.parametrize("page", PAGES, ids=lambda p: p.name)
@@ -131,3 +151,54 @@ def test_adding_a_backend_names_every_field_a_backend_reads():
     missing = [n for n in names if f"`{n}`" not in section and f"`{n} " not in section]
     assert not missing, missing
     assert "`name`" in section and "test ids" in section and "backends/torch_native.py" in section
+
+
+def test_the_contract_says_how_many_replays_a_graph_run_has():
+    """Four, three for a case of one request or one in the largest bucket: as the schedule makes them."""
+    from kit.engine.modes import rules_for
+    from kit.engine.profile import SGLANG
+    from kit.modes import ForwardMode
+    from tests.helpers import small_case
+
+    text = " ".join((REPO / "docs" / "contract.md").read_text().split())
+    assert ("That is four replays, three for a case of one request (no bs-1 batch besides it) or one in the "
+            "largest bucket (no larger one).") in text
+    assert f"SGLang's: {', '.join(map(str, SGLANG.batch_sizes[:3]))}, ..., {SGLANG.batch_sizes[-1]}" in text
+    sizes = SGLANG.batch_sizes
+    for prefix, replays in (((5, 9, 3), 4), ((7,), 3), ((4,) * (sizes[-2] + 1), 3)):
+        case = small_case("c", ForwardMode.DECODE, prefix)
+        schedule = rules_for(case.mode).replay_schedule(case, SGLANG)
+        assert len(schedule) == replays, (len(prefix), schedule)
+
+
+def test_running_md_names_everything_a_kernel_variant_holds():
+    """Each part the page names, changed alone, makes another variant (and so another worker group)."""
+    from kit.modes import ForwardMode
+    from tests.helpers import small_case
+
+    text = " ".join((REPO / "docs" / "running.md").read_text().split())
+    base = small_case("c", ForwardMode.TARGET_VERIFY, (5, 9), new=2, page=4)
+    parts = {"dtype": dict(dtype="fp16"), "head_dim": dict(head_dim=32), "GQA group": dict(heads=(4, 4)),
+             "page size": dict(page=1), "a window": dict(window=4), "a cap": dict(cap=5.0),
+             "hybrid layers": dict(hybrid=True), "sinks": dict(sinks=True), "a tree mask": dict(topk=2),
+             "MLA's rank and rope width": dict(heads=(4, 1), head_dim=24, kv_lora_rank=16, rope_dim=8, scale=0.1),
+             "a quantized KV cache": dict(kv_dtype="fp8_e4m3")}
+    said = text.split("`--dist loadgroup` keeps each backend's runs of one mode and kernel variant (", 1)[1]
+    said = said.split(": `Case.kernel_variant`)", 1)[0]
+    for part, change in parts.items():
+        assert part in said, (part, said)
+        assert base.with_(**change).kernel_variant != base.kernel_variant, part
+
+
+def test_the_readmes_first_screen_says_what_to_run_and_how_long():
+    """The set-up and the test command, on CPU and on a GPU, with how long each takes, before anything
+    else; reading a failure comes before what the kit checks."""
+    text = (REPO / "README.md").read_text()
+    first = "\n".join(text.splitlines()[:40])
+    assert "python scripts/setup.py cpu" in first and TEST_COMMAND in first and "python scripts/setup.py cuda" in first
+    assert re.search(r"Without a GPU \(2 cores: about \d+ minutes to set up[^,]*, up to \d+ minutes for the tests\)",
+                     first), first
+    assert re.search(r"about \d+ minutes on a\s+fresh 16-core H100", first) and re.search(
+        r"the matrix\s+itself: about \d+ minutes on an H100", first), first
+    assert "python -m matrix html --results results-local.json" in first
+    assert text.index("\n## Reading a failure\n") < text.index("\n## What it checks\n")

@@ -3,8 +3,10 @@ that no case of the catalog reaches within its CI budget and shrinks it to the c
 prints the case line and a repro that re-runs exactly that case, reports a known failure by its
 KF id, and appends every run to the ledger; and a seeded fuzz of the in-box backends finds nothing."""
 import argparse
+import ast
 import json
 import shlex
+from pathlib import Path
 
 import pytest
 from hypothesis import HealthCheck, given, seed, settings
@@ -15,6 +17,7 @@ from kit.engine.case import DTYPES, INPUT_FORMS, LAYOUTS, Case
 from kit.engine.case_line import format_case, parse_case
 from kit.engine.catalog import CASE_SETS
 from kit.engine.draws import SIZES, Takes, around
+from kit.engine.modes.mixed import decode_rows
 from kit.fuzz.search import Finding, Target, shrink_features
 from kit.fuzz.strategies import any_case
 from kit.engine.profile import SGLANG_BATCH_SIZES as BS_BUCKETS, SGLANG_TOKEN_BUCKETS as TOKEN_BUCKETS
@@ -46,7 +49,7 @@ def test_drawn_cases_are_valid_and_cover_every_feature():
     """Every drawn case is a Case (validated on construction) and reads back from its line; together they
     reach every mode, layout, dtype, page size, the graph buckets' batch sizes, page-boundary lengths and
     windows, caps, scales, trees, hybrid layers, MLA, fused QKV inputs, sinks and EXTEND token counts at the
-    token buckets."""
+    token buckets, MIXED decode rows, draft decode chains and trees."""
     drawn = _draw(300)
     assert all(isinstance(c, Case) and parse_case(format_case(c)) == c for c in drawn)
     seen = lambda f: {f(c) for c in drawn}  # noqa: E731
@@ -67,6 +70,13 @@ def test_drawn_cases_are_valid_and_cover_every_feature():
     assert any(c.sinks for c in drawn) and any(not c.sinks for c in drawn if not c.is_mla)
     extend_totals = {sum(c.new_lens) for c in drawn if c.mode is ForwardMode.EXTEND}
     assert extend_totals & set(around(TOKEN_BUCKETS, 1, SMALL.max_tokens))
+    # MIXED: decode rows after extend rows, one or several; draft decode and draft extend trees whose draft
+    # count is not their steps + 1, draft decode chains past two steps
+    assert {decode_rows(c.new) > 1 for c in drawn if c.mode is ForwardMode.MIXED} == {False, True}
+    for mode in (ForwardMode.DRAFT_EXTEND_V2, ForwardMode.DRAFT_DECODE):
+        assert any(c.topk > 1 and c.steps + 1 != c.new for c in drawn if c.mode is mode), mode
+    assert any(c.topk == 1 and c.new > 3 for c in drawn if c.mode is ForwardMode.DRAFT_DECODE)
+    assert seen(lambda c: c.context_edge) == {False, True}
 
 
 def test_drawn_cases_stay_within_what_the_backend_declares():
@@ -194,7 +204,7 @@ def test_a_mutant_that_takes_its_fuzz_process_down_is_found_as_a_crash_of_its_ca
     r = row(mutant, args)
     assert r["found"] and r["classes"] == ["crash"] and r["examples"] == 1, r
     assert parse_case(r["case_line"]).mode is ForwardMode.DECODE and "--case-line" in r["repro"], r
-    assert r["error"].startswith("the process died running it (exit code -6"), r["error"]
+    assert r["error"].startswith("the process died running it (killed by SIGABRT (exit code -6)"), r["error"]
 
 
 def test_the_next_fuzz_says_which_case_took_the_last_one_down(capsys, tmp_path):
@@ -210,3 +220,39 @@ def test_the_next_fuzz_says_which_case_took_the_last_one_down(capsys, tmp_path):
     assert code == 0 and "the fuzz process before this one died running b eager (example 3, 1.5 s into its " \
                           "search): Case(...); repro: python -m kit run ..." in err, err
     assert not running.exists()  # taken, and this search ended in its own time
+
+
+def test_every_catalog_line_reads_as_a_case_line():
+    """Each `C("name", ...)` line of cases/<mode>.py, with `Case` and its mode written out, is read
+    back by --case-line as the catalog's case (its presets too: GPT_OSS, GQA_32_8, ...); lines that
+    spread a dict (`**SMALL_MLA`) or compute a value (`tuple(range(...))`) are no case line."""
+    read = 0
+    for mode in MODES:
+        path = Path(__file__).resolve().parent.parent / "cases" / f"{mode.value}.py"
+        for call in ast.walk(ast.parse(path.read_text())):
+            if not (isinstance(call, ast.Call) and getattr(call.func, "id", None) == "C"):
+                continue
+            values = [*call.args, *(k.value for k in call.keywords)]
+            if any(k.arg is None for k in call.keywords) or any(
+                    isinstance(node, (ast.Call, ast.BinOp)) for v in values for node in ast.walk(v)):
+                continue
+            line = f"Case({ast.unparse(call)[2:-1]}, mode=ForwardMode.{mode.name})"
+            assert parse_case(line) == CATALOG.find_case(mode, ast.literal_eval(call.args[0])), line
+            read += 1
+    assert read > 100
+
+
+def test_the_kit_raising_on_a_drawn_case_is_a_finding_of_class_kit_error(monkeypatch):
+    """Not the backend's failure: a record of outcome error and class kit-error (the record's
+    vocabulary, kit.report.record), still reported as new so that the kit's bug is seen."""
+    from kit.fuzz import search
+    from kit.report.record import ERROR_CLASSES, KIT_ERROR
+
+    def raises(run, device, timeout):
+        raise IndexError("the kit's own bug")
+    monkeypatch.setattr(search, "execute", raises)
+    outcome = search.fuzz(search.Target("torch_native", (ForwardMode.DECODE,), (EXECS[0],), device="cpu"),
+                          budget=60, seed=1, shrink_budget=0, max_examples=3)
+    assert KIT_ERROR in ERROR_CLASSES
+    assert {f.failure_class for f in outcome.new} == {KIT_ERROR}, outcome
+    assert "the kit raised IndexError: the kit's own bug" in outcome.new[0].message

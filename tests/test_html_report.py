@@ -65,6 +65,28 @@ def page(tmp_path):
     return out
 
 
+def test_the_failing_cells_are_listed_first_and_each_cells_runs_link_back(page):
+    text = page.read_text()
+    summary = text.split("<h2>Failing cells (1)</h2>", 1)[1].split("</ul>", 1)[0]
+    assert 'href="#runs-0-other-decode-graph"' in summary and "✗ 1/2 graph" in summary, summary
+    sections = text.split('<section class="runs"')[1:]
+    assert len(sections) == 2 and all('<a href="#table-0">back to the table</a>' in s for s in sections)
+    assert '<table id="table-0">' in text
+
+
+def test_an_interrupted_run_says_so_at_the_top(tmp_path):
+    """Its page is drawn (what it recorded) under a line saying what it lacks; stderr says it too."""
+    path = tmp_path / "results-local.json"
+    write_results(path, [rec("a")], run=dict(status="running", selected=[f"be-decode-eager-{c}" for c in "abc"],
+                                             catalog=[f"be-decode-eager-{c}" for c in "abc"]))
+    out = tmp_path / "report.html"
+    proc = subprocess.run([sys.executable, "-m", "matrix", "html", "--results", str(path), "--out", str(out)],
+                          cwd=REPO, capture_output=True, text=True)
+    assert proc.returncode == 0 and "interrupted run (running): 1 of 3 selected runs recorded" in proc.stderr, proc.stderr
+    top = out.read_text().split("<h2>", 1)[0]
+    assert '<p class="warning">' in top and "interrupted run (running): 1 of 3 selected runs recorded" in top, top
+
+
 def test_page_has_no_external_assets(page):
     text = page.read_text()
     assert "<script" not in text and "<link" not in text and "<img" not in text and "@import" not in text
@@ -90,4 +112,9 @@ def test_clicking_a_failing_cell_shows_its_runs_and_repro(chrome, page):
         assert shown in runs, (shown, runs)
     failing.find_element(By.TAG_NAME, "a").click()
     assert not repro.is_displayed()
-    assert "no entry covers this failure" in chrome.find_element(By.CSS_SELECTOR, "section.runs:target").text
+    shown = chrome.find_element(By.CSS_SELECTOR, "section.runs:target")
+    assert "no entry covers this failure" in shown.text
+    shown.find_element(By.LINK_TEXT, "back to the table").click()
+    assert not shown.is_displayed() and chrome.current_url.endswith("#table-0")
+    chrome.find_element(By.CSS_SELECTOR, "ul a[href^='#runs-']").click()  # the failing cells, listed at the top
+    assert chrome.find_element(By.CSS_SELECTOR, "section.runs:target") == shown and shown.is_displayed()

@@ -63,4 +63,4 @@ def test_ci_sets_up_in_one_step_and_says_where_cpu_torch_comes_from():
     assert any("https://download.pytorch.org/whl/cpu" in line for line in comments)
     assert any(line.startswith("export CI=true") for line in lines[setup_line:])
     workflow = (REPO / ".github" / "workflows" / "conformance.yml").read_text()
-    assert 'TORCH_INDEX_URL: "https://download.pytorch.org/whl/cpu"' in workflow and "matrix.html" in workflow
+    assert 'TORCH_INDEX_URL: "https://download.pytorch.org/whl/cpu"' in workflow and "results-cpu.html" in workflow

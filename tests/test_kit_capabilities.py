@@ -48,8 +48,16 @@ def test_a_malformed_declaration_is_a_crash_when_the_backend_loads(cls, named):
 
 def test_declarations_as_read():
     caps = Capabilities.of(TorchNativeBackend)
-    assert caps.hook_style is None and not caps.has_graph_hooks and caps.modes is None
+    assert caps.hook_style is None and not caps.has_graph_hooks and caps.modes == {m.value for m in ForwardMode}
     assert caps.mode_reason(ForwardMode.DECODE) is None
+
+    class Undeclared(TorchNativeBackend):
+        modes = None
+    # Modes added since the protocol began are run only by a backend that names them.
+    caps = Capabilities.of(Undeclared)
+    assert caps.mode_reason(ForwardMode.DECODE) is None and caps.mode_reason(ForwardMode.TARGET_VERIFY) is None
+    assert "does not implement mode mixed" in caps.mode_reason(ForwardMode.MIXED)
+    assert "does not implement mode draft_decode" in caps.mode_reason(ForwardMode.DRAFT_DECODE)
 
     class Two(TorchNativeBackend):
         modes = (ForwardMode.DECODE, "some_future_mode")

@@ -30,11 +30,15 @@ from kit.engine.modes.rules import causal
 from kit.report.record import parse_run_id, run_id
 from kit.engine.reference import attention
 from kit.harness.checks import KVState, check_inputs, check_kv, check_output, handed_inputs, inputs_figures, read_back
+from tests.mutants import CONTEXT_EDGE, FULL_TREE_BUCKET, MIXED_UNALIGNED, TREE_DRAFTS
 from tests.mutants.triton import read_dense
 
 REPO = Path(__file__).resolve().parent.parent
-DECODE, EXTEND = ForwardMode.DECODE, ForwardMode.EXTEND
+DECODE, EXTEND, MIXED = ForwardMode.DECODE, ForwardMode.EXTEND, ForwardMode.MIXED
 TARGET_VERIFY, DRAFT_EXTEND_V2 = ForwardMode.TARGET_VERIFY, ForwardMode.DRAFT_EXTEND_V2
+DRAFT_DECODE = ForwardMode.DRAFT_DECODE
+# The fewest requests a batch of the mode has (a MIXED batch: an extend row and a decode row).
+MIN_BS = {MIXED: 2}
 
 
 @pytest.mark.parametrize("mode", MODES, ids=lambda m: m.value)
@@ -57,7 +61,7 @@ def test_full_set_coverage(mode):
     assert {c.heads for c in full} >= {MHA, GQA, MQA}
     assert {c.head_dim for c in full} >= {64, 128}
     assert {c.dtype for c in full} >= {"bf16", "fp16"}
-    assert any(c.bs == 1 for c in full) and any(c.bs >= 8 for c in full)
+    assert any(c.bs == MIN_BS.get(mode, 1) for c in full) and any(c.bs >= 8 for c in full)
     assert any(max(c.prefix) > 1000 for c in full), "contexts past 1,000 tokens"
     assert any(c.window >= 0 for c in full) and any(c.cap > 0 for c in full)
     assert any(c.page > 1 and any(p % c.page == 0 and p > 0 for p in c.prefix) for c in full), "prefix exactly a page"
@@ -111,24 +115,44 @@ def test_the_pairs_check_requires_fp8_with_each_feature(mode, pair):
 
 def test_pairs_are_possible_as_the_case_rules_say():
     """Which pairs are required follows Case validation: MLA takes no window, sinks or fused inputs (so
-    those pairs are not required), only TARGET_VERIFY has trees."""
+    those pairs are not required), only the speculative modes' drafts are trees (TARGET_VERIFY,
+    DRAFT_EXTEND_V2, DRAFT_DECODE)."""
     for mode in MODES:
         possible = set(pairs.possible_pairs(_probe(mode)))
         assert (("kind", "mla"), ("window", True)) not in possible
         assert (("kind", "mla"), ("sinks", True)) not in possible
         assert (("kind", "mla"), ("inputs", "fused_qkv")) not in possible
         assert (("kind", "mla"), ("kv_dtype", "fp8_e5m2")) in possible
-        assert any(("tree", True) in pair for pair in possible) == (mode is TARGET_VERIFY), mode
+        assert any(("tree", True) in pair for pair in possible) == (mode in (TARGET_VERIFY, DRAFT_EXTEND_V2, DRAFT_DECODE)), mode
 
 
 def test_zero_prefix_and_trees_covered():
-    for mode in (ForwardMode.DECODE, ForwardMode.EXTEND, ForwardMode.DRAFT_EXTEND_V2):
+    for mode in (DECODE, EXTEND, MIXED, DRAFT_EXTEND_V2):
         assert any(0 in c.prefix for c in catalog.cases("full", mode)), mode
-    assert {c.topk for c in catalog.cases("full", ForwardMode.TARGET_VERIFY)} >= {1, 2}
-    assert {c.topk for c in catalog.cases("smoke", ForwardMode.TARGET_VERIFY)} >= {1, 2}
-    for case_set in CASE_SETS:  # only a window shows whether a draft sits at seq_len + depth or + index
+    for case_set in CASE_SETS:
+        for mode in (TARGET_VERIFY, DRAFT_DECODE):
+            assert {c.topk for c in catalog.cases(case_set, mode)} >= {1, 2}, mode
+        # only a window shows whether a draft sits at seq_len + depth or + index
         assert any(c.topk > 1 and c.window >= 0 for c in catalog.cases(case_set, TARGET_VERIFY))
         assert any(0 <= c.window < max(c.prefix) for c in catalog.cases(case_set, DRAFT_EXTEND_V2))
+
+
+def _draft_fields(c: Case) -> set:
+    """A tree whose draft count is not its steps + 1 (a graph stride of steps + 1 instead of the
+    draft count goes wrong only there, sgl-project/sglang#27545)."""
+    return {"draft count apart from the steps"} if c.steps is not None and c.steps + 1 != c.new else set()
+
+
+@pytest.mark.parametrize("mode, reaches", [(DRAFT_EXTEND_V2, TREE_DRAFTS), (DRAFT_DECODE, FULL_TREE_BUCKET),
+                                           (DRAFT_DECODE, CONTEXT_EDGE), (MIXED, MIXED_UNALIGNED)],
+                         ids=["tree_drafts", "full_tree_bucket", "context_edge", "mixed_unaligned"])
+def test_speculative_and_mixed_bug_classes_reachable(mode, reaches):
+    """Each set has the cases these bug classes need (tests/mutants: the predicates their mutants
+    reach): DRAFT_EXTEND_V2 trees of another draft count than steps + 1 at bs > 1 (#27545); a draft
+    decode bucket full of K lanes over long rows (#27338); one of rows within `steps` of the model's
+    context length (#29695); MIXED decode rows off the page (PR 38180)."""
+    for case_set in CASE_SETS:
+        assert any(reaches(c) for c in catalog.cases(case_set, mode)), case_set
 
 
 def _cap_bites(c: Case) -> bool:
@@ -147,8 +171,8 @@ def _page_features(c: Case) -> set:
 
 
 def _new_features(c: Case) -> set:
-    if c.mode is not ForwardMode.EXTEND:
-        return set()  # one count for the batch
+    if c.mode not in (EXTEND, MIXED):
+        return _draft_fields(c)  # one count for the batch
     return (({"ragged extend"} if len(set(c.new_lens)) > 1 else set())
             | ({"one-token extend"} if 1 in c.new_lens else set())
             | ({"extend of 64+ tokens"} if max(c.new_lens) >= 64 else set()))
@@ -158,7 +182,7 @@ def _new_features(c: Case) -> set:
 # identity, not a feature). The dtype feature puts bf16 and fp32 together: the CPU runs fp32
 # where the GPU runs bf16.
 FEATURES = {
-    "name": None, "mode": None, "seed": None, "request_seeds": None,
+    "name": None, "mode": None, "seed": None, "request_seeds": None,  # data identity, no feature
     "prefix": lambda c: {f"bs {'1' if c.bs == 1 else '8+' if c.bs >= 8 else '2-7'}"}
     | ({"zero prefix"} if 0 in c.prefix else set())
     | ({"context past 1,000 tokens"} if max(map(sum, zip(c.prefix, c.new_lens))) > 1000 else set()),
@@ -177,6 +201,8 @@ FEATURES = {
     "kv_lora_rank": lambda c: {"mla" if c.is_mla else "dense"},
     "kv_dtype": lambda c: {f"kv cache {c.kv_dtype or 'in dtype'}"},
     "rope_dim": lambda c: set(),  # MLA's widths: head_dim's feature (rank + rope) covers them
+    "steps": _draft_fields,
+    "context_edge": lambda c: {"at the model's context edge"} if c.context_edge else set(),
     "inputs": lambda c: {f"inputs {c.inputs}"},
     "sinks": lambda c: {"sinks" if c.sinks else "no sinks"} | ({"sinks with window"} if c.sinks and c.window >= 0
                                                                 else set()),
@@ -291,7 +317,8 @@ def test_every_mode_has_rules_and_cases():
     for mode in MODES:
         assert rules_for(mode).mode is mode
         assert catalog.cases("smoke", mode) and catalog.cases("full", mode)
-    assert [m.value for m in MODES] == ["decode", "extend", "target_verify", "draft_extend_v2"]
+    assert [m.value for m in MODES] == ["decode", "extend", "mixed", "target_verify", "draft_extend_v2",
+                                        "draft_decode"]
 
 
 OTHER_CATALOG = Catalog({ForwardMode.DECODE: {"smoke": [Case("only_one", ForwardMode.DECODE, prefix=(4, 9),
@@ -428,7 +455,8 @@ BUG_CLASSES = {
     (8, "tree mask ignored"): ((TARGET_VERIFY,), lambda c: c.topk > 1, _request_bug(
         lambda r: dict(visible=causal(r.n_old, r.n_new)))),
     (9, "decode one key short"): ((DECODE,), lambda c: True, _request_bug(lambda r: _without_key(r, r.total - 1))),
-    (9, "prefix one key short"): ((EXTEND, TARGET_VERIFY, DRAFT_EXTEND_V2), lambda c: max(c.prefix) > 0,
+    (9, "prefix one key short"): ((EXTEND, MIXED, TARGET_VERIFY, DRAFT_EXTEND_V2, DRAFT_DECODE),
+                                  lambda c: max(c.prefix) > 0,
                                   _request_bug(lambda r: _without_key(r, r.n_old - 1) if r.n_old else {})),
     (12, "cap ignored"): ((TARGET_VERIFY,), lambda c: c.cap > 0, _case_bug(lambda c: dict(cap=0.0))),
     (13, "verify window on token index"): ((TARGET_VERIFY,), lambda c: c.window >= 0 and c.topk > 1, _request_bug(

@@ -24,8 +24,9 @@ from kit.engine.variants import bucket_for
 from kit.harness.runner import run_case
 from tests.helpers import run_setup, small_case
 
-DECODE, EXTEND = ForwardMode.DECODE, ForwardMode.EXTEND
+DECODE, EXTEND, MIXED = ForwardMode.DECODE, ForwardMode.EXTEND, ForwardMode.MIXED
 TARGET_VERIFY, DRAFT_EXTEND_V2 = ForwardMode.TARGET_VERIFY, ForwardMode.DRAFT_EXTEND_V2
+DRAFT_DECODE = ForwardMode.DRAFT_DECODE
 MODULE = "tests.test_kit_graph_harness"
 DEVICES = ["cpu"] + (["cuda"] if torch.cuda.is_available() else [])
 DENSE = "tests.toys.dense:DenseGraphBackend"
@@ -43,11 +44,25 @@ HARNESS_CASES = {
     DECODE: small_case("gh_decode", DECODE, (3, 10, 6)),
     TARGET_VERIFY: small_case("gh_tv", TARGET_VERIFY, (4, 0, 9), 4, topk=2, page=16),
     DRAFT_EXTEND_V2: small_case("gh_dev2", DRAFT_EXTEND_V2, (2, 7, 12), 3, layout="shuffled_pages"),
+    DRAFT_DECODE: small_case("gh_dd", DRAFT_DECODE, (2, 7, 12), 5, topk=2, steps=3),
 }
+# Token-bucket graph cases (ragged batches)
+TOKEN_CASES = {EXTEND: small_case("nohooks_ext", EXTEND, (2, 5), (3, 1)),
+               MIXED: small_case("nohooks_mixed", MIXED, (2, 5), (3, 1))}
 
 
 def tokens_per_req(case) -> int:
-    return 1 if case.mode is DECODE else case.new
+    """KV slots (out_cache_loc) of each request."""
+    return rules_for(case.mode).tokens_per_request(case)
+
+
+def rows_per_req(case) -> int:
+    """Query rows of each request in each step's forward (positions alike): a draft decode's lanes."""
+    return case.topk if case.mode is DRAFT_DECODE else tokens_per_req(case)
+
+
+def steps_of(case) -> int:
+    return (case.steps or case.new - 1) - 1 if case.mode is DRAFT_DECODE else 1
 
 
 # ------------------------------------------------------------------ replay schedule
@@ -113,7 +128,8 @@ class RecordingBackend(AttentionBackend):
         self.calls.append(("replay", dict(
             bs=bs, rows=req_pool_indices.tolist(), seq_lens=seq_lens.tolist(), seq_lens_sum=seq_lens_sum,
             seq_lens_cpu=seq_lens_cpu.tolist(), seq_lens_cpu_device=seq_lens_cpu.device.type,
-            mode=forward_mode, out_cache_loc=h.out_cache_loc[:n].tolist(), positions=h.positions[:n].tolist(),
+            mode=forward_mode, out_cache_loc=h.out_cache_loc[:n].tolist(),
+            positions=h.positions[:bs * h.positions_per_req].tolist(),
             **self._spec(spec_info))))
 
     def get_cuda_graph_seq_len_fill_value(self) -> int:
@@ -181,12 +197,12 @@ def test_batch_graphs_hook_calls(mode, backend_cls, device):
     """State once first, one capture per bucket (largest first) with fill rows, then padded replays
     in order, every second one over full-capacity buffers; forward only where a graph runs it."""
     case = HARNESS_CASES[mode]
-    fill, t = backend_cls.FILL, tokens_per_req(case)
+    fill, t, r = backend_cls.FILL, tokens_per_req(case), rows_per_req(case)
     backend, harness, fixtures, outs, max_bs = drive_batch_graphs(case, backend_cls, device)
     assert harness.detail == graph_detail(device)
     hooks = [c for c in backend.calls if c[0] not in ("forward", "in_graph")]
     assert max_bs == 8
-    assert hooks[0] == ("state", max_bs, max_bs * t)
+    assert hooks[0] == ("state", max_bs, max_bs * r)
     assert [c[0] for c in hooks].count("state") == 1
     assert not [c for c in hooks if c[0] == "init_forward_metadata"], "graph mode must not use eager metadata"
 
@@ -221,7 +237,7 @@ def test_batch_graphs_hook_calls(mode, backend_cls, device):
         assert type(rep["seq_lens_sum"]) is int
         assert rep["seq_lens_sum"] == b.seq_lens_sum + fill * pad
         assert rep["out_cache_loc"] == b.out_cache_loc.tolist() + [0] * (pad * t)
-        assert rep["positions"] == b.positions.tolist() + [0] * (pad * t)
+        assert rep["positions"] == b.positions.tolist() + [0] * (pad * r)
         if mode is DRAFT_EXTEND_V2:
             assert rep["ext"] == [case.new] * pbs and rep["num_tokens_per_bs"] == case.new
         if mode is TARGET_VERIFY:
@@ -230,7 +246,7 @@ def test_batch_graphs_hook_calls(mode, backend_cls, device):
             assert rep["mask"].numel() == real.numel() + pad_len
             assert torch.equal(rep["mask"][:real.numel()], real)
             assert bool(rep["mask"][real.numel():].all())
-        assert out.shape == fx.q.shape  # only real rows come back
+        assert out.shape == fx.steps[0].inputs[CASE_LAYER_ID].q.shape  # only real rows come back
     assert [r["bs"] for r in replays] == [8, 4, 1, 4]
     assert [full_capacity(i) for i in range(4)] == [False, True, False, True]
     assert any(r["bs"] > bs for r, bs in zip(replays, [fx.batch.batch_size for fx in fixtures]))
@@ -241,7 +257,8 @@ def test_batch_graphs_hook_calls(mode, backend_cls, device):
     forwards = [c for c in backend.calls if c[0] == "forward"]
     layers = len(fixtures[0].layers)  # forward once per layer of the model, each step
     assert layers == 2
-    assert [(f[1], f[2]) for f in forwards] == [(bs, bs * t) for bs in buckets for _ in range(runs * layers)]
+    assert [(f[1], f[2]) for f in forwards] == [(bs, bs * r) for bs in buckets
+                                                for _ in range(runs * layers * steps_of(case))]
     in_graph = [c[1] for c in backend.calls if c[0] == "in_graph"]
     assert in_graph == ([bs for bs in buckets for _ in range(runs)] if backend_cls is TwoPhaseRecordingBackend
                         else [])
@@ -317,7 +334,7 @@ def test_graph_hook_exception_is_crash_naming_stage(attr, stage, device):
 @pytest.mark.parametrize("mode", list(ForwardMode), ids=[m.value for m in ForwardMode])
 def test_torch_native_graph_is_unsupported(mode, device):
     """torch_native has no graph hooks: every graph cell is 'unsupported' with 'no capture hooks'."""
-    case = {EXTEND: small_case("nohooks_ext", EXTEND, (2, 5), (3, 1))}.get(mode) or HARNESS_CASES[mode]
+    case = TOKEN_CASES.get(mode) or HARNESS_CASES[mode]
     r = run_case("torch_native", case, Exec.GRAPH, torch.device(device))
     assert r.outcome == "unsupported" and r.message == "no capture hooks" and r.failure_class is None
 
@@ -485,7 +502,7 @@ def test_real_rows_only_backend_gets_real_rows_and_zero_padding(device):
 def test_context_describes_the_model_and_the_speculative_config(mode):
     """The backend is built knowing every layer of the model and, in the speculative modes,
     the draft count, topk and algorithm (SGLang reads them from its server config)."""
-    case = {EXTEND: small_case("ctx_ext", EXTEND, (2, 5), (3, 1))}.get(mode) or HARNESS_CASES[mode]
+    case = TOKEN_CASES.get(mode) or HARNESS_CASES[mode]
     for hybrid in (False, True):
         setup = run_setup(case.with_(hybrid=hybrid), Exec.GRAPH, "cpu", RecordingBackend)
         ctx = setup.new_backend().ctx
@@ -496,8 +513,10 @@ def test_context_describes_the_model_and_the_speculative_config(mode):
         assert differs == hybrid
         assert (first.scaling != case_layer.scaling and first.sliding_window_size != case_layer.sliding_window_size
                 and first.logit_cap != case_layer.logit_cap) == hybrid
-        if mode in (TARGET_VERIFY, DRAFT_EXTEND_V2):
-            assert (ctx.speculative.num_draft_tokens, ctx.speculative.topk) == (case.new, case.topk)
+        if mode in (TARGET_VERIFY, DRAFT_EXTEND_V2, DRAFT_DECODE):
+            steps = case.steps or case.new - 1
+            assert (ctx.speculative.num_draft_tokens, ctx.speculative.topk, ctx.speculative.num_steps) == (
+                case.new, case.topk, steps)
         else:
             assert ctx.speculative is None
 

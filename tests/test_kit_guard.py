@@ -117,3 +117,30 @@ def test_page_locked_host_buffers_are_allocated_as_asked():
     with below, Guard().watching():
         torch.empty(8, dtype=torch.uint8, pin_memory=True)
     assert below.pinned == [True]
+
+
+def test_a_higher_order_operator_runs_beside_the_guard_and_an_overrun_around_it_is_caught():
+    """flex attention's eager call is a higher-order operator, which a dispatch mode without a rule
+    for it refuses (SGLang's and vLLM's flex backends call it): it runs as unwatched, while the
+    backend's own allocations around it keep their canaries."""
+    from torch.nn.attention.flex_attention import flex_attention
+
+    q, k, v = (torch.randn(1, 2, 8, 16, generator=torch.Generator().manual_seed(i)) for i in range(3))
+    guard = Guard()
+    with guard.watching():
+        scratch = torch.zeros(5, dtype=torch.int32)
+        out = flex_attention(q, k, v)
+    assert torch.allclose(out, torch.nn.functional.scaled_dot_product_attention(q, k, v), atol=1e-5)
+    assert guard.check().ok
+    scratch.as_strided((6,), (1,))[5] = 1  # the backend's own buffer, overrun by one element
+    check = guard.check()
+    assert not check.ok and "(5,) int32" in check.describe()
+
+
+def test_compiled_code_compiles_as_unwatched():
+    """torch.compile falls back to eager under a dispatch mode unless the mode says it ignores
+    compiled code: the guard does, so a backend's compiled kernels run as in production."""
+    from torch.utils._python_dispatch import any_torch_dispatch_mode_on_stack
+
+    with Guard().watching():
+        assert not any_torch_dispatch_mode_on_stack(), "torch.compile would run the backend's compiled code eagerly"

@@ -1,7 +1,7 @@
 """Batch invariance (kit.harness.invariance): a run's batches carry the case's longest request again
 (beside other requests, at another position, alone, in another graph bucket); a backend that declares
 batch_invariant must give its output rows bit for bit in each, any other within the output tolerance.
-The Triton mutants that choose KV splits from the batch are caught too (tests/mutants, 70 and 71)."""
+The Triton mutants that choose KV splits from the batch are caught too (tests/mutants, 80 and 81)."""
 import pytest
 
 from cases import CATALOG

@@ -20,7 +20,7 @@ class Toy(ModeRules):
     def validate(self, case):
         return None if case.new == 2 and case.topk == 1 else "TOY has two new tokens per request (new=2)"
 
-    def request(self, prefix, new, topk, rng):
+    def request(self, case, prefix, new, rng):
         return RequestShape(n_old=prefix, n_new=2, seq_len=prefix + 2, q_pos=[prefix, prefix + 1],
                             visible=causal(prefix, 2))
 

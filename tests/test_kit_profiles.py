@@ -2,6 +2,8 @@
 in the engine's storage layout, padded rows carry the engine's values, and metadata hooks are
 driven in the engine's style. A toy engine with vLLM-like conventions runs through the same
 harness as SGLang's, and a write through a padded row is caught."""
+import dataclasses
+
 import pytest
 import torch
 
@@ -78,3 +80,109 @@ def test_a_write_through_a_padded_row_is_caught(mode, bug):
 def test_the_sglang_profile_keeps_slot_0_as_scratch_and_this_one_does_not():
     assert SGLANG.scratch and not PROFILE.scratch
     assert PROFILE.problem() is None and SGLANG.problem() is None
+
+
+class _NoExtendGraphs(InterleavedBackend):
+    """Declares that its engine captures no graph of EXTEND batches."""
+
+    @classmethod
+    def supports_graph(cls, case):
+        return "no full graph of EXTEND batches" if case.mode is ForwardMode.EXTEND else None
+
+
+def test_a_backend_may_leave_graph_runs_of_a_case_out_and_keep_its_eager_runs():
+    case = CASES[ForwardMode.EXTEND]
+    graph = run_case(f"{__name__}:_NoExtendGraphs", case, Exec.GRAPH)
+    assert (graph.outcome, graph.message) == ("unsupported", "no full graph of EXTEND batches")
+    assert run_case(f"{__name__}:_NoExtendGraphs", case, Exec.EAGER).outcome == PASS
+    assert run_case(f"{__name__}:_NoExtendGraphs", CASES[ForwardMode.DECODE], Exec.GRAPH).outcome == PASS
+
+
+class _Recording(InterleavedBackend):
+    """Keeps the host view of every description its hooks get: (hook, num_reqs, num_actual_tokens,
+    max_query_len, max_seq_len, query_start_loc, seq_lens, slot_mapping, any block table entry);
+    its EXTEND forward is captured once per token bucket, as an engine's full graphs capture it."""
+
+    extend_capture = True
+    seen: list = []
+
+    def _record(self, hook, batch):
+        c = batch.common
+        type(self).seen.append((hook, c.num_reqs, c.num_actual_tokens, c.max_query_len, c.max_seq_len,
+                                c.query_start_loc.tolist(), c.seq_lens.tolist(), c.slot_mapping.tolist(),
+                                c.block_table.any().item()))
+
+    def build_for_capture(self, batch):
+        self._record("capture", batch)
+        super().build_for_capture(batch)
+
+    def init_forward_metadata(self, batch):
+        self._record("metadata", batch)
+        super().init_forward_metadata(batch)
+
+
+def _graph_hooks_seen(case):
+    _Recording.seen = []
+    assert run_case(f"{__name__}:_Recording", case, Exec.GRAPH).outcome == PASS
+    return _Recording.seen
+
+
+def test_a_graph_is_captured_with_the_engines_capture_batch_and_replayed_with_empty_padded_requests():
+    """vLLM's conventions, the profile's: a decode graph of bucket 4 is captured with 4 requests of
+    one token each, nothing cached, the null block everywhere, no slot, the longest context as its
+    host maximum; a bs-3 replay of it has 4 requests, the padded one empty (query_start_loc stays
+    at the 3 real tokens, seq_len 0, slot -1), 4 tokens of which 3 real."""
+    case = small_case("toy_dec3", ForwardMode.DECODE, (5, 17, 33), page=4)
+    seen = _graph_hooks_seen(case)
+    max_context = run_setup(case, Exec.GRAPH, backend_cls=InterleavedBackend).fixtures[0].pools.req_to_token_pool.max_context_len
+    captures = [s for s in seen if s[0] == "capture"]
+    assert ("capture", 4, 4, 1, max_context, [0, 1, 2, 3, 4], [1, 1, 1, 1], [-1] * 4, False) in captures
+    replays = [s for s in seen if s[0] == "metadata" and s[1] == 4 and s[5][-2:] == [3, 3]]
+    assert replays, seen
+    _, _, tokens, max_query_len, _, qsl, seq_lens, slots, _ = replays[0]
+    assert (tokens, max_query_len, qsl, seq_lens[3], slots[3]) == (3, 1, [0, 1, 2, 3, 3], 0, -1)
+    assert min(seq_lens[:3]) > 1
+
+
+def test_a_token_graphs_replays_pad_their_requests_to_its_capture():
+    """EXTEND graphs under the profile: the graph of a 16-token bucket is captured for 16 requests
+    (one token each, the whole bucket as the host maximum of one query) and a 2-request batch of
+    it is replayed with 14 empty requests after its two."""
+    seen = _graph_hooks_seen(CASES[ForwardMode.EXTEND])
+    assert any(s[:5] == ("capture", 16, 16, 16, s[4]) and s[6] == [1] * 16 for s in seen), seen
+    two = [s for s in seen if s[0] == "metadata" and s[5][:3] == [0, 8, 16]]
+    assert two and two[0][1] == 16 and two[0][5][3:] == [16] * 14 and two[0][6][2:] == [0] * 14, two
+
+
+class _UnpaddedTokenGraphs(_Recording):
+    profile = dataclasses.replace(PROFILE, pads_token_graph_requests=False)
+
+
+def test_a_token_graph_replayed_with_fewer_requests_than_captured_needs_them_padded():
+    """A graph keeps its capture's launch arguments (the emulated replay puts the backend's host
+    state back to capture), here its request count: replayed with 2 requests after a 16-request
+    capture, without padded requests it reads rows the capture left in the static buffers."""
+    r = run_case(f"{__name__}:_UnpaddedTokenGraphs", CASES[ForwardMode.EXTEND], Exec.GRAPH)
+    assert (r.outcome, r.failure_class) == ("fail", "graph") and "bs=2, 16 tokens, after bs=16" in r.message, r.message
+
+
+class _LeavesPaddedRows(InterleavedBackend):
+    """Writes nothing into the output rows of padded tokens (slot -1), as vLLM's layer leaves the
+    rows it allocated for them."""
+
+    def forward(self, q, k, v, layer, batch, save_kv_cache=True):
+        out = super().forward(q, k, v, layer, batch, save_kv_cache)
+        return torch.where((self.slot_mapping >= 0).view(-1, 1, 1), out, float("nan"))
+
+
+class _LeavesPaddedRowsOfRealRequests(_LeavesPaddedRows):
+    profile = dataclasses.replace(PROFILE, padded_query_len=None)
+
+
+def test_padded_rows_are_judged_only_where_a_padded_token_belongs_to_a_request():
+    """Under empty padded requests a padded token is nobody's: its output row is not judged. Where
+    padded requests decode like real ones, their rows must be finite."""
+    case = CASES[ForwardMode.DECODE]
+    assert run_case(f"{__name__}:_LeavesPaddedRows", case, Exec.GRAPH).outcome == PASS
+    r = run_case(f"{__name__}:_LeavesPaddedRowsOfRealRequests", case, Exec.GRAPH)
+    assert r.outcome == "fail" and "padded rows not finite" in r.message, r.message

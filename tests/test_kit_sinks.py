@@ -13,7 +13,8 @@ from kit.engine.pools import CASE_LAYER_ID
 from kit.engine.reference import attention
 from kit.harness.capabilities import BadDeclaration, Capabilities
 from kit.harness.protocol import AttentionBackend
-from kit.harness.runner import run_case, unsupported_reason
+from kit.harness.runner import run_case
+from kit.harness.scope import unsupported_reason
 from kit.engine.schedule import batches
 from kit.modes import Exec, ForwardMode
 from kit.report.record import PASS, UNSUPPORTED

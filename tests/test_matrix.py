@@ -13,6 +13,7 @@ import pytest
 from cases import CATALOG as catalog
 from kit.report.known_failures import COLUMNS, KnownFailuresError, covering, load, match, of_backend, parse
 from kit.modes import ForwardMode
+from kit.report.record import Record
 from kit.report.results import write_results
 from matrix import fuzz, gate, readme
 from matrix.table import Notes, cell, render
@@ -33,10 +34,16 @@ def kf_text(*rows: str) -> str:
             + "<!-- known-failures:end -->\n")
 
 
-def rec(case, outcome="pass", cls=None, backend="be", mode="decode", exec_="eager", device="CPU (x86_64)", **kw):
-    return dict(backend=backend, mode=mode, exec=exec_, case=case, dtype="fp32", outcome=outcome, failure_class=cls,
-                message=kw.pop("message", ""), device=device,
-                versions=dict(torch="2.13.0", cuda="none", triton="3.9.0"), kit_commit="abc", date="2026-11-22", repro="python -m kit run ...", **kw)
+def record(case, outcome="pass", cls=None, backend="be", mode="decode", exec_="eager", device="CPU (x86_64)",
+           **kw) -> Record:
+    return Record(backend=backend, mode=mode, exec=exec_, case=case, dtype="fp32", outcome=outcome, failure_class=cls,
+                  device=device, versions=dict(torch="2.13.0", cuda="none", triton="3.9.0"), kit_commit="abc",
+                  date="2026-11-22", repro="python -m kit run ...", **kw)
+
+
+def rec(*args, **kw) -> dict:
+    """A record as a results file holds it."""
+    return record(*args, **kw).to_dict()
 
 
 def write_fresh(path, records, selected=None, status="complete"):
@@ -162,9 +169,9 @@ def test_malformed_line_names_file_line_and_fix(project):
 def test_entry_is_scoped_to_its_device():
     """A failure only the H100 shows: its entry covers the H100 record and not a CPU one."""
     entries = parse(kf_text("| KF-1 | be | decode | eager | c | *H100* | kernel | xfail | why | results/gpu-h100.json |"))
-    gpu = rec("c", "fail", "kernel", device="NVIDIA H100 80GB HBM3")
+    gpu = record("c", "fail", "kernel", device="NVIDIA H100 80GB HBM3")
     assert covering(entries, gpu) is entries[0]
-    assert covering(entries, rec("c", "fail", "kernel")) is None
+    assert covering(entries, record("c", "fail", "kernel")) is None
     assert match(entries, "be", "decode", "eager", "c", "CPU (x86_64)") is None
 
 
@@ -242,28 +249,28 @@ def test_fresh_run_disagreeing_with_committed_results_is_caught(project, tmp_pat
 
 def test_cells():
     notes = Notes()
-    assert cell([rec("a"), rec("b")], [], notes) == "✓ 2/2"
-    assert cell([rec("a"), rec("b", "fail", "graph"), rec("c", "fail", "crash")], [], notes) == \
+    assert cell([record("a"), record("b")], [], notes) == "✓ 2/2"
+    assert cell([record("a"), record("b", "fail", "graph"), record("c", "fail", "crash")], [], notes) == \
         "✗ 2/3 crash/graph, ✓ 1/3"
-    assert cell([rec("a", "unsupported", message="no capture hooks")] * 2, [], notes) == "— unsupported (1)"
-    assert cell([rec("a"), rec("b", "unsupported", message="x")], [], notes) == "✓ 1/1, 1 unsupported (2)"
-    assert cell([rec("a", exec_="graph", exec_detail="emulated")], [], notes) == "✓ 1/1 (emulated)"
+    assert cell([record("a", "unsupported", message="no capture hooks")] * 2, [], notes) == "— unsupported (1)"
+    assert cell([record("a"), record("b", "unsupported", message="x")], [], notes) == "✓ 1/1, 1 unsupported (2)"
+    assert cell([record("a", exec_="graph", exec_detail="emulated")], [], notes) == "✓ 1/1 (emulated)"
     entries = parse(kf_text("| KF-7 | * | * | * | b | * | crash | quarantine | faults | tests/toys |"))
-    assert cell([rec("a"), rec("b", "fail", "crash", isolated=True)], entries, notes) == \
+    assert cell([record("a"), record("b", "fail", "crash", isolated=True)], entries, notes) == \
         "✓ 1/2, quarantine 1/2 (KF-7, subprocess)"
     assert notes.block() == "- (1) no capture hooks\n- (2) x"
 
 
 def test_a_cell_with_nothing_passing_shows_no_check_mark():
     entries = parse(kf_text("| KF-2 | * | * | * | * | * | kernel | xfail | why | tests/toys |"))
-    assert cell([rec("a", "fail", "kernel"), rec("b", "fail", "kernel")], entries, Notes()) == "xfail 2/2 (KF-2)"
-    assert cell([rec("a", "fail", "graph")], [], Notes()) == "✗ 1/1 graph"
+    assert cell([record("a", "fail", "kernel"), record("b", "fail", "kernel")], entries, Notes()) == "xfail 2/2 (KF-2)"
+    assert cell([record("a", "fail", "graph")], [], Notes()) == "✗ 1/1 graph"
 
 
 def test_a_reason_repeated_across_a_row_is_written_once():
     reason = "FlashInferAttnBackend runs on CUDA GPUs only; no CUDA device here " * 3
-    records = [rec(c, "unsupported", message=reason, mode=m.value, exec_=e, backend="gpu_only")
-               for m in ForwardMode for e in ("eager", "graph") for c in "ab"] + [rec("a")]
+    records = [record(c, "unsupported", message=reason, mode=m.value, exec_=e, backend="gpu_only")
+               for m in ForwardMode for e in ("eager", "graph") for c in "ab"] + [record("a")]
     text = render({"results/cpu.json": records}, [])
     assert text.count(reason) == 1
     row = next(line for line in text.splitlines() if line.startswith("| gpu_only"))
@@ -273,8 +280,8 @@ def test_a_reason_repeated_across_a_row_is_written_once():
 
 def test_runs_stopped_by_their_environment_are_no_verdict():
     """An environment error (the kit out of device memory) is not counted against the backend."""
-    stopped = rec("b", "error", "environment", message="out of device memory in the kit's own allocations")
-    assert cell([rec("a"), stopped], [], Notes()) == "✓ 1/1, 1 not judged (environment)"
+    stopped = record("b", "error", "environment", message="out of device memory in the kit's own allocations")
+    assert cell([record("a"), stopped], [], Notes()) == "✓ 1/1, 1 not judged (environment)"
     assert cell([stopped], [], Notes()) == "1 not judged (environment)"
 
 
@@ -367,7 +374,7 @@ def test_known_failures_become_strict_xfails(known_failures_suite, mismatched_kn
     proc = mismatched_known_failures_suite
     assert proc.returncode == 1
     assert "XPASS(strict)" in proc.stdout and "KF-1" in proc.stdout
-    assert "KF-2 expects [kernel], got [graph]" in proc.stdout
+    assert "not the known failure: KF-2 (" in proc.stdout and "expects [kernel] here, this run failed [graph]" in proc.stdout
 
 
 def test_quarantined_failure_runs_in_a_subprocess(known_failures_suite):

@@ -49,7 +49,7 @@ def test_record_with_an_unknown_outcome_is_refused(project, tmp_path):
     proc = run_matrix("check", project, "--fresh", str(fresh))
     assert proc.returncode == 1
     assert len(_lines(proc)) == 1, proc.stderr
-    assert "record be-decode-eager-a: outcome 'passed' is not one of pass, fail, unsupported" in proc.stderr
+    assert "record 1 (be-decode-eager-a): outcome 'passed' is not one of pass, fail, unsupported" in proc.stderr
 
 
 def test_failure_with_an_unknown_class_is_refused_by_write(project):
@@ -57,4 +57,30 @@ def test_failure_with_an_unknown_class_is_refused_by_write(project):
     _with_record(committed, outcome="fail", failure_class="wrong")
     proc = run_matrix("write", project)
     assert proc.returncode == 1
-    assert len(_lines(proc)) == 1 and "failure class 'wrong' is not one of kernel" in proc.stderr, proc.stderr
+    assert len(_lines(proc)) == 1 and "failure class 'wrong' of a run with outcome fail is not one of kernel" in proc.stderr, proc.stderr
+
+
+def test_a_record_missing_fields_or_with_fields_no_record_has_is_refused(project, tmp_path):
+    """A record without its dtype and device_lost, with a stray key: refused, naming them."""
+    fresh = tmp_path / "fresh.json"
+    write_fresh(fresh, [rec("a"), rec("b"), rec("c", "fail", "kernel")])
+    doc = json.loads(fresh.read_text())
+    del doc["records"][1]["dtype"], doc["records"][1]["device_lost"]
+    doc["records"][1]["verdcit"] = "pass"
+    fresh.write_text(json.dumps(doc))
+    proc = run_matrix("check", project, "--fresh", str(fresh))
+    assert proc.returncode == 1 and len(_lines(proc)) == 1, proc.stderr
+    assert "record 2 (be-decode-eager-b): missing dtype, device_lost; fields no record has: verdcit" in proc.stderr
+
+
+def test_a_class_of_another_outcome_is_refused_and_kit_errors_are_no_verdict(project, tmp_path):
+    """An error's class is the environment's or the kit's, never a failure class; a pass has none."""
+    fresh = tmp_path / "fresh.json"
+    for fields, said in ((dict(outcome="error", failure_class="kernel"), "of a run with outcome error is not one of "
+                                                                          "environment, kit-error"),
+                         (dict(outcome="pass", failure_class="kernel"), "of a run with outcome pass is not one of None"),
+                         (dict(outcome="error", failure_class="kit-error"), "1 runs stopped")):
+        write_fresh(fresh, [rec("a"), rec("b"), rec("c", "fail", "kernel")])
+        _with_record(fresh, **fields)
+        proc = run_matrix("check", project, "--fresh", str(fresh))
+        assert proc.returncode == 1 and len(_lines(proc)) == 1 and said in proc.stderr, proc.stderr

@@ -1,13 +1,16 @@
 """Results files lose nothing and prove nothing they do not hold: --co writes nothing, a narrowed
 or interrupted run says so in the file, `matrix write` refuses it, and the gate fails on nothing."""
 import json
+import os
 import shutil
+import stat
 import subprocess
 import sys
 
 import pytest
 
-from kit.report.results import write_results
+from kit.report.record import read_results_file
+from kit.report.results import GrowingResults, results_text, write_results
 from tests.test_matrix import (REPO, SMOKE_DECODE, known_failures_session, project, rec, run_matrix,  # noqa: F401
                                run_suite, write_fresh)
 
@@ -73,12 +76,50 @@ def test_interrupted_session_keeps_what_finished_and_says_so(project, tmp_path):
 
 def test_process_ending_with_exit_code_0_fails_the_gate(project, tmp_path):
     """Without xdist a backend calling os._exit(0) ends pytest 'green': the file it leaves is marked
-    running (not complete), so `pytest && matrix check` still fails."""
+    running (not complete), so `pytest && matrix check` still fails; it holds the record of the run
+    that ended before (appended as it ended, not on a timer the death cut short)."""
     proc, _ = run_suite(tmp_path, f"{TOYS}:ExitZeroBackend", (), "--exec", "eager")
     assert proc.returncode == 0
-    assert _doc(tmp_path)["run"]["status"] == "running"
+    doc = _doc(tmp_path)
+    assert doc["run"]["status"] == "running"
+    assert [(r["case"], r["outcome"]) for r in doc["records"]] == [(SMOKE_DECODE[0], "pass")], doc["records"]
     proc = run_matrix("check", project, "--fresh", str(tmp_path / "results.json"))
-    assert proc.returncode == 1 and "interrupted run (running)" in proc.stderr, proc.stderr
+    assert proc.returncode == 1 and "interrupted run (running): 1 of" in proc.stderr, proc.stderr
+
+
+def _bytes_written() -> int:
+    """What this process has handed to write() so far (Linux: /proc/self/io's wchar)."""
+    return int(dict(line.split(": ") for line in open("/proc/self/io").read().splitlines())["wchar"])
+
+
+@pytest.mark.skipif(not os.path.exists("/proc/self/io"), reason="Linux's /proc/self/io counts the bytes written")
+def test_a_growing_results_file_costs_each_record_once(tmp_path):
+    """A session's file, written as its runs end, costs bytes linear in its records (a file written
+    whole at each record costs their square), and reads whole, `running`, after every record."""
+    path = tmp_path / "results.json"
+    file = GrowingResults(path)
+    run = dict(status="running", selected=[f"be-decode-eager-{n}" for n in range(400)], catalog=[])
+    file.start(run)
+    before = _bytes_written()
+    for n in range(400):
+        file.append(rec(str(n), message="x" * 200))
+        if n in (0, 1, 399):
+            written = read_results_file(path)
+            assert (written.status, len(written.records)) == ("running", n + 1)
+    assert _bytes_written() - before < 2 * path.stat().st_size
+    file.finish([rec(str(n)) for n in range(400)], dict(run, status="complete"))
+    assert path.read_text() == results_text([rec(str(n)) for n in range(400)], dict(run, status="complete"))
+
+
+def test_results_files_have_the_umasks_mode(tmp_path):
+    """0644 under umask 022, as any file a command writes (mkstemp's 0600 was kept before)."""
+    old = os.umask(0o022)
+    try:
+        write_results(tmp_path / "r.json", [rec("a")])
+        GrowingResults(tmp_path / "g.json").start(dict(status="running", selected=[], catalog=[]))
+    finally:
+        os.umask(old)
+    assert {stat.S_IMODE((tmp_path / name).stat().st_mode) for name in ("r.json", "g.json")} == {0o644}
 
 
 def test_gate_fails_on_nothing(project, tmp_path):

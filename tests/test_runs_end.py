@@ -10,16 +10,23 @@ import pytest
 
 from cases import CATALOG as catalog
 from kit.modes import Exec, ForwardMode
-from kit.report.record import CRASH, FAIL, PASS
+from kit.report.record import CRASH, FAIL, KERNEL, PASS
 from kit.harness.runner import run_case
 from kit.harness.timeout import EXIT_STUCK
 from tests.helpers import once_per_session
-from tests.test_matrix import DENSE_SMOKE_DECODE, REPO, SMOKE_DECODE, run_suite, suite_records
+from tests.test_matrix import REPO, SMOKE_DECODE, run_suite, suite_records
+from tests.toys import tiny
 from backends.torch_native import TorchNativeBackend
-from tests.toys.crashing import HangBackend, TorchErrorBackend
+from tests.toys.crashing import GuardedOpErrorBackend, HangBackend, TorchErrorBackend
 
 TOYS = "tests.toys.crashing"
 BS3 = catalog.find_case(ForwardMode.DECODE, "mqa_p1_shuf")  # the smoke decode case the toys misbehave on
+# Where a test times runs out, the runs are tiny (tests.toys.tiny): a short limit then stops the hung
+# run alone, however busy the machine; of its catalog the toys misbehave on after_b only (its eager
+# sequence begins with a batch of 3 requests of its MQA model).
+TINY = "tests.toys.tiny:CATALOG"
+TINY_VICTIM = "after_b"
+TINY_BS3 = BS3.with_(prefix=(2, 5, 1), head_dim=16)
 
 
 @pytest.mark.parametrize("backend, message", [
@@ -42,8 +49,8 @@ def test_keyboard_interrupt_is_not_swallowed():
 def test_hung_backend_times_out_at_its_stage():
     # A run within its limit first (it also does this process's first-run imports, which a short
     # limit must not interrupt).
-    assert run_case(f"{TOYS}:HangBackend", BS3.with_(prefix=(5, 30)), Exec.EAGER, timeout=120).outcome == PASS
-    r = run_case(f"{TOYS}:HangBackend", BS3, Exec.EAGER, timeout=2)
+    assert run_case(f"{TOYS}:HangBackend", TINY_BS3.with_(prefix=(5, 3)), Exec.EAGER, timeout=120).outcome == PASS
+    r = run_case(f"{TOYS}:HangBackend", TINY_BS3, Exec.EAGER, timeout=2)
     assert (r.outcome, r.failure_class) == (FAIL, CRASH)
     assert r.message.startswith("forward (layer 0): RunTimeout: timeout after 2 s at ") and r.seconds < 60, r.message
     assert r.repro.endswith(" --timeout 2"), r.repro
@@ -62,6 +69,24 @@ def test_a_crash_inside_torch_names_the_backends_line_too():
     assert f"{os.sep}torch{os.sep}" in r.message.split(" at ")[-1], r.message
     assert r.message.endswith(f"(called from {inspect.getsourcefile(TorchErrorBackend)}:{einsum_line})"), r.message
     assert "--timeout" not in r.repro
+
+
+def test_a_crash_through_the_kits_guard_names_the_backends_line():
+    """torch's dispatch runs the kit's guard while forward runs: the frame between torch and the
+    backend is the kit's, and the crash names the backend's line, not the guard's (KF-4's read
+    `called from kit/harness/guard.py`)."""
+    r = run_case(f"{TOYS}:GuardedOpErrorBackend", TINY_BS3, Exec.EAGER)
+    assert (r.outcome, r.failure_class) == (FAIL, CRASH)
+    line = inspect.getsourcelines(GuardedOpErrorBackend.misbehave)[1] + 3
+    assert r.message.endswith(f"(called from {inspect.getsourcefile(GuardedOpErrorBackend)}:{line})"), r.message
+
+
+def test_an_output_on_the_meta_device_is_the_kernels_failure():
+    """A tensor with no values, of the right shape and dtype: the output check says where it is (it
+    was the kit's own error, `the run ended without a verdict`, at the line that read it)."""
+    r = run_case(f"{TOYS}:MetaOutputBackend", TINY_BS3, Exec.EAGER)
+    assert (r.outcome, r.failure_class) == (FAIL, KERNEL), r.message
+    assert "meta" in r.message and "cpu" in r.message, r.message
 
 
 # One session for the backends each test below looks at (each its own backend's records): a session
@@ -95,55 +120,59 @@ def test_suite_records_every_run(misbehaving_suite, backend):
 # backend's records, and at the session going on past all of them.
 HANG, NATIVE_HANG, HARD_CRASH, DEVICE_FAULT = (f"{TOYS}:{name}" for name in (
     "HangBackend", "NativeHangBackend", "HardCrashBackend", "DeviceFaultBackend"))
-# The limit of the sessions of hung backends: a hang costs it, a hang in native code twice. It leaves
-# room for a process's first run on a slow, loaded machine (imports come before it: 0.5 s on 2 cores).
+# The limit of the sessions of hung backends: a hang costs it, a hang in native code twice. Their runs
+# are tiny: the limit leaves room for a process's first run on a 2-core machine loaded 4 times over.
 LIMIT_S = 4
 
 
 @pytest.fixture
 def xdist_suite(tmp_path_factory):
     proc, by_backend, folder = once_per_session(tmp_path_factory, "xdist_misbehaving", lambda folder: suite_records(
-        folder, [HANG, NATIVE_HANG, HARD_CRASH, DEVICE_FAULT], (), "--exec", "eager", "-n", "2", "--timeout", str(LIMIT_S)))
+        folder, [HANG, NATIVE_HANG, HARD_CRASH, DEVICE_FAULT], (), "--exec", "eager", "-n", "2", "--timeout", str(LIMIT_S),
+        "--cases", TINY))
     assert proc.returncode == 1 and "INTERNALERROR" not in proc.stdout + proc.stderr, proc.stdout[-2000:]
     assert json.loads((folder / "results.json").read_text())["run"]["status"] == "complete"
-    return by_backend, folder
+    return by_backend, folder, proc
 
 
 def _only_failure(records):
-    return [c for c in DENSE_SMOKE_DECODE if records[f"{c}/eager"]["outcome"] != PASS]
+    return [c.name for c in tiny.SMOKE if records[f"{c.name}/eager"]["outcome"] != PASS]
 
 
 def test_hang_under_xdist_times_out_and_the_session_completes(xdist_suite):
     records = xdist_suite[0][HANG]
-    r = records["mqa_p1_shuf/eager"]
+    r = records[f"{TINY_VICTIM}/eager"]
     assert r["failure_class"] == CRASH and f"timeout after {LIMIT_S} s" in r["message"] and r["message"].startswith("forward")
-    assert _only_failure(records) == ["mqa_p1_shuf"]
+    assert _only_failure(records) == [TINY_VICTIM]
 
 
 def test_a_hang_in_native_code_under_xdist_is_the_runs_crash_and_the_session_goes_on(xdist_suite):
     records = xdist_suite[0][NATIVE_HANG]
-    r = records["mqa_p1_shuf/eager"]
+    r = records[f"{TINY_VICTIM}/eager"]
     assert r["failure_class"] == CRASH and r["message"].startswith(f"timeout after {LIMIT_S} s, then {LIMIT_S} s more stuck"), r
-    assert _only_failure(records) == ["mqa_p1_shuf"]
+    assert _only_failure(records) == [TINY_VICTIM]
 
 
 def test_dead_worker_is_recorded_as_crash_and_the_run_completes(xdist_suite):
     """A hard crash under xdist kills one worker; its case is a crash record and every other case runs."""
     records = xdist_suite[0][HARD_CRASH]
-    assert _only_failure(records) == ["mqa_p1_shuf"]  # the one bs=3 MQA case
-    r = records["mqa_p1_shuf/eager"]
-    assert r["failure_class"] == CRASH and "crashed while running" in r["message"]
+    assert _only_failure(records) == [TINY_VICTIM]
+    r = records[f"{TINY_VICTIM}/eager"]
+    assert r["failure_class"] == CRASH and "crashed while running" in r["message"] and "exit code 3" in r["message"]
     assert r["repro"].startswith(f"python -m kit run --backend {HARD_CRASH}")
-    assert len(records) == len(SMOKE_DECODE)
+    proc = xdist_suite[2]  # said on screen, not only in the file
+    said = f"toy_hard_crash-decode-eager-{TINY_VICTIM}: its worker died, exit code 3; recorded as a crash; repro: "
+    assert said + r["repro"] in proc.stdout, proc.stdout[-3000:]
+    assert len(records) == len(tiny.SMOKE)
 
 
 def test_device_fault_ends_the_worker_and_keeps_its_record(xdist_suite):
     """A sticky device fault: its own record (with the real message) is kept, the worker is replaced,
     and no other case is blamed."""
     records, tmp = xdist_suite[0][DEVICE_FAULT], xdist_suite[1]
-    r = records["mqa_p1_shuf/eager"]
+    r = records[f"{TINY_VICTIM}/eager"]
     assert r["failure_class"] == CRASH and r["device_lost"] and "device-side assert" in r["message"], r
-    assert _only_failure(records) == ["mqa_p1_shuf"]
+    assert _only_failure(records) == [TINY_VICTIM]
     assert not (tmp / "results.json.lost").exists()
 
 
@@ -152,9 +181,9 @@ def test_a_hang_in_native_code_without_xdist_is_recorded_with_the_stacks_on_stde
     (the limit itself, when shorter than a minute), the run recorded as a crash in an interrupted
     results file, every thread's stack on stderr."""
     proc, records = run_suite(tmp_path, f"{TOYS}:NativeHangBackend", (), "--exec", "eager", "-p", "no:xdist",
-                              "--timeout", str(LIMIT_S))
+                              "--timeout", str(LIMIT_S), "--cases", TINY)
     assert proc.returncode == EXIT_STUCK, proc.stdout[-2000:] + proc.stderr[-2000:]
-    r = records["mqa_p1_shuf/eager"]
+    r = records[f"{TINY_VICTIM}/eager"]
     assert r["failure_class"] == CRASH and r["message"].startswith(f"timeout after {LIMIT_S} s, then {LIMIT_S} s more stuck"), r
     assert r["repro"].endswith(f" --timeout {LIMIT_S}"), r["repro"]
     run = json.loads((tmp_path / "results.json").read_text())["run"]
@@ -196,9 +225,11 @@ def test_dead_workers_cost_only_their_runs_under_loadgroup(tmp_path):
     crashed = {(r["backend"], r["case"], r["exec"]) for r in doc["records"] if r["outcome"] != PASS}
     assert crashed == {(getattr(dying, name).name, "victim", e) for name, execs in DYING.items() for e in execs}
     assert len(doc["records"]) == len(DYING) * len(tiny.SMOKE) * 2
+    signals = {"sigkill": "killed by SIGKILL", "abort": "killed by SIGABRT", "segfault": "killed by SIGSEGV"}
     for r in doc["records"]:
         if r["outcome"] != PASS:
             assert r["failure_class"] == CRASH and "crashed while running" in r["message"], r
+            assert signals[r["backend"].rsplit("_", 1)[1]] in r["message"], r  # a kill and an exit read apart
     # one worker death per crash: a run that took its worker down and ran again would take another
     assert output.count("node down") == len(crashed), "a run that took its worker down ran again"
 

@@ -21,7 +21,7 @@ def fresh_machine(monkeypatch):
     have = set()
     monkeypatch.setattr(setup, "_version", lambda name: "2.13.0+cpu" if "torch" in have and name == "torch" else None)
     monkeypatch.setattr(setup, "_kit_installed", lambda extras: "kit" in have and "the kit")
-    monkeypatch.setattr(setup, "_sglang", lambda: "sglang" in have and "sglang 0.5.23")
+    monkeypatch.setattr(setup, "_engine", lambda dist, requirements: dist in have and f"{dist} pinned")
     monkeypatch.setattr(setup, "browser", lambda: "browser" in have and "chromium")
     monkeypatch.setattr(setup, "compiled", lambda names=("all",): f"{names[0]} compiled" in have and "byte-compiled")
     monkeypatch.setenv("TORCH_INDEX_URL", "https://example.org/cpu")
@@ -31,7 +31,8 @@ def fresh_machine(monkeypatch):
         ran.append(cmd)
         text = " ".join(cmd)
         have.update(k for k, marker in (("torch", "torch=="), ("kit", "-e "), ("sglang", "backends.sglang.install"),
-                                        ("browser", "chromium-driver")) if marker in text)
+                                        ("vllm", "backends.vllm.install"), ("browser", "chromium-driver"))
+                    if marker in text)
         if "compileall" in text:  # what is installed when it runs
             have.update(f"{name} compiled" for name in ("torch", "all") if name == "torch" or "sglang" in have)
         return 0
@@ -49,9 +50,27 @@ def test_second_run_installs_nothing_and_says_so(fresh_machine, capsys):
     torch_at = next(i for i, c in enumerate(commands) if "torch==2.13.0 --index-url https://example.org/cpu" in c)
     assert torch_at < next(i for i, c in enumerate(commands) if f"-e {REPO}[test]" in c)
     assert any("apt-get install -y -q --no-install-recommends chromium chromium-driver" in c for c in commands)
+    sglang_at = next(i for i, c in enumerate(commands) if "backends.sglang.install" in c)
+    assert sglang_at < next(i for i, c in enumerate(commands) if "backends.vllm.install" in c)  # vLLM's base first
     ran.clear()
     assert setup.run("cpu") == 0
-    assert ran == [] and "setup cpu: nothing to install, all 6 steps already done" in capsys.readouterr().out
+    assert ran == [] and "setup cpu: nothing to install, all 7 steps already done" in capsys.readouterr().out
+
+
+def test_it_says_what_it_installs_and_with_what_before_anything_runs(fresh_machine, capsys, monkeypatch):
+    """apt-get's 440 MB browser and pip's downloads are named before the first of them runs, and pip
+    shows its progress (a quiet pip said nothing for minutes)."""
+    setup, ran = fresh_machine
+    said_before = []
+    monkeypatch.setattr(setup.subprocess, "call", lambda cmd, cwd=None: said_before.append(capsys.readouterr().out)
+                        or ran.append(cmd) or 0)
+    assert setup.run("cpu") == 0
+    plan = said_before[0]
+    assert "setup cpu: installs, in this order:" in plan
+    assert "  - torch (CPU build, torch==2.13.0): pip, from https://example.org/cpu, about 200 MB" in plan
+    assert "chromium, chromium-driver): apt-get" in plan and "about 440 MB" in plan, plan
+    assert plan.index("torch (CPU") < plan.index("the kit with [test]") < plan.index("headless browser")
+    assert all("-q" not in cmd for cmd in ran if "pip" in cmd), ran
 
 
 def test_the_compile_step_compiles_every_module_and_passes_over_files_that_are_not_python(tmp_path, monkeypatch):
@@ -116,13 +135,33 @@ def test_this_environment_needs_nothing_more():
     assert "setup cpu: nothing to install" in proc.stdout, proc.stdout
 
 
+def _fresh_install(monkeypatch, installed_after):
+    """backends.pinned on a machine without the engine: pip 'installs' `installed_after`; the
+    commands it ran are returned."""
+    from backends import pinned
+    states = iter([{"torch": "2.13.0"}, dict({"torch": "2.13.0"}, **installed_after)])
+    monkeypatch.setattr(pinned, "installed", lambda: next(states))
+    monkeypatch.setattr(pinned.importlib.metadata, "version", lambda name: (_ for _ in ()).throw(
+        pinned.importlib.metadata.PackageNotFoundError(name)))
+    ran = []
+    monkeypatch.setattr(pinned.subprocess, "call", lambda cmd: ran.append(cmd) or 0)
+    return ran
+
+
 def test_sglang_install_says_what_it_installed_and_that_it_is_done(monkeypatch, capsys):
     from backends.sglang import install
-    states = iter([{"torch": "2.13.0"}, {"torch": "2.13.0", "sglang": "0.5.23", "orjson": "3.11"}])
-    monkeypatch.setattr(install, "installed", lambda: next(states))
-    monkeypatch.setattr(install.importlib.metadata, "version", lambda name: (_ for _ in ()).throw(
-        install.importlib.metadata.PackageNotFoundError(name)))
-    monkeypatch.setattr(install.subprocess, "call", lambda cmd: 0)
+    _fresh_install(monkeypatch, {"sglang": "0.5.23", "orjson": "3.11"})
     assert install.main() == 0
     out = capsys.readouterr().out
     assert "installed 2 packages: orjson 3.11, sglang 0.5.23" in out and "done:" in out
+
+
+def test_vllm_install_installs_sglangs_base_set_with_its_own(monkeypatch, capsys):
+    """vLLM's attention chain imports much of SGLang's set (pydantic, transformers, aiohttp, ...):
+    one pip call with both files, --no-deps, SGLang's first."""
+    from backends.vllm import install
+    ran = _fresh_install(monkeypatch, {"vllm": "0.33.0"})
+    assert install.main() == 0
+    cmd = " ".join(ran[0])
+    assert "--no-deps" in cmd and cmd.index("sglang/requirements-cpu.txt") < cmd.index("vllm/requirements-cpu.txt")
+    assert "installed 1 packages: vllm 0.33.0" in capsys.readouterr().out

@@ -11,7 +11,7 @@ import sys
 import pytest
 import torch
 
-from backends.sglang.adapter import (INSTALL, PINNED, SGLangBackend, SGLangFlashInferBackend,
+from backends.sglang.adapter import (INSTALL, PINNED, SGLangBackend, SGLangFlashInferBackend, SGLangFlexAttentionBackend,
                                      SGLangTorchNativeBackend, SGLangTritonBackend, sglang_problem)
 from kit.modes import ForwardMode
 from kit.harness.capabilities import Capabilities
@@ -23,7 +23,7 @@ from tests.helpers import make_fixture, small_case
 pytestmark = pytest.mark.skipif(sglang_problem() is not None, reason=str(sglang_problem()))
 
 DEVICE = default_device()
-ADAPTERS = (SGLangTritonBackend, SGLangTorchNativeBackend, SGLangFlashInferBackend)
+ADAPTERS = (SGLangTritonBackend, SGLangTorchNativeBackend, SGLangFlashInferBackend, SGLangFlexAttentionBackend)
 
 
 def _built(case, cls=SGLangTritonBackend):
@@ -55,6 +55,8 @@ def test_supports_reasons_on_cpu():
     assert "interpreter" in SGLangTritonBackend.supports(decode.with_(dtype="bf16"))
     assert SGLangTorchNativeBackend.supports(decode.with_(dtype="bf16")) is None  # no Triton in it
     assert "no verify path" in SGLangTorchNativeBackend.supports(small_case("v", ForwardMode.TARGET_VERIFY, (3,), 2))
+    assert "sinks" in SGLangFlexAttentionBackend.supports(decode.with_(sinks=True))
+    assert Capabilities.of(SGLangFlexAttentionBackend).modes == {"decode", "extend"}  # no verify path
 
 
 def test_flashinfer_adapter_names_a_flashinfer_that_cannot_load(monkeypatch):
@@ -205,7 +207,7 @@ def test_mutant_loader_patches_a_copy_never_the_installed_module():
     assert "bs = len(forward_batch.req_pool_indices)" in src
     assert "bs = len(forward_batch.req_pool_indices)" not in inspect.getsource(
         original.TritonAttnBackend._init_forward_metadata_out_graph)
-    with pytest.raises(ValueError, match="another sglang"):
+    with pytest.raises(ValueError, match="another version of sglang"):
         patched_module(TRITON, 759, "not this line", "x = 1")
 
 

@@ -10,8 +10,8 @@ import sys
 import pytest
 import torch
 
-from backends.sglang.adapter import (SGLangFlashInferBackend, SGLangTorchNativeBackend, SGLangTritonBackend,
-                                     sglang_problem)
+from backends.sglang.adapter import (SGLangFlashInferBackend, SGLangFlexAttentionBackend, SGLangTorchNativeBackend,
+                                     SGLangTritonBackend, SGLangTritonDraftBackend, sglang_problem)
 from kit.engine.catalog import load_catalog
 from kit.modes import Exec, ForwardMode
 from kit.engine.reference import attention
@@ -102,6 +102,19 @@ def test_kf5_torch_native_ignores_logit_cap():
     assert _err(out, attention(uncapped, layer_id=1)) < TIGHT
 
 
+@pytest.mark.parametrize("mode, case_name, off", [
+    (ForwardMode.DECODE, "mha_bs1_window_p64_inter", dict(sliding_window_size=-1)),
+    (ForwardMode.EXTEND, "gqa_bs8_cap_p1_nonmono", dict(logit_cap=0.0))])
+def test_kf28_kf29_flex_ignores_the_window_and_the_logit_cap(mode, case_name, off):
+    """TorchFlexAttnBackend builds causal (EXTEND) or full (DECODE) block masks and calls flex
+    attention without a score modifier: the kit's reference with the layer's window or cap off is
+    what it computes."""
+    fx, outs = _sglang_outputs(mode, case_name, SGLangFlexAttentionBackend)
+    without = dataclasses.replace(fx, layers=tuple(dataclasses.replace(layer, **off) for layer in fx.layers))
+    assert _err(outs[1], attention(fx, layer_id=1)) > 1e-3
+    assert _err(outs[1], attention(without, layer_id=1)) < TIGHT
+
+
 def _rel(out, ref):
     """The error's RMS relative to the reference's (the kit's magnitude measure)."""
     return ((out - ref).pow(2).mean().sqrt() / ref.pow(2).mean().sqrt()).item()
@@ -179,9 +192,54 @@ def test_kf27_triton_fp32_dots_are_tf32_on_nvidia_gpus(tmp_path):
     assert ieee["outcome"] == "pass", ieee["message"]
 
 
+def test_kf34_triton_draft_window_attends_one_key_fewer():
+    """TritonMultiStepDraftBackend's window rail (generate_draft_decode_window_kv_indices,
+    kernels/ops/speculative/cache_locs.py) gives step i's window layers the last
+    min(seq_len + i + 1, W) keys: W keys, KF-1's count, where the kit takes W + 1. The kit's reference
+    with window W - 1 is what every step computes."""
+    case = load_catalog().find_case(ForwardMode.DRAFT_DECODE, "mha_bs1_chain4_window_p64_inter")
+    setup = run_setup(case, Exec.EAGER, DEVICE, SGLangTritonDraftBackend)
+    fx = setup.fixtures[-1]
+    fx.install()
+    backend = setup.new_backend()
+    backend.init_forward_metadata(fx.batch)
+    for step in fx.steps:
+        one_fewer = dataclasses.replace(step, layers=tuple(
+            dataclasses.replace(layer, sliding_window_size=layer.sliding_window_size - 1) for layer in step.layers))
+        for layer, x in zip(step.layers, step.inputs):
+            out = backend.forward(x.q, x.k_new, x.v_new, layer, step.batch).double()
+            assert _err(out, attention(step, layer_id=layer.layer_id)) > 0.1
+            assert _err(out, attention(one_fewer, layer_id=layer.layer_id)) < TIGHT
+
+
+def test_kf37_triton_draft_kv_indices_rows_sized_by_the_model_context_length():
+    """TritonMultiStepDraftBackend sizes each step's kv_indices row by bs * topk * model_config.context_len
+    (draft_kv_indices_buffer_width with max_context_len = context_len, triton_backend.py:2538, :2717),
+    while a lane of a request near that length reads up to `steps` keys past it, in the req_to_token
+    row's headroom (sgl-project/sglang#29695): the steps' key lists run past their rows (kv_indptr past
+    each row's length), and the last row past the buffer's end, which the kit's guard sees. Its decode
+    kernel then reads indices past the rows (the suite's run of it faults the process: quarantined)."""
+    from kit.harness.guard import Guard
+
+    case = load_catalog().find_case(ForwardMode.DRAFT_DECODE, "gqa_context_edge_chain6_p1_fp32")
+    setup = run_setup(case, Exec.EAGER, DEVICE, SGLangTritonDraftBackend)
+    fx = setup.fixtures[0]  # the eager sequence's first batch: every request within `steps` of the longest
+    fx.install()
+    backend = setup.new_backend()
+    row = fx.batch.batch_size * case.topk * backend.ctx.context_len
+    assert backend.ctx.context_len < backend.ctx.max_context_len
+    guard = Guard()
+    with guard.watching():
+        backend.init_forward_metadata(fx.batch)
+    ends = [int(step.forward_metadata.kv_indptr[-1]) for step in backend.impl.attn_backends]
+    assert all(step.forward_metadata.kv_indices.numel() <= row for step in backend.impl.attn_backends)
+    assert max(ends) > row, (ends, row)
+    assert "wrote past the end" in guard.check().describe()
+
+
 @pytest.mark.parametrize("mode, case_name", [(ForwardMode.DECODE, "mqa_p1_shuf"),
                                              (ForwardMode.TARGET_VERIFY, "mqa_tree6_p1_shuf")])
-def test_kf28_triton_sizes_kv_indices_from_a_stale_seq_lens_sum(mode, case_name):
+def test_kf38_triton_sizes_kv_indices_from_a_stale_seq_lens_sum(mode, case_name):
     """TritonAttnBackend declares needs_cpu_seq_lens = False (SGLang need not make seq_lens_sum exact for
     it), yet its eager DECODE and TARGET_VERIFY metadata size kv_indices from seq_lens_sum where one is set:
     handed one step stale, the buffer holds fewer slots than the keys its own kv_indptr counts, and the

@@ -12,7 +12,8 @@ from backends.sglang.adapter import SGLangFlashInferMLABackend, SGLangTritonBack
 from kit.engine.case import Case
 from kit.harness.protocol import BackendContext
 from kit.harness.capabilities import Capabilities
-from kit.harness.runner import default_device, unsupported_reason
+from kit.harness.runner import default_device
+from kit.harness.scope import unsupported_reason
 from kit.modes import Exec, ForwardMode
 from tests.helpers import make_fixture
 

@@ -7,7 +7,7 @@ import sys
 from kit.engine.catalog import Catalog
 from kit.process.placement import threads_per_worker
 from kit.modes import EXECS, MODES, Exec, ForwardMode
-from kit.warmup import bar, builds, next_build
+from kit.warmup import bar, builds, next_build, runs_here
 from tests.test_matrix import REPO
 from tests.toys import tiny
 
@@ -20,6 +20,17 @@ def test_one_build_per_backend_mode_and_variant_on_its_smallest_case():
     assert {b.exec_ for b in builds(["a"], list(MODES), [Exec.GRAPH], tiny.CATALOG, "smoke")} == {Exec.GRAPH}
     assert builds(["a"], [ForwardMode.EXTEND], list(EXECS), tiny.CATALOG, "smoke") == []
     assert bar(3, 12).endswith("] 3/12") and bar(3, 12).count("#") == 6
+
+
+def test_a_build_runs_the_smallest_case_its_backend_runs():
+    """A case the backend declines builds nothing: the next smallest of its variant is built, and a
+    variant it declines whole is not built (kit.harness.scope decides, as for the runs)."""
+    todo = builds(["a"], list(MODES), list(EXECS), tiny.CATALOG, "smoke",
+                  runs=lambda backend, case, exec_: case.name not in ("first_a", "after_b"))
+    assert {b.case.name for b in todo} == {"first_b", "victim", "after_a"}
+    assert runs_here("tests.toys.dense:DenseGraphBackend", tiny.SMOKE[0], Exec.GRAPH)
+    assert builds(["tests.toys.unavailable:MissingLibraryBackend"], list(MODES), list(EXECS), tiny.CATALOG, "smoke",
+                  runs=runs_here) == []
 
 
 def test_warmup_builds_each_variant_once_in_parallel_with_progress(tmp_path):
@@ -56,7 +67,7 @@ def test_a_build_that_takes_its_process_down_costs_only_that_build():
     progress = [line for line in proc.stdout.splitlines() if line.startswith("[")]
     assert len(progress) == len({c.kernel_variant for c in tiny.SMOKE}) == 4, proc.stdout
     lost = [p for p in progress if "(victim)" in p]
-    assert len(lost) == 1 and ": its process ended with exit code -9 and no verdict" in lost[0], proc.stdout
+    assert len(lost) == 1 and ": its process ended with no verdict, killed by SIGKILL (exit code -9)" in lost[0], proc.stdout
     assert all(": pass, " in p for p in progress if p not in lost), proc.stdout
     assert proc.stdout.splitlines()[-1].endswith(", 2 processes"), proc.stdout  # a new one took the rest
 

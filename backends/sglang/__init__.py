@@ -1,7 +1,9 @@
 """SGLang's own attention backends (sglang 0.5.23), unmodified, under the kit:
 `sglang_triton` (TritonAttnBackend, dense and MLA), `sglang_torch_native` (TorchNativeAttnBackend),
-`sglang_flashinfer` (FlashInferAttnBackend, CUDA only) and `sglang_flashinfer_mla`
-(FlashInferMLAAttnBackend, MLA, CUDA only). adapter.py maps the
+`sglang_flex_attention` (TorchFlexAttnBackend), `sglang_flashinfer` (FlashInferAttnBackend, CUDA
+only), `sglang_flashinfer_mla` (FlashInferMLAAttnBackend, MLA, CUDA only), and the multi-step draft
+decode wrappers `sglang_triton_draft` (TritonMultiStepDraftBackend) and `sglang_flashinfer_draft`
+(FlashInferMultiStepDraftBackend, CUDA only). adapter.py maps the
 kit's context, pools, batch and layers to SGLang's; runtime.py imports and sets
 up SGLang when a backend is built; install.py installs it (docs/sglang.md).
 
@@ -15,7 +17,10 @@ import torch
 if not torch.cuda.is_available():
     os.environ.setdefault("TRITON_INTERPRET", "1")
 
-from backends.sglang.adapter import (SGLangFlashInferBackend, SGLangFlashInferMLABackend,  # noqa: E402
-                                     SGLangTorchNativeBackend, SGLangTritonBackend)
+from backends.sglang.adapter import (SGLangFlashInferBackend, SGLangFlashInferDraftBackend,  # noqa: E402
+                                     SGLangFlashInferMLABackend, SGLangFlexAttentionBackend,
+                                     SGLangTorchNativeBackend, SGLangTritonBackend, SGLangTritonDraftBackend)
 
-__all__ = ["SGLangFlashInferBackend", "SGLangFlashInferMLABackend", "SGLangTorchNativeBackend", "SGLangTritonBackend"]
+__all__ = ["SGLangFlashInferBackend", "SGLangFlashInferDraftBackend", "SGLangFlashInferMLABackend",
+           "SGLangFlexAttentionBackend", "SGLangTorchNativeBackend", "SGLangTritonBackend",
+           "SGLangTritonDraftBackend"]

@@ -21,12 +21,12 @@ What is mapped, and nothing more (a bug here could hide one in SGLang):
 from __future__ import annotations
 
 import importlib
-import importlib.metadata
 import inspect
 from typing import Optional
 
 import torch
 
+from backends import pinned
 from backends.sglang import mla
 from kit.modes import ForwardMode
 from kit.harness.protocol import AttentionBackend, library_version
@@ -40,14 +40,7 @@ NOMINAL_SMS = 132
 
 def sglang_problem() -> Optional[str]:
     """Why the pinned sglang cannot be used here, or None."""
-    try:
-        version = importlib.metadata.version("sglang")
-    except importlib.metadata.PackageNotFoundError:
-        return f"sglang {PINNED} is not installed: {INSTALL}"
-    if version != PINNED:
-        return (f"sglang {version} is installed, the adapter is pinned to {PINNED} "
-                f"(docs/sglang.md says how to move the pin)")
-    return None
+    return pinned.pin_problem("sglang", PINNED, INSTALL)
 
 
 class _ModelConfig:
@@ -56,7 +49,7 @@ class _ModelConfig:
     def __init__(self, ctx, sg):
         layer = ctx.layers[0]  # the kit's layers share heads and head_dim
         self.attention_arch = sg.AttentionArch.MHA
-        self.context_len = ctx.max_context_len
+        self.context_len = ctx.context_len  # the model's; the req_to_token pool's rows may be wider
         self.num_attention_heads = layer.tp_q_head_num
         self.num_key_value_heads = layer.tp_k_head_num
         self.head_dim = self.v_head_dim = self.swa_v_head_dim = layer.head_dim
@@ -146,7 +139,7 @@ def kv_pool(pool, sg, sglang_pool):
 class _ModelRunner:
     """The model-runner attributes SGLang's attention backends read at construction."""
 
-    def __init__(self, ctx, sg, attention_backend: str, mla_pool_code=None):
+    def __init__(self, ctx, sg, attention_backend: str, mla_pool_code=None, draft_worker: bool = False):
         layer = ctx.layers[0]  # the kit's layers share heads, head_dim and the MLA ranks
         self.device = ctx.device
         self.gpu_id = ctx.device.index or 0
@@ -161,8 +154,10 @@ class _ModelRunner:
         # sees keys p-W..p); None without one. The kit's layers have at most one window size.
         windows = {layer.sliding_window_size for layer in ctx.layers if layer.sliding_window_size >= 0}
         self.sliding_window_size = max(windows) if windows else None
-        # Decides only whether the backend allocates the target's verify-mask scratch.
-        self.is_draft_worker = False
+        # The draft model's runner builds the multi-step draft backends (a draft worker's); it decides
+        # the verify-mask scratch and the sliding-window pool's reads, neither of which the kit's pool has.
+        self.is_draft_worker = draft_worker
+        self.spec_algorithm = sg.SpeculativeAlgorithm.EAGLE if ctx.speculative else sg.SpeculativeAlgorithm.NONE
         self.prefill_attention_backend_str = self.decode_attention_backend_str = attention_backend
         self.server_args = sg.get_context().server_args
         self.speculative = ctx.speculative
@@ -198,6 +193,11 @@ class SGLangBackend(AttentionBackend):
     sglang_class: str = ""  # module:attr in sglang
     server_name: str = ""  # its --attention-backend name
     server_fields: dict = {}  # its own server args, besides those install_server_args sets
+    modes = (ForwardMode.DECODE, ForwardMode.EXTEND, ForwardMode.MIXED, ForwardMode.TARGET_VERIFY,
+             ForwardMode.DRAFT_EXTEND_V2)
+    # Why the class does not run DRAFT_DECODE: SGLang runs the draft's steps in a multi-step wrapper.
+    draft_decode_reason = ""
+    draft_worker = False  # built by the draft model's runner
     # Forward gets a token-padded EXTEND batch whole: SGLang's RadixAttention runs the backend on
     # its real rows and zeroes the rest (graph_utils.py:146, :161). Its piecewise prefill graphs
     # leave attention out of the capture (the breakable backend runs it eagerly).
@@ -210,16 +210,21 @@ class SGLangBackend(AttentionBackend):
 
     @classmethod
     def supports(cls, case) -> Optional[str]:
-        return sglang_problem()
+        return sglang_problem() or cls._mode_problem(case)
+
+    @classmethod
+    def _mode_problem(cls, case) -> Optional[str]:
+        """Why the wrapped class does not run the case's mode, or None."""
+        return cls.draft_decode_reason if case.mode is ForwardMode.DRAFT_DECODE else None
 
     def __init__(self, ctx):
         super().__init__(ctx)
         from backends.sglang import runtime as sg
 
         self.sg = sg
-        sg.install_server_args(self.server_name, ctx.device, ctx.speculative, **self.server_fields)
-        self.runner = _ModelRunner(ctx, sg, self.server_name, self._mla_pool_code())
-        self.impl = self._impl_class()(self.runner)
+        sg.install_server_args(self.server_name, ctx.device, ctx.page_size, ctx.speculative, **self.server_fields)
+        self.runner = _ModelRunner(ctx, sg, self.server_name, self._mla_pool_code(), self.draft_worker)
+        self.impl = self._make_impl()
         # An MLA layer as DeepSeek's `attn_mqa`: head_dim = rank + rope, one KV head, v_head_dim = rank
         # (models/deepseek_v2.py:2183).
         self.layers = {layer: sg.RadixAttention(
@@ -245,6 +250,13 @@ class SGLangBackend(AttentionBackend):
         module, _, attr = self.sglang_class.partition(":")
         return getattr(importlib.import_module(module), attr)
 
+    def _make_impl(self):
+        return self._impl_class()(self.runner)
+
+    def _attention_backend(self, batch):
+        """The backend a forward runs under (its ForwardContext's): the wrapped one."""
+        return self.impl
+
     def _forward_batch(self, b, in_capture: bool = False):
         sg = self.sg
         fb = sg.ForwardBatch(
@@ -269,7 +281,7 @@ class SGLangBackend(AttentionBackend):
             return sg.EagleVerifyInput(
                 draft_token=None, custom_mask=s.custom_mask, positions=b.positions, retrieve_index=None,
                 retrieve_next_token=None, retrieve_next_sibling=None, retrieve_cum_len=None,
-                spec_steps=s.draft_token_num - 1, topk=s.topk, draft_token_num=s.draft_token_num,
+                spec_steps=s.num_steps, topk=s.topk, draft_token_num=s.draft_token_num,
                 capture_hidden_mode=sg.CaptureHiddenMode.FULL, seq_lens_sum=b.seq_lens_sum,
                 seq_lens_cpu=b.seq_lens_cpu)
         if b.forward_mode is ForwardMode.DRAFT_EXTEND_V2:
@@ -283,6 +295,10 @@ class SGLangBackend(AttentionBackend):
             info.extend_seq_lens_tensor = s.extend_seq_lens_tensor
             info.extend_seq_lens_cpu = s.extend_seq_lens_cpu
             return info
+        if b.forward_mode is ForwardMode.DRAFT_DECODE:
+            # The draft input prepare_for_draft makes (eagle_worker_common.py:241-374); its kv_indptr and
+            # kv_indices the multi-step wrapper sets per step, its other fields are the model's, not attention's.
+            return sg.EagleDraftInput()
         return None
 
     def init_forward_metadata(self, batch) -> None:
@@ -297,7 +313,7 @@ class SGLangBackend(AttentionBackend):
             q, parts = q.reshape(t, -1), {}
         if layer in self.sinks:
             parts["sinks"] = self.sinks[layer]
-        with sg.forward_context(sg.ForwardContext(attn_backend=self.impl)):
+        with sg.forward_context(sg.ForwardContext(attn_backend=self._attention_backend(batch))):
             out = self.layers[layer](q, k, v, self._forward_batch(batch), save_kv_cache=save_kv_cache, **parts)
         return out.view(t, layer.tp_q_head_num, layer.v_head_dim)
 
@@ -313,7 +329,7 @@ class _GraphHooks:
 
     def init_forward_metadata_out_graph(self, batch, in_capture=False):
         fb = self._forward_batch(batch, in_capture)
-        if batch.forward_mode is ForwardMode.EXTEND:
+        if batch.forward_mode in (ForwardMode.EXTEND, ForwardMode.MIXED):
             # SGLang's prefill graphs (breakable, piecewise) prepare attention with the eager
             # metadata at capture and before every replay (prefill_cuda_graph_runner.py:1234,
             # :1256); out_graph is for the decode-shaped runners.
@@ -349,7 +365,10 @@ class SGLangTritonBackend(_GraphHooks, SGLangBackend):
     ci_cases = {"decode": ("mqa_p1_shuf",), "extend": ("mqa_p1_shuf", "mla_r32_h16_ragged_p16_fp32"),
                 "target_verify": ("mha_bs1_chain4_window_p64_inter", "mla_r32_h16_chain4_p16_fp32",
                                   "gqa_chain4_window_sinks_hybrid_p16_fp32"),
-                "draft_extend_v2": ("mqa_draft3_p1_shuf",)}
+                "draft_extend_v2": ("mqa_draft3_p1_shuf",), "mixed": ("mqa_chunk_p1_shuf",)}
+
+    draft_decode_reason = ("DRAFT_DECODE: SGLang runs the draft's steps in TritonMultiStepDraftBackend "
+                           "(triton_backend.py:2504), a TritonAttnBackend per step: backend sglang_triton_draft")
 
     @classmethod
     def supports(cls, case):
@@ -360,8 +379,57 @@ class SGLangTritonBackend(_GraphHooks, SGLangBackend):
 
     def __init__(self, ctx):
         super().__init__(ctx)
-        if self.impl.device_core_count <= 0:  # read at :315, used by get_num_kv_splits (:448)
-            self.impl.device_core_count = NOMINAL_SMS
+        for backend in self._triton_backends():
+            if backend.device_core_count <= 0:  # read at :315, used by get_num_kv_splits (:448)
+                backend.device_core_count = NOMINAL_SMS
+
+    def _triton_backends(self) -> list:
+        """The TritonAttnBackends wrapped."""
+        return [self.impl]
+
+
+class _MultiStepDraft:
+    """SGLang's multi-step EAGLE draft decode: the wrapper DraftBackendFactory builds for the draft
+    worker (speculative/draft_utils.py:226, :250), one attention backend per step over shared
+    buffers, built with (runner, topk, speculative_num_steps). Its metadata is built once for every
+    step (init_forward_metadata; a graph's: the draft graph runner's init_cuda_graph_state(max_bs,
+    max_bs * topk), out_graph before the capture and every replay, in_graph in the graph,
+    eagle_draft_cuda_graph_runner.py:164, :531, :738); step i's forward runs under attn_backends[i],
+    as EagleDraftWorker.draft_forward runs it (eagle_worker_v2.py:839), over a DECODE batch of the
+    step's write slots."""
+
+    modes = (ForwardMode.DRAFT_DECODE,)
+    draft_worker = True
+    single_step = ""  # the backend that runs the other modes in the wrapped backend's class
+
+    @classmethod
+    def _mode_problem(cls, case):
+        if case.mode is ForwardMode.DRAFT_DECODE:
+            return None
+        return (f"{case.mode.value}: this is SGLang's multi-step draft wrapper, which runs the draft's decode "
+                f"steps only; the one-step modes are backend {cls.single_step}'s")
+
+    def _make_impl(self):
+        spec = self.ctx.speculative
+        return self._impl_class()(self.runner, spec.topk, spec.num_steps)
+
+    def _attention_backend(self, batch):
+        return self.impl.attn_backends[batch.spec_info.draft_step]
+
+    def get_cuda_graph_seq_len_fill_value(self):
+        # The draft graph runner's (eagle_draft_cuda_graph_runner.py: attn_backends[0]'s).
+        return self.impl.attn_backends[0].get_cuda_graph_seq_len_fill_value()
+
+
+class SGLangTritonDraftBackend(_MultiStepDraft, SGLangTritonBackend):
+    name = "sglang_triton_draft"
+    sglang_class = "sglang.srt.layers.attention.triton_backend:TritonMultiStepDraftBackend"
+    single_step = "sglang_triton"
+    # A plain CPU run: one short chain (SGLang's kernels in Triton's interpreter: a tree takes 50-150 s a run).
+    ci_cases = {"draft_decode": ("gqa_chain3_p16_fp32",)}
+
+    def _triton_backends(self):
+        return list(self.impl.attn_backends)
 
 
 class SGLangTorchNativeBackend(SGLangBackend):
@@ -371,6 +439,8 @@ class SGLangTorchNativeBackend(SGLangBackend):
     name = "sglang_torch_native"
     sglang_class = "sglang.srt.layers.attention.torch_native_backend:TorchNativeAttnBackend"
     server_name = "torch_native"
+    draft_decode_reason = ("DRAFT_DECODE: SGLang has no multi-step draft backend for torch_native "
+                           "(speculative/draft_utils.py:98, create_decode_backend's map)")
     # No fp8 KV (kv_dtypes left empty): TorchNativeAttnBackend never reads layer.k_scale / v_scale.
 
     @classmethod
@@ -382,6 +452,25 @@ class SGLangTorchNativeBackend(SGLangBackend):
             "(torch_native_backend.py:279, :338)" if case.sinks else None)
 
 
+class SGLangFlexAttentionBackend(SGLangBackend):
+    """TorchFlexAttnBackend (`--attention-backend flex_attention`): PyTorch's flex attention,
+    compiled, one request at a time, block masks built per request in init_forward_metadata.
+    No graph hooks (no init_cuda_graph_state), no verify path."""
+
+    name = "sglang_flex_attention"
+    sglang_class = "sglang.srt.layers.attention.torch_flex_backend:TorchFlexAttnBackend"
+    server_name = "flex_attention"
+    modes = (ForwardMode.DECODE, ForwardMode.EXTEND)  # its metadata builds masks for these two only (torch_flex_backend.py:40-67)
+    # On CPU each new shape compiles a flex kernel in C++ (tens of seconds cold): CI runs one short case.
+    ci_cases = {"decode": ("mqa_p1_shuf",)}
+
+    @classmethod
+    def supports(cls, case):
+        return super().supports(case) or (
+            "attention sinks: TorchFlexAttnBackend's forward_extend / forward_decode take no `sinks` "
+            "(torch_flex_backend.py:242, :288)" if case.sinks else None)
+
+
 SGLANG_FLASHINFER_NO_SINKS = ("attention sinks: FlashInferAttnBackend's forward_extend / forward_decode take no "
                               "`sinks` (flashinfer_backend.py:1357, :1521)")
 
@@ -390,6 +479,9 @@ class SGLangFlashInferBackend(_GraphHooks, SGLangBackend):
     name = "sglang_flashinfer"
     sglang_class = "sglang.srt.layers.attention.flashinfer_backend:FlashInferAttnBackend"
     server_name = "flashinfer"
+    draft_decode_reason = ("DRAFT_DECODE: SGLang runs the draft's steps in FlashInferMultiStepDraftBackend "
+                           "(flashinfer_backend.py:2442), a FlashInferAttnBackend per step: backend "
+                           "sglang_flashinfer_draft")
     # fp8 KV: its wrappers are planned with the cache's dtype (flashinfer_backend.py:384) and run with
     # the layer's k_scale_float / v_scale_float (:1437); the write is SGLang's pool code (kv_pool).
     kv_dtypes = ("fp8_e4m3", "fp8_e5m2")
@@ -412,6 +504,12 @@ class SGLangFlashInferBackend(_GraphHooks, SGLangBackend):
         return problem
 
 
+class SGLangFlashInferDraftBackend(_MultiStepDraft, SGLangFlashInferBackend):
+    name = "sglang_flashinfer_draft"
+    sglang_class = "sglang.srt.layers.attention.flashinfer_backend:FlashInferMultiStepDraftBackend"
+    single_step = "sglang_flashinfer"
+
+
 class SGLangFlashInferMLABackend(_GraphHooks, SGLangBackend):
     """FlashInferMLAAttnBackend: what SGLang builds for `--attention-backend flashinfer` on an MLA
     model (attention_registry.py:55-77). Its graph hooks capture DECODE and TARGET_VERIFY only:
@@ -427,6 +525,8 @@ class SGLangFlashInferMLABackend(_GraphHooks, SGLangBackend):
     name = "sglang_flashinfer_mla"
     sglang_class = "sglang.srt.layers.attention.flashinfer_mla_backend:FlashInferMLAAttnBackend"
     server_name = "flashinfer"
+    draft_decode_reason = ("DRAFT_DECODE: SGLang runs an MLA draft's steps in FlashInferMLAMultiStepDraftBackend "
+                           "(flashinfer_mla_backend.py:1184, topk 1 only), which the kit does not wrap")
     server_fields = {"flashinfer_mla_disable_ragged": True}
     attention_kinds = ("mla",)  # SGLang builds it for MLA models only
     # No fp8 KV (kv_dtypes left empty): FlashInferMLAAttnBackend plans its wrappers with the model's

@@ -93,11 +93,12 @@ def triton_decode_width_problem(case) -> Optional[str]:
     """Why TritonAttnBackend cannot decode this MLA case's latent width, or None. Other widths
     tile the whole row as one block of next_pow2(rank + rope) against a value block of
     next_pow2(rank); the two must agree or the kernel does not compile."""
-    if not case.is_mla or case.mode is not ForwardMode.DECODE or case.head_dim in TRITON_DECODE_ROPE_SPLIT_WIDTHS:
+    decodes = case.mode in (ForwardMode.DECODE, ForwardMode.DRAFT_DECODE)
+    if not case.is_mla or not decodes or case.head_dim in TRITON_DECODE_ROPE_SPLIT_WIDTHS:
         return None
     if _pow2_at_least(case.head_dim) == _pow2_at_least(case.kv_lora_rank):
         return None
-    return (f"MLA width {case.kv_lora_rank} + {case.rope_dim} in DECODE: SGLang's Triton grouped decode kernel "
+    return (f"MLA width {case.kv_lora_rank} + {case.rope_dim} in {case.mode.name}: SGLang's Triton grouped decode kernel "
             f"splits the rope part off for widths {' and '.join(map(str, TRITON_DECODE_ROPE_SPLIT_WIDTHS))} only "
             f"(decode_attention.py:826); other widths need next_pow2(rank + rope) == next_pow2(rank), or its "
             f"key and value tiles disagree")

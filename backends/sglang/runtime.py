@@ -35,7 +35,8 @@ with warnings.catch_warnings():
     from sglang.srt.model_executor.forward_batch_info import CaptureHiddenMode, ForwardBatch, ForwardMode
     from sglang.srt.model_executor.forward_context import ForwardContext, forward_context
     from sglang.srt.runtime_context import get_context, get_parallel
-    from sglang.srt.speculative.eagle_info import EagleDraftExtendInput, EagleVerifyInput
+    from sglang.srt.speculative.eagle_info import EagleDraftExtendInput, EagleDraftInput, EagleVerifyInput
+    from sglang.srt.speculative.spec_info import SpeculativeAlgorithm
     from transformers import PretrainedConfig
 
 # Attention TP 1 without a launcher: the widths follow from tp_size=1 in the server args,
@@ -45,13 +46,16 @@ with warnings.catch_warnings():
 get_parallel().override_permanently(attn_tp_size=1, attn_dcp_rank=0)
 
 
-def install_server_args(attention_backend: str, device: torch.device, speculative, **fields) -> None:
+def install_server_args(attention_backend: str, device: torch.device, page_size: int, speculative,
+                        **fields) -> None:
     """Publish the server args a backend reads at construction (and its kernels after), through
     SGLang's own test hook (runtime_context.py:1177). Graphs are driven by the kit, so SGLang's
-    own CUDA-graph runners are off; speculative fields come from the kit's config; `fields`, a
-    backend's own."""
+    own CUDA-graph runners are off; the page size is the pool's (the multi-step draft backends
+    read it here, get_schedule().page_size); speculative fields come from the kit's config;
+    `fields`, a backend's own."""
     args = dict(
         attention_backend=attention_backend,
+        page_size=page_size,
         chunked_prefill_size=-1,
         cuda_graph_config=CudaGraphConfig(decode=PhaseConfig(backend=Backend.DISABLED),
                                           prefill=PhaseConfig(backend=Backend.DISABLED)),
@@ -61,15 +65,19 @@ def install_server_args(attention_backend: str, device: torch.device, speculativ
         speculative_algorithm=speculative.algorithm if speculative else None,
         speculative_eagle_topk=speculative.topk if speculative else 1,
         speculative_num_draft_tokens=speculative.num_draft_tokens if speculative else 1,
-        speculative_num_steps=speculative.num_draft_tokens - 1 if speculative else 0,
+        speculative_num_steps=speculative.num_steps if speculative else 0,
         device=device.type,
     )
     get_context().override_server_args(**{**args, **fields}).install()  # a backend's fields over the defaults
 
 
-MODES = {"decode": ForwardMode.DECODE, "extend": ForwardMode.EXTEND, "target_verify": ForwardMode.TARGET_VERIFY,
-         "draft_extend_v2": ForwardMode.DRAFT_EXTEND_V2}
+# The kit's modes as SGLang's: the draft decode is DECODE on a multi-step draft backend
+# (eagle_worker_common.py prepare_for_draft).
+MODES = {"decode": ForwardMode.DECODE, "extend": ForwardMode.EXTEND, "mixed": ForwardMode.MIXED,
+         "target_verify": ForwardMode.TARGET_VERIFY, "draft_extend_v2": ForwardMode.DRAFT_EXTEND_V2,
+         "draft_decode": ForwardMode.DECODE}
 
-__all__ = ["AttentionArch", "AttentionBackend", "CaptureHiddenMode", "EagleDraftExtendInput", "EagleVerifyInput",
-           "ForwardBatch", "ForwardContext", "KVIndexTranslator", "MHATokenToKVPool", "MLATokenToKVPool", "MODES",
-           "PretrainedConfig", "RadixAttention", "UnquantizedKVCacheMethod", "forward_context", "install_server_args", "unwrap_write_loc"]
+__all__ = ["AttentionArch", "AttentionBackend", "CaptureHiddenMode", "EagleDraftExtendInput", "EagleDraftInput",
+           "EagleVerifyInput", "ForwardBatch", "ForwardContext", "KVIndexTranslator", "MHATokenToKVPool",
+           "MLATokenToKVPool", "MODES", "PretrainedConfig", "RadixAttention", "SpeculativeAlgorithm",
+           "UnquantizedKVCacheMethod", "forward_context", "install_server_args", "unwrap_write_loc"]

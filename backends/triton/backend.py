@@ -2,9 +2,12 @@
 graph hooks of SGLang 0.5.23 (init_forward_metadata_out_graph / _in_graph).
 
 DECODE runs the split-KV decode kernel over all seq_len keys from the pool.
-EXTEND, TARGET_VERIFY and DRAFT_EXTEND_V2 run the extend kernel: the prefix
-from the pool, the new tokens' K/V passed directly. Prefix per mode:
-  EXTEND           extend_prefix_lens
+DRAFT_DECODE runs it once a step, a row a lane, over metadata of each step's
+own (built together, before the first step): the committed keys, then the
+lane's columns so far.
+EXTEND, MIXED, TARGET_VERIFY and DRAFT_EXTEND_V2 run the extend kernel: the
+prefix from the pool, the new tokens' K/V passed directly. Prefix per mode:
+  EXTEND, MIXED    extend_prefix_lens (a MIXED decode row: seq_len - 1)
   TARGET_VERIFY    seq_lens (drafts are not counted in seq_lens), custom mask
   DRAFT_EXTEND_V2  seq_lens - extend_seq_lens (seq_lens already count the
                    drafts), clamped at 0: padded graph rows have seq_len 1.
@@ -12,15 +15,18 @@ MLA runs the latent kernels (mla.py) on the same metadata and hooks.
 """
 from __future__ import annotations
 
-from typing import Optional
+from typing import List, Optional
 
 import torch
 
 from backends.triton import kernels, mla
 from backends.triton.metadata import (BLOCK_M, INTERPRETED_SPLIT_TOKENS, MAX_KV_SPLITS, SPLIT_TOKENS, Buffers,
-                                      Metadata, extend_grid, fill_decode, fill_extend)
-from kit.modes import ForwardMode
+                                      Metadata, draft_buffers, extend_grid, fill_decode, fill_draft_step, fill_extend)
+from kit.modes import MODES, ForwardMode
 from kit.harness.protocol import AttentionBackend, library_version
+
+EXTEND_LIKE = (ForwardMode.EXTEND, ForwardMode.MIXED)  # extend_* fields: each request's prefix and new tokens
+DECODE_KERNEL = (ForwardMode.DECODE, ForwardMode.DRAFT_DECODE)
 
 # Tuned on an H100 (bf16, 32/8 heads, head_dim 128) over BLOCK_M/N 32-128, 4-8 warps, 2-4 stages.
 DECODE_BLOCK_N = 64
@@ -31,6 +37,7 @@ DECODE_BLOCK_H = 16  # tl.dot needs 16 rows: a KV head's query group is padded t
 
 class TritonBackend(AttentionBackend):
     name = "triton"
+    modes = tuple(MODES)
     extend_capture = True
     batch_invariant = True  # a request's KV splits follow its own length alone (metadata.fill_decode)
     host_mirrors = ()  # its metadata reads no host copy of seq_lens: the engine need not wait to make one
@@ -50,6 +57,8 @@ class TritonBackend(AttentionBackend):
                           "gqa_fp8_e4m3_chain3_p16_fp16", "gqa_chain4_window_sinks_hybrid_p16_fp32"),
         "draft_extend_v2": ("gqa_draft4_p16_fp32", "mqa_draft3_p1_shuf", "gqa_draft2_fused_p16_fp32",
                             "gqa_fp8_e5m2_draft3_p16_fp16"),
+        "mixed": ("gqa_fresh_prompt_p16_fp32", "gqa_all_ones_bs9_p16_fp32"),
+        "draft_decode": ("gqa_chain3_p16_fp32", "gqa_hybrid_tree2_p1_fp32", "gqa_context_edge_chain6_p1_fp32"),
     }
 
     @classmethod
@@ -78,7 +87,10 @@ class TritonBackend(AttentionBackend):
         self.sink_tensors = {layer.sinks: layer.sinks_tensor(ctx.device) for layer in ctx.layers if layer.sinks}
         self.no_sinks = torch.zeros(1, dtype=torch.float32, device=ctx.device)  # a pointer HAS_SINK=False never reads
         self.graph_bufs: Optional[Buffers] = None  # set by init_cuda_graph_state
+        self.graph_rows = 0  # the most query rows a graph batch has (init_cuda_graph_state)
+        self.draft_graph_bufs: Optional[List[Buffers]] = None  # a draft decode's, per step: at its first capture
         self.forward_metadata: Optional[Metadata] = None
+        self.draft_metadata: List[Metadata] = []  # DRAFT_DECODE: per step
 
     # ---- metadata: two-phase, as SGLang 0.5.23 backends are written -------------------
     # out_graph: host work, before capture and before every replay (and first, eagerly):
@@ -99,11 +111,34 @@ class TritonBackend(AttentionBackend):
 
     def _key_capacity(self, batch) -> int:
         """Keys the batch's kv_indices may hold, without a host mirror (host_mirrors: none is exact
-        here): no request has more than a req_to_token row."""
-        return batch.batch_size * self.ctx.max_context_len
+        here): no row (a request, a draft decode's lane) has more than a req_to_token row."""
+        lanes = batch.spec_info.topk if batch.forward_mode is ForwardMode.DRAFT_DECODE else 1
+        return batch.batch_size * lanes * self.ctx.max_context_len
+
+    def _draft_buffers(self, batch) -> List[Buffers]:
+        """A draft decode's buffers per step: sized for this batch, or, for graphs, for the largest
+        (made at the first capture, which comes first, and kept: the graphs read them)."""
+        spec = batch.spec_info
+        if self.graph_bufs is None:
+            rows = batch.batch_size * spec.topk
+            return draft_buffers(self._allocate(rows, rows, self._key_capacity(batch), 0), spec.num_steps - 1)
+        if self.draft_graph_bufs is None:
+            rows = self.graph_rows
+            self.draft_graph_bufs = draft_buffers(self._allocate(rows, rows, self._draft_graph_keys(), 0),
+                                                  spec.num_steps - 1)
+        return self.draft_graph_bufs
+
+    def _draft_graph_keys(self) -> int:
+        """Keys a step of a draft decode graph holds at most: each of its rows (a lane of the largest
+        batch) a whole req_to_token row, the lanes past the model's context length included."""
+        return self.graph_rows * self.ctx.max_context_len
 
     def init_forward_metadata_out_graph(self, batch, in_capture: bool = False) -> None:
         bs, mode = batch.batch_size, batch.forward_mode
+        if mode is ForwardMode.DRAFT_DECODE:
+            rows = bs * batch.spec_info.topk
+            self.draft_metadata = [Metadata(bufs, rows=rows) for bufs in self._draft_buffers(batch)]
+            return
         bufs = self.graph_bufs if self.graph_bufs is not None else self._eager_buffers(batch)
         if mode is ForwardMode.DECODE:
             self.forward_metadata = Metadata(bufs, rows=bs, max_splits=self._max_splits(batch))
@@ -116,15 +151,24 @@ class TritonBackend(AttentionBackend):
                 mask = bufs.mask
         self.forward_metadata = Metadata(bufs, rows=bs + 1, num_blocks=extend_grid(bufs, self._extend_tokens(batch)),
                                          mask=mask)
-        if mode is ForwardMode.EXTEND:
+        if mode in EXTEND_LIKE:
             self._fill_extend(batch)
 
     def init_forward_metadata_in_graph(self, batch) -> None:
-        if batch.forward_mode is ForwardMode.DECODE:
-            bs = batch.batch_size
+        bs, mode = batch.batch_size, batch.forward_mode
+        if mode is ForwardMode.DECODE:
             self._fill_decode(self.forward_metadata.bufs, batch.req_pool_indices[:bs], batch.seq_lens[:bs])
-        elif batch.forward_mode is not ForwardMode.EXTEND:
+        elif mode is ForwardMode.DRAFT_DECODE:
+            self._fill_draft(batch)
+        elif mode not in EXTEND_LIKE:
             self._fill_extend(batch)
+
+    def _fill_draft(self, batch) -> None:
+        """Every step's metadata of a draft decode, from the committed lengths."""
+        bs, spec = batch.batch_size, batch.spec_info
+        for step, md in enumerate(self.draft_metadata):
+            fill_draft_step(md.bufs, self.req_to_token, batch.req_pool_indices[:bs], batch.seq_lens[:bs], spec.topk,
+                            spec.num_steps, step, self.split_tokens)
 
     def _max_splits(self, batch) -> int:
         """The decode grid's split dimension: every split a request may have, whatever the batch (each
@@ -148,7 +192,7 @@ class TritonBackend(AttentionBackend):
         """(prefix lens, new tokens per request, custom mask or None) of the batch's requests."""
         mode, bs, spec_info = batch.forward_mode, batch.batch_size, batch.spec_info
         seq_lens = batch.seq_lens[:bs]
-        if mode is ForwardMode.EXTEND:
+        if mode in EXTEND_LIKE:
             return batch.extend_prefix_lens[:bs], batch.extend_seq_lens[:bs], None
         if mode is ForwardMode.TARGET_VERIFY:
             return seq_lens, torch.full_like(seq_lens, spec_info.draft_token_num), spec_info.custom_mask
@@ -159,6 +203,7 @@ class TritonBackend(AttentionBackend):
 
     def init_cuda_graph_state(self, max_bs: int, max_num_tokens: int) -> None:
         max_ctx = self.ctx.max_context_len
+        self.graph_rows = max_num_tokens
         rows = max_bs + 1
         # A custom mask holds at most max_num_tokens rows of (context + drafts) columns.
         self.graph_bufs = self._allocate(rows, max_num_tokens, rows * max_ctx,
@@ -172,14 +217,16 @@ class TritonBackend(AttentionBackend):
             pool.set_kv_buffer(layer, batch.out_cache_loc, k, v)
         k_cache, v_cache = pool.get_kv_buffer(layer.layer_id)
         out = q.new_empty(q.shape[:-1] + (layer.v_head_dim,))
-        decode = batch.forward_mode is ForwardMode.DECODE
+        decode = batch.forward_mode in DECODE_KERNEL
+        md = self.draft_metadata[batch.spec_info.draft_step] if batch.forward_mode is ForwardMode.DRAFT_DECODE \
+            else self.forward_metadata
         if layer.is_mla:  # k_cache: the latent rows (v_cache is a view of them)
             if decode:
-                mla.decode(self.forward_metadata, q, k_cache, out, layer, _precision(q))
+                mla.decode(md, q, k_cache, out, layer, _precision(q))
             else:
-                mla.extend(self.forward_metadata, q, k, k_cache, out, batch.out_cache_loc, layer, _precision(q))
+                mla.extend(md, q, k, k_cache, out, batch.out_cache_loc, layer, _precision(q))
         elif decode:
-            self._decode(q, k_cache, v_cache, out, layer)
+            self._decode(md, q, k_cache, v_cache, out, layer)
         else:
             self._extend(q, k, v, k_cache, v_cache, out, batch.positions, batch.out_cache_loc, layer)
         return out
@@ -196,8 +243,8 @@ class TritonBackend(AttentionBackend):
             self.sink_tensors[layer.sinks] = layer.sinks_tensor(self.ctx.device)
         return self.sink_tensors[layer.sinks]
 
-    def _decode(self, q, k_cache, v_cache, out, layer) -> None:
-        md, b = self.forward_metadata, self.forward_metadata.bufs
+    def _decode(self, md: Metadata, q, k_cache, v_cache, out, layer) -> None:
+        b = md.bufs
         group = layer.tp_q_head_num // layer.tp_k_head_num
         kernels.decode_split_kernel[(md.rows, layer.tp_k_head_num, md.max_splits)](
             q, k_cache, v_cache, b.kv_indptr, b.kv_indices, b.num_kv_splits, b.mid_o, b.mid_lse,
@@ -205,11 +252,11 @@ class TritonBackend(AttentionBackend):
             q.stride(0), q.stride(1), k_cache.stride(0), k_cache.stride(1), v_cache.stride(0), v_cache.stride(1),
             b.mid_o.stride(0), b.mid_o.stride(1), b.mid_o.stride(2), b.mid_lse.stride(0), b.mid_lse.stride(1),
             GROUP=group, BLOCK_H=DECODE_BLOCK_H, BLOCK_N=DECODE_BLOCK_N, **LAUNCH, **self._flags(q, layer))
-        self._combine_splits(out, layer, self._sinks(layer))
+        self._combine_splits(md, out, layer, self._sinks(layer))
 
-    def _combine_splits(self, out, layer, sinks: Optional[torch.Tensor]) -> None:
+    def _combine_splits(self, md: Metadata, out, layer, sinks: Optional[torch.Tensor]) -> None:
         """Decode's stage 2: the KV splits' partial outputs merged, the sinks joined once."""
-        md, b = self.forward_metadata, self.forward_metadata.bufs
+        b = md.bufs
         kernels.decode_reduce_kernel[(md.rows, layer.tp_q_head_num)](
             b.mid_o, b.mid_lse, b.num_kv_splits, out, self.no_sinks if sinks is None else sinks,
             b.mid_o.stride(0), b.mid_o.stride(1), b.mid_o.stride(2), b.mid_lse.stride(0), b.mid_lse.stride(1),

@@ -16,16 +16,22 @@ import triton.language as tl
 
 @triton.jit
 def build_kv_indices_kernel(req_to_token, req_pool_indices, kv_lens, kv_indptr, kv_indices, stride_row,
-                            BLOCK: tl.constexpr):
-    """kv_indices[kv_indptr[b] : +kv_lens[b]] = req_to_token[req_pool_indices[b], :kv_lens[b]]."""
-    b = tl.program_id(0)
+                            lanes, lane_width, lane_keys, BLOCK: tl.constexpr):
+    """Row z's keys at kv_indices[kv_indptr[z]:]: request b = z // lanes's first kv_lens[b] columns of
+    req_to_token[req_pool_indices[b]], then `lane_keys` columns of its lane z % lanes, which starts
+    at column kv_lens[b] + (z % lanes) * lane_width (a draft decode's lanes; otherwise one lane
+    with no keys of its own)."""
+    z = tl.program_id(0)
+    b = z // lanes
+    skip = (z % lanes) * lane_width
     row = tl.load(req_pool_indices + b).to(tl.int64)
     n = tl.load(kv_lens + b)
-    dst = tl.load(kv_indptr + b)
-    for start in range(0, n, BLOCK):
+    dst = tl.load(kv_indptr + z)
+    for start in range(0, n + lane_keys, BLOCK):
         offs = start + tl.arange(0, BLOCK)
-        live = offs < n
-        slots = tl.load(req_to_token + row * stride_row + offs, mask=live)
+        live = offs < n + lane_keys
+        cols = tl.where(offs < n, offs, offs + skip)
+        slots = tl.load(req_to_token + row * stride_row + cols, mask=live)
         tl.store(kv_indices + dst + offs, slots, mask=live)
 
 

@@ -9,7 +9,7 @@ size, so a graph can record them.
 from __future__ import annotations
 
 import dataclasses
-from typing import Optional
+from typing import List, Optional
 
 import torch
 
@@ -75,23 +75,52 @@ class Metadata:
 
 
 def fill_kv(bufs: Buffers, req_to_token: torch.Tensor, req_pool_indices: torch.Tensor,
-            kv_lens: torch.Tensor) -> None:
-    """kv_indptr from the per-request key counts, then kv_indices from req_to_token."""
-    rows = kv_lens.shape[0]
-    torch.cumsum(kv_lens, 0, dtype=torch.int32, out=bufs.kv_indptr[1:rows + 1])
+            kv_lens: torch.Tensor, lanes: int = 1, lane_width: int = 0, lane_keys: int = 0) -> None:
+    """kv_indptr from the per-row key counts, then kv_indices from req_to_token: a row per request,
+    its first kv_lens columns; with lanes (a draft decode), `lanes` rows a request, each its
+    request's first kv_lens columns then `lane_keys` of its lane's (lane k's from column
+    kv_lens + k * lane_width on)."""
+    row_lens = kv_lens if lanes == 1 else kv_lens.repeat_interleave(lanes)
+    row_lens = row_lens + lane_keys if lane_keys else row_lens
+    rows = row_lens.shape[0]
+    torch.cumsum(row_lens, 0, dtype=torch.int32, out=bufs.kv_indptr[1:rows + 1])
     kernels.build_kv_indices_kernel[(rows,)](
         req_to_token, req_pool_indices, kv_lens, bufs.kv_indptr, bufs.kv_indices, req_to_token.stride(0),
-        BLOCK=KV_INDICES_BLOCK)
+        lanes, lane_width, lane_keys, BLOCK=KV_INDICES_BLOCK)
+
+
+def fill_splits(bufs: Buffers, rows: int, split_tokens: int) -> None:
+    """The KV split count of each of the first `rows` rows, one per `split_tokens` of its own keys
+    (kv_indptr), at most MAX_KV_SPLITS: never from the batch's size or its other rows, so a row's
+    splits, and the order its partial outputs are merged in, are the same in any batch (batch
+    invariance)."""
+    kv_lens = bufs.kv_indptr[1:rows + 1] - bufs.kv_indptr[:rows]
+    bufs.num_kv_splits[:rows].copy_(torch.clamp((kv_lens + split_tokens - 1) // split_tokens, 1, MAX_KV_SPLITS))
 
 
 def fill_decode(bufs: Buffers, req_to_token, req_pool_indices, seq_lens, split_tokens: int) -> None:
-    """Device side of decode metadata: kv_indptr / kv_indices and the split count per request, one per
-    `split_tokens` keys of its own (never from the batch's size or its other requests): its splits, and
-    so the order its partial outputs are merged in, are the same in any batch (batch invariance)."""
-    bs = seq_lens.shape[0]
+    """Device side of decode metadata: kv_indptr / kv_indices and the split count per request."""
     fill_kv(bufs, req_to_token, req_pool_indices, seq_lens)
-    splits = torch.clamp((seq_lens + split_tokens - 1) // split_tokens, 1, MAX_KV_SPLITS)
-    bufs.num_kv_splits[:bs].copy_(splits)
+    fill_splits(bufs, seq_lens.shape[0], split_tokens)
+
+
+def fill_draft_step(bufs: Buffers, req_to_token, req_pool_indices, seq_lens, lanes: int, steps: int, step: int,
+                    split_tokens: int) -> None:
+    """Device side of one draft decode step's metadata: a row a lane (request b, lane k), its keys
+    b's committed tokens, then the lane's columns 0..step (req_to_token[row, seq_len + k*steps + j]);
+    each row's split count from its own key count."""
+    fill_kv(bufs, req_to_token, req_pool_indices, seq_lens, lanes, steps, step + 1)
+    fill_splits(bufs, seq_lens.shape[0] * lanes, split_tokens)
+
+
+def draft_buffers(first: Buffers, steps: int) -> List[Buffers]:
+    """One Buffers per draft decode step: `first`, then copies with key lists (kv_indptr,
+    kv_indices, split counts) of their own and its split-KV partials (the steps run one after
+    another)."""
+    return [first] + [dataclasses.replace(first, kv_indptr=torch.zeros_like(first.kv_indptr),
+                                          kv_indices=torch.zeros_like(first.kv_indices),
+                                          num_kv_splits=torch.zeros_like(first.num_kv_splits))
+                      for _ in range(steps - 1)]
 
 
 def extend_grid(bufs: Buffers, num_tokens: int) -> int:

@@ -19,8 +19,9 @@ class SpeculativeConfig:
     backend is built (graph buffers are sized from it)."""
 
     algorithm: str  # e.g. "EAGLE"
-    num_draft_tokens: int  # tokens per request in TARGET_VERIFY / DRAFT_EXTEND_V2
+    num_draft_tokens: int  # the draft tokens a request verifies (TARGET_VERIFY's and DRAFT_EXTEND_V2's tokens)
     topk: int  # 1: chain drafts; > 1: tree
+    num_steps: int  # the draft model's decoding steps (DRAFT_DECODE's steps; a chain's num_draft_tokens - 1)
 
 
 @dataclasses.dataclass
@@ -32,6 +33,8 @@ class SpecInfo:
     DRAFT_EXTEND_V2: extend_seq_lens_tensor, its host copy extend_seq_lens_cpu (a graph
     runner fills it on the host: reading the tensor back inside a capture is not allowed),
     and num_tokens_per_bs.
+    DRAFT_DECODE: num_steps and topk (each request's lanes and their columns), and in the batch
+    each step's forward gets, draft_step (which step it is, from 0).
     """
 
     draft_token_num: int
@@ -40,6 +43,8 @@ class SpecInfo:
     extend_seq_lens_tensor: Optional[torch.Tensor] = None
     extend_seq_lens_cpu: Optional[List[int]] = None
     num_tokens_per_bs: Optional[int] = None
+    num_steps: Optional[int] = None
+    draft_step: Optional[int] = None
 
 
 @dataclasses.dataclass
@@ -54,14 +59,14 @@ class ForwardBatch:
     positions: torch.Tensor
     req_to_token_pool: ReqToTokenPool
     token_to_kv_pool: KVPool
-    # EXTEND; DRAFT_EXTEND_V2's eager batches too (its graph views carry spec_info only)
+    # EXTEND and MIXED; DRAFT_EXTEND_V2's eager batches too (its graph views carry spec_info only)
     extend_num_tokens: Optional[int] = None
     extend_seq_lens: Optional[torch.Tensor] = None
     extend_prefix_lens: Optional[torch.Tensor] = None
     extend_start_loc: Optional[torch.Tensor] = None
     extend_seq_lens_cpu: Optional[List[int]] = None
     extend_prefix_lens_cpu: Optional[List[int]] = None
-    # TARGET_VERIFY and DRAFT_EXTEND_V2
+    # TARGET_VERIFY, DRAFT_EXTEND_V2 and DRAFT_DECODE
     spec_info: Optional[SpecInfo] = None
     # The step described in engine-neutral terms (kit.engine.common.CommonBatch), for a backend
     # driven in the builder style; None for the others.

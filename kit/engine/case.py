@@ -31,6 +31,9 @@ GPT_OSS = (64, 8)  # gpt-oss-120b on one GPU: 64 query heads of 64, 8 KV heads
 MLA_128, MLA_16 = (128, 1), (16, 1)
 DEEPSEEK_RANK, DEEPSEEK_ROPE = 512, 64
 DEEPSEEK_SCALE = (128 + 64) ** -0.5  # qk_head_dim = qk_nope_head_dim + qk_rope_head_dim, not the latent's 576
+# The named values a case line may use (kit.engine.case_line reads lines by this table).
+PRESETS = dict(MHA=MHA, GQA=GQA, MQA=MQA, GQA_32_8=GQA_32_8, GPT_OSS=GPT_OSS, MLA_128=MLA_128, MLA_16=MLA_16,
+               DEEPSEEK_RANK=DEEPSEEK_RANK, DEEPSEEK_ROPE=DEEPSEEK_ROPE, DEEPSEEK_SCALE=DEEPSEEK_SCALE)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -38,10 +41,11 @@ class Case:
     """One batch shape + layer config for one runner mode.
 
     prefix: per request, the tokens whose KV is already in the pool
-            (DECODE: seq_len - 1; EXTEND: extend_prefix_lens;
-            TARGET_VERIFY: seq_lens; DRAFT_EXTEND_V2: seq_lens - drafts).
-    new:    EXTEND: per-request extend lengths (ragged); TARGET_VERIFY and
-            DRAFT_EXTEND_V2: the fixed number of draft tokens; DECODE: 1.
+            (DECODE: seq_len - 1; EXTEND, MIXED: extend_prefix_lens;
+            TARGET_VERIFY, DRAFT_DECODE: seq_lens; DRAFT_EXTEND_V2: seq_lens - drafts).
+    new:    EXTEND, MIXED: per-request extend lengths (ragged; MIXED's decode rows 1);
+            TARGET_VERIFY, DRAFT_EXTEND_V2 and DRAFT_DECODE: the server's draft token
+            count; DECODE: 1.
     """
 
     name: str
@@ -78,6 +82,13 @@ class Case:
     # the case's. A request given the same seed and lengths in another case has the same inputs, bit
     # for bit, wherever it sits in its batch.
     request_seeds: Optional[Tuple[int, ...]] = None
+    # The speculative modes: the EAGLE draft's steps (SGLang's speculative_num_steps; DRAFT_DECODE's
+    # forwards are steps - 1). None: new - 1, what a chain (topk 1) always has; a tree may set another.
+    steps: Optional[int] = None
+    # The model's context length is the run's longest committed sequence (seq_lens), so that its
+    # longest requests sit at the model's limit, whatever the mode writes past them (drafts) in the
+    # req_to_token rows' headroom (sgl-project/sglang#29695); else the rows' width (no headroom).
+    context_edge: bool = False
 
     def __post_init__(self):
         problem = self._problem()
@@ -120,6 +131,10 @@ class Case:
             return f"kv_dtype {self.kv_dtype!r} not in {[None] + list(KV_DTYPES)} (None: the KV cache in `dtype`)"
         if not isinstance(self.sinks, bool):
             return f"sinks {self.sinks!r} must be True or False"
+        if not isinstance(self.context_edge, bool):
+            return f"context_edge {self.context_edge!r} must be True or False"
+        if self.steps is not None and (not _is_int(self.steps) or self.steps < 1):
+            return f"steps {self.steps!r} must be None or an int >= 1"
         if self.request_seeds is not None and (not isinstance(self.request_seeds, tuple) or len(
                 self.request_seeds) != len(self.prefix) or not all(_is_int(s) and s >= 0 for s in self.request_seeds)):
             return f"request_seeds {self.request_seeds!r} must be None or one int >= 0 per request"

@@ -1,18 +1,17 @@
-"""A case as one line of Python, `Case("name", mode=ForwardMode.DECODE, prefix=(3, 0), ...)`,
-as the catalog files write cases: printed for a case that is in no catalog (a fuzzed one) so
-that it can be pasted into `cases/<mode>.py`, and read back (`python -m kit run --case-line`).
-Reading evaluates nothing: only literals, `ForwardMode.<MODE>` and the head presets."""
+"""A case as one line of Python, `Case("name", mode=ForwardMode.DECODE, prefix=(3, 0), heads=GQA, ...)`:
+a catalog file's `C("name", prefix=(3, 0), heads=GQA, ...)` line with `Case` and its mode written
+out. Printed for a case that is in no catalog (a fuzzed one), every field that differs from its
+default as a literal, so that it can be pasted into `cases/<mode>.py`, and read back (`python -m
+kit run --case-line`). Reading evaluates nothing: only literals, `ForwardMode.<MODE>` and the
+named values of kit.engine.case.PRESETS (the head presets, DeepSeek's MLA constants)."""
 from __future__ import annotations
 
 import ast
 import dataclasses
 import json
 
-from kit.engine import case as case_module
-from kit.engine.case import Case
+from kit.engine.case import PRESETS, Case
 from kit.modes import ForwardMode
-
-PRESETS = {name: getattr(case_module, name) for name in ("MHA", "GQA", "MQA", "GQA_32_8")}
 
 
 def format_case(case: Case) -> str:
@@ -50,7 +49,7 @@ def _value(node: ast.AST):
     try:
         return ast.literal_eval(node)
     except ValueError:
-        raise ValueError(f"{ast.unparse(node)!r} is not a literal, ForwardMode.<MODE> or a head preset "
+        raise ValueError(f"{ast.unparse(node)!r} is not a literal, ForwardMode.<MODE> or a named value "
                          f"({', '.join(PRESETS)})") from None
 
 

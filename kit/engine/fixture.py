@@ -165,10 +165,11 @@ class Fixture:
 
 
 def make_batch(plan: BatchPlan, pools: Pools, device) -> ForwardBatch:
-    """The common ForwardBatch fields, then the fields the case's mode fills."""
+    """The common ForwardBatch fields, then the fields the case's mode fills (over a common one
+    where the mode has its own: DRAFT_DECODE's positions, one per lane)."""
     reqs = plan.requests
     seq_lens = [r.seq_len for r in reqs]
-    return ForwardBatch(
+    common = dict(
         forward_mode=plan.case.mode,
         batch_size=len(reqs),
         req_pool_indices=to_device([r.row for r in reqs], device, torch.int32),
@@ -179,8 +180,8 @@ def make_batch(plan: BatchPlan, pools: Pools, device) -> ForwardBatch:
         positions=to_device([p for r in reqs for p in r.q_pos], device, torch.int64),
         req_to_token_pool=pools.req_to_token_pool,
         token_to_kv_pool=pools.token_to_kv_pool,
-        **rules_for(plan.case.mode).batch_fields(plan, device),
     )
+    return ForwardBatch(**{**common, **rules_for(plan.case.mode).batch_fields(plan, device)})
 
 
 @dataclasses.dataclass
@@ -342,9 +343,8 @@ def fixtures_for(cases: Sequence[Case], device, store: Optional[Store] = None,
     for case, s in zip(cases, shared):
         batch = make_batch(s.plan, pools, device)
         rules = rules_for(case.mode)
-        steps = [Step(i, p, batch if p is s.plan else rules.step_batch(batch, i), s.layers,
-                      inputs, refs)
-                 for i, (p, inputs, refs) in enumerate(zip(s.step_plans, s.step_inputs, s.references))]
+        steps = [Step(i, p, view, s.layers, inputs, refs) for i, (p, view, inputs, refs) in enumerate(
+            zip(s.step_plans, rules.step_batches(batch, len(s.step_plans)), s.step_inputs, s.references))]
         fx = Fixture(plan=s.plan, pools=pools, layers=s.layers, batch=batch, steps=steps,
                      program_inputs=s.program_inputs)
         fx.tables = s.tables

@@ -88,11 +88,11 @@ SINK_LOW, SINK_HIGH, SINK_GRID = -3.0, 5.0, 1 / 32
 
 def sink_logits(case: Case, layer_id: int) -> Tuple[float, ...]:
     """The case's sink logits of one layer (per query head), or () without sinks. Seeded from the
-    layer config alone: every batch of a run (kit.harness.schedule's variants: other names, lengths
-    and data seeds) runs the same model."""
+    layer config alone: every batch of a run (kit.engine.variants: other names, lengths and data
+    seeds; a MIXED graph run's EXTEND batch, another mode) runs the same model."""
     if not case.sinks:
         return ()
-    model = (case.mode.value, case.heads, case.head_dim, case.dtype, case.window, case.cap, case.scale, case.hybrid)
+    model = (case.heads, case.head_dim, case.dtype, case.window, case.cap, case.scale, case.hybrid)
     rng = random.Random(zlib.crc32(f"sinks/{model}/{layer_id}".encode()))
     heads = case.num_q_heads
     strata = rng.sample(range(heads), heads)

@@ -77,8 +77,7 @@ def plan_case(case: Case) -> BatchPlan:
     rules = rules_for(case.mode)
     seeds = [case.request_seed(i) for i in range(case.bs)]
     # Each request's shape from its own seed: a request recurring in another batch is the same request.
-    shapes = [rules.request(p, n, case.topk, random.Random(seed))
-              for p, n, seed in zip(case.prefix, case.new_lens, seeds)]
+    shapes = [rules.request(case, p, n, random.Random(seed)) for p, n, seed in zip(case.prefix, case.new_lens, seeds)]
     pages = place_pages(case.layout, case.page, [(s.n_old, s.n_new) for s in shapes], rng)
     rows = rng.sample(range(1, 2 * case.bs + 2), case.bs)
     requests = [

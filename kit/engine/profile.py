@@ -29,6 +29,15 @@ class EngineProfile:
     # A padded request's seq_len in a graph batch: None for the backend's fill value
     # (get_cuda_graph_seq_len_fill_value, SGLang's), else this (vLLM: 0, an empty request).
     padded_seq_len: Optional[int] = None
+    # A padded request's query tokens in a graph batch: None for a real request's count in its mode
+    # (SGLang's padded rows decode or verify as real ones do); 0 for an empty request, whose query
+    # starts where the real tokens end (vLLM's runner, v1/worker/gpu/model_runner.py:1468).
+    padded_query_len: Optional[int] = None
+    # Whether a token-bucket graph is captured for as many requests as its bucket has tokens (up to
+    # the largest batch) and its replays pad their requests to that count, as vLLM's full graphs of
+    # mixed batches do (v1/worker/gpu/cudagraph_utils.py:369); else a replay hands the batch's own
+    # requests (SGLang's prefill graphs, which leave attention out of the graph).
+    pads_token_graph_requests: bool = False
     batch_sizes: Tuple[int, ...] = SGLANG_BATCH_SIZES  # graphs captured per batch-size bucket
     token_buckets: Tuple[int, ...] = SGLANG_TOKEN_BUCKETS  # graphs of ragged batches, per token bucket
     # The hook style; None: whichever of SGLang's two the backend implements (kit.harness.capabilities).
@@ -38,6 +47,12 @@ class EngineProfile:
         if kind not in self.storage:
             raise ValueError(f"engine profile {self.name!r} names no KV storage for {kind!r} attention")
         return self.storage[kind]
+
+    @property
+    def padded_rows_attend(self) -> bool:
+        """Whether a padded token belongs to a (padded) request and so has an output, which must
+        be finite; an empty padded request owns no token, and no engine computes those rows."""
+        return self.padded_query_len is None
 
     @property
     def scratch(self) -> bool:
@@ -53,6 +68,8 @@ class EngineProfile:
             return f"unknown KV storage {bad[0]!r} (known: {', '.join(STORAGES)})"
         if self.padded_slot not in (SCRATCH_SLOT, NO_WRITE):
             return f"padded_slot must be {SCRATCH_SLOT} (scratch) or {NO_WRITE} (no write), not {self.padded_slot!r}"
+        if self.padded_query_len not in (None, 0):
+            return f"padded_query_len must be None (a real row's) or 0 (an empty request), not {self.padded_query_len!r}"
         if self.hooks not in (None, TWO_PHASE, CAPTURE_REPLAY, BUILDER):
             return f"hooks must be None, {TWO_PHASE!r}, {CAPTURE_REPLAY!r} or {BUILDER!r}, not {self.hooks!r}"
         for name, sizes in (("batch_sizes", self.batch_sizes), ("token_buckets", self.token_buckets)):

@@ -35,18 +35,22 @@ def recurring(case) -> int:
     return max(range(case.bs), key=lambda i: (case.prefix[i] + case.new_lens[i], -i))
 
 
-def carrying(case, other):
-    """`other` (a batch of the case's config) with its last request replaced by the case's recurring
-    one: its position, neighbours and pages change, its data stays."""
-    r, at = recurring(case), other.bs - 1
-    new = other.new if isinstance(other.new, int) else other.new[:at] + (case.new_lens[r],)
-    return other.with_(prefix=other.prefix[:at] + (case.prefix[r],), new=new,
-                       request_seeds=tuple(other.request_seed(i) for i in range(at)) + (case.request_seed(r),))
+def carrying(case, other, at: int = -1):
+    """`other` (a batch of the case's config) with its request `at` (the last by default) replaced by
+    the case's recurring one: its position, neighbours and pages change, its data stays."""
+    r, at = recurring(case), at % other.bs
+
+    def put(values, value):
+        return values[:at] + (value,) + values[at + 1:]
+    new = other.new if isinstance(other.new, int) else put(other.new, case.new_lens[r])
+    return other.with_(prefix=put(other.prefix, case.prefix[r]), new=new,
+                       request_seeds=put(tuple(other.request_seed(i) for i in range(other.bs)), case.request_seed(r)))
 
 
-def alone(case, salt: int, tag: str = "replay"):
-    """The case's recurring request alone, in a batch (its pages, its row) of its own."""
+def alone(case, salt: int, tag: str = "replay", mode=None):
+    """The case's recurring request alone, in a batch (its pages, its row) of its own; `mode`: the
+    batch's, where a batch of one request is not one of the case's mode."""
     r = recurring(case)
-    return case.with_(name=f"{case.name}~{tag}{salt}", prefix=(case.prefix[r],),
+    return case.with_(name=f"{case.name}~{tag}{salt}", mode=mode or case.mode, prefix=(case.prefix[r],),
                       new=case.new if isinstance(case.new, int) else (case.new_lens[r],), seed=case.seed + salt,
                       request_seeds=(case.request_seed(r),))

@@ -15,7 +15,7 @@ import json
 import sys
 from pathlib import Path
 
-from kit.cli import FAILED, fail
+from kit.cli import FAILED, count, fail, seconds
 from kit.fuzz import in_flight, ledger, report
 from kit.modes import MODES, Exec, parse_exec, parse_mode
 from kit.report import known_failures
@@ -31,19 +31,20 @@ def add_parser(sub, prog: str) -> argparse.ArgumentParser:
     p.add_argument("--backend", help="a registered backend name, or module:attr of a backend class")
     p.add_argument("--mode", default="", help="comma-separated modes (default: every mode the backend runs)")
     p.add_argument("--exec", default="eager,graph", dest="exec_", help="eager, graph or both (default both)")
-    p.add_argument("--budget", type=float, default=60.0, help="seconds of search (default 60)")
-    p.add_argument("--shrink-budget", type=float, default=None,
+    p.add_argument("--budget", type=seconds, default=60.0, help="seconds of search (default 60)")
+    p.add_argument("--shrink-budget", type=seconds, default=None,
                    help="seconds of shrinking, from the first failure (default: --budget)")
-    p.add_argument("--max-examples", type=int, default=100_000, help="stop the search after this many cases")
+    p.add_argument("--max-examples", type=count, default=100_000, help="stop the search after this many cases")
     p.add_argument("--seed", type=int, default=None, help="Hypothesis's seed (default: a random one, printed)")
     p.add_argument("--size", default="small", help="small (CPU, default), medium or large: how large cases get")
     p.add_argument("--device", default=None, help="cpu or cuda (default: cuda when present)")
-    p.add_argument("--timeout", type=float, default=None, help="seconds after which one run stops as a crash")
-    p.add_argument("--ledger", default=None, help="the ledger to append to (default: results/fuzz/ledger.jsonl "
-                                                  "under the working directory)")
+    p.add_argument("--timeout", type=seconds, default=None, help="seconds after which one run stops as a crash")
+    p.add_argument("--ledger", default=None, help=f"the ledger to append to (default: {ledger.DEFAULT} under the "
+                                                  f"working directory for the kit's own backends, {ledger.OTHERS} "
+                                                  f"for any other)")
     p.add_argument("--in-flight", default=None,
                    help="where the case being run is kept while it runs, so that a backend that takes the process "
-                        "down leaves the case behind (default results/fuzz/in-flight.json under the working directory)")
+                        f"down leaves the case behind (default: {in_flight.NAME} beside the ledger)")
     p.add_argument("--database", default=str(DATABASE), help=f"Hypothesis's example database, or `none` "
                                                              f"(default {DATABASE})")
     p.add_argument("--known-failures", default=None, help="default: the kit's KNOWN_FAILURES.md")
@@ -53,7 +54,7 @@ def add_parser(sub, prog: str) -> argparse.ArgumentParser:
                                                           "is found to --table-json")
     p.add_argument("--catalog", default="tests.mutants:MUTANTS", help="the mutant catalog (module:attr)")
     p.add_argument("--only", default="", help="with --mutants: comma-separated mutant names")
-    p.add_argument("-j", "--jobs", type=int, default=1, help="with --mutants: mutants fuzzed at once (default 1: "
+    p.add_argument("-j", "--jobs", type=count, default=1, help="with --mutants: mutants fuzzed at once (default 1: "
                                                                "the times are each mutant's own)")
     p.add_argument("--table-json", default=None,
                    help="with --mutants: where the table goes (default results/fuzz/mutants-<device>.json)")
@@ -71,13 +72,15 @@ def main(args, prog: str) -> int:
     except (ValueError, KnownFailuresError) as exc:
         return fail(prog, f"fuzz: {exc}")
     from kit.fuzz.search import fuzz
-    running = Path(args.in_flight or in_flight.DEFAULT)
+    from kit.harness.registry import is_in_box
+    ledger_path = Path(args.ledger or ledger.default(is_in_box(target.backend)))
+    running = Path(args.in_flight or ledger_path.with_name(in_flight.NAME))
     died = in_flight.take(running)
     if died is not None:
         print(f"fuzz: {in_flight.said(died)}", file=sys.stderr)
     outcome = fuzz(target, args.budget, args.seed, args.shrink_budget, args.max_examples, database, known, running)
     record = ledger_record(args, target, outcome)
-    path = ledger.append(args.ledger or ledger.DEFAULT, record)
+    path = ledger.append(ledger_path, record)
     print(report.text(record))
     print(f"ledger: {path}")
     if args.json:

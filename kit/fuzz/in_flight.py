@@ -10,7 +10,7 @@ import os
 from pathlib import Path
 from typing import Dict, Optional
 
-DEFAULT = Path("results") / "fuzz" / "in-flight.json"
+NAME = "in-flight.json"  # beside the ledger (kit.fuzz.ledger), unless named
 
 
 def write(path, record: Dict) -> None:

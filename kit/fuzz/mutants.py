@@ -8,10 +8,7 @@ from __future__ import annotations
 
 import concurrent.futures
 import json
-import os
 import re
-import subprocess
-import sys
 import tempfile
 from pathlib import Path
 from typing import Dict
@@ -19,14 +16,15 @@ from typing import Dict
 from kit.cli import FAILED, fail
 from kit.fuzz import in_flight, ledger
 from kit.report.record import CRASH
-from kit.report.results import REPO
+from kit.harness import child
 
 
 def _command(m, args, running: Path) -> list:
-    cmd = [sys.executable, "-m", "kit", "fuzz", "--backend", m.backend, "--mode", ",".join(x.value for x in m.modes),
-           "--exec", ",".join(x.value for x in m.execs), "--budget", str(args.budget), "--size", args.size,
-           "--max-examples", str(args.max_examples), "--database", "none", "--json", "--in-flight", str(running),
-           "--seed", str(args.seed), "--ledger", str(Path(args.ledger or ledger.DEFAULT).resolve())]
+    cmd = child.command("kit", "fuzz", "--backend", m.backend, "--mode", ",".join(x.value for x in m.modes),
+                        "--exec", ",".join(x.value for x in m.execs), "--budget", str(args.budget), "--size",
+                        args.size, "--max-examples", str(args.max_examples), "--database", "none", "--json",
+                        "--in-flight", str(running), "--seed", str(args.seed), "--ledger",
+                        str(Path(args.ledger or ledger.DEFAULT).resolve()))
     for flag, value in (("--shrink-budget", args.shrink_budget), ("--device", args.device),
                         ("--timeout", args.timeout), ("--known-failures", args.known_failures)):
         if value is not None:
@@ -37,20 +35,15 @@ def _command(m, args, running: Path) -> list:
 def row(m, args) -> Dict:
     """One mutant fuzzed: found (a new failure of an expected class), after how many examples and
     seconds, the shrunk case."""
-    # The in-box mutants live in the repository's tests/ (not installed): importable from its root.
-    env = dict(os.environ, PYTHONPATH=os.pathsep.join(filter(None, (str(REPO), os.environ.get("PYTHONPATH")))))
     with tempfile.TemporaryDirectory() as tmp:
         running = Path(tmp) / "in-flight.json"
-        proc = subprocess.run(_command(m, args, running), capture_output=True, text=True, env=env)
+        ended = child.run(_command(m, args, running))
         died = in_flight.take(running)
     base = dict(number=m.number, mutant=m.name, expect=list(m.expect), modes=[x.value for x in m.modes],
                 execs=[x.value for x in m.execs])
-    lines = proc.stdout.strip().splitlines()
-    try:
-        record = json.loads(lines[-1])
-    except (IndexError, json.JSONDecodeError):
-        tail = " | ".join(proc.stderr.strip().splitlines()[-2:])
-        error = f"exit code {proc.returncode}: {tail}"
+    record = ended.answer()
+    if record is None:
+        error = ended.death()
         if died is None:
             return dict(base, found=False, error=error, examples=0, seconds=None, classes=[], case_line="", repro="")
         # The case it was running took the process down: a crash, found but not shrunk.

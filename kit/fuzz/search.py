@@ -28,13 +28,14 @@ from kit.fuzz import in_flight
 from kit.engine.draws import Takes
 from kit.engine.pairs import FEATURES
 from kit.fuzz.strategies import any_case, case_name
-from kit.harness.registry import backend_label, load_backend
+from kit.harness.registry import backend_label, import_root, load_backend
 from kit.harness.capabilities import Capabilities
 from kit.harness.run import Run
-from kit.harness.runner import execute, unsupported_reason
+from kit.harness.runner import execute
+from kit.harness.scope import unsupported_reason
 from kit.modes import Exec, ForwardMode
-from kit.report.known_failures import KnownFailure, is_expected, match
-from kit.report.record import FAIL, repro_command
+from kit.report.known_failures import KnownFailure, against, is_expected, match
+from kit.report.record import ERROR, FAIL, KIT_ERROR, repro_command
 from kit.harness.environment import environment
 
 try:
@@ -42,7 +43,6 @@ try:
 except NameError:  # Python 3.10: Hypothesis's own dependency
     from exceptiongroup import BaseExceptionGroup
 
-KIT_ERROR = "kit-error"  # the kit itself raised on a drawn case (not the backend): a bug of the kit
 
 
 @dataclasses.dataclass
@@ -249,7 +249,8 @@ class _Search:
     def _run(self, case: Case, exec_: Exec) -> Optional[Finding]:
         t = self.target
         run = Run(t.backend, self.label, case, exec_)
-        repro = repro_command(t.backend, case.mode.value, exec_.value, case.name, case_line=format_case(case))
+        repro = repro_command(t.backend, case.mode.value, exec_.value, case.name, case_line=format_case(case),
+                              pythonpath=import_root(t.backend))
         if self.running is not None:
             in_flight.write(self.running, dict(backend=t.backend, mode=case.mode.value, exec=exec_.value,
                                                case_line=format_case(case), repro=repro,
@@ -257,13 +258,13 @@ class _Search:
         try:
             result = execute(run, self.device, t.timeout)
         except Exception as exc:  # noqa: BLE001 - the kit's own error on a drawn case is a finding too
-            result = run.record(outcome=FAIL, failure_class=KIT_ERROR,
+            result = run.record(outcome=ERROR, failure_class=KIT_ERROR,
                                 message=f"the kit raised {type(exc).__name__}: {exc}")
         self.outcome.runs += 1
         if result.device_lost:
             self.outcome.stopped = (f"the device was lost at example {self.outcome.examples} (a sticky device "
                                     f"fault): the failure is not shrunk; nothing more can run in this process")
-        if result.outcome != FAIL:
+        if result.outcome != FAIL and result.failure_class != KIT_ERROR:
             return None
         finding = Finding(case, exec_.value, result.failure_class, result.message, repro,
                           example=self.outcome.examples, seconds=self.elapsed())
@@ -274,7 +275,7 @@ class _Search:
             self.outcome.known[entry.id] = (count + 1, first)
             return None
         if entry is not None:
-            finding.message = f"{entry.id} expects [{entry.failure_class}], got: {finding.message}"
+            finding.message = f"{against(entry, result.outcome, result.failure_class)}; {finding.message}"
         if self.first_failure is None:
             self.first_failure, self.outcome.first_example = self.elapsed(), self.outcome.examples
         return finding

@@ -89,7 +89,9 @@ FEATURES: Tuple[Tuple[str, Feature], ...] = (
     ("inputs", lambda draw, d: dict(inputs=draw(st.sampled_from(INPUT_FORMS)))),  # views of a fused QKV row
     ("kind", _kind),  # an attention kind other than dense (MLA), where the backend takes one
     ("kv_dtype", _kv_dtype),
-    ("sinks", _sinks),  # last: the draws before it stay those of seeds recorded before it
+    ("sinks", _sinks),
+    # last: the draws before it stay those of seeds recorded before it
+    ("context_edge", lambda draw, d: dict(context_edge=draw(st.booleans()))),  # the model's limit
 )
 
 
@@ -106,7 +108,8 @@ def case_name(fields: Dict, mode: ForwardMode) -> str:
     parts += [flag for flag, on in (("window", fields["window"] >= 0), ("cap", fields["cap"] > 0),
                                     ("scale", fields["scale"] is not None), ("hybrid", fields["hybrid"]),
                                     ("fused", fields.get("inputs") == "fused_qkv"),
-                                    ("sinks", fields.get("sinks", False))) if on]
+                                    ("sinks", fields.get("sinks", False)),
+                                    ("context_edge", fields.get("context_edge", False))) if on]
     parts += [f"p{fields['page']}", fields["dtype"]] + ([fields["kv_dtype"]] if fields.get("kv_dtype") else [])
     checksum = zlib.crc32(repr(sorted(fields.items())).encode()) & 0xFFFFFF
     return "_".join(parts) + PAGE_LAYOUTS[fields["layout"]].suffix + f"_fz{checksum:06x}"

@@ -133,6 +133,9 @@ class _Harness:
         self.seq_lens = torch.full((self.max_bs,), self.padded_seq_len, dtype=torch.int32, device=self.device)
         self.seq_lens_cpu = torch.full((self.max_bs,), self.padded_seq_len, dtype=torch.int32)
         self.captured: Dict[int, _Captured] = {}
+        # Canaries on what the backend allocates for its graphs (init_cuda_graph_state, the capture
+        # hooks: the graphs read it at every replay), checked after every replay.
+        self.graph_guards = [Guard("init_cuda_graph_state: ")]
         self.mempool = torch.cuda.graph_pool_handle() if self.real else None
         self.replays = 0
 
@@ -140,20 +143,20 @@ class _Harness:
         return torch.zeros(n, dtype=dtype, device=self.device)
 
     def _init_state(self, max_num_tokens: int) -> None:
-        """The backend's graph state, then the driver's own buffers (both for the largest batch)."""
-        self.backend.init_cuda_graph_state(self.max_bs, max_num_tokens)
+        """The backend's graph state, then the driver's own buffers (both for the largest batch).
+        What the backend allocates for its graphs carries canary tails, checked after every replay:
+        a graph buffer sized short (a factor missing, the model's context length for the request
+        pool's) is written past by a replay's hooks or by the graph itself."""
+        with self.graph_guards[0].watching():
+            self.backend.init_cuda_graph_state(self.max_bs, max_num_tokens)
         self.driver.prepare(self.max_bs, self.pools.req_to_token_pool.req_to_token, self.pools.token_to_kv_pool.page_size,
                             self.device)
-
-    def _step_views(self, batch: ForwardBatch, steps: int) -> List[ForwardBatch]:
-        """The batch each step's forward gets: the batch itself, or the mode's step views of it."""
-        return [batch] if steps == 1 else [self.rules.step_batch(batch, i) for i in range(steps)]
 
     def _program(self, batch: ForwardBatch, rows: List[int]) -> List[List[torch.Tensor]]:
         """What a graph records: the in-graph metadata, then every step's forward for every layer
         on the first rows[i] rows of step i's static inputs."""
         self.driver.in_graph(batch)
-        views = self._step_views(batch, len(self.steps))
+        views = self.rules.step_batches(batch, len(self.steps))
         static = [[(q[:n], k[:n], v[:n]) for q, k, v in zip(s.q, s.k, s.v)] for s, n in zip(self.steps, rows)]
         return forward_program(self.backend, self.layers, views, static)
 
@@ -176,6 +179,14 @@ class _Harness:
                 handed += [Handed(name, f"layer {layer.layer_id}{step}, {rows}{where}", t[real[i]:padded[i]],
                                   first_row=real[i]) for name, t in tail]
         return inputs_figures(handed)
+
+    def _capture_hooks(self, hooks, *args, **kwargs):
+        """The driver's capture hooks (`hooks(*args, **kwargs)`), what they allocate watched as the
+        graph state is: a backend may make a graph's buffers at its first capture."""
+        guard = Guard("the capture hooks: ")
+        self.graph_guards.append(guard)
+        with guard.watching():
+            return hooks(*args, **kwargs)
 
     def _capture(self, key: int, batch: ForwardBatch, rows: List[int], fx: Optional[Fixture] = None,
                  real: Optional[List[int]] = None) -> None:
@@ -211,7 +222,7 @@ class _Harness:
         cap = self.captured[key]
         if self.real:
             cap.graph.replay()
-            return cap.outs, [], canary_figures(guard, cap.guard)
+            return cap.outs, [], canary_figures(guard, cap.guard, *self.graph_guards)
         swapped = replaced(cap.pointers, tensor_pointers(self.backend))
         after_hooks = Bindings.of(self.backend)
         cap.bindings.restore()
@@ -220,7 +231,7 @@ class _Harness:
                 outs = self._program(cap.batch, rows)
         finally:
             after_hooks.restore()  # forward's own Python side effects do not happen in a real replay
-        return outs, swapped, canary_figures(guard)
+        return outs, swapped, canary_figures(guard, *self.graph_guards)
 
     def _load(self, fx: Fixture, padded_tokens: int, padded_positions: int, padded_rows: List[int]) -> List[int]:
         """The batch's real tokens and each step's real rows copied in; padded tokens write the
@@ -249,11 +260,12 @@ class _Harness:
 
     def _replayed(self, outs: List[List[torch.Tensor]], fx: Fixture, real: List[int], swapped: List[str],
                   memory: Pending, padded: List[int]) -> Replayed:
-        """Real and padded rows of the outputs, per step and layer; the static inputs judged kept
+        """Real and padded rows of the outputs, per step and layer (padded ones only where a padded
+        token belongs to a request: else nothing computes them); the static inputs judged kept
         (and those of the captures since the last replay)."""
         inputs, self.input_checks = self.input_checks + [self._kept(fx, real, padded)], []
-        return Replayed([[o[:n] for o in step] for step, n in zip(outs, real)],
-                        [o[n:] for step, n in zip(outs, real) for o in step], swapped, memory, inputs)
+        judged = [o[n:] for step, n in zip(outs, real) for o in step] if self.profile.padded_rows_attend else []
+        return Replayed([[o[:n] for o in step] for step, n in zip(outs, real)], judged, swapped, memory, inputs)
 
     def _graph_name(self, key: int) -> str:
         raise NotImplementedError
@@ -307,7 +319,7 @@ class BatchGraphs(_Harness):
 
     def _view(self, bs: int, seq_lens_sum: int, spec_info, full: bool) -> ForwardBatch:
         return ForwardBatch(
-            forward_mode=self.mode, batch_size=bs, **self._requests(bs, full), seq_lens_sum=seq_lens_sum,
+            forward_mode=self.rules.graph_mode(), batch_size=bs, **self._requests(bs, full), seq_lens_sum=seq_lens_sum,
             out_cache_loc=self.out_cache_loc[:bs * self.tokens_per_req],
             positions=self.positions[:bs * self.positions_per_req],
             req_to_token_pool=self.pools.req_to_token_pool, token_to_kv_pool=self.pools.token_to_kv_pool,
@@ -321,7 +333,7 @@ class BatchGraphs(_Harness):
         self.positions[:bs * self.positions_per_req].zero_()
         batch = self._view(bs, self.padded_seq_len * bs, self._spec_info(bs, 0, None), full=False)
         rows = self._rows(bs, 0)
-        batch = self.driver.capture(batch, bs * self.tokens_per_req, 0)
+        batch = self._capture_hooks(self.driver.capture, batch, bs * self.tokens_per_req, 0)
         self._capture(bs, batch, rows)
 
     def capture(self) -> None:
@@ -347,7 +359,7 @@ class BatchGraphs(_Harness):
         view = self._mirrored(view, fx, regime)
         guard = Guard()
         with guard.watching():
-            self.driver.replay(view, pbs * self.tokens_per_req, b.out_cache_loc.shape[0])
+            self.driver.replay(view, pbs * self.tokens_per_req, b.out_cache_loc.shape[0], bs)
         outs, swapped, memory = self._run(pbs, rows, guard)
         return self._replayed(outs, fx, real, swapped, memory, rows)
 
@@ -375,27 +387,41 @@ class TokenGraphs(_Harness):
         self.extend = {f: self._zeros(self.max_bs, torch.int32) for f in EXTEND_REQUEST_FIELDS}
         self._init_state(self.max_tokens)
 
+    def _graph_requests(self, fx: Fixture, padded: int) -> int:
+        """Requests the graph of token bucket `padded` is replayed with: the batch's own, or where
+        the profile pads them, as many as the bucket has tokens, up to the largest batch."""
+        return min(padded, self.max_bs) if self.profile.pads_token_graph_requests else fx.batch.batch_size
+
     def _view(self, fx: Fixture, padded: int, full: bool) -> ForwardBatch:
-        """The batch over the static buffers: its requests copied in (rows past it keep what
-        earlier batches left), its tokens padded to the bucket."""
+        """The batch over the static buffers: its requests copied in, then padded requests up to the
+        graph's count (rows past them keep what earlier batches left), its tokens padded to the
+        bucket, in the mode the graph is replayed as (a MIXED batch as EXTEND: ModeRules.graph_mode)."""
         b = fx.batch
-        bs = b.batch_size
+        bs, rows = b.batch_size, self._graph_requests(fx, padded)
         self._load(fx, padded, padded, [padded] * len(self.steps))
-        for buf, src in ((self.req_pool_indices, b.req_pool_indices), (self.seq_lens, b.seq_lens),
-                         (self.seq_lens_cpu, b.seq_lens_cpu)):
+        for buf, src, pad in ((self.req_pool_indices, b.req_pool_indices, 0),
+                              (self.seq_lens, b.seq_lens, self.padded_seq_len),
+                              (self.seq_lens_cpu, b.seq_lens_cpu, self.padded_seq_len)):
             buf[:bs].copy_(src)
-        end = self.max_bs if full else bs
+            buf[bs:rows].fill_(pad)
+        end = self.max_bs if full else rows
         for f, buf in self.extend.items():
             buf[:bs].copy_(getattr(b, f))
+            buf[bs:rows].zero_()
+        pad = [0] * (rows - bs)
         return dataclasses.replace(
-            b, **self._requests(bs, full), **{f: buf[:end] for f, buf in self.extend.items()},
-            out_cache_loc=self.out_cache_loc[:padded], positions=self.positions[:padded])
+            b, batch_size=rows, **self._requests(rows, full), **{f: buf[:end] for f, buf in self.extend.items()},
+            seq_lens_sum=b.seq_lens_sum + self.padded_seq_len * (rows - bs),
+            extend_seq_lens_cpu=list(b.extend_seq_lens_cpu) + pad, extend_prefix_lens_cpu=list(b.extend_prefix_lens_cpu) + pad,
+            out_cache_loc=self.out_cache_loc[:padded], positions=self.positions[:padded],
+            forward_mode=self.rules.graph_mode())
 
     def prepare(self, fx: Fixture) -> None:
         padded = bucket_for(fx.batch.out_cache_loc.shape[0], self.token_buckets)
         if self.capturing and padded not in self.captured:
             n = fx.batch.out_cache_loc.shape[0]
-            batch = self.driver.ragged(self._view(fx, padded, full=False), n, in_capture=True)
+            batch = self._capture_hooks(self.driver.ragged, self._view(fx, padded, full=False), n, fx.batch.batch_size,
+                                        in_capture=True)
             self._capture(padded, batch, [padded] * len(self.steps), fx, [n] * len(self.steps))
 
     def _replay(self, fx: Fixture, full: bool, regime: Optional[mirrors.Regime]) -> Replayed:
@@ -404,7 +430,7 @@ class TokenGraphs(_Harness):
         batch = self._mirrored(self._view(fx, padded, full), fx, regime)
         guard = Guard()
         with guard.watching():
-            batch = self.driver.ragged(batch, n)
+            batch = self.driver.ragged(batch, n, fx.batch.batch_size)
         rows = [padded] * len(self.steps)
         if self.capturing:
             outs, swapped, memory = self._run(padded, rows, guard)
@@ -412,7 +438,7 @@ class TokenGraphs(_Harness):
             swapped = []
             with guard.watching():
                 outs = self._program_piecewise(batch, n, padded)
-            memory = canary_figures(guard)
+            memory = canary_figures(guard, *self.graph_guards)
         return self._replayed(outs, fx, [n] * len(self.steps), swapped, memory, rows)
 
     def _program_piecewise(self, batch: ForwardBatch, n: int, padded: int) -> List[List[torch.Tensor]]:

@@ -2,7 +2,12 @@
 tensor a backend allocates gets a canary tail. A write past the end of one (a
 buffer sized from a stale length, an index builder running long) changes the
 canary and is reported, on GPU too, where the stray write would otherwise land
-silently in allocator slack."""
+silently in allocator slack.
+
+The guard steps aside for what PyTorch runs as a whole: a higher-order operator (flex
+attention's) runs without it, and torch.compile compiles as it would unwatched (with a dispatch
+mode on it otherwise falls back to eager, and flex attention eager refuses modes without a rule).
+What they allocate inside is theirs; the backend's own allocations around them stay guarded."""
 from __future__ import annotations
 
 import contextlib
@@ -10,6 +15,7 @@ import dataclasses
 from typing import Dict, Iterator, List
 
 import torch
+from torch._ops import HigherOrderOperator
 from torch.utils._python_dispatch import TorchDispatchMode
 
 from kit.harness.checks import Check, Pending, read_back
@@ -59,7 +65,7 @@ def _fill(func, head: torch.Tensor, args, made) -> None:
         head.fill_(args[FULL[func]])
 
 
-def _guarded_alloc(func, args, kwargs):
+def _guarded_alloc(func, args, kwargs, where: str = ""):
     """The factory's tensor as the head of a larger allocation whose tail is the canary: one
     allocation of the tensor's size plus GUARD_BYTES, no copy (a tensor copied into a guarded
     buffer would take twice the memory). None where it cannot be guarded.
@@ -69,6 +75,8 @@ def _guarded_alloc(func, args, kwargs):
     if kwargs.get("pin_memory"):
         # A page-locked host buffer (a library's staging area, e.g. FlashInfer MLA's plan workspace,
         # allocated at its first plan): the guard's own allocation would not be page-locked.
+        return None
+    if _device(args, kwargs).type == "meta":  # no memory to write past
         return None
     made = func(*args, **kwargs) if func in ARANGE else None
     try:
@@ -82,25 +90,36 @@ def _guarded_alloc(func, args, kwargs):
     head = base[:meta.numel()].view(meta.shape)
     _fill(func, head, args, made)
     guarded = _Guarded(base, meta.numel() * meta.element_size(),
-                       f"{tuple(meta.shape)} {str(meta.dtype).replace('torch.', '')}")
+                       f"{where}{tuple(meta.shape)} {str(meta.dtype).replace('torch.', '')}")
     guarded.canary.fill_(CANARY)
     return head, guarded
 
 
 class _GuardMode(TorchDispatchMode):
+    # A higher-order operator comes to __torch_dispatch__ with this mode already popped, and runs
+    # there as is.
+    supports_higher_order_operators = True
+
+    @classmethod
+    def ignore_compile_internals(cls) -> bool:
+        return True
+
     @classmethod
     def _should_skip_dynamo(cls) -> bool:
         # Else PyTorch wraps __torch_dispatch__ in torch._dynamo.disable, whose first call imports
         # torch._dynamo, seconds of each worker's start. The kit compiles nothing.
         return False
 
-    def __init__(self):
+    def __init__(self, where: str = ""):
         super().__init__()
+        self.where = where
         self.guarded: List[_Guarded] = []
 
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
         kwargs = kwargs or {}
-        made = _guarded_alloc(func, args, kwargs) if func in FACTORIES else None
+        if isinstance(func, HigherOrderOperator):
+            return func(*args, **kwargs)
+        made = _guarded_alloc(func, args, kwargs, self.where) if func in FACTORIES else None
         if made is None:
             return func(*args, **kwargs)
         head, guarded = made
@@ -122,8 +141,10 @@ class GuardCheck(Check):
 
 
 class Guard:
-    def __init__(self):
-        self._mode = _GuardMode()
+    def __init__(self, where: str = ""):
+        """`where`: what the watched code is, named before each tensor it allocated (a stage the
+        messages would not tell otherwise: "init_cuda_graph_state ")."""
+        self._mode = _GuardMode(where)
 
     @contextlib.contextmanager
     def watching(self) -> Iterator[None]:

@@ -10,7 +10,10 @@ graph. One driver per style, chosen once per run from the backend's capabilities
   forward_mode, spec_info, seq_lens_cpu);
 - builder (vLLM's metadata builders): the step described in engine-neutral terms
   (kit.engine.common.CommonBatch, `batch.common`), built over the graph's static buffers, then
-  build_for_capture(batch) at capture and init_forward_metadata(batch) before each replay.
+  build_for_capture(batch) at capture and init_forward_metadata(batch) before each replay. A
+  capture describes the engine's capture batch (kit.engine.common.capture_batch: requests of the
+  graph's shape with the worst replay's host maxima), a replay the batch, its padded rows as the
+  profile pads them.
 
 Ragged (token-bucket) graphs run the backend's eager metadata before capture and replay, as
 SGLang's piecewise prefill graphs do; a two-phase backend its out_graph hook.
@@ -21,7 +24,7 @@ import dataclasses
 
 import torch
 
-from kit.engine.common import describe
+from kit.engine.common import capture_batch, describe
 from kit.engine.profile import BUILDER, CAPTURE_REPLAY, TWO_PHASE
 
 
@@ -40,11 +43,12 @@ class HookDriver:
         """Before a capture of a batch-size graph, outside it; returns the batch the graph records."""
         raise NotImplementedError
 
-    def replay(self, view, num_tokens: int, real_tokens: int):
-        """Before each replay of a batch-size graph, outside it; returns the batch the hooks got."""
+    def replay(self, view, num_tokens: int, real_tokens: int, real_rows: int):
+        """Before each replay of a batch-size graph, outside it; returns the batch the hooks got.
+        `real_rows` of the view's requests are real, the rest padded."""
         raise NotImplementedError
 
-    def ragged(self, view, real_tokens: int, in_capture: bool = False):
+    def ragged(self, view, real_tokens: int, real_rows: int, in_capture: bool = False):
         """Before a capture or replay of a token-bucket graph, outside it."""
         self.backend.init_forward_metadata(view)
         return view
@@ -63,11 +67,11 @@ class TwoPhase(HookDriver):
         self.backend.init_forward_metadata_out_graph(view, in_capture=True)
         return view
 
-    def replay(self, view, num_tokens, real_tokens):
+    def replay(self, view, num_tokens, real_tokens, real_rows):
         self.backend.init_forward_metadata_out_graph(view)
         return view
 
-    def ragged(self, view, real_tokens, in_capture=False):
+    def ragged(self, view, real_tokens, real_rows, in_capture=False):
         self.backend.init_forward_metadata_out_graph(view, in_capture=in_capture)
         return view
 
@@ -84,7 +88,7 @@ class CaptureReplay(HookDriver):
             view.batch_size, num_tokens, view.req_pool_indices, view.seq_lens, view.forward_mode, view.spec_info)
         return view
 
-    def replay(self, view, num_tokens, real_tokens):
+    def replay(self, view, num_tokens, real_tokens, real_rows):
         self.backend.init_forward_metadata_replay_cuda_graph(
             view.batch_size, view.req_pool_indices, view.seq_lens, view.seq_lens_sum, view.forward_mode,
             view.spec_info, view.seq_lens_cpu)
@@ -113,8 +117,8 @@ class Builder(HookDriver):
                            seq_lens=torch.zeros(max_bs, dtype=torch.int32, device=device),
                            block_table=torch.zeros((max_bs, blocks), dtype=torch.int32, device=device))
 
-    def _described(self, view, real_tokens: int):
-        common = describe(view, real_tokens)
+    def _held(self, view, common):
+        """`view` carrying `common`, its request tensors copied into the driver's buffers."""
         held = {}
         for field, buffer in self.static.items():
             new = getattr(common, field)
@@ -123,20 +127,28 @@ class Builder(HookDriver):
             held[field] = head
         return dataclasses.replace(view, common=dataclasses.replace(common, **held))
 
-    def capture(self, view, num_tokens, real_tokens):
-        view = self._described(view, real_tokens)
+    def _described(self, view, real_tokens: int, real_rows: int):
+        return self._held(view, describe(view, real_tokens, real_rows, self.caps.profile.padded_query_len))
+
+    def _captured(self, view, max_query_len: int):
+        """The engine's capture batch over the view's shape; its longest context the pool's."""
+        max_seq_len = view.req_to_token_pool.max_context_len
+        view = self._held(view, capture_batch(view, max_query_len, max_seq_len))
         self.backend.build_for_capture(view)
         return view
 
-    def replay(self, view, num_tokens, real_tokens):
-        view = self._described(view, real_tokens)
+    def capture(self, view, num_tokens, real_tokens):
+        return self._captured(view, max_query_len=num_tokens // view.batch_size)
+
+    def replay(self, view, num_tokens, real_tokens, real_rows):
+        view = self._described(view, real_tokens, real_rows)
         self.backend.init_forward_metadata(view)
         return view
 
-    def ragged(self, view, real_tokens, in_capture=False):
-        view = self._described(view, real_tokens)
-        (self.backend.build_for_capture if in_capture else self.backend.init_forward_metadata)(view)
-        return view
+    def ragged(self, view, real_tokens, real_rows, in_capture=False):
+        if in_capture:  # one request may hold every token of the bucket at a replay
+            return self._captured(view, max_query_len=view.out_cache_loc.shape[0])
+        return self.replay(view, view.out_cache_loc.shape[0], real_tokens, real_rows)
 
 
 DRIVERS = {TWO_PHASE: TwoPhase, CAPTURE_REPLAY: CaptureReplay, BUILDER: Builder}

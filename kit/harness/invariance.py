@@ -57,15 +57,16 @@ class _Difference:
 
 
 def request_rows(fx, outs: Sequence[Sequence[torch.Tensor]], request: int) -> List[List[torch.Tensor]]:
-    """Per step, per layer: the output rows of the fixture's request `request` (an index into its data)."""
+    """Per step, per layer: the output rows of the fixture's request `request` (an index into its data;
+    a draft decode's rows of it, one a lane, in order)."""
     rows = []
     for step, step_outs in zip(fx.steps, outs):
-        start = 0
+        starts = [0]
         for r in step.plan.requests:
-            if r.request == request:
-                rows.append([out[start:start + r.n_new] for out in step_outs])
-                break
-            start += r.n_new
+            starts.append(starts[-1] + r.n_new)
+        mine = [i for i, r in enumerate(step.plan.requests) if r.request == request]
+        index = torch.tensor([t for i in mine for t in range(starts[i], starts[i + 1])], dtype=torch.long)
+        rows.append([out[index.to(out.device)] for out in step_outs])
     return rows
 
 

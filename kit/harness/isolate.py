@@ -1,11 +1,10 @@
 """Running one case in a subprocess, so a device fault or hard crash cannot take the caller down."""
 from __future__ import annotations
 
-import json
 import subprocess
-import sys
 from typing import Optional
 
+from kit.harness import child
 from kit.harness.run import Run
 from kit.harness.runner import unsupported_here
 from kit.report.record import CRASH, FAIL, RunResult
@@ -15,26 +14,20 @@ from kit.harness.timeout import GRACE_S
 def run_isolated(run: Run, timeout: Optional[float] = None) -> RunResult:
     """`timeout`: the run's limit, applied in the subprocess (which records the stage); the
     subprocess itself is ended if it outlives it by more than the grace period."""
-    cmd = [sys.executable, "-m", "kit", "run", "--backend", run.spec, "--mode", run.case.mode.value,
-           "--exec", run.exec_.value, "--case", run.case.name, "--json", "--timeout", str(timeout or 0)] + (
-           ["--cases", run.catalog] if run.catalog else [])
+    cmd = child.command("kit", "run", "--backend", run.spec, "--mode", run.case.mode.value, "--exec",
+                        run.exec_.value, "--case", run.case.name, "--json", "--timeout", str(timeout or 0),
+                        *(["--cases", run.catalog] if run.catalog else []))
     crashed = run.record(outcome=FAIL, failure_class=CRASH, isolated=True)
     try:
-        proc = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout and timeout + 3 * GRACE_S)
+        ended = child.run(cmd, timeout=timeout and timeout + 3 * GRACE_S)
     except subprocess.TimeoutExpired:
         crashed.message = f"timeout after {timeout:g} s: the subprocess was stuck and ended"
         return crashed
-    lines = proc.stdout.strip().splitlines()
-    if proc.returncode in (0, 1) and lines:
-        try:
-            record = json.loads(lines[-1])
-        except json.JSONDecodeError:
-            pass
-        else:
-            record.update(backend=run.label, isolated=True)
-            return RunResult(**record)
-    tail = (proc.stderr or proc.stdout).strip().splitlines()[-3:]
-    crashed.message = f"subprocess died with exit code {proc.returncode}: {' | '.join(tail)}"
+    record = ended.answer() if ended.returncode in (0, 1) else None
+    if record is not None:
+        record.update(backend=run.label, isolated=True)
+        return RunResult(**record)
+    crashed.message = f"subprocess died with {ended.death(3)}"
     return crashed
 
 

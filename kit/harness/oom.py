@@ -3,47 +3,51 @@ sessions): running out of it in the kit's own allocations (batches, pools, refer
 graph buffers) says nothing of the backend, and is no verdict on it; running out inside the
 backend's own code (its forward, metadata, hooks, its libraries) is its crash. Told apart by
 where the allocation was made: the innermost frame of the traceback outside torch and the
-standard library, and outside the kit's wrappers that allocate on a backend's behalf (the guard
-gives a backend's tensor its canary, the NaN fill its values: the sizes are the backend's)."""
+standard library, and outside the kit's code that allocates on its caller's behalf: the guard
+gives a backend's tensor its canary, the NaN fill its values (the sizes are the backend's), and a
+mode's rules describe a batch for whoever asks (the kit building a batch, a backend reading its
+requests' query lengths)."""
 from __future__ import annotations
 
 import sysconfig
 from pathlib import Path
 from types import TracebackType
-from typing import Optional, Tuple
+from typing import List, Optional, Tuple
 
 import torch
 
 KIT = Path(__file__).resolve().parents[1]
 ON_BEHALF = {KIT / "harness" / "guard.py", KIT / "harness" / "nan_fill.py"}
-_NOT_A_CALLER = (Path(torch.__file__).resolve().parent, Path(sysconfig.get_paths()["stdlib"]).resolve())
+_NOT_A_CALLER = (Path(torch.__file__).resolve().parent, Path(sysconfig.get_paths()["stdlib"]).resolve(),
+                 KIT / "engine" / "modes")
 
 
 def is_out_of_memory(exc: BaseException) -> bool:
     return isinstance(exc, torch.OutOfMemoryError)
 
 
-def _caller(tb: Optional[TracebackType]) -> Optional[Tuple[Path, int]]:
-    """(file, line) that asked for the allocation that failed."""
+def _callers(tb: Optional[TracebackType]) -> List[Tuple[Path, int]]:
+    """(file, line) of the frames that may have asked for the allocation that failed, innermost first."""
     frames = []
     while tb is not None:
         frames.append((Path(tb.tb_frame.f_code.co_filename).resolve(), tb.tb_lineno))
         tb = tb.tb_next
-    for path, line in reversed(frames):
-        if path in ON_BEHALF or any(path.is_relative_to(d) for d in _NOT_A_CALLER):
-            continue
-        return path, line
-    return None
+    return [(path, line) for path, line in reversed(frames)
+            if path not in ON_BEHALF and not any(path.is_relative_to(d) for d in _NOT_A_CALLER)]
 
 
 def allocation_site(exc: BaseException) -> str:
-    caller = _caller(exc.__traceback__)
-    return f"{caller[0]}:{caller[1]}" if caller else "?"
+    callers = _callers(exc.__traceback__)
+    return f"{callers[0][0]}:{callers[0][1]}" if callers else "?"
 
 
 def raised_by_kit(exc: BaseException) -> bool:
-    """`exc` is an out-of-memory error of an allocation the kit made for itself."""
+    """`exc` is an out-of-memory error of an allocation the kit made for itself: the frame that
+    asked is the kit's, and no backend's frame called it (a backend may call the kit's code, e.g. a
+    mode's rules reading its batch: that allocation is the backend's)."""
     if not is_out_of_memory(exc):
         return False
-    caller = _caller(exc.__traceback__)
-    return caller is not None and caller[0].is_relative_to(KIT)
+    callers = _callers(exc.__traceback__)
+    if not callers or not callers[0][0].is_relative_to(KIT):
+        return False
+    return all(path.is_relative_to(KIT) for path, _ in callers[1:])

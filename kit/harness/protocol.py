@@ -33,16 +33,31 @@ class BackendContext:
     req_to_token_pool: ReqToTokenPool
     token_to_kv_pool: KVPool
     speculative: Optional[SpeculativeConfig] = None  # set for the speculative modes
+    # The model's context length (SGLang's model_config.context_len): the longest sequence a request
+    # commits. None: as wide as a req_to_token row (max_context_len); a case at the context edge
+    # (Case.context_edge) sets it to the run's longest committed sequence, the rows wider by what
+    # the mode writes past it (drafts: SGLang's speculative headroom).
+    model_context_len: Optional[int] = None
 
     @property
     def max_context_len(self) -> int:
+        """The width of a req_to_token row: the most tokens a request's row addresses."""
         return self.req_to_token_pool.max_context_len
 
+    @property
+    def context_len(self) -> int:
+        """The model's context length (model_context_len, else the req_to_token row's width)."""
+        return self.max_context_len if self.model_context_len is None else self.model_context_len
+
     @classmethod
-    def for_case(cls, case: Case, pools, device) -> "BackendContext":
+    def for_case(cls, case: Case, pools, device, plans=()) -> "BackendContext":
+        """The context of a run of `case` over `pools`; `plans`: the run's batches (at the context
+        edge, the model's context length is their longest committed sequence)."""
+        edge = max(r.seq_len for plan in plans for r in plan.requests) if case.context_edge else None
         return cls(device=torch.device(device), dtype=case.torch_dtype, kv_cache_dtype=case.kv_torch_dtype,
                    page_size=pools.token_to_kv_pool.page_size, layers=model_layers(case), req_to_token_pool=pools.req_to_token_pool,
-                   token_to_kv_pool=pools.token_to_kv_pool, speculative=rules_for(case.mode).speculative_config(case))
+                   token_to_kv_pool=pools.token_to_kv_pool, speculative=rules_for(case.mode).speculative_config(case),
+                   model_context_len=edge)
 
 
 class AttentionBackend:
@@ -89,6 +104,13 @@ class AttentionBackend:
     @classmethod
     def supports(cls, case: Case) -> Optional[str]:
         """None, or the reason this case is out of scope."""
+        return None
+
+    @classmethod
+    def supports_graph(cls, case: Case) -> Optional[str]:
+        """None, or why graph runs of this case are out of scope though its eager runs are not
+        (e.g. the engine captures no full graph of such batches); asked only of a backend with
+        graph hooks."""
         return None
 
     @classmethod

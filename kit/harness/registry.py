@@ -5,11 +5,17 @@ from __future__ import annotations
 import functools
 import importlib
 import importlib.metadata
-from typing import Dict, List
+import importlib.util
+import sys
+import sysconfig
+from pathlib import Path
+from typing import Dict, List, Optional
 
+from kit.report.results import REPO
 from kit.targets import import_target
 
 ENTRY_POINT_GROUP = "attention_conformance.backends"
+KIT_DISTRIBUTION = "attention-conformance-kit"  # pyproject.toml's name: the in-box backends' package
 
 
 class UnknownBackend(LookupError):
@@ -37,6 +43,34 @@ def load_backend(spec: str):
     raise UnknownBackend(
         f"unknown backend {spec!r}; known: {', '.join(sorted(eps)) or '-'}{hint} "
         f"(or give an external one as module:attr, or register entry point group {ENTRY_POINT_GROUP!r})")
+
+
+def is_in_box(spec: str) -> bool:
+    """Whether `spec` is one of the kit's own backends (registered by the kit's package)."""
+    ep = _entry_points().get(spec)
+    return ep is not None and getattr(ep.dist, "name", None) == KIT_DISTRIBUTION
+
+
+def import_root(spec: str) -> Optional[str]:
+    """The folder a fresh `python -m kit` needs on PYTHONPATH to import `spec` (module:attr), where
+    its module lies outside this repository and the installed packages (None for those, and for
+    registered names): what made it importable here (a PYTHONPATH, the working directory) is gone
+    in a fresh shell elsewhere."""
+    if ":" not in spec or spec in _entry_points():
+        return None
+    name = spec.partition(":")[0]
+    try:
+        found = getattr(sys.modules.get(name), "__spec__", None) or importlib.util.find_spec(name)
+    except (ImportError, ValueError):  # it does not import: its run says so
+        return None
+    if found is None or not found.origin or not found.has_location:
+        return None
+    origin = Path(found.origin).resolve()
+    root = origin.parents[name.count(".") + (origin.name == "__init__.py")]
+    installed = {Path(sysconfig.get_paths()[key]).resolve() for key in ("purelib", "platlib", "stdlib")}
+    if root == REPO or root in installed or any(p in root.parents for p in installed):
+        return None
+    return str(root)
 
 
 def backend_label(spec: str) -> str:

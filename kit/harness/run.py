@@ -6,6 +6,7 @@ import dataclasses
 from typing import Optional
 
 from kit.engine.case import Case
+from kit.harness.registry import import_root
 from kit.modes import Exec
 from kit.report.known_failures import KnownFailure
 from kit.report.record import RunResult, repro_command, run_id
@@ -27,7 +28,7 @@ class Run:
     def repro(self, timeout: Optional[float] = None) -> str:
         """The command that repeats this run; with the time limit of a run that ran out of it."""
         return repro_command(self.spec, self.case.mode.value, self.exec_.value, self.case.name, self.catalog,
-                             timeout)
+                             timeout, pythonpath=import_root(self.spec))
 
     def record(self, timeout: Optional[float] = None, **fields) -> RunResult:
         """This run's record, with `fields` (outcome, ...) filled in; `timeout` as for repro()."""

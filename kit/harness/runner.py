@@ -18,7 +18,7 @@ from kit.harness.verdict import Across, Verdict, eager_verdict, replay_failure, 
 from kit.modes import Exec
 from kit.harness.hooks import HookDriver, driver_for
 from kit.harness.program import forward_program
-from kit.harness.capabilities import NO_CAPTURE_HOOKS, Capabilities
+from kit.harness.capabilities import Capabilities
 from kit.harness.protocol import BackendContext, backend_problem
 from kit.process import budget
 from kit.process.memory import STORE, after_run, moving_to, release
@@ -30,6 +30,7 @@ from kit.harness.environment import versions
 from kit.engine.modes import rules_for
 from kit.engine.profile import EngineProfile
 from kit.engine.schedule import batches
+from kit.harness.scope import unsupported_reason
 from kit.harness.interpreter_noise import interpreter_noise_filtered
 from kit.harness.timeout import RunTimeout, time_limit
 from kit.harness.where import where
@@ -159,7 +160,7 @@ class RunSetup:
         return next(fx for fx in self.fixtures if fx.case == self.case)
 
     def new_backend(self):
-        ctx = BackendContext.for_case(self.case, self.fixtures[0].pools, self.device)
+        ctx = BackendContext.for_case(self.case, self.fixtures[0].pools, self.device, [fx.plan for fx in self.fixtures])
         return _call("constructing backend", self.backend_cls, ctx)
 
     def eager(self, backend, fx: Fixture, across: Optional[Across] = None, regime: Optional[mirrors.Regime] = None,
@@ -191,20 +192,6 @@ class RunSetup:
         return Recurrence(exact=self.caps.batch_invariant)
 
 
-def unsupported_reason(backend_cls, caps: Capabilities, case: Case, exec_: Exec) -> Optional[str]:
-    # The kind first: a backend written for dense attention need not know an MLA case's fields.
-    reason = caps.kind_reason(case) or caps.kv_dtype_reason(case)
-    if reason is None:
-        reason = _call("supports()", backend_cls.supports, case)
-    if reason is None:  # after supports(): a backend may say why it lacks a feature
-        reason = caps.feature_reason(case)
-    if reason is None:
-        reason = caps.mode_reason(case.mode)
-    if reason is None and exec_ is Exec.GRAPH and not caps.has_graph_hooks:
-        reason = NO_CAPTURE_HOOKS
-    return reason
-
-
 def _outputs(outs: List[List[torch.Tensor]]) -> List[List[torch.Tensor]]:
     for out in (o for step in outs for o in step):
         if not isinstance(out, torch.Tensor):
@@ -223,8 +210,7 @@ def _eager(backend, fx: Fixture, batch, driver: HookDriver, profile: EngineProfi
     guard = Guard()
     with guard.watching():
         batch = _call("init_forward_metadata", driver.eager, batch)
-        views = [batch] if len(fx.steps) == 1 else [rules_for(fx.case.mode).step_batch(batch, i)
-                                                    for i in range(len(fx.steps))]
+        views = rules_for(fx.case.mode).step_batches(batch, len(fx.steps))
         outs = _outputs(forward_program(backend, fx.layers, views, given, call=_unsynced))
     layers = f"layers 0-{len(fx.layers) - 1}" + (f" of {len(fx.steps)} steps" if len(fx.steps) > 1 else "")
     return _judged_on_device(f"forward ({layers}, on the device)",
@@ -293,7 +279,7 @@ def unsupported_here(run: Run) -> Optional[RunResult]:
         reason = unsupported_reason(cls, Capabilities.of(cls), run.case, run.exec_)
         if reason is None:
             return None
-        return run.record(outcome=UNSUPPORTED, message=str(reason), versions=versions(cls))
+        return run.record(outcome=UNSUPPORTED, message=reason, versions=versions(cls))
     except Exception:  # noqa: BLE001 - the run itself reports a backend that fails here
         return None
 
@@ -329,9 +315,9 @@ def _run_releasing_memory(cls, caps: Capabilities, case: Case, exec_: Exec, devi
 
 
 def _run(cls, caps: Capabilities, case: Case, exec_: Exec, device, result: RunResult) -> None:
-    reason = unsupported_reason(cls, caps, case, exec_)
+    reason = _call("supports()", unsupported_reason, cls, caps, case, exec_)
     if reason is not None:
-        result.outcome, result.message = UNSUPPORTED, str(reason)
+        result.outcome, result.message = UNSUPPORTED, reason
         return
     setup = RunSetup.make(cls, caps, case, exec_, device)
     backend = setup.new_backend()

@@ -15,13 +15,15 @@ import signal
 import threading
 from typing import Callable, Iterator, Optional
 
+from kit.cli import STUCK
+
 DEFAULT_S = 600.0  # a run's limit unless --timeout says otherwise
 # A warmup build's limit (`kit warmup --timeout`). Longer than a run's: with a compiler busy on every
-# core, one of SGLang's FlashInfer modules took over 600 s on a 16-core H100, and a build stopped at
-# its limit loses its compile (FlashInfer's ninja goes with it), which the next process begins again.
+# core a FlashInfer module can compile for longer than a run's limit, and a build stopped at its limit
+# loses its compile (FlashInfer's ninja goes with it), which the next process begins again.
 BUILD_S = 3600.0
 GRACE_S = 60
-EXIT_STUCK = 75  # the process's exit code when a run stuck in native code ends it
+EXIT_STUCK = STUCK  # the process's exit code when a run stuck in native code ends it
 # The terminal's stderr, kept before pytest's capture swaps fd 2 during a test: the stacks of a
 # process that ends here must not go into a capture file that nobody reads.
 _STDERR = os.dup(2)

@@ -81,15 +81,10 @@ def _labels(fx: Fixture) -> List[List[str]]:
 def kv_state(fx: Fixture, scratch: bool) -> KVState:
     """What the pool must hold after fx's program: the cached tokens as installed, every step's
     new tokens at their slots."""
-    if len(fx.steps) == 1:
-        loc = fx.batch.out_cache_loc
-        writes = {layer.layer_id: (fx.step.inputs[layer.layer_id].k_new, fx.step.inputs[layer.layer_id].v_new)
-                  for layer in fx.layers}
-    else:
-        loc = torch.cat([step.batch.out_cache_loc for step in fx.steps])
-        writes = {layer.layer_id: (torch.cat([step.inputs[layer.layer_id].k_new for step in fx.steps]),
-                                   torch.cat([step.inputs[layer.layer_id].v_new for step in fx.steps]))
-                  for layer in fx.layers}
+    loc = _joined([step.batch.out_cache_loc for step in fx.steps])
+    writes = {layer.layer_id: (_joined([step.inputs[layer.layer_id].k_new for step in fx.steps]),
+                               _joined([step.inputs[layer.layer_id].v_new for step in fx.steps]))
+              for layer in fx.layers}
     return KVState(fx.old_slots(), fx.installed_kv(), loc, writes, scratch)
 
 
@@ -100,6 +95,11 @@ class Across:
 
     recurrence: Recurrence
     where: str
+
+
+def _joined(parts: List[torch.Tensor]) -> torch.Tensor:
+    """Every step's part, in step order (one step's as it is: V a view of K stays one)."""
+    return parts[0] if len(parts) == 1 else torch.cat(parts)
 
 
 def _judged(fx: Fixture, outs: Sequence[Sequence[torch.Tensor]], memory: Pending, inputs: Sequence[Pending],

@@ -1,6 +1,8 @@
 """Where an error happened, as a crash message names it: the innermost frame, and where that is
-inside a library the backend calls (torch, Triton), also the innermost frame of the code that
-called it, the backend's or the engine's, which is where a reader starts."""
+inside a library the backend calls (torch, Triton) or the kit's own code that torch calls back
+(the guard's dispatch of the backend's allocations), also the innermost frame of the backend's
+code that called it (of the kit's, where no backend frame is on the way), which is where a
+reader starts."""
 from __future__ import annotations
 
 import os
@@ -14,6 +16,7 @@ import kit.harness.timeout as _timeout
 # the one before it.
 _HANDLER = os.path.abspath(_timeout.__file__)
 _LIBRARIES = ("torch", "triton")
+_KIT = os.path.dirname(os.path.dirname(os.path.abspath(__file__))) + os.sep
 
 
 def _library_dirs() -> List[str]:
@@ -30,12 +33,15 @@ def where(exc: BaseException) -> str:
     frames = [f for f in traceback.extract_tb(exc.__traceback__) if os.path.abspath(f.filename) != _HANDLER]
     if not frames:
         return ""
-    libraries = _library_dirs()
-    in_library = lambda f: os.path.abspath(f.filename).startswith(tuple(libraries))  # noqa: E731
+    libraries = tuple(_library_dirs())
+    in_library = lambda f: os.path.abspath(f.filename).startswith(libraries)  # noqa: E731
+    in_kit = lambda f: os.path.abspath(f.filename).startswith(_KIT)  # noqa: E731
     last = frames[-1]
     text = f" at {last.filename}:{last.lineno}"
-    if in_library(last):
-        own = next((f for f in reversed(frames) if not in_library(f)), None)
-        if own is not None:
+    if in_library(last) or in_kit(last):
+        own = next((f for f in reversed(frames) if not in_library(f) and not in_kit(f)), None)
+        if own is None and in_library(last):
+            own = next((f for f in reversed(frames) if not in_library(f)), None)
+        if own is not None and own is not last:
             text += f" (called from {own.filename}:{own.lineno})"
     return text

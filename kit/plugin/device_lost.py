@@ -8,6 +8,7 @@ import os
 import sys
 from pathlib import Path
 
+from kit.cli import DEVICE_LOST
 from kit.harness.environment import to_record
 
 
@@ -30,4 +31,4 @@ def end_process(config, nodeid: str, result) -> None:
     sys.stderr.write(f"\n{nodeid}: {result.message}\nthe device is lost; ending this process "
                      f"(under -n the run goes on in a fresh worker)\n")
     sys.stderr.flush()
-    os._exit(70)
+    os._exit(DEVICE_LOST)

@@ -1,7 +1,6 @@
-"""Progress of a long run, per backend, with an estimate of the time left: every `every_s`
-seconds (not per run) one line per backend that has runs left, and a total. The estimate is
-each backend's runs left times the mean time of its finished runs (of all finished runs while
-it has none), spread over the workers. Torch-free."""
+"""Progress of a long session: every `every_s` seconds (not per test) one line per backend that
+has runs left, one for the kit's own tests where the session has them (the README's test
+command), and a total with an estimate of the time left (Progress.left_s). Torch-free."""
 from __future__ import annotations
 
 import collections
@@ -37,39 +36,65 @@ def _duration(seconds: float) -> str:
     return f"{seconds // 60}m{seconds % 60:02d}s" if seconds >= 60 else f"{seconds}s"
 
 
+KIT_TESTS = "the kit's own tests"  # the tests of a session that are no conformance run
+SHRINK = 3  # a group's mean is drawn toward every group's by this many runs' weight
+
+
 class Progress:
     def __init__(self, planned: Iterable[str], every_s: float = EVERY_S,
                  clock: Callable[[], float] = time.monotonic):
-        """`planned`: the backend of every selected run."""
+        """`planned`: the group of every selected test: a run's backend, or KIT_TESTS."""
         self.planned: Dict[str, int] = collections.Counter(planned)
         self.every_s, self.clock = every_s, clock
-        self.times = RunTimes()
-        self.workers: set = set()
-        self.last = clock()
+        self.finished: Dict[str, int] = collections.Counter()
+        self.spent = 0.0  # seconds of every finished test
+        self.steady = RunTimes()  # per group, its tests but each worker's first run of a backend
+        self.loaded: set = set()  # (backend, worker) of the first runs seen
+        self.reported: Dict[object, float] = {}  # per worker, when its last test ended
+        self.start = self.last = clock()
 
-    def add(self, backend: str, seconds: float, worker: object = None) -> List[str]:
-        """Counts a finished run; the lines to show now (none until `every_s` has passed)."""
-        self.times.add(backend, seconds)
-        self.workers.add(worker)
+    def add(self, group: str, seconds: float, worker: object = None) -> List[str]:
+        """Counts a finished test of `group` on `worker`, of `seconds`; the lines to show now (none
+        until `every_s` has passed)."""
+        self.finished[group] += 1
+        self.spent += seconds
+        if group == KIT_TESTS or (group, worker) in self.loaded:
+            self.steady.add(group, seconds)
+        self.loaded.add((group, worker))
+        self.reported[worker] = self.clock()
         if self.every_s <= 0 or self.clock() - self.last < self.every_s:
             return []
         self.last = self.clock()
         return self.lines()
 
-    def _left_s(self, backend: str) -> Optional[float]:
-        mean = self.times.mean(backend)
-        left = self.planned[backend] - self.times.finished[backend]
-        return None if mean is None else max(left, 0) * mean / max(len(self.workers), 1)
+    def _mean(self, group: str) -> float:
+        """The group's mean seconds, but a worker's first run of a backend, which loads what its
+        other runs reuse (kernels, the backend's imports); drawn toward every group's while it has
+        few runs."""
+        overall = self.steady.mean(default=self.spent / max(sum(self.finished.values()), 1))
+        n = self.steady.finished[group]
+        return (self.steady.spent[group] + SHRINK * overall) / (n + SHRINK)
+
+    def left_s(self) -> Optional[float]:
+        """The time left: the work left (each group's tests left times its mean) over the work
+        done in a second of wall time so far. The work done is the finished tests' and what each
+        worker has been running since its last test ended (a backend's first run may load it for
+        minutes): no count of workers, which grows while they start, and no first runs' loads taken
+        for what every run costs."""
+        now = self.clock()
+        busy = self.spent + sum(now - at for at in self.reported.values())
+        if busy <= 0 or now <= self.start:
+            return None
+        left = sum(max(total - self.finished[g], 0) * self._mean(g) for g, total in self.planned.items())
+        return left * (now - self.start) / busy
 
     def lines(self) -> List[str]:
         out = []
-        for backend, total in self.planned.items():
-            done = self.times.finished[backend]
-            if done >= total:
-                continue
-            left = self._left_s(backend)
-            out.append(f"progress: {backend} {done}/{total} runs" + (f", ~{_duration(left)} left" if left is not None else ""))
-        done, total = sum(self.times.finished.values()), sum(self.planned.values())
-        left = sum(s for s in map(self._left_s, self.planned) if s is not None)
-        out.append(f"progress: all {done}/{total} runs, ~{_duration(left)} left")
+        for group, total in self.planned.items():
+            done = self.finished[group]
+            if done < total:
+                out.append(f"progress: {group} {done}/{total} {'tests' if group == KIT_TESTS else 'runs'}")
+        done, total = sum(self.finished.values()), sum(self.planned.values())
+        left = self.left_s()
+        out.append(f"progress: all {done}/{total}" + (f", ~{_duration(left)} left" if left is not None else ""))
         return out

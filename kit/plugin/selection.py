@@ -3,6 +3,7 @@ backend x mode x case x exec product, enumerated here only (Selection.product)."
 from __future__ import annotations
 
 import dataclasses
+import fnmatch
 import functools
 from typing import Callable, Dict, Iterator, List, Optional, Sequence, Tuple
 
@@ -11,16 +12,14 @@ import pytest
 from kit.engine.catalog import Catalog, load_catalog, resolve_set
 from kit.harness.capabilities import Capabilities
 from kit.harness.registry import UnknownBackend, backend_label, known_backends, load_backend
+from kit import options
 from kit.harness.run import Run
+from kit.harness.scope import cases_of, narrows_to_ci
 from kit.modes import EXECS, MODES, Exec, ForwardMode, parse_exec, parse_mode
 from kit.report import known_failures
 from kit.report.known_failures import KnownFailure
 from kit.report.record import parse_run_id
 from kit.shard import Shard, kernel_group, split
-
-
-def _csv(values):
-    return [v for item in values for v in item.split(",") if v]
 
 
 def _parsed(option, parse, *values, fix=""):
@@ -30,6 +29,35 @@ def _parsed(option, parse, *values, fix=""):
     except (UnknownBackend, ValueError, ImportError, AttributeError, TypeError) as exc:
         hint = f"; {fix}" if fix and not isinstance(exc, UnknownBackend) else ""  # that one lists the known
         raise pytest.UsageError(f"{option}: {exc}{hint}") from None
+
+
+def _one_name_each(labels: Dict[str, str]) -> Dict[str, str]:
+    """`labels` (spec -> label), a backend named twice (by its registered name and its module:attr)
+    once; two backends under one name are a usage error: they would share test ids and records."""
+    specs: Dict[str, List[str]] = {}
+    for spec, label in labels.items():
+        specs.setdefault(label, []).append(spec)
+    kept = dict(labels)
+    for label, same in specs.items():
+        if len(same) > 1 and len({id(_parsed(f"--backend {spec}", load_backend, spec)) for spec in same}) > 1:
+            raise pytest.UsageError(f"--backend {' and --backend '.join(same)}: both are named {label!r} (the "
+                                    f"class's `name`); give each its own `name`: test ids and records tell "
+                                    f"backends apart by it")
+        for spec in same[1:]:
+            del kept[spec]
+    return kept
+
+
+def _naming_backends(entries: List[KnownFailure], labels) -> List[KnownFailure]:
+    """`entries`, each naming a registered backend or one of this session's; else a usage error (a
+    misspelt backend would leave the failure it was written for uncovered, and its entry unused)."""
+    names = sorted(set(known_backends()) | set(labels))
+    for entry in entries:
+        if not any(fnmatch.fnmatchcase(name, entry.backend) for name in names):
+            raise pytest.UsageError(f"--known-failures: {entry.where}: {entry.id} names backend {entry.backend!r}, "
+                                    f"which is none of {', '.join(names)}; fix its backend column (or run the "
+                                    f"backend it names with --backend)")
+    return entries
 
 
 def is_xdist_controller(config) -> bool:
@@ -67,18 +95,20 @@ class Selection:
     @classmethod
     def from_options(cls, config) -> "Selection":
         opt = config.getoption
-        specs = _csv(opt("--backend")) or known_backends()
+        specs = options.csv(opt("--backend")) or known_backends()
         labels = {spec: _parsed(f"--backend {spec}", backend_label, spec,
                                 fix=f"give a registered name ({', '.join(known_backends())}) or module:attr of a "
                                     f"backend class that imports") for spec in specs}
+        labels = _one_name_each(labels)
         if opt("--case-set") != "auto":
             _parsed("--case-set", resolve_set, opt("--case-set"))
         sel = cls(labels=labels,
-                  modes=_parsed("--mode", lambda: [parse_mode(m) for m in _csv(opt("--mode"))] or list(MODES)),
-                  execs=_parsed("--exec", lambda: [parse_exec(e) for e in _csv(opt("exec_"))] or list(EXECS)),
+                  modes=_parsed("--mode", options.modes, opt("--mode")),
+                  execs=_parsed("--exec", options.execs, opt("exec_")),
                   catalog_target=opt("--cases"),
-                  known=_parsed("--known-failures", known_failures.load_or_default, opt("--known-failures")),
-                  _load=functools.partial(_load_cases, opt, specs),
+                  known=_naming_backends(_parsed("--known-failures", known_failures.load_or_default,
+                                                 opt("--known-failures")), labels.values()),
+                  _load=functools.partial(_load_cases, opt, list(labels)),
                   shard=_parsed("--shard", Shard.parse, opt("--shard")) if opt("--shard") else None)
         return sel if is_xdist_controller(config) else sel.loaded()
 
@@ -99,16 +129,13 @@ class Selection:
         A case's eager and graph runs follow each other: they share the case's batch
         (kit.engine.fixture). Backends are not interleaved case by case: a backend's stray write
         into the kit's memory (outside its pool and its own allocations, where no verdict sees it)
-        would reach the batch the next backend is judged on, as SGLang's EXTEND graphs under
-        full-capacity replays seemed to on the H100; kit.engine.fixture's fingerprints rebuild a
-        batch that changed, but cannot say which run changed it."""
+        would reach the batch the next backend is judged on; kit.engine.fixture's fingerprints
+        rebuild a batch that changed, but cannot say which run changed it."""
         self.loaded()
         for spec, label in (labels or self.labels).items():
             ci_cases = None if every_case else self.ci_cases.get(spec)
             for mode in modes or self.modes:
-                for case in self.catalog.cases(self.case_set, mode):
-                    if ci_cases is not None and case.name not in ci_cases.get(mode.value, ()):
-                        continue
+                for case in cases_of(self.catalog, self.case_set, mode, ci_cases):
                     for exec_ in execs or self.execs:
                         yield Run(spec, label, case, exec_, catalog=self.catalog_target)
 
@@ -125,6 +152,16 @@ class Selection:
     def recorded_shard(self) -> Optional[Shard]:
         """The shard, saying which selection it is a part of (the product's run ids), or None."""
         return None if self.shard is None else self.shard.of_selection(run.id for run in self.product())
+    def narrowed(self) -> List[str]:
+        """A line per backend `--case-set auto` without CUDA gave its ci_cases alone, saying so."""
+        out = []
+        for spec, ci_cases in self.loaded().ci_cases.items():
+            if ci_cases is not None and spec in self.labels:
+                given = sum(len(cases_of(self.catalog, self.case_set, m, ci_cases)) for m in self.modes)
+                whole = sum(len(self.catalog.cases(self.case_set, m)) for m in self.modes)
+                out.append(f"{self.labels[spec]} ran its ci_cases only, {given} of {whole} {self.case_set} cases "
+                           f"(`--case-set auto` without CUDA; `--case-set {self.case_set}` runs them all)")
+        return out
 
     def catalog_ids(self) -> List[str]:
         """Every run the catalog has for this case set: each registered backend (and each one named
@@ -149,7 +186,7 @@ def _load_cases(opt, specs) -> Tuple[Catalog, str, Dict[str, Optional[dict]]]:
     """The catalog, the case set and, for `--case-set auto` on CPU, each backend's `ci_cases`
     (the catalog of the results file keeps every run)."""
     case_set = _parsed("--case-set", resolve_set, opt("--case-set"))
-    auto_smoke = opt("--case-set") == "auto" and case_set == "smoke"
+    auto_smoke = narrows_to_ci(opt("--case-set"), case_set)
     catalog = _parsed(f"--cases {opt('--cases')}", load_catalog, opt("--cases"),
                       fix="give module:attr of a kit.engine.catalog.Catalog that imports")
     return catalog, case_set, {spec: _parsed(f"--backend {spec}", lambda: Capabilities.of(load_backend(spec)).ci_cases)
@@ -163,7 +200,7 @@ class CatalogLoader:
     @pytest.hookimpl(wrapper=True)
     def pytest_sessionstart(self, session):
         """The xdist controller loads its catalog once it has started its workers (in xdist's
-        sessionstart, wrapped here): its torch import (4-5 s on an H100 machine without bytecode,
-        1.5 s with) overlaps theirs instead of delaying them. A bad `--cases` is a usage error here."""
+        sessionstart, wrapped here): its torch import overlaps theirs instead of delaying them. A
+        bad `--cases` is a usage error here."""
         yield
         session.config.stash[SELECTION].loaded()

@@ -2,10 +2,12 @@
 from __future__ import annotations
 
 import os
+from argparse import ArgumentTypeError
 from typing import Optional
 
 import pytest
 
+from kit.cli import seconds
 from kit.harness.timeout import DEFAULT_S
 from kit.plugin.selection import run_of
 
@@ -14,13 +16,21 @@ RUN_TIMEOUT = pytest.StashKey[float]()
 
 def default_timeout(config) -> None:
     """pytest-timeout's limit is kit.harness.timeout.DEFAULT_S unless --timeout, PYTEST_TIMEOUT or
-    the `timeout` ini value say otherwise (0: none): a hung backend must not hang the run."""
+    the `timeout` ini value say otherwise (0: none): a hung backend must not hang the run. A
+    negative limit is a usage error: pytest-timeout takes it for none, and a hung run would hang."""
     try:
         ini = config.getini("timeout")
     except ValueError:  # pytest-timeout disabled (-p no:timeout)
         return
-    if config.getoption("timeout", None) is None and not os.environ.get("PYTEST_TIMEOUT") and not ini:
-        config.option.timeout = DEFAULT_S
+    for where, value in (("--timeout", config.getoption("timeout", None)),
+                         ("PYTEST_TIMEOUT", os.environ.get("PYTEST_TIMEOUT")), ("the ini's timeout", ini)):
+        if value not in (None, ""):
+            try:
+                seconds(f"{value:g}" if isinstance(value, float) else str(value))
+            except (ValueError, ArgumentTypeError) as exc:
+                raise pytest.UsageError(f"{where}: {exc} (0: no limit)") from None
+            return
+    config.option.timeout = DEFAULT_S
 
 
 class RunTimeouts:

@@ -14,8 +14,7 @@ from kit.plugin.selection import run_of
 
 def split_threads(config) -> None:
     """Under xdist, each worker gets its share of the cores for torch's CPU work. Left at
-    torch's default, N workers run N threads per core, and idle threads spin: on an H100
-    machine the in-box matrix took 76 s with 4 workers, 45 s with one thread each. An
+    torch's default, N workers run N threads per core, and idle threads spin. An
     OMP_NUM_THREADS the user set is left as it is."""
     workerinput = getattr(config, "workerinput", None)
     if workerinput is not None and "OMP_NUM_THREADS" not in os.environ:
@@ -29,8 +28,7 @@ def exit_without_teardown(config) -> None:
     interpreter's teardown of torch, Triton and FlashInfer. Its results were sent before (xdist's
     workerfinished, at sessionfinish). Left to xdist, every worker waits for the controller to end
     it after the last run anywhere, and all of them then free their CUDA contexts at once, which
-    the controller waits for: on an H100 machine the in-box matrix took 22.5-22.8 s this way, 22.9-23.2
-    s left to xdist (alternating, one machine)."""
+    the controller waits for."""
     if hasattr(config, "workerinput"):
         atexit.register(os._exit, 0)
         config.add_cleanup(_run_exit_handlers)  # registered early: the cleanups run last to first

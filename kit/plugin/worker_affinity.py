@@ -1,21 +1,18 @@
 """Which pytest-xdist worker runs which group (`--dist loadgroup`; kit.plugin.grouping's
 groups: a backend's runs of one mode and kernel variant): a group goes to one worker, and
 each worker keeps to one backend while that backend has groups left. A worker's first run
-of a backend loads it (CUDA context, imports, kernels: 3-6 s on the H100 for FlashInfer's
-and for Triton's), and xdist's own order gave every one of 16 workers every backend: 107 of
-the 279 worker-seconds of the in-box matrix were such first runs. A worker without a
-backend takes the one with the most pending work per worker on it; when its backend's
-groups are gone it moves on by the same rule, but only to a backend whose pending work
-outlasts a load on its workers (LOAD_RUNS runs each), else it ends: on the H100 three workers
-that moved to FlashInfer for its last groups ended the matrix 1.5 s after the rest. Pending
+of a backend loads it (CUDA context, imports, kernels), and xdist's own order gives every
+worker every backend, each load paid again. A worker without a backend takes the one with the
+most pending work per worker on it; when its backend's groups are gone it moves on by the same
+rule, but only to a backend whose pending work outlasts a load on its workers (LOAD_RUNS runs
+each), else it ends: a worker moved for a backend's last groups loads it for nothing. Pending
 work is pending runs times the mean time of the backend's finished runs (runs alone before
-any has finished): a FlashInfer run takes longer than a Triton one, and with workers moved
-by run counts the FlashInfer workers ended the in-box matrix up to 1.6 s after the Triton ones.
+any has finished): a backend whose runs take longer needs more workers than its run count says.
+(What these rules saved on an H100: results/bench/README.md, "Why the kit schedules as it does".)
 
 Runs start as soon as the first worker has collected: xdist's loadgroup waits for every
-worker's collection, and 16 workers, started one after another and importing torch at once,
-were ready over 2 s (on an H100 machine the in-box matrix took 21.5 s this way, 22.5-22.8 s
-waiting for all). A worker that collects later joins then (xdist's path for a worker
+worker's collection, and workers started one after another and importing torch at once are
+ready over seconds. A worker that collects later joins then (xdist's path for a worker
 started late, e.g. after a crash); one whose collection differs fails the session's collection,
 as xdist's check of every worker's collection does.
 
@@ -34,8 +31,7 @@ from xdist.scheduler import LoadGroupScheduling
 from kit.plugin.progress import RunTimes
 
 
-# A worker's first run of a backend costs about as much as this many other runs (H100, 16
-# workers: 1.0-2.2 s against a median of 0.16 s).
+# A worker's first run of a backend costs about as much as this many other runs.
 LOAD_RUNS = 8
 
 

@@ -6,10 +6,10 @@ import dataclasses
 import fnmatch
 import re
 from pathlib import Path
-from typing import Dict, List, Optional, Sequence
+from typing import List, Optional, Sequence
 
 from kit.modes import EXECS, MODES
-from kit.report.record import FAIL, FAILURE_CLASSES as CLASSES
+from kit.report.record import FAIL, FAILURE_CLASSES as CLASSES, PASS, Record
 
 BEGIN, END = "<!-- known-failures:begin -->", "<!-- known-failures:end -->"
 COLUMNS = ("id", "backend", "mode", "exec", "case", "device", "class", "mark", "reason", "link")
@@ -48,9 +48,8 @@ class KnownFailure:
             (backend, self.backend), (mode, self.mode), (exec_, self.exec), (case, self.case),
             (device, self.device)))
 
-    def matches_record(self, record: Dict) -> bool:
-        return self.matches(record["backend"], record["mode"], record["exec"], record["case"],
-                            record.get("device", ""))
+    def matches_record(self, record: Record) -> bool:
+        return self.matches(record.backend, record.mode, record.exec, record.case, record.device)
 
 
 def _cells(line: str) -> List[str]:
@@ -155,8 +154,28 @@ def is_expected(entry: Optional[KnownFailure], outcome: str, failure_class: Opti
     return entry is not None and outcome == FAIL and failure_class == entry.failure_class
 
 
-def covering(entries: Sequence[KnownFailure], record: Dict) -> Optional[KnownFailure]:
+def against(entry: Optional[KnownFailure], outcome: str, failure_class: Optional[str]) -> str:
+    """What a run is against its entry, in one line ('' without one): the entry's known failure
+    (is_expected), another failure, a pass (the entry stale here) or no verdict. Every command
+    that tells a user about a run's entry says it in these words."""
+    if entry is None:
+        return ""
+    if is_expected(entry, outcome, failure_class):
+        return f"known failure: {entry.id} ({entry.where}): {entry.reason}"
+    expects = f"{entry.id} ({entry.where}) expects [{entry.failure_class}] here"
+    if outcome == FAIL:
+        return f"not the known failure: {expects}, this run failed [{failure_class}]"
+    if outcome == PASS:
+        return f"{expects}, but this run passed: the entry is stale here"
+    return f"{expects}; this run: {outcome}"
+
+
+def of_record(entries: Sequence[KnownFailure], record: Record) -> Optional[KnownFailure]:
+    """The entry for a results record's run, if any (see match)."""
+    return match(entries, record.backend, record.mode, record.exec, record.case, record.device)
+
+
+def covering(entries: Sequence[KnownFailure], record: Record) -> Optional[KnownFailure]:
     """The entry a results record is the expected failure of, if any."""
-    entry = match(entries, record["backend"], record["mode"], record["exec"], record["case"],
-                  record.get("device", ""))
-    return entry if is_expected(entry, record["outcome"], record.get("failure_class")) else None
+    entry = of_record(entries, record)
+    return entry if is_expected(entry, record.outcome, record.failure_class) else None

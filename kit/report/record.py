@@ -8,6 +8,7 @@ import shlex
 from pathlib import Path
 from typing import Dict, List, Optional, Tuple
 
+from kit.modes import EXECS, MODES
 from kit.shard import Shard
 
 # Outcomes of a run.
@@ -15,17 +16,21 @@ PASS, FAIL, UNSUPPORTED = "pass", "fail", "unsupported"
 # Failure classes: where to look.
 KERNEL, GRAPH, KV_WRITE, CRASH = "kernel", "graph", "kv-write", "crash"
 FAILURE_CLASSES = (KERNEL, GRAPH, KV_WRITE, CRASH)
-# A run its environment stopped before a verdict (the kit out of device memory in its own
-# allocations, after releasing what it keeps and retrying): no verdict on the backend, so
-# tables do not count it against the backend, and the gate takes no results file holding one
-# (run it again). Never a known failure.
-ERROR, ENVIRONMENT = "error", "environment"
+# A run stopped before a verdict: by its environment (the kit out of device memory in its own
+# allocations, after releasing what it keeps and retrying), or by the kit itself raising (a bug of
+# the kit, as the fuzzer finds on a drawn case). No verdict on the backend, so tables do not count
+# it against the backend, and the gate takes no results file holding one (run it again). Never a
+# known failure.
+ERROR, ENVIRONMENT, KIT_ERROR = "error", "environment", "kit-error"
+ERROR_CLASSES = (ENVIRONMENT, KIT_ERROR)
 OUTCOMES = (PASS, FAIL, UNSUPPORTED, ERROR)
 # How a run executed: eager, a real CUDA graph, the graph protocol without CUDA, or an
 # EXTEND graph run whose padded call ran eagerly (the backend does not capture EXTEND).
 EAGER, CUDA_GRAPH, EMULATED, PIECEWISE_EAGER = "eager", "cuda-graph", "emulated", "piecewise-eager"
+EXEC_DETAILS = (EAGER, CUDA_GRAPH, EMULATED, PIECEWISE_EAGER)
 # Cells of these runs do not prove what a real captured graph proves: tables say so.
 WEAKER_THAN_A_GRAPH = (EMULATED, PIECEWISE_EAGER)
+MODE_VALUES, EXEC_VALUES = tuple(m.value for m in MODES), tuple(e.value for e in EXECS)
 
 
 @dataclasses.dataclass
@@ -51,6 +56,11 @@ class RunResult:
     def test_id(self) -> str:
         return run_id(self.backend, self.mode, self.exec, self.case)
 
+    @property
+    def verdict(self) -> str:
+        """`pass`, `unsupported`, or `fail [class]`: what two runs must agree on."""
+        return self.outcome + (f" [{self.failure_class}]" if self.failure_class else "")
+
 
 def run_id(backend: str, mode: str, exec_: str, case: str) -> str:
     """The id of one run in test ids, messages and tables (mode, exec and case names hold no '-')."""
@@ -67,23 +77,73 @@ def parse_run_id(text: str) -> Tuple[str, str, str, str]:
 
 # Fields every record carries besides the RunResult's: where and when it ran.
 ENVIRONMENT_FIELDS = ("device", "kit_commit", "date")
+# Fields a results file may leave out: what differs from one run of the same code to the next
+# (matrix.committed drops them from the committed files).
+VOLATILE = ("seconds", "date", "kit_commit")
 SCHEMA = 2
 
 
-def record_id(record: Dict) -> str:
-    return run_id(record["backend"], record["mode"], record["exec"], record["case"])
+class RecordError(ValueError):
+    """A record outside the record's form or vocabulary; the message says which field and why."""
 
 
-def verdict(record: Dict) -> str:
-    """`pass`, `unsupported`, or `fail [class]`: what two runs must agree on."""
-    return record["outcome"] + (f" [{record['failure_class']}]" if record.get("failure_class") else "")
+@dataclasses.dataclass
+class Record(RunResult):
+    """A run's record as a results file holds it: its RunResult and where it ran. What the report
+    layer (tables, gate, HTML, known failures) reads, never the file's dicts."""
+
+    device: str = ""
+    kit_commit: str = ""
+    date: str = ""
+
+    def to_dict(self) -> Dict:
+        return dataclasses.asdict(self)
+
+    @classmethod
+    def from_dict(cls, d) -> "Record":
+        """The record `d` holds, or RecordError: a field missing (only VOLATILE ones may be) or not
+        the record's, an outcome, failure class, mode, exec or exec detail outside the vocabulary."""
+        if not isinstance(d, dict):
+            raise RecordError(f"a {type(d).__name__}, not a record")
+        names = [f.name for f in dataclasses.fields(cls)]
+        missing = [n for n in names if n not in d and n not in VOLATILE]
+        stray = sorted(set(d) - set(names))
+        if missing or stray:
+            raise RecordError("; ".join(filter(None, (missing and f"missing {', '.join(missing)}",
+                                                      stray and f"fields no record has: {', '.join(stray)}"))))
+        record = cls(**d)
+        problem = _vocabulary_problem(record)
+        if problem:
+            raise RecordError(problem)
+        return record
+
+
+def _vocabulary_problem(r: Record) -> str:
+    """Why a record's values are outside the vocabulary above, or ''."""
+    if not all(isinstance(v, str) and v for v in (r.backend, r.case, r.dtype, r.device)):
+        return "backend, case, dtype and device must be names"
+    for field, allowed in (("mode", MODE_VALUES), ("exec", EXEC_VALUES), ("outcome", OUTCOMES)):
+        if getattr(r, field) not in allowed:
+            return f"{field} {getattr(r, field)!r} is not one of {', '.join(allowed)}"
+    classes = {FAIL: FAILURE_CLASSES, ERROR: ERROR_CLASSES}.get(r.outcome, (None,))
+    if r.failure_class not in classes:
+        return (f"failure class {r.failure_class!r} of a run with outcome {r.outcome} is not one of "
+                f"{', '.join(map(str, classes))}")
+    if r.exec_detail not in EXEC_DETAILS + ("",):
+        return f"exec detail {r.exec_detail!r} is not one of {', '.join(EXEC_DETAILS)} or empty"
+    if not isinstance(r.versions, dict):
+        return "versions must map library names to versions"
+    return ""
 
 
 def repro_command(backend: str, mode: str, exec_: str, case: str, catalog: Optional[str] = None,
-                  timeout: Optional[float] = None, case_line: Optional[str] = None) -> str:
+                  timeout: Optional[float] = None, case_line: Optional[str] = None,
+                  pythonpath: Optional[str] = None) -> str:
     """The one-line command that re-runs a run (the catalog named only when not the default; the
     time limit for a run that ran out of it, which the same limit reproduces); a case in no catalog
-    (a fuzzed one) is given whole, as its `Case(...)` line (kit.engine.case_line)."""
+    (a fuzzed one) is given whole, as its `Case(...)` line (kit.engine.case_line); `pythonpath`: the
+    folder a backend outside the kit and the installed packages is imported from (a fresh shell
+    has no other way to find it)."""
     if case_line:
         args = ["--backend", backend, "--exec", exec_, "--case-line", case_line]
     else:
@@ -92,12 +152,14 @@ def repro_command(backend: str, mode: str, exec_: str, case: str, catalog: Optio
         args += ["--cases", catalog]
     if timeout:
         args += ["--timeout", f"{timeout:g}"]
-    return "python -m kit run " + " ".join(shlex.quote(a) for a in args)
+    prefix = f"PYTHONPATH={shlex.quote(pythonpath)} " if pythonpath else ""
+    return prefix + "python -m kit run " + " ".join(shlex.quote(a) for a in args)
 
 
 # A results file's `run`: what the session selected and how it ended. `running` while it writes
 # as it goes (a process killed mid-run leaves that), `interrupted` when it ended early.
 COMPLETE, INTERRUPTED, RUNNING = "complete", "interrupted", "running"
+STATUSES = (COMPLETE, INTERRUPTED, RUNNING)
 
 
 class ResultsError(ValueError):
@@ -107,7 +169,7 @@ class ResultsError(ValueError):
 @dataclasses.dataclass
 class ResultsFile:
     path: str
-    records: List[Dict]
+    records: List[Record]
     status: str = COMPLETE
     # Run ids this session selected, and every run id the catalog has for its case set and the
     # registered backends. None: not recorded (files written before the `run` section).
@@ -121,8 +183,20 @@ class ResultsFile:
 
     def missing(self, wanted: Optional[List[str]]) -> List[str]:
         """Run ids of `wanted` without a record here."""
-        have = {record_id(r) for r in self.records}
+        have = {r.test_id for r in self.records}
         return [rid for rid in wanted or [] if rid not in have]
+
+    def incomplete(self) -> str:
+        """Why the file is not a whole run of what its session selected, or '': `interrupted run
+        (status): N of M selected runs recorded (first missing: ...)`."""
+        if not self.has_run_list:
+            return ""
+        missing = self.missing(self.selected)
+        if self.status == COMPLETE and not missing:
+            return ""
+        first = f" (first missing: {missing[0]}{' ...' if len(missing) > 1 else ''})" if missing else ""
+        return (f"interrupted run ({self.status}): {len(self.selected) - len(missing)} of {len(self.selected)} "
+                f"selected runs recorded{first}")
 
     def not_selected(self) -> set:
         """Catalog runs this session left out on purpose (narrowed by options)."""
@@ -145,31 +219,29 @@ def read_results_file(path) -> ResultsFile:
         schema = doc.get("schema") if isinstance(doc, dict) else None
         raise ResultsError(f"{path}: results schema {schema!r}, expected {SCHEMA}; {fix}")
     records, run = doc.get("records"), doc.get("run", {})
-    if not isinstance(records, list) or not all(isinstance(r, dict) and _RECORD_KEYS <= set(r) for r in records):
-        raise ResultsError(f"{path}: records missing or malformed (each needs {', '.join(sorted(_RECORD_KEYS))}); {fix}")
-    bad = [r for r in records if _vocabulary_problem(r)]
+    if not isinstance(records, list):
+        raise ResultsError(f"{path}: no list of records; {fix}")
+    read, bad = [], []
+    for n, d in enumerate(records):
+        try:
+            read.append(Record.from_dict(d))
+        except (RecordError, TypeError) as exc:
+            bad.append(f"record {n + 1}{_named(d)}: {exc}")
     if bad:
         more = f" (and {len(bad) - 1} more)" if len(bad) > 1 else ""
-        raise ResultsError(f"{path}: record {record_id(bad[0])}: {_vocabulary_problem(bad[0])}{more}; {fix}")
+        raise ResultsError(f"{path}: {bad[0]}{more}; {fix}")
+    if not isinstance(run, dict) or run.get("status", COMPLETE) not in STATUSES:
+        raise ResultsError(f"{path}: its `run` has no status of {', '.join(STATUSES)}; {fix}")
     try:
         shard = None if run.get("shard") is None else Shard.from_section(run["shard"])
     except ValueError as exc:
         raise ResultsError(f"{path}: {exc}; {fix}") from None
-    return ResultsFile(str(path), records, run.get("status", COMPLETE), run.get("selected"), run.get("catalog"), shard)
+    return ResultsFile(str(path), read, run.get("status", COMPLETE), run.get("selected"), run.get("catalog"), shard)
 
 
-_RECORD_KEYS = {"backend", "mode", "exec", "case", "outcome", "device"}
-
-
-def _vocabulary_problem(record: Dict) -> str:
-    """Why a record's outcome or failure class is outside the vocabulary above, or ''."""
-    if record["outcome"] not in OUTCOMES:
-        return f"outcome {record['outcome']!r} is not one of {', '.join(OUTCOMES)}"
-    if record["outcome"] == FAIL and record.get("failure_class") not in FAILURE_CLASSES:
-        return f"failure class {record.get('failure_class')!r} is not one of {', '.join(FAILURE_CLASSES)}"
-    return ""
-
-
-def read_results(path) -> List[Dict]:
-    """The records of a results file (see read_results_file)."""
-    return read_results_file(path).records
+def _named(d) -> str:
+    """` (its run id)` where the record names one."""
+    try:
+        return f" ({run_id(d['backend'], d['mode'], d['exec'], d['case'])})"
+    except (KeyError, TypeError):
+        return ""

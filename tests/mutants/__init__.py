@@ -10,10 +10,12 @@ state put back to its capture-time values, so stale pointers and grids baked at
 capture are caught on CPU too.
 """
 from kit.engine.layer import model_layers
+from kit.engine.profile import SGLANG
 from kit.modes import Exec, ForwardMode
 from kit.mutation import Mutant
 
 D, E, TV, DE = ForwardMode.DECODE, ForwardMode.EXTEND, ForwardMode.TARGET_VERIFY, ForwardMode.DRAFT_EXTEND_V2
+MX, DD = ForwardMode.MIXED, ForwardMode.DRAFT_DECODE
 ALL_MODES = (D, E, TV, DE)
 EAGER, GRAPH = (Exec.EAGER,), (Exec.GRAPH,)
 T = "tests.mutants.triton:"
@@ -22,6 +24,7 @@ SG = "tests.mutants.sglang:"
 MLA = "tests.mutants.mla:"
 FP8 = "tests.mutants.fp8:"
 SINK = "tests.mutants.sinks:"
+VL = "tests.mutants.vllm:"
 G, K, KV, C = ("graph",), ("kernel",), ("kv-write",), ("crash",)
 # Reading or writing past a buffer the backend sized itself: wrong output where the
 # stray access lands in readable memory, a crash where it corrupts the heap.
@@ -39,6 +42,17 @@ CAPPED = _any_layer(lambda layer: layer.logit_cap > 0)
 TREE = lambda c: c.topk > 1  # noqa: E731
 FP8_KV = lambda c: c.kv_dtype is not None  # noqa: E731
 SINKS = lambda c: c.sinks  # noqa: E731
+# A tree whose draft count is not its steps + 1, at bs > 1 (a stride of steps + 1 shows there only).
+TREE_DRAFTS = lambda c: c.topk > 1 and c.steps is not None and c.steps + 1 != c.new and c.bs > 1  # noqa: E731
+# A full batch-size bucket (no padded row dilutes its keys) of K lanes each, whose keys come to twice a
+# row of the longest request per request: a row sized without the topk factor overflows.
+FULL_TREE_BUCKET = lambda c: (c.topk > 1 and c.bs in SGLANG.batch_sizes  # noqa: E731
+                              and sum(c.prefix) * c.topk > 2 * c.bs * max(c.prefix))
+# At the model's context edge, every committed length within `steps` of the others (so of the context
+# length: a variant adds at most 2 * page + 3 to each, kit.engine.variants).
+CONTEXT_EDGE = lambda c: (c.context_edge and len(set(c.prefix)) == 1  # noqa: E731
+                          and (c.steps or c.new - 1) > 2 * c.page + 3)
+MIXED_UNALIGNED = lambda c: c.page > 1 and any(p % c.page for p in c.prefix)  # noqa: E731
 
 MUTANTS = [
     # Mutant 1 lives in a capture/replay-style backend: in the two-phase Triton backend the
@@ -117,6 +131,26 @@ MUTANTS = [
            SG + "FlashInferMLADraftExtendCountsDraftsTwice", K + C, (DE,), EAGER, cpu=False),
     Mutant(46, "sglang_flashinfer_mla_verify_graph_without_drafts", SG + "FlashInferMLAVerifyGraphWithoutDrafts",
            G + C, (TV,), GRAPH, cpu=False),
+    # Real-code vLLM mutants (numbered from 70): bug classes of vLLM's metadata builders, impls and KV
+    # writer, one-line patches of a copy of vLLM's own module run through the vllm_* adapters.
+    # TRITON_ATTN's run on CPU (Triton's interpreter, emulated graphs).
+    Mutant(70, "vllm_triton_seq_lens_one_short", VL + "TritonSeqLensOneShort", K, (D, E, TV), EAGER, cpu=True),
+    Mutant(71, "vllm_triton_query_start_loc_copied", VL + "TritonQueryStartLocCopied", G, (D, E, TV), GRAPH,
+           cpu=True),
+    Mutant(72, "vllm_triton_window_one_long", VL + "TritonWindowOneLong", K, (D, E, TV), EAGER, cpu=True,
+           reaches=WINDOWED),
+    Mutant(73, "vllm_triton_sinks_ignored", VL + "TritonSinksIgnored", K, (D, E, TV), EAGER, cpu=True, reaches=SINKS),
+    # A padded token's write lands one slot before the layer's cache: the other layer's last slot
+    # (kv-write), or before the pool's memory (a crash, or corruption seen later).
+    Mutant(74, "vllm_triton_padded_slots_written", VL + "TritonPaddedSlotsWritten", KV + C, (D, TV), GRAPH,
+           cpu=True),
+    # FLEX graphs run on CUDA only (PyTorch's CPU flex template refuses vLLM's capture-time block mask).
+    Mutant(75, "vllm_flex_doc_ids_not_persistent", VL + "FlexDocIdsNotPersistent", G, (D, E), GRAPH, cpu=False),
+    Mutant(76, "vllm_fa3_scheduler_metadata_not_persistent", VL + "FlashAttnSchedulerMetadataNotPersistent",
+           G + C, (D, E, TV), GRAPH, cpu=False),
+    # CPU-catchable (TRITON_MLA's DeepSeek-width decode case), but a run takes minutes in the
+    # interpreter: scored by `python -m kit.mutate`, not in the suite.
+    Mutant(77, "vllm_mla_decode_seq_lens_one_short", VL + "MLADecodeSeqLensOneShort", K, (D, TV), EAGER, cpu=False),
     # What a backend is handed (numbered from 50): q, k and v are views of a fused QKV row, and
     # the caller's to keep.
     Mutant(50, "strides_ignored", T + "StridesIgnored", K, ALL_MODES, EAGER + GRAPH, cpu=True,
@@ -134,12 +168,12 @@ MUTANTS = [
     Mutant(61, "fp8_scale_ignored", FP8 + "ScaleIgnored", K, ALL_MODES, EAGER, cpu=True, reaches=FP8_KV),
     Mutant(62, "fp8_k_scale_used_for_v", FP8 + "KScaleUsedForV", K, ALL_MODES, EAGER, cpu=True,
            reaches=lambda c: FP8_KV(c) and not c.is_mla),
-    # Batch invariance bug classes (numbered from 70), in the Triton backend (batch_invariant): a request's
+    # Batch invariance bug classes (numbered from 80), in the Triton backend (batch_invariant): a request's
     # split-KV merge chosen from its batch. A cap by batch size shows only on a request of more splits than a
     # batch of a few more requests allows (backends/triton/metadata.py: one per 32 keys on CPU).
-    Mutant(70, "decode_splits_by_batch_size", T + "SplitsByBatchSize", K, (D,), EAGER + GRAPH, cpu=True,
+    Mutant(80, "decode_splits_by_batch_size", T + "SplitsByBatchSize", K, (D,), EAGER + GRAPH, cpu=True,
            reaches=lambda c: max(c.prefix) >= 128),
-    Mutant(71, "decode_splits_from_longest_request", T + "SplitsFromLongestRequest", K, (D,), EAGER + GRAPH,
+    Mutant(81, "decode_splits_from_longest_request", T + "SplitsFromLongestRequest", K, (D,), EAGER + GRAPH,
            cpu=True),
     # Attention sink bug classes (numbered from 47): sink cases only (`reaches`); elsewhere the plain backend.
     Mutant(47, "sink_ignored", SINK + "SinkIgnored", K, ALL_MODES, EAGER, cpu=True, reaches=SINKS),
@@ -147,4 +181,24 @@ MUTANTS = [
     # Only a request of more than one KV split shows it (backends/triton/metadata.py: one per 32 keys on CPU).
     Mutant(49, "sink_folded_per_split", SINK + "SinkFoldedPerSplit", K, (D,), EAGER, cpu=True,
            reaches=SINKS),
+    # The multi-step draft decode and its speculative graphs, MIXED batches (numbered from 70). A graph
+    # buffer sized short is written past by the replay hooks (guarded: what init_cuda_graph_state and the
+    # capture hooks allocate carries canaries), or by the graph: graph, or a crash where it corrupts.
+    Mutant(70, "draft_graph_keys_without_topk", T + "DraftGraphKeysWithoutTopk", G + C, (DD,), GRAPH, cpu=True,
+           reaches=FULL_TREE_BUCKET),
+    Mutant(70, "sglang_draft_graph_keys_without_topk", SG + "DraftGraphKeysWithoutTopk", G + K + C, (DD,), GRAPH,
+           cpu=False, reaches=FULL_TREE_BUCKET),
+    Mutant(71, "draft_extend_rows_from_steps", T + "DraftExtendRowsFromSteps", G, (DE,), GRAPH, cpu=True,
+           reaches=TREE_DRAFTS),
+    Mutant(71, "sglang_draft_extend_rows_from_steps", SG + "DraftExtendRowsFromSteps", G, (DE,), GRAPH, cpu=False,
+           reaches=TREE_DRAFTS),
+    Mutant(72, "draft_graph_keys_from_context_length", T + "DraftGraphKeysFromContextLength", G + C, (DD,), GRAPH,
+           cpu=True, reaches=CONTEXT_EDGE),
+    Mutant(73, "draft_step_lengths_not_refreshed", T + "DraftStepLengthsNotRefreshed", K, (DD,), EAGER + GRAPH,
+           cpu=True, reaches=lambda c: (c.steps or c.new - 1) >= 3),
+    Mutant(74, "draft_lanes_read_lane_zero", T + "DraftLanesReadLaneZero", K, (DD,), EAGER + GRAPH, cpu=True,
+           reaches=TREE),
+    Mutant(75, "mixed_prefixes_page_aligned", T + "MixedPrefixesPageAligned", K, (MX,), EAGER + GRAPH, cpu=True,
+           reaches=MIXED_UNALIGNED),
+    Mutant(76, "mixed_prefixes_uncounted", T + "MixedPrefixesUncounted", K, (MX,), EAGER, cpu=True),
 ]

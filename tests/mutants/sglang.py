@@ -1,59 +1,30 @@
 """Real-code mutants: known SGLang bugs replayed on SGLang's own source. Each is a
-one-line patch of a copy of an sglang module, executed into a fresh module object
-(the installed package and its entry in sys.modules stay untouched), whose class
+one-line patch of a copy of an sglang module (tests.mutants.patching), whose class
 the adapter then wraps. Line numbers are sglang 0.5.23's (the adapter's pin); a
 patch whose line no longer reads as expected raises, naming it."""
 from __future__ import annotations
 
-import functools
-import importlib
-import importlib.util
-import inspect
-import linecache
-import sys
 import types
 
-from backends.sglang.adapter import SGLangFlashInferMLABackend, SGLangTritonBackend
+from backends.sglang.adapter import SGLangFlashInferMLABackend, SGLangTritonBackend, SGLangTritonDraftBackend
+from tests.mutants import patching
 
 TRITON = "sglang.srt.layers.attention.triton_backend"
 FLASHINFER_MLA = "sglang.srt.layers.attention.flashinfer_mla_backend"
 MEMORY_POOL = "sglang.srt.mem_cache.memory_pool"
 
 
-@functools.lru_cache(maxsize=None)
 def patched_module(module: str, line: int, old: str, new: str) -> types.ModuleType:
-    """A fresh copy of `module` whose line `line` (1-based) is `old` (stripped) and becomes `new`,
-    same indentation."""
-    import backends.sglang.runtime  # noqa: F401 - sglang's set-up (shims, interpreter) first
+    """tests.mutants.patching's, after sglang's set-up (shims, interpreter)."""
+    import backends.sglang.runtime  # noqa: F401
 
-    original = importlib.import_module(module)  # imported as it is first: the copy is put back after
-    spec = importlib.util.find_spec(module)
-    lines = open(spec.origin).read().splitlines(keepends=True)
-    got = lines[line - 1]
-    if got.strip() != old:
-        raise ValueError(f"{spec.origin}:{line} reads {got.strip()!r}, not {old!r}: the mutant is for another sglang")
-    lines[line - 1] = got[:len(got) - len(got.lstrip())] + new + "\n"
-    filename = f"{spec.origin} (mutant: line {line})"
-    linecache.cache[filename] = (0, None, lines, filename)  # tracebacks and inspect show the mutant's line
-    copy = types.ModuleType(module)
-    copy.__file__, copy.__package__ = spec.origin, spec.parent
-    # Registered while it executes (its dataclasses look their module up), then the original back.
-    sys.modules[module] = copy
-    try:
-        exec(compile("".join(lines), filename, "exec"), copy.__dict__)
-    finally:
-        sys.modules[module] = original
-    return copy
+    return patching.patched_module(module, line, old, new)
 
 
 def patched_method(module: str, cls: str, method: str, line: int, old: str, new: str) -> type:
-    """A subclass of the installed `module.cls` whose `method` is the patched copy's, run with the
-    installed module's globals: the module's other classes (memory_pool's KVWriteLoc, which the
-    backends construct) stay the ones the rest of SGLang uses."""
-    original = importlib.import_module(module)
-    f = inspect.getattr_static(getattr(patched_module(module, line, old, new), cls), method)
-    method_fn = types.FunctionType(f.__code__, original.__dict__, f.__name__, f.__defaults__, f.__closure__)
-    return type(cls, (getattr(original, cls),), {method: method_fn})
+    import backends.sglang.runtime  # noqa: F401
+
+    return patching.patched_method(module, cls, method, line, old, new)
 
 
 class _TritonMutant(SGLangTritonBackend):
@@ -105,6 +76,25 @@ class DraftExtendNoClamp(_TritonMutant):
 
     patch = (725, "kv_lens = torch.clamp(seq_lens - extend_seq_lens, min=0).to(torch.int32)",
              "kv_lens = (seq_lens - extend_seq_lens).to(torch.int32)")
+
+
+class DraftExtendRowsFromSteps(_TritonMutant):
+    """DRAFT_EXTEND_V2's graph metadata takes each request's query rows as speculative_num_steps + 1,
+    not the num_draft_tokens the runner lays out (sgl-project/sglang#27545, the line it fixed): the
+    same for a chain, for a tree of another draft count a wrong qo_indptr stride, NaN at bs > 1."""
+
+    patch = (703, "self.num_draft_tokens", "self.speculative_num_steps + 1")
+
+
+class DraftGraphKeysWithoutTopk(SGLangTritonDraftBackend):
+    """TritonMultiStepDraftBackend's graph kv_indices rows sized max_bs * max_context_len, the topk
+    factor missing (sgl-project/sglang#27338, the line it fixed): a full bucket of K lanes over long
+    rows writes past each row, the last one past the buffer."""
+
+    patch = (2764, "max_bs, self.topk, self.max_context_len", "max_bs, 1, self.max_context_len")
+
+    def _impl_class(self):
+        return patched_module(TRITON, *self.patch).TritonMultiStepDraftBackend
 
 
 # MLA: known bug classes of SGLang's latent attention (its latent write, MLA page-size rules, MLA

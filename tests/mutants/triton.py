@@ -9,7 +9,8 @@ import dataclasses
 import torch
 
 from backends.triton import TritonBackend
-from backends.triton.metadata import MAX_KV_SPLITS, block_capacity, cdiv
+from backends.triton.backend import EXTEND_LIKE
+from backends.triton.metadata import MAX_KV_SPLITS, block_capacity, cdiv, fill_draft_step, fill_kv, fill_splits
 from kit.modes import ForwardMode
 
 
@@ -300,6 +301,87 @@ class QScaledInPlace(TritonBackend):
     def forward(self, q, k, v, layer, batch, save_kv_cache=True):
         q.mul_(layer.scaling)
         return super().forward(q, k, v, dataclasses.replace(layer, scaling=1.0), batch, save_kv_cache)
+
+
+# ---- the multi-step draft decode and MIXED batches
+
+class DraftGraphKeysWithoutTopk(TritonBackend):
+    """A draft decode graph's kv_indices sized for the largest batch's requests, not its lanes: the
+    topk factor missing (sgl-project/sglang#27338, #27460). A full bucket of K lanes over long rows
+    writes past it."""
+
+    def _draft_graph_keys(self):
+        return self.graph_rows // self.ctx.speculative.topk * self.ctx.max_context_len
+
+
+class DraftGraphKeysFromContextLength(TritonBackend):
+    """A draft decode graph's kv_indices sized by the model's context length instead of the request
+    pool's rows (sgl-project/sglang#29695): rows within `steps` of the context length read their
+    lanes past it, and a full bucket of them writes past the buffer."""
+
+    def _draft_graph_keys(self):
+        return self.graph_rows * self.ctx.context_len
+
+
+class DraftStepLengthsNotRefreshed(TritonBackend):
+    """Every draft step's key counts (and with them its split plan) from step 0's, as a backend
+    that plans the draft once and shares the plan across steps (SGLang shares one split count, right
+    only because its kernel takes each row's length from kv_indptr): from step 2 on, a lane misses
+    its newest tokens, the query's own among them."""
+
+    def _fill_draft(self, batch):
+        bs, spec = batch.batch_size, batch.spec_info
+        for md in self.draft_metadata:
+            fill_draft_step(md.bufs, self.req_to_token, batch.req_pool_indices[:bs], batch.seq_lens[:bs], spec.topk,
+                            spec.num_steps, 0, self.split_tokens)
+
+
+class DraftLanesReadLaneZero(TritonBackend):
+    """Every draft lane reads lane 0's columns (a layout that forgets the lane's offset, k * steps):
+    right for a chain, wrong for a tree's other lanes, which attend another lane's tokens."""
+
+    def _fill_draft(self, batch):
+        bs, spec = batch.batch_size, batch.spec_info
+        for step, md in enumerate(self.draft_metadata):
+            fill_kv(md.bufs, self.req_to_token, batch.req_pool_indices[:bs], batch.seq_lens[:bs], spec.topk, 0,
+                    step + 1)
+            fill_splits(md.bufs, bs * spec.topk, self.split_tokens)
+
+
+class DraftExtendRowsFromSteps(TritonBackend):
+    """DRAFT_EXTEND_V2's graph metadata takes each request's query rows as the draft's steps + 1, not
+    the draft token count the runner lays out (sgl-project/sglang#27545): the same for a chain, a
+    wrong stride for a tree of another draft count, whose requests past the first read the wrong
+    rows (eager, which takes the batch's own lengths, is right)."""
+
+    def _extend_inputs(self, batch):
+        prefix, q_lens, mask = super()._extend_inputs(batch)
+        if batch.forward_mode is ForwardMode.DRAFT_EXTEND_V2 and self.graph_bufs is not None:
+            q_lens = torch.full_like(q_lens, batch.spec_info.num_steps + 1)
+        return prefix, q_lens, mask
+
+
+class MixedPrefixesPageAligned(TritonBackend):
+    """Every extend row's cached prefix taken as page-aligned (rounded down to the page), as SGLang's
+    radix cache hands an EXTEND batch's prefixes: a MIXED batch's decode rows (prefix = seq_len - 1)
+    are not, and lose the keys of their last partial page (SGLang PR 38180's class)."""
+
+    def _extend_inputs(self, batch):
+        prefix, q_lens, mask = super()._extend_inputs(batch)
+        if batch.forward_mode in EXTEND_LIKE:
+            prefix = prefix - prefix % self.ctx.page_size
+        return prefix, q_lens, mask
+
+
+class MixedPrefixesUncounted(TritonBackend):
+    """A MIXED batch planned as a batch of fresh prompts: every row an extend with no cached prefix,
+    so a decode row attends only its own new token."""
+
+    def _extend_inputs(self, batch):
+        prefix, q_lens, mask = super()._extend_inputs(batch)
+        if batch.forward_mode is ForwardMode.MIXED:
+            prefix = torch.zeros_like(prefix)
+        return prefix, q_lens, mask
 
 
 # Batch invariance (the backend declares batch_invariant): a request's KV splits follow its own length

@@ -146,3 +146,29 @@ class AbortsInForwardBackend(TorchNativeBackend):
 
     def forward(self, q, k, v, layer, batch, save_kv_cache=True):
         os.abort()
+
+
+class GuardedOpErrorBackend(_MisbehavesOnThree):
+    """An op that fails inside torch's dispatch, which the kit's guard (kit.harness.guard) sits in
+    while forward runs: the traceback passes through the kit's frame between the backend's and
+    torch's, as SGLang's EXTEND metadata's shape error does (KF-4)."""
+
+    name = "toy_guarded_op_error"
+
+    def misbehave(self, layer, batch):
+        import torch
+
+        torch.zeros(2).copy_(torch.ones(16))
+
+
+class MetaOutputBackend(TorchNativeBackend):
+    """Returns its output on the meta device: a tensor of the right shape and dtype with no values."""
+
+    name = "toy_meta_output"
+    attention_kinds = ("dense",)
+
+    def forward(self, q, k, v, layer, batch, save_kv_cache=True):
+        import torch
+
+        super().forward(q, k, v, layer, batch, save_kv_cache)
+        return torch.empty(q.shape[0], layer.tp_q_head_num, layer.v_head_dim, dtype=q.dtype, device="meta")

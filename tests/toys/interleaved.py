@@ -1,6 +1,7 @@
 """A toy backend of another engine's conventions (its profile): one KV buffer a layer with each head's
 K and V interleaved ([blocks, block, heads, 2 * head_dim]), padded tokens given no slot (-1: no
-write), padded requests seq_len 0, and metadata built from the engine-neutral step description
+write), padded requests empty (seq_len 0, no query token; a token graph's requests padded to its
+count), and metadata built from the engine-neutral step description
 (`batch.common`: query_start_loc, seq_lens, block_table, slot_mapping), as vLLM's builders build
 theirs. Plain PyTorch of fixed shapes (a graph can record it), DECODE and EXTEND. The planted bugs
 below write through padded rows."""
@@ -13,7 +14,7 @@ from kit.harness.protocol import AttentionBackend
 from kit.modes import ForwardMode
 
 PROFILE = EngineProfile("toy-interleaved", storage={"dense": "interleaved"}, padded_slot=NO_WRITE, padded_seq_len=0,
-                        hooks=BUILDER)
+                        padded_query_len=0, pads_token_graph_requests=True, hooks=BUILDER)
 
 
 class InterleavedBackend(AttentionBackend):

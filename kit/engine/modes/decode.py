@@ -17,7 +17,7 @@ class Decode(ModeRules):
             problem = "DECODE has exactly one new token per request (new=1)"
         return problem
 
-    def request(self, prefix, new, topk, rng):
+    def request(self, case, prefix, new, rng):
         return RequestShape(n_old=prefix, n_new=1, seq_len=prefix + 1, q_pos=[prefix], visible=causal(prefix, 1))
 
     def query_lens(self, batch):

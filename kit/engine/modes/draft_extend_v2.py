@@ -5,16 +5,17 @@ from __future__ import annotations
 
 import torch
 
-from kit.engine.batch import SpecInfo, SpeculativeConfig
+from kit.engine.batch import SpecInfo
 from kit.modes import ForwardMode
-from kit.engine.modes.rules import ModeRules, RequestShape, causal, extend_fields
+from kit.engine.modes.rules import ModeRules, RequestShape, causal, draw_draft, extend_fields, num_steps
 
 
 class DraftExtendV2(ModeRules):
     mode = ForwardMode.DRAFT_EXTEND_V2
+    speculative = True
     new_help = "num_draft_tokens, the same for every request"
 
-    def request(self, prefix, new, topk, rng):
+    def request(self, case, prefix, new, rng):
         return RequestShape(n_old=prefix, n_new=new, seq_len=prefix + new, q_pos=[prefix + i for i in range(new)],
                             visible=causal(prefix, new))
 
@@ -23,11 +24,12 @@ class DraftExtendV2(ModeRules):
         new = batch.spec_info.extend_seq_lens_tensor[:bs]
         return (batch.seq_lens[:bs] - new).clamp(min=0), new
 
-    def name_tag(self, fields):
-        return f"draft{fields['new']}"
+    def draw_new(self, draw, d):
+        """The drafts of a chain, or of a tree with a draft count of its own."""
+        return draw_draft(draw, d, min_steps=0)
 
-    def speculative_config(self, case):
-        return SpeculativeConfig(algorithm="EAGLE", num_draft_tokens=case.new, topk=case.topk)
+    def name_tag(self, fields):
+        return f"draft{fields['new']}" + (f"_tree{fields['topk']}" if fields.get("topk", 1) > 1 else "")
 
     def batch_fields(self, plan, device):
         # The extend_* fields too: an engine's eager draft extend is an extend over the drafts
@@ -38,8 +40,8 @@ class DraftExtendV2(ModeRules):
 
     def spec_info(self, case, rows, real_rows, real_mask, fill, device):
         lens = torch.full((rows,), case.new, dtype=torch.int32, device=device)
-        return SpecInfo(draft_token_num=case.new, topk=1, extend_seq_lens_tensor=lens,
-                        extend_seq_lens_cpu=[case.new] * rows, num_tokens_per_bs=case.new)
+        return SpecInfo(draft_token_num=case.new, topk=case.topk, extend_seq_lens_tensor=lens,
+                        extend_seq_lens_cpu=[case.new] * rows, num_tokens_per_bs=case.new, num_steps=num_steps(case))
 
 
 RULES = DraftExtendV2()

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from kit.modes import ForwardMode
 from kit.engine.modes.rules import GraphBuckets, ModeRules, RequestShape, causal, extend_fields
-from kit.engine.variants import alone, variant
+from kit.engine.variants import variant
 
 
 class Extend(ModeRules):
@@ -16,11 +16,9 @@ class Extend(ModeRules):
     def validate(self, case):
         if isinstance(case.new, int) or len(case.new) != len(case.prefix) or min(case.new) < 1:
             return f"{self.mode.name} needs `new` as {self.new_help}"
-        if case.topk != 1:
-            return "topk > 1 only applies to TARGET_VERIFY"
-        return None
+        return self.draft_problem(case)
 
-    def request(self, prefix, new, topk, rng):
+    def request(self, case, prefix, new, rng):
         return RequestShape(n_old=prefix, n_new=new, seq_len=prefix + new, q_pos=[prefix + i for i in range(new)],
                             visible=causal(prefix, new))
 
@@ -39,7 +37,7 @@ class Extend(ModeRules):
         batch among them), then the case, then its shape with other lengths, then the case's recurring
         request alone (another token bucket, kit.engine.variants)."""
         schedule = self.token_bucket_pairs(case) + [case, variant(case, case.bs, 3)]
-        return schedule + ([alone(case, 11)] if case.bs > 1 else [])
+        return schedule + ([self.alone(case, 11)] if case.bs > 1 else [])
 
     def token_bucket_pairs(self, case):
         """Token graphs are per token bucket, and production replays one with any batch whose tokens

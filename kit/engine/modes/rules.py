@@ -16,6 +16,7 @@ from typing import Dict, List, Optional, Tuple
 
 import torch
 
+from kit.engine.batch import SpeculativeConfig
 from kit.engine.transfer import to_device
 from kit.engine.variants import alone, bucket_for, carrying, variant
 
@@ -61,33 +62,79 @@ def extend_fields(plan, device) -> dict:
 EXTEND_REQUEST_FIELDS = ("extend_seq_lens", "extend_prefix_lens", "extend_start_loc")
 
 
+# SGLang sets a chain's draft count to its steps + 1 (arg_groups/speculative_hook.py:1255-1266).
+CHAIN_RULE = "arg_groups/speculative_hook.py:1255"
+SPECULATIVE_MODES = "TARGET_VERIFY, DRAFT_EXTEND_V2 and DRAFT_DECODE"
+
+
+def num_steps(case) -> int:
+    """The EAGLE draft's steps of a speculative case: Case.steps, else a chain's new - 1."""
+    return case.steps if case.steps is not None else case.new - 1
+
+
+def draw_draft(draw, d, min_steps: int, trees: bool = True) -> Dict:
+    """A drawn speculative config (kit.fuzz.strategies; `d` the Drawing): a chain (topk 1, steps + 1
+    draft tokens) or, where `trees`, a tree of topk > 1 and a draft count of its own, as SGLang's
+    tree configs set it apart from the steps."""
+    from hypothesis import strategies as st  # the fuzzer's: only where it draws
+
+    steps = draw(st.integers(min_steps, max(min_steps, d.size.max_drafts - 1)))
+    topk = draw(st.integers(1, d.max_topk)) if trees and steps >= 1 else 1
+    if topk == 1:
+        return dict(new=steps + 1)
+    return dict(new=draw(st.integers(2, topk * steps + 1)), topk=topk, steps=steps)
+
+
 class ModeRules:
     mode = None  # the ForwardMode this file defines
     graph = GraphBuckets.BATCH_SIZE
+    # EAGLE's draft fields apply (topk > 1 and steps): `new` is the server's draft token count,
+    # and a backend is built with the speculative config (speculative_config).
+    speculative = False
     # A backend that does not list its modes (`modes = (...)`) is taken to run this one:
     # true for the modes the protocol started with, false for any added since.
     assumed_supported = True
     new_help = ""  # what `Case.new` holds in this mode (for errors and `kit list`)
+
+    def graph_mode(self):
+        """The mode a graph's batches are handed to the backend in: this one, but where engines
+        replay this mode on another mode's graphs (MIXED on EXTEND's token graphs)."""
+        return self.mode
 
     # ---- cases ---------------------------------------------------------------------------------
     def validate(self, case) -> Optional[str]:
         """A problem with a case of this mode, or None."""
         if not isinstance(case.new, int) or case.new < 1:
             return f"{self.mode.name} takes one int >= 1 for `new` ({self.new_help})"
-        if case.topk != 1:
-            return "topk > 1 only applies to TARGET_VERIFY"
+        return self.draft_problem(case)
+
+    def draft_problem(self, case) -> Optional[str]:
+        """A problem with the case's speculative fields (topk, steps) in this mode, or None."""
+        if not self.speculative:
+            if case.topk != 1:
+                return f"topk > 1 only applies to the speculative modes ({SPECULATIVE_MODES})"
+            if case.steps is not None:
+                return f"steps only applies to the speculative modes ({SPECULATIVE_MODES})"
+            return None
+        if case.topk == 1 and num_steps(case) != case.new - 1:
+            return (f"a chain (topk 1) of {num_steps(case)} steps has steps + 1 = {num_steps(case) + 1} draft tokens, "
+                    f"not new={case.new}: SGLang sets the count so ({CHAIN_RULE}); leave steps out")
         return None
 
-    def request(self, prefix: int, new: int, topk: int, rng: random.Random) -> RequestShape:
+    def request(self, case, prefix: int, new: int, rng: random.Random) -> RequestShape:
+        """One request of `case` with `prefix` tokens cached and `new` (its entry of case.new)."""
         raise NotImplementedError
 
     def tokens_per_request(self, case) -> int:
         """Query tokens of each request (batch-size graphs size their buffers by it)."""
         return case.new
 
-    def speculative_config(self, case):
+    def speculative_config(self, case) -> Optional[SpeculativeConfig]:
         """The server's speculative config a backend is built with in this mode, or None."""
-        return None
+        if not self.speculative:
+            return None
+        return SpeculativeConfig(algorithm="EAGLE", num_draft_tokens=case.new, topk=case.topk,
+                                 num_steps=num_steps(case))
 
     # ---- batches -------------------------------------------------------------------------------
     def batch_fields(self, plan, device) -> dict:
@@ -105,6 +152,13 @@ class ModeRules:
         raise NotImplementedError(f"{self.mode.value} does not describe its requests' query lengths")
 
     # ---- steps ---------------------------------------------------------------------------------
+    multi_step = False  # a batch is several forwards (steps), each with its own batch (step_batch)
+
+    def step_batches(self, batch, count: int) -> list:
+        """The batches the `count` steps of a program over `batch` hand forward(): the batch itself
+        in a single-step mode, else each step's (derived from it: step_batch)."""
+        return [self.step_batch(batch, i) for i in range(count)] if self.multi_step else [batch]
+
     def steps(self, plan) -> list:
         """The plans of the forwards a batch is made of, in order (each a BatchPlan whose requests
         the reference judges); one forward, the batch itself, but in a multi-step mode."""
@@ -122,7 +176,11 @@ class ModeRules:
         other lengths, the case itself, then the recurring request alone."""
         sequence = [carrying(case, variant(case, case.bs + 2, 8, tag="step")), variant(case, case.bs, 9, tag="step"),
                     case]
-        return sequence + ([alone(case, 10, tag="step")] if case.bs > 1 else [])
+        return sequence + ([self.alone(case, 10, tag="step")] if case.bs > 1 else [])
+
+    def alone(self, case, salt: int, tag: str = "replay"):
+        """The case's recurring request in a batch of its own (kit.engine.variants.alone)."""
+        return alone(case, salt, tag)
 
     def replay_schedule(self, case, profile) -> list:
         """Batches replayed, in order: a larger bucket first (of the engine's batch sizes; carrying the
@@ -133,13 +191,14 @@ class ModeRules:
         larger = [b for b in sizes if b > bucket][:1]
         schedule = [carrying(case, variant(case, b, 1)) for b in larger] + [case]
         if case.bs > 1:
-            schedule.append(alone(case, 2))
+            schedule.append(self.alone(case, 2))
         schedule.append(variant(case, case.bs, 3))
         return schedule
 
     # ---- the fuzzer ----------------------------------------------------------------------------
     def draw_new(self, draw, d) -> Dict:
-        """The `new` (and topk) fields of a drawn case (kit.fuzz.strategies: `d` the Drawing)."""
+        """The `new` (and topk, steps) fields of a drawn case (kit.fuzz.strategies: `d` the Drawing),
+        and `prefix` where the mode bounds what the batch drew (a MIXED decode row has one)."""
         from hypothesis import strategies as st  # the fuzzer's: only where it draws
         return dict(new=draw(st.integers(1, d.size.max_drafts)))
 

@@ -10,9 +10,9 @@ from typing import List
 
 import torch
 
-from kit.engine.batch import SpecInfo, SpeculativeConfig
+from kit.engine.batch import SpecInfo
 from kit.modes import ForwardMode
-from kit.engine.modes.rules import ModeRules, RequestShape
+from kit.engine.modes.rules import ModeRules, RequestShape, num_steps
 from kit.engine.transfer import to_device
 
 
@@ -53,21 +53,14 @@ def depths(parents: List[int]) -> List[int]:
 
 class TargetVerify(ModeRules):
     mode = ForwardMode.TARGET_VERIFY
+    speculative = True
     new_help = "draft_token_num, the same for every request"
 
-    def validate(self, case):
-        if not isinstance(case.new, int) or case.new < 1:
-            return f"TARGET_VERIFY takes one int >= 1 for `new` ({self.new_help})"
-        return None
-
-    def request(self, prefix, new, topk, rng):
-        parents = draft_tree(new, topk, rng)
+    def request(self, case, prefix, new, rng):
+        parents = draft_tree(new, case.topk, rng)
         visible = torch.cat([torch.ones((new, prefix), dtype=torch.bool), ancestry(parents)], dim=1)
         return RequestShape(n_old=prefix, n_new=new, seq_len=prefix, q_pos=[prefix + d for d in depths(parents)],
                             visible=visible, parents=parents)
-
-    def speculative_config(self, case):
-        return SpeculativeConfig(algorithm="EAGLE", num_draft_tokens=case.new, topk=case.topk)
 
     def query_lens(self, batch):
         seq_lens = batch.seq_lens[:batch.batch_size]
@@ -90,7 +83,7 @@ class TargetVerify(ModeRules):
         draft = case.new
         pad = torch.ones((rows - real_rows) * draft * (fill + draft), dtype=torch.bool, device=device)
         mask = pad if real_mask is None else torch.cat([real_mask, pad])
-        return SpecInfo(draft_token_num=draft, topk=case.topk, custom_mask=mask)
+        return SpecInfo(draft_token_num=draft, topk=case.topk, custom_mask=mask, num_steps=num_steps(case))
 
 
 RULES = TargetVerify()

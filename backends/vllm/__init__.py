@@ -1,0 +1,19 @@
+"""vLLM's own attention backends (vllm 0.33.0), unmodified, under the kit: `vllm_triton_attn`
+(TRITON_ATTN), `vllm_flex_attention` (FLEX_ATTENTION), `vllm_flash_attn` (FLASH_ATTN, CUDA),
+`vllm_flashinfer` (FLASHINFER, CUDA), and for MLA models `vllm_triton_mla` (TRITON_MLA),
+`vllm_flashmla` (FLASHMLA, CUDA) and `vllm_flash_attn_mla` (FLASH_ATTN_MLA, CUDA). adapter.py and
+mla.py map the kit's context, pools, batch and layers to vLLM's; runtime.py imports and sets up
+vLLM when a backend is asked about a case or built; environment.py is what vLLM needs of the
+process without CUDA (set here, before anything imports vllm); install.py installs it
+(docs/vllm.md).
+"""
+from backends.vllm import environment
+
+environment.prepare()
+
+from backends.vllm.adapter import (VllmFlashAttnBackend, VllmFlashInferBackend, VllmFlexAttentionBackend,  # noqa: E402
+                                   VllmTritonAttnBackend)
+from backends.vllm.mla import VllmFlashAttnMLABackend, VllmFlashMLABackend, VllmTritonMLABackend  # noqa: E402
+
+__all__ = ["VllmFlashAttnBackend", "VllmFlashAttnMLABackend", "VllmFlashInferBackend", "VllmFlashMLABackend",
+           "VllmFlexAttentionBackend", "VllmTritonAttnBackend", "VllmTritonMLABackend"]

@@ -1,0 +1,76 @@
+"""`python -m kit list --backends`: what each backend runs here, counted by the runner's own
+decision, the main reason first, on short lines."""
+import re
+
+import pytest
+
+from cases import CATALOG
+from kit.__main__ import main as kit_main
+from kit.harness.run import Run
+from kit.harness.runner import unsupported_here
+from kit.listing import WIDTH
+from kit.modes import EXECS, MODES
+from tests.test_cli import _main
+from tests.test_matrix import STALE, known_failures_session
+
+DENSE_TOY = "tests.toys.dense:DenseGraphBackend"
+
+
+def _listing(*args):
+    proc = _main(kit_main, "list", "--backends", "--case-set", "smoke", *args)
+    assert proc.returncode == 0, proc.stderr
+    return proc.stdout.splitlines()
+
+
+def _counts(first_line):
+    return {e: (int(n), int(of)) for e, n, of in re.findall(r"(eager|graph) (\d+)/(\d+)", first_line)}
+
+
+def test_list_backends_counts_what_the_runner_runs():
+    """For a dense-only toy (no MLA, sinks or fp8 KV; no EXTEND; no windowed verify): the count per
+    exec is the number of runs the runner does not record as unsupported."""
+    counts = _counts(_listing("--backend", DENSE_TOY)[0])
+    runs = [Run(DENSE_TOY, "toy_dense", case, e) for m in MODES for case in CATALOG.cases("smoke", m) for e in EXECS]
+    run_here = {e: sum(unsupported_here(r) is None for r in runs if r.exec_ is e) for e in EXECS}
+    assert counts == {e.value: (run_here[e], len(runs) // 2) for e in EXECS}, counts
+    assert 0 < run_here[EXECS[0]] < len(runs) // 2
+
+
+def test_list_backends_counts_what_a_session_ran(tmp_path_factory):
+    """The same count, for the smoke decode cases, as a pytest session's records of that toy's kind."""
+    _, by_backend, _ = known_failures_session(tmp_path_factory)
+    ran = [key for key, r in by_backend[STALE].items() if r["outcome"] != "unsupported"]
+    counts = _counts(_listing("--backend", STALE, "--mode", "decode")[0])
+    assert counts == {e.value: (sum(k.endswith("/" + e.value) for k in ran), len(by_backend[STALE]) // 2)
+                      for e in EXECS}, (counts, ran)
+
+
+def test_list_backends_gives_the_main_reason_first_on_short_lines():
+    """The missing library, not the dtype most smoke cases have, on the first line; no line a
+    terminal wraps."""
+    lines = _listing("--backend", "tests.toys.unavailable:MissingLibraryBackend")
+    assert lines[0].startswith("tests.toys.unavailable:MissingLibraryBackend unavailable: toylib cannot be imported")
+    assert " ".join(lines).count("fp32: toylib's kernels") == 1
+    assert all(len(line) <= WIDTH for line in lines), [len(line) for line in lines]
+    assert " ".join(lines).count("toylib cannot be imported") == 1
+
+
+def test_list_backends_says_what_a_cpu_run_narrows_to():
+    """Under `--case-set auto` without CUDA a backend naming ci_cases gets those alone: said so."""
+    pytest.importorskip("torch").cuda.is_available() and pytest.skip("CUDA here: auto is the full set")
+    lines = _main(kit_main, "list", "--backends", "--backend", "tests.toys.dense:CiSubsetBackend").stdout.splitlines()
+    assert _counts(lines[0]) == {"eager": (1, 1), "graph": (1, 1)}, lines
+    smoke = sum(len(CATALOG.cases("smoke", m)) for m in MODES)
+    said = " ".join(" ".join(lines).split())
+    assert f"ci_cases: 1 of its {smoke} smoke cases" in said and "`--case-set smoke` runs all" in said, said
+
+
+def test_list_backends_in_box():
+    lines = _main(kit_main, "list", "--backends").stdout.splitlines()
+    first = {line.split()[0]: line for line in lines if not line.startswith(" ")}
+    assert {"torch_native", "triton", "flashinfer"} <= set(first)
+    assert _counts(first["torch_native"])["graph"][0] == 0 and "no capture hooks" in " ".join(lines)
+    try:
+        import flashinfer  # noqa: F401
+    except ImportError:
+        assert first["flashinfer"].startswith("flashinfer unavailable: flashinfer-python cannot be imported")
