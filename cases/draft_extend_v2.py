@@ -26,6 +26,8 @@ SMOKE = [
       dtype="fp16", window=8, hybrid=True, sinks=True),
     C("mla_r32_h16_draft4_p16_fp32", prefix=(0, 17, 33), new=4, page=16, dtype="fp32", **SMALL_MLA),
     C("mla_deepseek_h128_bs1_draft3_p64_fp16", prefix=(5,), new=3, page=64, dtype="fp16", **deepseek(128)),
+    # A tree's drafts (topk 2, steps 3, 6 drafts): the draft count is not steps + 1 (sgl-project/sglang#27545).
+    C("gqa_tree2_draft6_steps3_p1_fp32", prefix=(5, 30, 12), new=6, topk=2, steps=3, dtype="fp32", head_dim=64),
 ]
 
 # Cap cases use cap 5 at scale 0.25 (scores of std ~2.8): the cap bites, so a dropped cap
@@ -49,6 +51,7 @@ FULL = in_every_layout([
     C("gqa_window_cap_p64_fp16", prefix=(63, 64, 130, 7), new=5, page=64, window=4, cap=5.0, scale=0.25,
       dtype="fp16"),
     C("gqa_hybrid_window_p16", prefix=(100, 40, 31), new=4, page=16, window=8, hybrid=True),
+    C("gqa_tree4_draft8_steps3_p1", prefix=(0, 17, 33, 64), new=8, topk=4, steps=3),
 ])
 
 # q, k and v as a model's fused QKV projection hands them (views of one row per token): a
@@ -126,4 +129,22 @@ SMOKE += [
       layout="interleaved_pages", **SMALL_MLA),
     C("mla_r32_h16_fp8_e5m2_draft3_p64_shuf", prefix=(70, 5), new=3, page=64, kv_dtype="fp8_e5m2",
       layout="shuffled_pages", **SMALL_MLA),
+]
+
+# Pairs of a tree (its drafts, topk > 1) with the other features (kit.engine.pairs).
+FULL += [
+    C("gqa_tree2_draft6_fp8_e4m3_window_cap_sinks_hybrid_fused_p16_fp16", prefix=(100, 300, 17), new=6, topk=2, steps=3,
+      kv_dtype="fp8_e4m3", window=8, cap=5.0, sinks=True, hybrid=True, scale=0.25, inputs="fused_qkv", page=16,
+      dtype="fp16"),
+    C("mla_h16_tree2_draft6_fp8_e5m2_p64_fp32", prefix=(100, 300, 17), new=6, topk=2, steps=3, kv_dtype="fp8_e5m2",
+      page=64, dtype="fp32", **deepseek(16)),
+]
+SMOKE += [
+    C("gqa_tree2_draft6_fp8_e4m3_window_cap_sinks_hybrid_fused_p16_bf16_shuf", prefix=(12, 30), new=6, topk=2, steps=3,
+      kv_dtype="fp8_e4m3", window=8, cap=5.0, sinks=True, hybrid=True, scale=0.25, inputs="fused_qkv", page=16,
+      dtype="bf16", layout="shuffled_pages", head_dim=64),
+    C("mla_r32_h16_tree2_draft6_fp8_e5m2_p64_fp16_inter", prefix=(12, 30), new=6, topk=2, steps=3, kv_dtype="fp8_e5m2",
+      page=64, dtype="fp16", layout="interleaved_pages", **SMALL_MLA),
+    C("gqa_tree2_draft6_p1_bf16_nonmono", prefix=(12, 30), new=6, topk=2, steps=3, dtype="bf16",
+      layout="non_monotonic_extend", head_dim=64),
 ]

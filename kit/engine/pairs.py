@@ -5,7 +5,7 @@ case's value, and the fields that give a case that value). A bug that needs two 
 cache read through a sliding window) is reached only by a case that has both, so every pair of
 values of two features must be some case's. A pair is possible in a mode when a case of the mode
 can have both: `Case` validation decides (the rules of the mode and of the attention kind: MLA
-takes no window, only TARGET_VERIFY has trees), on a probe of the mode with the two values set.
+takes no window, only the speculative modes have trees), on a probe of the mode with the two values set.
 `missing` lists the possible pairs a set of cases leaves out; `covering` proposes cases that reach
 them, densest first (a greedy covering array over the missing pairs)."""
 from __future__ import annotations
