@@ -199,7 +199,7 @@ def test_kf34_triton_draft_window_attends_one_key_fewer():
     with window W - 1 is what every step computes."""
     case = load_catalog().find_case(ForwardMode.DRAFT_DECODE, "mha_bs1_chain4_window_p64_inter")
     setup = run_setup(case, Exec.EAGER, DEVICE, SGLangTritonDraftBackend)
-    fx = setup.fixtures[-1]
+    fx = setup.case_fixture
     fx.install()
     backend = setup.new_backend()
     backend.init_forward_metadata(fx.batch)

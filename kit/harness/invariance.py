@@ -58,15 +58,16 @@ class _Difference:
 
 def request_rows(fx, outs: Sequence[Sequence[torch.Tensor]], request: int) -> List[List[torch.Tensor]]:
     """Per step, per layer: the output rows of the fixture's request `request` (an index into its data;
-    a draft decode's rows of it, one a lane, in order)."""
+    a draft decode's rows of it, one a lane, lie together)."""
     rows = []
     for step, step_outs in zip(fx.steps, outs):
-        starts = [0]
+        start, end = 0, None
         for r in step.plan.requests:
-            starts.append(starts[-1] + r.n_new)
-        mine = [i for i, r in enumerate(step.plan.requests) if r.request == request]
-        index = torch.tensor([t for i in mine for t in range(starts[i], starts[i + 1])], dtype=torch.long)
-        rows.append([out[index.to(out.device)] for out in step_outs])
+            if r.request == request:
+                end = (start if end is None else end) + r.n_new
+            elif end is None:
+                start += r.n_new
+        rows.append([out[start:end] for out in step_outs])
     return rows
 
 
