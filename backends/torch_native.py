@@ -19,6 +19,8 @@ from kit.modes import MODES, ForwardMode
 class TorchNativeBackend(AttentionBackend):
     name = "torch_native"
     modes = tuple(MODES)
+    batch_invariant = True  # each request attended alone, in matmuls of its own shapes
+    host_mirrors = ()  # it reads the device's lengths itself (a wait of its own)
     attention_kinds = ("dense", "mla")
     kv_dtypes = ("fp8_e4m3", "fp8_e5m2")
     attention_features = ("sinks",)

@@ -85,3 +85,42 @@ FULL += in_every_layout([
     C("gqa_fp8_e4m3_bs12_p64", prefix=(5, 90, 1, 300, 17, 64, 2, 129, 40, 8, 77, 250), page=64, kv_dtype="fp8_e4m3"),
     C("mla_h16_fp8_e4m3_p16", prefix=(16, 33, 1, 700), page=16, kv_dtype="fp8_e4m3", **deepseek(16)),
 ])
+
+# Pairs (kit.engine.pairs: every pair of feature values is some case's, tests/test_kit_catalog.py): a bug that
+# needs two features (an e5m2 cache in DECODE, fp8 read through a window, fp8 with fused QKV inputs) is
+# reached only by a case that has both. Dense cases, each reaching many pairs; the common features (fp8, window,
+# cap, fused inputs) apart from the rarer ones (fp32, hybrid layers, sinks), so that a backend without those runs them.
+FULL += [
+    C("gqa_fp8_e5m2_window_cap_fused_p64_fp16", prefix=(70, 200, 5, 129), page=64, window=64, cap=5.0, scale=0.25,
+      dtype="fp16", inputs="fused_qkv", kv_dtype="fp8_e5m2"),
+    C("gqa_fp8_e4m3_window_fused_p16_shuf", prefix=(100, 40, 31, 7, 300), page=16, window=32, inputs="fused_qkv",
+      kv_dtype="fp8_e4m3", layout="shuffled_pages"),
+    C("gptoss_fp32_fp8_e5m2_window_cap_sinks_hybrid_fused_p1_inter", prefix=(300, 17, 129), heads=GPT_OSS,
+      head_dim=64, window=128, cap=5.0, scale=0.25, dtype="fp32", sinks=True, hybrid=True, inputs="fused_qkv",
+      kv_dtype="fp8_e5m2", layout="interleaved_pages"),
+    C("mla_h16_fp32_fp8_e5m2_p64_nonmono", prefix=(1500, 63, 700), page=64, dtype="fp32", kv_dtype="fp8_e5m2",
+      layout="non_monotonic_extend", **deepseek(16)),
+    C("gqa_fp8_e5m2_cap_hybrid_p16_shuf", prefix=(100, 40, 31, 300), page=16, cap=5.0, scale=0.25, hybrid=True,
+      kv_dtype="fp8_e5m2", layout="shuffled_pages"),
+    C("mha_fp8_e4m3_cap_hybrid_p64_fp16", prefix=(1100, 63), heads=MHA, page=64, cap=5.0, scale=0.25, hybrid=True,
+      dtype="fp16", kv_dtype="fp8_e4m3"),
+    C("gqa_fp32_fp8_e4m3_p16", prefix=(0, 17, 33, 257), page=16, dtype="fp32", kv_dtype="fp8_e4m3"),
+]
+SMOKE += [
+    C("gqa_fp8_e5m2_window_cap_sinks_hybrid_fused_p64_shuf", prefix=(70, 9), page=64, head_dim=64, window=8, cap=5.0,
+      scale=0.25, sinks=True, hybrid=True, inputs="fused_qkv", kv_dtype="fp8_e5m2", layout="shuffled_pages"),
+    C("gqa_fp8_e4m3_window_cap_sinks_hybrid_fused_p1_inter_fp16", prefix=(40, 3), head_dim=64, window=8, cap=5.0,
+      scale=0.25, dtype="fp16", sinks=True, hybrid=True, inputs="fused_qkv", kv_dtype="fp8_e4m3",
+      layout="interleaved_pages"),
+    C("gqa_fp8_e5m2_window_cap_sinks_hybrid_fused_p16_nonmono_fp16", prefix=(17, 0, 33), page=16, head_dim=64,
+      window=8, cap=5.0, scale=0.25, dtype="fp16", sinks=True, hybrid=True, inputs="fused_qkv", kv_dtype="fp8_e5m2",
+      layout="non_monotonic_extend"),
+    C("gqa_fp32_fp8_e5m2_p1", prefix=(9, 200), head_dim=64, dtype="fp32", kv_dtype="fp8_e5m2"),
+    C("gqa_p16_inter_fp16", prefix=(20, 33), page=16, head_dim=64, dtype="fp16", layout="interleaved_pages"),
+    C("mla_r32_h16_fp8_e5m2_p1_inter", prefix=(0, 17, 33), kv_dtype="fp8_e5m2", layout="interleaved_pages",
+      **SMALL_MLA),
+    C("mla_r32_h16_fp8_e4m3_p64_nonmono", prefix=(70, 5), page=64, kv_dtype="fp8_e4m3", layout="non_monotonic_extend",
+      **SMALL_MLA),
+    C("mla_r32_h16_fp8_e4m3_p1_shuf_fp32", prefix=(17, 40), dtype="fp32", kv_dtype="fp8_e4m3", layout="shuffled_pages",
+      **SMALL_MLA),
+]

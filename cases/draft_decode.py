@@ -93,3 +93,42 @@ FULL += in_every_layout([
     C("gqa_fp8_e4m3_bs9_chain5_p64", prefix=(63, 64, 65, 1, 200, 130, 7, 500, 300), new=6, page=64,
       kv_dtype="fp8_e4m3"),
 ])
+
+# Pairs (kit.engine.pairs; cases/decode.py says why): dense cases, the common features apart from the rarer ones.
+FULL += [
+    C("gqa_chain3_fp8_e5m2_window_cap_sinks_hybrid_fused_p16_fp32", prefix=(100, 300, 17), new=4, kv_dtype="fp8_e5m2",
+      window=8, cap=5.0, sinks=True, hybrid=True, scale=0.25, inputs="fused_qkv", page=16, dtype="fp32"),
+    C("mla_h16_tree2_fp8_e5m2_p1_bf16_shuf", prefix=(100, 300, 17), new=5, topk=2, steps=3, kv_dtype="fp8_e5m2",
+      dtype="bf16", layout="shuffled_pages", **deepseek(16)),
+    C("gqa_chain3_fp8_e4m3_cap_sinks_hybrid_fused_p16_fp16", prefix=(100, 300, 17), new=4, kv_dtype="fp8_e4m3", cap=5.0,
+      sinks=True, hybrid=True, scale=0.25, inputs="fused_qkv", page=16, dtype="fp16"),
+    C("gqa_chain3_fp8_e5m2_hybrid_p64_fp16_inter", prefix=(100, 300, 17), new=4, kv_dtype="fp8_e5m2", hybrid=True,
+      page=64, dtype="fp16", layout="interleaved_pages"),
+    C("mla_h16_chain3_fp8_e4m3_p64_fp32", prefix=(100, 300, 17), new=4, kv_dtype="fp8_e4m3", page=64, dtype="fp32",
+      **deepseek(16)),
+    C("gqa_chain3_fp8_e4m3_window_p1_bf16", prefix=(100, 300, 17), new=4, kv_dtype="fp8_e4m3", window=8, dtype="bf16"),
+    C("gqa_chain3_fp8_e5m2_p1_bf16_nonmono", prefix=(100, 300, 17), new=4, kv_dtype="fp8_e5m2", dtype="bf16",
+      layout="non_monotonic_extend"),
+]
+SMOKE += [
+    C("gqa_tree2_fp8_e5m2_window_cap_sinks_hybrid_fused_p1_bf16_inter", prefix=(12, 30), new=5, topk=2, steps=3,
+      kv_dtype="fp8_e5m2", window=8, cap=5.0, sinks=True, hybrid=True, scale=0.25, inputs="fused_qkv", dtype="bf16",
+      layout="interleaved_pages", head_dim=64),
+    C("gqa_chain3_fp8_e4m3_cap_sinks_hybrid_fused_p64_bf16_shuf", prefix=(12, 30), new=4, kv_dtype="fp8_e4m3", cap=5.0,
+      sinks=True, hybrid=True, scale=0.25, inputs="fused_qkv", page=64, dtype="bf16", layout="shuffled_pages",
+      head_dim=64),
+    C("gqa_chain3_fp8_e5m2_sinks_fused_p16_fp16_nonmono", prefix=(12, 30), new=4, kv_dtype="fp8_e5m2", sinks=True,
+      inputs="fused_qkv", page=16, dtype="fp16", layout="non_monotonic_extend", head_dim=64),
+    C("gqa_chain3_fp8_e4m3_window_cap_sinks_hybrid_p16_fp32_nonmono", prefix=(12, 30), new=4, kv_dtype="fp8_e4m3",
+      window=8, cap=5.0, sinks=True, hybrid=True, scale=0.25, page=16, dtype="fp32", layout="non_monotonic_extend",
+      head_dim=64),
+    C("mla_r32_h16_tree2_fp8_e5m2_p1_bf16_shuf", prefix=(12, 30), new=5, topk=2, steps=3, kv_dtype="fp8_e5m2",
+      dtype="bf16", layout="shuffled_pages", **SMALL_MLA),
+    C("mla_r32_h16_chain3_fp8_e4m3_p16_fp16_inter", prefix=(12, 30), new=4, kv_dtype="fp8_e4m3", page=16, dtype="fp16",
+      layout="interleaved_pages", **SMALL_MLA),
+    C("mla_r32_h16_chain3_fp8_e5m2_p64_bf16_nonmono", prefix=(12, 30), new=4, kv_dtype="fp8_e5m2", page=64,
+      dtype="bf16", layout="non_monotonic_extend", **SMALL_MLA),
+    C("gqa_chain3_cap_p16_fp16_shuf", prefix=(12, 30), new=4, cap=5.0, scale=0.25, page=16, dtype="fp16",
+      layout="shuffled_pages", head_dim=64),
+    C("gqa_chain3_fp8_e5m2_p1_fp32", prefix=(12, 30), new=4, kv_dtype="fp8_e5m2", dtype="fp32", head_dim=64),
+]

@@ -90,3 +90,61 @@ FULL += in_every_layout([
     C("gqa_fp8_e5m2_bs9_draft5_p64", prefix=(63, 64, 65, 1, 200, 130, 7, 500, 300), new=5, page=64,
       kv_dtype="fp8_e5m2"),
 ])
+
+# Pairs (kit.engine.pairs; cases/decode.py says why): dense cases, the common features apart from the rarer ones.
+FULL += [
+    C("gqa_fp8_e4m3_draft4_window_cap_fused_p64_fp16", prefix=(63, 64, 130, 7), new=4, page=64, window=8, cap=5.0,
+      scale=0.25, dtype="fp16", inputs="fused_qkv", kv_dtype="fp8_e4m3"),
+    C("gqa_fp8_e5m2_draft3_window_fused_p16_shuf", prefix=(100, 40, 31, 7), new=3, page=16, window=8,
+      inputs="fused_qkv", kv_dtype="fp8_e5m2", layout="shuffled_pages"),
+    C("gptoss_fp32_fp8_e4m3_draft3_window_cap_sinks_hybrid_fused_p1_inter", prefix=(300, 129, 17), new=3,
+      heads=GPT_OSS, head_dim=64, window=128, cap=5.0, scale=0.25, dtype="fp32", sinks=True, hybrid=True,
+      inputs="fused_qkv", kv_dtype="fp8_e4m3", layout="interleaved_pages"),
+    C("mla_h16_fp32_fp8_e4m3_draft3_p64_nonmono", prefix=(4097, 63, 700), new=3, page=64, dtype="fp32",
+      kv_dtype="fp8_e4m3", layout="non_monotonic_extend", **deepseek(16)),
+    C("gqa_fp8_e4m3_draft4_cap_hybrid_p16_shuf", prefix=(0, 17, 33, 64), new=4, page=16, cap=5.0, scale=0.25,
+      hybrid=True, kv_dtype="fp8_e4m3", layout="shuffled_pages"),
+    C("mha_fp8_e5m2_draft3_cap_sinks_hybrid_p64_fp16", prefix=(1100, 63), new=3, heads=MHA, page=64, cap=5.0,
+      scale=0.25, sinks=True, hybrid=True, dtype="fp16", kv_dtype="fp8_e5m2"),
+    C("mla_h128_fp8_e5m2_draft4_p16_fp16", prefix=(0, 17, 33, 64), new=4, page=16, dtype="fp16", kv_dtype="fp8_e5m2",
+      **deepseek(128)),
+    C("gqa_fp32_fp8_e5m2_draft3_p1", prefix=(50, 700, 3), new=3, dtype="fp32", kv_dtype="fp8_e5m2"),
+]
+SMOKE += [
+    C("gqa_fp8_e4m3_draft3_window_cap_sinks_hybrid_fused_p64_shuf", prefix=(70, 9), new=3, page=64, head_dim=64,
+      window=8, cap=5.0, scale=0.25, sinks=True, hybrid=True, inputs="fused_qkv", kv_dtype="fp8_e4m3",
+      layout="shuffled_pages"),
+    C("gqa_fp8_e5m2_draft3_cap_sinks_hybrid_fused_p1_inter_fp16", prefix=(20, 9), new=3, head_dim=64, cap=5.0,
+      scale=0.25, dtype="fp16", sinks=True, hybrid=True, inputs="fused_qkv", kv_dtype="fp8_e5m2",
+      layout="interleaved_pages"),
+    C("gqa_fp32_fp8_e5m2_draft2_window_cap_sinks_fused_p16_nonmono", prefix=(17, 1), new=2, page=16, head_dim=64,
+      window=2, cap=5.0, scale=0.25, dtype="fp32", sinks=True, inputs="fused_qkv", kv_dtype="fp8_e5m2",
+      layout="non_monotonic_extend"),
+    C("gqa_fp8_e4m3_draft3_hybrid_p64_nonmono_fp16", prefix=(70, 5), new=3, page=64, head_dim=64, hybrid=True,
+      dtype="fp16", kv_dtype="fp8_e4m3", layout="non_monotonic_extend"),
+    C("gqa_fp32_fp8_e4m3_draft3_window_p1", prefix=(9, 30), new=3, head_dim=64, window=2, dtype="fp32",
+      kv_dtype="fp8_e4m3"),
+    C("mla_r32_h16_draft3_p1_nonmono", prefix=(5, 30), new=3, layout="non_monotonic_extend", **SMALL_MLA),
+    C("mla_r32_h16_fp8_e4m3_draft4_p16_inter", prefix=(0, 17, 33), new=4, page=16, kv_dtype="fp8_e4m3",
+      layout="interleaved_pages", **SMALL_MLA),
+    C("mla_r32_h16_fp8_e5m2_draft3_p64_shuf", prefix=(70, 5), new=3, page=64, kv_dtype="fp8_e5m2",
+      layout="shuffled_pages", **SMALL_MLA),
+]
+
+# Pairs of a tree (its drafts, topk > 1) with the other features (kit.engine.pairs).
+FULL += [
+    C("gqa_tree2_draft6_fp8_e4m3_window_cap_sinks_hybrid_fused_p16_fp16", prefix=(100, 300, 17), new=6, topk=2, steps=3,
+      kv_dtype="fp8_e4m3", window=8, cap=5.0, sinks=True, hybrid=True, scale=0.25, inputs="fused_qkv", page=16,
+      dtype="fp16"),
+    C("mla_h16_tree2_draft6_fp8_e5m2_p64_fp32", prefix=(100, 300, 17), new=6, topk=2, steps=3, kv_dtype="fp8_e5m2",
+      page=64, dtype="fp32", **deepseek(16)),
+]
+SMOKE += [
+    C("gqa_tree2_draft6_fp8_e4m3_window_cap_sinks_hybrid_fused_p16_bf16_shuf", prefix=(12, 30), new=6, topk=2, steps=3,
+      kv_dtype="fp8_e4m3", window=8, cap=5.0, sinks=True, hybrid=True, scale=0.25, inputs="fused_qkv", page=16,
+      dtype="bf16", layout="shuffled_pages", head_dim=64),
+    C("mla_r32_h16_tree2_draft6_fp8_e5m2_p64_fp16_inter", prefix=(12, 30), new=6, topk=2, steps=3, kv_dtype="fp8_e5m2",
+      page=64, dtype="fp16", layout="interleaved_pages", **SMALL_MLA),
+    C("gqa_tree2_draft6_p1_bf16_nonmono", prefix=(12, 30), new=6, topk=2, steps=3, dtype="bf16",
+      layout="non_monotonic_extend", head_dim=64),
+]

@@ -97,3 +97,39 @@ FULL += in_every_layout([
       kv_dtype="fp8_e5m2"),
     C("mla_h16_fp8_e4m3_p16", prefix=(16, 0, 300), new=(9, 40, 3), page=16, kv_dtype="fp8_e4m3", **deepseek(16)),
 ])
+
+# Pairs (kit.engine.pairs; cases/decode.py says why): dense cases, the common features apart from the rarer ones.
+FULL += [
+    C("gqa_fp8_e5m2_window_cap_fused_p64_fp16", prefix=(70, 0, 130), new=(40, 100, 3), page=64, window=16, cap=5.0,
+      scale=0.25, dtype="fp16", inputs="fused_qkv", kv_dtype="fp8_e5m2"),
+    C("gqa_fp8_e4m3_window_fused_p16_shuf", prefix=(100, 0, 37), new=(40, 60, 9), page=16, window=32,
+      inputs="fused_qkv", kv_dtype="fp8_e4m3", layout="shuffled_pages"),
+    C("gptoss_fp32_fp8_e5m2_window_cap_sinks_hybrid_fused_p1_inter", prefix=(300, 0, 17), new=(64, 100, 5),
+      heads=GPT_OSS, head_dim=64, window=128, cap=5.0, scale=0.25, dtype="fp32", sinks=True, hybrid=True,
+      inputs="fused_qkv", kv_dtype="fp8_e5m2", layout="interleaved_pages"),
+    C("mla_h16_fp32_fp8_e5m2_p64_nonmono", prefix=(4200, 0, 63), new=(20, 130, 2), page=64, dtype="fp32",
+      kv_dtype="fp8_e5m2", layout="non_monotonic_extend", **deepseek(16)),
+    C("mha_fp8_e4m3_cap_hybrid_p64_fp16", prefix=(1000, 63), new=(100, 2), heads=MHA, page=64, cap=5.0, scale=0.25,
+      hybrid=True, dtype="fp16", kv_dtype="fp8_e4m3"),
+    C("gqa_fp32_fp8_e4m3_cap_p16", prefix=(0, 17, 33, 64), new=(5, 1, 16, 3), page=16, cap=5.0, scale=0.25,
+      dtype="fp32", kv_dtype="fp8_e4m3"),
+]
+SMOKE += [
+    C("gqa_fp8_e4m3_window_cap_sinks_hybrid_fused_p64_shuf", prefix=(70, 0), new=(20, 9), page=64, head_dim=64,
+      window=8, cap=5.0, scale=0.25, sinks=True, hybrid=True, inputs="fused_qkv", kv_dtype="fp8_e4m3",
+      layout="shuffled_pages"),
+    C("gqa_fp8_e5m2_window_sinks_hybrid_fused_p1_inter_fp16", prefix=(12, 0), new=(6, 9), head_dim=64, window=8,
+      dtype="fp16", sinks=True, hybrid=True, inputs="fused_qkv", kv_dtype="fp8_e5m2", layout="interleaved_pages"),
+    C("gqa_fp8_e5m2_window_hybrid_fused_p64_nonmono", prefix=(70, 5), new=(3, 9), page=64, head_dim=64, window=8,
+      hybrid=True, inputs="fused_qkv", kv_dtype="fp8_e5m2", layout="non_monotonic_extend"),
+    C("gqa_fp8_e5m2_cap_p16_inter_fp16", prefix=(17, 5), new=(9, 1), page=16, head_dim=64, cap=5.0, scale=0.25,
+      dtype="fp16", kv_dtype="fp8_e5m2", layout="interleaved_pages"),
+    C("gqa_sinks_p1_nonmono_fp16", prefix=(9, 0), new=(4, 7), head_dim=64, dtype="fp16", sinks=True,
+      layout="non_monotonic_extend"),
+    C("mla_r32_h16_fp8_e4m3_p1_inter", prefix=(0, 17), new=(5, 9), kv_dtype="fp8_e4m3", layout="interleaved_pages",
+      **SMALL_MLA),
+    C("mla_r32_h16_fp8_e5m2_p1_shuf_fp32", prefix=(17, 0), new=(5, 9), dtype="fp32", kv_dtype="fp8_e5m2",
+      layout="shuffled_pages", **SMALL_MLA),
+    C("mla_r32_h16_fp8_e4m3_p16_nonmono_fp16", prefix=(33, 5), new=(4, 16), page=16, dtype="fp16",
+      kv_dtype="fp8_e4m3", layout="non_monotonic_extend", **SMALL_MLA),
+]

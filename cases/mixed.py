@@ -87,3 +87,40 @@ FULL += in_every_layout([
     C("gqa_fp8_e5m2_bs6_p64", prefix=(0, 64, 63, 130, 1, 500), new=(64, 65, 1, 1, 1, 1), page=64,
       kv_dtype="fp8_e5m2"),
 ])
+
+# Pairs (kit.engine.pairs; cases/decode.py says why): dense cases, the common features apart from the rarer ones.
+FULL += [
+    C("gqa_fp8_e4m3_window_cap_sinks_hybrid_fused_p1_fp32", prefix=(0, 33, 300), new=(40, 7, 1), kv_dtype="fp8_e4m3",
+      window=8, cap=5.0, sinks=True, hybrid=True, scale=0.25, inputs="fused_qkv", dtype="fp32"),
+    C("gqa_fp8_e4m3_hybrid_p64_fp16_shuf", prefix=(0, 100, 300), new=(40, 60, 1), kv_dtype="fp8_e4m3", hybrid=True,
+      page=64, dtype="fp16", layout="shuffled_pages"),
+    C("gqa_fp8_e5m2_window_cap_sinks_hybrid_fused_p16_fp32", prefix=(0, 100, 300), new=(40, 60, 1), kv_dtype="fp8_e5m2",
+      window=8, cap=5.0, sinks=True, hybrid=True, scale=0.25, inputs="fused_qkv", page=16, dtype="fp32"),
+    C("mla_h16_fp8_e4m3_p16_bf16_inter", prefix=(0, 100, 300), new=(40, 60, 1), kv_dtype="fp8_e4m3", page=16,
+      dtype="bf16", layout="interleaved_pages", **deepseek(16)),
+    C("mla_h16_fp8_e4m3_p64_fp32_nonmono", prefix=(0, 100, 300), new=(40, 60, 1), kv_dtype="fp8_e4m3", page=64,
+      dtype="fp32", layout="non_monotonic_extend", **deepseek(16)),
+    C("mla_h16_fp8_e5m2_p1_bf16", prefix=(0, 33, 300), new=(40, 7, 1), kv_dtype="fp8_e5m2", dtype="bf16",
+      **deepseek(16)),
+]
+SMOKE += [
+    C("gqa_fp8_e4m3_window_cap_sinks_hybrid_fused_p64_bf16_shuf", prefix=(0, 70), new=(20, 1), kv_dtype="fp8_e4m3",
+      window=8, cap=5.0, sinks=True, hybrid=True, scale=0.25, inputs="fused_qkv", page=64, dtype="bf16",
+      layout="shuffled_pages", head_dim=64),
+    C("gqa_fp8_e5m2_window_cap_sinks_hybrid_fused_p1_fp16_inter", prefix=(17, 40), new=(9, 1), kv_dtype="fp8_e5m2",
+      window=8, cap=5.0, sinks=True, hybrid=True, scale=0.25, inputs="fused_qkv", dtype="fp16",
+      layout="interleaved_pages", head_dim=64),
+    C("mla_r32_h16_fp8_e4m3_p1_bf16_inter", prefix=(17, 40), new=(9, 1), kv_dtype="fp8_e4m3", dtype="bf16",
+      layout="interleaved_pages", **SMALL_MLA),
+    C("gqa_fp8_e5m2_sinks_fused_p64_bf16_nonmono", prefix=(0, 70), new=(20, 1), kv_dtype="fp8_e5m2", sinks=True,
+      inputs="fused_qkv", page=64, dtype="bf16", layout="non_monotonic_extend", head_dim=64),
+    C("gqa_fp8_e4m3_window_cap_hybrid_p16_fp16_nonmono", prefix=(17, 40), new=(9, 1), kv_dtype="fp8_e4m3", window=8,
+      cap=5.0, hybrid=True, scale=0.25, page=16, dtype="fp16", layout="non_monotonic_extend", head_dim=64),
+    C("mla_r32_h16_fp8_e5m2_p1_fp32_shuf", prefix=(17, 40), new=(9, 1), kv_dtype="fp8_e5m2", dtype="fp32",
+      layout="shuffled_pages", **SMALL_MLA),
+    C("gqa_fp8_e4m3_p1_fp32", prefix=(17, 40), new=(9, 1), kv_dtype="fp8_e4m3", dtype="fp32", head_dim=64),
+    C("gqa_p16_bf16_inter", prefix=(17, 40), new=(9, 1), page=16, dtype="bf16", layout="interleaved_pages",
+      head_dim=64),
+    C("mla_r32_h16_p1_bf16_nonmono", prefix=(17, 40), new=(9, 1), dtype="bf16", layout="non_monotonic_extend",
+      **SMALL_MLA),
+]

@@ -100,3 +100,42 @@ FULL += in_every_layout([
       kv_dtype="fp8_e4m3"),
     C("mla_h16_fp8_e4m3_chain4_p16", prefix=(17, 1, 700), new=4, page=16, kv_dtype="fp8_e4m3", **deepseek(16)),
 ])
+
+# Pairs (kit.engine.pairs; cases/decode.py says why): dense cases, the common features apart from the rarer ones.
+FULL += [
+    C("gqa_fp8_e5m2_tree6_window_cap_fused_p64_fp16", prefix=(63, 64, 200, 7), new=6, topk=2, page=64, window=16,
+      cap=5.0, scale=0.25, dtype="fp16", inputs="fused_qkv", kv_dtype="fp8_e5m2"),
+    C("gqa_fp8_e4m3_chain4_window_fused_p16_shuf", prefix=(100, 40, 31, 7), new=4, page=16, window=16,
+      inputs="fused_qkv", kv_dtype="fp8_e4m3", layout="shuffled_pages"),
+    C("gptoss_fp32_fp8_e5m2_chain4_window_cap_sinks_hybrid_fused_p1_inter", prefix=(300, 129, 17), new=4,
+      heads=GPT_OSS, head_dim=64, window=128, cap=5.0, scale=0.25, dtype="fp32", sinks=True, hybrid=True,
+      inputs="fused_qkv", kv_dtype="fp8_e5m2", layout="interleaved_pages"),
+    C("mla_h16_fp32_fp8_e5m2_chain3_p64_nonmono", prefix=(4097, 63, 700), new=3, page=64, dtype="fp32",
+      kv_dtype="fp8_e5m2", layout="non_monotonic_extend", **deepseek(16)),
+    C("gqa_fp8_e5m2_chain4_cap_hybrid_p16_shuf", prefix=(17, 64, 1, 33), new=4, page=16, cap=5.0, scale=0.25,
+      hybrid=True, kv_dtype="fp8_e5m2", layout="shuffled_pages"),
+    C("mha_fp8_e4m3_tree6_cap_hybrid_p64_fp16", prefix=(1100, 63), new=6, topk=2, heads=MHA, page=64, cap=5.0,
+      scale=0.25, hybrid=True, dtype="fp16", kv_dtype="fp8_e4m3"),
+    C("gqa_fp32_fp8_e4m3_tree4_sinks_p16", prefix=(17, 64, 1, 300), new=4, topk=2, page=16, dtype="fp32", sinks=True,
+      kv_dtype="fp8_e4m3"),
+]
+SMOKE += [
+    C("gqa_fp8_e5m2_chain4_window_cap_sinks_hybrid_fused_p64_shuf", prefix=(70, 9), new=4, page=64, head_dim=64,
+      window=8, cap=5.0, scale=0.25, sinks=True, hybrid=True, inputs="fused_qkv", kv_dtype="fp8_e5m2",
+      layout="shuffled_pages"),
+    C("gqa_fp8_e4m3_chain3_window_sinks_hybrid_fused_p1_nonmono_fp16", prefix=(12, 30), new=3, head_dim=64, window=8,
+      dtype="fp16", sinks=True, hybrid=True, inputs="fused_qkv", kv_dtype="fp8_e4m3", layout="non_monotonic_extend"),
+    C("gqa_fp8_e4m3_chain3_cap_sinks_hybrid_fused_p1_inter_fp16", prefix=(20, 9), new=3, head_dim=64, cap=5.0,
+      scale=0.25, dtype="fp16", sinks=True, hybrid=True, inputs="fused_qkv", kv_dtype="fp8_e4m3",
+      layout="interleaved_pages"),
+    C("gqa_fp32_fp8_e5m2_chain4_cap_p16_nonmono", prefix=(17, 1), new=4, page=16, head_dim=64, cap=5.0, scale=0.25,
+      dtype="fp32", kv_dtype="fp8_e5m2", layout="non_monotonic_extend"),
+    C("gqa_fp8_e5m2_tree4_fused_p1_fp16", prefix=(9, 33), new=4, topk=2, head_dim=64, dtype="fp16",
+      inputs="fused_qkv", kv_dtype="fp8_e5m2"),
+    C("mla_r32_h16_fp8_e5m2_chain4_p1_inter", prefix=(17, 1, 33), new=4, kv_dtype="fp8_e5m2",
+      layout="interleaved_pages", **SMALL_MLA),
+    C("mla_r32_h16_fp8_e4m3_tree4_p64_nonmono", prefix=(70, 5), new=4, topk=2, page=64, kv_dtype="fp8_e4m3",
+      layout="non_monotonic_extend", **SMALL_MLA),
+    C("mla_r32_h16_fp8_e4m3_chain3_p1_shuf_fp32", prefix=(5, 30), new=3, dtype="fp32", kv_dtype="fp8_e4m3",
+      layout="shuffled_pages", **SMALL_MLA),
+]

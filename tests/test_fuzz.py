@@ -18,10 +18,11 @@ from kit.engine.case_line import format_case, parse_case
 from kit.engine.catalog import CASE_SETS
 from kit.engine.draws import SIZES, Takes, around
 from kit.engine.modes.mixed import decode_rows
+from kit.fuzz.search import Finding, Target, shrink_features
 from kit.fuzz.strategies import any_case
 from kit.engine.profile import SGLANG_BATCH_SIZES as BS_BUCKETS, SGLANG_TOKEN_BUCKETS as TOKEN_BUCKETS
 from kit.engine.schedule import batches
-from kit.modes import EXECS, MODES, ForwardMode
+from kit.modes import EXECS, MODES, Exec, ForwardMode
 from tests.toys.planted import ZeroRowBeforeFullPage, triggered
 
 PLANTED = "tests.toys.planted:ZeroRowBeforeFullPage"
@@ -113,6 +114,22 @@ def test_no_catalog_case_reaches_the_planted_bug():
     reached = [b.name for mode in MODES for s in CASE_SETS for case in CATALOG.cases(s, mode) for ex in EXECS
                for b in batches(case, ex) if b.mode is ForwardMode.DECODE and triggered(b.prefix, b.page)]
     assert not reached
+
+
+def test_a_found_failure_drops_every_feature_it_does_not_need():
+    """A window bug found on a case with every feature on shrinks to the window alone: no cap, scale,
+    sinks, fp8 cache, hybrid layers, fused inputs or page layout, and it still fails the same way."""
+    busy = Case("gqa_bs2_window_cap_scale_hybrid_fused_sinks_p4_fp32_fp8_e4m3_nonmono", ForwardMode.DECODE,
+                prefix=(9, 20), page=4, heads=(4, 2), head_dim=16, dtype="fp32", window=4, cap=5.0, scale=0.25,
+                hybrid=True, inputs="fused_qkv", sinks=True, kv_dtype="fp8_e4m3", layout="non_monotonic_extend")
+    target = Target("tests.toys.planted:WindowOneShort", (ForwardMode.DECODE,), (Exec.EAGER,), device="cpu")
+    shrunk = shrink_features(target, Finding(busy, "eager", "kernel", "", ""))
+    case = shrunk.case
+    assert shrunk.failure_class == "kernel" and case.window == 4, format_case(case)
+    assert (case.cap, case.scale, case.sinks, case.kv_dtype, case.hybrid, case.inputs, case.layout) == (
+        0.0, None, False, None, False, "contiguous", "contiguous"), format_case(case)
+    assert "_window_" in case.name and not any(f in case.name for f in ("cap", "sinks", "fp8", "nonmono"))
+    assert shrunk.line == format_case(case) and "--case-line" in shrunk.repro
 
 
 def _fuzz(capsys, tmp_path, *extra):

@@ -27,8 +27,17 @@ class _KvDtypesTorchs(TorchNativeBackend):
     kv_dtypes = ("float8_e4m3fn",)
 
 
+class _InvariantSaysYes(TorchNativeBackend):
+    batch_invariant = "yes"
+
+
+class _MirrorsMisnamed(TorchNativeBackend):
+    host_mirrors = ("seq_lens",)
+
+
 @pytest.mark.parametrize("cls, named", [(_CaptureSaysYes, "extend_capture"), (_ModesOneString, "modes"),
-                                        (_CiCasesAList, "ci_cases"), (_KvDtypesTorchs, "kv_dtypes")])
+                                        (_CiCasesAList, "ci_cases"), (_KvDtypesTorchs, "kv_dtypes"),
+                                        (_InvariantSaysYes, "batch_invariant"), (_MirrorsMisnamed, "host_mirrors")])
 def test_a_malformed_declaration_is_a_crash_when_the_backend_loads(cls, named):
     with pytest.raises(BadDeclaration, match=f"{cls.__name__}.{named} must"):
         Capabilities.of(cls)

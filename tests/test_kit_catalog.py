@@ -1,5 +1,6 @@
 """The case catalog keeps its promises: unique names, and the coverage the kit claims."""
 import dataclasses
+import functools
 import json
 import math
 import os
@@ -15,6 +16,7 @@ import torch
 from backends.triton.metadata import SPLIT_TOKENS
 from cases import CATALOG as catalog
 from kit.engine.case import GQA, LAYOUTS, MHA, MQA, Case
+from kit.engine import pairs
 from kit.engine.catalog import CASE_SETS, Catalog
 from kit.engine.fixture import Fixture, Step, _pools_for, make_batch
 from kit.engine.profile import SGLANG
@@ -64,6 +66,64 @@ def test_full_set_coverage(mode):
     assert any(c.window >= 0 for c in full) and any(c.cap > 0 for c in full)
     assert any(c.page > 1 and any(p % c.page == 0 and p > 0 for p in c.prefix) for c in full), "prefix exactly a page"
     assert any(c.page > 1 and any(p % c.page for p in c.prefix) for c in full), "crossing a page boundary"
+
+
+@functools.lru_cache(maxsize=None)
+def _probe(mode) -> pairs.Probe:
+    """The mode's probe, its attention kinds' examples from the whole catalog."""
+    every = [c for m in MODES for s in CASE_SETS for c in catalog.cases(s, m)]
+    return pairs.probe_for([c for s in CASE_SETS for c in catalog.cases(s, mode)], every)
+
+
+def _gaps_message(mode, case_set, gaps) -> str:
+    proposals = "; ".join(f"{dict((k, v) for k, v in values.items() if v != pairs.BY_NAME[k].values[0])} "
+                          f"({len(reached)} pairs)" for values, reached in pairs.covering(gaps, _probe(mode)))
+    return (f"{mode.value} {case_set}: {len(gaps)} pairs of feature values no case reaches: "
+            f"{', '.join(map(pairs.describe, gaps))}; cases reaching them, densest first (add them to "
+            f"cases/{mode.value}.py): {proposals}")
+
+
+@pytest.mark.parametrize("case_set", CASE_SETS)
+@pytest.mark.parametrize("mode", MODES, ids=lambda m: m.value)
+def test_every_pair_of_feature_values(case_set, mode):
+    """Every pair of feature values a case of the mode can have (kit.engine.pairs) is some case's: a bug
+    that needs two features is reached by the set, whichever two."""
+    gaps = pairs.missing(catalog.cases(case_set, mode), _probe(mode))
+    assert not gaps, _gaps_message(mode, case_set, gaps)
+
+
+# The combinations no case of the full set had when the bug classes needing them went unseen: an e5m2
+# cache in DECODE (no tree there), fp8 through a sliding window, fp8 with fused-QKV inputs.
+ISSUE_PAIRS = [(DECODE, (("kv_dtype", "fp8_e5m2"), ("tree", False))),
+               (TARGET_VERIFY, (("kv_dtype", "fp8_e4m3"), ("window", True))),
+               (DRAFT_EXTEND_V2, (("kv_dtype", "fp8_e5m2"), ("inputs", "fused_qkv")))]
+
+
+@pytest.mark.parametrize("mode, pair", ISSUE_PAIRS, ids=lambda v: v.value if isinstance(v, ForwardMode) else
+                         pairs.describe(v))
+def test_the_pairs_check_requires_fp8_with_each_feature(mode, pair):
+    """An e5m2 cache in DECODE, fp8 through a sliding window, fp8 with fused-QKV inputs are pairs the check
+    requires, and a catalog without them fails it, naming the pair and a case that reaches it."""
+    probe = _probe(mode)
+    assert pair in pairs.possible_pairs(probe)
+    without = [c for c in catalog.cases("smoke", mode) if set(pair) - set(pairs.values_of(c))]
+    gaps = pairs.missing(without, probe)
+    assert pair in gaps
+    proposed = [values for values, reached in pairs.covering(gaps, probe) if pair in reached]
+    assert len(proposed) == 1 and probe.case(proposed[0]).kv_dtype == pair[0][1]
+
+
+def test_pairs_are_possible_as_the_case_rules_say():
+    """Which pairs are required follows Case validation: MLA takes no window, sinks or fused inputs (so
+    those pairs are not required), only the speculative modes' drafts are trees (TARGET_VERIFY,
+    DRAFT_EXTEND_V2, DRAFT_DECODE)."""
+    for mode in MODES:
+        possible = set(pairs.possible_pairs(_probe(mode)))
+        assert (("kind", "mla"), ("window", True)) not in possible
+        assert (("kind", "mla"), ("sinks", True)) not in possible
+        assert (("kind", "mla"), ("inputs", "fused_qkv")) not in possible
+        assert (("kind", "mla"), ("kv_dtype", "fp8_e5m2")) in possible
+        assert any(("tree", True) in pair for pair in possible) == (mode in (TARGET_VERIFY, DRAFT_EXTEND_V2, DRAFT_DECODE)), mode
 
 
 def test_zero_prefix_and_trees_covered():

@@ -45,14 +45,17 @@ def test_a_mixed_batch_carries_every_rows_prefix_and_new_tokens():
     assert b.positions.tolist() == list(range(9)) + [17, 40]
 
 
-def test_every_batch_of_a_run_is_a_mixed_one_but_the_extend_that_captures():
+def test_every_batch_of_a_run_is_a_mixed_one_but_the_extend_that_captures_and_the_request_alone():
+    """A graph run's first token bucket is captured by an EXTEND batch; the case's recurring request alone
+    (kit.engine.variants.alone) is an EXTEND batch of one request, eager and replayed."""
     for exec_ in (Exec.EAGER, Exec.GRAPH):
         for case in (CASE, small_case("ones", MIXED, (0, 1, 5), (1, 1, 1)), small_case("two", MIXED, (7, 3), (5, 1))):
             batches = [b for b in (rules_for(MIXED).eager_sequence(case) if exec_ is Exec.EAGER else
                                    rules_for(MIXED).replay_schedule(case, SGLANG))]
             assert all(decode_rows(b.new) >= 1 for b in batches if b.mode is MIXED)
             extend = [b for b in batches if b.mode is EXTEND]
-            assert len(extend) == (exec_ is Exec.GRAPH)
+            assert len(extend) == (2 if exec_ is Exec.GRAPH else 1)
+            assert [b.bs for b in extend][-1] == 1
 
 
 class ModeRecorder(TorchNativeBackend):
@@ -85,4 +88,4 @@ def test_graphs_replay_a_mixed_batch_as_extend_on_the_graph_an_extend_batch_capt
     assert seen[:3] == [("capture", EXTEND, fixtures[0].batch.batch_size), ("replay", EXTEND, 2),
                         ("replay", EXTEND, fixtures[1].batch.batch_size)]
     eager = run_setup(CASE, Exec.EAGER, "cpu", TorchNativeBackend).fixtures
-    assert all(fx.batch.forward_mode is MIXED for fx in eager)
+    assert all(fx.batch.forward_mode is MIXED for fx in eager[:-1]) and eager[-1].batch.forward_mode is EXTEND

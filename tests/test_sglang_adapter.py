@@ -254,3 +254,17 @@ def test_an_fp8_cache_is_written_by_sglangs_own_pool_code():
     loc = fx.batch.out_cache_loc
     pool.set_kv_buffer(attn, loc, x.k_new.clone(), x.v_new.clone(), attn.k_scale, attn.v_scale)
     assert check_kv(kit_pool, KVState(fx.old_slots(), fx.installed_kv(), loc, {1: (x.k_new, x.v_new)})).ok
+
+
+class _Deterministic(SGLangTritonBackend):
+    server_fields = {"enable_deterministic_inference": True}
+
+
+def test_a_backends_own_server_fields_override_the_defaults():
+    """SGLang's deterministic mode is one server field of a subclass (docs/sglang.md): the backend built
+    reads it (fixed 256-key decode split tiles), where the plain one keeps its batch-sized planner."""
+    case = small_case("det", ForwardMode.DECODE, (5, 30))
+    _, deterministic = _built(case, _Deterministic)
+    _, plain = _built(case)
+    assert deterministic.impl.enable_deterministic and deterministic.impl.split_tile_size == 256
+    assert not plain.impl.enable_deterministic

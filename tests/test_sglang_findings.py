@@ -15,6 +15,7 @@ from backends.sglang.adapter import (SGLangFlashInferBackend, SGLangFlexAttentio
 from kit.engine.catalog import load_catalog
 from kit.modes import Exec, ForwardMode
 from kit.engine.reference import attention
+from kit.harness.guard import Guard
 from kit.harness.runner import default_device
 from tests.helpers import run_setup
 
@@ -27,10 +28,10 @@ TIGHT = 1e-4 if DEVICE.type == "cpu" else 5e-3
 
 
 def _sglang_outputs(mode, case_name, backend_cls=SGLangTritonBackend):
-    """SGLang's per-layer outputs on the case's own batch (an eager run's last step)."""
+    """SGLang's per-layer outputs on the case's own batch (its batch in an eager run)."""
     case = load_catalog().find_case(mode, case_name)
     setup = run_setup(case, Exec.EAGER, DEVICE, backend_cls)
-    fx = setup.fixtures[-1]
+    fx = setup.case_fixture
     fx.install()
     backend = setup.new_backend()
     backend.init_forward_metadata(fx.batch)
@@ -72,7 +73,7 @@ def test_kf3_triton_eager_extend_metadata_reads_whole_request_tensors():
     full-capacity replays hand them, do not fit its bs + 1 indptr."""
     case = load_catalog().find_case(ForwardMode.EXTEND, "mqa_p1_shuf")
     setup = run_setup(case, Exec.EAGER, DEVICE, SGLangTritonBackend)
-    fx = setup.fixtures[-1]
+    fx = setup.case_fixture
     fx.install()
     b = fx.batch
     longer = {f: torch.cat([getattr(b, f), getattr(b, f)]) for f in (
@@ -88,7 +89,7 @@ def test_kf5_torch_native_ignores_logit_cap():
     off is what it computes."""
     case = load_catalog().find_case(ForwardMode.DECODE, "gqa_bs8_cap_p1_nonmono")
     setup = run_setup(case, Exec.EAGER, DEVICE, SGLangTorchNativeBackend)
-    fx = setup.fixtures[-1]
+    fx = setup.case_fixture
     fx.install()
     backend = setup.new_backend()
     backend.init_forward_metadata(fx.batch)
@@ -196,7 +197,7 @@ def test_kf34_triton_draft_window_attends_one_key_fewer():
     with window W - 1 is what every step computes."""
     case = load_catalog().find_case(ForwardMode.DRAFT_DECODE, "mha_bs1_chain4_window_p64_inter")
     setup = run_setup(case, Exec.EAGER, DEVICE, SGLangTritonDraftBackend)
-    fx = setup.fixtures[-1]
+    fx = setup.case_fixture
     fx.install()
     backend = setup.new_backend()
     backend.init_forward_metadata(fx.batch)

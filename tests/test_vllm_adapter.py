@@ -35,8 +35,8 @@ def _case(name, mode, prefix, new=1, **kw):
 
 
 def _built(case, cls=VllmTritonAttnBackend):
-    """The case's last eager batch, installed in a pool of vLLM's layout, and the backend built for it."""
-    fx = run_setup(case, backend_cls=cls, device="cuda" if torch.cuda.is_available() else "cpu").fixtures[-1]
+    """The case's own eager batch, installed in a pool of vLLM's layout, and the backend built for it."""
+    fx = run_setup(case, backend_cls=cls, device="cuda" if torch.cuda.is_available() else "cpu").case_fixture
     fx.install()
     return fx, cls(BackendContext.for_case(case, fx.pools, fx.pools.token_to_kv_pool.device))
 

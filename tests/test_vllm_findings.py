@@ -6,6 +6,7 @@ import torch
 
 from backends.vllm.adapter import VllmFlexAttentionBackend, vllm_problem
 from kit.engine.catalog import load_catalog
+from kit.engine.variants import variant
 from kit.harness.hooks import driver_for
 from kit.harness.runner import default_device
 from kit.modes import Exec, ForwardMode
@@ -15,10 +16,10 @@ pytestmark = pytest.mark.skipif(vllm_problem() is not None, reason=str(vllm_prob
 ON_CPU = pytest.mark.skipif(torch.cuda.is_available(), reason="PyTorch's CPU flex attention template: CPU runs only")
 
 
-def _eager_sequence(mode, case_name, backend_cls):
-    """The case's eager batches on one backend instance, in order, as the suite runs them: the
-    metadata, then every layer's forward."""
-    case = load_catalog().find_case(mode, case_name)
+def _eager_sequence(mode, case_name, backend_cls, derived=lambda case: case):
+    """The case's eager batches (or those of `derived(case)`) on one backend instance, in order, as the
+    suite runs them: the metadata, then every layer's forward."""
+    case = derived(load_catalog().find_case(mode, case_name))
     setup = run_setup(case, Exec.EAGER, default_device(), backend_cls)
     backend = setup.new_backend()
     driver = driver_for(backend, setup.caps)
@@ -42,6 +43,8 @@ def test_kf31_flex_cpu_decoding_template_reads_full_blocks_a_mask_without_them_l
 def test_kf32_flex_cpu_template_asserts_a_mask_as_wide_as_the_kv_cache():
     """PyTorch's CPU flex template asserts the KV length fits the block mask's KV indices
     (flex_cpu.py:322-326); vLLM's direct-built masks list the blocks a batch uses, narrower than
-    the paged KV cache it hands as K and V."""
+    the paged KV cache it hands as K and V. Shown on a batch of two more requests than the case (as an
+    eager run's first batch was before it carried the case's recurring request)."""
     with pytest.raises(Exception, match="KV seqlen must be smaller than the block_mask size"):
-        _eager_sequence(ForwardMode.EXTEND, "gqa32_scale_fp16_p16_shuf", VllmFlexAttentionBackend)
+        _eager_sequence(ForwardMode.EXTEND, "gqa32_scale_fp16_p16_shuf", VllmFlexAttentionBackend,
+                        lambda case: variant(case, case.bs + 2, 8, tag="step"))

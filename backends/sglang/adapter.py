@@ -353,6 +353,10 @@ class SGLangTritonBackend(_GraphHooks, SGLangBackend):
     # divides by k_scale before the pool's write, triton_backend.py:1721), read with the layer's scales.
     kv_dtypes = ("fp8_e4m3", "fp8_e5m2")
     attention_features = ("sinks",)  # forward_extend / forward_decode take `sinks` (triton_backend.py:1677, :2296)
+    # TritonAttnBackend declares needs_cpu_seq_lens = False (triton_backend.py:153): SGLang's scheduler then
+    # hands it no host copies at all, seq_lens_cpu and seq_lens_sum None (managers/overlap_utils.py:615-619),
+    # and its metadata over-allocates (:903-905, :1018-1020): the kit hands None as SGLang does.
+    host_mirrors = ()
     # A plain CPU run (CI) gives it one short case per mode: in Triton's interpreter SGLang's
     # kernels take 5-60 s a run. `--case-set smoke` runs every smoke case (results/cpu.json).
     # MLA: the small-rank EXTEND and TARGET_VERIFY cases; DECODE has none here (its kernel does not tile rank 32 + rope 16, and

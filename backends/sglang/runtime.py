@@ -53,7 +53,7 @@ def install_server_args(attention_backend: str, device: torch.device, page_size:
     own CUDA-graph runners are off; the page size is the pool's (the multi-step draft backends
     read it here, get_schedule().page_size); speculative fields come from the kit's config;
     `fields`, a backend's own."""
-    get_context().override_server_args(
+    args = dict(
         attention_backend=attention_backend,
         page_size=page_size,
         chunked_prefill_size=-1,
@@ -67,8 +67,8 @@ def install_server_args(attention_backend: str, device: torch.device, page_size:
         speculative_num_draft_tokens=speculative.num_draft_tokens if speculative else 1,
         speculative_num_steps=speculative.num_steps if speculative else 0,
         device=device.type,
-        **fields,
-    ).install()
+    )
+    get_context().override_server_args(**{**args, **fields}).install()  # a backend's fields over the defaults
 
 
 # The kit's modes as SGLang's: the draft decode is DECODE on a multi-step draft backend

@@ -20,8 +20,8 @@ from typing import List, Optional
 import torch
 
 from backends.triton import kernels, mla
-from backends.triton.metadata import (BLOCK_M, MAX_KV_SPLITS, Buffers, Metadata, draft_buffers, extend_grid,
-                                      fill_decode, fill_draft_step, fill_extend, max_splits_for)
+from backends.triton.metadata import (BLOCK_M, INTERPRETED_SPLIT_TOKENS, MAX_KV_SPLITS, SPLIT_TOKENS, Buffers,
+                                      Metadata, draft_buffers, extend_grid, fill_decode, fill_draft_step, fill_extend)
 from kit.modes import MODES, ForwardMode
 from kit.harness.protocol import AttentionBackend, library_version
 
@@ -33,13 +33,14 @@ DECODE_BLOCK_N = 64
 EXTEND_BLOCK_N = 32
 LAUNCH = dict(num_warps=4, num_stages=3)
 DECODE_BLOCK_H = 16  # tl.dot needs 16 rows: a KV head's query group is padded to it
-CPU_NOMINAL_SMS = 16  # the interpreter has no SMs; a fixed count keeps split choices deterministic
 
 
 class TritonBackend(AttentionBackend):
     name = "triton"
     modes = tuple(MODES)
     extend_capture = True
+    batch_invariant = True  # a request's KV splits follow its own length alone (metadata.fill_decode)
+    host_mirrors = ()  # its metadata reads no host copy of seq_lens: the engine need not wait to make one
     attention_kinds = ("dense", "mla")
     kv_dtypes = ("fp8_e4m3", "fp8_e5m2")
     attention_features = ("sinks",)
@@ -81,10 +82,7 @@ class TritonBackend(AttentionBackend):
         self.num_q_heads, self.num_kv_heads = model.tp_q_head_num, model.tp_k_head_num
         self.head_dim = model.head_dim
         self.v_head_dim = model.v_head_dim
-        # decode programs per request and split: a KV head's query group each, MLA's heads in blocks
-        self.decode_programs = mla.head_blocks(model.tp_q_head_num) if model.is_mla else model.tp_k_head_num
-        self.num_sms = (torch.cuda.get_device_properties(ctx.device).multi_processor_count
-                        if ctx.device.type == "cuda" else CPU_NOMINAL_SMS)
+        self.split_tokens = SPLIT_TOKENS if ctx.device.type == "cuda" else INTERPRETED_SPLIT_TOKENS
         # Sink logits on the device, made here (a graph cannot copy them in): by layer's values
         self.sink_tensors = {layer.sinks: layer.sinks_tensor(ctx.device) for layer in ctx.layers if layer.sinks}
         self.no_sinks = torch.zeros(1, dtype=torch.float32, device=ctx.device)  # a pointer HAS_SINK=False never reads
@@ -106,10 +104,16 @@ class TritonBackend(AttentionBackend):
                                 self.ctx.device)
 
     def _eager_buffers(self, batch) -> Buffers:
-        """Sized for this batch (seq_lens_sum bounds every mode's key count)."""
+        """Sized for this batch."""
         mask = batch.spec_info.custom_mask if batch.spec_info is not None else None
-        return self._allocate(batch.batch_size + 1, batch.num_tokens, batch.seq_lens_sum,
+        return self._allocate(batch.batch_size + 1, batch.num_tokens, self._key_capacity(batch),
                               0 if mask is None else mask.numel())
+
+    def _key_capacity(self, batch) -> int:
+        """Keys the batch's kv_indices may hold, without a host mirror (host_mirrors: none is exact
+        here): no row (a request, a draft decode's lane) has more than a req_to_token row."""
+        lanes = batch.spec_info.topk if batch.forward_mode is ForwardMode.DRAFT_DECODE else 1
+        return batch.batch_size * lanes * self.ctx.max_context_len
 
     def _draft_buffers(self, batch) -> List[Buffers]:
         """A draft decode's buffers per step: sized for this batch, or, for graphs, for the largest
@@ -117,8 +121,7 @@ class TritonBackend(AttentionBackend):
         spec = batch.spec_info
         if self.graph_bufs is None:
             rows = batch.batch_size * spec.topk
-            return draft_buffers(self._allocate(rows, rows, batch.seq_lens_sum * spec.topk + rows * spec.num_steps, 0),
-                                 spec.num_steps - 1)
+            return draft_buffers(self._allocate(rows, rows, self._key_capacity(batch), 0), spec.num_steps - 1)
         if self.draft_graph_bufs is None:
             rows = self.graph_rows
             self.draft_graph_bufs = draft_buffers(self._allocate(rows, rows, self._draft_graph_keys(), 0),
@@ -134,9 +137,7 @@ class TritonBackend(AttentionBackend):
         bs, mode = batch.batch_size, batch.forward_mode
         if mode is ForwardMode.DRAFT_DECODE:
             rows = bs * batch.spec_info.topk
-            self.draft_metadata = [Metadata(bufs, rows=rows, max_splits=max_splits_for(rows, self.decode_programs,
-                                                                                       self.num_sms))
-                                   for bufs in self._draft_buffers(batch)]
+            self.draft_metadata = [Metadata(bufs, rows=rows) for bufs in self._draft_buffers(batch)]
             return
         bufs = self.graph_bufs if self.graph_bufs is not None else self._eager_buffers(batch)
         if mode is ForwardMode.DECODE:
@@ -167,13 +168,15 @@ class TritonBackend(AttentionBackend):
         bs, spec = batch.batch_size, batch.spec_info
         for step, md in enumerate(self.draft_metadata):
             fill_draft_step(md.bufs, self.req_to_token, batch.req_pool_indices[:bs], batch.seq_lens[:bs], spec.topk,
-                            spec.num_steps, step, md.max_splits)
+                            spec.num_steps, step, self.split_tokens)
 
     def _max_splits(self, batch) -> int:
-        return max_splits_for(batch.batch_size, self.decode_programs, self.num_sms)
+        """The decode grid's split dimension: every split a request may have, whatever the batch (each
+        request's own count, on the device, follows its length alone: metadata.fill_decode)."""
+        return MAX_KV_SPLITS
 
     def _fill_decode(self, bufs: Buffers, req_pool_indices, seq_lens) -> None:
-        fill_decode(bufs, self.req_to_token, req_pool_indices, seq_lens, self.forward_metadata.max_splits)
+        fill_decode(bufs, self.req_to_token, req_pool_indices, seq_lens, self.split_tokens)
 
     def _fill_extend(self, batch) -> None:
         md, bs = self.forward_metadata, batch.batch_size

@@ -228,6 +228,13 @@ class Case:
         """Deterministic across processes (xdist workers must agree)."""
         return zlib.crc32(f"{self.mode.value}/{self.name}/{self.seed}/{salt}".encode())
 
+    def request_seed(self, i: int) -> int:
+        """The seed of request i: its data (kit.engine.inputs) and its shape's draws (a draft tree),
+        wherever it is batched."""
+        if self.request_seeds is not None:
+            return self.request_seeds[i]
+        return zlib.crc32(f"{self.rng_seed()}/request{i}".encode())
+
     def with_(self, **changes) -> "Case":
         return dataclasses.replace(self, **changes)
 

@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import dataclasses
 import random
-import zlib
 from typing import List, Optional
 
 import torch
@@ -76,7 +75,9 @@ class BatchPlan:
 def plan_case(case: Case) -> BatchPlan:
     rng = random.Random(case.rng_seed())
     rules = rules_for(case.mode)
-    shapes = [rules.request(case, p, n, rng) for p, n in zip(case.prefix, case.new_lens)]
+    seeds = [case.request_seed(i) for i in range(case.bs)]
+    # Each request's shape from its own seed: a request recurring in another batch is the same request.
+    shapes = [rules.request(case, p, n, random.Random(seed)) for p, n, seed in zip(case.prefix, case.new_lens, seeds)]
     pages = place_pages(case.layout, case.page, [(s.n_old, s.n_new) for s in shapes], rng)
     rows = rng.sample(range(1, 2 * case.bs + 2), case.bs)
     requests = [
@@ -92,12 +93,5 @@ def plan_case(case: Case) -> BatchPlan:
         num_slots=(max_page + 1 + spare_pages) * case.page,
         max_reqs=2 * case.bs + 2,
         max_context=max(r.total for r in requests) + case.page + CONTEXT_SLACK,
-        data=[RequestData(request_seed(case, i), s.n_old, s.n_old + s.n_new) for i, s in enumerate(shapes)],
+        data=[RequestData(seed, s.n_old, s.n_old + s.n_new) for seed, s in zip(seeds, shapes)],
     )
-
-
-def request_seed(case: Case, i: int) -> int:
-    """The seed of the case's request i: its data, wherever it is batched."""
-    if case.request_seeds is not None:
-        return case.request_seeds[i]
-    return zlib.crc32(f"{case.rng_seed()}/request{i}".encode())

@@ -26,7 +26,8 @@ from kit.engine.case import Case
 from kit.engine.case_line import format_case
 from kit.fuzz import in_flight
 from kit.engine.draws import Takes
-from kit.fuzz.strategies import any_case
+from kit.engine.pairs import FEATURES
+from kit.fuzz.strategies import any_case, case_name
 from kit.harness.registry import backend_label, import_root, load_backend
 from kit.harness.capabilities import Capabilities
 from kit.harness.run import Run
@@ -109,11 +110,21 @@ class OutOfTime(BaseException):
     case would have it draw hundreds more before it gives up."""
 
 
+# The features a found case drops where its failure does not need them, each to its plain value: every
+# feature of the pairs check (kit.engine.pairs) that is switched on or off, and a scale of its own. Hybrid
+# layers first: the model's other layer toggles the case's window and cap, so a window bug still fails
+# without the case's own window while hybrid; dropped first, the case's own layer keeps what it needs.
+DROPS: Tuple[Tuple[str, Dict], ...] = tuple(sorted(
+    ((f.name, f.fields(f.values[0])) for f in FEATURES if f.name not in ("kind", "dtype", "page")),
+    key=lambda drop: drop[0] != "hybrid")) + (("scale", dict(scale=None)),)
+
+
 def size(case: Case) -> Tuple:
     """How large a case is, for the smallest failing one: requests, tokens, head sizes, page, and
     how many features are on."""
     features = (case.window >= 0, case.cap > 0, case.scale is not None, case.hybrid, case.topk > 1,
-                case.layout != "contiguous", case.dtype != "fp32", case.seed > 0)
+                case.layout != "contiguous", case.dtype != "fp32", case.seed > 0, case.sinks,
+                case.kv_dtype is not None, case.inputs != "contiguous")
     return (case.bs, sum(case.prefix) + sum(case.new_lens), case.heads[0] * case.head_dim, case.page,
             sum(features), format_case(case))
 
@@ -215,6 +226,26 @@ class _Search:
                 self.smallest[kind] = finding
         return finding
 
+    def without_unneeded_features(self, finding: Finding) -> Finding:
+        """The finding's case with every feature (DROPS) its failure does not need dropped, one at a time:
+        each drop kept where the case still fails the same way (mode, exec, failure class), as a new
+        failure. Hypothesis shrinks toward plain values but may stop short (its budget, or a drop that
+        only works once another is made); this pass makes the case say what the bug needs."""
+        kind = Failed.kind(finding)
+        for _, fields in DROPS:
+            case = finding.case
+            if all(getattr(case, k) == v for k, v in fields.items()):
+                continue
+            try:
+                dropped = case.with_(**fields)
+                dropped = dropped.with_(name=case_name(_fields(dropped), case.mode))
+            except ValueError:  # not a valid case without it (an MLA case's scale)
+                continue
+            again = self._run(dropped, Exec(finding.exec))
+            if again is not None and Failed.kind(again) == kind:
+                finding = dataclasses.replace(again, example=finding.example, seconds=finding.seconds)
+        return finding
+
     def _run(self, case: Case, exec_: Exec) -> Optional[Finding]:
         t = self.target
         run = Run(t.backend, self.label, case, exec_)
@@ -288,11 +319,24 @@ def fuzz(target: Target, budget: float, seed: Optional[int] = None, shrink_budge
     finally:  # the process lives on: no case took it down
         if running is not None:
             in_flight.clear(running)
+    if not outcome.stopped:
+        outcome.new = [search.without_unneeded_features(f) for f in outcome.new]
     end = search.elapsed()
     found = search.first_failure
     outcome.search_seconds = round(found if found is not None else end, 2)
     outcome.shrink_seconds = round(end - found, 2) if found is not None else 0.0
     return outcome
+
+
+def shrink_features(target: Target, finding: Finding, known: Sequence[KnownFailure] = ()) -> Finding:
+    """`finding` with every feature its failure does not need dropped, by runs of `target`'s backend
+    (what `fuzz` does to each new failure it found)."""
+    return _Search(target, known, 0, 0, Outcome(seed=0)).without_unneeded_features(finding)
+
+
+def _fields(case: Case) -> Dict:
+    """A case's fields, as its name is made from them (kit.fuzz.strategies.case_name)."""
+    return {f.name: getattr(case, f.name) for f in dataclasses.fields(Case) if f.name not in ("name", "mode")}
 
 
 def _leaves(group) -> List[Failed]:

@@ -11,6 +11,7 @@ from kit.engine import kinds
 from kit.engine.case import KV_DTYPES, Case
 from kit.engine.modes import rules_for
 from kit.engine.profile import BUILDER, CAPTURE_REPLAY, SGLANG, TWO_PHASE, EngineProfile
+from kit.harness.mirrors import MIRRORS
 from kit.modes import ForwardMode
 
 
@@ -43,6 +44,10 @@ class Capabilities:
     in_graph: bool  # two-phase: init_forward_metadata_in_graph, recorded in the graph
     extend_capture: bool  # EXTEND's forward() may be captured once per token bucket
     real_rows_only: bool  # forward() sees only the real tokens of a padded EXTEND batch
+    batch_invariant: bool  # a request's output rows are the same, bit for bit, in any batch (kit.harness.invariance)
+    # The host mirrors (kit.harness.mirrors.MIRRORS) it reads without the engine waiting to make them exact;
+    # None: it needs them exact.
+    host_mirrors: Optional[FrozenSet[str]]
     ci_cases: Optional[Dict[str, Tuple[str, ...]]]  # {mode value: case names} of `--case-set auto` on CPU
 
     @classmethod
@@ -55,7 +60,7 @@ class Capabilities:
             raise BadDeclaration(f"{name}.profile must be a kit.engine.profile.EngineProfile"
                                  + (f": {profile.problem()}" if isinstance(profile, EngineProfile) else f", not {profile!r}"))
         flags = {}
-        for flag in ("extend_capture", "real_rows_only"):
+        for flag in ("extend_capture", "real_rows_only", "batch_invariant"):
             value = getattr(backend_cls, flag, False)
             if not isinstance(value, bool):
                 raise BadDeclaration(f"{name}.{flag} must be True or False, not {value!r}")
@@ -71,7 +76,8 @@ class Capabilities:
                                                 _is_str, 'features (e.g. ("sinks",))'),
                    profile=profile, hook_style=_hook_style(backend_cls, profile),
                    in_graph=callable(getattr(backend_cls, "init_forward_metadata_in_graph", None)),
-                   ci_cases=_ci_cases(name, getattr(backend_cls, "ci_cases", None)), **flags)
+                   ci_cases=_ci_cases(name, getattr(backend_cls, "ci_cases", None)),
+                   host_mirrors=_host_mirrors(name, getattr(backend_cls, "host_mirrors", None)), **flags)
 
     def mode_reason(self, mode: ForwardMode) -> Optional[str]:
         """Why the backend does not run `mode` (its `modes` leave it out), or None."""
@@ -122,6 +128,13 @@ def _name_set(name: str, attr: str, declared, ok, what: str) -> FrozenSet[str]:
             ok(d) for d in declared):
         raise BadDeclaration(f"{name}.{attr} must be a tuple of {what}, not {declared!r}")
     return frozenset(declared)
+
+
+def _host_mirrors(name: str, declared) -> Optional[FrozenSet[str]]:
+    if declared is None:
+        return None
+    return _name_set(name, "host_mirrors", declared, MIRRORS.__contains__,
+                     f"{MIRRORS} (the host copies it reads that the engine need not make exact), or None")
 
 
 def _is_str(value) -> bool:

@@ -30,12 +30,15 @@ class Check:
     """What a failing check means, declared once per kind: `failure_class` when it is the
     run's own verdict, `graph_class` when a replay fails it but the same batch run eagerly is
     right. A `quiet` check is named in messages only when it fails; a `replay_only` check has
-    no eager counterpart to diagnose a failure with. Subclasses are dataclasses."""
+    no eager counterpart to diagnose a failure with; a check not `alone` judges a batch against
+    the run's others, so the batch run again alone (on a fresh instance, eagerly) tells nothing.
+    Subclasses are dataclasses."""
 
     failure_class: ClassVar[str] = KERNEL
     graph_class: ClassVar[str] = GRAPH
     quiet: ClassVar[bool] = False
     replay_only: ClassVar[bool] = False
+    alone: ClassVar[bool] = True
     ok: bool
 
     def describe(self) -> str:
@@ -292,14 +295,14 @@ class KVCheck(Check):
         return "kv pool wrong: " + "; ".join(parts)
 
 
-def _bits(x: torch.Tensor) -> torch.Tensor:
+def bits(x: torch.Tensor) -> torch.Tensor:
     """x's bits as integers of its width (any strides: a view, no copy)."""
     return x.view({1: torch.uint8, 2: torch.int16, 4: torch.int32, 8: torch.int64}[x.element_size()])
 
 
 def _differs(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
     """Per-slot bitwise difference (NaN-safe) of [..., slots, heads, head_dim] tensors (fp8: their bytes)."""
-    return (_bits(a.flatten(-2)) != _bits(b.flatten(-2))).any(dim=-1)
+    return (bits(a.flatten(-2)) != bits(b.flatten(-2))).any(dim=-1)
 
 
 def check_kv(pool, state: "KVState") -> KVCheck:
@@ -403,7 +406,7 @@ def inputs_figures(handed: Sequence[Handed]) -> Pending:
     """How many values of each handed input differ from what it held (NaN-safe, -0.0 is not
     0.0), per token row; finishes to the lines of those changed. The comparison runs now: a
     graph's static inputs are refilled before the next replay."""
-    diffs = [_bits(h.after) != (_bits(h.before) if h.before is not None else 0) for h in handed]
+    diffs = [bits(h.after) != (bits(h.before) if h.before is not None else 0) for h in handed]
     counts = torch.stack([d.sum() for d in diffs]) if diffs else torch.zeros(0)
 
     def finish(values: List[float]) -> List[str]:

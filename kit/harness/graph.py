@@ -31,6 +31,7 @@ from kit.engine.fixture import Fixture
 from kit.engine.modes import rules_for
 from kit.engine.modes.rules import EXTEND_REQUEST_FIELDS, GraphBuckets
 from kit.engine.variants import bucket_for
+from kit.harness import mirrors
 from kit.harness.capabilities import Capabilities
 from kit.harness.checks import Handed, Pending, handed_inputs, inputs_figures
 from kit.harness.guard import Guard, canary_figures
@@ -275,12 +276,16 @@ class _Harness:
     def prepare(self, fx: Fixture) -> None:
         """Captures what replaying `fx` needs (the pool is installed for judging after this)."""
 
-    def replay(self, fx: Fixture) -> Replayed:
+    def replay(self, fx: Fixture, regime: Optional[mirrors.Regime] = None) -> Replayed:
+        """`regime`: how the replay hooks are handed the host mirrors (kit.harness.mirrors)."""
         i, self.replays = self.replays, self.replays + 1
-        return self._replay(fx, full_capacity(i))
+        return self._replay(fx, full_capacity(i), regime)
 
-    def _replay(self, fx: Fixture, full: bool) -> Replayed:
+    def _replay(self, fx: Fixture, full: bool, regime: Optional[mirrors.Regime]) -> Replayed:
         raise NotImplementedError
+
+    def _mirrored(self, view: ForwardBatch, fx: Fixture, regime: Optional[mirrors.Regime]) -> ForwardBatch:
+        return mirrors.handed(view, [r.n_new for r in fx.plan.requests], regime, self.caps.host_mirrors)
 
     def describe(self, i: int, fixtures: List[Fixture]) -> str:
         """Which replay of the run, for messages."""
@@ -335,7 +340,7 @@ class BatchGraphs(_Harness):
         for bs in self.buckets:  # largest first, as engines capture
             self.capture_bucket(bs)
 
-    def _replay(self, fx: Fixture, full: bool) -> Replayed:
+    def _replay(self, fx: Fixture, full: bool, regime: Optional[mirrors.Regime]) -> Replayed:
         b = fx.batch
         bs = b.batch_size
         pbs = bucket_for(bs, self.sizes)
@@ -351,6 +356,7 @@ class BatchGraphs(_Harness):
         real_mask = b.spec_info.custom_mask if b.spec_info is not None else None
         view = self._view(pbs, b.seq_lens_sum + self.padded_seq_len * (pbs - bs), self._spec_info(pbs, bs, real_mask),
                           full)
+        view = self._mirrored(view, fx, regime)
         guard = Guard()
         with guard.watching():
             self.driver.replay(view, pbs * self.tokens_per_req, b.out_cache_loc.shape[0], bs)
@@ -418,10 +424,10 @@ class TokenGraphs(_Harness):
                                         in_capture=True)
             self._capture(padded, batch, [padded] * len(self.steps), fx, [n] * len(self.steps))
 
-    def _replay(self, fx: Fixture, full: bool) -> Replayed:
+    def _replay(self, fx: Fixture, full: bool, regime: Optional[mirrors.Regime]) -> Replayed:
         n = fx.batch.out_cache_loc.shape[0]
         padded = bucket_for(n, self.token_buckets)
-        batch = self._view(fx, padded, full)
+        batch = self._mirrored(self._view(fx, padded, full), fx, regime)
         guard = Guard()
         with guard.watching():
             batch = self.driver.ragged(batch, n, fx.batch.batch_size)

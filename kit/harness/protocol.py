@@ -74,6 +74,16 @@ class AttentionBackend:
     # True if forward() sees only the real tokens of a padded EXTEND batch: the caller
     # (SGLang's attention layer) runs it on the real rows and zeroes the padded ones.
     real_rows_only: bool = False
+    # True if forward() gives a request the same output rows, bit for bit, whatever batch it is in (its
+    # size, the requests beside it, its position and pages, the graph bucket): an engine's deterministic
+    # mode promises it. The kit then compares a request that recurs in a run's batches bit for bit;
+    # otherwise within the output tolerance (kit.harness.invariance).
+    batch_invariant: bool = False
+    # The host copies of device values its metadata reads although the engine does not wait for the device
+    # to make them exact (kit.harness.mirrors.MIRRORS: "seq_lens_cpu", "seq_lens_sum"; SGLang's
+    # needs_cpu_seq_lens = False): its runs then hand those one step stale or as an upper bound, and the
+    # others None, as an overlap scheduler may. None: it needs them exact, and the engine waits for them.
+    host_mirrors: Optional[tuple] = None
     # The attention kinds forward() implements (Case.kind): "dense" (MHA/GQA/MQA over K and V
     # caches) and "mla" (latent attention over one latent row per token). A backend that
     # does not list "mla" is unsupported for MLA cases, whatever its supports() says.

@@ -12,7 +12,9 @@ from kit.engine.fixture import Fixture, fixtures_for
 from kit.harness.graph import harness_for
 from kit.harness import interpreter
 from kit.harness.guard import Guard, canary_figures
-from kit.harness.verdict import Verdict, eager_verdict, replay_failure, replay_verdict
+from kit.harness import mirrors
+from kit.harness.invariance import Recurrence
+from kit.harness.verdict import Across, Verdict, eager_verdict, replay_failure, replay_verdict
 from kit.modes import Exec
 from kit.harness.hooks import HookDriver, driver_for
 from kit.harness.program import forward_program
@@ -152,12 +154,42 @@ class RunSetup:
         cases = batches(case, exec_, caps.profile)
         return cls(backend_cls, caps, case, fixtures_for(cases, device, STORE, caps.profile), device)
 
+    @property
+    def case_fixture(self) -> Fixture:
+        """The fixture of the case itself (the run's other batches are derived from it)."""
+        return next(fx for fx in self.fixtures if fx.case == self.case)
+
     def new_backend(self):
         ctx = BackendContext.for_case(self.case, self.fixtures[0].pools, self.device, [fx.plan for fx in self.fixtures])
         return _call("constructing backend", self.backend_cls, ctx)
 
-    def eager(self, backend, fx: Fixture) -> Verdict:
-        return _eager(backend, fx, driver_for(backend, self.caps), self.caps.profile)
+    def eager(self, backend, fx: Fixture, across: Optional[Across] = None, regime: Optional[mirrors.Regime] = None,
+              only: Optional[str] = None) -> Verdict:
+        """The batch eagerly on `backend`; `regime`: how it hands its host mirrors (`only` that one so)."""
+        batch = mirrors.handed(fx.batch, [r.n_new for r in fx.plan.requests], regime, self.caps.host_mirrors, only)
+        return _eager(backend, fx, batch, driver_for(backend, self.caps), self.caps.profile, across)
+
+    def blame(self, fx: Fixture, regime: Optional[mirrors.Regime]) -> str:
+        """Where the batch failed with its host mirrors as `regime` left them: which mirror the backend
+        trusts, told by fresh instances (kit.harness.mirrors.blame); '' where no mirror is to blame."""
+        if regime is None:
+            return ""
+
+        def wrong_with(only: Optional[str]) -> bool:
+            try:
+                return not self.eager(self.new_backend(), fx, regime=regime if only else None, only=only).ok
+            except _Crash as crash:
+                if crash.device_lost:
+                    raise
+                return True
+        try:
+            return mirrors.blame(wrong_with, regime, self.caps.host_mirrors)
+        except _Crash:  # the device faulted: nothing more runs (the run's end reports the fault)
+            return ""
+
+    def recurrence(self) -> Recurrence:
+        """What the run compares its recurring requests with (kit.harness.invariance)."""
+        return Recurrence(exact=self.caps.batch_invariant)
 
 
 def _outputs(outs: List[List[torch.Tensor]]) -> List[List[torch.Tensor]]:
@@ -167,20 +199,22 @@ def _outputs(outs: List[List[torch.Tensor]]) -> List[List[torch.Tensor]]:
     return outs
 
 
-def _eager(backend, fx: Fixture, driver: HookDriver, profile: EngineProfile) -> Verdict:
-    """One program: the metadata once, then every step's forward for every layer of the model."""
+def _eager(backend, fx: Fixture, batch, driver: HookDriver, profile: EngineProfile,
+           across: Optional[Across] = None) -> Verdict:
+    """One program: the metadata once (for `batch`: fx's, its host mirrors as handed), then every step's
+    forward for every layer of the model; `across`: the run's batches so far."""
     fx.install()
     # Copies in the case's input form: the inputs are shared with other runs of the batch
     # (kit.engine.fixture) and judged after; the copies are judged unchanged.
     given = [[x.handed(fx.case.inputs) for x in step.inputs] for step in fx.steps]
     guard = Guard()
     with guard.watching():
-        batch = _call("init_forward_metadata", driver.eager, fx.batch)
+        batch = _call("init_forward_metadata", driver.eager, batch)
         views = rules_for(fx.case.mode).step_batches(batch, len(fx.steps))
         outs = _outputs(forward_program(backend, fx.layers, views, given, call=_unsynced))
     layers = f"layers 0-{len(fx.layers) - 1}" + (f" of {len(fx.steps)} steps" if len(fx.steps) > 1 else "")
     return _judged_on_device(f"forward ({layers}, on the device)",
-                             lambda: eager_verdict(fx, outs, canary_figures(guard), given, profile.scratch))
+                             lambda: eager_verdict(fx, outs, canary_figures(guard), given, profile.scratch, across))
 
 
 def run_case(backend_spec: str, case: Case, exec_: Exec, device: Optional[torch.device] = None,
@@ -297,19 +331,37 @@ def _eager_sequence(backend, setup: RunSetup, result: RunResult) -> None:
     """Every batch of the sequence on one instance, each judged; the case is the last."""
     result.exec_detail = EAGER
     fixtures = setup.fixtures
+    recurrence = setup.recurrence()
     for i, fx in enumerate(fixtures):
-        v = setup.eager(backend, fx)
+        regime = mirrors.regime(i, len(fixtures), setup.caps.host_mirrors)
+        across = Across(recurrence, _describe_step(i, fixtures))
+        v = _blamed(setup, fx, regime, lambda: setup.eager(backend, fx, across, regime))
         result.max_err = max(result.max_err or 0.0, v.max_err)
         result.tol = v.tol if result.tol is None else min(result.tol, v.tol)
         if v.ok:
             continue
         result.outcome, result.failure_class = FAIL, v.failure_class()
         result.message = f"{_describe_step(i, fixtures)}: {v.text}"
-        if i:  # the same batch on a fresh instance tells state kept across calls from a plain bug
+        blamed = setup.blame(fx, regime) if v.shown_alone else ""
+        if blamed:
+            result.message += blamed
+        elif i and v.shown_alone:  # the same batch on a fresh instance tells state kept from a plain bug
             fresh = setup.eager(setup.new_backend(), fx)
             result.message += ("; on a fresh backend instance the same batch is right -> state kept from "
                                "the earlier batches" if fresh.ok else "; wrong on a fresh backend instance too")
         return
+
+
+def _blamed(setup: RunSetup, fx: Fixture, regime: Optional[mirrors.Regime], run):
+    """run(); where it crashes in a batch whose host mirrors were not exact, the crash says which
+    mirror the backend trusts (RunSetup.blame)."""
+    try:
+        return run()
+    except _Crash as crash:
+        if regime is None or crash.device_lost or crash.timed_out:
+            raise
+        crash.args = (str(crash) + setup.blame(fx, regime),)
+        raise
 
 
 def _describe_step(i: int, fixtures: List[Fixture]) -> str:
@@ -326,19 +378,23 @@ def _graph(backend, setup: RunSetup, result: RunResult) -> None:
     _call("capture", harness.capture)
     result.exec_detail = harness.detail
     worst = 0.0
+    recurrence = setup.recurrence()
     for i, fx in enumerate(fixtures):
         _call("capture", harness.prepare, fx)
         fx.install()
-        replayed = _unsynced(f"replay {i + 1}", harness.replay, fx)
+        regime = mirrors.regime(i, len(fixtures), setup.caps.host_mirrors)
+        replayed = _blamed(setup, fx, regime, lambda: _unsynced(f"replay {i + 1}", harness.replay, fx, regime))
         _outputs(replayed.outs)
-        v = _judged_on_device(f"replay {i + 1}", lambda: replay_verdict(fx, replayed, scratch))
+        across = Across(recurrence, harness.describe(i, fixtures))
+        v = _judged_on_device(f"replay {i + 1}", lambda: replay_verdict(fx, replayed, scratch, across))
         worst = max(worst, v.max_err)
         result.tol = v.tol if result.tol is None else min(result.tol, v.tol)
         if v.ok:
             continue
+        blamed = setup.blame(fx, regime) if v.needs_eager_diagnosis else ""
         # Diagnostic: the same batch run eagerly on a fresh backend says where to look.
-        eager = setup.eager(setup.new_backend(), fx) if v.needs_eager_diagnosis else None
-        cls, why = replay_failure(v, eager)
+        eager = setup.eager(setup.new_backend(), fx) if v.needs_eager_diagnosis and not blamed else None
+        cls, why = (v.failure_class(), f"{blamed} -> {v.failure_class()}") if blamed else replay_failure(v, eager)
         result.outcome, result.failure_class = FAIL, cls
         result.message = f"{harness.describe(i, fixtures)}: {v.text}{why}"
         break

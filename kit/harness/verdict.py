@@ -12,6 +12,7 @@ from kit.engine.fixture import Fixture
 from kit.harness.checks import (Check, FormCheck, InputsCheck, KVCheck, KVState, OutputCheck, PaddingCheck,
                                 Pending, StateCheck, check_form, check_inputs, check_state, handed_inputs,
                                 inputs_figures, kv_figures, output_figures, padding_figures, read_back)
+from kit.harness.invariance import InvarianceCheck, Recurrence
 from kit.report.record import GRAPH, KERNEL, KV_WRITE
 
 # When several checks fail, the class that says where to look first: a wrong KV pool
@@ -28,12 +29,13 @@ class Verdict:
     inputs: Optional[InputsCheck] = None  # q, k and v as forward() was handed them
     state: Optional[StateCheck] = None  # a replay: the tensors the captured graph reads were kept
     padding: Optional[PaddingCheck] = None  # a replay: its padded rows
+    invariance: Optional[InvarianceCheck] = None  # its requests seen in an earlier batch of the run
 
     @property
     def checks(self) -> List[Check]:
         """Every check, in the order messages name them."""
         return [*self.outputs, self.kv, *self.forms, self.memory,
-                *(c for c in (self.inputs, self.state, self.padding) if c is not None)]
+                *(c for c in (self.inputs, self.state, self.padding, self.invariance) if c is not None)]
 
     @property
     def ok(self) -> bool:
@@ -57,9 +59,16 @@ class Verdict:
         return min(classes, key=PRECEDENCE.index)
 
     @property
+    def shown_alone(self) -> bool:
+        """Whether a failing check judges the batch alone (not against the run's other batches): running
+        it again alone (a fresh instance) can tell more."""
+        return any(not c.ok and c.alone for c in self.checks)
+
+    @property
     def needs_eager_diagnosis(self) -> bool:
-        """False when only replay-only checks fail (padded rows: eager has none to compare)."""
-        return any(not c.ok and not c.replay_only for c in self.checks)
+        """False when only replay-only checks fail (padded rows: eager has none to compare), or checks
+        against the run's other batches."""
+        return any(not c.ok and c.alone and not c.replay_only for c in self.checks)
 
 
 def _labels(fx: Fixture) -> List[List[str]]:
@@ -79,17 +88,27 @@ def kv_state(fx: Fixture, scratch: bool) -> KVState:
     return KVState(fx.old_slots(), fx.installed_kv(), loc, writes, scratch)
 
 
+@dataclasses.dataclass
+class Across:
+    """The run a batch belongs to, for the checks against its other batches: which batch this is (as
+    messages name it) and the requests seen so far (kit.harness.invariance)."""
+
+    recurrence: Recurrence
+    where: str
+
+
 def _joined(parts: List[torch.Tensor]) -> torch.Tensor:
     """Every step's part, in step order (one step's as it is: V a view of K stays one)."""
     return parts[0] if len(parts) == 1 else torch.cat(parts)
 
 
 def _judged(fx: Fixture, outs: Sequence[Sequence[torch.Tensor]], memory: Pending, inputs: Sequence[Pending],
-            scratch: bool, padding: Optional[Pending] = None) -> dict:
+            scratch: bool, padding: Optional[Pending] = None, across: Optional[Across] = None) -> dict:
     """The checks of a program by name (Verdict's fields), read back from the device at once:
     each step's output of each layer against its golden, the KV pool of every layer, each
     output's form, `memory`, the inputs forward() was handed (`inputs`:
-    kit.harness.checks.inputs_figures) and, for a replay, `padding`."""
+    kit.harness.checks.inputs_figures), for a replay `padding`, and within a run (`across`) the rows
+    of requests seen in its earlier batches."""
     labels = _labels(fx)
     refs = [step.reference(layer.layer_id) for step in fx.steps for layer in fx.layers]
     flat_outs = [o for step in outs for o in step]
@@ -100,8 +119,14 @@ def _judged(fx: Fixture, outs: Sequence[Sequence[torch.Tensor]], memory: Pending
         memory=memory)
     if padding is not None:
         pending["padding"] = padding
+    recurring = across.recurrence.figures(fx, outs, across.where) if across is not None else None
+    if recurring is not None:
+        pending["invariance"] = recurring
     done = read_back(list(pending.values()) + list(inputs))
     judged = dict(zip(pending, done))
+    if recurring is not None:
+        judged["invariance"] = across.recurrence.check(judged["invariance"], judged["outputs"], len(fx.layers),
+                                                       len(fx.steps) > 1)
     judged["inputs"] = check_inputs(done[len(pending):])
     judged["forms"] = [check_form(out, step.inputs[layer.layer_id].q, label=label, v_head_dim=layer.v_head_dim)
                        for step, step_outs, step_labels in zip(fx.steps, outs, labels)
@@ -111,21 +136,21 @@ def _judged(fx: Fixture, outs: Sequence[Sequence[torch.Tensor]], memory: Pending
 
 def eager_verdict(fx: Fixture, outs: Sequence[Sequence[torch.Tensor]], memory: Pending,
                   given: Sequence[Sequence[Tuple[torch.Tensor, torch.Tensor, torch.Tensor]]],
-                  scratch: bool = True) -> Verdict:
+                  scratch: bool = True, across: Optional[Across] = None) -> Verdict:
     """`outs`: per step, forward's output for each layer of the model, in layer order; `memory`:
     the guard's canaries (kit.harness.guard.canary_figures); `given`: per step, the (q, k, v) each
     layer's forward was handed (copies of the step's inputs); `scratch`: slot 0 is the engine's
-    scratch slot (kit.engine.profile)."""
+    scratch slot (kit.engine.profile); `across`: the run's batches so far."""
     many = len(fx.steps) > 1
     handed = [h for step, step_given in zip(fx.steps, given)
               for h in handed_inputs(step, step_given, f", step {step.index + 1}" if many else "")]
-    return Verdict(**_judged(fx, outs, memory, [inputs_figures(handed)], scratch))
+    return Verdict(**_judged(fx, outs, memory, [inputs_figures(handed)], scratch, across=across))
 
 
-def replay_verdict(fx: Fixture, replayed, scratch: bool = True) -> Verdict:
+def replay_verdict(fx: Fixture, replayed, scratch: bool = True, across: Optional[Across] = None) -> Verdict:
     """`replayed`: kit.harness.graph.Replayed."""
     judged = _judged(fx, replayed.outs, replayed.memory, replayed.inputs, scratch,
-                     padding_figures(replayed.padded, fx.pools.token_to_kv_pool))
+                     padding_figures(replayed.padded, fx.pools.token_to_kv_pool), across)
     return Verdict(**judged, state=check_state(replayed.replaced))
 
 

@@ -78,6 +78,7 @@ MUTANTS = [
     Mutant(9, "decode_reads_one_short", T + "DecodeReadsOneShort", K, (D,), EAGER, cpu=True),
     Mutant(9, "prefix_reads_one_short", T + "PrefixReadsOneShort", K, (E, TV, DE), EAGER, cpu=True),
     Mutant(10, "kv_indices_from_stale_sum", T + "KvIndicesFromStaleSum", OOB, ALL_MODES, EAGER, cpu=True),
+    Mutant(10, "seq_lens_sum_read_undeclared", T + "SeqLensSumReadUndeclared", C, ALL_MODES, EAGER, cpu=True),
     Mutant(11, "extend_padding_not_routed", T + "ExtendPaddingNotRouted", G, (E,), GRAPH, cpu=True),
     Mutant(12, "logit_cap_ignored_in_verify", T + "LogitCapIgnoredInVerify", K, (TV,), EAGER, cpu=True,
            reaches=CAPPED),
@@ -167,10 +168,17 @@ MUTANTS = [
     Mutant(61, "fp8_scale_ignored", FP8 + "ScaleIgnored", K, ALL_MODES, EAGER, cpu=True, reaches=FP8_KV),
     Mutant(62, "fp8_k_scale_used_for_v", FP8 + "KScaleUsedForV", K, ALL_MODES, EAGER, cpu=True,
            reaches=lambda c: FP8_KV(c) and not c.is_mla),
+    # Batch invariance bug classes (numbered from 80), in the Triton backend (batch_invariant): a request's
+    # split-KV merge chosen from its batch. A cap by batch size shows only on a request of more splits than a
+    # batch of a few more requests allows (backends/triton/metadata.py: one per 32 keys on CPU).
+    Mutant(80, "decode_splits_by_batch_size", T + "SplitsByBatchSize", K, (D,), EAGER + GRAPH, cpu=True,
+           reaches=lambda c: max(c.prefix) >= 128),
+    Mutant(81, "decode_splits_from_longest_request", T + "SplitsFromLongestRequest", K, (D,), EAGER + GRAPH,
+           cpu=True),
     # Attention sink bug classes (numbered from 47): sink cases only (`reaches`); elsewhere the plain backend.
     Mutant(47, "sink_ignored", SINK + "SinkIgnored", K, ALL_MODES, EAGER, cpu=True, reaches=SINKS),
     Mutant(48, "sink_counted_as_value", SINK + "SinkCountedAsValue", K, ALL_MODES, EAGER, cpu=True, reaches=SINKS),
-    # Only a request of more than one KV split shows it (backends/triton/metadata.py: one per 32 keys).
+    # Only a request of more than one KV split shows it (backends/triton/metadata.py: one per 32 keys on CPU).
     Mutant(49, "sink_folded_per_split", SINK + "SinkFoldedPerSplit", K, (D,), EAGER, cpu=True,
            reaches=SINKS),
     # The multi-step draft decode and its speculative graphs, MIXED batches (numbered from 70). A graph

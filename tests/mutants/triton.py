@@ -10,8 +10,7 @@ import torch
 
 from backends.triton import TritonBackend
 from backends.triton.backend import EXTEND_LIKE
-from backends.triton.metadata import (SPLIT_TOKENS, block_capacity, cdiv, fill_decode, fill_draft_step, fill_kv,
-                                      fill_splits, max_splits_for)
+from backends.triton.metadata import MAX_KV_SPLITS, block_capacity, cdiv, fill_draft_step, fill_kv, fill_splits
 from kit.modes import ForwardMode
 
 
@@ -101,12 +100,9 @@ class SplitsFromCaptureHostValue(TritonBackend):
         bs = batch.batch_size
         if self.graph_bufs is None or bs not in self.host_splits:  # eager, or the capture of bs
             longest = int(batch.seq_lens[:bs].max())
-            self.host_splits[bs] = min(super()._max_splits(batch), cdiv(longest, SPLIT_TOKENS))
+            self.host_splits[bs] = min(super()._max_splits(batch), cdiv(longest, self.split_tokens))
         return self.host_splits[bs]
 
-    def _fill_decode(self, bufs, req_pool_indices, seq_lens):
-        limit = max_splits_for(seq_lens.shape[0], self.num_kv_heads, self.num_sms)  # not the grid's
-        fill_decode(bufs, self.req_to_token, req_pool_indices, seq_lens, limit)
 
 
 class PaddedRowsWriteRealSlot(TritonBackend):
@@ -199,11 +195,21 @@ class PrefixReadsOneShort(TritonBackend):
 
 
 class KvIndicesFromStaleSum(TritonBackend):
-    """Eager kv_indices sized from a stale seq_lens_sum (the sum before this step's
-    tokens were added): the index builder writes past its end."""
+    """Eager kv_indices sized from seq_lens_sum, a host mirror the engine does not wait to make exact
+    (sgl-project/sglang#26665): handed one step stale (the sum before the step's tokens), the index
+    builder writes past its end."""
 
-    def init_forward_metadata(self, batch):
-        super().init_forward_metadata(dataclasses.replace(batch, seq_lens_sum=batch.seq_lens_sum - batch.num_tokens))
+    host_mirrors = ("seq_lens_sum",)
+
+    def _key_capacity(self, batch):
+        return batch.seq_lens_sum
+
+
+class SeqLensSumReadUndeclared(KvIndicesFromStaleSum):
+    """Reads seq_lens_sum as KvIndicesFromStaleSum does, but declares it reads no host mirror: an engine
+    that does not wait for the device hands None (SGLang's gpu-only path), and sizing from it raises."""
+
+    host_mirrors = ()
 
 
 class ExtendPaddingNotRouted(TritonBackend):
@@ -327,7 +333,7 @@ class DraftStepLengthsNotRefreshed(TritonBackend):
         bs, spec = batch.batch_size, batch.spec_info
         for md in self.draft_metadata:
             fill_draft_step(md.bufs, self.req_to_token, batch.req_pool_indices[:bs], batch.seq_lens[:bs], spec.topk,
-                            spec.num_steps, 0, md.max_splits)
+                            spec.num_steps, 0, self.split_tokens)
 
 
 class DraftLanesReadLaneZero(TritonBackend):
@@ -339,7 +345,7 @@ class DraftLanesReadLaneZero(TritonBackend):
         for step, md in enumerate(self.draft_metadata):
             fill_kv(md.bufs, self.req_to_token, batch.req_pool_indices[:bs], batch.seq_lens[:bs], spec.topk, 0,
                     step + 1)
-            fill_splits(md.bufs, bs * spec.topk, md.max_splits)
+            fill_splits(md.bufs, bs * spec.topk, self.split_tokens)
 
 
 class DraftExtendRowsFromSteps(TritonBackend):
@@ -376,3 +382,34 @@ class MixedPrefixesUncounted(TritonBackend):
         if batch.forward_mode is ForwardMode.MIXED:
             prefix = torch.zeros_like(prefix)
         return prefix, q_lens, mask
+
+
+# Batch invariance (the backend declares batch_invariant): a request's KV splits follow its own length
+# alone. Each mutant chooses them from the batch instead; every output stays within tolerance, only its
+# last bits move, so only the comparison of a recurring request across batches sees it.
+NOMINAL_SMS = 16  # the interpreter has no SMs
+
+
+class SplitsByBatchSize(TritonBackend):
+    """The decode split count capped by the batch size, as split-KV heuristics choose it (splits only
+    while the batch leaves the GPU idle, about two programs per SM): in a batch of another size (or
+    another graph bucket) a request's partial outputs are merged from other splits."""
+
+    def _max_splits(self, batch):
+        sms = (torch.cuda.get_device_properties(self.ctx.device).multi_processor_count
+               if self.ctx.device.type == "cuda" else NOMINAL_SMS)
+        return max(1, min(MAX_KV_SPLITS, cdiv(2 * sms, batch.batch_size * self.num_kv_heads)))
+
+    def _fill_decode(self, bufs, req_pool_indices, seq_lens):
+        super()._fill_decode(bufs, req_pool_indices, seq_lens)
+        bufs.num_kv_splits[:seq_lens.shape[0]].clamp_(max=self.forward_metadata.max_splits)
+
+
+class SplitsFromLongestRequest(TritonBackend):
+    """One decode split count for the whole batch, from its longest request (one num_splits per
+    launch): beside a longer request, a request's keys are split, and merged, otherwise."""
+
+    def _fill_decode(self, bufs, req_pool_indices, seq_lens):
+        super()._fill_decode(bufs, req_pool_indices, seq_lens)
+        longest = torch.clamp((seq_lens.max() + self.split_tokens - 1) // self.split_tokens, 1, MAX_KV_SPLITS)
+        bufs.num_kv_splits[:seq_lens.shape[0]].copy_(longest.expand(seq_lens.shape[0]))

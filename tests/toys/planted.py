@@ -1,6 +1,7 @@
 """A planted bug that no case of the catalog reaches, for the fuzzer to find (tests/test_fuzz.py)."""
 from __future__ import annotations
 
+import dataclasses
 from typing import Sequence
 
 from backends.torch_native import TorchNativeBackend
@@ -28,3 +29,15 @@ class ZeroRowBeforeFullPage(TorchNativeBackend):
         for i in range(1, len(self.prefix)):
             if triggered(self.prefix[i - 1:i + 1], page):
                 self.prefix[i] -= 1
+
+
+class WindowOneShort(TorchNativeBackend):
+    """A sliding window of W attends W keys (p-W+1..p), not the contract's W+1 (p-W..p): one key fewer,
+    whatever else the layer has (tests/test_fuzz.py: the found case drops every other feature)."""
+
+    name = "planted_window_one_short"
+
+    def forward(self, q, k, v, layer, batch, save_kv_cache=True):
+        if layer.sliding_window_size > 0:
+            layer = dataclasses.replace(layer, sliding_window_size=layer.sliding_window_size - 1)
+        return super().forward(q, k, v, layer, batch, save_kv_cache)

@@ -34,8 +34,10 @@ class Extend(ModeRules):
 
     def replay_schedule(self, case, profile):
         """Token graphs: the bucket pairs (they capture those buckets; other request counts, a bs-1
-        batch among them), then the case, then its shape with other lengths."""
-        return self.token_bucket_pairs(case) + [case, variant(case, case.bs, 3)]
+        batch among them), then the case, then its shape with other lengths, then the case's recurring
+        request alone (another token bucket, kit.engine.variants)."""
+        schedule = self.token_bucket_pairs(case) + [case, variant(case, case.bs, 3)]
+        return schedule + ([self.alone(case, 11)] if case.bs > 1 else [])
 
     def token_bucket_pairs(self, case):
         """Token graphs are per token bucket, and production replays one with any batch whose tokens

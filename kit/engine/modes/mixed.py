@@ -14,7 +14,7 @@ from __future__ import annotations
 from typing import Tuple
 
 from kit.engine.modes.extend import Extend
-from kit.engine.variants import variant
+from kit.engine.variants import alone, carrying, recurring, variant
 from kit.modes import ForwardMode
 
 
@@ -56,8 +56,18 @@ class Mixed(Extend):
         return ForwardMode.EXTEND
 
     def eager_sequence(self, case):
-        return [variant(case, case.bs + 2, 8, new=mixed_new(case, case.bs + 2), tag="step"),
-                variant(case, case.bs, 9, tag="step"), case]
+        """As every mode's (ModeRules.eager_sequence), the batch of two more rows mixed as the case, its
+        recurring request among the rows of its kind at another position: a decode row last, an extend
+        row first (second where it was first)."""
+        r = recurring(case)
+        at = -1 if case.new_lens[r] == 1 else 1 if r == 0 else 0
+        larger = variant(case, case.bs + 2, 8, new=mixed_new(case, case.bs + 2), tag="step")
+        return [carrying(case, larger, at), variant(case, case.bs, 9, tag="step"), case, self.alone(case, 10, "step")]
+
+    def alone(self, case, salt, tag="replay"):
+        """The recurring request alone is an EXTEND batch (a MIXED batch has an extend row and a decode
+        row at least), as a scheduler hands a batch without its other rows; its graph is EXTEND's."""
+        return alone(case, salt, tag, mode=ForwardMode.EXTEND)
 
     def token_bucket_pairs(self, case):
         """Each token bucket captured by its first batch and replayed with the second: an EXTEND

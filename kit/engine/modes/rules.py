@@ -18,7 +18,7 @@ import torch
 
 from kit.engine.batch import SpeculativeConfig
 from kit.engine.transfer import to_device
-from kit.engine.variants import bucket_for, variant
+from kit.engine.variants import alone, bucket_for, carrying, variant
 
 
 class GraphBuckets(enum.Enum):
@@ -171,20 +171,27 @@ class ModeRules:
 
     # ---- runs ----------------------------------------------------------------------------------
     def eager_sequence(self, case) -> list:
-        """One backend instance, as an engine keeps it: a batch of another shape, one of the
-        case's shape (batch size and tokens) with other lengths, then the case itself."""
-        return [variant(case, case.bs + 2, 8, tag="step"), variant(case, case.bs, 9, tag="step"), case]
+        """One backend instance, as an engine keeps it: a batch of another shape (carrying the case's
+        recurring request, kit.engine.variants), one of the case's shape (batch size and tokens) with
+        other lengths, the case itself, then the recurring request alone."""
+        sequence = [carrying(case, variant(case, case.bs + 2, 8, tag="step")), variant(case, case.bs, 9, tag="step"),
+                    case]
+        return sequence + ([self.alone(case, 10, tag="step")] if case.bs > 1 else [])
+
+    def alone(self, case, salt: int, tag: str = "replay"):
+        """The case's recurring request in a batch of its own (kit.engine.variants.alone)."""
+        return alone(case, salt, tag)
 
     def replay_schedule(self, case, profile) -> list:
-        """Batches replayed, in order: a larger bucket first (of the engine's batch sizes), then the
-        case (smaller after larger), then a bs-1 batch, then the case's bucket again with other
-        lengths."""
+        """Batches replayed, in order: a larger bucket first (of the engine's batch sizes; carrying the
+        case's recurring request), then the case (smaller after larger), then the recurring request
+        alone (bucket 1), then the case's bucket again with other lengths."""
         sizes = profile.batch_sizes
         bucket = bucket_for(case.bs, sizes)
         larger = [b for b in sizes if b > bucket][:1]
-        schedule = [variant(case, b, 1) for b in larger] + [case]
+        schedule = [carrying(case, variant(case, b, 1)) for b in larger] + [case]
         if case.bs > 1:
-            schedule.append(variant(case, 1, 2))
+            schedule.append(self.alone(case, 2))
         schedule.append(variant(case, case.bs, 3))
         return schedule
 

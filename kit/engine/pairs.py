@@ -1,0 +1,139 @@
+"""Which pairs of feature values a set of cases reaches, per mode: the catalog's covering check.
+
+A feature is a property of a case that a backend's code branches on (FEATURES: its values, a
+case's value, and the fields that give a case that value). A bug that needs two of them (an fp8
+cache read through a sliding window) is reached only by a case that has both, so every pair of
+values of two features must be some case's. A pair is possible in a mode when a case of the mode
+can have both: `Case` validation decides (the rules of the mode and of the attention kind: MLA
+takes no window, only the speculative modes have trees), on a probe of the mode with the two values set.
+`missing` lists the possible pairs a set of cases leaves out; `covering` proposes cases that reach
+them, densest first (a greedy covering array over the missing pairs)."""
+from __future__ import annotations
+
+import dataclasses
+import itertools
+from typing import Callable, Dict, Iterable, List, Sequence, Tuple
+
+from kit.engine.case import DTYPES, INPUT_FORMS, KV_DTYPES, Case
+from kit.engine.kinds import KINDS
+from kit.engine.layouts import LAYOUTS
+
+# The page sizes engines run: SGLang's default 1, FlashInfer's and vLLM's 16, 64 (FlashMLA's, trtllm's).
+PAGE_SIZES = (1, 16, 64)
+# The fields an attention kind's cases differ in (taken from an example case of the kind).
+KIND_FIELDS = ("heads", "head_dim", "scale", "kv_lora_rank", "rope_dim")
+
+
+@dataclasses.dataclass(frozen=True)
+class Feature:
+    name: str
+    values: Tuple  # every value, the plain one first
+    of: Callable[[Case], object]  # a case's value
+    fields: Callable[[object], Dict]  # the case fields that give a case the value (kind: see `kind_fields`)
+
+
+FEATURES: Tuple[Feature, ...] = (
+    Feature("kind", tuple(sorted(KINDS, key=lambda k: k != "dense")), lambda c: c.kind, lambda value: {}),
+    Feature("dtype", tuple(DTYPES), lambda c: c.dtype, lambda value: dict(dtype=value)),
+    Feature("kv_dtype", (None,) + tuple(KV_DTYPES), lambda c: c.kv_dtype, lambda value: dict(kv_dtype=value)),
+    Feature("window", (False, True), lambda c: c.window >= 0, lambda value: dict(window=8 if value else -1)),
+    Feature("cap", (False, True), lambda c: c.cap > 0, lambda value: dict(cap=5.0 if value else 0.0)),
+    Feature("sinks", (False, True), lambda c: c.sinks, lambda value: dict(sinks=value)),
+    Feature("hybrid", (False, True), lambda c: c.hybrid, lambda value: dict(hybrid=value)),
+    Feature("inputs", INPUT_FORMS, lambda c: c.inputs, lambda value: dict(inputs=value)),
+    Feature("layout", LAYOUTS, lambda c: c.layout, lambda value: dict(layout=value)),
+    Feature("page", PAGE_SIZES, lambda c: c.page, lambda value: dict(page=value)),
+    Feature("tree", (False, True), lambda c: c.topk > 1, lambda value: dict(topk=2 if value else 1)),
+)
+BY_NAME = {f.name: f for f in FEATURES}
+
+Value = Tuple[str, object]  # (feature name, value)
+Pair = Tuple[Value, Value]  # in FEATURES order
+
+
+def values_of(case: Case) -> Tuple[Value, ...]:
+    return tuple((f.name, f.of(case)) for f in FEATURES)
+
+
+def pairs_of(case: Case) -> Iterable[Pair]:
+    return itertools.combinations(values_of(case), 2)
+
+
+def describe(pair: Pair) -> str:
+    return " & ".join(f"{name}={value}" for name, value in pair)
+
+
+class Probe:
+    """Cases of one mode built to order: a template of the mode (its lengths) with feature values
+    set; the attention kinds' fields come from an example case of each kind (any mode)."""
+
+    def __init__(self, template: Case, examples: Dict[str, Case]):
+        self.template = template
+        self.kinds = {kind: {f: getattr(example, f) for f in KIND_FIELDS} for kind, example in examples.items()}
+        self.plain = {f.name: f.values[0] for f in FEATURES}
+
+    def case(self, values: Dict[str, object]) -> Case:
+        """A case of the template's mode with `values` (the rest plain), or ValueError where no
+        case can have them."""
+        chosen = dict(self.plain, **values)
+        if chosen["kind"] not in self.kinds:
+            raise ValueError(f"no example case of attention kind {chosen['kind']!r} in the catalog")
+        fields = dict(self.kinds[chosen["kind"]])
+        for f in FEATURES:
+            fields.update(f.fields(chosen[f.name]))
+        return self.template.with_(name="probe", request_seeds=None, **fields)
+
+    def possible(self, values: Dict[str, object]) -> bool:
+        try:
+            self.case(values)
+        except ValueError:
+            return False
+        return True
+
+
+def probe_for(cases: Sequence[Case], every_case: Sequence[Case]) -> Probe:
+    """The probe of the mode of `cases`: its smallest case as the template, an example of each
+    attention kind from `every_case` (a kind may have cases in some modes only)."""
+    examples = {}
+    for case in sorted(every_case, key=lambda c: c.size):
+        examples.setdefault(case.kind, case)
+    return Probe(min(cases, key=lambda c: c.size), examples)
+
+
+def possible_pairs(probe: Probe) -> List[Pair]:
+    """Every pair of values of two features some case of the probe's mode can have."""
+    pairs = []
+    for f, g in itertools.combinations(FEATURES, 2):
+        for a, b in itertools.product(f.values, g.values):
+            if probe.possible({f.name: a, g.name: b}):
+                pairs.append(((f.name, a), (g.name, b)))
+    return pairs
+
+
+def missing(cases: Sequence[Case], probe: Probe) -> List[Pair]:
+    """The possible pairs no case of `cases` reaches."""
+    reached = {pair for case in cases for pair in pairs_of(case)}
+    return [pair for pair in possible_pairs(probe) if pair not in reached]
+
+
+def covering(gaps: Sequence[Pair], probe: Probe) -> List[Tuple[Dict[str, object], List[Pair]]]:
+    """Feature values of cases that together reach every pair of `gaps`, each with the pairs it
+    reaches, densest first: each the valid assignment of every feature that reaches most of the
+    pairs still left (a greedy covering)."""
+    left = set(gaps)
+    names = [f.name for f in FEATURES]
+    candidates = [dict(zip(names, values)) for values in itertools.product(*(f.values for f in FEATURES))
+                  if any(((names[i], values[i]), (names[j], values[j])) in left
+                         for i, j in itertools.combinations(range(len(names)), 2))]
+    chosen = []
+    while left:
+        best, reached = None, []
+        for values in candidates:
+            hits = [p for p in itertools.combinations(tuple(values.items()), 2) if p in left]
+            if len(hits) > len(reached) and probe.possible(values):
+                best, reached = values, hits
+        if best is None:
+            break  # no valid case reaches what is left (possible_pairs never leaves such a pair)
+        chosen.append((best, reached))
+        left -= set(reached)
+    return chosen
