@@ -118,12 +118,15 @@ def _write(args) -> int:
 
 
 def _check(args) -> int:
-    problems = gate.check(args.readme, args.known_failures, args.results_dir, args.fresh)
+    unjudged: list = []
+    problems = gate.check(args.readme, args.known_failures, args.results_dir, args.fresh, unjudged)
     for p in problems:
         print(f"matrix check: {p}", file=sys.stderr)
     if problems:
         return FAILED
     print(f"matrix check: ok ({len(args.fresh)} fresh results file(s) checked against {args.results_dir})")
+    if unjudged:
+        print(f"matrix check: not judged (no result of their backend and mode on their device): {', '.join(unjudged)}")
     return 0
 
 

@@ -2,9 +2,11 @@
 and a fresh run agreeing with the committed results of its device."""
 from __future__ import annotations
 
+import fnmatch
+
 import difflib
 from pathlib import Path
-from typing import Dict, List, Sequence, Tuple
+from typing import Dict, List, Optional, Sequence, Tuple
 
 from kit.report.known_failures import KnownFailuresError, covering, load
 from kit.report.record import (COMPLETE, ERROR, FAIL, PASS, UNSUPPORTED, Record, ResultsError, ResultsFile,
@@ -109,6 +111,18 @@ def _stale_readme(readme_path, blocks) -> List[str]:
     return problems
 
 
+def _speaks_for(entry, record: Record) -> bool:
+    """Whether a result can judge the entry: a run of its backend and mode on its device (a device
+    whose committed results predate a backend or a mode holds nothing to judge it by)."""
+    return all(fnmatch.fnmatchcase(value, pattern) for value, pattern in (
+        (record.backend, entry.backend), (record.mode, entry.mode), (record.device, entry.device)))
+
+
+def not_judged(records: List[Record], entries) -> List[str]:
+    """The ids of the entries no result can judge (_speaks_for): `matrix check` names them."""
+    return [e.id for e in entries if not any(_speaks_for(e, r) for r in records)]
+
+
 def _coverage(records: List[Record], sources: Dict[int, str], entries) -> List[str]:
     problems = []
     for r in records:
@@ -116,6 +130,8 @@ def _coverage(records: List[Record], sources: Dict[int, str], entries) -> List[s
             problems.append(f"uncovered failure: {r.test_id} [{r.failure_class}] in {sources[id(r)]}: fix it or "
                             f"add a KNOWN_FAILURES.md entry; repro: {r.repro}")
     for e in entries:
+        if not any(_speaks_for(e, r) for r in records):
+            continue  # no result of its backend and mode on its device: these results cannot judge it
         matched = [r for r in records if r.outcome != UNSUPPORTED and e.matches_record(r)]
         passing = [r.test_id for r in matched if r.outcome == PASS]
         if not matched:
@@ -192,7 +208,8 @@ def _fresh_runs(paths: Sequence[str], problems: List[str], sources: Dict[int, st
     return runs
 
 
-def check(readme_path, known_path, results_dir, fresh_paths: Sequence[str] = ()) -> List[str]:
+def check(readme_path, known_path, results_dir, fresh_paths: Sequence[str] = (),
+          unjudged: Optional[List[str]] = None) -> List[str]:
     problems: List[str] = []
     try:
         entries = load(known_path)
@@ -223,5 +240,7 @@ def check(readme_path, known_path, results_dir, fresh_paths: Sequence[str] = ())
                 judged.append(r)
                 sources[id(r)] = src
     problems += _coverage(judged, sources, entries)
+    if unjudged is not None:
+        unjudged += not_judged(judged, entries)
     problems += _agreement(whole, committed)
     return problems

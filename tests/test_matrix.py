@@ -148,9 +148,22 @@ def test_known_failure_that_now_passes_is_caught(project, tmp_path):
 def test_entry_matching_nothing_is_caught(project):
     project["known_path"].write_text(kf_text(
         "| KF-1 | be | decode | eager | c | * | kernel | xfail | why | tests/toys |",
-        "| KF-2 | be | extend | graph | nothing_* | * | graph | xfail | why | tests/toys |"))
+        "| KF-2 | be | decode | graph | nothing_* | * | graph | xfail | why | tests/toys |"))
     problems = gate.check(**project)
     assert any("stale known failure: KF-2" in p and "matches no run" in p for p in problems), problems
+
+
+def test_entry_no_result_can_judge_is_named_not_stale(project):
+    """Results of a device that never ran the entry's backend in its mode (committed before the
+    backend or the mode existed) cannot judge it: not stale, and `matrix check` names it."""
+    project["known_path"].write_text(kf_text(
+        "| KF-1 | be | decode | eager | c | * | kernel | xfail | why | tests/toys |",
+        "| KF-2 | be | extend | graph | nothing_* | * | graph | xfail | why | tests/toys |",
+        "| KF-3 | other | decode | eager | c | * | graph | xfail | why | tests/toys |"))
+    unjudged = []
+    problems = gate.check(**project, unjudged=unjudged)
+    assert not any("KF-2" in p or "KF-3" in p for p in problems), problems
+    assert unjudged == ["KF-2", "KF-3"]
 
 
 def test_malformed_line_names_file_line_and_fix(project):

@@ -165,9 +165,11 @@ class Selection:
 
     def catalog_ids(self) -> List[str]:
         """Every run the catalog has for this case set: each registered backend (and each one named
-        on the command line), every mode and exec. A results file lacking some of them is partial."""
+        on the command line), every mode and exec; under `--case-set auto` without CUDA, a selected
+        backend's ci_cases (the default CPU run, which CI runs and results/cpu.json holds, is whole).
+        A results file lacking some of them is partial."""
         labels = sorted(set(known_backends()) | set(self.labels.values()))
-        return [run.id for run in self.product({label: label for label in labels}, MODES, EXECS, every_case=True)]
+        return [run.id for run in self.product({label: label for label in labels}, MODES, EXECS)]
 
     def run_named(self, rid: str) -> Run:
         """The run of a run id (its case from the catalog)."""
@@ -183,8 +185,7 @@ def group_of(run: Run) -> str:
 
 
 def _load_cases(opt, specs) -> Tuple[Catalog, str, Dict[str, Optional[dict]]]:
-    """The catalog, the case set and, for `--case-set auto` on CPU, each backend's `ci_cases`
-    (the catalog of the results file keeps every run)."""
+    """The catalog, the case set and, for `--case-set auto` on CPU, each backend's `ci_cases`."""
     case_set = _parsed("--case-set", resolve_set, opt("--case-set"))
     auto_smoke = narrows_to_ci(opt("--case-set"), case_set)
     catalog = _parsed(f"--cases {opt('--cases')}", load_catalog, opt("--cases"),
