@@ -126,7 +126,7 @@ def _check(args) -> int:
         return FAILED
     print(f"matrix check: ok ({len(args.fresh)} fresh results file(s) checked against {args.results_dir})")
     if unjudged:
-        print(f"matrix check: not judged (no result of their backend and mode on their device): {', '.join(unjudged)}")
+        print(f"matrix check: not judged (no run they match in the results' catalogs): {', '.join(unjudged)}")
     return 0
 
 

@@ -112,10 +112,10 @@ def _stale_readme(readme_path, blocks) -> List[str]:
 
 
 def _speaks_for(entry, record: Record) -> bool:
-    """Whether a result can judge the entry: a run of its backend and mode on its device (a device
-    whose committed results predate a backend or a mode holds nothing to judge it by)."""
-    return all(fnmatch.fnmatchcase(value, pattern) for value, pattern in (
-        (record.backend, entry.backend), (record.mode, entry.mode), (record.device, entry.device)))
+    """Whether a result can judge the entry: a run it matches, whatever its outcome (a whole results
+    file holds a record of every run of its catalog; a device's committed results that predate a
+    backend, a mode or a case, or a catalog narrowed to ci_cases, hold nothing to judge it by)."""
+    return entry.matches_record(record)
 
 
 def not_judged(records: List[Record], entries) -> List[str]:
@@ -131,7 +131,7 @@ def _coverage(records: List[Record], sources: Dict[int, str], entries) -> List[s
                             f"add a KNOWN_FAILURES.md entry; repro: {r.repro}")
     for e in entries:
         if not any(_speaks_for(e, r) for r in records):
-            continue  # no result of its backend and mode on its device: these results cannot judge it
+            continue  # no run it matches in these results' catalogs: they cannot judge it
         matched = [r for r in records if r.outcome != UNSUPPORTED and e.matches_record(r)]
         passing = [r.test_id for r in matched if r.outcome == PASS]
         if not matched:

@@ -145,17 +145,20 @@ def test_known_failure_that_now_passes_is_caught(project, tmp_path):
     assert any("stale known failure: KF-1" in p and "now passes for be-decode-eager-c" in p for p in problems)
 
 
-def test_entry_matching_nothing_is_caught(project):
+def test_entry_matching_only_unsupported_runs_is_caught(project, tmp_path):
+    """An entry whose runs are all unsupported can never fail: stale."""
     project["known_path"].write_text(kf_text(
         "| KF-1 | be | decode | eager | c | * | kernel | xfail | why | tests/toys |",
-        "| KF-2 | be | decode | graph | nothing_* | * | graph | xfail | why | tests/toys |"))
-    problems = gate.check(**project)
+        "| KF-2 | be | decode | eager | d | * | graph | xfail | why | tests/toys |"))
+    fresh = tmp_path / "fresh.json"
+    write_fresh(fresh, [rec("a"), rec("b"), rec("c", "fail", "kernel"), rec("d", "unsupported")])
+    problems = gate.check(**project, fresh_paths=[str(fresh)])
     assert any("stale known failure: KF-2" in p and "matches no run" in p for p in problems), problems
 
 
 def test_entry_no_result_can_judge_is_named_not_stale(project):
-    """Results of a device that never ran the entry's backend in its mode (committed before the
-    backend or the mode existed) cannot judge it: not stale, and `matrix check` names it."""
+    """Results whose catalogs hold no run the entry matches (committed before its backend, mode or
+    case existed, or narrowed to ci_cases) cannot judge it: not stale, and `matrix check` names it."""
     project["known_path"].write_text(kf_text(
         "| KF-1 | be | decode | eager | c | * | kernel | xfail | why | tests/toys |",
         "| KF-2 | be | extend | graph | nothing_* | * | graph | xfail | why | tests/toys |",

@@ -358,7 +358,7 @@ class SGLangTritonBackend(_GraphHooks, SGLangBackend):
     # and its metadata over-allocates (:903-905, :1018-1020): the kit hands None as SGLang does.
     host_mirrors = ()
     # A plain CPU run (CI) gives it one short case per mode: in Triton's interpreter SGLang's
-    # kernels take 5-60 s a run. `--case-set smoke` runs every smoke case (results/cpu.json).
+    # kernels take 5-60 s a run. `--case-set smoke` runs every smoke case.
     # MLA: the small-rank EXTEND and TARGET_VERIFY cases; DECODE has none here (its kernel does not tile rank 32 + rope 16, and
     # the DeepSeek-width smoke case takes ~100 s a run in the interpreter). Sinks: the short chain verify
     # case, where they reach SGLang's extend kernel as the gpt-oss model passes them.

@@ -218,7 +218,8 @@ class VllmBackend(AttentionBackend):
         """The builder's declaration for the case's model (get_cudagraph_support, a classmethod)."""
         rt = runtime()
         config = cls.served_config(case)
-        return cls.backend_cls().get_builder_cls().get_cudagraph_support(config, rt.kv_cache_spec(config))
+        with rt.set_current_vllm_config(config):  # FlashInfer's asks the current config (its TRT-LLM choice)
+            return cls.backend_cls().get_builder_cls().get_cudagraph_support(config, rt.kv_cache_spec(config))
 
     # ---- construction -------------------------------------------------------------------------
     def __init__(self, ctx):
@@ -370,7 +371,7 @@ class VllmTritonAttnBackend(VllmBackend):
     attention_features = ("sinks",)  # Attention(..., sinks=) (triton_attn.py: TritonAttentionImpl sinks)
     kv_dtypes = ("fp8_e4m3", "fp8_e5m2")  # TritonAttentionBackend.supported_kv_cache_dtypes
     # A plain CPU run (CI): its decode kernel splits each request's keys into 16 segments, seconds a
-    # layer call in Triton's interpreter; `--case-set smoke` runs every smoke case (results/cpu.json).
+    # layer call in Triton's interpreter; `--case-set smoke` runs every smoke case.
     ci_cases = {"decode": ("gqa_fused_p16_fp32",)}
 
 
@@ -383,8 +384,9 @@ class VllmFlexAttentionBackend(VllmBackend):
     vllm_backend = "FLEX_ATTENTION"
     compiles = True
     impl_refuses = {"cap": "logit soft cap: FlexAttentionImpl raises NotImplementedError for it (flex_attention.py:1186)"}
-    # On CPU each new shape compiles flex attention in C++ (tens of seconds cold): CI runs one short case.
-    ci_cases = {"decode": ("gqa_ragged_p16_fp32",)}
+    # On CPU each new shape compiles flex attention in C++ (tens of seconds cold): CI runs one short case a
+    # mode, decode (PyTorch's CPU decoding template, KF-52) and extend (its general template).
+    ci_cases = {"decode": ("gqa_ragged_p16_fp32",), "extend": ("gqa_ragged_p16_fp32",)}
 
     @classmethod
     def supports_graph(cls, case):
