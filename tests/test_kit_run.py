@@ -41,12 +41,18 @@ def test_the_product_keeps_backends_apart_and_a_cases_execs_together():
     assert len(cases) == len(runs) // len(EXECS)  # a case's execs one after another
 
 
-def test_ci_cases_narrow_the_session_but_not_the_catalog():
+def test_ci_cases_narrow_the_session_and_its_catalog():
+    """The default CPU run gives a backend its ci_cases alone, and its results file is that run
+    whole: the catalog holds the backend's ci_cases in every mode and exec, not its other cases."""
     first = load_catalog().cases("smoke", ForwardMode.DECODE)[0].name
     sel = _selection(ci_cases={"torch_native": {"decode": [first]}}, execs=[Exec.EAGER])
     native = [run.id for run in sel.product() if run.label == "torch_native"]
     assert native == [f"torch_native-decode-eager-{first}"]
-    assert {run.id for run in _selection(execs=[Exec.EAGER]).product()} < set(sel.catalog_ids())
+    catalog = set(sel.catalog_ids())
+    assert set(native) < catalog
+    assert {rid for rid in catalog if rid.startswith("torch_native-")} == {
+        f"torch_native-decode-{e}-{first}" for e in ("eager", "graph")}
+    assert {run.id for run in _selection(execs=[Exec.EAGER]).product()} - catalog  # the other cases: not in it
 
 
 def test_a_run_named_by_its_id_loads_by_its_spec():
