@@ -2,8 +2,6 @@
 and a fresh run agreeing with the committed results of its device."""
 from __future__ import annotations
 
-import fnmatch
-
 import difflib
 from pathlib import Path
 from typing import Dict, List, Optional, Sequence, Tuple
@@ -111,16 +109,11 @@ def _stale_readme(readme_path, blocks) -> List[str]:
     return problems
 
 
-def _speaks_for(entry, record: Record) -> bool:
-    """Whether a result can judge the entry: a run it matches, whatever its outcome (a whole results
-    file holds a record of every run of its catalog; a device's committed results that predate a
-    backend, a mode or a case, or a catalog narrowed to ci_cases, hold nothing to judge it by)."""
-    return entry.matches_record(record)
-
-
 def not_judged(records: List[Record], entries) -> List[str]:
-    """The ids of the entries no result can judge (_speaks_for): `matrix check` names them."""
-    return [e.id for e in entries if not any(_speaks_for(e, r) for r in records)]
+    """The ids of the entries no result can judge, `matrix check` names them: no run they match,
+    whatever its outcome (a whole results file holds a record of every run of its catalog; results
+    that predate a backend, a mode or a case, or a catalog narrowed to ci_cases, hold none)."""
+    return [e.id for e in entries if not any(e.matches_record(r) for r in records)]
 
 
 def _coverage(records: List[Record], sources: Dict[int, str], entries) -> List[str]:
@@ -130,8 +123,8 @@ def _coverage(records: List[Record], sources: Dict[int, str], entries) -> List[s
             problems.append(f"uncovered failure: {r.test_id} [{r.failure_class}] in {sources[id(r)]}: fix it or "
                             f"add a KNOWN_FAILURES.md entry; repro: {r.repro}")
     for e in entries:
-        if not any(_speaks_for(e, r) for r in records):
-            continue  # no run it matches in these results' catalogs: they cannot judge it
+        if not any(e.matches_record(r) for r in records):
+            continue  # no run it matches in these results' catalogs: they cannot judge it (not_judged)
         matched = [r for r in records if r.outcome != UNSUPPORTED and e.matches_record(r)]
         passing = [r.test_id for r in matched if r.outcome == PASS]
         if not matched:

@@ -268,3 +268,17 @@ def test_a_backends_own_server_fields_override_the_defaults():
     _, plain = _built(case)
     assert deterministic.impl.enable_deterministic and deterministic.impl.split_tile_size == 256
     assert not plain.impl.enable_deterministic
+
+
+def test_flashinfers_draft_declines_window_models_with_the_line_that_asserts(monkeypatch):
+    """FlashInferMultiStepDraftBackend hands each step's FlashInferAttnBackend one kv_indptr buffer,
+    which asserts a single wrapper (flashinfer_backend.py:482): a window model, which plans two,
+    cannot be built, so the adapter declines it with that line (on a GPU; the CPU's own reason
+    comes first here, so FlashInfer's single-step answer is taken as a GPU's)."""
+    from backends.sglang.adapter import SGLangFlashInferDraftBackend
+
+    monkeypatch.setattr(SGLangFlashInferBackend, "supports", classmethod(lambda cls, case: None))
+    chain = small_case("draft", ForwardMode.DRAFT_DECODE, (20, 33), new=3, dtype="fp16")
+    assert SGLangFlashInferDraftBackend.supports(chain) is None
+    for windowed in (chain.with_(window=8), chain.with_(hybrid=True)):
+        assert "flashinfer_backend.py:482" in SGLangFlashInferDraftBackend.supports(windowed)

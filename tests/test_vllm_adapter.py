@@ -196,3 +196,54 @@ def test_the_environment_is_set_only_for_vllms_own_import():
                           capture_output=True, text=True, timeout=300)
     assert proc.returncode != 0 and "placeholder" in proc.stderr, proc.stderr[-2000:]
 
+
+
+def test_vllms_class_questions_are_asked_inside_the_served_config(monkeypatch):
+    """validate_configuration and get_cudagraph_support are asked as vLLM asks them, with the
+    engine's config current (FLASHINFER's read it there: outside, vLLM raises "Current vLLM config
+    is not set"), and that config has its KV cache layout resolved for the backend."""
+    from vllm.config import get_current_vllm_config
+
+    cls = VllmTritonAttnBackend
+    seen = []
+
+    def validate(*args, **kwargs):
+        seen.append(get_current_vllm_config().cache_config.kv_cache_layout)
+        return []
+
+    def cudagraph_support(config, spec):
+        seen.append(get_current_vllm_config().cache_config.kv_cache_layout)
+        return real_support(config, spec)
+
+    builder = cls.backend_cls().get_builder_cls()
+    real_support = builder.get_cudagraph_support
+    monkeypatch.setattr(cls.backend_cls(), "validate_configuration", staticmethod(validate))
+    monkeypatch.setattr(builder, "get_cudagraph_support", staticmethod(cudagraph_support))
+    case = _case("c", ForwardMode.DECODE, (5, 20), dtype="fp16")
+    assert cls._vllm_refuses(case) is None and cls.supports_graph(case) is None
+    assert seen == ["LBNHC", "LBNHC"]
+
+
+def test_a_kv_cache_layout_other_than_the_pools_is_refused(monkeypatch):
+    """The pool is vLLM's LBNHC view; a backend whose kernels take another layout (FLASHINFER's
+    TRT-LLM kernels on SM100: LBHNC) gets that layout from the engine, so the adapter refuses it
+    rather than hand its kernels a cache in the wrong order."""
+    from vllm.v1.attention.backend import KVCacheLayout
+
+    head_major = type("HeadMajor", (VllmTritonAttnBackend.backend_cls(),),
+                      {"supported_kv_cache_layouts": classmethod(lambda cls: (KVCacheLayout.LBHNC,))})
+    monkeypatch.setattr(VllmTritonAttnBackend, "_vllm_backend", lambda self: head_major)
+    with pytest.raises(ValueError, match="resolves the KV cache layout LBHNC"):
+        _built(_case("c", ForwardMode.DECODE, (5, 20)))
+
+
+def test_flex_may_recompile_per_model_and_keeps_static_shapes_without_cuda():
+    """The kit's process runs many models through vLLM's compiled flex attention, each a recompile:
+    past dynamo's default limit of 8 a fullgraph compile raises FailOnRecompileLimitHit."""
+    import torch._dynamo
+
+    default = torch._dynamo.config.recompile_limit
+    with environment.flex_compiles():
+        assert torch._dynamo.config.recompile_limit == environment.RECOMPILES > default
+        assert torch._dynamo.config.automatic_dynamic_shapes is not environment.NO_CUDA
+    assert torch._dynamo.config.recompile_limit == default
