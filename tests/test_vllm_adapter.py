@@ -237,14 +237,14 @@ def test_a_kv_cache_layout_other_than_the_pools_is_refused(monkeypatch):
         _built(_case("c", ForwardMode.DECODE, (5, 20)))
 
 
-def test_flex_may_recompile_per_model_and_keeps_static_shapes_without_cuda(monkeypatch):
+def test_flex_may_recompile_per_model_and_keeps_static_shapes_without_cuda():
     """The kit's process runs many models through vLLM's compiled flex attention, each a recompile:
     past dynamo's default limit of 8 a fullgraph compile raises FailOnRecompileLimitHit. (The limit
     is set to that default first: SGLang's flex backend raises it process-wide when imported.)"""
     import torch._dynamo
 
-    monkeypatch.setattr(torch._dynamo.config, "recompile_limit", 8)
-    with environment.flex_compiles():
-        assert torch._dynamo.config.recompile_limit == environment.RECOMPILES > 8
-        assert torch._dynamo.config.automatic_dynamic_shapes is not environment.NO_CUDA
-    assert torch._dynamo.config.recompile_limit == 8
+    with torch._dynamo.config.patch(recompile_limit=8):
+        with environment.flex_compiles():
+            assert torch._dynamo.config.recompile_limit == environment.RECOMPILES > 8
+            assert torch._dynamo.config.automatic_dynamic_shapes is not environment.NO_CUDA
+        assert torch._dynamo.config.recompile_limit == 8
