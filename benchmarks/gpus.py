@@ -1,7 +1,7 @@
 """One GPU against every GPU of a host: the matrix command timed on each.
 
     python -m benchmarks.gpus [--repeat 2] [--gpus 1,all] [--full] [--workers auto] [--case-set full]
-                              [--committed PATH] [--no-warmup] [--out PATH] [PYTEST ARGS]
+                              [--committed PATH] [--no-warmup] [--out PATH] [--keep DIR] [PYTEST ARGS]
 
 The in-box matrix (`torch_native`, `triton`, `flashinfer`, `flashinfer_mla`; `--full`: every
 registered backend, SGLang's too) after one `python -m kit warmup` over it, then, `--repeat` times
@@ -73,7 +73,9 @@ def matrix_run(label: str, visible: Optional[str], gpus: int, args, extra: List[
     """One timed matrix run under `visible` (CUDA_VISIBLE_DEVICES; None: as it is): its row."""
     env = dict(os.environ) if visible is None else {**os.environ, "CUDA_VISIBLE_DEVICES": visible}
     with tempfile.TemporaryDirectory() as tmp, GpuPoll() as poll:
-        results, timeline = os.path.join(tmp, "results.json"), os.path.join(tmp, "timeline")
+        folder = args.keep or tmp
+        results = os.path.join(folder, f"results-{gpus}gpu.json")
+        timeline = os.path.join(tmp, "timeline")
         row = measure(device()[0], args.workers, args.case_set, False, extra, keep=results, timeline=timeline, env=env)
         records = read_results_file(results).records
         by_gpu = busy_by_gpu(test_seconds(timeline), gpus, row["seconds"])
@@ -97,6 +99,8 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--no-warmup", action="store_true", help="no `python -m kit warmup` first")
     p.add_argument("--limit-s", type=float, default=3600.0, help="time limit of the warmup")
     p.add_argument("--out", help="rows file (default: results/bench/gpus-<device>.json)")
+    p.add_argument("--keep", metavar="DIR",
+                   help="keep each matrix run's results file there (results-<N>gpu.json; a later repeat replaces it)")
     return p
 
 

@@ -217,3 +217,25 @@ def test_one_command_appends_a_warmup_row_then_each_setting_in_turn(monkeypatch,
     assert [r["verdicts_equal"] for r in rows[1:]] == [True, False, True, True]
     assert two["verdicts_differ"] == ["be-decode-eager-b"] and two["compared_with"] == str(committed)
     assert one["seconds"] == 4.0 and one["runs"] == 2 and "kit_commit" in one and one["device"] == rows[0]["device"]
+
+
+def test_keep_leaves_each_settings_results_file_in_the_folder(monkeypatch, tmp_path):
+    """--keep DIR: the matrix runs' results files stay there, one per setting, named by its GPUs."""
+    import benchmarks.gpus as gpus
+    from tests.test_matrix import rec
+    committed = tmp_path / "committed.json"
+    write_results(committed, [rec("a")])
+
+    def measure(name, workers, case_set, cold, extra, keep, timeline, env):
+        write_results(keep, [rec("a")])
+        os.makedirs(timeline)
+        return dict(device=name, workers=workers, runs=1, seconds=1.0, runs_per_s=1.0, cold=cold, kit_commit="x",
+                    case_set=case_set, args=extra, phases=None, slowest=[])
+
+    monkeypatch.setattr(gpus, "measure", measure)
+    monkeypatch.setattr(gpus, "gpus_here", lambda: ["0", "1"])
+    kept = tmp_path / "kept"
+    kept.mkdir()
+    gpus.main(["--out", str(tmp_path / "rows.json"), "--committed", str(committed), "--no-warmup", "--repeat", "1",
+               "--keep", str(kept)])
+    assert sorted(p.name for p in kept.iterdir()) == ["results-1gpu.json", "results-2gpu.json"]
