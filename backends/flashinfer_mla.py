@@ -43,6 +43,9 @@ class FlashInferMLABackend(dense.FlashInferBackend):
             return (f"kv_lora_rank {case.kv_lora_rank}, rope_dim {case.rope_dim}: FlashInfer's fa2/fa3 MLA kernels "
                     f"need the compressed width a multiple of {FA_CKV_MULTIPLE} and the rope width of "
                     f"{FA_KPE_MULTIPLE} (DeepSeek: 512 and 64)")
+        if case.kv_dtype == "fp8_e5m2":
+            return ("fp8_e5m2 KV: FlashInfer's MLA planner takes fp16, bf16 or fp8_e4m3 latents "
+                    "(mla/_batch_mla/_backends/_fa_common.py:142 raises _BackendPlanUnsupportedError)")
         if case.mode is ForwardMode.TARGET_VERIFY and case.topk > 1:
             return ("tree verify (topk > 1): BatchMLAPagedAttentionWrapper has no custom mask, only causal "
                     "(SGLang's FlashInfer MLA backend plans verify causal too: topk=1 only)")

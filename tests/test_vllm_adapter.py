@@ -248,3 +248,32 @@ def test_flex_may_recompile_per_model_and_keeps_static_shapes_without_cuda():
             assert torch._dynamo.config.recompile_limit == environment.RECOMPILES > 8
             assert torch._dynamo.config.automatic_dynamic_shapes is not environment.NO_CUDA
         assert torch._dynamo.config.recompile_limit == 8
+
+
+def test_an_mla_model_dtype_no_prefill_backend_takes_is_unsupported_in_the_prefill_modes(monkeypatch):
+    """vLLM's prefill selector refuses some dtypes whatever the head sizes (fp32 on Hopper: FLASH_ATTN
+    takes fp16/bf16 only): MIXED and EXTEND read unsupported with the selector's reason, as vLLM
+    would refuse to serve the model, where the adapter once let the selector's ValueError out of
+    supports(); DECODE, which never reaches the prefill path, still runs."""
+    from backends.vllm import runtime as rt
+
+    def selector(config):
+        raise ValueError(f"No valid MLA prefill backend found with {config}. Reasons: dtype not supported")
+
+    monkeypatch.setattr(rt.current_platform, "get_mla_prefill_backend_cls", selector)
+    mla = dict(heads=(4, 1), head_dim=576, kv_lora_rank=512, rope_dim=64, dtype="fp16", scale=DEEPSEEK_SCALE)
+    for mode, new in ((ForwardMode.MIXED, (4, 1)), (ForwardMode.EXTEND, (2, 2))):
+        reason = VllmTritonMLABackend._refused(_case("m", mode, (3, 4), new, **mla))
+        assert reason.startswith("MLA prefill rows in torch.float16: no MLA prefill backend") and "dtype not supported" in reason
+    assert VllmTritonMLABackend._refused(_case("m", ForwardMode.DECODE, (3,), **mla)) is None
+
+
+def test_a_step_may_hand_more_tokens_than_one_requests_context():
+    """A MIXED step of several requests hands more tokens than one request's context; vLLM sizes
+    persistent buffers by max_num_batched_tokens (FLEX_ATTENTION's refused a 562-token step at 512),
+    so the config takes the pool's slots, which bound every step's new tokens."""
+    case = _case("m", ForwardMode.MIXED, (600, 590, 580), (400, 300, 1), dtype="fp16")
+    fx, backend = _built(case)
+    pool = fx.pools.token_to_kv_pool
+    tokens = backend.vllm_config.scheduler_config.max_num_batched_tokens
+    assert tokens >= pool.num_blocks * pool.page_size

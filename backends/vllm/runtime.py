@@ -170,7 +170,9 @@ def vllm_config(model: Model) -> VllmConfig:
         speculative = SpeculativeConfig(method="ngram", num_speculative_tokens=model.num_speculative_tokens,
                                         prompt_lookup_max=3, prompt_lookup_min=1, target_model_config=model_config,
                                         target_parallel_config=parallel)
-    tokens = max(max(model.capture_sizes), model.max_model_len, model.max_num_seqs)
+    # vLLM's scheduler keeps a step within max_num_batched_tokens, and builders size persistent buffers by
+    # it; every new token of a step the kit hands takes a KV slot, so the pool's slots bound them all.
+    tokens = max(max(model.capture_sizes), model.max_model_len, model.max_num_seqs, model.num_blocks * model.block_size)
     config = VllmConfig(
         model_config=model_config, parallel_config=parallel, speculative_config=speculative,
         cache_config=CacheConfig(block_size=model.block_size, cache_dtype=model.cache_dtype),
@@ -223,10 +225,13 @@ def mla_prefill(model: Model):
     try:
         return current_platform.get_mla_prefill_backend_cls(MLAPrefillSelectorConfig(model.dtype, latent)), None
     except ValueError as exc:
-        chosen = current_platform.get_mla_prefill_backend_cls(MLAPrefillSelectorConfig(model.dtype, DEEPSEEK_PREFILL))
-        return chosen, (f"MLA prefill rows (ragged query lengths): vLLM attends them over keys and values "
-                        f"decompressed by kv_b_proj, which under the kit's latent contract are the latent itself "
-                        f"({latent}); no MLA prefill backend of this platform takes that: {exc}")
+        why = (f"MLA prefill rows (ragged query lengths): vLLM attends them over keys and values decompressed by "
+               f"kv_b_proj, which under the kit's latent contract are the latent itself ({latent}); no MLA prefill "
+               f"backend of this platform takes that: {exc}")
+    try:
+        return current_platform.get_mla_prefill_backend_cls(MLAPrefillSelectorConfig(model.dtype, DEEPSEEK_PREFILL)), why
+    except ValueError as exc:  # the model's dtype itself: no head sizes would do (e.g. fp32 on Hopper)
+        return None, f"MLA prefill rows in {model.dtype}: no MLA prefill backend of this platform takes it: {exc}"
 
 
 def backend_class(name: str):
