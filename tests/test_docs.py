@@ -199,6 +199,6 @@ def test_the_readmes_first_screen_says_what_to_run_and_how_long():
     assert re.search(r"Without a GPU \(2 cores: about \d+ minutes to set up[^,]*, up to \d+ minutes for the tests\)",
                      first), first
     assert re.search(r"about \d+ minutes on a\s+fresh 16-core H100", first) and re.search(
-        r"the matrix\s+itself: about \d+ minutes on an H100", first), first
+        r"the matrix\s+itself: about \d+ minutes on an H100( pair)?", first), first
     assert "python -m matrix html --results results-local.json" in first
     assert text.index("\n## Reading a failure\n") < text.index("\n## What it checks\n")
