@@ -80,6 +80,17 @@ def test_out_of_memory_in_the_backends_forward_on_a_shared_gpu_is_retried_once_r
     assert r.message.startswith("forward (layer 0): OutOfMemoryError: CUDA out of memory") and releases == [1]
 
 
+def test_tritons_out_of_memory_on_a_shared_gpu_is_out_of_memory_too(monkeypatch, releases):
+    """Triton's launcher says `Triton Error [CUDA]: out of memory` in a RuntimeError: on a GPU its
+    workers share, that is memory the others hold, retried once released as torch's own error is
+    (32 workers on one H100 once recorded it as the in-box Triton backend's crash)."""
+    from kit.process import budget
+    monkeypatch.setattr(budget, "gpu_shared", lambda device: True)
+    r = run_case(f"{TOYS}:TritonOutOfMemoryBackend", CASE, Exec.EAGER)
+    assert (r.outcome, r.failure_class) == (FAIL, CRASH), r
+    assert "Triton Error [CUDA]: out of memory" in r.message and releases == [1]
+
+
 def test_out_of_memory_in_an_allocation_the_guard_makes_for_the_backend_is_its_crash(monkeypatch, releases):
     """The guard allocates each tensor a backend asks for (plus its canary): out of memory there is
     the backend's allocation failing."""

@@ -22,8 +22,14 @@ _NOT_A_CALLER = (Path(torch.__file__).resolve().parent, Path(sysconfig.get_paths
                  KIT / "engine" / "modes")
 
 
+# Out of device memory as libraries below torch's allocator say it: Triton's launcher and the CUDA
+# driver raise a RuntimeError, not torch.OutOfMemoryError.
+DRIVER_OUT_OF_MEMORY = ("Triton Error [CUDA]: out of memory", "CUDA error: out of memory")
+
+
 def is_out_of_memory(exc: BaseException) -> bool:
-    return isinstance(exc, torch.OutOfMemoryError)
+    return isinstance(exc, torch.OutOfMemoryError) or (
+        isinstance(exc, RuntimeError) and any(text in str(exc) for text in DRIVER_OUT_OF_MEMORY))
 
 
 def _callers(tb: Optional[TracebackType]) -> List[Tuple[Path, int]]:

@@ -22,7 +22,7 @@ from kit.harness.capabilities import Capabilities
 from kit.harness.protocol import BackendContext, backend_problem
 from kit.process import budget
 from kit.process.memory import STORE, after_run, moving_to, release
-from kit.harness.oom import allocation_site, raised_by_kit
+from kit.harness.oom import allocation_site, is_out_of_memory, raised_by_kit
 from kit.report.record import CRASH, EAGER, ENVIRONMENT, ERROR, FAIL, PASS, UNSUPPORTED, RunResult
 from kit.harness.run import Run
 from kit.harness.registry import load_backend
@@ -65,7 +65,7 @@ class _Crash(Exception):
     def __init__(self, stage: str, exc: BaseException):
         self.device_lost = _sticky(exc)
         self.timed_out = isinstance(exc, RunTimeout)
-        self.out_of_memory = isinstance(exc, torch.OutOfMemoryError)
+        self.out_of_memory = is_out_of_memory(exc)
         super().__init__(f"{stage}: {type(exc).__name__}: {exc}{where(exc)}")
 
 

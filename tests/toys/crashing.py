@@ -137,6 +137,16 @@ class OutOfMemoryBackend(_MisbehavesOnThree):
         raise torch.OutOfMemoryError("CUDA out of memory. Tried to allocate 80.00 GiB (planted in forward)")
 
 
+class TritonOutOfMemoryBackend(_MisbehavesOnThree):
+    """Runs out of device memory at a Triton kernel's launch, which Triton's driver reports as a
+    RuntimeError (its launcher's cuLaunchKernel / module load)."""
+
+    name = "toy_triton_out_of_memory"
+
+    def misbehave(self, layer, batch):
+        raise RuntimeError("Triton Error [CUDA]: out of memory")
+
+
 class AbortsInForwardBackend(TorchNativeBackend):
     """Takes its process down (abort) in its first forward, whatever the case: a fuzz of it ends
     at its first example."""
