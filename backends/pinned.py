@@ -4,6 +4,7 @@ with --no-deps (each engine's own requirements pin a CUDA torch and a full serve
 `python -m backends.<engine>.install`."""
 from __future__ import annotations
 
+import functools
 import importlib.metadata
 import subprocess
 import sys
@@ -11,11 +12,20 @@ from pathlib import Path
 from typing import Dict, Optional, Sequence
 
 
+@functools.lru_cache(maxsize=None)
+def installed_version(dist: str) -> Optional[str]:
+    """`dist`'s installed version, or None; read once per process: every supports() call asks it
+    (thousands a session), and each importlib.metadata lookup scans the whole environment."""
+    try:
+        return importlib.metadata.version(dist)
+    except importlib.metadata.PackageNotFoundError:
+        return None
+
+
 def pin_problem(dist: str, pin: str, install_command: str) -> Optional[str]:
     """Why `dist` at `pin` is not what is installed (absent, or another version), or None."""
-    try:
-        version = importlib.metadata.version(dist)
-    except importlib.metadata.PackageNotFoundError:
+    version = installed_version(dist)
+    if version is None:
         return f"{dist} {pin} is not installed: {install_command}"
     if version != pin:
         return f"{dist} {version} is installed, the adapter is pinned to {pin} (docs/{dist}.md says how to move the pin)"

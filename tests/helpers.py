@@ -5,6 +5,7 @@ import json
 import os
 import subprocess
 
+from backends import pinned
 from kit.engine.case import Case
 from kit.modes import Exec
 from kit.harness.capabilities import Capabilities
@@ -40,6 +41,12 @@ def count_calls(monkeypatch, owner, name: str) -> list:
         return real(*args, **kwargs)
     monkeypatch.setattr(owner, name, counted)
     return calls
+
+
+def uncached_versions(monkeypatch) -> None:
+    """The engines' pin checks read importlib.metadata.version at each call, for a test that
+    patches it (the process keeps the versions it read first)."""
+    monkeypatch.setattr(pinned, "installed_version", pinned.installed_version.__wrapped__)
 
 
 def once_per_session(tmp_path_factory, name: str, make):

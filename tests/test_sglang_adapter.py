@@ -18,7 +18,7 @@ from kit.harness.capabilities import Capabilities
 from kit.harness.protocol import BackendContext
 from kit.report.results import REPO
 from kit.harness.runner import default_device
-from tests.helpers import make_fixture, small_case
+from tests.helpers import make_fixture, small_case, uncached_versions
 
 pytestmark = pytest.mark.skipif(sglang_problem() is not None, reason=str(sglang_problem()))
 
@@ -35,6 +35,7 @@ def test_supports_says_how_to_install_when_sglang_is_missing(monkeypatch):
     def missing(name):
         raise importlib.metadata.PackageNotFoundError(name)
 
+    uncached_versions(monkeypatch)
     monkeypatch.setattr(importlib.metadata, "version", missing)
     for case in (small_case("c", ForwardMode.DECODE, (3,)), small_case("v", ForwardMode.TARGET_VERIFY, (3,), 2,
                                                                         dtype="bf16")):
@@ -43,6 +44,7 @@ def test_supports_says_how_to_install_when_sglang_is_missing(monkeypatch):
 
 
 def test_supports_names_another_installed_version(monkeypatch):
+    uncached_versions(monkeypatch)
     monkeypatch.setattr(importlib.metadata, "version", lambda name: "0.5.99")
     reason = SGLangTorchNativeBackend.supports(small_case("c", ForwardMode.DECODE, (3,)))
     assert "sglang 0.5.99 is installed" in reason and PINNED in reason

@@ -20,7 +20,7 @@ from kit.harness.protocol import BackendContext
 from kit.modes import ForwardMode
 from kit.report.results import REPO
 from kit.engine.case import DEEPSEEK_SCALE
-from tests.helpers import run_setup, small_case
+from tests.helpers import run_setup, small_case, uncached_versions
 
 pytestmark = pytest.mark.skipif(vllm_problem() is not None, reason=str(vllm_problem()))
 
@@ -45,6 +45,7 @@ def test_supports_says_how_to_install_when_vllm_is_missing(monkeypatch):
     def missing(name):
         raise importlib.metadata.PackageNotFoundError(name)
 
+    uncached_versions(monkeypatch)
     monkeypatch.setattr(importlib.metadata, "version", missing)
     for cls in ADAPTERS:  # first, before any reason of the backend's own
         assert cls.supports(_case("c", ForwardMode.DECODE, (3,))) == f"vllm {PINNED} is not installed: {INSTALL}"
