@@ -30,8 +30,8 @@ def test_verify_window_folds_into_the_mask_on_positions(case):
 
 
 def test_mla_with_an_fp8_e5m2_cache_is_unsupported_with_flashinfers_reason():
-    """FlashInfer's MLA planner refuses an fp8_e5m2 latent (a crash at plan() on the H100, in the
-    pairwise catalog's e5m2 MLA cases); e4m3 and the model dtypes are its to run."""
+    """FlashInfer's MLA planner refuses an fp8_e5m2 latent (it raises at plan()); e4m3 and the model
+    dtypes are its to run."""
     from backends.flashinfer_mla import FlashInferMLABackend
     from kit.engine.case import DEEPSEEK_SCALE
     mla = dict(heads=(16, 1), head_dim=576, kv_lora_rank=512, rope_dim=64, dtype="bf16", scale=DEEPSEEK_SCALE)

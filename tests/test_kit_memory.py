@@ -82,8 +82,7 @@ def test_out_of_memory_in_the_backends_forward_on_a_shared_gpu_is_retried_once_r
 
 def test_tritons_out_of_memory_on_a_shared_gpu_is_out_of_memory_too(monkeypatch, releases):
     """Triton's launcher says `Triton Error [CUDA]: out of memory` in a RuntimeError: on a GPU its
-    workers share, that is memory the others hold, retried once released as torch's own error is
-    (32 workers on one H100 once recorded it as the in-box Triton backend's crash)."""
+    workers share, that is memory the others hold, retried once released as torch's own error is."""
     from kit.process import budget
     monkeypatch.setattr(budget, "gpu_shared", lambda device: True)
     r = run_case(f"{TOYS}:TritonOutOfMemoryBackend", CASE, Exec.EAGER)

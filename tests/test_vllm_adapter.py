@@ -254,8 +254,8 @@ def test_flex_may_recompile_per_model_and_keeps_static_shapes_without_cuda():
 def test_an_mla_model_dtype_no_prefill_backend_takes_is_unsupported_in_the_prefill_modes(monkeypatch):
     """vLLM's prefill selector refuses some dtypes whatever the head sizes (fp32 on Hopper: FLASH_ATTN
     takes fp16/bf16 only): MIXED and EXTEND read unsupported with the selector's reason, as vLLM
-    would refuse to serve the model, where the adapter once let the selector's ValueError out of
-    supports(); DECODE, which never reaches the prefill path, still runs."""
+    would refuse to serve the model, rather than the selector's ValueError escaping supports();
+    DECODE, which never reaches the prefill path, still runs."""
     from backends.vllm import runtime as rt
 
     def selector(config):
@@ -271,8 +271,8 @@ def test_an_mla_model_dtype_no_prefill_backend_takes_is_unsupported_in_the_prefi
 
 def test_a_step_may_hand_more_tokens_than_one_requests_context():
     """A MIXED step of several requests hands more tokens than one request's context; vLLM sizes
-    persistent buffers by max_num_batched_tokens (FLEX_ATTENTION's refused a 562-token step at 512),
-    so the config takes the pool's slots, which bound every step's new tokens."""
+    persistent buffers by max_num_batched_tokens (FLEX_ATTENTION's refuse a longer step), so the
+    config takes the pool's slots, which bound every step's new tokens."""
     case = _case("m", ForwardMode.MIXED, (600, 590, 580), (400, 300, 1), dtype="fp16")
     fx, backend = _built(case)
     pool = fx.pools.token_to_kv_pool
