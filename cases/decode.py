@@ -2,29 +2,30 @@
 from functools import partial
 
 from cases.mla import SMALL_MLA, deepseek
-from kit.engine.case import GPT_OSS, GQA_32_8, MHA, MQA, Case, in_every_layout
+from kit.engine.case import GPT_OSS, GQA_32_8, MHA, MQA, SMOKE_GQA, SMOKE_MHA, SMOKE_MQA, Case, in_every_layout
 from kit.modes import ForwardMode
 
 C = partial(Case, mode=ForwardMode.DECODE)
+S = partial(C, heads=SMOKE_GQA)  # a smoke line: the smoke heads (kit.engine.case) unless it names others
 
 SMOKE = [
-    C("gqa_ragged_p16_fp32", prefix=(0, 15, 16, 17, 40), page=16, dtype="fp32", head_dim=64),
-    C("mqa_p1_shuf", prefix=(5, 30, 1), heads=MQA, dtype="fp32", head_dim=64, layout="shuffled_pages"),
-    C("mha_bs1_window_p64_inter", prefix=(70,), heads=MHA, page=64, window=8, dtype="fp32", head_dim=64,
+    S("gqa_ragged_p16_fp32", prefix=(0, 15, 16, 17, 40), page=16, dtype="fp32", head_dim=64),
+    S("mqa_p1_shuf", prefix=(5, 30, 1), heads=SMOKE_MQA, dtype="fp32", head_dim=64, layout="shuffled_pages"),
+    S("mha_bs1_window_p64_inter", prefix=(70,), heads=SMOKE_MHA, page=64, window=8, dtype="fp32", head_dim=64,
       layout="interleaved_pages"),
-    C("gqa_bs8_cap_p1_nonmono", prefix=(3, 9, 1, 27, 12, 0, 33, 6), cap=20.0, dtype="fp32", head_dim=64,
+    S("gqa_bs8_cap_p1_nonmono", prefix=(3, 9, 1, 27, 12, 0, 33, 6), cap=20.0, dtype="fp32", head_dim=64,
       layout="non_monotonic_extend"),
-    C("gqa_bf16_p16", prefix=(20, 33), page=16, dtype="bf16"),
-    C("gqa32_scale_fp16_p16_shuf", prefix=(9, 33), heads=GQA_32_8, page=16, scale=0.1, dtype="fp16", head_dim=64,
+    S("gqa_bf16_p16", prefix=(20, 33), page=16, dtype="bf16"),
+    S("gqa32_scale_fp16_p16_shuf", prefix=(9, 33), heads=GQA_32_8, page=16, scale=0.1, dtype="fp16", head_dim=64,
       layout="shuffled_pages"),
-    C("mha_bs1_long_cap_p1", prefix=(1100,), heads=MHA, cap=5.0, scale=0.25, dtype="fp32", head_dim=64),
-    C("gqa_hybrid_p16_fp32", prefix=(9, 30, 17), page=16, dtype="fp32", head_dim=64, hybrid=True),
-    C("gqa_fused_p16_fp32", prefix=(5, 17), page=16, dtype="fp32", head_dim=64, inputs="fused_qkv"),
-    C("gqa_window_sinks_hybrid_p16_fp16", prefix=(40, 3), page=16, dtype="fp16", head_dim=64, window=8, hybrid=True,
+    S("mha_bs1_long_cap_p1", prefix=(1100,), heads=SMOKE_MHA, cap=5.0, scale=0.25, dtype="fp32", head_dim=64),
+    S("gqa_hybrid_p16_fp32", prefix=(9, 30, 17), page=16, dtype="fp32", head_dim=64, hybrid=True),
+    S("gqa_fused_p16_fp32", prefix=(5, 17), page=16, dtype="fp32", head_dim=64, inputs="fused_qkv"),
+    S("gqa_window_sinks_hybrid_p16_fp16", prefix=(40, 3), page=16, dtype="fp16", head_dim=64, window=8, hybrid=True,
       sinks=True),
-    C("gptoss_sinks_p16_fp32", prefix=(70, 9), page=16, heads=GPT_OSS, head_dim=64, dtype="fp32", sinks=True),
-    C("mla_r32_h16_ragged_p16_fp32", prefix=(0, 15, 40, 17), page=16, dtype="fp32", **SMALL_MLA),
-    C("mla_deepseek_h128_bs1_p64_fp16", prefix=(70,), page=64, dtype="fp16", **deepseek(128)),
+    S("gptoss_sinks_p16_fp32", prefix=(70, 9), page=16, heads=GPT_OSS, head_dim=64, dtype="fp32", sinks=True),
+    S("mla_r32_h16_ragged_p16_fp32", prefix=(0, 15, 40, 17), page=16, dtype="fp32", **SMALL_MLA),
+    S("mla_deepseek_h128_bs1_p64_fp16", prefix=(70,), page=64, dtype="fp16", **deepseek(128)),
 ]
 
 # Cap cases use cap 5 at scale 0.25 (scores of std ~2.8): the cap bites, so a dropped cap
@@ -78,7 +79,7 @@ FULL += in_every_layout([
 ])
 
 # fp8 KV caches (kit.engine.kv_quant): K and V stored quantized, with scales per layer, K's != V's.
-SMOKE += [C("gqa_fp8_e4m3_p16_fp16", prefix=(0, 17, 33), page=16, dtype="fp16", head_dim=64, kv_dtype="fp8_e4m3")]
+SMOKE += [S("gqa_fp8_e4m3_p16_fp16", prefix=(0, 17, 33), page=16, dtype="fp16", head_dim=64, kv_dtype="fp8_e4m3")]
 FULL += in_every_layout([
     C("gqa_fp8_e4m3_ragged_p16", prefix=(0, 15, 16, 17, 100, 257), page=16, kv_dtype="fp8_e4m3"),
     C("mha_fp8_e4m3_long_p1_fp16", prefix=(1100, 3), heads=MHA, dtype="fp16", kv_dtype="fp8_e4m3"),
@@ -107,20 +108,20 @@ FULL += [
     C("gqa_fp32_fp8_e4m3_p16", prefix=(0, 17, 33, 257), page=16, dtype="fp32", kv_dtype="fp8_e4m3"),
 ]
 SMOKE += [
-    C("gqa_fp8_e5m2_window_cap_sinks_hybrid_fused_p64_shuf", prefix=(70, 9), page=64, head_dim=64, window=8, cap=5.0,
+    S("gqa_fp8_e5m2_window_cap_sinks_hybrid_fused_p64_shuf", prefix=(70, 9), page=64, head_dim=64, window=8, cap=5.0,
       scale=0.25, sinks=True, hybrid=True, inputs="fused_qkv", kv_dtype="fp8_e5m2", layout="shuffled_pages"),
-    C("gqa_fp8_e4m3_window_cap_sinks_hybrid_fused_p1_inter_fp16", prefix=(40, 3), head_dim=64, window=8, cap=5.0,
+    S("gqa_fp8_e4m3_window_cap_sinks_hybrid_fused_p1_inter_fp16", prefix=(40, 3), head_dim=64, window=8, cap=5.0,
       scale=0.25, dtype="fp16", sinks=True, hybrid=True, inputs="fused_qkv", kv_dtype="fp8_e4m3",
       layout="interleaved_pages"),
-    C("gqa_fp8_e5m2_window_cap_sinks_hybrid_fused_p16_nonmono_fp16", prefix=(17, 0, 33), page=16, head_dim=64,
+    S("gqa_fp8_e5m2_window_cap_sinks_hybrid_fused_p16_nonmono_fp16", prefix=(17, 0, 33), page=16, head_dim=64,
       window=8, cap=5.0, scale=0.25, dtype="fp16", sinks=True, hybrid=True, inputs="fused_qkv", kv_dtype="fp8_e5m2",
       layout="non_monotonic_extend"),
-    C("gqa_fp32_fp8_e5m2_p1", prefix=(9, 200), head_dim=64, dtype="fp32", kv_dtype="fp8_e5m2"),
-    C("gqa_p16_inter_fp16", prefix=(20, 33), page=16, head_dim=64, dtype="fp16", layout="interleaved_pages"),
-    C("mla_r32_h16_fp8_e5m2_p1_inter", prefix=(0, 17, 33), kv_dtype="fp8_e5m2", layout="interleaved_pages",
+    S("gqa_fp32_fp8_e5m2_p1", prefix=(9, 200), head_dim=64, dtype="fp32", kv_dtype="fp8_e5m2"),
+    S("gqa_p16_inter_fp16", prefix=(20, 33), page=16, head_dim=64, dtype="fp16", layout="interleaved_pages"),
+    S("mla_r32_h16_fp8_e5m2_p1_inter", prefix=(0, 17, 33), kv_dtype="fp8_e5m2", layout="interleaved_pages",
       **SMALL_MLA),
-    C("mla_r32_h16_fp8_e4m3_p64_nonmono", prefix=(70, 5), page=64, kv_dtype="fp8_e4m3", layout="non_monotonic_extend",
+    S("mla_r32_h16_fp8_e4m3_p64_nonmono", prefix=(70, 5), page=64, kv_dtype="fp8_e4m3", layout="non_monotonic_extend",
       **SMALL_MLA),
-    C("mla_r32_h16_fp8_e4m3_p1_shuf_fp32", prefix=(17, 40), dtype="fp32", kv_dtype="fp8_e4m3", layout="shuffled_pages",
+    S("mla_r32_h16_fp8_e4m3_p1_shuf_fp32", prefix=(17, 40), dtype="fp32", kv_dtype="fp8_e4m3", layout="shuffled_pages",
       **SMALL_MLA),
 ]

@@ -4,10 +4,11 @@ lane decodes steps - 1 tokens (kit/engine/modes/draft_decode.py); trees at page 
 from functools import partial
 
 from cases.mla import SMALL_MLA, deepseek
-from kit.engine.case import GPT_OSS, GQA_32_8, MHA, MQA, Case, in_every_layout
+from kit.engine.case import GPT_OSS, GQA_32_8, MHA, MQA, SMOKE_GQA, SMOKE_MHA, SMOKE_MQA, Case, in_every_layout
 from kit.modes import ForwardMode
 
 C = partial(Case, mode=ForwardMode.DRAFT_DECODE)
+S = partial(C, heads=SMOKE_GQA)  # a smoke line: the smoke heads (kit.engine.case) unless it names others
 
 # Trees whose draft count is not steps + 1 (SGLang's tree configs); a window shorter than the
 # context plus the lanes (the window rail); a full bucket of long rows, K lanes each: a graph
@@ -18,27 +19,27 @@ C = partial(Case, mode=ForwardMode.DRAFT_DECODE)
 # by the model's context length instead of the request pool's rows overflow (#29695: the steps'
 # lanes lie past the context length, in each req_to_token row's headroom).
 SMOKE = [
-    C("gqa_chain3_p16_fp32", prefix=(1, 15, 16, 33), new=4, page=16, dtype="fp32", head_dim=64),
-    C("mqa_tree4_draft8_p1_shuf", prefix=(5, 30, 12), new=8, topk=4, steps=3, heads=MQA, dtype="fp32", head_dim=64,
+    S("gqa_chain3_p16_fp32", prefix=(1, 15, 16, 33), new=4, page=16, dtype="fp32", head_dim=64),
+    S("mqa_tree4_draft8_p1_shuf", prefix=(5, 30, 12), new=8, topk=4, steps=3, heads=SMOKE_MQA, dtype="fp32", head_dim=64,
       layout="shuffled_pages"),
-    C("mha_bs1_chain4_window_p64_inter", prefix=(70,), new=5, heads=MHA, page=64, window=2, dtype="fp32",
+    S("mha_bs1_chain4_window_p64_inter", prefix=(70,), new=5, heads=SMOKE_MHA, page=64, window=2, dtype="fp32",
       head_dim=64, layout="interleaved_pages"),
-    C("gqa_bs9_tree2_cap_p1_nonmono", prefix=(3, 9, 1, 27, 12, 40, 33, 6, 2), new=5, topk=2, steps=3, cap=20.0,
+    S("gqa_bs9_tree2_cap_p1_nonmono", prefix=(3, 9, 1, 27, 12, 40, 33, 6, 2), new=5, topk=2, steps=3, cap=20.0,
       dtype="fp32", head_dim=64, layout="non_monotonic_extend"),
-    C("gqa_bf16_chain3_p16", prefix=(20, 33), new=4, page=16, dtype="bf16"),
-    C("gqa32_tree3_window_scale_fp16_p1_shuf", prefix=(9, 33), new=4, topk=3, steps=2, heads=GQA_32_8, window=4,
+    S("gqa_bf16_chain3_p16", prefix=(20, 33), new=4, page=16, dtype="bf16"),
+    S("gqa32_tree3_window_scale_fp16_p1_shuf", prefix=(9, 33), new=4, topk=3, steps=2, heads=GQA_32_8, window=4,
       scale=0.1, dtype="fp16", head_dim=64, layout="shuffled_pages"),
-    C("mha_bs1_long_cap_p1", prefix=(1100,), new=3, heads=MHA, cap=5.0, scale=0.25, dtype="fp32", head_dim=64),
-    C("gqa_hybrid_tree2_p1_fp32", prefix=(12, 30), new=4, topk=2, steps=3, dtype="fp32", head_dim=64, hybrid=True),
-    C("gqa_chain3_fused_p16_fp32", prefix=(5, 17), new=4, page=16, dtype="fp32", head_dim=64, inputs="fused_qkv"),
-    C("gptoss_chain3_window_sinks_hybrid_p16_fp16", prefix=(12, 30), new=4, page=16, heads=GPT_OSS, head_dim=64,
+    S("mha_bs1_long_cap_p1", prefix=(1100,), new=3, heads=SMOKE_MHA, cap=5.0, scale=0.25, dtype="fp32", head_dim=64),
+    S("gqa_hybrid_tree2_p1_fp32", prefix=(12, 30), new=4, topk=2, steps=3, dtype="fp32", head_dim=64, hybrid=True),
+    S("gqa_chain3_fused_p16_fp32", prefix=(5, 17), new=4, page=16, dtype="fp32", head_dim=64, inputs="fused_qkv"),
+    S("gptoss_chain3_window_sinks_hybrid_p16_fp16", prefix=(12, 30), new=4, page=16, heads=GPT_OSS, head_dim=64,
       dtype="fp16", window=8, hybrid=True, sinks=True),
-    C("mla_r32_h16_chain4_p16_fp32", prefix=(1, 17, 33), new=5, page=16, dtype="fp32", **SMALL_MLA),
-    C("mla_deepseek_h128_bs1_chain3_p64_fp16", prefix=(5,), new=4, page=64, dtype="fp16", **deepseek(128)),
-    C("gqa_fp8_e4m3_tree2_p1_fp16", prefix=(5, 30), new=4, topk=2, steps=3, dtype="fp16", head_dim=64,
+    S("mla_r32_h16_chain4_p16_fp32", prefix=(1, 17, 33), new=5, page=16, dtype="fp32", **SMALL_MLA),
+    S("mla_deepseek_h128_bs1_chain3_p64_fp16", prefix=(5,), new=4, page=64, dtype="fp16", **deepseek(128)),
+    S("gqa_fp8_e4m3_tree2_p1_fp16", prefix=(5, 30), new=4, topk=2, steps=3, dtype="fp16", head_dim=64,
       kv_dtype="fp8_e4m3"),
-    C("gqa_tree4_full_bucket_p1_fp32", prefix=(30, 30, 30, 4), new=8, topk=4, steps=3, dtype="fp32", head_dim=64),
-    C("gqa_context_edge_chain6_p1_fp32", prefix=(40, 40, 40), new=7, dtype="fp32", head_dim=64, context_edge=True),
+    S("gqa_tree4_full_bucket_p1_fp32", prefix=(30, 30, 30, 4), new=8, topk=4, steps=3, dtype="fp32", head_dim=64),
+    S("gqa_context_edge_chain6_p1_fp32", prefix=(40, 40, 40), new=7, dtype="fp32", head_dim=64, context_edge=True),
 ]
 
 # Cap cases use cap 5 at scale 0.25: the cap bites. Three window cases (mutant 7).
@@ -111,24 +112,24 @@ FULL += [
       layout="non_monotonic_extend"),
 ]
 SMOKE += [
-    C("gqa_tree2_fp8_e5m2_window_cap_sinks_hybrid_fused_p1_bf16_inter", prefix=(12, 30), new=5, topk=2, steps=3,
+    S("gqa_tree2_fp8_e5m2_window_cap_sinks_hybrid_fused_p1_bf16_inter", prefix=(12, 30), new=5, topk=2, steps=3,
       kv_dtype="fp8_e5m2", window=8, cap=5.0, sinks=True, hybrid=True, scale=0.25, inputs="fused_qkv", dtype="bf16",
       layout="interleaved_pages", head_dim=64),
-    C("gqa_chain3_fp8_e4m3_cap_sinks_hybrid_fused_p64_bf16_shuf", prefix=(12, 30), new=4, kv_dtype="fp8_e4m3", cap=5.0,
+    S("gqa_chain3_fp8_e4m3_cap_sinks_hybrid_fused_p64_bf16_shuf", prefix=(12, 30), new=4, kv_dtype="fp8_e4m3", cap=5.0,
       sinks=True, hybrid=True, scale=0.25, inputs="fused_qkv", page=64, dtype="bf16", layout="shuffled_pages",
       head_dim=64),
-    C("gqa_chain3_fp8_e5m2_sinks_fused_p16_fp16_nonmono", prefix=(12, 30), new=4, kv_dtype="fp8_e5m2", sinks=True,
+    S("gqa_chain3_fp8_e5m2_sinks_fused_p16_fp16_nonmono", prefix=(12, 30), new=4, kv_dtype="fp8_e5m2", sinks=True,
       inputs="fused_qkv", page=16, dtype="fp16", layout="non_monotonic_extend", head_dim=64),
-    C("gqa_chain3_fp8_e4m3_window_cap_sinks_hybrid_p16_fp32_nonmono", prefix=(12, 30), new=4, kv_dtype="fp8_e4m3",
+    S("gqa_chain3_fp8_e4m3_window_cap_sinks_hybrid_p16_fp32_nonmono", prefix=(12, 30), new=4, kv_dtype="fp8_e4m3",
       window=8, cap=5.0, sinks=True, hybrid=True, scale=0.25, page=16, dtype="fp32", layout="non_monotonic_extend",
       head_dim=64),
-    C("mla_r32_h16_tree2_fp8_e5m2_p1_bf16_shuf", prefix=(12, 30), new=5, topk=2, steps=3, kv_dtype="fp8_e5m2",
+    S("mla_r32_h16_tree2_fp8_e5m2_p1_bf16_shuf", prefix=(12, 30), new=5, topk=2, steps=3, kv_dtype="fp8_e5m2",
       dtype="bf16", layout="shuffled_pages", **SMALL_MLA),
-    C("mla_r32_h16_chain3_fp8_e4m3_p16_fp16_inter", prefix=(12, 30), new=4, kv_dtype="fp8_e4m3", page=16, dtype="fp16",
+    S("mla_r32_h16_chain3_fp8_e4m3_p16_fp16_inter", prefix=(12, 30), new=4, kv_dtype="fp8_e4m3", page=16, dtype="fp16",
       layout="interleaved_pages", **SMALL_MLA),
-    C("mla_r32_h16_chain3_fp8_e5m2_p64_bf16_nonmono", prefix=(12, 30), new=4, kv_dtype="fp8_e5m2", page=64,
+    S("mla_r32_h16_chain3_fp8_e5m2_p64_bf16_nonmono", prefix=(12, 30), new=4, kv_dtype="fp8_e5m2", page=64,
       dtype="bf16", layout="non_monotonic_extend", **SMALL_MLA),
-    C("gqa_chain3_cap_p16_fp16_shuf", prefix=(12, 30), new=4, cap=5.0, scale=0.25, page=16, dtype="fp16",
+    S("gqa_chain3_cap_p16_fp16_shuf", prefix=(12, 30), new=4, cap=5.0, scale=0.25, page=16, dtype="fp16",
       layout="shuffled_pages", head_dim=64),
-    C("gqa_chain3_fp8_e5m2_p1_fp32", prefix=(12, 30), new=4, kv_dtype="fp8_e5m2", dtype="fp32", head_dim=64),
+    S("gqa_chain3_fp8_e5m2_p1_fp32", prefix=(12, 30), new=4, kv_dtype="fp8_e5m2", dtype="fp32", head_dim=64),
 ]

@@ -3,31 +3,32 @@
 from functools import partial
 
 from cases.mla import SMALL_MLA, deepseek
-from kit.engine.case import GPT_OSS, GQA_32_8, MHA, MQA, Case, in_every_layout
+from kit.engine.case import GPT_OSS, GQA_32_8, MHA, MQA, SMOKE_GQA, SMOKE_MHA, SMOKE_MQA, Case, in_every_layout
 from kit.modes import ForwardMode
 
 C = partial(Case, mode=ForwardMode.DRAFT_EXTEND_V2)
+S = partial(C, heads=SMOKE_GQA)  # a smoke line: the smoke heads (kit.engine.case) unless it names others
 
 SMOKE = [
-    C("gqa_draft4_p16_fp32", prefix=(0, 17, 16, 33), new=4, page=16, dtype="fp32", head_dim=64),
-    C("mqa_draft3_p1_shuf", prefix=(5, 30, 12), new=3, heads=MQA, dtype="fp32", head_dim=64,
+    S("gqa_draft4_p16_fp32", prefix=(0, 17, 16, 33), new=4, page=16, dtype="fp32", head_dim=64),
+    S("mqa_draft3_p1_shuf", prefix=(5, 30, 12), new=3, heads=SMOKE_MQA, dtype="fp32", head_dim=64,
       layout="shuffled_pages"),
-    C("mha_bs1_window_p64_inter", prefix=(70,), new=4, heads=MHA, page=64, window=2, dtype="fp32", head_dim=64,
+    S("mha_bs1_window_p64_inter", prefix=(70,), new=4, heads=SMOKE_MHA, page=64, window=2, dtype="fp32", head_dim=64,
       layout="interleaved_pages"),
-    C("gqa_bs8_cap_p1_nonmono", prefix=(3, 9, 1, 27, 12, 0, 33, 6), new=3, cap=20.0, dtype="fp32",
+    S("gqa_bs8_cap_p1_nonmono", prefix=(3, 9, 1, 27, 12, 0, 33, 6), new=3, cap=20.0, dtype="fp32",
       head_dim=64, layout="non_monotonic_extend"),
-    C("gqa_bf16_p16", prefix=(20, 33), new=3, page=16, dtype="bf16"),
-    C("gqa32_scale_fp16_p16_shuf", prefix=(9, 33), new=3, heads=GQA_32_8, page=16, scale=0.1, dtype="fp16",
+    S("gqa_bf16_p16", prefix=(20, 33), new=3, page=16, dtype="bf16"),
+    S("gqa32_scale_fp16_p16_shuf", prefix=(9, 33), new=3, heads=GQA_32_8, page=16, scale=0.1, dtype="fp16",
       head_dim=64, layout="shuffled_pages"),
-    C("mha_bs1_long_cap_p1", prefix=(1100,), new=3, heads=MHA, cap=5.0, scale=0.25, dtype="fp32", head_dim=64),
-    C("gqa_hybrid_draft3_p16_fp32", prefix=(12, 30), new=3, page=16, dtype="fp32", head_dim=64, hybrid=True),
-    C("gqa_draft2_fused_p16_fp32", prefix=(5, 17), new=2, page=16, dtype="fp32", head_dim=64, inputs="fused_qkv"),
-    C("gptoss_draft3_window_sinks_hybrid_p16_fp16", prefix=(12, 30), new=3, page=16, heads=GPT_OSS, head_dim=64,
+    S("mha_bs1_long_cap_p1", prefix=(1100,), new=3, heads=SMOKE_MHA, cap=5.0, scale=0.25, dtype="fp32", head_dim=64),
+    S("gqa_hybrid_draft3_p16_fp32", prefix=(12, 30), new=3, page=16, dtype="fp32", head_dim=64, hybrid=True),
+    S("gqa_draft2_fused_p16_fp32", prefix=(5, 17), new=2, page=16, dtype="fp32", head_dim=64, inputs="fused_qkv"),
+    S("gptoss_draft3_window_sinks_hybrid_p16_fp16", prefix=(12, 30), new=3, page=16, heads=GPT_OSS, head_dim=64,
       dtype="fp16", window=8, hybrid=True, sinks=True),
-    C("mla_r32_h16_draft4_p16_fp32", prefix=(0, 17, 33), new=4, page=16, dtype="fp32", **SMALL_MLA),
-    C("mla_deepseek_h128_bs1_draft3_p64_fp16", prefix=(5,), new=3, page=64, dtype="fp16", **deepseek(128)),
+    S("mla_r32_h16_draft4_p16_fp32", prefix=(0, 17, 33), new=4, page=16, dtype="fp32", **SMALL_MLA),
+    S("mla_deepseek_h128_bs1_draft3_p64_fp16", prefix=(5,), new=3, page=64, dtype="fp16", **deepseek(128)),
     # A tree's drafts (topk 2, steps 3, 6 drafts): the draft count is not steps + 1 (sgl-project/sglang#27545).
-    C("gqa_tree2_draft6_steps3_p1_fp32", prefix=(5, 30, 12), new=6, topk=2, steps=3, dtype="fp32", head_dim=64),
+    S("gqa_tree2_draft6_steps3_p1_fp32", prefix=(5, 30, 12), new=6, topk=2, steps=3, dtype="fp32", head_dim=64),
 ]
 
 # Cap cases use cap 5 at scale 0.25 (scores of std ~2.8): the cap bites, so a dropped cap
@@ -82,7 +83,7 @@ FULL += in_every_layout([
 ])
 
 # fp8 KV caches (kit.engine.kv_quant): K and V stored quantized, with scales per layer, K's != V's.
-SMOKE += [C("gqa_fp8_e5m2_draft3_p16_fp16", prefix=(5, 30), new=3, page=16, dtype="fp16", head_dim=64,
+SMOKE += [S("gqa_fp8_e5m2_draft3_p16_fp16", prefix=(5, 30), new=3, page=16, dtype="fp16", head_dim=64,
             kv_dtype="fp8_e5m2")]
 FULL += in_every_layout([
     C("gqa_fp8_e5m2_draft4_p16", prefix=(0, 17, 33, 64), new=4, page=16, kv_dtype="fp8_e5m2"),
@@ -111,23 +112,23 @@ FULL += [
     C("gqa_fp32_fp8_e5m2_draft3_p1", prefix=(50, 700, 3), new=3, dtype="fp32", kv_dtype="fp8_e5m2"),
 ]
 SMOKE += [
-    C("gqa_fp8_e4m3_draft3_window_cap_sinks_hybrid_fused_p64_shuf", prefix=(70, 9), new=3, page=64, head_dim=64,
+    S("gqa_fp8_e4m3_draft3_window_cap_sinks_hybrid_fused_p64_shuf", prefix=(70, 9), new=3, page=64, head_dim=64,
       window=8, cap=5.0, scale=0.25, sinks=True, hybrid=True, inputs="fused_qkv", kv_dtype="fp8_e4m3",
       layout="shuffled_pages"),
-    C("gqa_fp8_e5m2_draft3_cap_sinks_hybrid_fused_p1_inter_fp16", prefix=(20, 9), new=3, head_dim=64, cap=5.0,
+    S("gqa_fp8_e5m2_draft3_cap_sinks_hybrid_fused_p1_inter_fp16", prefix=(20, 9), new=3, head_dim=64, cap=5.0,
       scale=0.25, dtype="fp16", sinks=True, hybrid=True, inputs="fused_qkv", kv_dtype="fp8_e5m2",
       layout="interleaved_pages"),
-    C("gqa_fp32_fp8_e5m2_draft2_window_cap_sinks_fused_p16_nonmono", prefix=(17, 1), new=2, page=16, head_dim=64,
+    S("gqa_fp32_fp8_e5m2_draft2_window_cap_sinks_fused_p16_nonmono", prefix=(17, 1), new=2, page=16, head_dim=64,
       window=2, cap=5.0, scale=0.25, dtype="fp32", sinks=True, inputs="fused_qkv", kv_dtype="fp8_e5m2",
       layout="non_monotonic_extend"),
-    C("gqa_fp8_e4m3_draft3_hybrid_p64_nonmono_fp16", prefix=(70, 5), new=3, page=64, head_dim=64, hybrid=True,
+    S("gqa_fp8_e4m3_draft3_hybrid_p64_nonmono_fp16", prefix=(70, 5), new=3, page=64, head_dim=64, hybrid=True,
       dtype="fp16", kv_dtype="fp8_e4m3", layout="non_monotonic_extend"),
-    C("gqa_fp32_fp8_e4m3_draft3_window_p1", prefix=(9, 30), new=3, head_dim=64, window=2, dtype="fp32",
+    S("gqa_fp32_fp8_e4m3_draft3_window_p1", prefix=(9, 30), new=3, head_dim=64, window=2, dtype="fp32",
       kv_dtype="fp8_e4m3"),
-    C("mla_r32_h16_draft3_p1_nonmono", prefix=(5, 30), new=3, layout="non_monotonic_extend", **SMALL_MLA),
-    C("mla_r32_h16_fp8_e4m3_draft4_p16_inter", prefix=(0, 17, 33), new=4, page=16, kv_dtype="fp8_e4m3",
+    S("mla_r32_h16_draft3_p1_nonmono", prefix=(5, 30), new=3, layout="non_monotonic_extend", **SMALL_MLA),
+    S("mla_r32_h16_fp8_e4m3_draft4_p16_inter", prefix=(0, 17, 33), new=4, page=16, kv_dtype="fp8_e4m3",
       layout="interleaved_pages", **SMALL_MLA),
-    C("mla_r32_h16_fp8_e5m2_draft3_p64_shuf", prefix=(70, 5), new=3, page=64, kv_dtype="fp8_e5m2",
+    S("mla_r32_h16_fp8_e5m2_draft3_p64_shuf", prefix=(70, 5), new=3, page=64, kv_dtype="fp8_e5m2",
       layout="shuffled_pages", **SMALL_MLA),
 ]
 
@@ -140,11 +141,11 @@ FULL += [
       page=64, dtype="fp32", **deepseek(16)),
 ]
 SMOKE += [
-    C("gqa_tree2_draft6_fp8_e4m3_window_cap_sinks_hybrid_fused_p16_bf16_shuf", prefix=(12, 30), new=6, topk=2, steps=3,
+    S("gqa_tree2_draft6_fp8_e4m3_window_cap_sinks_hybrid_fused_p16_bf16_shuf", prefix=(12, 30), new=6, topk=2, steps=3,
       kv_dtype="fp8_e4m3", window=8, cap=5.0, sinks=True, hybrid=True, scale=0.25, inputs="fused_qkv", page=16,
       dtype="bf16", layout="shuffled_pages", head_dim=64),
-    C("mla_r32_h16_tree2_draft6_fp8_e5m2_p64_fp16_inter", prefix=(12, 30), new=6, topk=2, steps=3, kv_dtype="fp8_e5m2",
+    S("mla_r32_h16_tree2_draft6_fp8_e5m2_p64_fp16_inter", prefix=(12, 30), new=6, topk=2, steps=3, kv_dtype="fp8_e5m2",
       page=64, dtype="fp16", layout="interleaved_pages", **SMALL_MLA),
-    C("gqa_tree2_draft6_p1_bf16_nonmono", prefix=(12, 30), new=6, topk=2, steps=3, dtype="bf16",
+    S("gqa_tree2_draft6_p1_bf16_nonmono", prefix=(12, 30), new=6, topk=2, steps=3, dtype="bf16",
       layout="non_monotonic_extend", head_dim=64),
 ]

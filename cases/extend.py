@@ -2,29 +2,30 @@
 from functools import partial
 
 from cases.mla import SMALL_MLA, deepseek
-from kit.engine.case import GPT_OSS, GQA_32_8, MHA, MQA, Case, in_every_layout
+from kit.engine.case import GPT_OSS, GQA_32_8, MHA, MQA, SMOKE_GQA, SMOKE_MHA, SMOKE_MQA, Case, in_every_layout
 from kit.modes import ForwardMode
 
 C = partial(Case, mode=ForwardMode.EXTEND)
+S = partial(C, heads=SMOKE_GQA)  # a smoke line: the smoke heads (kit.engine.case) unless it names others
 
 SMOKE = [
-    C("gqa_ragged_p16_fp32", prefix=(0, 17, 33, 16), new=(5, 1, 16, 3), page=16, dtype="fp32", head_dim=64),
-    C("mqa_p1_shuf", prefix=(3, 0, 12), new=(4, 7, 1), heads=MQA, dtype="fp32", head_dim=64,
+    S("gqa_ragged_p16_fp32", prefix=(0, 17, 33, 16), new=(5, 1, 16, 3), page=16, dtype="fp32", head_dim=64),
+    S("mqa_p1_shuf", prefix=(3, 0, 12), new=(4, 7, 1), heads=SMOKE_MQA, dtype="fp32", head_dim=64,
       layout="shuffled_pages"),
-    C("mha_bs1_window_p64_inter", prefix=(70,), new=(20,), heads=MHA, page=64, window=8, dtype="fp32",
+    S("mha_bs1_window_p64_inter", prefix=(70,), new=(20,), heads=SMOKE_MHA, page=64, window=8, dtype="fp32",
       head_dim=64, layout="interleaved_pages"),
-    C("gqa_bs8_cap_p1_nonmono", prefix=(3, 9, 1, 27, 12, 0, 33, 6), new=(2, 1, 5, 3, 1, 4, 2, 6), cap=20.0,
+    S("gqa_bs8_cap_p1_nonmono", prefix=(3, 9, 1, 27, 12, 0, 33, 6), new=(2, 1, 5, 3, 1, 4, 2, 6), cap=20.0,
       dtype="fp32", head_dim=64, layout="non_monotonic_extend"),
-    C("gqa_bf16_p16", prefix=(20, 0), new=(9, 17), page=16, dtype="bf16"),
-    C("gqa32_scale_fp16_p16_shuf", prefix=(17, 5), new=(9, 1), heads=GQA_32_8, page=16, scale=0.1,
+    S("gqa_bf16_p16", prefix=(20, 0), new=(9, 17), page=16, dtype="bf16"),
+    S("gqa32_scale_fp16_p16_shuf", prefix=(17, 5), new=(9, 1), heads=GQA_32_8, page=16, scale=0.1,
       dtype="fp16", head_dim=64, layout="shuffled_pages"),
-    C("mha_bs1_long_cap_p1", prefix=(1000,), new=(70,), heads=MHA, cap=5.0, scale=0.25, dtype="fp32", head_dim=64),
-    C("gqa_hybrid_p16_fp32", prefix=(12, 30), new=(6, 11), page=16, dtype="fp32", head_dim=64, hybrid=True),
-    C("gqa_fused_p16_fp32", prefix=(5, 0), new=(3, 2), page=16, dtype="fp32", head_dim=64, inputs="fused_qkv"),
-    C("gptoss_window_sinks_hybrid_p16_fp32", prefix=(12, 0), new=(6, 9), page=16, heads=GPT_OSS, head_dim=64,
+    S("mha_bs1_long_cap_p1", prefix=(1000,), new=(70,), heads=SMOKE_MHA, cap=5.0, scale=0.25, dtype="fp32", head_dim=64),
+    S("gqa_hybrid_p16_fp32", prefix=(12, 30), new=(6, 11), page=16, dtype="fp32", head_dim=64, hybrid=True),
+    S("gqa_fused_p16_fp32", prefix=(5, 0), new=(3, 2), page=16, dtype="fp32", head_dim=64, inputs="fused_qkv"),
+    S("gptoss_window_sinks_hybrid_p16_fp32", prefix=(12, 0), new=(6, 9), page=16, heads=GPT_OSS, head_dim=64,
       dtype="fp32", window=8, hybrid=True, sinks=True),
-    C("mla_r32_h16_ragged_p16_fp32", prefix=(0, 17, 33), new=(5, 1, 16), page=16, dtype="fp32", **SMALL_MLA),
-    C("mla_deepseek_h128_bs1_p64_fp16", prefix=(5,), new=(3,), page=64, dtype="fp16", **deepseek(128)),
+    S("mla_r32_h16_ragged_p16_fp32", prefix=(0, 17, 33), new=(5, 1, 16), page=16, dtype="fp32", **SMALL_MLA),
+    S("mla_deepseek_h128_bs1_p64_fp16", prefix=(5,), new=(3,), page=64, dtype="fp16", **deepseek(128)),
 ]
 
 # Cap cases use cap 5 at scale 0.25 (scores of std ~2.8): the cap bites, so a dropped cap
@@ -85,9 +86,9 @@ FULL += in_every_layout([
 # Prefixes in the pool and ragged new tokens: a backend that attends the new tokens from k/v as
 # handed (ragged) and the prefix from the pool must dequantize the prefix and only the prefix.
 SMOKE += [
-    C("gqa_fp8_e5m2_prefix_p16_fp16", prefix=(17, 0), new=(5, 9), page=16, dtype="fp16", head_dim=64,
+    S("gqa_fp8_e5m2_prefix_p16_fp16", prefix=(17, 0), new=(5, 9), page=16, dtype="fp16", head_dim=64,
       kv_dtype="fp8_e5m2"),
-    C("mla_r32_h16_fp8_e4m3_p16_fp32", prefix=(17, 0), new=(5, 9), page=16, dtype="fp32", kv_dtype="fp8_e4m3",
+    S("mla_r32_h16_fp8_e4m3_p16_fp32", prefix=(17, 0), new=(5, 9), page=16, dtype="fp32", kv_dtype="fp8_e4m3",
       **SMALL_MLA),
 ]
 FULL += in_every_layout([
@@ -115,21 +116,21 @@ FULL += [
       dtype="fp32", kv_dtype="fp8_e4m3"),
 ]
 SMOKE += [
-    C("gqa_fp8_e4m3_window_cap_sinks_hybrid_fused_p64_shuf", prefix=(70, 0), new=(20, 9), page=64, head_dim=64,
+    S("gqa_fp8_e4m3_window_cap_sinks_hybrid_fused_p64_shuf", prefix=(70, 0), new=(20, 9), page=64, head_dim=64,
       window=8, cap=5.0, scale=0.25, sinks=True, hybrid=True, inputs="fused_qkv", kv_dtype="fp8_e4m3",
       layout="shuffled_pages"),
-    C("gqa_fp8_e5m2_window_sinks_hybrid_fused_p1_inter_fp16", prefix=(12, 0), new=(6, 9), head_dim=64, window=8,
+    S("gqa_fp8_e5m2_window_sinks_hybrid_fused_p1_inter_fp16", prefix=(12, 0), new=(6, 9), head_dim=64, window=8,
       dtype="fp16", sinks=True, hybrid=True, inputs="fused_qkv", kv_dtype="fp8_e5m2", layout="interleaved_pages"),
-    C("gqa_fp8_e5m2_window_hybrid_fused_p64_nonmono", prefix=(70, 5), new=(3, 9), page=64, head_dim=64, window=8,
+    S("gqa_fp8_e5m2_window_hybrid_fused_p64_nonmono", prefix=(70, 5), new=(3, 9), page=64, head_dim=64, window=8,
       hybrid=True, inputs="fused_qkv", kv_dtype="fp8_e5m2", layout="non_monotonic_extend"),
-    C("gqa_fp8_e5m2_cap_p16_inter_fp16", prefix=(17, 5), new=(9, 1), page=16, head_dim=64, cap=5.0, scale=0.25,
+    S("gqa_fp8_e5m2_cap_p16_inter_fp16", prefix=(17, 5), new=(9, 1), page=16, head_dim=64, cap=5.0, scale=0.25,
       dtype="fp16", kv_dtype="fp8_e5m2", layout="interleaved_pages"),
-    C("gqa_sinks_p1_nonmono_fp16", prefix=(9, 0), new=(4, 7), head_dim=64, dtype="fp16", sinks=True,
+    S("gqa_sinks_p1_nonmono_fp16", prefix=(9, 0), new=(4, 7), head_dim=64, dtype="fp16", sinks=True,
       layout="non_monotonic_extend"),
-    C("mla_r32_h16_fp8_e4m3_p1_inter", prefix=(0, 17), new=(5, 9), kv_dtype="fp8_e4m3", layout="interleaved_pages",
+    S("mla_r32_h16_fp8_e4m3_p1_inter", prefix=(0, 17), new=(5, 9), kv_dtype="fp8_e4m3", layout="interleaved_pages",
       **SMALL_MLA),
-    C("mla_r32_h16_fp8_e5m2_p1_shuf_fp32", prefix=(17, 0), new=(5, 9), dtype="fp32", kv_dtype="fp8_e5m2",
+    S("mla_r32_h16_fp8_e5m2_p1_shuf_fp32", prefix=(17, 0), new=(5, 9), dtype="fp32", kv_dtype="fp8_e5m2",
       layout="shuffled_pages", **SMALL_MLA),
-    C("mla_r32_h16_fp8_e4m3_p16_nonmono_fp16", prefix=(33, 5), new=(4, 16), page=16, dtype="fp16",
+    S("mla_r32_h16_fp8_e4m3_p16_nonmono_fp16", prefix=(33, 5), new=(4, 16), page=16, dtype="fp16",
       kv_dtype="fp8_e4m3", layout="non_monotonic_extend", **SMALL_MLA),
 ]

@@ -4,37 +4,38 @@ with its whole context cached (prefix = seq_len - 1)."""
 from functools import partial
 
 from cases.mla import SMALL_MLA, deepseek
-from kit.engine.case import GPT_OSS, GQA_32_8, MHA, MQA, Case, in_every_layout
+from kit.engine.case import GPT_OSS, GQA_32_8, MHA, MQA, SMOKE_GQA, SMOKE_MHA, SMOKE_MQA, Case, in_every_layout
 from kit.modes import ForwardMode
 
 C = partial(Case, mode=ForwardMode.MIXED)
+S = partial(C, heads=SMOKE_GQA)  # a smoke line: the smoke heads (kit.engine.case) unless it names others
 
 # A fresh prompt (prefix 0: a paged pass over nothing, the ragged one alone) beside long decode rows;
 # decode rows whose prefixes are unaligned to the page while the chunk's is page-aligned (SGLang PR
 # 38180: a backend assuming every extend prefix page-aligned); a chunk crossing the window while the
 # decode rows sit far past it; every row of one token (an extend of one, then decode rows).
 SMOKE = [
-    C("gqa_fresh_prompt_p16_fp32", prefix=(0, 40, 17), new=(20, 1, 1), page=16, dtype="fp32", head_dim=64),
-    C("mqa_chunk_p1_shuf", prefix=(12, 30, 5), new=(7, 1, 1), heads=MQA, dtype="fp32", head_dim=64,
+    S("gqa_fresh_prompt_p16_fp32", prefix=(0, 40, 17), new=(20, 1, 1), page=16, dtype="fp32", head_dim=64),
+    S("mqa_chunk_p1_shuf", prefix=(12, 30, 5), new=(7, 1, 1), heads=SMOKE_MQA, dtype="fp32", head_dim=64,
       layout="shuffled_pages"),
-    C("mha_window_p64_inter", prefix=(64, 150), new=(20, 1), heads=MHA, page=64, window=8, dtype="fp32",
+    S("mha_window_p64_inter", prefix=(64, 150), new=(20, 1), heads=SMOKE_MHA, page=64, window=8, dtype="fp32",
       head_dim=64, layout="interleaved_pages"),
-    C("gqa_bs9_cap_p1_nonmono", prefix=(3, 9, 1, 27, 12, 40, 33, 6, 2), new=(5, 1, 3, 1, 1, 1, 1, 1, 1), cap=20.0,
+    S("gqa_bs9_cap_p1_nonmono", prefix=(3, 9, 1, 27, 12, 40, 33, 6, 2), new=(5, 1, 3, 1, 1, 1, 1, 1, 1), cap=20.0,
       dtype="fp32", head_dim=64, layout="non_monotonic_extend"),
-    C("gqa_bf16_p16", prefix=(32, 33), new=(9, 1), page=16, dtype="bf16"),
-    C("gqa32_scale_fp16_p16_shuf", prefix=(16, 5, 18), new=(9, 1, 1), heads=GQA_32_8, page=16, scale=0.1,
+    S("gqa_bf16_p16", prefix=(32, 33), new=(9, 1), page=16, dtype="bf16"),
+    S("gqa32_scale_fp16_p16_shuf", prefix=(16, 5, 18), new=(9, 1, 1), heads=GQA_32_8, page=16, scale=0.1,
       dtype="fp16", head_dim=64, layout="shuffled_pages"),
-    C("mha_long_decode_cap_p1", prefix=(30, 1100), new=(70, 1), heads=MHA, cap=5.0, scale=0.25, dtype="fp32",
+    S("mha_long_decode_cap_p1", prefix=(30, 1100), new=(70, 1), heads=SMOKE_MHA, cap=5.0, scale=0.25, dtype="fp32",
       head_dim=64),
-    C("gqa_hybrid_p16_fp32", prefix=(12, 30, 17), new=(6, 1, 1), page=16, dtype="fp32", head_dim=64, hybrid=True),
-    C("gqa_fused_p16_fp32", prefix=(0, 17), new=(3, 1), page=16, dtype="fp32", head_dim=64, inputs="fused_qkv"),
-    C("gptoss_window_sinks_hybrid_p16_fp32", prefix=(0, 30), new=(9, 1), page=16, heads=GPT_OSS, head_dim=64,
+    S("gqa_hybrid_p16_fp32", prefix=(12, 30, 17), new=(6, 1, 1), page=16, dtype="fp32", head_dim=64, hybrid=True),
+    S("gqa_fused_p16_fp32", prefix=(0, 17), new=(3, 1), page=16, dtype="fp32", head_dim=64, inputs="fused_qkv"),
+    S("gptoss_window_sinks_hybrid_p16_fp32", prefix=(0, 30), new=(9, 1), page=16, heads=GPT_OSS, head_dim=64,
       dtype="fp32", window=8, hybrid=True, sinks=True),
-    C("gqa_all_ones_bs9_p16_fp32", prefix=(0, 1, 15, 16, 17, 31, 32, 100, 64), new=(1,) * 9, page=16, dtype="fp32",
+    S("gqa_all_ones_bs9_p16_fp32", prefix=(0, 1, 15, 16, 17, 31, 32, 100, 64), new=(1,) * 9, page=16, dtype="fp32",
       head_dim=64),
-    C("mla_r32_h16_p16_fp32", prefix=(0, 17, 33), new=(5, 1, 1), page=16, dtype="fp32", **SMALL_MLA),
-    C("mla_deepseek_h128_p64_fp16", prefix=(5, 9), new=(3, 1), page=64, dtype="fp16", **deepseek(128)),
-    C("gqa_fp8_e5m2_p16_fp16", prefix=(17, 33), new=(5, 1), page=16, dtype="fp16", head_dim=64, kv_dtype="fp8_e5m2"),
+    S("mla_r32_h16_p16_fp32", prefix=(0, 17, 33), new=(5, 1, 1), page=16, dtype="fp32", **SMALL_MLA),
+    S("mla_deepseek_h128_p64_fp16", prefix=(5, 9), new=(3, 1), page=64, dtype="fp16", **deepseek(128)),
+    S("gqa_fp8_e5m2_p16_fp16", prefix=(17, 33), new=(5, 1), page=16, dtype="fp16", head_dim=64, kv_dtype="fp8_e5m2"),
 ]
 
 # Cap cases use cap 5 at scale 0.25: the cap bites. Three window cases (mutant 7), fresh prompts
@@ -104,23 +105,23 @@ FULL += [
       **deepseek(16)),
 ]
 SMOKE += [
-    C("gqa_fp8_e4m3_window_cap_sinks_hybrid_fused_p64_bf16_shuf", prefix=(0, 70), new=(20, 1), kv_dtype="fp8_e4m3",
+    S("gqa_fp8_e4m3_window_cap_sinks_hybrid_fused_p64_bf16_shuf", prefix=(0, 70), new=(20, 1), kv_dtype="fp8_e4m3",
       window=8, cap=5.0, sinks=True, hybrid=True, scale=0.25, inputs="fused_qkv", page=64, dtype="bf16",
       layout="shuffled_pages", head_dim=64),
-    C("gqa_fp8_e5m2_window_cap_sinks_hybrid_fused_p1_fp16_inter", prefix=(17, 40), new=(9, 1), kv_dtype="fp8_e5m2",
+    S("gqa_fp8_e5m2_window_cap_sinks_hybrid_fused_p1_fp16_inter", prefix=(17, 40), new=(9, 1), kv_dtype="fp8_e5m2",
       window=8, cap=5.0, sinks=True, hybrid=True, scale=0.25, inputs="fused_qkv", dtype="fp16",
       layout="interleaved_pages", head_dim=64),
-    C("mla_r32_h16_fp8_e4m3_p1_bf16_inter", prefix=(17, 40), new=(9, 1), kv_dtype="fp8_e4m3", dtype="bf16",
+    S("mla_r32_h16_fp8_e4m3_p1_bf16_inter", prefix=(17, 40), new=(9, 1), kv_dtype="fp8_e4m3", dtype="bf16",
       layout="interleaved_pages", **SMALL_MLA),
-    C("gqa_fp8_e5m2_sinks_fused_p64_bf16_nonmono", prefix=(0, 70), new=(20, 1), kv_dtype="fp8_e5m2", sinks=True,
+    S("gqa_fp8_e5m2_sinks_fused_p64_bf16_nonmono", prefix=(0, 70), new=(20, 1), kv_dtype="fp8_e5m2", sinks=True,
       inputs="fused_qkv", page=64, dtype="bf16", layout="non_monotonic_extend", head_dim=64),
-    C("gqa_fp8_e4m3_window_cap_hybrid_p16_fp16_nonmono", prefix=(17, 40), new=(9, 1), kv_dtype="fp8_e4m3", window=8,
+    S("gqa_fp8_e4m3_window_cap_hybrid_p16_fp16_nonmono", prefix=(17, 40), new=(9, 1), kv_dtype="fp8_e4m3", window=8,
       cap=5.0, hybrid=True, scale=0.25, page=16, dtype="fp16", layout="non_monotonic_extend", head_dim=64),
-    C("mla_r32_h16_fp8_e5m2_p1_fp32_shuf", prefix=(17, 40), new=(9, 1), kv_dtype="fp8_e5m2", dtype="fp32",
+    S("mla_r32_h16_fp8_e5m2_p1_fp32_shuf", prefix=(17, 40), new=(9, 1), kv_dtype="fp8_e5m2", dtype="fp32",
       layout="shuffled_pages", **SMALL_MLA),
-    C("gqa_fp8_e4m3_p1_fp32", prefix=(17, 40), new=(9, 1), kv_dtype="fp8_e4m3", dtype="fp32", head_dim=64),
-    C("gqa_p16_bf16_inter", prefix=(17, 40), new=(9, 1), page=16, dtype="bf16", layout="interleaved_pages",
+    S("gqa_fp8_e4m3_p1_fp32", prefix=(17, 40), new=(9, 1), kv_dtype="fp8_e4m3", dtype="fp32", head_dim=64),
+    S("gqa_p16_bf16_inter", prefix=(17, 40), new=(9, 1), page=16, dtype="bf16", layout="interleaved_pages",
       head_dim=64),
-    C("mla_r32_h16_p1_bf16_nonmono", prefix=(17, 40), new=(9, 1), dtype="bf16", layout="non_monotonic_extend",
+    S("mla_r32_h16_p1_bf16_nonmono", prefix=(17, 40), new=(9, 1), dtype="bf16", layout="non_monotonic_extend",
       **SMALL_MLA),
 ]

@@ -3,34 +3,35 @@ topk 1 = chain, topk 2 = tree."""
 from functools import partial
 
 from cases.mla import SMALL_MLA, deepseek
-from kit.engine.case import GPT_OSS, GQA_32_8, MHA, MQA, Case, in_every_layout
+from kit.engine.case import GPT_OSS, GQA_32_8, MHA, MQA, SMOKE_GQA, SMOKE_MHA, SMOKE_MQA, Case, in_every_layout
 from kit.modes import ForwardMode
 
 C = partial(Case, mode=ForwardMode.TARGET_VERIFY)
+S = partial(C, heads=SMOKE_GQA)  # a smoke line: the smoke heads (kit.engine.case) unless it names others
 
 SMOKE = [
-    C("gqa_chain4_p16_fp32", prefix=(17, 16, 1, 33), new=4, page=16, dtype="fp32", head_dim=64),
-    C("mqa_tree6_p1_shuf", prefix=(5, 30, 12), new=6, topk=2, heads=MQA, dtype="fp32", head_dim=64,
+    S("gqa_chain4_p16_fp32", prefix=(17, 16, 1, 33), new=4, page=16, dtype="fp32", head_dim=64),
+    S("mqa_tree6_p1_shuf", prefix=(5, 30, 12), new=6, topk=2, heads=SMOKE_MQA, dtype="fp32", head_dim=64,
       layout="shuffled_pages"),
-    C("mha_bs1_chain4_window_p64_inter", prefix=(70,), new=4, heads=MHA, page=64, window=8, dtype="fp32",
+    S("mha_bs1_chain4_window_p64_inter", prefix=(70,), new=4, heads=SMOKE_MHA, page=64, window=8, dtype="fp32",
       head_dim=64, layout="interleaved_pages"),
-    C("gqa_bs8_tree4_cap_p1_nonmono", prefix=(3, 9, 1, 27, 12, 2, 33, 6), new=4, topk=2, cap=20.0,
+    S("gqa_bs8_tree4_cap_p1_nonmono", prefix=(3, 9, 1, 27, 12, 2, 33, 6), new=4, topk=2, cap=20.0,
       dtype="fp32", head_dim=64, layout="non_monotonic_extend"),
-    C("gqa_bf16_chain3_p16", prefix=(20, 33), new=3, page=16, dtype="bf16"),
-    C("gqa32_chain3_scale_fp16_p16_shuf", prefix=(9, 33), new=3, heads=GQA_32_8, page=16, scale=0.1,
+    S("gqa_bf16_chain3_p16", prefix=(20, 33), new=3, page=16, dtype="bf16"),
+    S("gqa32_chain3_scale_fp16_p16_shuf", prefix=(9, 33), new=3, heads=GQA_32_8, page=16, scale=0.1,
       dtype="fp16", head_dim=64, layout="shuffled_pages"),
-    C("mha_bs1_long_tree6_cap_p1", prefix=(1100,), new=6, topk=2, heads=MHA, cap=5.0, scale=0.25, dtype="fp32",
+    S("mha_bs1_long_tree6_cap_p1", prefix=(1100,), new=6, topk=2, heads=SMOKE_MHA, cap=5.0, scale=0.25, dtype="fp32",
       head_dim=64),
-    C("gqa_tree8_window4_p16_inter", prefix=(20, 9, 33), new=8, topk=2, page=16, window=4, dtype="fp32",
+    S("gqa_tree8_window4_p16_inter", prefix=(20, 9, 33), new=8, topk=2, page=16, window=4, dtype="fp32",
       head_dim=64, layout="interleaved_pages"),
-    C("gqa_hybrid_tree4_p16_fp32", prefix=(12, 30), new=4, topk=2, page=16, dtype="fp32", head_dim=64, hybrid=True),
-    C("gqa_chain2_fused_p16_fp32", prefix=(5, 17), new=2, page=16, dtype="fp32", head_dim=64, inputs="fused_qkv"),
-    C("gqa_chain4_window_sinks_hybrid_p16_fp32", prefix=(12, 30), new=4, page=16, dtype="fp32", head_dim=64, window=8,
+    S("gqa_hybrid_tree4_p16_fp32", prefix=(12, 30), new=4, topk=2, page=16, dtype="fp32", head_dim=64, hybrid=True),
+    S("gqa_chain2_fused_p16_fp32", prefix=(5, 17), new=2, page=16, dtype="fp32", head_dim=64, inputs="fused_qkv"),
+    S("gqa_chain4_window_sinks_hybrid_p16_fp32", prefix=(12, 30), new=4, page=16, dtype="fp32", head_dim=64, window=8,
       hybrid=True, sinks=True),
-    C("gptoss_tree4_sinks_p16_fp16", prefix=(20, 33), new=4, topk=2, page=16, heads=GPT_OSS, head_dim=64, dtype="fp16",
+    S("gptoss_tree4_sinks_p16_fp16", prefix=(20, 33), new=4, topk=2, page=16, heads=GPT_OSS, head_dim=64, dtype="fp16",
       sinks=True),
-    C("mla_r32_h16_chain4_p16_fp32", prefix=(17, 1, 33), new=4, page=16, dtype="fp32", **SMALL_MLA),
-    C("mla_deepseek_h128_bs1_tree4_p64_fp16", prefix=(70,), new=4, topk=2, page=64, dtype="fp16", **deepseek(128)),
+    S("mla_r32_h16_chain4_p16_fp32", prefix=(17, 1, 33), new=4, page=16, dtype="fp32", **SMALL_MLA),
+    S("mla_deepseek_h128_bs1_tree4_p64_fp16", prefix=(70,), new=4, topk=2, page=64, dtype="fp16", **deepseek(128)),
 ]
 
 # Cap cases use cap 5 at scale 0.25 (scores of std ~2.8): the cap bites, so a dropped cap
@@ -90,7 +91,7 @@ FULL += in_every_layout([
 ])
 
 # fp8 KV caches (kit.engine.kv_quant): K and V stored quantized, with scales per layer, K's != V's.
-SMOKE += [C("gqa_fp8_e4m3_chain3_p16_fp16", prefix=(9, 33), new=3, page=16, dtype="fp16", head_dim=64,
+SMOKE += [S("gqa_fp8_e4m3_chain3_p16_fp16", prefix=(9, 33), new=3, page=16, dtype="fp16", head_dim=64,
             kv_dtype="fp8_e4m3")]
 FULL += in_every_layout([
     C("gqa_fp8_e4m3_chain4_p16", prefix=(17, 16, 1, 300), new=4, page=16, kv_dtype="fp8_e4m3"),
@@ -120,22 +121,22 @@ FULL += [
       kv_dtype="fp8_e4m3"),
 ]
 SMOKE += [
-    C("gqa_fp8_e5m2_chain4_window_cap_sinks_hybrid_fused_p64_shuf", prefix=(70, 9), new=4, page=64, head_dim=64,
+    S("gqa_fp8_e5m2_chain4_window_cap_sinks_hybrid_fused_p64_shuf", prefix=(70, 9), new=4, page=64, head_dim=64,
       window=8, cap=5.0, scale=0.25, sinks=True, hybrid=True, inputs="fused_qkv", kv_dtype="fp8_e5m2",
       layout="shuffled_pages"),
-    C("gqa_fp8_e4m3_chain3_window_sinks_hybrid_fused_p1_nonmono_fp16", prefix=(12, 30), new=3, head_dim=64, window=8,
+    S("gqa_fp8_e4m3_chain3_window_sinks_hybrid_fused_p1_nonmono_fp16", prefix=(12, 30), new=3, head_dim=64, window=8,
       dtype="fp16", sinks=True, hybrid=True, inputs="fused_qkv", kv_dtype="fp8_e4m3", layout="non_monotonic_extend"),
-    C("gqa_fp8_e4m3_chain3_cap_sinks_hybrid_fused_p1_inter_fp16", prefix=(20, 9), new=3, head_dim=64, cap=5.0,
+    S("gqa_fp8_e4m3_chain3_cap_sinks_hybrid_fused_p1_inter_fp16", prefix=(20, 9), new=3, head_dim=64, cap=5.0,
       scale=0.25, dtype="fp16", sinks=True, hybrid=True, inputs="fused_qkv", kv_dtype="fp8_e4m3",
       layout="interleaved_pages"),
-    C("gqa_fp32_fp8_e5m2_chain4_cap_p16_nonmono", prefix=(17, 1), new=4, page=16, head_dim=64, cap=5.0, scale=0.25,
+    S("gqa_fp32_fp8_e5m2_chain4_cap_p16_nonmono", prefix=(17, 1), new=4, page=16, head_dim=64, cap=5.0, scale=0.25,
       dtype="fp32", kv_dtype="fp8_e5m2", layout="non_monotonic_extend"),
-    C("gqa_fp8_e5m2_tree4_fused_p1_fp16", prefix=(9, 33), new=4, topk=2, head_dim=64, dtype="fp16",
+    S("gqa_fp8_e5m2_tree4_fused_p1_fp16", prefix=(9, 33), new=4, topk=2, head_dim=64, dtype="fp16",
       inputs="fused_qkv", kv_dtype="fp8_e5m2"),
-    C("mla_r32_h16_fp8_e5m2_chain4_p1_inter", prefix=(17, 1, 33), new=4, kv_dtype="fp8_e5m2",
+    S("mla_r32_h16_fp8_e5m2_chain4_p1_inter", prefix=(17, 1, 33), new=4, kv_dtype="fp8_e5m2",
       layout="interleaved_pages", **SMALL_MLA),
-    C("mla_r32_h16_fp8_e4m3_tree4_p64_nonmono", prefix=(70, 5), new=4, topk=2, page=64, kv_dtype="fp8_e4m3",
+    S("mla_r32_h16_fp8_e4m3_tree4_p64_nonmono", prefix=(70, 5), new=4, topk=2, page=64, kv_dtype="fp8_e4m3",
       layout="non_monotonic_extend", **SMALL_MLA),
-    C("mla_r32_h16_fp8_e4m3_chain3_p1_shuf_fp32", prefix=(5, 30), new=3, dtype="fp32", kv_dtype="fp8_e4m3",
+    S("mla_r32_h16_fp8_e4m3_chain3_p1_shuf_fp32", prefix=(5, 30), new=3, dtype="fp32", kv_dtype="fp8_e4m3",
       layout="shuffled_pages", **SMALL_MLA),
 ]

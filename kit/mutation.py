@@ -15,8 +15,10 @@ from typing import Callable, Dict, List, Optional, Sequence, Tuple
 from kit.engine.case import Case
 from kit.engine.catalog import load_catalog
 from kit.modes import Exec, ForwardMode
+from kit.report import known_failures
 from kit.report.record import CRASH, FAIL, UNSUPPORTED, parse_run_id, repro_command, run_id
 from kit.harness import child
+from kit.harness.environment import device_name
 from kit.harness.registry import load_backend
 from kit.targets import import_target
 from kit.harness.runner import run_case
@@ -52,6 +54,9 @@ class Score:
     first_failure: str = ""
     repro: str = ""
     not_run: int = 0  # runs not made: the process died or lost the device, or stopped at the first catch
+    # Runs left out: the unmutated backend is a known failure there (KNOWN_FAILURES.md), so a failure
+    # cannot tell the mutant from the engine's own bug.
+    known: int = 0
 
     @property
     def caught(self) -> bool:
@@ -62,18 +67,22 @@ class Score:
         return dict(number=m.number, mutant=m.name, expect=list(m.expect), harmless=m.harmless,
                     runs=self.runs, failed=self.failed,
                     classes=self.classes, first_failure=self.first_failure, repro=self.repro,
-                    not_run=self.not_run, caught=self.caught)
+                    not_run=self.not_run, known=self.known, caught=self.caught)
 
 
 def _runs(mutant: Mutant, case_set: str, cases: Optional[str], stop_when_caught: bool = False):
-    """The mutant's runs in catalog order; to stop at the first catch, those of the cases it
-    reaches first (the others follow, in case a run catches it where none was expected), the
-    smallest first."""
+    """(the mutant's runs in catalog order, how many were left out as known failures of the unmutated
+    backend); to stop at the first catch, those of the cases it reaches first (the others follow, in
+    case a run catches it where none was expected), the smallest first."""
     catalog = load_catalog(cases)
     runs = [(case, ex) for mode in mutant.modes for case in catalog.cases(case_set, mode) for ex in mutant.execs]
+    base, device = load_backend(mutant.backend).name, device_name()
+    entries = known_failures.of_backend(known_failures.load_or_default(), base, device)
+    judged = [(case, ex) for case, ex in runs
+              if known_failures.match(entries, base, case.mode.value, ex.value, case.name, device, case.dtype) is None]
     if stop_when_caught:
-        runs.sort(key=lambda run: (mutant.reaches is not None and not mutant.reaches(run[0]), run[0].size))
-    return runs
+        judged.sort(key=lambda run: (mutant.reaches is not None and not mutant.reaches(run[0]), run[0].size))
+    return judged, len(runs) - len(judged)
 
 
 def score(mutant: Mutant, case_set: str, stop_when_caught: bool = False, progress=None,
@@ -81,9 +90,9 @@ def score(mutant: Mutant, case_set: str, stop_when_caught: bool = False, progres
     """Every run of the mutant's modes x execs over the case set (or up to the first
     run failing with the expected class), in this process. `progress(test_id)` is
     called before each run."""
-    s = Score(mutant)
     classes = collections.Counter()
-    runs = _runs(mutant, case_set, cases, stop_when_caught)
+    runs, known = _runs(mutant, case_set, cases, stop_when_caught)
+    s = Score(mutant, known=known)
     for i, (case, ex) in enumerate(runs):
         if progress:
             progress(run_id(mutant.name, case.mode.value, ex.value, case.name))
@@ -123,15 +132,16 @@ def score_isolated(mutant: Mutant, catalog: str, case_set: str, stop_when_caught
     record = ended.answer(SCORE)
     if record is not None:
         return Score(mutant, runs=record["runs"], failed=record["failed"], classes=record["classes"],
-                     first_failure=record["first_failure"], repro=record["repro"], not_run=record["not_run"])
+                     first_failure=record["first_failure"], repro=record["repro"], not_run=record["not_run"],
+                     known=record["known"])
     started = [line[len(RUN):] for line in ended.stdout.splitlines() if line.startswith(RUN)]
     if not started:
         raise RuntimeError(f"mutant worker for {mutant.name} failed before any run ({ended.death(20)})")
     _, mode, exec_, case = parse_run_id(started[-1])
     repro = repro_command(mutant.backend, mode, exec_, case, cases)
+    runs, known = _runs(mutant, case_set, cases, stop_when_caught)
     return Score(mutant, runs=len(started), failed=1, classes={CRASH: 1}, first_failure=started[-1],
-                 repro=f"{repro}  # process died, {ended.death()}",
-                 not_run=len(_runs(mutant, case_set, cases, stop_when_caught)) - len(started))
+                 repro=f"{repro}  # process died, {ended.death()}", not_run=len(runs) - len(started), known=known)
 
 
 def score_all(mutants: Sequence[Mutant], catalog: str, case_set: str, jobs: int,

@@ -13,7 +13,8 @@ def table(records: Sequence[Dict], header: Optional[str] = None) -> str:
               "|---|---|---|---|---|---|"]
     for r in records:
         classes = ", ".join(f"{c} {n}" for c, n in sorted(r["classes"].items())) or "-"
-        caught = f"{r['failed']}/{r['runs']}" + (f" (+{r['not_run']} not run)" if r["not_run"] else "")
+        caught = (f"{r['failed']}/{r['runs']}" + (f" (+{r['not_run']} not run)" if r["not_run"] else "")
+                  + (f" ({r['known']} left out: the engine's known failures)" if r.get("known") else ""))
         mark = "" if r["caught"] else f" (harmless here: {r['harmless']})" if r.get("harmless") else " **MISSED**"
         first = f"`{r['first_failure']}`" if r["first_failure"] else "-"
         lines.append(f"| {r['number']} | `{r['mutant']}`{mark} | {' or '.join(r['expect'])} | {caught} | {classes} "

@@ -115,7 +115,7 @@ def browser() -> Optional[str]:
 # are not Python 3 (templates, old examples) are left as they are, and so are the parts of sglang
 # nothing here imports (NOT_IMPORTED: its diffusion serving stack and its own tests, a tenth of
 # what is installed).
-NOT_IMPORTED = r"[\\/]sglang[\\/](multimodal_gen|test)[\\/]"
+NOT_IMPORTED = r"[\\/](sglang[\\/](multimodal_gen|test)|flashinfer[\\/]data)[\\/]"
 COMPILE = ("import compileall, re, sys; [compileall.compile_dir(d, quiet=2, workers=int(sys.argv[1]), "
            f"rx=re.compile({NOT_IMPORTED!r})) for d in sys.argv[2:]]")  # workers: 0 for every core
 COMPILED = ("torch", "transformers", "sglang", "vllm")  # the largest packages the suite imports

@@ -15,7 +15,7 @@ import torch
 
 from backends.triton.metadata import SPLIT_TOKENS
 from cases import CATALOG as catalog
-from kit.engine.case import GQA, LAYOUTS, MHA, MQA, Case
+from kit.engine.case import GQA, LAYOUTS, MHA, MQA, SMOKE_GQA, SMOKE_MHA, SMOKE_MQA, Case
 from kit.engine import pairs
 from kit.engine.catalog import CASE_SETS, Catalog
 from kit.engine.fixture import Fixture, Step, _pools_for, make_batch
@@ -66,6 +66,16 @@ def test_full_set_coverage(mode):
     assert any(c.window >= 0 for c in full) and any(c.cap > 0 for c in full)
     assert any(c.page > 1 and any(p % c.page == 0 and p > 0 for p in c.prefix) for c in full), "prefix exactly a page"
     assert any(c.page > 1 and any(p % c.page for p in c.prefix) for c in full), "crossing a page boundary"
+
+
+@pytest.mark.parametrize("mode", MODES, ids=lambda m: m.value)
+def test_smoke_heads_keep_each_shape(mode):
+    """The smoke set's small heads are still MHA, GQA (two KV heads: a query head read against the
+    wrong KV head shows) and MQA, each with query groups larger than one where the shape has them."""
+    dense = {c.heads for c in catalog.cases("smoke", mode) if not c.is_mla}
+    assert {SMOKE_MHA, SMOKE_GQA, SMOKE_MQA} <= dense
+    assert SMOKE_GQA[1] == 2 and SMOKE_GQA[0] > SMOKE_GQA[1] and SMOKE_MQA[1] == 1 < SMOKE_MQA[0]
+    assert SMOKE_MHA[0] == SMOKE_MHA[1] > 1
 
 
 @functools.lru_cache(maxsize=None)
@@ -188,7 +198,9 @@ FEATURES = {
     | ({"context past 1,000 tokens"} if max(map(sum, zip(c.prefix, c.new_lens))) > 1000 else set()),
     "new": _new_features,
     "page": _page_features,
-    "heads": lambda c: {f"heads {c.heads}"},
+    # How query heads share KV heads (the smoke set's head counts are smaller: kit.engine.case).
+    "heads": lambda c: {"one KV head" if c.num_kv_heads == 1 else "a KV head per query head"
+                        if c.num_q_heads == c.num_kv_heads else "query groups over KV heads"},
     "head_dim": lambda c: {f"head_dim {c.head_dim}"},
     "dtype": lambda c: {"fp16" if c.dtype == "fp16" else "bf16 or fp32"},
     "window": lambda c: {"window" if c.window >= 0 else "no window"},

@@ -2,9 +2,11 @@
 (the GPU table, every mutant and every run, comes from `python -m kit.mutate`)."""
 import pytest
 
+import kit.mutation
 from kit.engine.catalog import load_catalog
 from kit.modes import parse_mode
 from kit.mutation import score, score_isolated
+from kit.report.known_failures import KnownFailure
 from kit.report.record import CRASH, parse_run_id
 from tests.mutants import MUTANTS
 
@@ -28,3 +30,16 @@ def test_catalog_is_sound():
     assert set(m.number for m in MUTANTS) >= set(range(1, 16)), "every bug class of the issue has a mutant"
     for m in MUTANTS:
         assert m.doc, f"{m.name}: the mutant's docstring names its bug class"
+
+
+def test_runs_the_unmutated_backend_is_known_to_fail_are_left_out(monkeypatch):
+    """A failure where the engine itself fails (a known failure of the unmutated backend) cannot
+    tell the mutant from the engine's own bug: such runs are not scored, only counted."""
+    mutant = next(m for m in MUTANTS if m.name == "decode_reads_one_short")
+    runs, known = kit.mutation._runs(mutant, "smoke", None)
+    assert known == 0 and "gqa_fused_p16_fp32" in [case.name for case, _ in runs]
+    entry = KnownFailure("KF-1", "triton", "decode", "eager", "gqa_fused*", "*", "kernel", "xfail", "why", "x",
+                         "KNOWN_FAILURES.md:1")
+    monkeypatch.setattr(kit.mutation.known_failures, "load_or_default", lambda: [entry])
+    left, known = kit.mutation._runs(mutant, "smoke", None)
+    assert known == 1 and len(left) == len(runs) - 1 and "gqa_fused_p16_fp32" not in [case.name for case, _ in left]

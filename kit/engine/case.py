@@ -27,13 +27,18 @@ GQA = (8, 2)
 MQA = (8, 1)
 GQA_32_8 = (32, 8)
 GPT_OSS = (64, 8)  # gpt-oss-120b on one GPU: 64 query heads of 64, 8 KV heads
+# The smoke set's (CPU) heads: the fewest that keep each shape what it is (two KV heads, so a query
+# head read against the wrong KV head shows; query groups of one, two and four), since Triton's
+# interpreter runs one program per head, one after another. The full set has the models' heads.
+SMOKE_MHA, SMOKE_GQA, SMOKE_MQA = (2, 2), (4, 2), (4, 1)
 # MLA (DeepSeek-V2/V3): 128 query heads on one GPU, 16 per rank on 8; one latent KV head
 MLA_128, MLA_16 = (128, 1), (16, 1)
 DEEPSEEK_RANK, DEEPSEEK_ROPE = 512, 64
 DEEPSEEK_SCALE = (128 + 64) ** -0.5  # qk_head_dim = qk_nope_head_dim + qk_rope_head_dim, not the latent's 576
 # The named values a case line may use (kit.engine.case_line reads lines by this table).
-PRESETS = dict(MHA=MHA, GQA=GQA, MQA=MQA, GQA_32_8=GQA_32_8, GPT_OSS=GPT_OSS, MLA_128=MLA_128, MLA_16=MLA_16,
-               DEEPSEEK_RANK=DEEPSEEK_RANK, DEEPSEEK_ROPE=DEEPSEEK_ROPE, DEEPSEEK_SCALE=DEEPSEEK_SCALE)
+PRESETS = dict(MHA=MHA, GQA=GQA, MQA=MQA, GQA_32_8=GQA_32_8, GPT_OSS=GPT_OSS, SMOKE_MHA=SMOKE_MHA, SMOKE_GQA=SMOKE_GQA,
+               SMOKE_MQA=SMOKE_MQA, MLA_128=MLA_128, MLA_16=MLA_16, DEEPSEEK_RANK=DEEPSEEK_RANK,
+               DEEPSEEK_ROPE=DEEPSEEK_ROPE, DEEPSEEK_SCALE=DEEPSEEK_SCALE)
 
 
 @dataclasses.dataclass(frozen=True)
