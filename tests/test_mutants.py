@@ -43,3 +43,11 @@ def test_runs_the_unmutated_backend_is_known_to_fail_are_left_out(monkeypatch):
     monkeypatch.setattr(kit.mutation.known_failures, "load_or_default", lambda: [entry])
     left, known = kit.mutation._runs(mutant, "smoke", None)
     assert known == 1 and len(left) == len(runs) - 1 and "gqa_fused_p16_fp32" not in [case.name for case, _ in left]
+
+
+def test_the_score_table_says_how_many_runs_were_left_out_as_the_engines_known_failures():
+    from matrix.mutation import table
+    row = dict(number=30, mutant="m", expect=["graph"], harmless="", runs=3, failed=1, classes={"graph": 1},
+               first_failure="m-decode-graph-c", repro="", not_run=0, known=2, caught=True)
+    assert "| 1/3 (2 left out: the engine's known failures) |" in table([row])
+    assert "left out" not in table([dict(row, known=0)])
