@@ -198,6 +198,7 @@ def test_forward_runs_through_radix_attention_on_the_real_rows_of_a_padded_exten
 
 
 def test_mutant_loader_patches_a_copy_never_the_installed_module():
+    import backends.sglang.runtime  # noqa: F401  (sglang's set-up, as the adapter makes it, before its module)
     from tests.mutants.sglang import TRITON, ReplayBsFromBuffer, patched_module
 
     original = importlib.import_module(TRITON)
