@@ -18,7 +18,8 @@ from cases import CATALOG as catalog
 from kit.engine.case import GQA, LAYOUTS, MHA, MQA, SMOKE_GQA, SMOKE_MHA, SMOKE_MQA, Case
 from kit.engine import pairs
 from kit.engine.catalog import CASE_SETS, Catalog
-from kit.engine.fixture import Fixture, Step, _pools_for, make_batch
+from kit.engine.fixture import Fixture, Step, _pools_for
+from kit.engine.render import forward_batch
 from kit.engine.profile import SGLANG
 from kit.process.memory import STORE
 from kit.engine.kv_quant import quantize
@@ -552,7 +553,7 @@ def _written_batch(case) -> Fixture:
     check reads none of them)."""
     built, cpu = STORE.batches.get(case, torch.device("cpu")), torch.device("cpu")
     pools = _pools_for([built.plan], case, cpu, STORE, SGLANG)
-    batch = make_batch(built.plan, pools, cpu)
+    batch = forward_batch(built.plan, pools, cpu)
     fx = Fixture(plan=built.plan, pools=pools, layers=built.layers, batch=batch,
                  steps=[Step(0, built.plan, batch, built.layers, built.program_inputs)],
                  program_inputs=built.program_inputs)

@@ -87,12 +87,13 @@ def test_the_kv_check_covers_every_steps_writes_and_the_unwritten_last_column():
 class LastStepOwnKeyMissed(TorchNativeBackend):
     """Planted: the last draft step leaves the query's own token out of its keys."""
 
-    def _key_columns(self, batch):
-        groups = super()._key_columns(batch)
+    def forward(self, q, k, v, layer, batch, save_kv_cache=True):
         spec = batch.spec_info
         if batch.forward_mode is DRAFT_DECODE and spec.draft_step == spec.num_steps - 2:
-            return [(row, columns[:-1], n_q, n_prefix - 1) for row, columns, n_q, n_prefix in groups]
-        return groups
+            missed = [dataclasses.replace(r, n_old=r.n_old - 1, keys=r.key_tokens[:-1], visible=r.visible[:, :-1])
+                      for r in batch.step.requests]
+            batch = dataclasses.replace(batch, step=dataclasses.replace(batch.step, requests=missed))
+        return super().forward(q, k, v, layer, batch, save_kv_cache)
 
 
 def test_every_step_is_judged():

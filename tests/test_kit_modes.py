@@ -27,10 +27,6 @@ class Toy(ModeRules):
     def batch_fields(self, plan, device):
         return extend_fields(plan, device)
 
-    def query_lens(self, batch):
-        bs = batch.batch_size
-        return batch.extend_prefix_lens[:bs], batch.extend_seq_lens[:bs]
-
 
 RULES = Toy()
 '''

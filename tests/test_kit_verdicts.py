@@ -10,6 +10,7 @@ import torch
 from backends.torch_native import TorchNativeBackend
 from kit.engine.case import Case
 from kit.engine.layer import Layer
+from kit.engine.modes.rules import causal
 from kit.modes import Exec, ForwardMode
 from kit.engine.pools import CASE_LAYER_ID
 from kit.engine.reference import attention
@@ -343,9 +344,11 @@ class ReadPastSeqLenBackend(TorchNativeBackend):
 
     name = "planted_read_past"
 
-    def init_forward_metadata(self, batch) -> None:
-        super().init_forward_metadata(batch)
-        self.prefix = [p + 1 for p in self.prefix]
+    def forward(self, q, k, v, layer, batch, save_kv_cache=True):
+        past = [dataclasses.replace(r, n_old=r.n_old + 1, q_pos=[p + 1 for p in r.q_pos],
+                                    visible=causal(r.n_old + 1, r.n_new)) for r in batch.step.requests]
+        batch = dataclasses.replace(batch, step=dataclasses.replace(batch.step, requests=past))
+        return super().forward(q, k, v, layer, batch, save_kv_cache)
 
 
 class CrashingBackend(TorchNativeBackend):

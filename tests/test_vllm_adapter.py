@@ -14,7 +14,6 @@ from backends.vllm import environment
 from backends.vllm.adapter import (INSTALL, PINNED, PROFILE, VllmFlashAttnBackend, VllmFlashInferBackend,
                                    VllmFlexAttentionBackend, VllmTritonAttnBackend, model_of, vllm_problem)
 from backends.vllm.mla import VllmFlashAttnMLABackend, VllmFlashMLABackend, VllmTritonMLABackend
-from kit.engine.common import describe
 from kit.engine.profile import NO_WRITE
 from kit.harness.protocol import BackendContext
 from kit.modes import ForwardMode
@@ -128,7 +127,7 @@ def test_the_step_description_maps_field_for_field():
     token count the slot mapping's, the host bound on seq_lens the exact host copy."""
     case = _case("e", ForwardMode.EXTEND, (3, 17), (4, 2))
     fx, backend = _built(case)
-    common = describe(fx.batch)
+    common = fx.batch.common
     m = backend.common_metadata(common)
     for mine, theirs in ((common.query_start_loc, m.query_start_loc), (common.seq_lens, m.seq_lens),
                          (common.block_table, m.block_table_tensor), (common.slot_mapping, m.slot_mapping),

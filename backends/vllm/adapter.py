@@ -34,7 +34,7 @@ import torch
 from backends import pinned
 from kit.engine.modes import rules_for
 from kit.engine.modes.rules import GraphBuckets
-from kit.engine.profile import BUILDER, NO_WRITE, EngineProfile
+from kit.engine.profile import BUILDER, COMMON, NO_WRITE, EngineProfile
 from kit.engine.variants import bucket_for
 from kit.harness.protocol import AttentionBackend, library_version
 from kit.modes import ForwardMode
@@ -44,8 +44,8 @@ INSTALL = "python -m backends.vllm.install"
 # vLLM's default CUDA-graph capture sizes (config/vllm.py:2398 _set_cudagraph_sizes): 1, 2, 4, then
 # multiples of 8 up to 256 and of 16 up to 512, in tokens; set as the config's capture sizes too.
 CAPTURE_SIZES = (1, 2, 4) + tuple(range(8, 256, 8)) + tuple(range(256, 513, 16))
-PROFILE = EngineProfile("vllm", storage={"dense": "interleaved", "mla": "latent_blocks"}, padded_slot=NO_WRITE,
-                        padded_seq_len=0, padded_query_len=0, pads_token_graph_requests=True,
+PROFILE = EngineProfile("vllm", storage={"dense": "interleaved", "mla": "latent_blocks"}, batch=COMMON,
+                        padded_slot=NO_WRITE, padded_seq_len=0, padded_query_len=0, pads_token_graph_requests=True,
                         batch_sizes=CAPTURE_SIZES, token_buckets=CAPTURE_SIZES, hooks=BUILDER)
 # The kit's quantized KV caches, as vLLM's kv_cache_dtype names them.
 CACHE_DTYPES = {None: "auto", "fp8_e4m3": "fp8_e4m3", "fp8_e5m2": "fp8_e5m2"}

@@ -1,4 +1,5 @@
-"""The batch object handed to a backend: the fields of a serving engine's ForwardBatch.
+"""The batch object handed to a backend: the fields of a serving engine's ForwardBatch (SGLang's),
+rendered from the kit's step description (kit.engine.render).
 
 dtypes: seq_lens and req_pool_indices int32; out_cache_loc and positions int64.
 """
@@ -68,9 +69,11 @@ class ForwardBatch:
     extend_prefix_lens_cpu: Optional[List[int]] = None
     # TARGET_VERIFY, DRAFT_EXTEND_V2 and DRAFT_DECODE
     spec_info: Optional[SpecInfo] = None
-    # The step described in engine-neutral terms (kit.engine.common.CommonBatch), for a backend
-    # driven in the builder style; None for the others.
+    # What the profile's converter adds (kit.engine.render): the step in vLLM's terms
+    # (kit.engine.common.CommonBatch) or the step description itself (kit.engine.plan.BatchPlan;
+    # eager batches only: a graph's are padded past what it describes); else None.
     common: Optional[object] = None
+    step: Optional[object] = None
 
     @property
     def num_tokens(self) -> int:

@@ -1,16 +1,16 @@
 """A step described the way engines whose backends build their own metadata describe one (vLLM's
 CommonAttentionMetadata): per request its query tokens' offsets, its length after the step, the
-tokens cached before it, its pages; per token its KV slot. Derived from a ForwardBatch and its
-mode's rules (ModeRules.query_lens), never from a backend; a backend driven in the builder style
-(kit.engine.profile.BUILDER) gets it as `batch.common`."""
+tokens cached before it, its pages; per token its KV slot. Rendered from the kit's step
+description (kit.engine.plan), never read back from another batch; a backend whose profile's
+converter is COMMON (kit.engine.profile) gets it as `batch.common`."""
 from __future__ import annotations
 
 import dataclasses
-from typing import Optional
+from typing import Optional, Tuple
 
 import torch
 
-from kit.engine.modes import rules_for
+from kit.engine.transfer import to_device
 
 
 @dataclasses.dataclass
@@ -28,33 +28,27 @@ class CommonBatch:
     max_seq_len: int
 
 
-def describe(batch, num_actual_tokens: Optional[int] = None, real_rows: Optional[int] = None,
-             padded_query_len: Optional[int] = None) -> CommonBatch:
-    """The step `batch` is, in CommonBatch's terms: its batch_size requests (a graph's padded rows
-    included) and its tokens (`num_actual_tokens` of them real; all of them unless given). Rows
-    from `real_rows` on are padded: with `padded_query_len` 0 each is an empty request (no query
-    token, no cached one), else they read as their mode gives them."""
-    rows = batch.batch_size
-    cached, new = rules_for(batch.forward_mode).query_lens(batch)
-    cached, new = cached.to(torch.int32), new.to(torch.int32)
-    if padded_query_len is not None and real_rows is not None and real_rows < rows:
-        cached, new = cached.clone(), new.clone()
-        cached[real_rows:] = 0
-        new[real_rows:] = padded_query_len
-    query_start_loc = torch.zeros(rows + 1, dtype=torch.int32, device=new.device)
-    torch.cumsum(new, dim=0, out=query_start_loc[1:])
-    seq_lens = cached + new
-    page = batch.token_to_kv_pool.page_size
-    r2t = batch.req_to_token_pool.req_to_token
-    block_table = (r2t[batch.req_pool_indices[:rows].to(torch.int64)][:, ::page] // page).to(torch.int32)
-    host = torch.stack([query_start_loc[1:], seq_lens, cached]).cpu()  # one wait: the host's copies
+def render(plan, slot_mapping: torch.Tensor, req_to_token: torch.Tensor, page: int, rows: Optional[int] = None,
+           padded: Tuple[int, int] = (0, 0)) -> CommonBatch:
+    """The step `plan` describes (kit.engine.plan), in CommonBatch's terms: its requests, then up to
+    `rows` padded ones (a graph's), each `padded` = (cached, new) tokens long and owning row 0 of
+    the request pool; each request's pages its row of `req_to_token` (the table the core installed:
+    its pages, then unowned ones); per token its KV slot from `slot_mapping` (the batch's, a graph's
+    static buffer under graphs, padded past the plan's tokens)."""
+    rows = len(plan.requests) if rows is None else rows
+    pad = rows - len(plan.requests)
+    cached = torch.tensor([r.n_old for r in plan.requests] + [padded[0]] * pad, dtype=torch.int32)
+    new = torch.tensor([r.n_new for r in plan.requests] + [padded[1]] * pad, dtype=torch.int32)
+    query_start_loc_cpu = torch.cat([new.new_zeros(1), new.cumsum(0, dtype=torch.int32)])
+    seq_lens_cpu = cached + new
+    device = slot_mapping.device
+    request_rows = to_device([r.row for r in plan.requests] + [0] * pad, req_to_token.device, torch.int64)
+    block_table = (req_to_token[request_rows][:, ::page] // page).to(torch.int32)
     return CommonBatch(
-        query_start_loc=query_start_loc, query_start_loc_cpu=torch.cat([host.new_zeros(1), host[0]]),
-        seq_lens=seq_lens, seq_lens_cpu=host[1], num_computed_tokens_cpu=host[2], block_table=block_table,
-        slot_mapping=batch.out_cache_loc, num_reqs=rows,
-        num_actual_tokens=batch.out_cache_loc.shape[0] if num_actual_tokens is None else num_actual_tokens,
-        max_query_len=int(host[0].diff(prepend=host.new_zeros(1)).max()) if rows else 0,
-        max_seq_len=int(host[1].max()) if rows else 0)
+        query_start_loc=to_device(query_start_loc_cpu, device), query_start_loc_cpu=query_start_loc_cpu,
+        seq_lens=to_device(seq_lens_cpu, device), seq_lens_cpu=seq_lens_cpu, num_computed_tokens_cpu=cached,
+        block_table=block_table, slot_mapping=slot_mapping, num_reqs=rows, num_actual_tokens=plan.num_tokens,
+        max_query_len=int(new.max()) if rows else 0, max_seq_len=int(seq_lens_cpu.max()) if rows else 0)
 
 
 def capture_batch(batch, max_query_len: int, max_seq_len: int) -> CommonBatch:

@@ -1,7 +1,8 @@
 """A plan made concrete: a step program over poisoned pools.
 
-A fixture is one batch of a run: its plan (the requests, as the metadata hooks see them), the
-batch object the metadata hooks get, and its steps: the forwards the batch is made of, in order,
+A fixture is one batch of a run: its plan (the step description: the requests, as the metadata
+hooks see them), the batch object the metadata hooks get (rendered from the plan by the converter
+of the backend's profile, kit.engine.render), and its steps: the forwards the batch is made of, in order,
 each with the batch object forward() gets, the requests as the reference sees them and their
 inputs per layer. Every mode but a multi-step one has a single step, the batch itself; a
 multi-step mode's rules derive its steps (kit.engine.modes.rules.ModeRules.steps), each reading
@@ -34,6 +35,7 @@ from kit.engine.plan import BatchPlan, plan_case
 from kit.engine.pools import CASE_LAYER_ID, PoolCache, Pools, PoolSpec
 from kit.engine.profile import SGLANG, EngineProfile
 from kit.engine.reference import logical_kv, references
+from kit.engine.render import render, step_views
 from kit.engine.storage import storage
 from kit.engine.transfer import to_device
 
@@ -140,48 +142,33 @@ class Fixture:
         return self._installed(kv, self.pools.req_to_token_pool.req_to_token)[0]
 
     def _installed(self, kv, r2t) -> Tuple[Optional[torch.Tensor], torch.Tensor]:
-        """(slots of the cached tokens, the req_to_token table) for pools of this size: built
-        once per batch and pool size (shared like the references), copied in by install()."""
-        key = (kv.size, tuple(r2t.shape))
-        if key not in self.tables:
-            plan, device = self.plan, kv.device
-            gen = torch.Generator(device=device).manual_seed(plan.case.rng_seed(1))
-            old = [s for r in plan.requests for s in r.slots[:r.n_old]]
-            old_slots = to_device(old, device, torch.int64) if old else None
-            # Every req_to_token entry that is not a real token points at an unowned
-            # (poisoned) slot, so reading past seq_len shows in the output.
-            owned = torch.zeros(kv.size, dtype=torch.bool)
-            owned[0] = True
-            owned[[s for r in plan.requests for s in r.slots]] = True
-            unowned = to_device((~owned).nonzero().squeeze(1), device, torch.int32)
-            table = unowned[torch.randint(0, unowned.numel(), tuple(r2t.shape), generator=gen, device=device)]
-            table[0].zero_()
-            rows = [r.row for r in plan.requests for _ in range(r.total)]
-            cols = [t for r in plan.requests for t in range(r.total)]
-            slots = [s for r in plan.requests for s in r.slots]
-            table[to_device(rows, device), to_device(cols, device)] = to_device(slots, device, torch.int32)
-            self.tables[key] = (old_slots, table)
-        return self.tables[key]
+        return installed(self.plan, self.tables, kv, r2t)
 
 
-def make_batch(plan: BatchPlan, pools: Pools, device) -> ForwardBatch:
-    """The common ForwardBatch fields, then the fields the case's mode fills (over a common one
-    where the mode has its own: DRAFT_DECODE's positions, one per lane)."""
-    reqs = plan.requests
-    seq_lens = [r.seq_len for r in reqs]
-    common = dict(
-        forward_mode=plan.case.mode,
-        batch_size=len(reqs),
-        req_pool_indices=to_device([r.row for r in reqs], device, torch.int32),
-        seq_lens=to_device(seq_lens, device, torch.int32),
-        seq_lens_cpu=torch.tensor(seq_lens, dtype=torch.int32),
-        seq_lens_sum=sum(seq_lens),
-        out_cache_loc=to_device([s for r in reqs for s in r.slots[r.n_old:]], device, torch.int64),
-        positions=to_device([p for r in reqs for p in r.q_pos], device, torch.int64),
-        req_to_token_pool=pools.req_to_token_pool,
-        token_to_kv_pool=pools.token_to_kv_pool,
-    )
-    return ForwardBatch(**{**common, **rules_for(plan.case.mode).batch_fields(plan, device)})
+def installed(plan: BatchPlan, tables: Dict[tuple, tuple], kv, r2t) -> Tuple[Optional[torch.Tensor], torch.Tensor]:
+    """(slots of the cached tokens, the req_to_token table) of `plan` for pools of this size: built
+    once per batch and pool size (kept in `tables`, shared like the references), copied in by
+    Fixture.install()."""
+    key = (kv.size, tuple(r2t.shape))
+    if key not in tables:
+        device = kv.device
+        gen = torch.Generator(device=device).manual_seed(plan.case.rng_seed(1))
+        old = [s for r in plan.requests for s in r.slots[:r.n_old]]
+        old_slots = to_device(old, device, torch.int64) if old else None
+        # Every req_to_token entry that is not a real token points at an unowned
+        # (poisoned) slot, so reading past seq_len shows in the output.
+        owned = torch.zeros(kv.size, dtype=torch.bool)
+        owned[0] = True
+        owned[[s for r in plan.requests for s in r.slots]] = True
+        unowned = to_device((~owned).nonzero().squeeze(1), device, torch.int32)
+        table = unowned[torch.randint(0, unowned.numel(), tuple(r2t.shape), generator=gen, device=device)]
+        table[0].zero_()
+        rows = [r.row for r in plan.requests for _ in range(r.total)]
+        cols = [t for r in plan.requests for t in range(r.total)]
+        slots = [s for r in plan.requests for s in r.slots]
+        table[to_device(rows, device), to_device(cols, device)] = to_device(slots, device, torch.int32)
+        tables[key] = (old_slots, table)
+    return tables[key]
 
 
 @dataclasses.dataclass
@@ -341,17 +328,16 @@ def fixtures_for(cases: Sequence[Case], device, store: Optional[Store] = None,
         kv.draw_poison()
     fixtures = []
     for case, s in zip(cases, shared):
-        batch = make_batch(s.plan, pools, device)
-        rules = rules_for(case.mode)
+        held = len(s.tensors())
+        _, table = installed(s.plan, s.tables, kv, pools.req_to_token_pool.req_to_token)
+        batch = render(s.plan, pools, table, device, profile)
         steps = [Step(i, p, view, s.layers, inputs, refs) for i, (p, view, inputs, refs) in enumerate(
-            zip(s.step_plans, rules.step_batches(batch, len(s.step_plans)), s.step_inputs, s.references))]
+            zip(s.step_plans, step_views(batch, s.step_plans), s.step_inputs, s.references))]
         fx = Fixture(plan=s.plan, pools=pools, layers=s.layers, batch=batch, steps=steps,
                      program_inputs=s.program_inputs)
         fx.tables = s.tables
-        held = len(s.tensors())
         for step in steps:
             step.reference(CASE_LAYER_ID)
-        fx._installed(kv, pools.req_to_token_pool.req_to_token)
         if s.sealed is None or len(s.tensors()) != held:
             store.batches.seal(case, device, s, store.kept_bytes(device))
         fixtures.append(fx)

@@ -1,9 +1,12 @@
-"""The logical content of a batch, per its runner mode's rules (kit/engine/modes/).
+"""The description of a step, per request: the one thing the core builds and judges against.
 
-A plan is pure host data: for each request, which tokens are already cached,
-which are new (written by this forward), where each token's KV lives, each new
-token's position, and which keys each query may structurally see (causal or
-tree). The reference is computed from this, never from a backend's metadata.
+A plan is pure host data, per its runner mode's rules (kit/engine/modes/): for each request,
+which tokens are already cached, which are new (written by this forward), the pages and slot
+each token's KV lives in, each new token's position, which keys each query may structurally see
+(causal, a draft tree, a draft lane: `visible`; a layer's sliding window is the layer's, applied
+on top), and the request's slots in slot-indexed state pools beyond its KV pages. The reference
+and the pool checks read it; each engine's batch is rendered from it by the converter the
+backend's profile names (kit.engine.render), never read back to learn what the plan says.
 """
 from __future__ import annotations
 
@@ -41,6 +44,10 @@ class RequestPlan:
     visible: torch.Tensor  # bool [n_new, n_old + n_new], before the sliding window
     slots: List[int]  # KV slot of each logical token
     parents: List[int]  # TARGET_VERIFY tree: parent draft index, -1 for the root
+    pages: List[int] = dataclasses.field(default_factory=list)  # its KV pages, in order (slots lie in them)
+    # Its slot in each slot-indexed state pool (a recurrent state, a convolution window), by pool;
+    # empty for attention whose only state is its KV pages.
+    state_slots: List[int] = dataclasses.field(default_factory=list)
     request: int = 0  # which of the batch's RequestData it is drawn from
     # Its keys' token numbers in that request (cached, then new); None: tokens 0 .. total - 1.
     keys: Optional[List[int]] = None
@@ -71,6 +78,11 @@ class BatchPlan:
     def num_tokens(self) -> int:
         return sum(r.n_new for r in self.requests)
 
+    @property
+    def new_slots(self) -> List[int]:
+        """The KV slot of each new token, request by request: where the step writes."""
+        return [s for r in self.requests for s in r.slots[r.n_old:]]
+
 
 def plan_case(case: Case) -> BatchPlan:
     rng = random.Random(case.rng_seed())
@@ -82,7 +94,7 @@ def plan_case(case: Case) -> BatchPlan:
     rows = rng.sample(range(1, 2 * case.bs + 2), case.bs)
     requests = [
         RequestPlan(row=row, n_old=s.n_old, n_new=s.n_new, seq_len=s.seq_len, q_pos=s.q_pos, visible=s.visible,
-                    parents=s.parents, slots=slots_of(pg, case.page, s.n_old + s.n_new), request=i)
+                    parents=s.parents, slots=slots_of(pg, case.page, s.n_old + s.n_new), pages=list(pg), request=i)
         for i, (row, s, pg) in enumerate(zip(rows, shapes, pages))
     ]
     max_page = max((max(pg) for pg in pages if pg), default=0)

@@ -1,7 +1,8 @@
 """An engine's conventions, as a profile a backend (or its adapter) declares (`profile = ...`;
 SGLANG when it declares none): how its KV cache stores each attention kind (kit.engine.storage),
-what a padded row of a graph batch holds and whether it may write KV, the batch sizes and token
-counts it captures graphs for, and how its graph metadata hooks are driven. The pools, the graph
+which converter renders its batch from the kit's step description (kit.engine.render), what a
+padded row of a graph batch holds and whether it may write KV, the batch sizes and token counts it
+captures graphs for, and how its graph metadata hooks are driven. The pools, the graph
 harness, the KV check and the replay schedule read the profile; none of them assumes an engine.
 A new engine is an adapter plus its profile."""
 from __future__ import annotations
@@ -15,6 +16,10 @@ SGLANG_TOKEN_BUCKETS = tuple(16 << i for i in range(12))  # 16 .. 32768
 
 # How a backend's graph metadata hooks are driven (kit.harness.hooks).
 TWO_PHASE, CAPTURE_REPLAY, BUILDER = "two-phase", "capture/replay", "builder"
+# Which converter renders a step's batch (kit.engine.render): SGLang's ForwardBatch; that and the
+# step in vLLM's CommonAttentionMetadata terms (`batch.common`, which builder hooks read); that and
+# the step description itself (`batch.step`, kit.engine.plan), which the in-box torch_native reads.
+FORWARD_BATCH, COMMON, STEP = "forward_batch", "common", "step"
 SCRATCH_SLOT = 0  # a padded token writes its KV here (SGLang); its pages are never a request's
 NO_WRITE = -1  # a padded token writes no KV (vLLM's slot_mapping)
 
@@ -23,6 +28,7 @@ NO_WRITE = -1  # a padded token writes no KV (vLLM's slot_mapping)
 class EngineProfile:
     name: str
     storage: Dict[str, str]  # attention kind -> KV storage layout (kit.engine.storage.STORAGES)
+    batch: str = FORWARD_BATCH  # the converter of its batches: FORWARD_BATCH, COMMON or STEP
     # A padded token's KV slot in a graph batch: SCRATCH_SLOT (written, never read for real rows)
     # or NO_WRITE (the backend must skip it; any write is a stray one).
     padded_slot: int = SCRATCH_SLOT
@@ -66,6 +72,10 @@ class EngineProfile:
         bad = [s for s in self.storage.values() if s not in STORAGES]
         if bad:
             return f"unknown KV storage {bad[0]!r} (known: {', '.join(STORAGES)})"
+        if self.batch not in (FORWARD_BATCH, COMMON, STEP):
+            return f"batch must be {FORWARD_BATCH!r}, {COMMON!r} or {STEP!r}, not {self.batch!r}"
+        if self.hooks == BUILDER and self.batch != COMMON:
+            return f"builder hooks read batch.common: set batch={COMMON!r}"
         if self.padded_slot not in (SCRATCH_SLOT, NO_WRITE):
             return f"padded_slot must be {SCRATCH_SLOT} (scratch) or {NO_WRITE} (no write), not {self.padded_slot!r}"
         if self.padded_query_len not in (None, 0):
@@ -79,3 +89,5 @@ class EngineProfile:
 
 
 SGLANG = EngineProfile("sglang", storage={"dense": "split", "mla": "latent"})
+# A backend written against the kit's own step description (`batch.step`), over SGLang's pools.
+NATIVE = EngineProfile("native", storage=SGLANG.storage, batch=STEP)

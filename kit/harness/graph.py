@@ -150,7 +150,7 @@ class _Harness:
         with self.graph_guards[0].watching():
             self.backend.init_cuda_graph_state(self.max_bs, max_num_tokens)
         self.driver.prepare(self.max_bs, self.pools.req_to_token_pool.req_to_token, self.pools.token_to_kv_pool.page_size,
-                            self.device)
+                            self.device, self.padded_seq_len)
 
     def _program(self, batch: ForwardBatch, rows: List[int]) -> List[List[torch.Tensor]]:
         """What a graph records: the in-graph metadata, then every step's forward for every layer
@@ -333,7 +333,7 @@ class BatchGraphs(_Harness):
         self.positions[:bs * self.positions_per_req].zero_()
         batch = self._view(bs, self.padded_seq_len * bs, self._spec_info(bs, 0, None), full=False)
         rows = self._rows(bs, 0)
-        batch = self._capture_hooks(self.driver.capture, batch, bs * self.tokens_per_req, 0)
+        batch = self._capture_hooks(self.driver.capture, batch, bs * self.tokens_per_req)
         self._capture(bs, batch, rows)
 
     def capture(self) -> None:
@@ -359,7 +359,7 @@ class BatchGraphs(_Harness):
         view = self._mirrored(view, fx, regime)
         guard = Guard()
         with guard.watching():
-            self.driver.replay(view, pbs * self.tokens_per_req, b.out_cache_loc.shape[0], bs)
+            self.driver.replay(view, fx.plan, pbs * self.tokens_per_req)
         outs, swapped, memory = self._run(pbs, rows, guard)
         return self._replayed(outs, fx, real, swapped, memory, rows)
 
@@ -414,14 +414,13 @@ class TokenGraphs(_Harness):
             seq_lens_sum=b.seq_lens_sum + self.padded_seq_len * (rows - bs),
             extend_seq_lens_cpu=list(b.extend_seq_lens_cpu) + pad, extend_prefix_lens_cpu=list(b.extend_prefix_lens_cpu) + pad,
             out_cache_loc=self.out_cache_loc[:padded], positions=self.positions[:padded],
-            forward_mode=self.rules.graph_mode())
+            forward_mode=self.rules.graph_mode(), step=None)
 
     def prepare(self, fx: Fixture) -> None:
         padded = bucket_for(fx.batch.out_cache_loc.shape[0], self.token_buckets)
         if self.capturing and padded not in self.captured:
             n = fx.batch.out_cache_loc.shape[0]
-            batch = self._capture_hooks(self.driver.ragged, self._view(fx, padded, full=False), n, fx.batch.batch_size,
-                                        in_capture=True)
+            batch = self._capture_hooks(self.driver.ragged, self._view(fx, padded, full=False), fx.plan, in_capture=True)
             self._capture(padded, batch, [padded] * len(self.steps), fx, [n] * len(self.steps))
 
     def _replay(self, fx: Fixture, full: bool, regime: Optional[mirrors.Regime]) -> Replayed:
@@ -430,7 +429,7 @@ class TokenGraphs(_Harness):
         batch = self._mirrored(self._view(fx, padded, full), fx, regime)
         guard = Guard()
         with guard.watching():
-            batch = self.driver.ragged(batch, n, fx.batch.batch_size)
+            batch = self.driver.ragged(batch, fx.plan)
         rows = [padded] * len(self.steps)
         if self.capturing:
             outs, swapped, memory = self._run(padded, rows, guard)

@@ -8,12 +8,12 @@ graph. One driver per style, chosen once per run from the backend's capabilities
   req_pool_indices, seq_lens, forward_mode, spec_info), then before each replay
   init_forward_metadata_replay_cuda_graph(bs, req_pool_indices, seq_lens, seq_lens_sum,
   forward_mode, spec_info, seq_lens_cpu);
-- builder (vLLM's metadata builders): the step described in engine-neutral terms
-  (kit.engine.common.CommonBatch, `batch.common`), built over the graph's static buffers, then
-  build_for_capture(batch) at capture and init_forward_metadata(batch) before each replay. A
-  capture describes the engine's capture batch (kit.engine.common.capture_batch: requests of the
-  graph's shape with the worst replay's host maxima), a replay the batch, its padded rows as the
-  profile pads them.
+- builder (vLLM's metadata builders): the step in engine-neutral terms (kit.engine.common.CommonBatch,
+  `batch.common`, rendered from the step description; an eager batch has it as rendered), held
+  in the graph's static buffers, then build_for_capture(batch) at capture and
+  init_forward_metadata(batch) before each replay. A capture describes the engine's capture batch
+  (kit.engine.common.capture_batch: requests of the graph's shape with the worst replay's host
+  maxima), a replay the step description of the batch, its padded rows as the profile pads them.
 
 Ragged (token-bucket) graphs run the backend's eager metadata before capture and replay, as
 SGLang's piecewise prefill graphs do; a two-phase backend its out_graph hook.
@@ -24,7 +24,8 @@ import dataclasses
 
 import torch
 
-from kit.engine.common import capture_batch, describe
+from kit.engine.common import capture_batch, render
+from kit.engine.modes import rules_for
 from kit.engine.profile import BUILDER, CAPTURE_REPLAY, TWO_PHASE
 
 
@@ -39,16 +40,16 @@ class HookDriver:
         self.backend.init_forward_metadata(batch)
         return batch
 
-    def capture(self, view, num_tokens: int, real_tokens: int):
+    def capture(self, view, num_tokens: int):
         """Before a capture of a batch-size graph, outside it; returns the batch the graph records."""
         raise NotImplementedError
 
-    def replay(self, view, num_tokens: int, real_tokens: int, real_rows: int):
+    def replay(self, view, plan, num_tokens: int):
         """Before each replay of a batch-size graph, outside it; returns the batch the hooks got.
-        `real_rows` of the view's requests are real, the rest padded."""
+        `plan` describes the view's real requests (kit.engine.plan), its first rows; the rest are padded."""
         raise NotImplementedError
 
-    def ragged(self, view, real_tokens: int, real_rows: int, in_capture: bool = False):
+    def ragged(self, view, plan, in_capture: bool = False):
         """Before a capture or replay of a token-bucket graph, outside it."""
         self.backend.init_forward_metadata(view)
         return view
@@ -56,22 +57,23 @@ class HookDriver:
     def in_graph(self, view) -> None:
         """Recorded in the graph, before the forwards."""
 
-    def prepare(self, max_bs: int, req_to_token, page: int, device) -> None:
-        """Once a run, before its first capture: the driver's own buffers, for the largest batch."""
+    def prepare(self, max_bs: int, req_to_token, page: int, device, padded_seq_len: int) -> None:
+        """Once a run, before its first capture: the driver's own buffers, for the largest batch;
+        `padded_seq_len`: a padded request's seq_lens entry."""
 
 
 class TwoPhase(HookDriver):
     style = TWO_PHASE
 
-    def capture(self, view, num_tokens, real_tokens):
+    def capture(self, view, num_tokens):
         self.backend.init_forward_metadata_out_graph(view, in_capture=True)
         return view
 
-    def replay(self, view, num_tokens, real_tokens, real_rows):
+    def replay(self, view, plan, num_tokens):
         self.backend.init_forward_metadata_out_graph(view)
         return view
 
-    def ragged(self, view, real_tokens, real_rows, in_capture=False):
+    def ragged(self, view, plan, in_capture=False):
         self.backend.init_forward_metadata_out_graph(view, in_capture=in_capture)
         return view
 
@@ -83,12 +85,12 @@ class TwoPhase(HookDriver):
 class CaptureReplay(HookDriver):
     style = CAPTURE_REPLAY
 
-    def capture(self, view, num_tokens, real_tokens):
+    def capture(self, view, num_tokens):
         self.backend.init_forward_metadata_capture_cuda_graph(
             view.batch_size, num_tokens, view.req_pool_indices, view.seq_lens, view.forward_mode, view.spec_info)
         return view
 
-    def replay(self, view, num_tokens, real_tokens, real_rows):
+    def replay(self, view, plan, num_tokens):
         self.backend.init_forward_metadata_replay_cuda_graph(
             view.batch_size, view.req_pool_indices, view.seq_lens, view.seq_lens_sum, view.forward_mode,
             view.spec_info, view.seq_lens_cpu)
@@ -105,13 +107,10 @@ class Builder(HookDriver):
     def __init__(self, backend, caps):
         super().__init__(backend, caps)
         self.static = None  # {field: buffer} of the CommonBatch tensors a captured graph reads
+        self.padded_seq_len = 0
 
-    def eager(self, batch):
-        batch = dataclasses.replace(batch, common=describe(batch))
-        self.backend.init_forward_metadata(batch)
-        return batch
-
-    def prepare(self, max_bs: int, req_to_token, page: int, device) -> None:
+    def prepare(self, max_bs: int, req_to_token, page: int, device, padded_seq_len: int) -> None:
+        self.padded_seq_len = padded_seq_len
         blocks = -(-req_to_token.shape[1] // page)
         self.static = dict(query_start_loc=torch.zeros(max_bs + 1, dtype=torch.int32, device=device),
                            seq_lens=torch.zeros(max_bs, dtype=torch.int32, device=device),
@@ -127,8 +126,15 @@ class Builder(HookDriver):
             held[field] = head
         return dataclasses.replace(view, common=dataclasses.replace(common, **held))
 
-    def _described(self, view, real_tokens: int, real_rows: int):
-        return self._held(view, describe(view, real_tokens, real_rows, self.caps.profile.padded_query_len))
+    def _described(self, view, plan):
+        """`view` carrying `plan` rendered over its rows, its padded ones as the profile pads them:
+        empty, or read as the mode's real ones (of the padded seq_lens entry)."""
+        padded = (0, 0)
+        if self.caps.profile.padded_query_len is None:
+            padded = rules_for(plan.case.mode).padded_lens(plan.case, self.padded_seq_len)
+        common = render(plan, view.out_cache_loc, view.req_to_token_pool.req_to_token, view.token_to_kv_pool.page_size,
+                        rows=view.batch_size, padded=padded)
+        return self._held(view, common)
 
     def _captured(self, view, max_query_len: int):
         """The engine's capture batch over the view's shape; its longest context the pool's."""
@@ -137,18 +143,18 @@ class Builder(HookDriver):
         self.backend.build_for_capture(view)
         return view
 
-    def capture(self, view, num_tokens, real_tokens):
+    def capture(self, view, num_tokens):
         return self._captured(view, max_query_len=num_tokens // view.batch_size)
 
-    def replay(self, view, num_tokens, real_tokens, real_rows):
-        view = self._described(view, real_tokens, real_rows)
+    def replay(self, view, plan, num_tokens):
+        view = self._described(view, plan)
         self.backend.init_forward_metadata(view)
         return view
 
-    def ragged(self, view, real_tokens, real_rows, in_capture=False):
+    def ragged(self, view, plan, in_capture=False):
         if in_capture:  # one request may hold every token of the bucket at a replay
             return self._captured(view, max_query_len=view.out_cache_loc.shape[0])
-        return self.replay(view, view.out_cache_loc.shape[0], real_tokens, real_rows)
+        return self.replay(view, plan, view.out_cache_loc.shape[0])
 
 
 DRIVERS = {TWO_PHASE: TwoPhase, CAPTURE_REPLAY: CaptureReplay, BUILDER: Builder}

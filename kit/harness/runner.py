@@ -27,8 +27,8 @@ from kit.report.record import CRASH, EAGER, ENVIRONMENT, ERROR, FAIL, PASS, UNSU
 from kit.harness.run import Run
 from kit.harness.registry import load_backend
 from kit.harness.environment import versions
-from kit.engine.modes import rules_for
 from kit.engine.profile import EngineProfile
+from kit.engine.render import step_views
 from kit.engine.schedule import batches
 from kit.harness.scope import unsupported_reason
 from kit.harness.interpreter_noise import interpreter_noise_filtered
@@ -210,7 +210,7 @@ def _eager(backend, fx: Fixture, batch, driver: HookDriver, profile: EngineProfi
     guard = Guard()
     with guard.watching():
         batch = _call("init_forward_metadata", driver.eager, batch)
-        views = rules_for(fx.case.mode).step_batches(batch, len(fx.steps))
+        views = step_views(batch, [step.plan for step in fx.steps])
         outs = _outputs(forward_program(backend, fx.layers, views, given, call=_unsynced))
     layers = f"layers 0-{len(fx.layers) - 1}" + (f" of {len(fx.steps)} steps" if len(fx.steps) > 1 else "")
     return _judged_on_device(f"forward ({layers}, on the device)",
@@ -366,9 +366,9 @@ def _blamed(setup: RunSetup, fx: Fixture, regime: Optional[mirrors.Regime], run)
 
 def _describe_step(i: int, fixtures: List[Fixture]) -> str:
     fx = fixtures[i]
-    text = f"eager batch {i + 1}/{len(fixtures)} (bs={fx.batch.batch_size}, {fx.batch.out_cache_loc.shape[0]} tokens"
+    text = f"eager batch {i + 1}/{len(fixtures)} (bs={len(fx.plan.requests)}, {fx.plan.num_tokens} tokens"
     if i:
-        text += f", on the instance that ran bs={fixtures[i - 1].batch.batch_size} before"
+        text += f", on the instance that ran bs={len(fixtures[i - 1].plan.requests)} before"
     return text + ")"
 
 

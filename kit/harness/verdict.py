@@ -9,6 +9,7 @@ from typing import List, Optional, Sequence, Tuple
 import torch
 
 from kit.engine.fixture import Fixture
+from kit.engine.transfer import to_device
 from kit.harness.checks import (Check, FormCheck, InputsCheck, KVCheck, KVState, OutputCheck, PaddingCheck,
                                 Pending, StateCheck, check_form, check_inputs, check_state, handed_inputs,
                                 inputs_figures, kv_figures, output_figures, padding_figures, read_back)
@@ -81,7 +82,8 @@ def _labels(fx: Fixture) -> List[List[str]]:
 def kv_state(fx: Fixture, scratch: bool) -> KVState:
     """What the pool must hold after fx's program: the cached tokens as installed, every step's
     new tokens at their slots."""
-    loc = _joined([step.batch.out_cache_loc for step in fx.steps])
+    device = fx.pools.token_to_kv_pool.device
+    loc = to_device([s for step in fx.steps for s in step.plan.new_slots], device, torch.int64)
     writes = {layer.layer_id: (_joined([step.inputs[layer.layer_id].k_new for step in fx.steps]),
                                _joined([step.inputs[layer.layer_id].v_new for step in fx.steps]))
               for layer in fx.layers}

@@ -9,12 +9,12 @@ from __future__ import annotations
 
 import torch
 
-from kit.engine.profile import BUILDER, NO_WRITE, EngineProfile
+from kit.engine.profile import BUILDER, COMMON, NO_WRITE, EngineProfile
 from kit.harness.protocol import AttentionBackend
 from kit.modes import ForwardMode
 
-PROFILE = EngineProfile("toy-interleaved", storage={"dense": "interleaved"}, padded_slot=NO_WRITE, padded_seq_len=0,
-                        padded_query_len=0, pads_token_graph_requests=True, hooks=BUILDER)
+PROFILE = EngineProfile("toy-interleaved", storage={"dense": "interleaved"}, batch=COMMON, padded_slot=NO_WRITE,
+                        padded_seq_len=0, padded_query_len=0, pads_token_graph_requests=True, hooks=BUILDER)
 
 
 class InterleavedBackend(AttentionBackend):

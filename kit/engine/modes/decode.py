@@ -1,8 +1,6 @@
 """DECODE: one new token per request; seq_lens = prefix + 1 (the new token counted)."""
 from __future__ import annotations
 
-import torch
-
 from kit.modes import ForwardMode
 from kit.engine.modes.rules import ModeRules, RequestShape, causal
 
@@ -19,10 +17,6 @@ class Decode(ModeRules):
 
     def request(self, case, prefix, new, rng):
         return RequestShape(n_old=prefix, n_new=1, seq_len=prefix + 1, q_pos=[prefix], visible=causal(prefix, 1))
-
-    def query_lens(self, batch):
-        seq_lens = batch.seq_lens[:batch.batch_size]
-        return (seq_lens - 1).clamp(min=0), torch.ones_like(seq_lens)
 
     def draw_new(self, draw, d):
         return dict(new=1)

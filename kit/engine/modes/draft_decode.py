@@ -91,12 +91,8 @@ class DraftDecode(ModeRules):
     def spec_info(self, case, rows, real_rows, real_mask, fill, device):
         return SpecInfo(draft_token_num=case.new, topk=case.topk, num_steps=num_steps(case))
 
-    def query_lens(self, batch):
-        """Per row (request, lane) of a step's batch: its cached keys (the committed tokens and the
-        lane's earlier columns) and its one new token."""
-        spec = batch.spec_info
-        seq_lens = batch.seq_lens[:batch.batch_size].repeat_interleave(spec.topk)
-        return seq_lens + (spec.draft_step or 0), torch.ones_like(seq_lens)
+    def padded_lens(self, case, seq_len):
+        return seq_len, self.tokens_per_request(case)  # seq_lens count the committed tokens only
 
     def steps(self, plan):
         """S - 1 steps; step i: one row a lane, its keys the committed tokens and lane columns 0..i."""

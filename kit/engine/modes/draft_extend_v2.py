@@ -19,11 +19,6 @@ class DraftExtendV2(ModeRules):
         return RequestShape(n_old=prefix, n_new=new, seq_len=prefix + new, q_pos=[prefix + i for i in range(new)],
                             visible=causal(prefix, new))
 
-    def query_lens(self, batch):
-        bs = batch.batch_size
-        new = batch.spec_info.extend_seq_lens_tensor[:bs]
-        return (batch.seq_lens[:bs] - new).clamp(min=0), new
-
     def draw_new(self, draw, d):
         """The drafts of a chain, or of a tree with a draft count of its own."""
         return draw_draft(draw, d, min_steps=0)

@@ -28,9 +28,9 @@ class Extend(ModeRules):
     def batch_fields(self, plan, device):
         return extend_fields(plan, device)
 
-    def query_lens(self, batch):
-        bs = batch.batch_size
-        return batch.extend_prefix_lens[:bs], batch.extend_seq_lens[:bs]
+    def padded_lens(self, case, seq_len):
+        """A token graph's padded request holds no token (its extend lengths 0)."""
+        return 0, 0
 
     def replay_schedule(self, case, profile):
         """Token graphs: the bucket pairs (they capture those buckets; other request counts, a bs-1

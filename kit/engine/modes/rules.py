@@ -146,10 +146,12 @@ class ModeRules:
         custom mask, where the mode has one), the rest padded rows of seq_len `fill`."""
         return None
 
-    def query_lens(self, batch) -> Tuple[torch.Tensor, torch.Tensor]:
-        """(tokens cached before the step, new tokens) per request of `batch` (device tensors of
-        its batch_size rows): the engine-neutral description of a step (kit.engine.common)."""
-        raise NotImplementedError(f"{self.mode.value} does not describe its requests' query lengths")
+    def padded_lens(self, case, seq_len: int) -> Tuple[int, int]:
+        """(cached, new) tokens of a graph's padded request whose seq_lens entry is `seq_len`, where
+        it reads as a real one does (kit.engine.common.render): a real request's query tokens, and
+        seq_len counting them, as this mode's requests count theirs."""
+        new = self.tokens_per_request(case)
+        return max(seq_len - new, 0), new
 
     # ---- steps ---------------------------------------------------------------------------------
     multi_step = False  # a batch is several forwards (steps), each with its own batch (step_batch)

@@ -62,9 +62,8 @@ class TargetVerify(ModeRules):
         return RequestShape(n_old=prefix, n_new=new, seq_len=prefix, q_pos=[prefix + d for d in depths(parents)],
                             visible=visible, parents=parents)
 
-    def query_lens(self, batch):
-        seq_lens = batch.seq_lens[:batch.batch_size]
-        return seq_lens, torch.full_like(seq_lens, batch.spec_info.draft_token_num)
+    def padded_lens(self, case, seq_len):
+        return seq_len, case.new  # seq_lens count the committed tokens only
 
     def draw_new(self, draw, d):
         """Drafts, a chain or a tree."""
