@@ -12,12 +12,14 @@ import torch
 
 from kit.engine.modes import rules_for
 from kit.engine.modes.draft_decode import lane_columns
+from kit.engine.profile import SGLANG
 from kit.harness.protocol import AttentionBackend
 from kit.modes import MODES, ForwardMode
 
 
 class TorchNativeBackend(AttentionBackend):
     name = "torch_native"
+    profile = SGLANG  # SGLang's batch and pool conventions
     modes = tuple(MODES)
     batch_invariant = True  # each request attended alone, in matmuls of its own shapes
     host_mirrors = ()  # it reads the device's lengths itself (a wait of its own)

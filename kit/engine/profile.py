@@ -1,5 +1,5 @@
-"""An engine's conventions, as a profile a backend (or its adapter) declares (`profile = ...`;
-SGLANG when it declares none): how its KV cache stores each attention kind (kit.engine.storage),
+"""An engine's conventions, as a profile every backend (or its adapter) declares (`profile = ...`;
+none is assumed): how its KV cache stores each attention kind (kit.engine.storage),
 what a padded row of a graph batch holds and whether it may write KV, the batch sizes and token
 counts it captures graphs for, and how its graph metadata hooks are driven. The pools, the graph
 harness, the KV check and the replay schedule read the profile; none of them assumes an engine.
