@@ -36,6 +36,7 @@ from typing import Dict, Optional, Tuple
 
 import torch
 
+from kit.engine.profile import SGLANG
 from kit.modes import ForwardMode
 from kit.harness.protocol import AttentionBackend, library_version
 from kit.engine.transfer import to_device
@@ -77,6 +78,7 @@ def window_on_positions(mask: torch.Tensor, seq_lens, draft: int, window: int) -
 
 class FlashInferBackend(AttentionBackend):
     name = "flashinfer"
+    profile = SGLANG  # SGLang's batch and pool conventions
     modes = (ForwardMode.DECODE, ForwardMode.EXTEND, ForwardMode.MIXED, ForwardMode.TARGET_VERIFY,
              ForwardMode.DRAFT_EXTEND_V2)
     kv_dtypes = ("fp8_e4m3", "fp8_e5m2")  # plan(kv_data_type=the cache's), run(k_scale=, v_scale=)

@@ -41,9 +41,10 @@ def bench_case(mode: ForwardMode, bs: int, cached: int, new: int) -> Case:
 
 
 def time_forward(backend_name: str, case: Case) -> float:
-    fx = fixtures_for([case], torch.device("cuda"))[0]
+    backend_cls = load_backend(backend_name)
+    fx = fixtures_for([case], torch.device("cuda"), None, backend_cls.profile)[0]
     fx.install()
-    backend = load_backend(backend_name)(BackendContext.for_case(case, fx.pools, "cuda"))
+    backend = backend_cls(BackendContext.for_case(case, fx.pools, "cuda"))
     backend.init_forward_metadata(fx.batch)
     layer = Layer.for_case(case)
     return triton.testing.do_bench(lambda: backend.forward(fx.q, fx.k_new, fx.v_new, layer, fx.batch))

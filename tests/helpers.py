@@ -6,10 +6,10 @@ import os
 import subprocess
 
 from backends import pinned
+from backends.torch_native import TorchNativeBackend
 from kit.engine.case import Case
 from kit.modes import Exec
 from kit.harness.capabilities import Capabilities
-from kit.harness.protocol import AttentionBackend
 from kit.harness.runner import RunSetup
 
 
@@ -20,8 +20,8 @@ def small_case(name, mode, prefix, new=1, *, heads=(4, 2), head_dim=16, dtype="f
 
 def run_setup(case, exec_=Exec.EAGER, device="cpu", backend_cls=None) -> RunSetup:
     """Fixtures, pool and layer of one run, exactly as the runner builds them (for the backend's
-    engine profile: SGLang's where there is no backend)."""
-    caps = Capabilities.of(backend_cls or AttentionBackend)
+    engine profile: the in-box torch_native's where there is no backend)."""
+    caps = Capabilities.of(backend_cls or TorchNativeBackend)
     return RunSetup.make(backend_cls, caps, case, exec_, device)
 
 

@@ -20,7 +20,7 @@ from kit.engine.draws import SIZES, Takes, around
 from kit.engine.modes.mixed import decode_rows
 from kit.fuzz.search import Finding, Target, shrink_features
 from kit.fuzz.strategies import any_case
-from kit.engine.profile import SGLANG_BATCH_SIZES as BS_BUCKETS, SGLANG_TOKEN_BUCKETS as TOKEN_BUCKETS
+from kit.engine.profile import SGLANG, SGLANG_BATCH_SIZES as BS_BUCKETS, SGLANG_TOKEN_BUCKETS as TOKEN_BUCKETS
 from kit.engine.schedule import batches
 from kit.modes import EXECS, MODES, Exec, ForwardMode
 from tests.toys.planted import ZeroRowBeforeFullPage, triggered
@@ -112,7 +112,7 @@ def test_no_catalog_case_reaches_the_planted_bug():
     """The planted bug's condition holds in no batch of any run of the catalog (both sets, every exec):
     the whole catalog passes it (README, Fuzzing: the full catalog run on CPU)."""
     reached = [b.name for mode in MODES for s in CASE_SETS for case in CATALOG.cases(s, mode) for ex in EXECS
-               for b in batches(case, ex) if b.mode is ForwardMode.DECODE and triggered(b.prefix, b.page)]
+               for b in batches(case, ex, SGLANG) if b.mode is ForwardMode.DECODE and triggered(b.prefix, b.page)]
     assert not reached
 
 

@@ -11,6 +11,7 @@ from kit.engine.fixture import fixtures_for
 from kit.harness.runner import run_case
 from tests.helpers import count_calls
 from kit.modes import Exec, ForwardMode
+from kit.engine.profile import SGLANG
 
 CASE = catalog.find_case(ForwardMode.DECODE, "mqa_p1_shuf")
 GiB = 1 << 30
@@ -70,13 +71,13 @@ def test_a_worker_sharing_its_gpu_releases_what_it_kept_when_it_moves_to_another
 
 def test_a_new_pool_larger_than_what_is_free_is_made_after_a_release(monkeypatch, releases):
     memory.STORE.pools.clear()
-    fixtures_for([CASE], "cpu", memory.STORE)
+    fixtures_for([CASE], "cpu", memory.STORE, SGLANG)
     queried = []
     monkeypatch.setattr(budget, "free_now", lambda device: queried.append(device) or 0)
-    fixtures_for([CASE], "cpu", memory.STORE)  # the cached pool fits: nothing allocated, nothing released, nothing asked
+    fixtures_for([CASE], "cpu", memory.STORE, SGLANG)  # the cached pool fits: nothing allocated, nothing released, nothing asked
     assert releases == [] and queried == []
     big = CASE.with_(name="big", prefix=(5000, 30, 1))
-    fixtures_for([big], "cpu", memory.STORE)
+    fixtures_for([big], "cpu", memory.STORE, SGLANG)
     assert releases == [1]
 
 

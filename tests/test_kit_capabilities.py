@@ -35,15 +35,38 @@ class _MirrorsMisnamed(TorchNativeBackend):
     host_mirrors = ("seq_lens",)
 
 
+class _NoProfile:
+    """A backend that says nothing of its engine's conventions: none is assumed for it."""
+
+    @classmethod
+    def supports(cls, case):
+        return None
+
+
+class _ProfileAName(TorchNativeBackend):
+    profile = "sglang"
+
+
 @pytest.mark.parametrize("cls, named", [(_CaptureSaysYes, "extend_capture"), (_ModesOneString, "modes"),
                                         (_CiCasesAList, "ci_cases"), (_KvDtypesTorchs, "kv_dtypes"),
-                                        (_InvariantSaysYes, "batch_invariant"), (_MirrorsMisnamed, "host_mirrors")])
+                                        (_InvariantSaysYes, "batch_invariant"), (_MirrorsMisnamed, "host_mirrors"),
+                                        (_ProfileAName, "profile")])
 def test_a_malformed_declaration_is_a_crash_when_the_backend_loads(cls, named):
     with pytest.raises(BadDeclaration, match=f"{cls.__name__}.{named} must"):
         Capabilities.of(cls)
     r = run_case(f"tests.test_kit_capabilities:{cls.__name__}", small_case("tiny", ForwardMode.DECODE, prefix=(3, 5)), Exec.EAGER)
     assert (r.outcome, r.failure_class) == (FAIL, CRASH), r
     assert r.message.startswith(f"loading backend: BadDeclaration: {cls.__name__}.{named} must"), r.message
+
+
+def test_a_backend_without_a_profile_is_a_crash_naming_the_fix():
+    """No engine's conventions are assumed: a backend that declares no `profile` fails to load,
+    in one line that says what to set."""
+    with pytest.raises(BadDeclaration, match=r"_NoProfile declares no `profile`: set `profile = kit.engine.profile.SGLANG`"):
+        Capabilities.of(_NoProfile)
+    r = run_case("tests.test_kit_capabilities:_NoProfile", small_case("tiny", ForwardMode.DECODE, prefix=(3, 5)), Exec.EAGER)
+    assert (r.outcome, r.failure_class) == (FAIL, CRASH), r
+    assert r.message.startswith("loading backend: BadDeclaration: _NoProfile declares no `profile`"), r.message
 
 
 def test_declarations_as_read():

@@ -91,6 +91,7 @@ class RecordingBackend(AttentionBackend):
     """Records every hook call; forward writes K/V and returns zeros (capturable)."""
 
     name = "recording"
+    profile = SGLANG
     FILL = 1
 
     def __init__(self, ctx):

@@ -10,6 +10,7 @@ from kit.engine.kinds import Geometry
 from kit.engine.pools import POISON_V_MEAN, KVPool, PoolCache, PoolSpec
 from kit.engine.storage import storage
 from kit.harness.capabilities import Capabilities
+from kit.engine.profile import SGLANG
 from kit.harness.protocol import AttentionBackend
 from kit.harness.runner import run_case
 from kit.harness.checks import KVState, check_kv
@@ -110,6 +111,8 @@ def test_kv_check_sees_each_part_of_the_latent_row(part):
 
 class DenseOnly(AttentionBackend):
     """A backend written before MLA: it declares no attention kinds."""
+
+    profile = SGLANG
 
     def forward(self, q, k, v, layer, batch, save_kv_cache=True):
         raise AssertionError("never called for an MLA case")

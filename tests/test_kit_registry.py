@@ -11,6 +11,7 @@ import pytest
 from cases import CATALOG as catalog
 from backends.torch_native import TorchNativeBackend
 from kit.modes import Exec, ForwardMode
+from kit.engine.profile import SGLANG
 from kit.harness.registry import UnknownBackend, load_backend
 from kit.report.record import FAIL, PASS, UNSUPPORTED
 from kit.harness.runner import run_case
@@ -20,9 +21,11 @@ REPO = Path(__file__).resolve().parent.parent
 EXTERNAL = textwrap.dedent('''
     """A backend written outside the kit's repository: decode only, plain torch."""
     import torch
+    from kit.engine.profile import SGLANG
 
     class ExternalDecode:
         name = "external_decode"
+        profile = SGLANG
 
         @classmethod
         def supports(cls, case):
@@ -93,6 +96,8 @@ def test_unknown_backend_is_a_usage_error_in_the_suite():
 
 
 class _BrokenConstructor:
+    profile = SGLANG
+
     @classmethod
     def supports(cls, case):
         return None

@@ -11,6 +11,7 @@ from kit.engine.fixture import Store, fixtures_for
 from kit.process import budget
 from kit.modes import ForwardMode
 from kit.engine.pools import CASE_LAYER_ID
+from kit.engine.profile import SGLANG
 from tests.helpers import small_case
 
 CASE = small_case("kept", ForwardMode.EXTEND, (5, 9), (3, 2))
@@ -32,7 +33,7 @@ def goldens(monkeypatch):
 
 
 def _fixture(case):
-    return fixtures_for([case], "cpu", STORE)[0]
+    return fixtures_for([case], "cpu", STORE, SGLANG)[0]
 
 
 def _after_other_batches(case):
@@ -87,12 +88,12 @@ def test_what_a_run_reuses_is_checked_in_one_read_back(goldens, monkeypatch):
     """Kept batches and the pool's poison are compared to their fingerprints before a run, from one
     read back: each is a wait for the GPU, a switch between contexts when workers share it."""
     cases = [CASE, OTHERS[0], OTHERS[1]]
-    fixtures_for(cases, "cpu", STORE)
+    fixtures_for(cases, "cpu", STORE, SGLANG)
     STORE.poison_suspect = True
     reads = []
     real = torch.Tensor.tolist
     monkeypatch.setattr(torch.Tensor, "tolist", lambda t: reads.append(t.shape) or real(t))
-    again = fixtures_for(cases, "cpu", STORE)
+    again = fixtures_for(cases, "cpu", STORE, SGLANG)
     assert again[0].step.references and len(reads) == 1 and reads[0] == (len(cases) + 1,), reads
 
 
@@ -140,7 +141,7 @@ def test_a_kept_batch_is_counted_again_when_it_grows(goldens):
     batch shares the larger one's pool): the budget counts it."""
     first = _fixture(CASE)
     big = small_case("big", ForwardMode.EXTEND, (4 * first.pools.token_to_kv_pool.size,), (2,))
-    again = fixtures_for([big, CASE], "cpu", STORE)[1]
+    again = fixtures_for([big, CASE], "cpu", STORE, SGLANG)[1]
     assert len(again.tables) == 2
     shared = STORE.batches
     assert shared._kept_bytes == sum(s.nbytes for s in shared._kept.values())

@@ -12,6 +12,7 @@ from kit.engine.layer import SINK_HIGH, SINK_LOW, model_layers
 from kit.engine.pools import CASE_LAYER_ID
 from kit.engine.reference import attention
 from kit.harness.capabilities import BadDeclaration, Capabilities
+from kit.engine.profile import SGLANG
 from kit.harness.protocol import AttentionBackend
 from kit.harness.runner import run_case
 from kit.harness.scope import unsupported_reason
@@ -52,7 +53,7 @@ def test_every_batch_of_a_run_runs_the_same_sinks(exec_):
     reference must use those sinks, though its case has another name, lengths and data seed."""
     case = _sinks_case()
     model = model_layers(case)
-    assert all(model_layers(b) == model for b in batches(case, exec_))
+    assert all(model_layers(b) == model for b in batches(case, exec_, SGLANG))
 
 
 def _naive(fx, layer_id=CASE_LAYER_ID):
@@ -92,6 +93,8 @@ def test_the_reference_takes_the_sink_into_every_denominator(mode):
 
 class WrittenBeforeSinks(AttentionBackend):
     """A backend that declares no attention features: it would run a sinks case and ignore them."""
+
+    profile = SGLANG
 
     def forward(self, q, k, v, layer, batch, save_kv_cache=True):
         raise AssertionError("never called for a sinks case")

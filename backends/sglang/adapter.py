@@ -28,6 +28,7 @@ import torch
 
 from backends import pinned
 from backends.sglang import mla
+from kit.engine.profile import SGLANG
 from kit.modes import ForwardMode
 from kit.harness.protocol import AttentionBackend, library_version
 
@@ -193,6 +194,7 @@ class SGLangBackend(AttentionBackend):
     sglang_class: str = ""  # module:attr in sglang
     server_name: str = ""  # its --attention-backend name
     server_fields: dict = {}  # its own server args, besides those install_server_args sets
+    profile = SGLANG
     modes = (ForwardMode.DECODE, ForwardMode.EXTEND, ForwardMode.MIXED, ForwardMode.TARGET_VERIFY,
              ForwardMode.DRAFT_EXTEND_V2)
     # Why the class does not run DRAFT_DECODE: SGLang runs the draft's steps in a multi-step wrapper.

@@ -22,6 +22,7 @@ import torch
 from backends.triton import kernels, mla
 from backends.triton.metadata import (BLOCK_M, INTERPRETED_SPLIT_TOKENS, MAX_KV_SPLITS, SPLIT_TOKENS, Buffers,
                                       Metadata, draft_buffers, extend_grid, fill_decode, fill_draft_step, fill_extend)
+from kit.engine.profile import SGLANG
 from kit.modes import MODES, ForwardMode
 from kit.harness.protocol import AttentionBackend, library_version
 
@@ -37,6 +38,7 @@ DECODE_BLOCK_H = 16  # tl.dot needs 16 rows: a KV head's query group is padded t
 
 class TritonBackend(AttentionBackend):
     name = "triton"
+    profile = SGLANG  # SGLang's batch and pool conventions
     modes = tuple(MODES)
     extend_capture = True
     batch_invariant = True  # a request's KV splits follow its own length alone (metadata.fill_decode)

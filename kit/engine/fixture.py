@@ -33,7 +33,7 @@ from kit.engine.layer import Layer, model_layers
 from kit.engine.modes import rules_for
 from kit.engine.plan import BatchPlan, plan_case
 from kit.engine.pools import CASE_LAYER_ID, PoolCache, Pools, PoolSpec
-from kit.engine.profile import SGLANG, EngineProfile
+from kit.engine.profile import EngineProfile
 from kit.engine.reference import logical_kv, references
 from kit.engine.render import render, step_views
 from kit.engine.storage import storage
@@ -302,8 +302,7 @@ def _pools_for(plans: Sequence[BatchPlan], first: Case, device: torch.device, st
 DEFAULT_STORE = Store()
 
 
-def fixtures_for(cases: Sequence[Case], device, store: Optional[Store] = None,
-                 profile: EngineProfile = SGLANG) -> List[Fixture]:
+def fixtures_for(cases: Sequence[Case], device, store: Optional[Store], profile: EngineProfile) -> List[Fixture]:
     """Fixtures for `cases` (one run: the same page size and layer config), sharing one (cached)
     pool big enough for all of them, in the storage layout of the engine's profile: a graph's
     replays must all read the pool it was captured against. The pool's page size is set here,

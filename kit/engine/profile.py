@@ -1,8 +1,8 @@
-"""An engine's conventions, as a profile a backend (or its adapter) declares (`profile = ...`;
-SGLANG when it declares none): how its KV cache stores each attention kind (kit.engine.storage),
-which converter renders its batch from the kit's step description (kit.engine.render), what a
-padded row of a graph batch holds and whether it may write KV, the batch sizes and token counts it
-captures graphs for, and how its graph metadata hooks are driven. The pools, the graph
+"""An engine's conventions, as a profile every backend (or its adapter) declares (`profile = ...`;
+none is assumed): how its KV cache stores each attention kind (kit.engine.storage), which converter
+renders its batch from the kit's step description (kit.engine.render), what a padded row of a graph
+batch holds and whether it may write KV, the batch sizes and token counts it captures graphs for,
+and how its graph metadata hooks are driven. The pools, the graph
 harness, the KV check and the replay schedule read the profile; none of them assumes an engine.
 A new engine is an adapter plus its profile."""
 from __future__ import annotations

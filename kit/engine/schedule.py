@@ -7,10 +7,10 @@ from typing import List
 
 from kit.engine.case import Case
 from kit.engine.modes import rules_for
-from kit.engine.profile import SGLANG, EngineProfile
+from kit.engine.profile import EngineProfile
 from kit.modes import Exec
 
 
-def batches(case: Case, exec_: Exec, profile: EngineProfile = SGLANG) -> List[Case]:
+def batches(case: Case, exec_: Exec, profile: EngineProfile) -> List[Case]:
     rules = rules_for(case.mode)
     return rules.eager_sequence(case) if exec_ is Exec.EAGER else rules.replay_schedule(case, profile)

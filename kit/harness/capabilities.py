@@ -10,7 +10,7 @@ from typing import Dict, FrozenSet, Optional, Tuple
 from kit.engine import kinds
 from kit.engine.case import KV_DTYPES, Case
 from kit.engine.modes import rules_for
-from kit.engine.profile import BUILDER, CAPTURE_REPLAY, SGLANG, TWO_PHASE, EngineProfile
+from kit.engine.profile import BUILDER, CAPTURE_REPLAY, TWO_PHASE, EngineProfile
 from kit.harness.mirrors import MIRRORS
 from kit.modes import ForwardMode
 
@@ -55,7 +55,10 @@ class Capabilities:
         """The declarations of `backend_cls` (kit.harness.protocol.AttentionBackend documents
         them), or BadDeclaration naming the one that is malformed."""
         name = getattr(backend_cls, "__name__", repr(backend_cls))
-        profile = getattr(backend_cls, "profile", SGLANG)
+        if not hasattr(backend_cls, "profile"):
+            raise BadDeclaration(f"{name} declares no `profile`: set `profile = kit.engine.profile.SGLANG` (or the "
+                                 f"EngineProfile of the engine whose conventions it follows; docs/extending.md)")
+        profile = backend_cls.profile
         if not isinstance(profile, EngineProfile) or profile.problem():
             raise BadDeclaration(f"{name}.profile must be a kit.engine.profile.EngineProfile"
                                  + (f": {profile.problem()}" if isinstance(profile, EngineProfile) else f", not {profile!r}"))

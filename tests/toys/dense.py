@@ -10,6 +10,7 @@ import dataclasses
 
 import torch
 
+from kit.engine.profile import SGLANG
 from kit.modes import ForwardMode
 from kit.harness.protocol import AttentionBackend
 
@@ -30,6 +31,7 @@ class _Metadata:
 
 class DenseGraphBackend(AttentionBackend):
     name = "toy_dense"
+    profile = SGLANG
 
     @classmethod
     def supports(cls, case):
