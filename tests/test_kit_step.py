@@ -42,7 +42,7 @@ def _as_sglang_reads(batch):
 def test_the_common_description_says_what_the_forward_batch_says(case):
     """vLLM's description of a step, rendered from the plan, and SGLang's ForwardBatch, rendered from
     the same plan, agree request for request: tokens cached and new, lengths, slots, pages."""
-    (fx,) = fixtures_for([case], "cpu", profile=COMMON_PROFILE)
+    (fx,) = fixtures_for([case], "cpu", None, COMMON_PROFILE)
     batch, common = fx.batch, fx.batch.common
     cached, new = _as_sglang_reads(batch)
     assert common.num_computed_tokens_cpu.tolist() == cached
@@ -63,9 +63,9 @@ def test_the_common_description_says_what_the_forward_batch_says(case):
 def test_each_profile_gets_its_own_converters_batch(case):
     """SGLang's profile: the ForwardBatch alone; the in-box profile: with the step description, each
     step's forward given its own step's (a DRAFT_DECODE step: a request a lane)."""
-    (plain,) = fixtures_for([case], "cpu", profile=SGLANG)
+    (plain,) = fixtures_for([case], "cpu", None, SGLANG)
     assert plain.batch.common is None and plain.batch.step is None
-    (native,) = fixtures_for([case], "cpu", profile=NATIVE)
+    (native,) = fixtures_for([case], "cpu", None, NATIVE)
     assert native.batch.step is native.plan and native.batch.common is None
     assert [s.batch.step for s in native.steps] == [s.plan for s in native.steps]
     if case.mode is ForwardMode.DRAFT_DECODE:
