@@ -1,0 +1,34 @@
+"""GDN (gated delta net) cases, every mode in one file (kit.engine.kinds.gdn: `prefix` the tokens a
+request's saved state has consumed, 0 for a new request; `new` as the softmax cases'; TARGET_VERIFY's
+`accepted`, the drafts each request keeps). Run by kit.harness.recurrent."""
+from functools import partial
+
+from kit.engine.kinds.gdn import QWEN3_NEXT, SMOKE_HEADS, GdnCase
+from kit.modes import ForwardMode
+
+D, E, MX, TV = ForwardMode.DECODE, ForwardMode.EXTEND, ForwardMode.MIXED, ForwardMode.TARGET_VERIFY
+# The smoke set: the fewest heads that keep value heads sharing a key head, narrow heads; each mode,
+# new and saved states side by side, fp32 and a half dtype, a chunk longer than the conv window.
+S = partial(GdnCase, heads=SMOKE_HEADS, head_k_dim=16, head_v_dim=32)
+
+SMOKE = [
+    S("gdn_decode_fp32", D, prefix=(0, 5, 1, 40), dtype="fp32"),
+    S("gdn_decode_bf16_long", D, prefix=(300, 2), dtype="bf16"),
+    S("gdn_extend_chunks_fp32", E, prefix=(0, 17, 2), new=(7, 1, 20), dtype="fp32"),
+    S("gdn_extend_fp16", E, prefix=(9, 0), new=(3, 12), dtype="fp16", heads=(2, 4)),
+    S("gdn_mixed_fp32", MX, prefix=(0, 33, 4, 7), new=(9, 5, 1, 1), dtype="fp32"),
+    S("gdn_verify_fp32", TV, prefix=(12, 0, 30), new=4, accepted=(1, 4, 2), dtype="fp32"),
+    S("gdn_verify_bf16", TV, prefix=(5, 64), new=3, accepted=(3, 1), dtype="bf16"),
+]
+
+# Qwen3-Next's layer at TP 1 (16 key heads, 32 value heads of 128) and TP 4 (4 and 8).
+F = partial(GdnCase, heads=QWEN3_NEXT)
+FULL = [
+    F("gdn_decode_ragged", D, prefix=(0, 1, 3, 4, 17, 200, 1024, 5)),
+    F("gdn_decode_tp4", D, prefix=(7, 0, 300), heads=(4, 8)),
+    F("gdn_extend_chunks", E, prefix=(0, 64, 3, 1000), new=(100, 64, 1, 257)),
+    F("gdn_extend_fp16_tp4", E, prefix=(5, 0), new=(300, 2), heads=(4, 8), dtype="fp16"),
+    F("gdn_mixed", MX, prefix=(0, 128, 40, 9, 1), new=(65, 3, 1, 1, 1)),
+    F("gdn_verify_chain4", TV, prefix=(10, 0, 500, 63), new=4, accepted=(1, 4, 2, 3)),
+    F("gdn_verify_chain8_fp32", TV, prefix=(1, 77), new=8, accepted=(8, 5), dtype="fp32"),
+]

@@ -1,0 +1,172 @@
+"""One GDN step of a case: the model's layers, each request's state slot and saved state, the inputs
+forward() is handed, the batch, and the float64 reference of every output and state.
+
+A request's saved state is the reference's own, after `prefix` tokens drawn for it (not a random
+state: the step continues a real sequence), as the pool stores it (float32 state, the window's rows
+in the model's dtype). Slots are drawn among the pool's (never 0, which vLLM keeps as its null
+block), so that a backend that reads slot i for request i reads poison.
+"""
+from __future__ import annotations
+
+import dataclasses
+import math
+import random
+from typing import List, Optional, Sequence, Tuple
+
+import torch
+
+from kit.engine.case import DTYPES
+from kit.engine.kinds.gdn import GdnCase, GdnLayer
+from kit.engine.pools import NUM_LAYERS
+from kit.engine.recurrent_reference import GdnRun, run_request
+from kit.engine.state_pool import PADDED_SLOT, StateGeometry
+from kit.modes import ForwardMode
+
+MIN_SLOTS = 16
+
+
+@dataclasses.dataclass
+class GdnBatch:
+    """What a GDN backend reads of a step (the fields SGLang's and vLLM's GDN metadata derive from)."""
+
+    forward_mode: ForwardMode
+    batch_size: int
+    num_tokens: int
+    state_indices: torch.Tensor  # [bs] int32, a request's state slot (padded rows: PADDED_SLOT)
+    query_start_loc: torch.Tensor  # [bs + 1] int32
+    has_initial_state: torch.Tensor  # [bs] bool: the slot holds the request's saved state (else start from zeros)
+    extend_seq_lens_cpu: List[int]
+    draft_token_num: int = 0  # TARGET_VERIFY: each request's drafts, whose states go to the intermediate pools
+
+
+@dataclasses.dataclass
+class LayerInputs:
+    rows: torch.Tensor  # [T, conv_dim] the q/k/v projection before the conv
+    a: torch.Tensor  # [T, Hv] the decay's input
+    b: torch.Tensor  # [T, Hv] beta's input
+
+
+@dataclasses.dataclass
+class Start:
+    """Where a request starts in one layer: its conv window and state, float64, and whether the
+    pool holds them (False: a new request, zeros)."""
+
+    window: torch.Tensor
+    state: torch.Tensor
+    saved: bool
+
+
+@dataclasses.dataclass
+class GdnFixture:
+    case: GdnCase
+    layers: Tuple[GdnLayer, ...]
+    slots: List[int]
+    inputs: List[LayerInputs]  # per layer
+    starts: List[List[Start]]  # per layer, per request
+    golden: List[List[GdnRun]]  # per layer, per request, float64
+    same_dtype: List[List[GdnRun]]  # per layer, per request, float32 arithmetic (the tolerance's scale)
+    geometry: StateGeometry
+
+    @property
+    def torch_dtype(self) -> torch.dtype:
+        return getattr(torch, DTYPES[self.case.dtype])
+
+    def install(self, pool) -> None:
+        """Each request's saved window and state into its slot, every layer (new requests' slots keep poison)."""
+        for layer_id, starts in enumerate(self.starts):
+            for slot, start in zip(self.slots, starts):
+                if start.saved:
+                    pool.conv(layer_id)[slot] = start.window.to(pool.conv(layer_id).dtype)
+                    pool.temporal(layer_id)[slot] = start.state.to(torch.float32)
+
+    def batch(self, device, padded_bs: Optional[int] = None) -> Tuple[GdnBatch, List[LayerInputs]]:
+        """The step's batch and each layer's inputs; with padded_bs, padded to that many rows as a
+        graph runner pads (a padded row: slot PADDED_SLOT, no saved state, the real rows' token count
+        a request, zero inputs)."""
+        lens = list(self.case.new_lens)
+        slots, saved = list(self.slots), [s.saved for s in self.starts[0]]
+        pad = (padded_bs or self.case.bs) - self.case.bs
+        lens += [lens[-1]] * pad
+        slots += [PADDED_SLOT] * pad
+        saved += [False] * pad
+        extra = sum(lens) - sum(self.case.new_lens)
+        inputs = [LayerInputs(*(torch.cat([t, t.new_zeros((extra,) + t.shape[1:])]) for t in (x.rows, x.a, x.b)))
+                  for x in self.inputs]
+        starts = [0]
+        for n in lens:
+            starts.append(starts[-1] + n)
+        mode = self.case.mode
+        batch = GdnBatch(
+            forward_mode=mode, batch_size=len(lens), num_tokens=sum(lens),
+            state_indices=torch.tensor(slots, dtype=torch.int32, device=device),
+            query_start_loc=torch.tensor(starts, dtype=torch.int32, device=device),
+            has_initial_state=torch.tensor(saved, dtype=torch.bool, device=device),
+            extend_seq_lens_cpu=lens,
+            draft_token_num=self.case.new if mode == ForwardMode.TARGET_VERIFY else 0)
+        return batch, inputs
+
+
+def _layer(case: GdnCase, layer_id: int, dtype: torch.dtype, device) -> GdnLayer:
+    gen = torch.Generator().manual_seed(case.rng_seed(f"layer{layer_id}") & 0x7FFFFFFF)
+    hk, hv = case.heads
+    conv = (torch.randn(case.conv_dim, case.conv_width, generator=gen) / math.sqrt(case.conv_width)).to(dtype)
+    a_log = torch.empty(hv).uniform_(1, 16, generator=gen).log()
+    dt = torch.empty(hv).uniform_(math.log(1e-3), math.log(1e-1), generator=gen).exp()
+    dt_bias = dt + torch.log(-torch.expm1(-dt))  # softplus(dt_bias) = dt: Mamba's initialization
+    return GdnLayer(layer_id=layer_id, num_k_heads=hk, num_v_heads=hv, head_k_dim=case.head_k_dim,
+                    head_v_dim=case.head_v_dim, conv_weights=conv.to(device), A_log=a_log.to(device),
+                    dt_bias=dt_bias.to(device))
+
+
+def _draw(case: GdnCase, n: int, salt: str, dtype: torch.dtype, device) -> LayerInputs:
+    gen = torch.Generator().manual_seed(case.rng_seed(salt) & 0x7FFFFFFF)
+    hv = case.heads[1]
+    return LayerInputs(*(torch.randn(shape, generator=gen).to(dtype).to(device)
+                         for shape in ((n, case.conv_dim), (n, hv), (n, hv))))
+
+
+def _saved(case: GdnCase, layer: GdnLayer, request: int, dtype: torch.dtype, device) -> Start:
+    """The state after the request's `prefix` drawn tokens, as the pool stores it, read back in float64."""
+    zero_window = torch.zeros(case.conv_dim, case.conv_width - 1, dtype=torch.float64, device=device)
+    zero_state = torch.zeros(case.heads[1], case.head_k_dim, case.head_v_dim, dtype=torch.float64, device=device)
+    n = case.prefix[request]
+    if not n:
+        return Start(zero_window, zero_state, saved=False)
+    x = _draw(case, n, f"prefix{request}/layer{layer.layer_id}", dtype, device)
+    run = run_request(layer, x.rows, x.a, x.b, zero_window, zero_state)
+    return Start(run.windows[-1].to(dtype).double(), run.states[-1].float().double(), saved=True)
+
+
+def _split(x: LayerInputs, lens: Sequence[int]) -> List[LayerInputs]:
+    return [LayerInputs(*parts) for parts in zip(*(t.split(list(lens)) for t in (x.rows, x.a, x.b)))]
+
+
+def build(case: GdnCase, device, starts: Optional[List[List[Start]]] = None, slots: Optional[List[int]] = None,
+          layers: Optional[Tuple[GdnLayer, ...]] = None) -> GdnFixture:
+    """The case's step. The step after a verify continues the verify's: its model (`layers`), its
+    requests' `slots`, and (per layer, per request) `starts`, the reference's kept drafts, instead
+    of the saved states its prefixes give."""
+    dtype = getattr(torch, DTYPES[case.dtype])
+    layers = layers or tuple(_layer(case, i, dtype, device) for i in range(NUM_LAYERS))
+    geometry = StateGeometry(slots=max(MIN_SLOTS, 1 << (2 * case.bs + 1).bit_length()), conv_dim=case.conv_dim,
+                             conv_width=case.conv_width, num_v_heads=case.heads[1], head_k_dim=case.head_k_dim,
+                             head_v_dim=case.head_v_dim,
+                             drafts=case.new if case.mode == ForwardMode.TARGET_VERIFY else 0)
+    slots = slots or random.Random(case.rng_seed("slots")).sample(range(1, geometry.slots), case.bs)
+    if starts is None:
+        starts = [[_saved(case, layer, i, dtype, device) for i in range(case.bs)] for layer in layers]
+    inputs = [_draw(case, sum(case.new_lens), f"step/layer{layer.layer_id}", dtype, device) for layer in layers]
+    golden, same = [], []
+    for layer, x, layer_starts in zip(layers, inputs, starts):
+        parts = _split(x, case.new_lens)
+        golden.append([run_request(layer, p.rows, p.a, p.b, s.window, s.state) for p, s in zip(parts, layer_starts)])
+        same.append([run_request(layer, p.rows, p.a, p.b, s.window, s.state, torch.float32)
+                     for p, s in zip(parts, layer_starts)])
+    return GdnFixture(case, layers, slots, inputs, starts, golden, same, geometry)
+
+
+def kept_draft(fx: GdnFixture, accepted: Sequence[int]) -> List[List[Start]]:
+    """Per layer, per request: where a request that keeps `accepted[i]` drafts of a verify continues
+    (the reference's state and window after that draft)."""
+    return [[Start(run.windows[n - 1].double(), run.states[n - 1], saved=True) for run, n in zip(runs, accepted)]
+            for runs in fx.golden]

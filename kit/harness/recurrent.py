@@ -1,0 +1,199 @@
+"""A GDN case's run: its step, eagerly or as a graph runner pads it, then (TARGET_VERIFY) the step
+after it, judged as the softmax runs are: every layer's output of the real rows against the
+float64 reference (kit.harness.checks.output_figures), padded rows finite, the output's form, and
+the state pools (kit.harness.state_checks).
+
+TARGET_VERIFY follows SGLang's rollback rule: a verify writes the state after each draft to the
+intermediate pools and leaves the request's own slot as it was; the scheduler then copies the state
+of the last draft a request keeps into its slot (StatePool.commit, played here by the kit), and the
+next step continues from it. Each request keeps its own count (GdnCase.accepted), and that next
+step, a DECODE, is judged too: a backend that wrote draft n's state where draft n + 1's belongs is
+caught there even if its verify outputs are right.
+
+Graph mode: the batch padded to the next larger batch-size bucket (padded rows: slot -1, both
+engines' pad id), captured and replayed on CUDA (torch.cuda.CUDAGraph over the kit's static
+inputs); without CUDA, the capture's calls run and the replay's calls run again on the same
+instance. A padded row's state slot must stay untouched (the pools' check covers every slot).
+"""
+from __future__ import annotations
+
+import dataclasses
+from typing import Callable, List, Optional
+
+import torch
+
+from kit.engine.gdn_step import GdnBatch, GdnFixture, build, kept_draft
+from kit.engine.kinds.gdn import GdnCase
+from kit.engine.pools import NUM_LAYERS
+from kit.engine.profile import SGLANG
+from kit.engine.state_pool import StatePool
+from kit.harness.checks import Check, output_figures, read_back
+from kit.harness.state_checks import Expected, StatePoolCheck, check_states
+from kit.modes import Exec, ForwardMode
+from kit.report.record import KERNEL, KV_WRITE
+
+PRECEDENCE = (KV_WRITE, KERNEL)
+# The modes both engines capture for GDN layers (decode and verify batches, per batch-size bucket).
+GRAPH_MODES = (ForwardMode.DECODE, ForwardMode.TARGET_VERIFY)
+
+
+@dataclasses.dataclass
+class GdnContext:
+    """What a GDN backend is built with."""
+
+    device: torch.device
+    dtype: torch.dtype
+    state_pool: StatePool
+    layers: tuple  # GdnLayer, by layer_id
+    max_bs: int  # the largest batch a graph of the run holds
+
+
+@dataclasses.dataclass
+class PaddedRowsCheck(Check):
+    nonfinite: int
+
+    def describe(self) -> str:
+        return "padded rows finite" if self.ok else f"{self.nonfinite} padded output rows NaN/inf"
+
+
+@dataclasses.dataclass
+class FormsCheck(Check):
+    problems: List[str]
+
+    def describe(self) -> str:
+        return "output forms ok" if self.ok else "output form wrong: " + "; ".join(self.problems)
+
+
+@dataclasses.dataclass
+class GdnVerdict:
+    step: str  # which step of the run
+    checks: List[Check]
+
+    @property
+    def ok(self) -> bool:
+        return all(c.ok for c in self.checks)
+
+    @property
+    def failure_class(self) -> str:
+        return min((c.failure_class for c in self.checks if not c.ok), key=PRECEDENCE.index)
+
+    @property
+    def text(self) -> str:
+        return f"{self.step}: " + "; ".join(c.describe() for c in self.checks if not c.ok)
+
+
+def padded_bucket(bs: int) -> int:
+    """The graph's batch size: the smallest of the engine's buckets larger than bs (a padded row at least)."""
+    return next(b for b in SGLANG.batch_sizes if b > bs)
+
+
+def _expected(fx: GdnFixture) -> List[Expected]:
+    """The entries the step writes: each request's final state and window, or (verify) each draft's."""
+    verify = fx.case.mode == ForwardMode.TARGET_VERIFY
+    found = []
+    for layer_id in range(NUM_LAYERS):
+        for slot, golden, same in zip(fx.slots, fx.golden[layer_id], fx.same_dtype[layer_id]):
+            drafts = range(len(golden.states)) if verify else [len(golden.states) - 1]
+            for j in drafts:
+                index = (slot, j) if verify else (slot,)
+                conv, temporal = ("intermediate_conv", "intermediate_ssm") if verify else ("conv", "temporal")
+                found.append(Expected(conv, layer_id, index, golden.windows[j], golden.windows[j], exact=True))
+                found.append(Expected(temporal, layer_id, index, golden.states[j], same.states[j], exact=False))
+    return found
+
+
+def _call(backend, batch: GdnBatch, inputs, layers) -> List[torch.Tensor]:
+    backend.init_forward_metadata(batch)
+    return [backend.forward(x.rows, x.a, x.b, layer, batch) for x, layer in zip(inputs, layers)]
+
+
+def _graphed(backend, batch: GdnBatch, inputs, layers, refill: Callable[[], None]) -> List[torch.Tensor]:
+    """Capture the step's calls, refill the pools as before the step, replay: the replay's outputs."""
+    if batch.state_indices.device.type != "cuda":
+        _call(backend, batch, inputs, layers)
+        refill()
+        return _call(backend, batch, inputs, layers)
+    backend.init_forward_metadata(batch)
+    stream = torch.cuda.Stream()
+    stream.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(stream):
+        [backend.forward(x.rows, x.a, x.b, layer, batch) for x, layer in zip(inputs, layers)]
+    torch.cuda.current_stream().wait_stream(stream)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        outs = [backend.forward(x.rows, x.a, x.b, layer, batch) for x, layer in zip(inputs, layers)]
+    refill()
+    graph.replay()
+    torch.cuda.synchronize()
+    return outs
+
+
+def _judge(fx: GdnFixture, pool: StatePool, before, outs: List[torch.Tensor], step: str) -> GdnVerdict:
+    real = sum(fx.case.new_lens)
+    dtype = fx.torch_dtype
+    hv, dv = fx.case.heads[1], fx.case.head_v_dim
+    problems = [f"layer {i} output {tuple(o.shape)} {o.dtype} on {o.device}, not [>= {real}, {hv}, {dv}] {dtype}"
+                for i, o in enumerate(outs)
+                if o.dim() != 3 or o.shape[0] < real or tuple(o.shape[1:]) != (hv, dv) or o.dtype != dtype]
+    goldens = [torch.cat([r.out for r in runs]) for runs in fx.golden]
+    sames = [torch.cat([r.out for r in runs]).to(dtype) for runs in fx.same_dtype]
+    outputs = read_back([output_figures([o[:real] for o in outs], goldens, sames, dtype,
+                                        [f"layer {i} " for i in range(len(outs))])])[0]
+    padded = sum(int((~torch.isfinite(o[real:].float())).any(dim=-1).any(dim=-1).sum()) for o in outs if o.dim() == 3)
+    states: StatePoolCheck = check_states(pool, before, _expected(fx), dtype)
+    return GdnVerdict(step, [*outputs, FormsCheck(not problems, problems), PaddedRowsCheck(not padded, padded), states])
+
+
+def _snapshot(pool: StatePool):
+    return {name: b.clone() for name, b in pool.buffers.items()}
+
+
+def run_case(backend_cls, case: GdnCase, exec_: Exec = Exec.EAGER, device: str = "cpu") -> List[GdnVerdict]:
+    """Every step's verdict (one, or a verify's and the step after it)."""
+    if exec_ == Exec.GRAPH and case.mode not in GRAPH_MODES:
+        raise ValueError(f"{case.mode.value} is not captured in graphs here (graph modes: "
+                         f"{', '.join(m.value for m in GRAPH_MODES)})")
+    fx = build(case, device)
+    pool = StatePool(fx.geometry, fx.torch_dtype, device)
+    graph = exec_ == Exec.GRAPH
+    max_bs = padded_bucket(case.bs) if graph else case.bs
+    backend = backend_cls(GdnContext(torch.device(device), fx.torch_dtype, pool, fx.layers, max_bs))
+    batch, inputs = fx.batch(device, max_bs if graph else None)
+
+    def refill():
+        pool.reset()
+        fx.install(pool)
+
+    refill()
+    before = _snapshot(pool)
+    if graph:
+        if hasattr(backend, "init_cuda_graph_state"):
+            backend.init_cuda_graph_state(max_bs)
+        outs = _graphed(backend, batch, inputs, fx.layers, refill)
+    else:
+        outs = _call(backend, batch, inputs, fx.layers)
+    verdicts = [_judge(fx, pool, before, outs, f"{case.mode.value} {exec_.value}")]
+    if case.mode == ForwardMode.TARGET_VERIFY:
+        verdicts.append(_after_verify(backend, fx, pool, device))
+    return verdicts
+
+
+def _after_verify(backend, fx: GdnFixture, pool: StatePool, device) -> GdnVerdict:
+    """The decode step after the verify, each request continuing from the last draft it keeps."""
+    case = fx.case
+    accepted = case.accepted
+    pool.commit(torch.tensor(fx.slots, device=device), torch.tensor(accepted, device=device))
+    follow = case.with_(name=case.name + "_next", mode=ForwardMode.DECODE, new=1, accepted=None,
+                        prefix=tuple(p + n for p, n in zip(case.prefix, accepted)))
+    nxt = build(follow, device, starts=kept_draft(fx, accepted), slots=fx.slots, layers=fx.layers)
+    before = _snapshot(pool)
+    batch, inputs = nxt.batch(device)
+    outs = _call(backend, batch, inputs, nxt.layers)
+    return _judge(nxt, pool, before, outs, f"the decode after the verify (accepted {list(accepted)})")
+
+
+def failures(verdicts: List[GdnVerdict]) -> Optional[str]:
+    """The run's failure message, or None where every step passed."""
+    bad = [v for v in verdicts if not v.ok]
+    return " | ".join(f"{v.failure_class}: {v.text}" for v in bad) if bad else None
+
