@@ -50,9 +50,7 @@ class TorchNativeGDNBackend:
         taps = seq.unfold(2, width, 1)  # [bs, conv_dim, L, w]
         mixed = F.silu(torch.einsum("bclw,cw->blc", taps, layer.conv_weights.float()))
         q, k, v = mixed.split([layer.q_dim, layer.k_dim, layer.v_dim], dim=-1)
-        group = hv // hk
-        q = F.normalize(q.unflatten(-1, (hk, dk)), dim=-1).repeat_interleave(group, dim=2) * dk ** -0.5
-        k = F.normalize(k.unflatten(-1, (hk, dk)), dim=-1).repeat_interleave(group, dim=2)
+        q, k = self._qk(q.unflatten(-1, (hk, dk)), k.unflatten(-1, (hk, dk)), hv // hk)
         v = v.unflatten(-1, (hv, dv))
         decay = torch.exp(-layer.A_log.float().exp() * F.softplus(gate_a + layer.dt_bias.float()))  # [bs, L, Hv]
         beta = torch.sigmoid(gate_b)
@@ -61,15 +59,25 @@ class TorchNativeGDNBackend:
         outs, states = [], []
         for t in range(longest):
             live = (t < lens).view(-1, 1, 1, 1)
-            nxt = state * decay[:, t, :, None, None]
-            err = v[:, t] - torch.einsum("bhk,bhkv->bhv", k[:, t], nxt)
-            nxt = nxt + torch.einsum("bhk,bhv->bhkv", k[:, t], err * beta[:, t, :, None])
-            state = torch.where(live, nxt, state)
+            state = torch.where(live, self._update(state, k[:, t], v[:, t], decay[:, t], beta[:, t]), state)
             states.append(state)
             outs.append(torch.einsum("bhk,bhkv->bhv", q[:, t], state))
         out = torch.stack(outs, dim=1)  # [bs, L, Hv, V]
         self._write(layer.layer_id, seq, states)
         return torch.cat([out[i, :n] for i, n in enumerate(self.lens)]).to(mixed_qkv.dtype)
+
+    @staticmethod
+    def _qk(q, k, group):
+        """q and k [bs, L, Hk, K] L2-normalized per head (q scaled by K^-0.5), one per value head."""
+        q = F.normalize(q, dim=-1) * q.shape[-1] ** -0.5
+        return q.repeat_interleave(group, dim=2), F.normalize(k, dim=-1).repeat_interleave(group, dim=2)
+
+    @staticmethod
+    def _update(state, k, v, decay, beta):
+        """One token's delta rule on [bs, Hv, K, V] states: decay, then write beta (v - k^T S) along k."""
+        state = state * decay[:, :, None, None]
+        err = v - torch.einsum("bhk,bhkv->bhv", k, state)
+        return state + torch.einsum("bhk,bhv->bhkv", k, err * beta[:, :, None])
 
     def _write(self, layer_id: int, seq: torch.Tensor, states) -> None:
         width = seq.shape[2] - max(self.lens) + 1

@@ -1,0 +1,97 @@
+"""The GDN kind: its reference, its state pools' check (each rule proven by a planted bug), the
+in-box backend on every smoke case, and every mutant of tests/mutants/gdn.py caught."""
+from __future__ import annotations
+
+import pytest
+import torch
+
+from backends.torch_native_gdn import TorchNativeGDNBackend
+from cases.gdn import SMOKE
+from kit.engine.gdn_step import build
+from kit.engine.recurrent_reference import run_request
+from kit.engine.state_pool import StatePool
+from kit.harness.recurrent import GRAPH_MODES, _expected, failures, run_case
+from kit.harness.state_checks import check_states
+from kit.modes import Exec, ForwardMode
+from tests.mutants.gdn import MUTANTS
+
+RUNS = [(c, e) for c in SMOKE for e in Exec if e == Exec.EAGER or c.mode in GRAPH_MODES]
+
+
+@pytest.mark.parametrize("case,exec_", RUNS, ids=[f"{c.name}-{e.value}" for c, e in RUNS])
+def test_in_box_backend_passes(case, exec_):
+    assert failures(run_case(TorchNativeGDNBackend, case, exec_)) is None
+
+
+def test_reference_continues_a_saved_state():
+    """Two chunks, the second from the first's state and window, give the one chunk's outputs and state."""
+    fx = build(SMOKE[2], "cpu")
+    layer, start = fx.layers[1], fx.starts[1][0]
+    rows, a, b = (torch.randn(9, n, dtype=torch.float64) for n in (fx.case.conv_dim, 2, 2))
+    whole = run_request(layer, rows, a, b, start.window, start.state)
+    first = run_request(layer, rows[:4], a[:4], b[:4], start.window, start.state)
+    second = run_request(layer, rows[4:], a[4:], b[4:], first.windows[-1], first.states[-1])
+    torch.testing.assert_close(torch.cat([first.out, second.out]), whole.out, rtol=0, atol=1e-12)
+    torch.testing.assert_close(second.states[-1], whole.states[-1], rtol=0, atol=1e-12)
+    assert torch.equal(second.windows[-1], whole.windows[-1])
+
+
+def _stepped(case):
+    """A step the in-box backend ran right: (fixture, pool, what the pools held before it)."""
+    fx = build(case, "cpu")
+    pool = StatePool(fx.geometry, fx.torch_dtype, "cpu")
+    pool.reset()
+    fx.install(pool)
+    before = {n: b.clone() for n, b in pool.buffers.items()}
+    backend = TorchNativeGDNBackend(type("Ctx", (), {"state_pool": pool}))
+    batch, inputs = fx.batch("cpu")
+    backend.init_forward_metadata(batch)
+    for x, layer in zip(inputs, fx.layers):
+        backend.forward(x.rows, x.a, x.b, layer, batch)
+    assert check_states(pool, before, _expected(fx), fx.torch_dtype).ok
+    return fx, pool, before
+
+
+@pytest.mark.parametrize("plant,expect", [
+    (lambda fx, pool: pool.temporal(1)[fx.slots[0]].mul_(1.05), "states not the reference's"),
+    (lambda fx, pool: pool.conv(0)[fx.slots[1], 3, 0].add_(1.0), "states not the reference's"),
+    (lambda fx, pool: pool.temporal(0)[0].zero_(), "stray writes, e.g. temporal layer 0 slot 0"),
+    (lambda fx, pool: pool.buffers["conv"][1, -1].zero_(), "the tail past the last slot"),
+], ids=["state_off_by_5_percent", "one_window_value", "free_slot_written", "tail_written"])
+def test_state_check_catches(plant, expect):
+    fx, pool, before = _stepped(SMOKE[0])
+    plant(fx, pool)
+    check = check_states(pool, before, _expected(fx), fx.torch_dtype)
+    assert not check.ok and expect in check.describe()
+
+
+def test_verify_leaves_the_slot_and_writes_every_draft():
+    """A verify's entries are the intermediate pools' (slot, draft); the slots' own state is judged unchanged."""
+    fx, pool, before = _stepped(next(c for c in SMOKE if c.mode == ForwardMode.TARGET_VERIFY))
+    pool.temporal(1)[fx.slots[0]].add_(1.0)
+    check = check_states(pool, before, _expected(fx), fx.torch_dtype)
+    assert not check.ok and f"temporal layer 1 slot {fx.slots[0]}" in check.describe()
+    assert {e.index for e in _expected(fx)} == {(s, j) for s in fx.slots for j in range(fx.case.new)}
+
+
+@pytest.mark.parametrize("mutant", MUTANTS, ids=[m.name for m in MUTANTS])
+def test_mutant_is_caught(mutant):
+    runs = [(c, e) for c in SMOKE if c.mode in mutant.modes for e in mutant.execs]
+    seen = []
+    for case, exec_ in runs:
+        verdicts = run_case(mutant.backend, case, exec_)
+        bad = [v for v in verdicts if not v.ok]
+        if bad:
+            assert bad[0].failure_class in mutant.expect, bad[0].text
+            return
+        seen.append(f"{case.name}-{exec_.value}")
+    pytest.fail(f"{mutant.name} passed every run: {seen}")
+
+
+def test_verify_mutant_caught_only_after_the_verify():
+    """Keeping the drafts' states one off leaves the verify's outputs right: the decode after it shows it."""
+    mutant = next(m for m in MUTANTS if m.name == "rollback_off_by_one")
+    case = next(c for c in SMOKE if c.mode == ForwardMode.TARGET_VERIFY)
+    verify, after = run_case(mutant.backend, case, Exec.EAGER)
+    assert [c.ok for c in verify.checks[:2]] == [True, True]  # both layers' outputs
+    assert not after.ok and after.failure_class == "kernel", after.text
