@@ -1,4 +1,4 @@
-"""A GDN case's run: its step, eagerly or as a graph runner pads it, then (TARGET_VERIFY) the step
+"""A recurrent case's run (GDN, Mamba2): its step, eagerly or as a graph runner pads it, then (TARGET_VERIFY) the step
 after it, judged as the softmax runs are: every layer's output of the real rows against the
 float64 reference (kit.harness.checks.output_figures), padded rows finite, the output's form, and
 the state pools (kit.harness.state_checks).
@@ -6,7 +6,7 @@ the state pools (kit.harness.state_checks).
 TARGET_VERIFY follows SGLang's rollback rule: a verify writes the state after each draft to the
 intermediate pools and leaves the request's own slot as it was; the scheduler then copies the state
 of the last draft a request keeps into its slot (StatePool.commit, played here by the kit), and the
-next step continues from it. Each request keeps its own count (GdnCase.accepted), and that next
+next step continues from it. Each request keeps its own count (RecurrentCase.accepted), and that next
 step, a DECODE, is judged too: a backend that wrote draft n's state where draft n + 1's belongs is
 caught there even if its verify outputs are right.
 
@@ -22,29 +22,29 @@ from typing import Callable, List, Optional
 
 import torch
 
-from kit.engine.gdn_step import GdnBatch, GdnFixture, build, kept_draft
-from kit.engine.kinds.gdn import GdnCase
+from kit.engine.recurrent_step import RecurrentBatch, RecurrentFixture, as_pooled, build, kept_draft
+from kit.engine.kinds.recurrent import RecurrentCase
 from kit.engine.pools import NUM_LAYERS
 from kit.engine.profile import SGLANG
 from kit.engine.state_pool import StatePool
 from kit.harness.checks import Check, output_figures, read_back
 from kit.harness.state_checks import Expected, StatePoolCheck, check_states
 from kit.modes import Exec, ForwardMode
-from kit.report.record import KERNEL, KV_WRITE
+from kit.report.record import CRASH, KERNEL, KV_WRITE
 
-PRECEDENCE = (KV_WRITE, KERNEL)
+PRECEDENCE = (CRASH, KV_WRITE, KERNEL)
 # The modes both engines capture for GDN layers (decode and verify batches, per batch-size bucket).
 GRAPH_MODES = (ForwardMode.DECODE, ForwardMode.TARGET_VERIFY)
 
 
 @dataclasses.dataclass
-class GdnContext:
-    """What a GDN backend is built with."""
+class RecurrentContext:
+    """What a recurrent backend is built with."""
 
     device: torch.device
     dtype: torch.dtype
     state_pool: StatePool
-    layers: tuple  # GdnLayer, by layer_id
+    layers: tuple  # RecurrentLayer, by layer_id
     max_bs: int  # the largest batch a graph of the run holds
 
 
@@ -57,6 +57,15 @@ class PaddedRowsCheck(Check):
 
 
 @dataclasses.dataclass
+class Crashed(Check):
+    failure_class = CRASH
+    error: str
+
+    def describe(self) -> str:
+        return f"raised {self.error}"
+
+
+@dataclasses.dataclass
 class FormsCheck(Check):
     problems: List[str]
 
@@ -65,7 +74,7 @@ class FormsCheck(Check):
 
 
 @dataclasses.dataclass
-class GdnVerdict:
+class RecurrentVerdict:
     step: str  # which step of the run
     checks: List[Check]
 
@@ -87,7 +96,7 @@ def padded_bucket(bs: int) -> int:
     return next(b for b in SGLANG.batch_sizes if b > bs)
 
 
-def _expected(fx: GdnFixture) -> List[Expected]:
+def _expected(fx: RecurrentFixture) -> List[Expected]:
     """The entries the step writes: each request's final state and window, or (verify) each draft's."""
     verify = fx.case.mode == ForwardMode.TARGET_VERIFY
     found = []
@@ -98,16 +107,17 @@ def _expected(fx: GdnFixture) -> List[Expected]:
                 index = (slot, j) if verify else (slot,)
                 conv, temporal = ("intermediate_conv", "intermediate_ssm") if verify else ("conv", "temporal")
                 found.append(Expected(conv, layer_id, index, golden.windows[j], golden.windows[j], exact=True))
-                found.append(Expected(temporal, layer_id, index, golden.states[j], same.states[j], exact=False))
+                found.append(Expected(temporal, layer_id, index, as_pooled(fx.case, golden.states[j]),
+                                      as_pooled(fx.case, same.states[j]), exact=False))
     return found
 
 
-def _call(backend, batch: GdnBatch, inputs, layers) -> List[torch.Tensor]:
+def _call(backend, batch: RecurrentBatch, inputs, layers) -> List[torch.Tensor]:
     backend.init_forward_metadata(batch)
-    return [backend.forward(x.rows, x.a, x.b, layer, batch) for x, layer in zip(inputs, layers)]
+    return [backend.forward(*x.handed(), layer, batch) for x, layer in zip(inputs, layers)]
 
 
-def _graphed(backend, batch: GdnBatch, inputs, layers, refill: Callable[[], None]) -> List[torch.Tensor]:
+def _graphed(backend, batch: RecurrentBatch, inputs, layers, refill: Callable[[], None]) -> List[torch.Tensor]:
     """Capture the step's calls, refill the pools as before the step, replay: the replay's outputs."""
     if batch.state_indices.device.type != "cuda":
         _call(backend, batch, inputs, layers)
@@ -117,18 +127,18 @@ def _graphed(backend, batch: GdnBatch, inputs, layers, refill: Callable[[], None
     stream = torch.cuda.Stream()
     stream.wait_stream(torch.cuda.current_stream())
     with torch.cuda.stream(stream):
-        [backend.forward(x.rows, x.a, x.b, layer, batch) for x, layer in zip(inputs, layers)]
+        [backend.forward(*x.handed(), layer, batch) for x, layer in zip(inputs, layers)]
     torch.cuda.current_stream().wait_stream(stream)
     graph = torch.cuda.CUDAGraph()
     with torch.cuda.graph(graph):
-        outs = [backend.forward(x.rows, x.a, x.b, layer, batch) for x, layer in zip(inputs, layers)]
+        outs = [backend.forward(*x.handed(), layer, batch) for x, layer in zip(inputs, layers)]
     refill()
     graph.replay()
     torch.cuda.synchronize()
     return outs
 
 
-def _judge(fx: GdnFixture, pool: StatePool, before, outs: List[torch.Tensor], step: str) -> GdnVerdict:
+def _judge(fx: RecurrentFixture, pool: StatePool, before, outs: List[torch.Tensor], step: str) -> RecurrentVerdict:
     real = sum(fx.case.new_lens)
     dtype = fx.torch_dtype
     hv, dv = fx.case.heads[1], fx.case.head_v_dim
@@ -141,23 +151,34 @@ def _judge(fx: GdnFixture, pool: StatePool, before, outs: List[torch.Tensor], st
                                         [f"layer {i} " for i in range(len(outs))])])[0]
     padded = sum(int((~torch.isfinite(o[real:].float())).any(dim=-1).any(dim=-1).sum()) for o in outs if o.dim() == 3)
     states: StatePoolCheck = check_states(pool, before, _expected(fx), dtype)
-    return GdnVerdict(step, [*outputs, FormsCheck(not problems, problems), PaddedRowsCheck(not padded, padded), states])
+    return RecurrentVerdict(step, [*outputs, FormsCheck(not problems, problems), PaddedRowsCheck(not padded, padded), states])
 
 
 def _snapshot(pool: StatePool):
     return {name: b.clone() for name, b in pool.buffers.items()}
 
 
-def run_case(backend_cls, case: GdnCase, exec_: Exec = Exec.EAGER, device: str = "cpu") -> List[GdnVerdict]:
-    """Every step's verdict (one, or a verify's and the step after it)."""
+def run_case(backend_cls, case: RecurrentCase, exec_: Exec = Exec.EAGER, device: str = "cpu") -> List[RecurrentVerdict]:
+    """Every step's verdict (one, or a verify's and the step after it); a step that raises ends the
+    run with a `crash` verdict naming the error."""
     if exec_ == Exec.GRAPH and case.mode not in GRAPH_MODES:
         raise ValueError(f"{case.mode.value} is not captured in graphs here (graph modes: "
                          f"{', '.join(m.value for m in GRAPH_MODES)})")
+    verdicts: List[RecurrentVerdict] = []
+    try:
+        _run(backend_cls, case, exec_, device, verdicts)
+    except Exception as exc:  # the backend's error is the run's verdict, as the softmax runner's
+        verdicts.append(RecurrentVerdict(f"{case.mode.value} {exec_.value}",
+                                         [Crashed(False, f"{type(exc).__name__}: {exc}")]))
+    return verdicts
+
+
+def _run(backend_cls, case: RecurrentCase, exec_: Exec, device: str, verdicts: List[RecurrentVerdict]) -> None:
     fx = build(case, device)
     pool = StatePool(fx.geometry, fx.torch_dtype, device)
     graph = exec_ == Exec.GRAPH
     max_bs = padded_bucket(case.bs) if graph else case.bs
-    backend = backend_cls(GdnContext(torch.device(device), fx.torch_dtype, pool, fx.layers, max_bs))
+    backend = backend_cls(RecurrentContext(torch.device(device), fx.torch_dtype, pool, fx.layers, max_bs))
     batch, inputs = fx.batch(device, max_bs if graph else None)
 
     def refill():
@@ -172,13 +193,12 @@ def run_case(backend_cls, case: GdnCase, exec_: Exec = Exec.EAGER, device: str =
         outs = _graphed(backend, batch, inputs, fx.layers, refill)
     else:
         outs = _call(backend, batch, inputs, fx.layers)
-    verdicts = [_judge(fx, pool, before, outs, f"{case.mode.value} {exec_.value}")]
+    verdicts.append(_judge(fx, pool, before, outs, f"{case.mode.value} {exec_.value}"))
     if case.mode == ForwardMode.TARGET_VERIFY:
         verdicts.append(_after_verify(backend, fx, pool, device))
-    return verdicts
 
 
-def _after_verify(backend, fx: GdnFixture, pool: StatePool, device) -> GdnVerdict:
+def _after_verify(backend, fx: RecurrentFixture, pool: StatePool, device) -> RecurrentVerdict:
     """The decode step after the verify, each request continuing from the last draft it keeps."""
     case = fx.case
     accepted = case.accepted
@@ -192,7 +212,7 @@ def _after_verify(backend, fx: GdnFixture, pool: StatePool, device) -> GdnVerdic
     return _judge(nxt, pool, before, outs, f"the decode after the verify (accepted {list(accepted)})")
 
 
-def failures(verdicts: List[GdnVerdict]) -> Optional[str]:
+def failures(verdicts: List[RecurrentVerdict]) -> Optional[str]:
     """The run's failure message, or None where every step passed."""
     bad = [v for v in verdicts if not v.ok]
     return " | ".join(f"{v.failure_class}: {v.text}" for v in bad) if bad else None

@@ -1,135 +1,19 @@
-"""Gated delta net (Qwen3-Next, Qwen3.5): linear attention with a recurrent state, one case line.
+"""Gated delta net (Qwen3-Next, Qwen3.5), a recurrent kind (kit.engine.kinds.recurrent).
 
-A GDN layer keeps no KV pages: per request it keeps a convolution window (the last `conv_width - 1`
-rows of its q/k/v projection, before the convolution) and a recurrent state S [head_k_dim,
-head_v_dim] per value head, both in slot-indexed pools (kit.engine.state_pool). A step hands the
-backend the projection `mixed_qkv` [T, 2 Hk K + Hv V] before the causal conv1d, and the gate inputs
-`a` and `b` [T, Hv] before their activations, as both engines' GDN backends take them; the layer
-holds the conv weights, A_log and dt_bias (kit.engine.gdn_step). Value heads outnumber key heads
-(Qwen3-Next: 16 key heads, 32 value heads), as GQA.
-
-`prefix` is what a request consumed before the step: its saved state is the state after those
-tokens (0: a new request, whose slot holds whatever its last tenant left, and which must start from
-zeros). TARGET_VERIFY verifies a chain of `new` drafts; `accepted` is how many of them each request
-keeps, which the next step continues from (the engine's rollback rule, kit.harness.recurrent).
-These cases run through kit.harness.recurrent, not the softmax runner: their inputs, reference and
-pools are of their own.
-"""
+The projection is [q | k | v] (2 Hk K + Hv V), the gate inputs `a` (the decay's) and `b` (beta's);
+per value head h (key head h // (Hv / Hk)) after the conv and SiLU, q and k L2-normalized, q scaled
+by K^-0.5, g = -exp(A_log) softplus(a + dt_bias), beta = sigmoid(b):
+    S = exp(g) S;  S = S + beta k (v - k^T S)^T;  o = q^T S
+The state S [Hv, K, V] is stored so (SGLang's and fla's layout)."""
 from __future__ import annotations
-
-import dataclasses
-import zlib
-from typing import Optional, Tuple, Union
-
-from kit.modes import ForwardMode
 
 NAME = "gdn"
 LABEL = "GDN (gated delta net)"
-MODES = (ForwardMode.DECODE, ForwardMode.EXTEND, ForwardMode.MIXED, ForwardMode.TARGET_VERIFY)
-DTYPES = ("bf16", "fp16", "fp32")
+GATES = ("a", "b")
 QWEN3_NEXT = (16, 32)  # (key heads, value heads) of Qwen3-Next-80B-A3B at TP 1; head dims 128, conv width 4
-SMOKE_HEADS = (1, 2)  # the fewest that keep value heads sharing a key head
+STATE_TRANSPOSED = False  # the pool's state is [Hv, K, V]
 
 
-@dataclasses.dataclass(frozen=True)
-class GdnCase:
-    name: str
-    mode: ForwardMode
-    prefix: Tuple[int, ...]  # per request, the tokens its saved state has consumed
-    new: Union[int, Tuple[int, ...]] = 1  # EXTEND/MIXED: per request; TARGET_VERIFY: the drafts; DECODE: 1
-    heads: Tuple[int, int] = QWEN3_NEXT  # (key heads, value heads)
-    head_k_dim: int = 128
-    head_v_dim: int = 128
-    conv_width: int = 4
-    dtype: str = "bf16"
-    accepted: Optional[Tuple[int, ...]] = None  # TARGET_VERIFY: per request, the drafts it keeps (1..new)
-    seed: int = 0
-
-    def __post_init__(self):
-        problem = self._problem()
-        if problem:
-            raise ValueError(f"gdn case {self.name!r}: {problem}")
-
-    def _problem(self) -> Optional[str]:
-        if not isinstance(self.name, str) or not self.name or "-" in self.name or " " in self.name:
-            return "use letters, digits and _ in the name (test ids split on '-')"
-        if self.mode not in MODES:
-            return f"mode {self.mode!r} not one of {[m.value for m in MODES]}"
-        if self.dtype not in DTYPES:
-            return f"dtype {self.dtype!r} not in {list(DTYPES)}"
-        if not self.prefix or not all(isinstance(p, int) and p >= 0 for p in self.prefix):
-            return f"bad prefix lengths {self.prefix!r}: one int >= 0 per request"
-        hk, hv = self.heads
-        if hk < 1 or hv % hk:
-            return f"heads {self.heads!r} must be (key heads, value heads) with key heads dividing value heads"
-        if self.conv_width < 2:
-            return f"conv_width {self.conv_width} must be >= 2 (the window keeps conv_width - 1 rows)"
-        lens = self.new_lens
-        if len(lens) != self.bs or not all(n >= 1 for n in lens):
-            return f"new {self.new!r}: one length >= 1 per request"
-        if self.mode == ForwardMode.DECODE and set(lens) != {1}:
-            return "DECODE takes one new token a request (new=1)"
-        if self.mode == ForwardMode.MIXED and (lens[-1] != 1 or lens[0] == 1):
-            return "MIXED: extend rows first (the first longer than 1), decode rows (1) last"
-        if self.mode == ForwardMode.TARGET_VERIFY:
-            if not isinstance(self.new, int) or self.new < 2:
-                return "TARGET_VERIFY: new is the draft count, an int >= 2"
-            if (self.accepted is None or len(self.accepted) != self.bs
-                    or not all(1 <= n <= self.new for n in self.accepted)):
-                return f"TARGET_VERIFY: accepted {self.accepted!r} must give each request 1..{self.new} drafts kept"
-        elif self.accepted is not None:
-            return "accepted is TARGET_VERIFY's"
-        return None
-
-    @property
-    def bs(self) -> int:
-        return len(self.prefix)
-
-    @property
-    def new_lens(self) -> Tuple[int, ...]:
-        return tuple(self.new) if not isinstance(self.new, int) else (self.new,) * self.bs
-
-    @property
-    def kind(self) -> str:
-        return NAME
-
-    @property
-    def conv_dim(self) -> int:
-        hk, hv = self.heads
-        return 2 * hk * self.head_k_dim + hv * self.head_v_dim
-
-    def rng_seed(self, salt: str = "") -> int:
-        return zlib.crc32(f"gdn/{self.mode.value}/{self.name}/{self.seed}/{salt}".encode())
-
-    def with_(self, **changes) -> "GdnCase":
-        return dataclasses.replace(self, **changes)
-
-
-@dataclasses.dataclass(frozen=True, eq=False)
-class GdnLayer:
-    """The GDN layer handed to forward(), with the fields both engines' GDN layers carry (SGLang's
-    RadixLinearAttention: conv_weights, bias, activation, A_log, dt_bias, the head counts and dims).
-    Tensors: conv_weights [conv_dim, conv_width] in the case's dtype; A_log, dt_bias [Hv] float32."""
-
-    layer_id: int
-    num_k_heads: int
-    num_v_heads: int
-    head_k_dim: int
-    head_v_dim: int
-    conv_weights: object
-    A_log: object
-    dt_bias: object
-    bias: object = None  # Qwen3-Next's conv1d has none
-    activation: str = "silu"
-
-    @property
-    def q_dim(self) -> int:
-        return self.num_k_heads * self.head_k_dim
-
-    @property
-    def k_dim(self) -> int:
-        return self.num_k_heads * self.head_k_dim
-
-    @property
-    def v_dim(self) -> int:
-        return self.num_v_heads * self.head_v_dim
+def split(mixed, layer):
+    """(query, key, value) rows of the conv's output [..., conv_dim]."""
+    return mixed.split([layer.q_dim, layer.k_dim, layer.v_dim], dim=-1)

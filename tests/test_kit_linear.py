@@ -1,26 +1,26 @@
-"""The GDN kind: its reference, its state pools' check (each rule proven by a planted bug), the
-in-box backend on every smoke case, and every mutant of tests/mutants/gdn.py caught."""
+"""The recurrent kinds (GDN, Mamba2): the reference, the state pools' check (each rule proven by a
+planted bug), the in-box backend on every smoke case, and every mutant of tests/mutants/linear.py caught."""
 from __future__ import annotations
 
 import pytest
 import torch
 
-from backends.torch_native_gdn import TorchNativeGDNBackend
-from cases.gdn import SMOKE
-from kit.engine.gdn_step import build
+from backends.torch_native_linear import TorchNativeLinearBackend
+from cases.linear import SMOKE
+from kit.engine.recurrent_step import build
 from kit.engine.recurrent_reference import run_request
 from kit.engine.state_pool import StatePool
 from kit.harness.recurrent import GRAPH_MODES, _expected, failures, run_case
 from kit.harness.state_checks import check_states
 from kit.modes import Exec, ForwardMode
-from tests.mutants.gdn import MUTANTS
+from tests.mutants.linear import MUTANTS
 
 RUNS = [(c, e) for c in SMOKE for e in Exec if e == Exec.EAGER or c.mode in GRAPH_MODES]
 
 
 @pytest.mark.parametrize("case,exec_", RUNS, ids=[f"{c.name}-{e.value}" for c, e in RUNS])
 def test_in_box_backend_passes(case, exec_):
-    assert failures(run_case(TorchNativeGDNBackend, case, exec_)) is None
+    assert failures(run_case(TorchNativeLinearBackend, case, exec_)) is None
 
 
 def test_reference_continues_a_saved_state():
@@ -28,9 +28,9 @@ def test_reference_continues_a_saved_state():
     fx = build(SMOKE[2], "cpu")
     layer, start = fx.layers[1], fx.starts[1][0]
     rows, a, b = (torch.randn(9, n, dtype=torch.float64) for n in (fx.case.conv_dim, 2, 2))
-    whole = run_request(layer, rows, a, b, start.window, start.state)
-    first = run_request(layer, rows[:4], a[:4], b[:4], start.window, start.state)
-    second = run_request(layer, rows[4:], a[4:], b[4:], first.windows[-1], first.states[-1])
+    whole = run_request(layer, rows, (a, b), start.window, start.state)
+    first = run_request(layer, rows[:4], (a[:4], b[:4]), start.window, start.state)
+    second = run_request(layer, rows[4:], (a[4:], b[4:]), first.windows[-1], first.states[-1])
     torch.testing.assert_close(torch.cat([first.out, second.out]), whole.out, rtol=0, atol=1e-12)
     torch.testing.assert_close(second.states[-1], whole.states[-1], rtol=0, atol=1e-12)
     assert torch.equal(second.windows[-1], whole.windows[-1])
@@ -43,11 +43,11 @@ def _stepped(case):
     pool.reset()
     fx.install(pool)
     before = {n: b.clone() for n, b in pool.buffers.items()}
-    backend = TorchNativeGDNBackend(type("Ctx", (), {"state_pool": pool}))
+    backend = TorchNativeLinearBackend(type("Ctx", (), {"state_pool": pool}))
     batch, inputs = fx.batch("cpu")
     backend.init_forward_metadata(batch)
     for x, layer in zip(inputs, fx.layers):
-        backend.forward(x.rows, x.a, x.b, layer, batch)
+        backend.forward(*x.handed(), layer, batch)
     assert check_states(pool, before, _expected(fx), fx.torch_dtype).ok
     return fx, pool, before
 
@@ -76,7 +76,7 @@ def test_verify_leaves_the_slot_and_writes_every_draft():
 
 @pytest.mark.parametrize("mutant", MUTANTS, ids=[m.name for m in MUTANTS])
 def test_mutant_is_caught(mutant):
-    runs = [(c, e) for c in SMOKE if c.mode in mutant.modes for e in mutant.execs]
+    runs = [(c, e) for c in SMOKE if c.mode in mutant.modes and c.kind in mutant.kinds for e in mutant.execs]
     seen = []
     for case, exec_ in runs:
         verdicts = run_case(mutant.backend, case, exec_)

@@ -1,4 +1,4 @@
-"""One GDN step of a case: the model's layers, each request's state slot and saved state, the inputs
+"""One step of a recurrent case (kit.engine.kinds.recurrent): the model's layers, each request's state slot and saved state, the inputs
 forward() is handed, the batch, and the float64 reference of every output and state.
 
 A request's saved state is the reference's own, after `prefix` tokens drawn for it (not a random
@@ -16,9 +16,9 @@ from typing import List, Optional, Sequence, Tuple
 import torch
 
 from kit.engine.case import DTYPES
-from kit.engine.kinds.gdn import GdnCase, GdnLayer
+from kit.engine.kinds.recurrent import RecurrentCase, RecurrentLayer
 from kit.engine.pools import NUM_LAYERS
-from kit.engine.recurrent_reference import GdnRun, run_request
+from kit.engine.recurrent_reference import RecurrentRun, run_request
 from kit.engine.state_pool import PADDED_SLOT, StateGeometry
 from kit.modes import ForwardMode
 
@@ -26,8 +26,8 @@ MIN_SLOTS = 16
 
 
 @dataclasses.dataclass
-class GdnBatch:
-    """What a GDN backend reads of a step (the fields SGLang's and vLLM's GDN metadata derive from)."""
+class RecurrentBatch:
+    """What a backend reads of a step (the fields SGLang's and vLLM's GDN and Mamba2 metadata derive from)."""
 
     forward_mode: ForwardMode
     batch_size: int
@@ -41,9 +41,12 @@ class GdnBatch:
 
 @dataclasses.dataclass
 class LayerInputs:
-    rows: torch.Tensor  # [T, conv_dim] the q/k/v projection before the conv
-    a: torch.Tensor  # [T, Hv] the decay's input
-    b: torch.Tensor  # [T, Hv] beta's input
+    rows: torch.Tensor  # [T, conv_dim] the projection before the conv
+    gates: Tuple[torch.Tensor, ...]  # [T, Hv] each, the kind's GATES (GDN: a, b; Mamba2: dt)
+
+    def handed(self) -> Tuple[torch.Tensor, ...]:
+        """forward()'s leading arguments: the projection, then the gates."""
+        return (self.rows,) + self.gates
 
 
 @dataclasses.dataclass
@@ -57,14 +60,14 @@ class Start:
 
 
 @dataclasses.dataclass
-class GdnFixture:
-    case: GdnCase
-    layers: Tuple[GdnLayer, ...]
+class RecurrentFixture:
+    case: RecurrentCase
+    layers: Tuple[RecurrentLayer, ...]
     slots: List[int]
     inputs: List[LayerInputs]  # per layer
     starts: List[List[Start]]  # per layer, per request
-    golden: List[List[GdnRun]]  # per layer, per request, float64
-    same_dtype: List[List[GdnRun]]  # per layer, per request, float32 arithmetic (the tolerance's scale)
+    golden: List[List[RecurrentRun]]  # per layer, per request, float64 (states [Hv, K, V])
+    same_dtype: List[List[RecurrentRun]]  # per layer, per request, float32 arithmetic (the tolerance's scale)
     geometry: StateGeometry
 
     @property
@@ -77,9 +80,9 @@ class GdnFixture:
             for slot, start in zip(self.slots, starts):
                 if start.saved:
                     pool.conv(layer_id)[slot] = start.window.to(pool.conv(layer_id).dtype)
-                    pool.temporal(layer_id)[slot] = start.state.to(torch.float32)
+                    pool.temporal(layer_id)[slot] = as_pooled(self.case, start.state).to(torch.float32)
 
-    def batch(self, device, padded_bs: Optional[int] = None) -> Tuple[GdnBatch, List[LayerInputs]]:
+    def batch(self, device, padded_bs: Optional[int] = None) -> Tuple[RecurrentBatch, List[LayerInputs]]:
         """The step's batch and each layer's inputs; with padded_bs, padded to that many rows as a
         graph runner pads (a padded row: slot PADDED_SLOT, no saved state, the real rows' token count
         a request, zero inputs)."""
@@ -90,13 +93,13 @@ class GdnFixture:
         slots += [PADDED_SLOT] * pad
         saved += [False] * pad
         extra = sum(lens) - sum(self.case.new_lens)
-        inputs = [LayerInputs(*(torch.cat([t, t.new_zeros((extra,) + t.shape[1:])]) for t in (x.rows, x.a, x.b)))
+        inputs = [LayerInputs(*_split_back([torch.cat([t, t.new_zeros((extra,) + t.shape[1:])]) for t in x.handed()]))
                   for x in self.inputs]
         starts = [0]
         for n in lens:
             starts.append(starts[-1] + n)
         mode = self.case.mode
-        batch = GdnBatch(
+        batch = RecurrentBatch(
             forward_mode=mode, batch_size=len(lens), num_tokens=sum(lens),
             state_indices=torch.tensor(slots, dtype=torch.int32, device=device),
             query_start_loc=torch.tensor(starts, dtype=torch.int32, device=device),
@@ -106,26 +109,36 @@ class GdnFixture:
         return batch, inputs
 
 
-def _layer(case: GdnCase, layer_id: int, dtype: torch.dtype, device) -> GdnLayer:
+def as_pooled(case: RecurrentCase, state: torch.Tensor) -> torch.Tensor:
+    """A state [Hv, K, V] as the kind's pool lays it out."""
+    return state.transpose(-1, -2) if case.spec.STATE_TRANSPOSED else state
+
+
+def _split_back(tensors: Sequence[torch.Tensor]) -> Tuple[torch.Tensor, Tuple[torch.Tensor, ...]]:
+    return tensors[0], tuple(tensors[1:])
+
+
+def _layer(case: RecurrentCase, layer_id: int, dtype: torch.dtype, device) -> RecurrentLayer:
     gen = torch.Generator().manual_seed(case.rng_seed(f"layer{layer_id}") & 0x7FFFFFFF)
     hk, hv = case.heads
     conv = (torch.randn(case.conv_dim, case.conv_width, generator=gen) / math.sqrt(case.conv_width)).to(dtype)
     a_log = torch.empty(hv).uniform_(1, 16, generator=gen).log()
     dt = torch.empty(hv).uniform_(math.log(1e-3), math.log(1e-1), generator=gen).exp()
     dt_bias = dt + torch.log(-torch.expm1(-dt))  # softplus(dt_bias) = dt: Mamba's initialization
-    return GdnLayer(layer_id=layer_id, num_k_heads=hk, num_v_heads=hv, head_k_dim=case.head_k_dim,
-                    head_v_dim=case.head_v_dim, conv_weights=conv.to(device), A_log=a_log.to(device),
-                    dt_bias=dt_bias.to(device))
+    skip = torch.empty(hv).uniform_(0.5, 1.5, generator=gen).to(device) if case.kind == "mamba2" else None
+    return RecurrentLayer(kind=case.kind, layer_id=layer_id, num_k_heads=hk, num_v_heads=hv, head_k_dim=case.head_k_dim,
+                          head_v_dim=case.head_v_dim, conv_weights=conv.to(device), A_log=a_log.to(device),
+                          dt_bias=dt_bias.to(device), D=skip)
 
 
-def _draw(case: GdnCase, n: int, salt: str, dtype: torch.dtype, device) -> LayerInputs:
+def _draw(case: RecurrentCase, n: int, salt: str, dtype: torch.dtype, device) -> LayerInputs:
     gen = torch.Generator().manual_seed(case.rng_seed(salt) & 0x7FFFFFFF)
-    hv = case.heads[1]
-    return LayerInputs(*(torch.randn(shape, generator=gen).to(dtype).to(device)
-                         for shape in ((n, case.conv_dim), (n, hv), (n, hv))))
+    drawn = [torch.randn(shape, generator=gen).to(dtype).to(device)
+             for shape in [(n, case.conv_dim)] + [(n, case.heads[1])] * len(case.spec.GATES)]
+    return LayerInputs(*_split_back(drawn))
 
 
-def _saved(case: GdnCase, layer: GdnLayer, request: int, dtype: torch.dtype, device) -> Start:
+def _saved(case: RecurrentCase, layer: RecurrentLayer, request: int, dtype: torch.dtype, device) -> Start:
     """The state after the request's `prefix` drawn tokens, as the pool stores it, read back in float64."""
     zero_window = torch.zeros(case.conv_dim, case.conv_width - 1, dtype=torch.float64, device=device)
     zero_state = torch.zeros(case.heads[1], case.head_k_dim, case.head_v_dim, dtype=torch.float64, device=device)
@@ -133,16 +146,17 @@ def _saved(case: GdnCase, layer: GdnLayer, request: int, dtype: torch.dtype, dev
     if not n:
         return Start(zero_window, zero_state, saved=False)
     x = _draw(case, n, f"prefix{request}/layer{layer.layer_id}", dtype, device)
-    run = run_request(layer, x.rows, x.a, x.b, zero_window, zero_state)
+    run = run_request(layer, x.rows, x.gates, zero_window, zero_state)
     return Start(run.windows[-1].to(dtype).double(), run.states[-1].float().double(), saved=True)
 
 
 def _split(x: LayerInputs, lens: Sequence[int]) -> List[LayerInputs]:
-    return [LayerInputs(*parts) for parts in zip(*(t.split(list(lens)) for t in (x.rows, x.a, x.b)))]
+    """Per request, its rows of `x`."""
+    return [LayerInputs(*_split_back(parts)) for parts in zip(*(t.split(list(lens)) for t in x.handed()))]
 
 
-def build(case: GdnCase, device, starts: Optional[List[List[Start]]] = None, slots: Optional[List[int]] = None,
-          layers: Optional[Tuple[GdnLayer, ...]] = None) -> GdnFixture:
+def build(case: RecurrentCase, device, starts: Optional[List[List[Start]]] = None, slots: Optional[List[int]] = None,
+          layers: Optional[Tuple[RecurrentLayer, ...]] = None) -> RecurrentFixture:
     """The case's step. The step after a verify continues the verify's: its model (`layers`), its
     requests' `slots`, and (per layer, per request) `starts`, the reference's kept drafts, instead
     of the saved states its prefixes give."""
@@ -151,7 +165,8 @@ def build(case: GdnCase, device, starts: Optional[List[List[Start]]] = None, slo
     geometry = StateGeometry(slots=max(MIN_SLOTS, 1 << (2 * case.bs + 1).bit_length()), conv_dim=case.conv_dim,
                              conv_width=case.conv_width, num_v_heads=case.heads[1], head_k_dim=case.head_k_dim,
                              head_v_dim=case.head_v_dim,
-                             drafts=case.new if case.mode == ForwardMode.TARGET_VERIFY else 0)
+                             drafts=case.new if case.mode == ForwardMode.TARGET_VERIFY else 0,
+                             state_transposed=case.spec.STATE_TRANSPOSED)
     slots = slots or random.Random(case.rng_seed("slots")).sample(range(1, geometry.slots), case.bs)
     if starts is None:
         starts = [[_saved(case, layer, i, dtype, device) for i in range(case.bs)] for layer in layers]
@@ -159,13 +174,13 @@ def build(case: GdnCase, device, starts: Optional[List[List[Start]]] = None, slo
     golden, same = [], []
     for layer, x, layer_starts in zip(layers, inputs, starts):
         parts = _split(x, case.new_lens)
-        golden.append([run_request(layer, p.rows, p.a, p.b, s.window, s.state) for p, s in zip(parts, layer_starts)])
-        same.append([run_request(layer, p.rows, p.a, p.b, s.window, s.state, torch.float32)
+        golden.append([run_request(layer, p.rows, p.gates, s.window, s.state) for p, s in zip(parts, layer_starts)])
+        same.append([run_request(layer, p.rows, p.gates, s.window, s.state, torch.float32)
                      for p, s in zip(parts, layer_starts)])
-    return GdnFixture(case, layers, slots, inputs, starts, golden, same, geometry)
+    return RecurrentFixture(case, layers, slots, inputs, starts, golden, same, geometry)
 
 
-def kept_draft(fx: GdnFixture, accepted: Sequence[int]) -> List[List[Start]]:
+def kept_draft(fx: RecurrentFixture, accepted: Sequence[int]) -> List[List[Start]]:
     """Per layer, per request: where a request that keeps `accepted[i]` drafts of a verify continues
     (the reference's state and window after that draft)."""
     return [[Start(run.windows[n - 1].double(), run.states[n - 1], saved=True) for run, n in zip(runs, accepted)]

@@ -1,0 +1,131 @@
+"""A PyTorch backend of the recurrent kinds, gated delta net (GDN) and Mamba2: float32 arithmetic
+over the batch, one token column at a time for every request at once (requests padded to the longest; a request past its length keeps its
+state). It reads and writes the state pools by the batch's state slots: a request without a saved
+state starts from zeros, a padded row (slot -1) writes nothing, and a verify writes each draft's
+state and window to the intermediate pools (SGLang's rule) and leaves the slot's own as it was."""
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+
+from kit.engine.kinds.recurrent import KINDS, MODES
+from kit.modes import ForwardMode
+
+
+class TorchNativeLinearBackend:
+    name = "torch_native_linear"
+    modes = MODES
+    attention_kinds = tuple(KINDS)
+
+    def __init__(self, ctx):
+        self.pool = ctx.state_pool
+
+    def init_forward_metadata(self, batch) -> None:
+        self.lens = list(batch.extend_seq_lens_cpu)
+        self.starts = batch.query_start_loc.tolist()
+        self.slots = batch.state_indices.to(torch.int64)
+        self.real = (self.slots >= 0).nonzero().squeeze(1)  # rows that own a slot
+        self.saved = batch.has_initial_state
+        self.verify = batch.forward_mode == ForwardMode.TARGET_VERIFY
+
+    def _padded(self, x: torch.Tensor) -> torch.Tensor:
+        """[bs, longest, ...] of a [T, ...] token tensor, float32 (zeros past a request's length)."""
+        out = x.new_zeros((len(self.lens), max(self.lens)) + x.shape[1:], dtype=torch.float32)
+        for i, (s, n) in enumerate(zip(self.starts, self.lens)):
+            out[i, :n] = x[s:s + n].float()
+        return out
+
+    def _start(self, pool: torch.Tensor) -> torch.Tensor:
+        """Each row's saved entry of `pool` (float32), zeros where it has none."""
+        held = pool[self.slots.clamp_min(0)].float()
+        return torch.where(self.saved.view(-1, *[1] * (held.dim() - 1)), held, torch.zeros_like(held))
+
+    def forward(self, projected, *gates_and_layer):
+        """GDN: forward(mixed_qkv, a, b, layer, batch); Mamba2: forward(xBC, dt, layer, batch). Out [T, Hv, V]."""
+        *gates, layer, batch = gates_and_layer
+        hk, hv, dk, dv = layer.num_k_heads, layer.num_v_heads, layer.head_k_dim, layer.head_v_dim
+        conv_pool, state_pool = self.pool.conv(layer.layer_id), self.pool.temporal(layer.layer_id)
+        width = layer.conv_weights.shape[1]
+        rows, gates = self._padded(projected), [self._padded(g) for g in gates]  # [bs, L, ...]
+        seq = torch.cat([self._start(conv_pool), rows.transpose(1, 2)], dim=2)  # [bs, conv_dim, w - 1 + L]
+        taps = seq.unfold(2, width, 1)  # [bs, conv_dim, L, w]
+        mixed = F.silu(torch.einsum("bclw,cw->blc", taps, layer.conv_weights.float()))
+        q, k, v = layer.spec.split(mixed, layer)
+        q, k = q.unflatten(-1, (hk, dk)), k.unflatten(-1, (hk, dk))
+        v = v.unflatten(-1, (hv, dv))
+        state = self._from_pool(layer, self._start(state_pool))  # [bs, Hv, K, V]
+        step = self._gdn if layer.kind == "gdn" else self._mamba2
+        outs, states = step(layer, q, k, v, gates, state)
+        out = torch.stack(outs, dim=1)  # [bs, L, Hv, V]
+        self._write(layer.layer_id, seq, [self._to_pool(layer, s) for s in states])
+        return torch.cat([out[i, :n] for i, n in enumerate(self.lens)]).to(projected.dtype)
+
+    @staticmethod
+    def _from_pool(layer, state):
+        """States as the pool lays them out -> [bs, Hv, K, V] (Mamba2's pool: [bs, H, head_dim, d_state])."""
+        return state.transpose(-1, -2) if layer.spec.STATE_TRANSPOSED else state
+
+    @staticmethod
+    def _to_pool(layer, state):
+        return state.transpose(-1, -2) if layer.spec.STATE_TRANSPOSED else state
+
+    def _scan(self, state, update, output, longest):
+        """Every token column: each live request's state updated, then read; (outputs, states) per column."""
+        lens = torch.tensor(self.lens, device=state.device)
+        outs, states = [], []
+        for t in range(longest):
+            state = torch.where((t < lens).view(-1, 1, 1, 1), update(state, t), state)
+            states.append(state)
+            outs.append(output(state, t))
+        return outs, states
+
+    def _gdn(self, layer, q, k, v, gates, state):
+        a, b = gates
+        q, k = self._qk(q, k, layer.num_v_heads // layer.num_k_heads)
+        decay = torch.exp(-layer.A_log.float().exp() * F.softplus(a + layer.dt_bias.float()))  # [bs, L, Hv]
+        beta = torch.sigmoid(b)
+        return self._scan(state, lambda s, t: self._update(s, k[:, t], v[:, t], decay[:, t], beta[:, t]),
+                          lambda s, t: torch.einsum("bhk,bhkv->bhv", q[:, t], s), q.shape[1])
+
+    def _mamba2(self, layer, c, b, x, gates, state):
+        group = layer.num_v_heads // layer.num_k_heads
+        c, b = c.repeat_interleave(group, dim=2), b.repeat_interleave(group, dim=2)
+        dt = F.softplus(gates[0] + layer.dt_bias.float())  # [bs, L, H]
+        decay = torch.exp(-layer.A_log.float().exp() * dt)
+        skip = layer.D.float()[:, None]
+        return self._scan(state, lambda s, t: self._ssm_update(s, b[:, t], x[:, t], decay[:, t], dt[:, t]),
+                          lambda s, t: torch.einsum("bhn,bhnp->bhp", c[:, t], s) + skip * x[:, t], c.shape[1])
+
+    @staticmethod
+    def _ssm_update(state, b, x, decay, dt):
+        """One token of Mamba2's SSD on [bs, H, N, P] states: h = exp(dt A) h + dt B x^T."""
+        return state * decay[:, :, None, None] + (dt[:, :, None] * b)[:, :, :, None] * x[:, :, None, :]
+
+    @staticmethod
+    def _qk(q, k, group):
+        """q and k [bs, L, Hk, K] L2-normalized per head (q scaled by K^-0.5), one per value head."""
+        q = F.normalize(q, dim=-1) * q.shape[-1] ** -0.5
+        return q.repeat_interleave(group, dim=2), F.normalize(k, dim=-1).repeat_interleave(group, dim=2)
+
+    @staticmethod
+    def _update(state, k, v, decay, beta):
+        """One token's delta rule on [bs, Hv, K, V] states: decay, then write beta (v - k^T S) along k."""
+        state = state * decay[:, :, None, None]
+        err = v - torch.einsum("bhk,bhkv->bhv", k, state)
+        return state + torch.einsum("bhk,bhv->bhkv", k, err * beta[:, :, None])
+
+    def _write(self, layer_id: int, seq: torch.Tensor, states) -> None:
+        width = seq.shape[2] - max(self.lens) + 1
+        real, slots = self.real, self.slots[self.real]
+        if self.verify:
+            for j in range(max(self.lens)):
+                self.pool.intermediate_ssm(layer_id)[slots, j] = states[j][real]
+                window = seq[real, :, j + 1:j + width]
+                self.pool.intermediate_conv(layer_id)[slots, j] = window.to(self.pool.conv(layer_id).dtype)
+            return
+        rows = real.tolist()
+        ends = [self.lens[i] for i in rows]
+        if rows:
+            self.pool.temporal(layer_id)[slots] = torch.stack([states[n - 1][i] for i, n in zip(rows, ends)])
+            windows = torch.stack([seq[i, :, n:n + width - 1] for i, n in zip(rows, ends)])
+            self.pool.conv(layer_id)[slots] = windows.to(self.pool.conv(layer_id).dtype)

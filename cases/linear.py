@@ -1,0 +1,47 @@
+"""Cases of the recurrent kinds, GDN and Mamba2, every mode in one file (kit.engine.kinds.recurrent:
+`prefix` the tokens a request's saved state has consumed, 0 for a new request; `new` as the softmax
+cases'; TARGET_VERIFY's `accepted`, the drafts each request keeps). Run by kit.harness.recurrent."""
+from functools import partial
+
+from kit.engine.kinds.gdn import QWEN3_NEXT
+from kit.engine.kinds.recurrent import SMOKE_HEADS, RecurrentCase
+from kit.modes import ForwardMode
+
+D, E, MX, TV = ForwardMode.DECODE, ForwardMode.EXTEND, ForwardMode.MIXED, ForwardMode.TARGET_VERIFY
+# The smoke set: the fewest heads that keep value heads sharing a key head, narrow heads whose state
+# is not square (K != V: a transposed state shows); each mode, new and saved states side by side,
+# fp32 and a half dtype, a chunk longer than the conv window.
+S = partial(RecurrentCase, heads=SMOKE_HEADS, head_k_dim=16, head_v_dim=32)
+M = partial(S, kind="mamba2", head_k_dim=8, head_v_dim=16)  # (groups, heads), d_state, head_dim
+
+SMOKE = [
+    S("gdn_decode_fp32", D, prefix=(0, 5, 1, 40), dtype="fp32"),
+    S("gdn_decode_bf16_long", D, prefix=(300, 2), dtype="bf16"),
+    S("gdn_extend_chunks_fp32", E, prefix=(0, 17, 2), new=(7, 1, 20), dtype="fp32"),
+    S("gdn_extend_fp16", E, prefix=(9, 0), new=(3, 12), dtype="fp16", heads=(2, 4)),
+    S("gdn_mixed_fp32", MX, prefix=(0, 33, 4, 7), new=(9, 5, 1, 1), dtype="fp32"),
+    S("gdn_verify_fp32", TV, prefix=(12, 0, 30), new=4, accepted=(1, 4, 2), dtype="fp32"),
+    S("gdn_verify_bf16", TV, prefix=(5, 64), new=3, accepted=(3, 1), dtype="bf16"),
+    M("mamba2_decode_fp32", D, prefix=(0, 3, 50), dtype="fp32"),
+    M("mamba2_extend_chunks_bf16", E, prefix=(0, 20), new=(11, 6), dtype="bf16"),
+    M("mamba2_mixed_fp32", MX, prefix=(7, 0, 12), new=(5, 1, 1), dtype="fp32", heads=(2, 4)),
+    M("mamba2_verify_fp32", TV, prefix=(4, 0), new=3, accepted=(2, 3), dtype="fp32"),
+]
+
+# Qwen3-Next's GDN layer at TP 1 (16 key heads, 32 value heads of 128) and TP 4 (4 and 8);
+# Mamba2 as NVIDIA Nemotron-H / Mamba2-2.7B run it: 8 groups of 128 heads (d_state 128, head_dim 64), TP 1.
+F = partial(RecurrentCase, heads=QWEN3_NEXT)
+FM = partial(RecurrentCase, kind="mamba2", heads=(8, 128), head_k_dim=128, head_v_dim=64)
+FULL = [
+    F("gdn_decode_ragged", D, prefix=(0, 1, 3, 4, 17, 200, 1024, 5)),
+    F("gdn_decode_tp4", D, prefix=(7, 0, 300), heads=(4, 8)),
+    F("gdn_extend_chunks", E, prefix=(0, 64, 3, 1000), new=(100, 64, 1, 257)),
+    F("gdn_extend_fp16_tp4", E, prefix=(5, 0), new=(300, 2), heads=(4, 8), dtype="fp16"),
+    F("gdn_mixed", MX, prefix=(0, 128, 40, 9, 1), new=(65, 3, 1, 1, 1)),
+    F("gdn_verify_chain4", TV, prefix=(10, 0, 500, 63), new=4, accepted=(1, 4, 2, 3)),
+    F("gdn_verify_chain8_fp32", TV, prefix=(1, 77), new=8, accepted=(8, 5), dtype="fp32"),
+    FM("mamba2_decode_ragged", D, prefix=(0, 1, 5, 300, 1024)),
+    FM("mamba2_extend_chunks", E, prefix=(0, 256, 7), new=(300, 64, 1)),
+    FM("mamba2_mixed", MX, prefix=(0, 90, 3), new=(129, 1, 1)),
+    FM("mamba2_verify_chain4", TV, prefix=(33, 0, 200), new=4, accepted=(4, 1, 2)),
+]

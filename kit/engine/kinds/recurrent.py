@@ -1,0 +1,147 @@
+"""Linear attention with a recurrent state (kit.engine.kinds.gdn, kit.engine.kinds.mamba2): one
+case line, and the layer forward() is handed.
+
+Such a layer keeps no KV pages: per request it keeps a convolution window (the last `conv_width - 1`
+rows of its input projection, before the convolution) and a recurrent state per head, both in
+slot-indexed pools (kit.engine.state_pool). A step hands the backend the projection [T, conv_dim]
+before the causal conv1d and the kind's gate inputs [T, Hv] before their activations, as the
+engines' backends take them; the layer holds the conv weights and the kind's parameters
+(kit.engine.recurrent_step). Both kinds are written in one geometry: `heads` = (key heads, value
+heads), `head_k_dim` the state's key width, `head_v_dim` its value width (Mamba2: groups, heads,
+d_state and head_dim; its B is GDN's k, its C q, its x v).
+
+`prefix` is what a request consumed before the step: its saved state is the state after those
+tokens (0: a new request, whose slot holds whatever its last tenant left, and which must start from
+zeros). TARGET_VERIFY verifies a chain of `new` drafts; `accepted` is how many of them each request
+keeps, which the next step continues from (the engine's rollback rule, kit.harness.recurrent).
+These cases run through kit.harness.recurrent, not the softmax runner: their inputs, reference and
+pools are of their own.
+"""
+from __future__ import annotations
+
+import dataclasses
+import zlib
+from typing import Optional, Tuple, Union
+
+from kit.engine.kinds import gdn, mamba2
+from kit.modes import ForwardMode
+
+KINDS = {kind.NAME: kind for kind in (gdn, mamba2)}
+MODES = (ForwardMode.DECODE, ForwardMode.EXTEND, ForwardMode.MIXED, ForwardMode.TARGET_VERIFY)
+DTYPES = ("bf16", "fp16", "fp32")
+SMOKE_HEADS = (1, 2)  # the fewest that keep value heads sharing a key head
+
+
+@dataclasses.dataclass(frozen=True)
+class RecurrentCase:
+    name: str
+    mode: ForwardMode
+    prefix: Tuple[int, ...]  # per request, the tokens its saved state has consumed
+    new: Union[int, Tuple[int, ...]] = 1  # EXTEND/MIXED: per request; TARGET_VERIFY: the drafts; DECODE: 1
+    kind: str = "gdn"
+    heads: Tuple[int, int] = (16, 32)  # (key heads, value heads)
+    head_k_dim: int = 128
+    head_v_dim: int = 128
+    conv_width: int = 4
+    dtype: str = "bf16"
+    accepted: Optional[Tuple[int, ...]] = None  # TARGET_VERIFY: per request, the drafts it keeps (1..new)
+    seed: int = 0
+
+    def __post_init__(self):
+        problem = self._problem()
+        if problem:
+            raise ValueError(f"{self.kind} case {self.name!r}: {problem}")
+
+    def _problem(self) -> Optional[str]:
+        if not isinstance(self.name, str) or not self.name or "-" in self.name or " " in self.name:
+            return "use letters, digits and _ in the name (test ids split on '-')"
+        if self.kind not in KINDS:
+            return f"kind {self.kind!r} not in {list(KINDS)}"
+        if self.mode not in MODES:
+            return f"mode {self.mode!r} not one of {[m.value for m in MODES]}"
+        if self.dtype not in DTYPES:
+            return f"dtype {self.dtype!r} not in {list(DTYPES)}"
+        if not self.prefix or not all(isinstance(p, int) and p >= 0 for p in self.prefix):
+            return f"bad prefix lengths {self.prefix!r}: one int >= 0 per request"
+        hk, hv = self.heads
+        if hk < 1 or hv % hk:
+            return f"heads {self.heads!r} must be (key heads, value heads) with key heads dividing value heads"
+        if self.conv_width < 2:
+            return f"conv_width {self.conv_width} must be >= 2 (the window keeps conv_width - 1 rows)"
+        lens = self.new_lens
+        if len(lens) != self.bs or not all(n >= 1 for n in lens):
+            return f"new {self.new!r}: one length >= 1 per request"
+        if self.mode == ForwardMode.DECODE and set(lens) != {1}:
+            return "DECODE takes one new token a request (new=1)"
+        if self.mode == ForwardMode.MIXED and (lens[-1] != 1 or lens[0] == 1):
+            return "MIXED: extend rows first (the first longer than 1), decode rows (1) last"
+        if self.mode == ForwardMode.TARGET_VERIFY:
+            if not isinstance(self.new, int) or self.new < 2:
+                return "TARGET_VERIFY: new is the draft count, an int >= 2"
+            if (self.accepted is None or len(self.accepted) != self.bs
+                    or not all(1 <= n <= self.new for n in self.accepted)):
+                return f"TARGET_VERIFY: accepted {self.accepted!r} must give each request 1..{self.new} drafts kept"
+        elif self.accepted is not None:
+            return "accepted is TARGET_VERIFY's"
+        return None
+
+    @property
+    def bs(self) -> int:
+        return len(self.prefix)
+
+    @property
+    def new_lens(self) -> Tuple[int, ...]:
+        return tuple(self.new) if not isinstance(self.new, int) else (self.new,) * self.bs
+
+    @property
+    def spec(self):
+        return KINDS[self.kind]
+
+    @property
+    def conv_dim(self) -> int:
+        hk, hv = self.heads
+        return 2 * hk * self.head_k_dim + hv * self.head_v_dim
+
+    def rng_seed(self, salt: str = "") -> int:
+        return zlib.crc32(f"{self.kind}/{self.mode.value}/{self.name}/{self.seed}/{salt}".encode())
+
+    def with_(self, **changes) -> "RecurrentCase":
+        return dataclasses.replace(self, **changes)
+
+
+@dataclasses.dataclass(frozen=True, eq=False)
+class RecurrentLayer:
+    """The layer handed to forward(), with the fields the engines' layers carry (SGLang's
+    RadixLinearAttention: conv_weights, bias, activation, A_log, dt_bias, the head counts and dims;
+    Mamba2's D). Tensors: conv_weights [conv_dim, conv_width] in the case's dtype; A_log, dt_bias,
+    D [Hv] float32."""
+
+    kind: str
+    layer_id: int
+    num_k_heads: int
+    num_v_heads: int
+    head_k_dim: int
+    head_v_dim: int
+    conv_weights: object
+    A_log: object
+    dt_bias: object
+    D: object = None  # Mamba2's skip, y += D x (GDN: None)
+    bias: object = None  # Qwen3-Next's conv1d has none
+    activation: str = "silu"
+
+    @property
+    def spec(self):
+        """The kind's module (kit.engine.kinds.gdn, kit.engine.kinds.mamba2)."""
+        return KINDS[self.kind]
+
+    @property
+    def q_dim(self) -> int:
+        return self.num_k_heads * self.head_k_dim
+
+    @property
+    def k_dim(self) -> int:
+        return self.num_k_heads * self.head_k_dim
+
+    @property
+    def v_dim(self) -> int:
+        return self.num_v_heads * self.head_v_dim
