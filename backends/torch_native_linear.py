@@ -62,12 +62,10 @@ class TorchNativeLinearBackend:
 
     @staticmethod
     def _from_pool(layer, state):
-        """States as the pool lays them out -> [bs, Hv, K, V] (Mamba2's pool: [bs, H, head_dim, d_state])."""
-        return state.transpose(-1, -2) if layer.spec.STATE_TRANSPOSED else state
+        """States as the pool lays them out, [bs, Hv, V, K], -> [bs, Hv, K, V] (and back)."""
+        return state.transpose(-1, -2)
 
-    @staticmethod
-    def _to_pool(layer, state):
-        return state.transpose(-1, -2) if layer.spec.STATE_TRANSPOSED else state
+    _to_pool = _from_pool
 
     def _scan(self, state, update, output, longest):
         """Every token column: each live request's state updated, then read; (outputs, states) per column."""

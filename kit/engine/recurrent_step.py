@@ -32,7 +32,7 @@ class RecurrentBatch:
     forward_mode: ForwardMode
     batch_size: int
     num_tokens: int
-    state_indices: torch.Tensor  # [bs] int32, a request's state slot (padded rows: PADDED_SLOT)
+    state_indices: torch.Tensor  # [bs] int32, a request's state slot (padded rows: the backend's pad slot)
     query_start_loc: torch.Tensor  # [bs + 1] int32
     has_initial_state: torch.Tensor  # [bs] bool: the slot holds the request's saved state (else start from zeros)
     extend_seq_lens_cpu: List[int]
@@ -80,17 +80,18 @@ class RecurrentFixture:
             for slot, start in zip(self.slots, starts):
                 if start.saved:
                     pool.conv(layer_id)[slot] = start.window.to(pool.conv(layer_id).dtype)
-                    pool.temporal(layer_id)[slot] = as_pooled(self.case, start.state).to(torch.float32)
+                    pool.temporal(layer_id)[slot] = as_pooled(start.state).to(torch.float32)
 
-    def batch(self, device, padded_bs: Optional[int] = None) -> Tuple[RecurrentBatch, List[LayerInputs]]:
+    def batch(self, device, padded_bs: Optional[int] = None,
+              padded_slot: int = PADDED_SLOT) -> Tuple[RecurrentBatch, List[LayerInputs]]:
         """The step's batch and each layer's inputs; with padded_bs, padded to that many rows as a
-        graph runner pads (a padded row: slot PADDED_SLOT, no saved state, the real rows' token count
-        a request, zero inputs)."""
+        graph runner pads (a padded row: slot `padded_slot`, no saved state, the real rows' token
+        count a request, zero inputs)."""
         lens = list(self.case.new_lens)
         slots, saved = list(self.slots), [s.saved for s in self.starts[0]]
         pad = (padded_bs or self.case.bs) - self.case.bs
         lens += [lens[-1]] * pad
-        slots += [PADDED_SLOT] * pad
+        slots += [padded_slot] * pad
         saved += [False] * pad
         extra = sum(lens) - sum(self.case.new_lens)
         inputs = [LayerInputs(*_split_back([torch.cat([t, t.new_zeros((extra,) + t.shape[1:])]) for t in x.handed()]))
@@ -109,9 +110,9 @@ class RecurrentFixture:
         return batch, inputs
 
 
-def as_pooled(case: RecurrentCase, state: torch.Tensor) -> torch.Tensor:
-    """A state [Hv, K, V] as the kind's pool lays it out."""
-    return state.transpose(-1, -2) if case.spec.STATE_TRANSPOSED else state
+def as_pooled(state: torch.Tensor) -> torch.Tensor:
+    """A state of the kit's [Hv, K, V] arithmetic as the pool lays it out, [Hv, V, K] (kit.engine.state_pool)."""
+    return state.transpose(-1, -2)
 
 
 def _split_back(tensors: Sequence[torch.Tensor]) -> Tuple[torch.Tensor, Tuple[torch.Tensor, ...]]:
@@ -165,8 +166,7 @@ def build(case: RecurrentCase, device, starts: Optional[List[List[Start]]] = Non
     geometry = StateGeometry(slots=max(MIN_SLOTS, 1 << (2 * case.bs + 1).bit_length()), conv_dim=case.conv_dim,
                              conv_width=case.conv_width, num_v_heads=case.heads[1], head_k_dim=case.head_k_dim,
                              head_v_dim=case.head_v_dim,
-                             drafts=case.new if case.mode == ForwardMode.TARGET_VERIFY else 0,
-                             state_transposed=case.spec.STATE_TRANSPOSED)
+                             drafts=case.new if case.mode == ForwardMode.TARGET_VERIFY else 0)
     slots = slots or random.Random(case.rng_seed("slots")).sample(range(1, geometry.slots), case.bs)
     if starts is None:
         starts = [[_saved(case, layer, i, dtype, device) for i in range(case.bs)] for layer in layers]

@@ -3,17 +3,20 @@
 Per layer (NUM_LAYERS, the KV pool's: a backend that ignores layer_id reads and writes the wrong
 layer's state), indexed by a request's state slot:
   conv      [slots, conv_dim, conv_width - 1]  the conv window, in the model's dtype
-  temporal  [slots, Hv, K, V]                  the recurrent state, float32 (both engines keep it so;
-                                               Mamba2's [slots, H, head_dim, d_state])
+  temporal  [slots, Hv, V, K]                  the recurrent state, float32, value rows of key columns
+                                               (both engines' layout: fla's GDN and KDA state
+                                               [HV, V, K], Mamba2's [H, head_dim, d_state])
 and, for speculative verify, per slot and draft (SGLang's intermediate caches; the state after
 each draft, so that a request keeping n drafts continues from draft n):
-  intermediate_conv [slots, drafts, conv_dim, conv_width - 1], intermediate_ssm [slots, drafts, Hv, K, V].
+  intermediate_conv [slots, drafts, conv_dim, conv_width - 1], intermediate_ssm [slots, drafts, Hv, V, K].
 
 Every slot a batch does not own holds poison (reset(), before each batch is installed): large
 values, so a state read from a free slot (a new request's, which must start from zeros) moves the
 output past tolerance. Each tensor is the head of a buffer TAIL_SLOTS longer, its tail poison the
 backend is never handed: a write past the last slot lands there and is seen (kit.harness.state_checks).
-Padded rows of a graph batch carry slot PADDED_SLOT (-1, both engines' pad id): they own nothing.
+Padded rows of a graph batch carry the backend's pad slot (`padded_state_slot`; PADDED_SLOT, -1,
+SGLang's PAD_SLOT_ID, by default; vLLM's GDN kernels skip slot 0, its NULL_BLOCK_ID, which no
+request here is given): they own nothing.
 """
 from __future__ import annotations
 
@@ -39,14 +42,11 @@ class StateGeometry:
     head_k_dim: int
     head_v_dim: int
     drafts: int  # per-draft states kept for verify (0: none)
-    state_transposed: bool = False  # the state stored [Hv, V, K] (Mamba2's [H, head_dim, d_state])
 
     def shapes(self) -> Dict[str, Tuple[int, ...]]:
         """Each pool's per-slot shape."""
         window = (self.conv_dim, self.conv_width - 1)
-        state = (self.num_v_heads, self.head_k_dim, self.head_v_dim)
-        if self.state_transposed:
-            state = (self.num_v_heads, self.head_v_dim, self.head_k_dim)
+        state = (self.num_v_heads, self.head_v_dim, self.head_k_dim)
         return {"conv": window, "temporal": state, "intermediate_conv": (self.drafts,) + window,
                 "intermediate_ssm": (self.drafts,) + state}
 

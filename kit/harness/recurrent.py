@@ -10,8 +10,8 @@ next step continues from it. Each request keeps its own count (RecurrentCase.acc
 step, a DECODE, is judged too: a backend that wrote draft n's state where draft n + 1's belongs is
 caught there even if its verify outputs are right.
 
-Graph mode: the batch padded to the next larger batch-size bucket (padded rows: slot -1, both
-engines' pad id), captured and replayed on CUDA (torch.cuda.CUDAGraph over the kit's static
+Graph mode: the batch padded to the next larger batch-size bucket (padded rows: the backend's
+`padded_state_slot`, kit.engine.state_pool), captured and replayed on CUDA (torch.cuda.CUDAGraph over the kit's static
 inputs); without CUDA, the capture's calls run and the replay's calls run again on the same
 instance. A padded row's state slot must stay untouched (the pools' check covers every slot).
 """
@@ -26,7 +26,7 @@ from kit.engine.recurrent_step import RecurrentBatch, RecurrentFixture, as_poole
 from kit.engine.kinds.recurrent import RecurrentCase
 from kit.engine.pools import NUM_LAYERS
 from kit.engine.profile import SGLANG
-from kit.engine.state_pool import StatePool
+from kit.engine.state_pool import PADDED_SLOT, StatePool
 from kit.harness.checks import Check, output_figures, read_back
 from kit.harness.state_checks import Expected, StatePoolCheck, check_states
 from kit.modes import Exec, ForwardMode
@@ -107,8 +107,8 @@ def _expected(fx: RecurrentFixture) -> List[Expected]:
                 index = (slot, j) if verify else (slot,)
                 conv, temporal = ("intermediate_conv", "intermediate_ssm") if verify else ("conv", "temporal")
                 found.append(Expected(conv, layer_id, index, golden.windows[j], golden.windows[j], exact=True))
-                found.append(Expected(temporal, layer_id, index, as_pooled(fx.case, golden.states[j]),
-                                      as_pooled(fx.case, same.states[j]), exact=False))
+                found.append(Expected(temporal, layer_id, index, as_pooled(golden.states[j]),
+                                      as_pooled(same.states[j]), exact=False))
     return found
 
 
@@ -179,7 +179,7 @@ def _run(backend_cls, case: RecurrentCase, exec_: Exec, device: str, verdicts: L
     graph = exec_ == Exec.GRAPH
     max_bs = padded_bucket(case.bs) if graph else case.bs
     backend = backend_cls(RecurrentContext(torch.device(device), fx.torch_dtype, pool, fx.layers, max_bs))
-    batch, inputs = fx.batch(device, max_bs if graph else None)
+    batch, inputs = fx.batch(device, max_bs if graph else None, getattr(backend_cls, "padded_state_slot", PADDED_SLOT))
 
     def refill():
         pool.reset()

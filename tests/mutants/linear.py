@@ -114,8 +114,8 @@ class InputNotScaledByDt(TorchNativeLinearBackend):
 
 
 class StateNotTransposed(TorchNativeLinearBackend):
-    """Mamba2's pool, laid out [H, head_dim, d_state], read and written as if it were [H, d_state,
-    head_dim] (the same memory reinterpreted; a square state would hide it, the smoke cases' are not)."""
+    """The pool, laid out [Hv, V, K], read and written as if it were [Hv, K, V] (the same memory
+    reinterpreted; a square state would hide it, the smoke cases' are not)."""
 
     @staticmethod
     def _from_pool(layer, state):
@@ -123,7 +123,7 @@ class StateNotTransposed(TorchNativeLinearBackend):
 
     @staticmethod
     def _to_pool(layer, state):
-        return state.reshape(state.shape[:2] + (layer.head_v_dim, layer.head_k_dim)) if layer.kind == "mamba2" else state
+        return state.reshape(state.shape[:2] + (layer.head_v_dim, layer.head_k_dim))
 
 
 @dataclasses.dataclass(frozen=True)
@@ -149,5 +149,6 @@ MUTANTS = [
     LinearMutant("key_not_normalized", KeyNotNormalized, (KV_WRITE, KERNEL), (D, E, MX, TV)),
     LinearMutant("skip_dropped", SkipDropped, (KERNEL,), (D, E, MX, TV), kinds=("mamba2",)),
     LinearMutant("input_not_scaled_by_dt", InputNotScaledByDt, (KV_WRITE, KERNEL), (D, E, MX, TV), kinds=("mamba2",)),
-    LinearMutant("state_not_transposed", StateNotTransposed, (KV_WRITE, KERNEL), (D, E, MX, TV), kinds=("mamba2",)),
+    LinearMutant("state_not_transposed", StateNotTransposed, (KV_WRITE, KERNEL), (D, E, MX, TV),
+                 kinds=("gdn", "mamba2")),
 ]

@@ -3,15 +3,13 @@
 The projection is [q | k | v] (2 Hk K + Hv V), the gate inputs `a` (the decay's) and `b` (beta's);
 per value head h (key head h // (Hv / Hk)) after the conv and SiLU, q and k L2-normalized, q scaled
 by K^-0.5, g = -exp(A_log) softplus(a + dt_bias), beta = sigmoid(b):
-    S = exp(g) S;  S = S + beta k (v - k^T S)^T;  o = q^T S
-The state S [Hv, K, V] is stored so (SGLang's and fla's layout)."""
+    S = exp(g) S;  S = S + beta k (v - k^T S)^T;  o = q^T S"""
 from __future__ import annotations
 
 NAME = "gdn"
 LABEL = "GDN (gated delta net)"
 GATES = ("a", "b")
 QWEN3_NEXT = (16, 32)  # (key heads, value heads) of Qwen3-Next-80B-A3B at TP 1; head dims 128, conv width 4
-STATE_TRANSPOSED = False  # the pool's state is [Hv, K, V]
 
 
 def split(mixed, layer):

@@ -3,15 +3,12 @@ groups are key heads, d_state the key width, head_dim the value width.
 
 The projection is [x | B | C] (H P + 2 G N), the gate input `dt`; after the conv and SiLU, per head h
 (group h // (H / G)), dt = softplus(dt + dt_bias), A = -exp(A_log):
-    h = exp(dt A) h + dt x B^T;  y = h C + D x
-The state h is stored [H, P, N] (head_dim, then d_state: both engines' layout), the transpose of
-the kit's [H, N, P] arithmetic."""
+    h = exp(dt A) h + dt x B^T;  y = h C + D x"""
 from __future__ import annotations
 
 NAME = "mamba2"
 LABEL = "Mamba2 (SSD)"
 GATES = ("dt",)
-STATE_TRANSPOSED = True  # the pool's state is [H, P, N]
 
 
 def split(mixed, layer):
