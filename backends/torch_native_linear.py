@@ -1,4 +1,4 @@
-"""A PyTorch backend of the recurrent kinds, gated delta net (GDN) and Mamba2: float32 arithmetic
+"""A PyTorch backend of the recurrent kinds, gated delta net (GDN), Mamba2 and KDA: float32 arithmetic
 over the batch, one token column at a time for every request at once (requests padded to the longest; a request past its length keeps its
 state). It reads and writes the state pools by the batch's state slots: a request without a saved
 state starts from zeros, a padded row (slot -1) writes nothing, and a verify writes each draft's
@@ -54,7 +54,7 @@ class TorchNativeLinearBackend:
         q, k = q.unflatten(-1, (hk, dk)), k.unflatten(-1, (hk, dk))
         v = v.unflatten(-1, (hv, dv))
         state = self._from_pool(layer, self._start(state_pool))  # [bs, Hv, K, V]
-        step = self._gdn if layer.kind == "gdn" else self._mamba2
+        step = {"gdn": self._gdn, "kda": self._kda, "mamba2": self._mamba2}[layer.kind]
         outs, states = step(layer, q, k, v, gates, state)
         out = torch.stack(outs, dim=1)  # [bs, L, Hv, V]
         self._write(layer.layer_id, seq, [self._to_pool(layer, s) for s in states])
@@ -79,8 +79,18 @@ class TorchNativeLinearBackend:
 
     def _gdn(self, layer, q, k, v, gates, state):
         a, b = gates
-        q, k = self._qk(q, k, layer.num_v_heads // layer.num_k_heads)
         decay = torch.exp(-layer.A_log.float().exp() * F.softplus(a + layer.dt_bias.float()))  # [bs, L, Hv]
+        return self._delta(layer, q, k, v, decay[..., None].expand(-1, -1, -1, layer.head_k_dim), b, state)
+
+    def _kda(self, layer, q, k, v, gates, state):
+        g, b = gates
+        g = (g + layer.dt_bias.float()).unflatten(-1, (layer.num_v_heads, layer.head_k_dim))
+        decay = torch.exp(-layer.A_log.float().exp()[:, None] * F.softplus(g))  # [bs, L, Hv, K]
+        return self._delta(layer, q, k, v, decay, b, state)
+
+    def _delta(self, layer, q, k, v, decay, b, state):
+        """GDN's and KDA's delta rule, decay [bs, L, Hv, K] (GDN's the same along K)."""
+        q, k = self._qk(q, k, layer.num_v_heads // layer.num_k_heads)
         beta = torch.sigmoid(b)
         return self._scan(state, lambda s, t: self._update(s, k[:, t], v[:, t], decay[:, t], beta[:, t]),
                           lambda s, t: torch.einsum("bhk,bhkv->bhv", q[:, t], s), q.shape[1])
@@ -107,8 +117,9 @@ class TorchNativeLinearBackend:
 
     @staticmethod
     def _update(state, k, v, decay, beta):
-        """One token's delta rule on [bs, Hv, K, V] states: decay, then write beta (v - k^T S) along k."""
-        state = state * decay[:, :, None, None]
+        """One token's delta rule on [bs, Hv, K, V] states: decay (per key channel), then write
+        beta (v - k^T S) along k."""
+        state = state * decay[..., None]
         err = v - torch.einsum("bhk,bhkv->bhv", k, state)
         return state + torch.einsum("bhk,bhv->bhkv", k, err * beta[:, :, None])
 

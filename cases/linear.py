@@ -1,9 +1,10 @@
-"""Cases of the recurrent kinds, GDN and Mamba2, every mode in one file (kit.engine.kinds.recurrent:
+"""Cases of the recurrent kinds, GDN, Mamba2 and KDA, every mode in one file (kit.engine.kinds.recurrent:
 `prefix` the tokens a request's saved state has consumed, 0 for a new request; `new` as the softmax
 cases'; TARGET_VERIFY's `accepted`, the drafts each request keeps). Run by kit.harness.recurrent."""
 from functools import partial
 
 from kit.engine.kinds.gdn import QWEN3_NEXT
+from kit.engine.kinds.kda import KIMI_LINEAR
 from kit.engine.kinds.recurrent import SMOKE_HEADS, RecurrentCase
 from kit.modes import ForwardMode
 
@@ -13,6 +14,7 @@ D, E, MX, TV = ForwardMode.DECODE, ForwardMode.EXTEND, ForwardMode.MIXED, Forwar
 # fp32 and a half dtype, a chunk longer than the conv window.
 S = partial(RecurrentCase, heads=SMOKE_HEADS, head_k_dim=16, head_v_dim=32)
 M = partial(S, kind="mamba2", head_k_dim=8, head_v_dim=16)  # (groups, heads), d_state, head_dim
+K = partial(S, kind="kda", heads=(2, 2))  # Kimi Linear's q, k and v heads alike
 
 SMOKE = [
     S("gdn_decode_fp32", D, prefix=(0, 5, 1, 40), dtype="fp32"),
@@ -26,12 +28,18 @@ SMOKE = [
     M("mamba2_extend_chunks_bf16", E, prefix=(0, 20), new=(11, 6), dtype="bf16"),
     M("mamba2_mixed_fp32", MX, prefix=(7, 0, 12), new=(5, 1, 1), dtype="fp32", heads=(2, 4)),
     M("mamba2_verify_fp32", TV, prefix=(4, 0), new=3, accepted=(2, 3), dtype="fp32"),
+    K("kda_decode_fp32", D, prefix=(0, 9, 60), dtype="fp32"),
+    K("kda_extend_chunks_bf16", E, prefix=(3, 0), new=(10, 7), dtype="bf16"),
+    K("kda_mixed_fp32", MX, prefix=(0, 21, 5), new=(6, 1, 1), dtype="fp32"),
+    K("kda_verify_fp32", TV, prefix=(8, 0), new=3, accepted=(1, 3), dtype="fp32"),
 ]
 
 # Qwen3-Next's GDN layer at TP 1 (16 key heads, 32 value heads of 128) and TP 4 (4 and 8);
-# Mamba2 as NVIDIA Nemotron-H / Mamba2-2.7B run it: 8 groups of 128 heads (d_state 128, head_dim 64), TP 1.
+# Mamba2 as NVIDIA Nemotron-H / Mamba2-2.7B run it: 8 groups of 128 heads (d_state 128, head_dim 64), TP 1;
+# KDA as Kimi Linear's layer at TP 1.
 F = partial(RecurrentCase, heads=QWEN3_NEXT)
 FM = partial(RecurrentCase, kind="mamba2", heads=(8, 128), head_k_dim=128, head_v_dim=64)
+FK = partial(RecurrentCase, kind="kda", heads=KIMI_LINEAR)
 FULL = [
     F("gdn_decode_ragged", D, prefix=(0, 1, 3, 4, 17, 200, 1024, 5)),
     F("gdn_decode_tp4", D, prefix=(7, 0, 300), heads=(4, 8)),
@@ -44,4 +52,8 @@ FULL = [
     FM("mamba2_extend_chunks", E, prefix=(0, 256, 7), new=(300, 64, 1)),
     FM("mamba2_mixed", MX, prefix=(0, 90, 3), new=(129, 1, 1)),
     FM("mamba2_verify_chain4", TV, prefix=(33, 0, 200), new=4, accepted=(4, 1, 2)),
+    FK("kda_decode_ragged", D, prefix=(0, 2, 17, 400, 1024)),
+    FK("kda_extend_chunks", E, prefix=(0, 128, 9), new=(200, 64, 1)),
+    FK("kda_mixed", MX, prefix=(0, 50, 3), new=(97, 1, 1)),
+    FK("kda_verify_chain4", TV, prefix=(12, 0, 300), new=4, accepted=(2, 4, 1)),
 ]

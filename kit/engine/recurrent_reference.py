@@ -1,5 +1,6 @@
 """Linear attention with a recurrent state, from the models' definitions (Qwen3-Next's GatedDeltaNet,
-Mamba2's mixer), one request at a time: kit.engine.kinds.gdn and kit.engine.kinds.mamba2 write them.
+Mamba2's mixer, Kimi Linear's KDA), one request at a time: kit.engine.kinds.gdn, .mamba2 and .kda
+write them.
 
 Never reads a pool or a backend's metadata: a request's projection rows, gate inputs, the layer's
 weights and the state it starts from. Token by token after a causal depthwise conv1d (over the
@@ -36,19 +37,31 @@ def conv_windows(window: torch.Tensor, rows: torch.Tensor) -> List[torch.Tensor]
     return [seq[:, i + 1:i + 1 + w] for i in range(rows.shape[0])]
 
 
-def _gdn(layer: RecurrentLayer, q, k, v, gates, dtype):
-    """Per token: (decay [n, Hv], the state's update (state, t) -> state, the output (state, t) -> [Hv, V])."""
-    a, b = (g.to(dtype) for g in gates)
+def _delta_rule(layer: RecurrentLayer, q, k, v, decay, b, dtype):
+    """GDN's and KDA's: (the state's update (state, t) -> state, the output (state, t) -> [Hv, V]);
+    decay [n, Hv, K] (GDN's the same along K)."""
     q = F.normalize(q, dim=-1) * layer.head_k_dim ** -0.5
     k = F.normalize(k, dim=-1)
-    decay = (-layer.A_log.to(dtype).exp() * F.softplus(a + layer.dt_bias.to(dtype))).exp()
-    beta = torch.sigmoid(b)
+    beta = torch.sigmoid(b.to(dtype))
 
     def update(s, t):
-        s = s * decay[t][:, None, None]
+        s = s * decay[t][:, :, None]
         delta = (v[t] - torch.einsum("hk,hkv->hv", k[t], s)) * beta[t][:, None]
         return s + k[t][:, :, None] * delta[:, None, :]
     return update, lambda s, t: torch.einsum("hk,hkv->hv", q[t], s)
+
+
+def _gdn(layer: RecurrentLayer, q, k, v, gates, dtype):
+    a, b = gates
+    decay = (-layer.A_log.to(dtype).exp() * F.softplus(a.to(dtype) + layer.dt_bias.to(dtype))).exp()
+    return _delta_rule(layer, q, k, v, decay[:, :, None].expand(-1, -1, layer.head_k_dim), b, dtype)
+
+
+def _kda(layer: RecurrentLayer, q, k, v, gates, dtype):
+    g, b = gates
+    hv, dk = layer.num_v_heads, layer.head_k_dim
+    softplus = F.softplus((g.to(dtype) + layer.dt_bias.to(dtype)).unflatten(-1, (hv, dk)))
+    return _delta_rule(layer, q, k, v, (-layer.A_log.to(dtype).exp()[:, None] * softplus).exp(), b, dtype)
 
 
 def _mamba2(layer: RecurrentLayer, c, b, x, gates, dtype):
@@ -60,7 +73,7 @@ def _mamba2(layer: RecurrentLayer, c, b, x, gates, dtype):
     return update, lambda s, t: torch.einsum("hk,hkv->hv", c[t], s) + layer.D.to(dtype)[:, None] * x[t]
 
 
-STEPS = {"gdn": _gdn, "mamba2": _mamba2}
+STEPS = {"gdn": _gdn, "mamba2": _mamba2, "kda": _kda}
 
 
 def run_request(layer: RecurrentLayer, rows: torch.Tensor, gates: Sequence[torch.Tensor], window: torch.Tensor,

@@ -42,7 +42,7 @@ class RecurrentBatch:
 @dataclasses.dataclass
 class LayerInputs:
     rows: torch.Tensor  # [T, conv_dim] the projection before the conv
-    gates: Tuple[torch.Tensor, ...]  # [T, Hv] each, the kind's GATES (GDN: a, b; Mamba2: dt)
+    gates: Tuple[torch.Tensor, ...]  # the kind's GATES (GDN: a, b; Mamba2: dt; KDA: g [T, Hv K], b), [T, Hv] but KDA's g
 
     def handed(self) -> Tuple[torch.Tensor, ...]:
         """forward()'s leading arguments: the projection, then the gates."""
@@ -125,6 +125,7 @@ def _layer(case: RecurrentCase, layer_id: int, dtype: torch.dtype, device) -> Re
     conv = (torch.randn(case.conv_dim, case.conv_width, generator=gen) / math.sqrt(case.conv_width)).to(dtype)
     a_log = torch.empty(hv).uniform_(1, 16, generator=gen).log()
     dt = torch.empty(hv).uniform_(math.log(1e-3), math.log(1e-1), generator=gen).exp()
+    dt = dt.repeat_interleave(case.spec.dt_bias_width(case) // hv)  # KDA: per key channel of each head
     dt_bias = dt + torch.log(-torch.expm1(-dt))  # softplus(dt_bias) = dt: Mamba's initialization
     skip = torch.empty(hv).uniform_(0.5, 1.5, generator=gen).to(device) if case.kind == "mamba2" else None
     return RecurrentLayer(kind=case.kind, layer_id=layer_id, num_k_heads=hk, num_v_heads=hv, head_k_dim=case.head_k_dim,
@@ -135,7 +136,7 @@ def _layer(case: RecurrentCase, layer_id: int, dtype: torch.dtype, device) -> Re
 def _draw(case: RecurrentCase, n: int, salt: str, dtype: torch.dtype, device) -> LayerInputs:
     gen = torch.Generator().manual_seed(case.rng_seed(salt) & 0x7FFFFFFF)
     drawn = [torch.randn(shape, generator=gen).to(dtype).to(device)
-             for shape in [(n, case.conv_dim)] + [(n, case.heads[1])] * len(case.spec.GATES)]
+             for shape in [(n, case.conv_dim)] + [(n, w) for w in case.spec.gate_widths(case)]]
     return LayerInputs(*_split_back(drawn))
 
 

@@ -1,4 +1,4 @@
-"""Mutants of a backend of the recurrent kinds (GDN, Mamba2): each one bug class, made by overriding
+"""Mutants of a backend of the recurrent kinds (GDN, Mamba2, KDA): each one bug class, made by overriding
 one method of the in-box `torch_native_linear` (its source stays untouched), and the failure class
 the kit must report for it (kit.harness.recurrent; tests/test_kit_linear.py runs each on the smoke
 cases of its kinds and modes)."""
@@ -24,7 +24,7 @@ class DecayAfterUpdate(TorchNativeLinearBackend):
     def _update(state, k, v, decay, beta):
         err = v - torch.einsum("bhk,bhkv->bhv", k, state)
         state = state + torch.einsum("bhk,bhv->bhkv", k, err * beta[:, :, None])
-        return state * decay[:, :, None, None]
+        return state * decay[..., None]
 
 
 class BetaDropped(TorchNativeLinearBackend):
@@ -95,6 +95,15 @@ class KeyNotNormalized(TorchNativeLinearBackend):
         return q.repeat_interleave(group, dim=2), k.repeat_interleave(group, dim=2)
 
 
+class KdaGatePerHead(TorchNativeLinearBackend):
+    """KDA's per-channel decay taken as one per head (its first key channel's): GDN's gate on KDA's layer."""
+
+    def _delta(self, layer, q, k, v, decay, b, state):
+        if layer.kind == "kda":
+            decay = decay[..., :1].expand_as(decay)
+        return super()._delta(layer, q, k, v, decay, b, state)
+
+
 class SkipDropped(TorchNativeLinearBackend):
     """Mamba2's D x skip left out of the output (the state is right)."""
 
@@ -132,23 +141,23 @@ class LinearMutant:
     backend: type
     expect: Tuple[str, ...]  # the failure classes the kit may report
     modes: Tuple[ForwardMode, ...]  # the modes the bug shows in
+    kinds: Tuple[str, ...]  # the kinds it shows in
     execs: Tuple[Exec, ...] = (Exec.EAGER,)
-    kinds: Tuple[str, ...] = ("gdn",)  # the kinds it shows in
 
 
+DELTA, ALL = ("gdn", "kda"), ("gdn", "mamba2", "kda")  # the delta-rule kinds; every kind
 MUTANTS = [
-    LinearMutant("decay_after_update", DecayAfterUpdate, (KV_WRITE, KERNEL), (D, E, MX, TV)),
-    LinearMutant("beta_dropped", BetaDropped, (KV_WRITE, KERNEL), (D, E, MX, TV)),
-    LinearMutant("state_not_written", StateNotWritten, (KV_WRITE,), (D, E, MX, TV), kinds=("gdn", "mamba2")),
-    LinearMutant("new_request_reads_slot", NewRequestReadsSlot, (KERNEL, KV_WRITE), (D, E, MX, TV),
-                 kinds=("gdn", "mamba2")),
-    LinearMutant("padded_row_writes_slot", PaddedRowWrites, (KV_WRITE,), (D, TV), (Exec.GRAPH,)),
-    LinearMutant("rollback_off_by_one", RollbackOffByOne, (KV_WRITE,), (TV,)),
-    LinearMutant("verify_updates_slot", VerifyUpdatesSlot, (KV_WRITE,), (TV,)),
-    LinearMutant("layer_ignored", LayerIgnored, (KV_WRITE, KERNEL), (D, E, MX, TV), kinds=("gdn", "mamba2")),
-    LinearMutant("key_not_normalized", KeyNotNormalized, (KV_WRITE, KERNEL), (D, E, MX, TV)),
+    LinearMutant("decay_after_update", DecayAfterUpdate, (KV_WRITE, KERNEL), (D, E, MX, TV), kinds=DELTA),
+    LinearMutant("beta_dropped", BetaDropped, (KV_WRITE, KERNEL), (D, E, MX, TV), kinds=DELTA),
+    LinearMutant("key_not_normalized", KeyNotNormalized, (KV_WRITE, KERNEL), (D, E, MX, TV), kinds=DELTA),
+    LinearMutant("kda_gate_per_head", KdaGatePerHead, (KV_WRITE, KERNEL), (D, E, MX, TV), kinds=("kda",)),
+    LinearMutant("state_not_written", StateNotWritten, (KV_WRITE,), (D, E, MX, TV), kinds=ALL),
+    LinearMutant("new_request_reads_slot", NewRequestReadsSlot, (KERNEL, KV_WRITE), (D, E, MX, TV), kinds=ALL),
+    LinearMutant("padded_row_writes_slot", PaddedRowWrites, (KV_WRITE,), (D, TV), ALL, (Exec.GRAPH,)),
+    LinearMutant("rollback_off_by_one", RollbackOffByOne, (KV_WRITE,), (TV,), kinds=ALL),
+    LinearMutant("verify_updates_slot", VerifyUpdatesSlot, (KV_WRITE,), (TV,), kinds=ALL),
+    LinearMutant("layer_ignored", LayerIgnored, (KV_WRITE, KERNEL), (D, E, MX, TV), kinds=ALL),
+    LinearMutant("state_not_transposed", StateNotTransposed, (KV_WRITE, KERNEL), (D, E, MX, TV), kinds=ALL),
     LinearMutant("skip_dropped", SkipDropped, (KERNEL,), (D, E, MX, TV), kinds=("mamba2",)),
     LinearMutant("input_not_scaled_by_dt", InputNotScaledByDt, (KV_WRITE, KERNEL), (D, E, MX, TV), kinds=("mamba2",)),
-    LinearMutant("state_not_transposed", StateNotTransposed, (KV_WRITE, KERNEL), (D, E, MX, TV),
-                 kinds=("gdn", "mamba2")),
 ]

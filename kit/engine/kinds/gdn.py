@@ -15,3 +15,12 @@ QWEN3_NEXT = (16, 32)  # (key heads, value heads) of Qwen3-Next-80B-A3B at TP 1;
 def split(mixed, layer):
     """(query, key, value) rows of the conv's output [..., conv_dim]."""
     return mixed.split([layer.q_dim, layer.k_dim, layer.v_dim], dim=-1)
+
+
+def gate_widths(case):
+    """Each gate input's width per token."""
+    return (case.heads[1],) * len(GATES)
+
+
+def dt_bias_width(case) -> int:
+    return case.heads[1]

@@ -15,3 +15,12 @@ def split(mixed, layer):
     """(query, key, value) rows of the conv's output: (C, B, x)."""
     x, b, c = mixed.split([layer.v_dim, layer.k_dim, layer.q_dim], dim=-1)
     return c, b, x
+
+
+def gate_widths(case):
+    """Each gate input's width per token."""
+    return (case.heads[1],)
+
+
+def dt_bias_width(case) -> int:
+    return case.heads[1]

@@ -1,4 +1,4 @@
-"""Linear attention with a recurrent state (kit.engine.kinds.gdn, kit.engine.kinds.mamba2): one
+"""Linear attention with a recurrent state (kit.engine.kinds.gdn, .mamba2, .kda): one
 case line, and the layer forward() is handed.
 
 Such a layer keeps no KV pages: per request it keeps a convolution window (the last `conv_width - 1`
@@ -23,10 +23,10 @@ import dataclasses
 import zlib
 from typing import Optional, Tuple, Union
 
-from kit.engine.kinds import gdn, mamba2
+from kit.engine.kinds import gdn, kda, mamba2
 from kit.modes import ForwardMode
 
-KINDS = {kind.NAME: kind for kind in (gdn, mamba2)}
+KINDS = {kind.NAME: kind for kind in (gdn, mamba2, kda)}
 MODES = (ForwardMode.DECODE, ForwardMode.EXTEND, ForwardMode.MIXED, ForwardMode.TARGET_VERIFY)
 DTYPES = ("bf16", "fp16", "fp32")
 SMOKE_HEADS = (1, 2)  # the fewest that keep value heads sharing a key head
