@@ -7,6 +7,7 @@ import sys
 import zlib
 from typing import TYPE_CHECKING, Optional, Tuple, Union
 
+from kit.engine.batch_shape import BatchShape
 from kit.engine.kinds import KINDS, kind_of
 from kit.engine.layouts import LAYOUTS, PAGE_LAYOUTS
 from kit.engine.modes import rules_for
@@ -42,7 +43,7 @@ PRESETS = dict(MHA=MHA, GQA=GQA, MQA=MQA, GQA_32_8=GQA_32_8, GPT_OSS=GPT_OSS, SM
 
 
 @dataclasses.dataclass(frozen=True)
-class Case:
+class Case(BatchShape):
     """One batch shape + layer config for one runner mode.
 
     prefix: per request, the tokens whose KV is already in the pool
@@ -154,14 +155,6 @@ class Case:
             if other is not kind and stray:
                 return f"{', '.join(stray)} applies to {other.label} only (set {' and '.join(other.fields)})"
         return kind.problem(self)
-
-    @property
-    def bs(self) -> int:
-        return len(self.prefix)
-
-    @property
-    def new_lens(self) -> Tuple[int, ...]:
-        return tuple(self.new) if not isinstance(self.new, int) else (self.new,) * self.bs
 
     @property
     def num_q_heads(self) -> int:

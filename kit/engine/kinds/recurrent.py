@@ -23,6 +23,7 @@ import dataclasses
 import zlib
 from typing import Optional, Tuple, Union
 
+from kit.engine.batch_shape import BatchShape
 from kit.engine.kinds import gdn, kda, mamba2
 from kit.modes import ForwardMode
 
@@ -33,7 +34,7 @@ SMOKE_HEADS = (1, 2)  # the fewest that keep value heads sharing a key head
 
 
 @dataclasses.dataclass(frozen=True)
-class RecurrentCase:
+class RecurrentCase(BatchShape):
     name: str
     mode: ForwardMode
     prefix: Tuple[int, ...]  # per request, the tokens its saved state has consumed
@@ -84,14 +85,6 @@ class RecurrentCase:
         elif self.accepted is not None:
             return "accepted is TARGET_VERIFY's"
         return None
-
-    @property
-    def bs(self) -> int:
-        return len(self.prefix)
-
-    @property
-    def new_lens(self) -> Tuple[int, ...]:
-        return tuple(self.new) if not isinstance(self.new, int) else (self.new,) * self.bs
 
     @property
     def spec(self):
