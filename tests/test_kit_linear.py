@@ -6,7 +6,8 @@ import pytest
 import torch
 
 from backends.torch_native_linear import TorchNativeLinearBackend
-from cases.linear import SMOKE
+from cases.linear import FULL, SMOKE
+from kit.engine.kinds.recurrent import KINDS, MODES
 from kit.engine.recurrent_step import build
 from kit.engine.recurrent_reference import run_request
 from kit.engine.state_pool import StatePool
@@ -96,3 +97,29 @@ def test_the_decode_after_a_verify_continues_from_the_kept_draft():
     verify, after = run_case(mutant.backend, case, Exec.EAGER)
     assert [c.ok for c in verify.checks[:2]] == [True, True] and not verify.ok  # both layers' outputs; the states
     assert not after.checks[0].ok and not after.checks[1].ok, after.text
+
+
+def _gaps(cases, dtypes=True):
+    """Per kind, what its cases leave out: a mode, a new request beside a saved one, and (`dtypes`)
+    fp32 or a half dtype."""
+    found = []
+    for kind in KINDS:
+        mine = [c for c in cases if c.kind == kind]
+        found += [f"{kind} {m.value}" for m in MODES if not any(c.mode == m for c in mine)]
+        found += [f"{kind} {d}" for d, has in (("fp32", lambda c: c.dtype == "fp32"),
+                                              ("a half dtype", lambda c: c.dtype != "fp32"))
+                  if dtypes and not any(map(has, mine))]
+        if not any(0 in c.prefix and any(c.prefix) for c in mine):
+            found.append(f"{kind}: a new request beside a saved one")
+    return found
+
+
+# The full set runs the models' dtypes (bf16, with an fp32 or fp16 case where a kind has one).
+@pytest.mark.parametrize("cases,dtypes", [(SMOKE, True), (FULL, False)], ids=["smoke", "full"])
+def test_every_kind_reaches_every_mode(cases, dtypes):
+    assert not _gaps(cases, dtypes), _gaps(cases, dtypes)
+
+
+def test_a_gap_in_the_cases_is_named():
+    left = [c for c in SMOKE if not (c.kind == "kda" and c.mode == ForwardMode.MIXED)]
+    assert _gaps(left) == ["kda mixed"]
