@@ -123,3 +123,10 @@ def test_every_kind_reaches_every_mode(cases, dtypes):
 def test_a_gap_in_the_cases_is_named():
     left = [c for c in SMOKE if not (c.kind == "kda" and c.mode == ForwardMode.MIXED)]
     assert _gaps(left) == ["kda mixed"]
+
+
+def test_command_line_fails_a_mutant(capsys):
+    from kit.harness.recurrent import main
+
+    assert main(["--backend", "tests.mutants.linear:StateNotWritten", "-k", "mamba2_verify", "--device", "cpu"]) == 1
+    assert "mamba2_verify_fp32-eager: FAIL kv-write" in capsys.readouterr().out

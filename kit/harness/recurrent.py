@@ -217,3 +217,35 @@ def failures(verdicts: List[RecurrentVerdict]) -> Optional[str]:
     bad = [v for v in verdicts if not v.ok]
     return " | ".join(f"{v.failure_class}: {v.text}" for v in bad) if bad else None
 
+
+
+def main(argv=None) -> int:
+    """`python -m kit.harness.recurrent`: every run of a catalog's recurrent cases on one backend,
+    a line each; exit 1 if any failed."""
+    import argparse
+    import time
+
+    from kit.targets import import_target
+
+    parser = argparse.ArgumentParser(prog="python -m kit.harness.recurrent", description=main.__doc__)
+    parser.add_argument("--backend", default="backends.torch_native_linear:TorchNativeLinearBackend")
+    parser.add_argument("--cases", default="cases.linear", help="a module with SMOKE and FULL lists")
+    parser.add_argument("--case-set", choices=("smoke", "full"), default="smoke")
+    parser.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
+    parser.add_argument("-k", default="", help="only cases whose name contains this")
+    args = parser.parse_args(argv)
+    backend = import_target(args.backend)
+    cases = import_target(f"{args.cases}:{args.case_set.upper()}")
+    failed = 0
+    for case in (c for c in cases if args.k in c.name and c.kind in backend.attention_kinds):
+        for exec_ in (e for e in Exec if e == Exec.EAGER or case.mode in GRAPH_MODES):
+            start = time.time()
+            message = failures(run_case(backend, case, exec_, args.device))
+            failed += message is not None
+            print(f"{case.name}-{exec_.value}: {'FAIL ' + message if message else 'ok'} ({time.time() - start:.1f} s)",
+                  flush=True)
+    return 1 if failed else 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
