@@ -43,7 +43,7 @@ def _entry(entries: Sequence[KnownFailure], r: Record) -> str:
     if entry is None:
         near = of_record(entries, r)
         return ("none: no entry covers this failure" +
-                (f" ({near.id} expects [{near.failure_class}])" if near else ""))
+                (f" ({near.id} expects {escape(near.expects)})" if near else ""))
     links = " ".join(f'<a href="{escape(link)}">{escape(link)}</a>' for link in entry.links)
     return f"{escape(entry.id)} ({escape(entry.mark)}): {escape(entry.reason)}<br>{links}"
 
