@@ -6,7 +6,8 @@ from __future__ import annotations
 import pytest
 import torch
 
-from kit.engine.numerics import ALL, EXACT, NEW_AS_HANDED, P_FP8, Q_FP8, TF32, Numerics, label
+from kit.engine.numerics import (ALL, EXACT, NEW_AS_HANDED, P_CAST, P_FP8, Q_CAST, Q_FP8, TF32, Numerics,
+                                 label)
 from kit.engine.reference import declared, golden
 from kit.harness.capabilities import BadDeclaration, Capabilities
 from kit.harness.runner import run_case
@@ -30,11 +31,14 @@ def _fp32(mode=ForwardMode.EXTEND):
 
 def test_steps_apply_where_their_precision_is_the_cases():
     n = Numerics(q_fp8=ALL, new_tokens_as_handed=("extend",), p_fp8=ALL, tf32_dots=ALL)
-    assert n.steps("extend", "bf16", "fp8_e4m3") == (Q_FP8, NEW_AS_HANDED, P_FP8)
-    assert n.steps("decode", "bf16", "fp8_e4m3") == (Q_FP8, P_FP8)
-    assert n.steps("decode", "bf16", None) == ()
-    assert n.steps("decode", "fp32", None) == (TF32,)
+    assert n.steps("extend", "bf16", "fp8_e4m3", "cuda") == (Q_FP8, NEW_AS_HANDED, P_FP8)
+    assert n.steps("decode", "bf16", "fp8_e4m3", "cuda") == (Q_FP8, P_FP8)
+    assert n.steps("decode", "bf16", None, "cuda") == ()
+    assert n.steps("decode", "fp32", None, "cuda") == (TF32,)
     assert label(()) == EXACT and label((Q_FP8, TF32)) == "q fp8, tf32 dots"
+    on_cuda = Numerics(q_fp8=ALL, tf32_dots=ALL, cuda_only=(Q_FP8, TF32))
+    assert on_cuda.steps("decode", "fp32", "fp8_e4m3", "cpu") == ()
+    assert on_cuda.steps("decode", "fp32", "fp8_e4m3", "cuda") == (Q_FP8, TF32)
 
 
 @pytest.mark.parametrize("bad", [Numerics(q_fp8="extend"), Numerics(tf32_dots=("prefill",)), "tf32"])
@@ -55,9 +59,22 @@ def test_emulation_takes_each_declared_step():
         assert envelope is None and (emulated - exact).abs().max() > 1e-3
     emulated, envelope = declared(step, (Q_FP8, P_FP8))[0]
     assert torch.equal(emulated, declared(step, (Q_FP8,))[0][0]) and (envelope - emulated).abs().max() > 1e-4
+    emulated, envelope = declared(step, (Q_CAST, P_CAST))[0]
+    assert (emulated - exact).abs().max() > 1e-3  # (the kit's scales are powers of two: near Q_FP8's)
+    assert (envelope - emulated).abs().max() > 1e-4
     fx32 = make_fixture(_fp32())
     emulated, envelope = declared(fx32.step, (TF32,))[0]
     assert torch.equal(emulated, golden(fx32.step, 0)) and 1e-7 < (envelope - emulated).abs().max() < 1e-2
+
+
+def test_new_tokens_as_handed_meet_the_query_as_handed():
+    """A quantized query meets the keys the cache holds; the new tokens' keys, attended as handed, meet
+    it as handed: request 1 of the case has no cached tokens, so its rows are those of NEW_AS_HANDED alone."""
+    step = make_fixture(_fp8()).step
+    both = declared(step, (Q_CAST, NEW_AS_HANDED))[0][0]
+    handed = declared(step, (NEW_AS_HANDED,))[0][0]
+    rows = slice(3, 7)  # request 1's new tokens (new=(3, 4, 1))
+    assert torch.equal(both[rows], handed[rows]) and (both[:3] - handed[:3]).abs().max() > 1e-3
 
 
 @pytest.mark.parametrize("mode", [ForwardMode.EXTEND, ForwardMode.DECODE], ids=lambda m: m.value)
