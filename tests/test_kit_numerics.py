@@ -8,6 +8,7 @@ import torch
 
 from kit.engine.numerics import (ALL, EXACT, NEW_AS_HANDED, P_CAST, P_FP8, Q_CAST, Q_FP8, TF32, Numerics,
                                  label)
+from kit.engine.profile import SGLANG
 from kit.engine.reference import declared, golden
 from kit.harness.capabilities import BadDeclaration, Capabilities
 from kit.harness.runner import run_case
@@ -43,7 +44,7 @@ def test_steps_apply_where_their_precision_is_the_cases():
 
 @pytest.mark.parametrize("bad", [Numerics(q_fp8="extend"), Numerics(tf32_dots=("prefill",)), "tf32"])
 def test_malformed_declaration_is_refused(bad):
-    cls = type("Declared", (), {"supports": classmethod(lambda c, case: None), "numerics": bad})
+    cls = type("Declared", (), {"supports": classmethod(lambda c, case: None), "numerics": bad, "profile": SGLANG})
     with pytest.raises(BadDeclaration, match="Declared.numerics must be"):
         Capabilities.of(cls)
 

@@ -29,6 +29,7 @@ import torch
 from backends import pinned
 from backends.sglang import mla
 from kit.engine.numerics import ALL, TF32, Numerics
+from kit.engine.profile import SGLANG
 from kit.modes import ForwardMode
 from kit.harness.protocol import AttentionBackend, library_version
 
