@@ -108,7 +108,7 @@ def _run(args, catalog) -> int:
     if result.message:
         print(result.message)
     if entry is not None:
-        print(known_failures.against(entry, result.outcome, result.failure_class))
+        print(known_failures.against(entry, result))
     return FAILED if result.outcome in (FAIL, ERROR) else 0
 
 

@@ -54,8 +54,9 @@ class Score:
     first_failure: str = ""
     repro: str = ""
     not_run: int = 0  # runs not made: the process died or lost the device, or stopped at the first catch
-    # Runs left out: the unmutated backend is a known failure there (KNOWN_FAILURES.md), so a failure
-    # cannot tell the mutant from the engine's own bug.
+    # Runs left out: the unmutated backend is a known failure there (KNOWN_FAILURES.md) and the entry
+    # pins no band (any failure of its class), or the mutant's failure stays inside the entry's band:
+    # such a failure cannot tell the mutant from the engine's own bug.
     known: int = 0
 
     @property
@@ -71,15 +72,19 @@ class Score:
 
 
 def _runs(mutant: Mutant, case_set: str, cases: Optional[str], stop_when_caught: bool = False):
-    """(the mutant's runs in catalog order, how many were left out as known failures of the unmutated
-    backend); to stop at the first catch, those of the cases it reaches first (the others follow, in
-    case a run catches it where none was expected), the smallest first."""
+    """(the mutant's runs in catalog order, each (case, exec, the unmutated backend's known failure
+    there where its entry pins what it expects: a band or a message), how many were left out as known
+    failures whose entry pins nothing); to stop at the first catch, those of the cases it reaches
+    first (the others follow, in case a run catches it where none was expected), the smallest first."""
     catalog = load_catalog(cases)
     runs = [(case, ex) for mode in mutant.modes for case in catalog.cases(case_set, mode) for ex in mutant.execs]
     base, device = load_backend(mutant.backend).name, device_name()
     entries = known_failures.of_backend(known_failures.load_or_default(), base, device)
-    judged = [(case, ex) for case, ex in runs
-              if known_failures.match(entries, base, case.mode.value, ex.value, case.name, device, case.dtype) is None]
+    judged = []
+    for case, ex in runs:
+        entry = known_failures.match(entries, base, case.mode.value, ex.value, case.name, device, case.dtype)
+        if entry is None or entry.pinned:
+            judged.append((case, ex, entry))
     if stop_when_caught:
         judged.sort(key=lambda run: (mutant.reaches is not None and not mutant.reaches(run[0]), run[0].size))
     return judged, len(runs) - len(judged)
@@ -93,11 +98,14 @@ def score(mutant: Mutant, case_set: str, stop_when_caught: bool = False, progres
     classes = collections.Counter()
     runs, known = _runs(mutant, case_set, cases, stop_when_caught)
     s = Score(mutant, known=known)
-    for i, (case, ex) in enumerate(runs):
+    for i, (case, ex, entry) in enumerate(runs):
         if progress:
             progress(run_id(mutant.name, case.mode.value, ex.value, case.name))
         result = run_case(mutant.backend, case, ex, label=mutant.name, catalog=cases)
         if result.outcome == UNSUPPORTED:
+            continue
+        if known_failures.is_expected(entry, result):  # inside the engine's own known failure's band
+            s.known += 1
             continue
         s.runs += 1
         if result.outcome == FAIL:

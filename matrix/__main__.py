@@ -119,7 +119,8 @@ def _write(args) -> int:
 
 def _check(args) -> int:
     unjudged: list = []
-    problems = gate.check(args.readme, args.known_failures, args.results_dir, args.fresh, unjudged)
+    near: list = []
+    problems = gate.check(args.readme, args.known_failures, args.results_dir, args.fresh, unjudged, near)
     for p in problems:
         print(f"matrix check: {p}", file=sys.stderr)
     if problems:
@@ -127,6 +128,11 @@ def _check(args) -> int:
     print(f"matrix check: ok ({len(args.fresh)} fresh results file(s) checked against {args.results_dir})")
     if unjudged:
         print(f"matrix check: not judged (no run they match in the results' catalogs): {', '.join(unjudged)}")
+    if near:
+        shown = ", ".join(f"{r.test_id} ({max(r.margins):.2g}x)" for r in near[:5])
+        print(f"matrix check: near the line ({len(near)} records whose worst layer's error is within "
+              f"{gate.NEAR_FACTOR:g}x of its limit, either way: a layout or seed may turn them): {shown}"
+              f"{' ...' if len(near) > 5 else ''}")
     return 0
 
 

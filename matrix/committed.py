@@ -6,7 +6,7 @@ import re
 from pathlib import Path
 from typing import Dict
 
-from kit.report.record import VOLATILE, Record, ResultsFile
+from kit.report.record import LATER, VOLATILE, Record, ResultsFile
 from kit.report.results import results_text, write_text
 
 # Errors and tolerances move in their last digits between runs (threads sum in another order):
@@ -26,13 +26,17 @@ def _rounded(value):
 
 def committed_record(record: Record) -> Dict:
     """The record without its VOLATILE fields (when and by which commit a run was made, and how
-    long it took: the commit that adds the file says the first two, the third is noise)."""
-    out = {k: v for k, v in record.to_dict().items() if k not in VOLATILE}
+    long it took: the commit that adds the file says the first two, the third is noise), nor LATER
+    fields at their default (a file written before them stays as it was)."""
+    out = {k: v for k, v in record.to_dict().items()
+           if k not in VOLATILE and not (k in LATER and v == LATER[k])}
     if isinstance(out.get("message"), str):
         out["message"] = INSTALL_PREFIX.sub(r"\1/", out["message"])
     for field in ROUNDED:
         if field in out:
             out[field] = _rounded(out[field])
+    if "margins" in out:
+        out["margins"] = [_rounded(m) for m in out["margins"]]
     return out
 
 

@@ -116,6 +116,16 @@ def not_judged(records: List[Record], entries) -> List[str]:
     return [e.id for e in entries if not any(e.matches_record(r) for r in records)]
 
 
+# A record whose worst layer's margin (error over limit) lies within this factor of 1, either way,
+# has a verdict that a layout or a seed may turn: `matrix check` names such records.
+NEAR_FACTOR = 2.0
+
+
+def near_the_line(records: List[Record]) -> List[Record]:
+    """The records whose worst layer's margin is within NEAR_FACTOR of the line (1), either way."""
+    return [r for r in records if r.margins and 1 / NEAR_FACTOR <= max(r.margins) <= NEAR_FACTOR]
+
+
 def _coverage(records: List[Record], sources: Dict[int, str], entries) -> List[str]:
     problems = []
     for r in records:
@@ -202,7 +212,9 @@ def _fresh_runs(paths: Sequence[str], problems: List[str], sources: Dict[int, st
 
 
 def check(readme_path, known_path, results_dir, fresh_paths: Sequence[str] = (),
-          unjudged: Optional[List[str]] = None) -> List[str]:
+          unjudged: Optional[List[str]] = None, near: Optional[List[Record]] = None) -> List[str]:
+    """The gate's problems; `unjudged` gets the entries no result can judge, `near` the judged
+    records near the line (near_the_line)."""
     problems: List[str] = []
     try:
         entries = load(known_path)
@@ -235,5 +247,7 @@ def check(readme_path, known_path, results_dir, fresh_paths: Sequence[str] = (),
     problems += _coverage(judged, sources, entries)
     if unjudged is not None:
         unjudged += not_judged(judged, entries)
+    if near is not None:
+        near += near_the_line(judged)
     problems += _agreement(whole, committed)
     return problems

@@ -43,7 +43,7 @@ def _entry(entries: Sequence[KnownFailure], r: Record) -> str:
     if entry is None:
         near = of_record(entries, r)
         return ("none: no entry covers this failure" +
-                (f" ({near.id} expects [{near.failure_class}])" if near else ""))
+                (f" ({near.id} expects {escape(near.expects)})" if near else ""))
     links = " ".join(f'<a href="{escape(link)}">{escape(link)}</a>' for link in entry.links)
     return f"{escape(entry.id)} ({escape(entry.mark)}): {escape(entry.reason)}<br>{links}"
 
@@ -51,6 +51,8 @@ def _entry(entries: Sequence[KnownFailure], r: Record) -> str:
 def _run(entries: Sequence[KnownFailure], r: Record) -> str:
     fields = [("verdict", escape(r.verdict)), ("message", f"<pre>{escape(r.message)}</pre>"),
               ("max err / tol", f"{_figure(r.max_err)} / {_figure(r.tol)}"),
+              ("margins (per layer)", escape(", ".join(f"{m:.3g}x" for m in r.margins) or "-")),
+              ("judged under", escape(r.numerics or "-")),
               ("known failure", _entry(entries, r)),
               ("repro", f'<code class="repro">{escape(r.repro)}</code>')]
     body = "".join(f"<dt>{name}</dt><dd>{value}</dd>" for name, value in fields)

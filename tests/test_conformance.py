@@ -23,8 +23,8 @@ def test_conformance(conformance_run, record_conformance, request):
         pytest.fail(f"[{result.failure_class}] {result.message}\nrepro: {result.repro}", pytrace=False)
     if result.outcome != FAIL:
         return  # a known failure that passes is reported by its strict xfail mark
-    failure = "\n".join(filter(None, (against(known, result.outcome, result.failure_class),
+    failure = "\n".join(filter(None, (against(known, result),
                                       f"[{result.failure_class}] {result.message}", f"repro: {result.repro}")))
-    if is_expected(known, result.outcome, result.failure_class):
+    if is_expected(known, result):
         raise KnownFailureHit(failure)
     pytest.fail(failure, pytrace=False)

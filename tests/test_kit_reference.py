@@ -223,3 +223,23 @@ def test_mla_rope_part_and_scale_matter():
     finally:
         x.q.copy_(saved)
     assert not torch.allclose(attention(make_fixture(MLA_CASES[1].with_(scale=MLA["head_dim"] ** -0.5))), golden)
+
+
+@pytest.mark.parametrize("mode", [ForwardMode.DECODE, ForwardMode.EXTEND], ids=lambda m: m.value)
+def test_the_hybrid_models_cap_matters_in_every_row(mode):
+    """The hybrid window case's other layer is capped (kit.engine.layer.HYBRID_CAP): the cap dropped moves
+    every request's rows past bf16's per-head limit by a wide margin, so the verdict of a backend that
+    drops it does not depend on the layout or the draw (a row with one visible key has nothing to cap)."""
+    import dataclasses
+
+    from cases import CATALOG
+    from kit.harness.checks import REL_RMS
+    case = next(c for c in CATALOG.cases("full", mode) if c.name == "gqa_hybrid_window_p16")
+    step = make_fixture(case).step
+    capped = step.layers[0]
+    assert capped.logit_cap > 0 and step.layers[1].sliding_window_size >= 0
+    uncapped = dataclasses.replace(step, layers=(dataclasses.replace(capped, logit_cap=0.0), step.layers[1]))
+    kept, dropped = reference.golden(step, 0), reference.golden(uncapped, 0)
+    rel = ((dropped - kept).pow(2).mean(-1).sqrt() / kept.pow(2).mean(-1).sqrt()).amax(dim=1)
+    worst = [rows.max().item() for rows in rel.split([r.n_new for r in step.plan.requests])]
+    assert min(worst) > 4 * REL_RMS[torch.bfloat16], worst

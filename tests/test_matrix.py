@@ -459,3 +459,33 @@ def test_matrix_check_runs_without_torch(project):
             "assert not [m for m in sys.modules if m.startswith(('kit.harness.runner', 'kit.harness.graph', 'kit.engine.fixture'))]\n")
     proc = subprocess.run([sys.executable, "-c", code], cwd=REPO, capture_output=True, text=True)
     assert proc.returncode == 0, proc.stdout + proc.stderr
+
+
+def test_a_pass_under_declared_numerics_has_its_own_mark_and_legend():
+    from matrix.table import DECLARED_LEGEND, device_table
+    records = [record("a", numerics="exact"), record("b", numerics="q fp8, p fp8"), record("c")]
+    assert cell(records, [], Notes()) == "✓ 2/3, ≈ 1/3"
+    assert DECLARED_LEGEND in device_table("CPU", records, [], "x")
+    assert DECLARED_LEGEND not in device_table("CPU", [record("a", numerics="exact")], [], "x")
+
+
+def test_a_failure_outside_its_entrys_band_is_uncovered(project, tmp_path):
+    """A second bug where a known failure already fails: the entry pins its band, the record leaves it."""
+    write_results(project["results_dir"] / "cpu.json", [rec("a"), rec("b"), rec("c", "fail", "kernel", margins=[40.0, 1.0])])
+    project["known_path"].write_text(kf_text("| KF-1 | be | decode | eager | c | * | kernel 1.5-4x | xfail | why | tests/toys |"))
+    run_matrix("write", project)
+    result = run_matrix("check", project)
+    assert result.returncode == 1 and "uncovered failure: be-decode-eager-c [kernel]" in result.stderr
+    write_results(project["results_dir"] / "cpu.json", [rec("a"), rec("b"), rec("c", "fail", "kernel", margins=[3.0, 1.0])])
+    run_matrix("write", project)
+    assert run_matrix("check", project).returncode == 0
+
+
+def test_check_names_records_near_the_line(project):
+    write_results(project["results_dir"] / "cpu.json", [rec("a", margins=[0.1, 0.6]), rec("b", margins=[0.2, 0.3]),
+                                                        rec("c", "fail", "kernel", margins=[1.9, 0.1])])
+    run_matrix("write", project)
+    result = run_matrix("check", project)
+    assert result.returncode == 0, result.stderr
+    assert "near the line (2 records" in result.stdout and "be-decode-eager-a (0.6x)" in result.stdout
+    assert "be-decode-eager-c (1.9x)" in result.stdout and "eager-b" not in result.stdout

@@ -37,12 +37,24 @@ def test_runs_the_unmutated_backend_is_known_to_fail_are_left_out(monkeypatch):
     tell the mutant from the engine's own bug: such runs are not scored, only counted."""
     mutant = next(m for m in MUTANTS if m.name == "decode_reads_one_short")
     runs, known = kit.mutation._runs(mutant, "smoke", None)
-    assert known == 0 and "gqa_fused_p16_fp32" in [case.name for case, _ in runs]
+    assert known == 0 and "gqa_fused_p16_fp32" in [case.name for case, _, _ in runs]
     entry = KnownFailure("KF-1", "triton", "decode", "eager", "gqa_fused*", "*", "kernel", "xfail", "why", "x",
                          "KNOWN_FAILURES.md:1")
     monkeypatch.setattr(kit.mutation.known_failures, "load_or_default", lambda: [entry])
     left, known = kit.mutation._runs(mutant, "smoke", None)
-    assert known == 1 and len(left) == len(runs) - 1 and "gqa_fused_p16_fp32" not in [case.name for case, _ in left]
+    assert known == 1 and len(left) == len(runs) - 1 and "gqa_fused_p16_fp32" not in [case.name for case, _, _ in left]
+
+
+def test_runs_under_a_banded_known_failure_stay_in_the_score(monkeypatch):
+    """An entry that pins its band leaves its runs in: a mutant's failure outside the band is scored."""
+    mutant = next(m for m in MUTANTS if m.name == "decode_reads_one_short")
+    runs, _ = kit.mutation._runs(mutant, "smoke", None)
+    entry = KnownFailure("KF-1", "triton", "decode", "eager", "gqa_fused*", "*", "kernel", "xfail", "why", "x",
+                         "KNOWN_FAILURES.md:1", band=(1.5, 3.0))
+    monkeypatch.setattr(kit.mutation.known_failures, "load_or_default", lambda: [entry])
+    kept, known = kit.mutation._runs(mutant, "smoke", None)
+    assert known == 0 and len(kept) == len(runs)
+    assert [e for case, _, e in kept if case.name == "gqa_fused_p16_fp32"] == [entry, entry][:len(mutant.execs)]
 
 
 def test_the_score_table_says_how_many_runs_were_left_out_as_the_engines_known_failures():

@@ -28,6 +28,7 @@ import torch
 
 from backends import pinned
 from backends.sglang import mla
+from kit.engine.numerics import ALL, TF32, Numerics
 from kit.engine.profile import SGLANG
 from kit.modes import ForwardMode
 from kit.harness.protocol import AttentionBackend, library_version
@@ -355,6 +356,16 @@ class SGLangTritonBackend(_GraphHooks, SGLangBackend):
     # divides by k_scale before the pool's write, triton_backend.py:1721), read with the layer's scales.
     kv_dtypes = ("fp8_e4m3", "fp8_e5m2")
     attention_features = ("sinks",)  # forward_extend / forward_decode take `sinks` (triton_backend.py:1677, :2296)
+    # Over an fp8 cache its kernels cast q to the cache's dtype, no scale, for the dot with a cached key
+    # (kernels/ops/attention/decode_attention.py:661 `q.to(K_Buffer.dtype.element_ty)`, extend_attention.py:619
+    # `q.to(k.dtype)`) and cast p to it for PV (decode_attention.py:762, extend_attention.py:712 `p.to(v.dtype)`);
+    # the extend kernel attends the step's new tokens as handed, with q as handed (forward_extend hands k/v,
+    # triton_backend.py:1835-1840; extend_attention.py:795 `tl.dot(q, k)`), in every mode it serves (EXTEND,
+    # MIXED, TARGET_VERIFY, DRAFT_EXTEND_V2; DECODE reads the new token from the pool). fp32: tl.dot with no
+    # input precision is TF32 on NVIDIA GPUs (extend_attention.py:619, decode_attention.py:692).
+    numerics = Numerics(q_cast=ALL, p_cast=ALL, new_tokens_as_handed=("extend", "mixed", "target_verify",
+                                                                      "draft_extend_v2"),
+                        tf32_dots=ALL, cuda_only=(TF32,))
     # TritonAttnBackend declares needs_cpu_seq_lens = False (triton_backend.py:153): SGLang's scheduler then
     # hands it no host copies at all, seq_lens_cpu and seq_lens_sum None (managers/overlap_utils.py:615-619),
     # and its metadata over-allocates (:903-905, :1018-1020): the kit hands None as SGLang does.
@@ -487,6 +498,9 @@ class SGLangFlashInferBackend(_GraphHooks, SGLangBackend):
     # fp8 KV: its wrappers are planned with the cache's dtype (flashinfer_backend.py:384) and run with
     # the layer's k_scale_float / v_scale_float (:1437); the write is SGLang's pool code (kv_pool).
     kv_dtypes = ("fp8_e4m3", "fp8_e5m2")
+    # EXTEND and DRAFT_EXTEND_V2: the ragged pass attends the step's new tokens as handed, before the pool's
+    # write (forward_extend, flashinfer_backend.py:1482-1490), the paged pass the prefix as stored.
+    numerics = Numerics(new_tokens_as_handed=("extend", "draft_extend_v2"))
 
     @classmethod
     def versions(cls):

@@ -34,6 +34,7 @@ import torch
 from backends import pinned
 from kit.engine.modes import rules_for
 from kit.engine.modes.rules import GraphBuckets
+from kit.engine.numerics import ALL, P_FP8, Q_FP8, TF32, Numerics
 from kit.engine.profile import BUILDER, COMMON, NO_WRITE, EngineProfile
 from kit.engine.variants import bucket_for
 from kit.harness.protocol import AttentionBackend, library_version
@@ -360,6 +361,9 @@ def _installed_version() -> str:
         return "not installed"
 
 
+# vLLM's Attention layer (the kit calls it as a model does) quantizes the query to fp8 with the layer's
+# q_scale (= k_scale, as its loader sets it without a checkpoint's) where the impl's supports_quant_query_input
+# holds (model_executor/layers/attention/attention.py:470-486, :519-525).
 class VllmTritonAttnBackend(VllmBackend):
     """TRITON_ATTN (v1/attention/backends/triton_attn.py): vLLM's unified Triton attention; its KV
     write is vLLM's Triton reshape_and_cache_flash, everywhere."""
@@ -370,6 +374,10 @@ class VllmTritonAttnBackend(VllmBackend):
     own_kv_writer = "vllm triton_reshape_and_cache_flash (TritonAttentionImpl.do_kv_cache_update, triton_attn.py:834)"
     attention_features = ("sinks",)  # Attention(..., sinks=) (triton_attn.py: TritonAttentionImpl sinks)
     kv_dtypes = ("fp8_e4m3", "fp8_e5m2")  # TritonAttentionBackend.supported_kv_cache_dtypes
+    # supports_quant_query_input on CUDA (triton_attn.py:553); with q in fp8, V stays fp8 and P is scaled by
+    # 2^8 into e4m3 for the PV dot (ops/triton_unified_attention.py:55, :592-599); fp32: tl.dot with no input
+    # precision is TF32 on NVIDIA GPUs (triton_unified_attention.py:547).
+    numerics = Numerics(q_fp8=ALL, p_fp8=ALL, tf32_dots=ALL, cuda_only=(Q_FP8, P_FP8, TF32))
     # A plain CPU run (CI): its decode kernel splits each request's keys into 16 segments, seconds a
     # layer call in Triton's interpreter; `--case-set smoke` runs every smoke case.
     ci_cases = {"decode": ("gqa_fused_p16_fp32",)}
@@ -406,6 +414,9 @@ class VllmFlashAttnBackend(VllmBackend):
     cuda_only = True
     attention_features = ("sinks",)  # FA3 only; validate_configuration says so elsewhere
     kv_dtypes = ("fp8_e4m3",)  # FlashAttentionBackend.supported_kv_cache_dtypes
+    # supports_quant_query_input on CUDA (flash_attn.py:1163, fa_utils.py:315); FA3's fp8 kernel takes P in
+    # e4m3 for its PV product (hopper/mainloop_fwd_sm90_tma_gmma_ws.hpp, the fp8 path's P conversion).
+    numerics = Numerics(q_fp8=ALL, p_fp8=ALL)
 
 
 class VllmFlashInferBackend(VllmBackend):
@@ -417,6 +428,10 @@ class VllmFlashInferBackend(VllmBackend):
     cuda_only = True
     attention_features = ("sinks",)  # only with TRT-LLM kernels; validate_configuration says so elsewhere
     kv_dtypes = ("fp8_e4m3", "fp8_e5m2")  # FlashInferBackend.supported_kv_cache_dtypes
+    # On SM90 its prefill wrappers take q in the cache's fp8 dtype (flashinfer.py:1157-1166), quantized with
+    # the layer's q_scale (maybe_quant_query, :2165-2181), and run FlashInfer's FA3 fp8 prefill (P in e4m3);
+    # its decode keeps the model's dtype (:1145-1154). Modes whose batches vLLM sends to prefill only.
+    numerics = Numerics(q_fp8=("extend", "draft_extend_v2"), p_fp8=("extend", "draft_extend_v2"))
 
     @classmethod
     def versions(cls):

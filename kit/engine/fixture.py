@@ -32,9 +32,10 @@ from kit.engine.inputs import LayerInputs, gather, streams
 from kit.engine.layer import Layer, model_layers
 from kit.engine.modes import rules_for
 from kit.engine.plan import BatchPlan, plan_case
+from kit.engine.numerics import EXACT_NUMERICS, Numerics
 from kit.engine.pools import CASE_LAYER_ID, PoolCache, Pools, PoolSpec
 from kit.engine.profile import EngineProfile
-from kit.engine.reference import logical_kv, references
+from kit.engine.reference import declared, logical_kv, references
 from kit.engine.render import render, step_views
 from kit.engine.storage import storage
 from kit.engine.transfer import to_device
@@ -54,8 +55,10 @@ class Step:
     batch: ForwardBatch
     layers: Tuple[Layer, ...]
     inputs: List[LayerInputs]
-    # Per layer id, the (float64 golden, same-dtype) references, shared by every run of the batch.
-    references: Dict[int, Tuple[torch.Tensor, torch.Tensor]] = dataclasses.field(default_factory=dict, repr=False)
+    # Per layer id, the (float64 golden, same-dtype) references, shared by every run of the batch; per
+    # (declared numerics' steps, layer id), their (emulated, envelope) references (Step.declared).
+    references: Dict[object, Tuple[torch.Tensor, Optional[torch.Tensor]]] = dataclasses.field(default_factory=dict,
+                                                                                             repr=False)
 
     @property
     def case(self) -> Case:
@@ -65,6 +68,13 @@ class Step:
         if layer_id not in self.references:
             self.references.update(references(self))
         return self.references[layer_id]
+
+    def declared(self, layer_id: int, steps: Tuple[str, ...]) -> Tuple[torch.Tensor, Optional[torch.Tensor]]:
+        """(emulated, envelope) float64 references of one layer under declared numerics' `steps`
+        (kit.engine.reference.declared), computed once per batch and steps."""
+        if (steps, layer_id) not in self.references:
+            self.references.update(((steps, lid), refs) for lid, refs in declared(self, steps).items())
+        return self.references[(steps, layer_id)]
 
     def logical_kv(self, layer_id: int = CASE_LAYER_ID) -> List[Tuple[torch.Tensor, torch.Tensor]]:
         """Per request, K and V of every logical token of a layer in order (cached, then new)."""
@@ -188,7 +198,7 @@ class _Shared:
     def tensors(self) -> List[torch.Tensor]:
         held = [t for x in self.program_inputs for t in x.owned()]
         held += [t for inputs in self.step_inputs if inputs is not self.program_inputs for x in inputs for t in x.owned()]
-        held += [t for refs in self.references for pair in refs.values() for t in pair]
+        held += [t for refs in self.references for pair in refs.values() for t in pair if t is not None]
         return held + [t for pair in self.tables.values() for t in pair if t is not None]
 
     @property
@@ -302,13 +312,14 @@ def _pools_for(plans: Sequence[BatchPlan], first: Case, device: torch.device, st
 DEFAULT_STORE = Store()
 
 
-def fixtures_for(cases: Sequence[Case], device, store: Optional[Store], profile: EngineProfile) -> List[Fixture]:
+def fixtures_for(cases: Sequence[Case], device, store: Optional[Store], profile: EngineProfile,
+                 numerics: Numerics = EXACT_NUMERICS) -> List[Fixture]:
     """Fixtures for `cases` (one run: the same page size and layer config), sharing one (cached)
     pool big enough for all of them, in the storage layout of the engine's profile: a graph's
     replays must all read the pool it was captured against. The pool's page size is set here,
     once per run; each fixture's batch objects are its own; call install() before each program.
     Everything shared (references, the pool's req_to_token table) is complete before a backend
-    is made."""
+    is made; with the backend's declared `numerics`, their references too."""
     device, store = torch.device(device), store or DEFAULT_STORE
     shared = [store.batches.get(c, device) for c in cases]
     pools = _pools_for([s.plan for s in shared], cases[0], device, store, profile)
@@ -335,8 +346,11 @@ def fixtures_for(cases: Sequence[Case], device, store: Optional[Store], profile:
         fx = Fixture(plan=s.plan, pools=pools, layers=s.layers, batch=batch, steps=steps,
                      program_inputs=s.program_inputs)
         fx.tables = s.tables
+        taken = numerics.steps(case.mode.value, case.dtype, case.kv_dtype, device.type)
         for step in steps:
             step.reference(CASE_LAYER_ID)
+            if taken:
+                step.declared(CASE_LAYER_ID, taken)
         if s.sealed is None or len(s.tensors()) != held:
             store.batches.seal(case, device, s, store.kept_bytes(device))
         fixtures.append(fx)

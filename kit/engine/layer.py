@@ -79,7 +79,10 @@ class Layer:
         )
 
 
-HYBRID_WINDOW, HYBRID_CAP = 8, 10.0
+# A hybrid model's other layer: a window that cuts keys in every request of the catalog's hybrid cases,
+# and a cap its logits pass well (at half the case's scaling they spread about +-2): dropping it moves
+# every head of every row past the per-head limit, not only some layouts' draws.
+HYBRID_WINDOW, HYBRID_CAP = 8, 1.0
 # Sink logits are drawn in [SINK_LOW, SINK_HIGH], one per stratum of that range per head (so that
 # a layer has sinks that take most of a short context's mass and negative ones), on a grid of
 # SINK_GRID: exact in bf16 and fp16, so a model keeping them in either dtype keeps them exactly.

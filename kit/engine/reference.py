@@ -20,6 +20,7 @@ import torch
 
 from kit.engine.kv_quant import as_stored, is_quantized
 from kit.engine.layer import Layer
+from kit.engine.numerics import ENVELOPE_STEPS, NEW_AS_HANDED, P_CAST, P_FP8, Q_CAST, Q_FP8, TF32
 from kit.engine.plan import BatchPlan, RequestPlan
 from kit.engine.pools import CASE_LAYER_ID
 from kit.engine.transfer import to_device
@@ -54,15 +55,18 @@ class _AsRead:
     v_old: torch.Tensor
 
 
-def as_read(batch: Batch, layer_id: int) -> LayerInputs:
+def as_read(batch: Batch, layer_id: int, steps: Tuple[str, ...] = ()) -> LayerInputs:
     """One layer's inputs, K and V quantized as the pool stores them (the layer's k_scale /
     v_scale, kit.engine.kv_quant) and read back (float32, exact); the inputs themselves where
-    the KV cache is not quantized."""
+    the KV cache is not quantized. With declared numerics' `steps` (kit.engine.numerics) holding
+    NEW_AS_HANDED, the new tokens' K and V as handed."""
     x, layer, dtype = batch.inputs[layer_id], batch.layers[layer_id], batch.plan.case.kv_torch_dtype
     if not is_quantized(dtype):
         return x
     k_scale, v_scale = layer.k_scale, layer.v_scale
-    return _AsRead(x.q, as_stored(x.k_new, k_scale, dtype), as_stored(x.v_new, v_scale, dtype),
+    handed = NEW_AS_HANDED in steps
+    return _AsRead(x.q, x.k_new if handed else as_stored(x.k_new, k_scale, dtype),
+                   x.v_new if handed else as_stored(x.v_new, v_scale, dtype),
                    as_stored(x.k_old, k_scale, dtype), as_stored(x.v_old, v_scale, dtype))
 
 
@@ -153,30 +157,80 @@ def _sinks(layer, shape, device) -> Optional[torch.Tensor]:
     return torch.tensor(layer.sinks, dtype=torch.float64, device=device).view(shape) if layer.sinks else None
 
 
-def _attend(group: _Group, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, layer) -> torch.Tensor:
+def _tf32(x: torch.Tensor) -> torch.Tensor:
+    """x (float64) as a TF32 operand: float32 with its mantissa rounded to 10 bits."""
+    bits = x.to(torch.float32).view(torch.int32)
+    return ((bits + 0x1000) & ~0x1FFF).view(torch.float32).to(x.dtype)
+
+
+def _p_fp8(probs: torch.Tensor) -> torch.Tensor:
+    """Probabilities as an fp8 PV product takes them (FA3, vLLM's Triton kernel): each row's
+    exp(s - max) (here, the row's largest probability is 1) scaled by 2^8 into fp8 e4m3's range and
+    quantized, the row's sum unrounded."""
+    top = probs.amax(dim=-1, keepdim=True).clamp_min(torch.finfo(probs.dtype).tiny)
+    return (probs / top * 256).to(torch.float8_e4m3fn).to(probs.dtype) / 256 * top
+
+
+def _p_cast(probs: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+    """Probabilities cast to the cache's fp8 `dtype` with no scale (SGLang's p.to(v.dtype)): each row's
+    exp(s - max) rounded, small ones flushed, the row's sum unrounded."""
+    top = probs.amax(dim=-1, keepdim=True).clamp_min(torch.finfo(probs.dtype).tiny)
+    return (probs / top).to(dtype).to(probs.dtype) * top
+
+
+def _queries(q: torch.Tensor, layer, dtype: torch.dtype, steps: Tuple[str, ...]) -> torch.Tensor:
+    """The queries as they meet a key the cache holds: quantized to its fp8 `dtype` with q_scale =
+    k_scale (Q_FP8), cast to it (Q_CAST), else as handed."""
+    if Q_FP8 in steps:
+        return as_stored(q, layer.k_scale, dtype)
+    if Q_CAST in steps:
+        return as_stored(q, 1.0, dtype)
+    return q
+
+
+def _attend(group: _Group, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, layer,
+            steps: Tuple[str, ...] = (), q_stored: Optional[torch.Tensor] = None,
+            kv_dtype: Optional[torch.dtype] = None) -> torch.Tensor:
     """[group tokens, Hq, Dv]; q: the batch's queries, k/v: cat(old, new) keys and values (MLA:
     k the latent rows, v their first kv_lora_rank columns, so that a score is
-    q_latent . c_kv + q_rope . k_rope and the output a mix of c_kv)."""
+    q_latent . c_kv + q_rope . k_rope and the output a mix of c_kv). Declared numerics
+    (kit.engine.numerics): `q_stored`, the queries as they meet keys read from the cache (the new
+    tokens' too unless `steps` hold NEW_AS_HANDED); the envelope steps of `steps` the products take
+    (P_CAST casts to the cache's `kv_dtype`)."""
     b, nq = group.q_rows.shape
     hq, hkv, d = q.shape[1], k.shape[1], q.shape[2]
-    qg = q[group.q_rows].view(b, nq, hkv, hq // hkv, d)  # a query head's KV head: h // group
-    kg, vg = k[group.k_rows], v[group.k_rows]
+    round_in = _tf32 if TF32 in steps else (lambda x: x)
+    kg, vg = round_in(k[group.k_rows]), round_in(v[group.k_rows])
+
+    def scores(queries: torch.Tensor) -> torch.Tensor:
+        qg = round_in(queries[group.q_rows].view(b, nq, hkv, hq // hkv, d))  # a query head's KV head: h // group
+        return torch.einsum("bqhgd,bkhd->bhgqk", qg, kg)
+    s = scores(q if q_stored is None else q_stored)
+    if q_stored is not None and NEW_AS_HANDED in steps:  # the new tokens' keys meet q as handed
+        new_key = (group.k_rows >= k.shape[0] - q.shape[0])[:, None, None, None, :]
+        s = torch.where(new_key, scores(q), s)
     sinks = _sinks(layer, (1, hkv, hq // hkv, 1, 1), q.device)
-    probs = _probs(torch.einsum("bqhgd,bkhd->bhgqk", qg, kg), group.hidden[:, None, None], layer, sinks)
-    out = torch.einsum("bhgqk,bkhd->bqhgd", probs, vg)
+    probs = _probs(s, group.hidden[:, None, None], layer, sinks)
+    if P_FP8 in steps:
+        probs = _p_fp8(probs)
+    elif P_CAST in steps:
+        probs = _p_cast(probs, kv_dtype)
+    out = torch.einsum("bhgqk,bkhd->bqhgd", round_in(probs), vg)
     return out.reshape(b * nq, hq, v.shape[-1])[group.out_rows]  # padded queries (every key masked) dropped
 
 
 def golden(batch: Batch, layer_id: int = CASE_LAYER_ID,
-           groups: Optional[List[_Group]] = None) -> torch.Tensor:
-    """[num_tokens, Hq, Dv] float64 attention of one layer, every request at once."""
-    layer = batch.layers[layer_id]
-    x = as_read(batch, layer_id)
+           groups: Optional[List[_Group]] = None, steps: Tuple[str, ...] = ()) -> torch.Tensor:
+    """[num_tokens, Hq, Dv] float64 attention of one layer, every request at once; with declared
+    numerics' `steps` (kit.engine.numerics), in that precision."""
+    layer, kv_dtype = batch.layers[layer_id], batch.plan.case.kv_torch_dtype
+    x = as_read(batch, layer_id, steps)
     q = x.q.to(torch.float64)
+    q_stored = _queries(x.q, layer, kv_dtype, steps).to(torch.float64) if is_quantized(kv_dtype) else None
     if groups is None:
         groups = _groups(batch.plan, layer.tp_q_head_num, layer.sliding_window_size, q.device)
     k, v = torch.cat([x.k_old, x.k_new]).to(torch.float64), torch.cat([x.v_old, x.v_new]).to(torch.float64)
-    outs = [_attend(g, q, k, v, layer) for g in groups]
+    outs = [_attend(g, q, k, v, layer, steps, q_stored, kv_dtype) for g in groups]
     return torch.cat(outs) if outs else q.new_zeros(q.shape[:-1] + v.shape[-1:])
 
 
@@ -208,16 +262,34 @@ def attention(batch: Batch, dtype: torch.dtype = torch.float64, layer_id: int = 
     return torch.cat(outs) if outs else q_all.new_zeros(q_all.shape[:-1] + (layer.v_head_dim,))
 
 
-def references(batch: Batch) -> Dict[int, Tuple[torch.Tensor, torch.Tensor]]:
-    """Per layer id, the (float64 golden, same-dtype reference) of every layer of the model."""
-    by_window = {}  # layers of a hybrid model differ in their window
-    found = {}
+def _by_window(batch: Batch) -> Dict[int, List[_Group]]:
+    """The requests' groups through each window of the model's layers (a hybrid model's differ)."""
     heads = max(x.tp_q_head_num for x in batch.layers)
     device = batch.inputs[CASE_LAYER_ID].q.device
+    windows = {layer.sliding_window_size for layer in batch.layers}
+    return {w: _groups(batch.plan, heads, w, device) for w in sorted(windows)}
+
+
+def references(batch: Batch) -> Dict[int, Tuple[torch.Tensor, torch.Tensor]]:
+    """Per layer id, the (float64 golden, same-dtype reference) of every layer of the model."""
+    by_window = _by_window(batch)
+    return {layer.layer_id: (golden(batch, layer.layer_id, by_window[layer.sliding_window_size]),
+                             attention(batch, batch.plan.case.torch_dtype, layer.layer_id,
+                                       by_window[layer.sliding_window_size]))
+            for layer in batch.layers}
+
+
+def declared(batch: Batch, steps: Tuple[str, ...]) -> Dict[int, Tuple[torch.Tensor, Optional[torch.Tensor]]]:
+    """Per layer id, the float64 references of declared numerics' `steps` (kit.engine.numerics): the
+    emulation of their exact steps, which a run is judged against, and, where they hold envelope
+    steps, the emulation of all of them, whose distance from the first widens the tolerance (None
+    where they hold none)."""
+    by_window = _by_window(batch)
+    exact_steps = tuple(s for s in steps if s not in ENVELOPE_STEPS)
+    found = {}
     for layer in batch.layers:
-        window = layer.sliding_window_size
-        if window not in by_window:
-            by_window[window] = _groups(batch.plan, heads, window, device)
-        found[layer.layer_id] = (golden(batch, layer.layer_id, by_window[window]),
-                                 attention(batch, batch.plan.case.torch_dtype, layer.layer_id, by_window[window]))
+        groups = by_window[layer.sliding_window_size]
+        emulated = golden(batch, layer.layer_id, groups, exact_steps)
+        found[layer.layer_id] = (emulated, golden(batch, layer.layer_id, groups, steps)
+                                 if exact_steps != steps else None)
     return found

@@ -270,13 +270,13 @@ class _Search:
                           example=self.outcome.examples, seconds=self.elapsed())
         entry = match(self.known_entries, self.label, case.mode.value, exec_.value, case.name, self.device_label,
                       case.dtype)
-        if is_expected(entry, result.outcome, result.failure_class):
+        if is_expected(entry, result):
             finding.known = entry.id
             count, first = self.outcome.known.get(entry.id, (0, finding))
             self.outcome.known[entry.id] = (count + 1, first)
             return None
         if entry is not None:
-            finding.message = f"{against(entry, result.outcome, result.failure_class)}; {finding.message}"
+            finding.message = f"{against(entry, result)}; {finding.message}"
         if self.first_failure is None:
             self.first_failure, self.outcome.first_example = self.elapsed(), self.outcome.examples
         return finding

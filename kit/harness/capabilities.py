@@ -1,7 +1,7 @@
 """What a backend class declares of itself, read once when it is loaded and checked
 (`Capabilities.of`): the modes, attention kinds, layer features and quantized KV caches
-forward() implements, its graph hooks, how it takes a padded EXTEND batch, and the smoke
-cases a plain CPU run gives it. The harness asks this record, never the class."""
+forward() implements, its numerics (the rounding steps it takes on purpose), its graph hooks, how
+it takes a padded EXTEND batch, and the smoke cases a plain CPU run gives it. The harness asks this record, never the class."""
 from __future__ import annotations
 
 import dataclasses
@@ -10,6 +10,7 @@ from typing import Dict, FrozenSet, Optional, Tuple
 from kit.engine import kinds
 from kit.engine.case import KV_DTYPES, Case
 from kit.engine.modes import rules_for
+from kit.engine.numerics import EXACT_NUMERICS, Numerics
 from kit.engine.profile import BUILDER, CAPTURE_REPLAY, TWO_PHASE, EngineProfile
 from kit.harness.mirrors import MIRRORS
 from kit.modes import ForwardMode
@@ -40,6 +41,7 @@ class Capabilities:
     kv_dtypes: FrozenSet[str]  # Case.kv_dtype values (quantized KV caches) forward() reads
     attention_features: FrozenSet[str]  # Case.features forward() implements ("sinks"); none by default
     profile: EngineProfile  # the engine's conventions (kit.engine.profile)
+    numerics: Numerics  # the rounding steps forward() takes on purpose (kit.engine.numerics)
     hook_style: Optional[str]  # the graph hooks' style (kit.harness.hooks); None: no graph runs ("no capture hooks")
     in_graph: bool  # two-phase: init_forward_metadata_in_graph, recorded in the graph
     extend_capture: bool  # EXTEND's forward() may be captured once per token bucket
@@ -62,6 +64,10 @@ class Capabilities:
         if not isinstance(profile, EngineProfile) or profile.problem():
             raise BadDeclaration(f"{name}.profile must be a kit.engine.profile.EngineProfile"
                                  + (f": {profile.problem()}" if isinstance(profile, EngineProfile) else f", not {profile!r}"))
+        numerics = getattr(backend_cls, "numerics", EXACT_NUMERICS)
+        if not isinstance(numerics, Numerics) or numerics.problem():
+            raise BadDeclaration(f"{name}.numerics must be a kit.engine.numerics.Numerics"
+                                 + (f": {numerics.problem()}" if isinstance(numerics, Numerics) else f", not {numerics!r}"))
         flags = {}
         for flag in ("extend_capture", "real_rows_only", "batch_invariant"):
             value = getattr(backend_cls, flag, False)
@@ -77,7 +83,7 @@ class Capabilities:
                    attention_features=_name_set(name, "attention_features",
                                                 getattr(backend_cls, "attention_features", ()),
                                                 _is_str, 'features (e.g. ("sinks",))'),
-                   profile=profile, hook_style=_hook_style(backend_cls, profile),
+                   profile=profile, numerics=numerics, hook_style=_hook_style(backend_cls, profile),
                    in_graph=callable(getattr(backend_cls, "init_forward_metadata_in_graph", None)),
                    ci_cases=_ci_cases(name, getattr(backend_cls, "ci_cases", None)),
                    host_mirrors=_host_mirrors(name, getattr(backend_cls, "host_mirrors", None)), **flags)

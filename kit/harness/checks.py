@@ -139,13 +139,20 @@ def check_output(out: torch.Tensor, golden: torch.Tensor, same_dtype_ref: torch.
 
 
 def output_figures(outs: Sequence[torch.Tensor], goldens: Sequence[torch.Tensor], same_dtype_refs: Sequence[torch.Tensor],
-                   dtype: torch.dtype, labels: Sequence[str]) -> Pending:
+                   dtype: torch.dtype, labels: Sequence[str],
+                   declared: Optional[Sequence[Optional[Tuple[torch.Tensor, Optional[torch.Tensor]]]]] = None) -> Pending:
     """Each layer's output against its golden (finishes to one OutputCheck per layer). The
     layers compared are stacked and judged by one set of operations, not one per layer: the
     maxima are those of each layer alone; a head's RMS may differ from one computed on a
-    layer alone in float64's last bit (on the GPU the order of a sum follows the shape)."""
+    layer alone in float64's last bit (on the GPU the order of a sum follows the shape).
+    `declared`: per layer, None or the (emulated, envelope) references of the backend's declared
+    numerics (kit.engine.reference.declared): the output is judged against the emulated one, its
+    tolerances widened by RATIO x the envelope's distance from it (largest, and a head's RMS
+    relative to its output's); the same-dtype reference's error is the exact golden's either way."""
+    declared = declared or [None] * len(outs)
+    against = [d[0] if d is not None else g for d, g in zip(declared, goldens)]
     checks: List[object] = [None] * len(outs)
-    for i, (out, golden, label) in enumerate(zip(outs, goldens, labels)):
+    for i, (out, golden, label) in enumerate(zip(outs, against, labels)):
         if tuple(out.shape) != tuple(golden.shape) or out.is_meta:  # no values to compare (the form check says why)
             checks[i] = OutputCheck(False, float("inf"), 0.0, 0.0, [], 0, compared=False, label=label)
         elif not golden.numel():
@@ -153,26 +160,31 @@ def output_figures(outs: Sequence[torch.Tensor], goldens: Sequence[torch.Tensor]
     judged = [i for i, c in enumerate(checks) if c is None]
     if not judged:
         return _known(checks)
-    golden = torch.stack([goldens[i] for i in judged])  # [layers, T, Hq, D]
+    golden = torch.stack([against[i] for i in judged])  # [layers, T, Hq, D]
+    exact = torch.stack([goldens[i] for i in judged])
+    envelope = torch.stack([declared[i][1] if declared[i] is not None and declared[i][1] is not None else against[i]
+                            for i in judged]) - golden
     out = torch.stack([outs[i].to(golden.device) for i in judged])
     err = out.to(torch.float64) - golden
-    ref_err = (torch.stack([same_dtype_refs[i] for i in judged]).to(torch.float64) - golden).abs().flatten(1).amax(dim=1)
-    tol = RATIO * ref_err + ABS_FLOOR[dtype]
+    ref_err = (torch.stack([same_dtype_refs[i] for i in judged]).to(torch.float64) - exact).abs().flatten(1).amax(dim=1)
+    golden_rms = _rms(golden).clamp_min(torch.finfo(dtype).tiny)
+    tol = RATIO * (ref_err + envelope.abs().flatten(1).amax(dim=1)) + ABS_FLOOR[dtype]
+    rel_tol = RATIO * (_rms(envelope) / golden_rms).nan_to_num(nan=0.0).flatten(1).amax(dim=1) + REL_RMS[dtype]
     row_err = err.abs().flatten(2).amax(dim=2).nan_to_num(nan=float("inf"))  # [layers, T]
     err_rms = _rms(err)  # [layers, T, Hq]
-    head_rel = (err_rms / _rms(golden).clamp_min(torch.finfo(dtype).tiny)).nan_to_num(nan=float("inf"))
+    head_rel = (err_rms / golden_rms).nan_to_num(nan=float("inf"))
     row_rel = head_rel.amax(dim=2)
-    bad = (row_err > tol[:, None]) | (row_rel > REL_RMS[dtype])
+    bad = (row_err > tol[:, None]) | (row_rel > rel_tol[:, None])
     nonfinite = (~torch.isfinite(out.flatten(2))).any(dim=2).sum(dim=1).to(torch.float64)
-    figures = torch.stack([ref_err, tol, row_err.amax(dim=1), row_rel.amax(dim=1), bad.sum(dim=1).double(), nonfinite],
-                          dim=1)
+    figures = torch.stack([ref_err, tol, row_err.amax(dim=1), row_rel.amax(dim=1), rel_tol, bad.sum(dim=1).double(),
+                           nonfinite], dim=1)
 
     def finish(values: List[float]) -> List[OutputCheck]:
         for j, i in enumerate(judged):
-            ref_err, tol, max_err, max_rel, num_bad, nonfinite = values[6 * j:6 * j + 6]
+            ref_err, tol, max_err, max_rel, rel_tol, num_bad, nonfinite = values[7 * j:7 * j + 7]
             bad_rows = bad[j].nonzero().squeeze(1)[:8].tolist() if num_bad else []
             checks[i] = OutputCheck(not num_bad, max_err, ref_err, tol, bad_rows, int(nonfinite), max_rel,
-                                    REL_RMS[dtype], label=labels[i])
+                                    rel_tol, label=labels[i])
         return checks
     return Pending(figures.flatten(), finish)
 

@@ -18,6 +18,7 @@ from kit.engine.case import Case
 from kit.engine.layer import Layer, model_layers
 from kit.engine.modes import rules_for
 from kit.engine.pools import KVPool, ReqToTokenPool
+from kit.engine.numerics import EXACT_NUMERICS, Numerics
 from kit.harness.capabilities import DENSE_ONLY
 
 
@@ -97,6 +98,11 @@ class AttentionBackend:
     # is unsupported for it, whatever its supports() says: a backend written before a feature
     # existed would run it and ignore it.
     attention_features: tuple = ()
+    # The rounding steps forward() takes on purpose, each for the modes it takes it in
+    # (kit.engine.numerics.Numerics: q quantized to fp8 with q_scale = k_scale, new tokens attended as
+    # handed rather than as stored, probabilities quantized to fp8 before PV, TF32 dots). Its runs are
+    # judged against a float64 reference that takes the same steps; default: none (exact).
+    numerics: Numerics = EXACT_NUMERICS
     # {mode value: case names}: the smoke cases a plain CPU run (`--case-set auto`) gives a backend
     # too slow on CPU for all of them; None: every case. `--case-set smoke` runs them all.
     ci_cases: Optional[dict] = None

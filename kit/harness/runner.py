@@ -14,7 +14,7 @@ from kit.harness import interpreter
 from kit.harness.guard import Guard, canary_figures
 from kit.harness import mirrors
 from kit.harness.invariance import Recurrence
-from kit.harness.verdict import Across, Verdict, eager_verdict, replay_failure, replay_verdict
+from kit.harness.verdict import Across, Verdict, eager_verdict, numerics_steps, replay_failure, replay_verdict
 from kit.modes import Exec
 from kit.harness.hooks import HookDriver, driver_for
 from kit.harness.program import forward_program
@@ -27,7 +27,7 @@ from kit.report.record import CRASH, EAGER, ENVIRONMENT, ERROR, FAIL, PASS, UNSU
 from kit.harness.run import Run
 from kit.harness.registry import load_backend
 from kit.harness.environment import versions
-from kit.engine.profile import EngineProfile
+from kit.engine.numerics import label
 from kit.engine.render import step_views
 from kit.engine.schedule import batches
 from kit.harness.scope import unsupported_reason
@@ -152,7 +152,7 @@ class RunSetup:
     def make(cls, backend_cls, caps: Capabilities, case: Case, exec_: Exec, device) -> "RunSetup":
         device = torch.device(device)
         cases = batches(case, exec_, caps.profile)
-        return cls(backend_cls, caps, case, fixtures_for(cases, device, STORE, caps.profile), device)
+        return cls(backend_cls, caps, case, fixtures_for(cases, device, STORE, caps.profile, caps.numerics), device)
 
     @property
     def case_fixture(self) -> Fixture:
@@ -167,7 +167,7 @@ class RunSetup:
               only: Optional[str] = None) -> Verdict:
         """The batch eagerly on `backend`; `regime`: how it hands its host mirrors (`only` that one so)."""
         batch = mirrors.handed(fx.batch, [r.n_new for r in fx.plan.requests], regime, self.caps.host_mirrors, only)
-        return _eager(backend, fx, batch, driver_for(backend, self.caps), self.caps.profile, across)
+        return _eager(backend, fx, batch, driver_for(backend, self.caps), self.caps, across)
 
     def blame(self, fx: Fixture, regime: Optional[mirrors.Regime]) -> str:
         """Where the batch failed with its host mirrors as `regime` left them: which mirror the backend
@@ -199,7 +199,7 @@ def _outputs(outs: List[List[torch.Tensor]]) -> List[List[torch.Tensor]]:
     return outs
 
 
-def _eager(backend, fx: Fixture, batch, driver: HookDriver, profile: EngineProfile,
+def _eager(backend, fx: Fixture, batch, driver: HookDriver, caps: Capabilities,
            across: Optional[Across] = None) -> Verdict:
     """One program: the metadata once (for `batch`: fx's, its host mirrors as handed), then every step's
     forward for every layer of the model; `across`: the run's batches so far."""
@@ -214,7 +214,8 @@ def _eager(backend, fx: Fixture, batch, driver: HookDriver, profile: EngineProfi
         outs = _outputs(forward_program(backend, fx.layers, views, given, call=_unsynced))
     layers = f"layers 0-{len(fx.layers) - 1}" + (f" of {len(fx.steps)} steps" if len(fx.steps) > 1 else "")
     return _judged_on_device(f"forward ({layers}, on the device)",
-                             lambda: eager_verdict(fx, outs, canary_figures(guard), given, profile.scratch, across))
+                             lambda: eager_verdict(fx, outs, canary_figures(guard), given, caps.profile.scratch,
+                                                           across, caps.numerics))
 
 
 def run_case(backend_spec: str, case: Case, exec_: Exec, device: Optional[torch.device] = None,
@@ -311,7 +312,7 @@ def _run_releasing_memory(cls, caps: Capabilities, case: Case, exec_: Exec, devi
         release()
         result.outcome, result.failure_class, result.message = PASS, None, ""
         result.max_err = result.tol = None
-        result.exec_detail = ""
+        result.exec_detail, result.numerics, result.margins = "", "", []
 
 
 def _run(cls, caps: Capabilities, case: Case, exec_: Exec, device, result: RunResult) -> None:
@@ -336,6 +337,7 @@ def _eager_sequence(backend, setup: RunSetup, result: RunResult) -> None:
         regime = mirrors.regime(i, len(fixtures), setup.caps.host_mirrors)
         across = Across(recurrence, _describe_step(i, fixtures))
         v = _blamed(setup, fx, regime, lambda: setup.eager(backend, fx, across, regime))
+        _measured(result, setup, fx, v)
         result.max_err = max(result.max_err or 0.0, v.max_err)
         result.tol = v.tol if result.tol is None else min(result.tol, v.tol)
         if v.ok:
@@ -350,6 +352,14 @@ def _eager_sequence(backend, setup: RunSetup, result: RunResult) -> None:
             result.message += ("; on a fresh backend instance the same batch is right -> state kept from "
                                "the earlier batches" if fresh.ok else "; wrong on a fresh backend instance too")
         return
+
+
+def _measured(result: RunResult, setup: RunSetup, fx: Fixture, v: Verdict) -> None:
+    """The numerics the batch's outputs were judged under and its margins, into the run's (per layer,
+    the worst over its batches)."""
+    result.numerics = label(numerics_steps(fx, setup.caps.numerics))
+    margins = v.margins(len(fx.layers))
+    result.margins = [max(a, b) for a, b in zip(result.margins, margins)] if result.margins else margins
 
 
 def _blamed(setup: RunSetup, fx: Fixture, regime: Optional[mirrors.Regime], run):
@@ -386,7 +396,9 @@ def _graph(backend, setup: RunSetup, result: RunResult) -> None:
         replayed = _blamed(setup, fx, regime, lambda: _unsynced(f"replay {i + 1}", harness.replay, fx, regime))
         _outputs(replayed.outs)
         across = Across(recurrence, harness.describe(i, fixtures))
-        v = _judged_on_device(f"replay {i + 1}", lambda: replay_verdict(fx, replayed, scratch, across))
+        v = _judged_on_device(f"replay {i + 1}", lambda: replay_verdict(fx, replayed, scratch, across,
+                                                                                   setup.caps.numerics))
+        _measured(result, setup, fx, v)
         worst = max(worst, v.max_err)
         result.tol = v.tol if result.tol is None else min(result.tol, v.tol)
         if v.ok:

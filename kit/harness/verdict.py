@@ -9,6 +9,7 @@ from typing import List, Optional, Sequence, Tuple
 import torch
 
 from kit.engine.fixture import Fixture
+from kit.engine.numerics import EXACT_NUMERICS, Numerics
 from kit.engine.transfer import to_device
 from kit.harness.checks import (Check, FormCheck, InputsCheck, KVCheck, KVState, OutputCheck, PaddingCheck,
                                 Pending, StateCheck, check_form, check_inputs, check_state, handed_inputs,
@@ -53,6 +54,10 @@ class Verdict:
     @property
     def tol(self) -> float:
         return min(c.tol for c in self.outputs)
+
+    def margins(self, num_layers: int) -> List[float]:
+        """Per layer id, its worst output's error over its limit (OutputCheck.excess) over the steps."""
+        return [max(c.excess for c in self.outputs[layer::num_layers]) for layer in range(num_layers)]
 
     def failure_class(self, eager_is_right: bool = False) -> str:
         """The run's class; with eager_is_right, the class of a replay whose batch runs right eagerly."""
@@ -104,19 +109,29 @@ def _joined(parts: List[torch.Tensor]) -> torch.Tensor:
     return parts[0] if len(parts) == 1 else torch.cat(parts)
 
 
+def numerics_steps(fx: Fixture, numerics: Numerics) -> Tuple[str, ...]:
+    """The steps of the backend's declared numerics fx's case takes (kit.engine.numerics)."""
+    return numerics.steps(fx.case.mode.value, fx.case.dtype, fx.case.kv_dtype,
+                          fx.program_inputs[0].q.device.type)
+
+
 def _judged(fx: Fixture, outs: Sequence[Sequence[torch.Tensor]], memory: Pending, inputs: Sequence[Pending],
-            scratch: bool, padding: Optional[Pending] = None, across: Optional[Across] = None) -> dict:
+            scratch: bool, padding: Optional[Pending] = None, across: Optional[Across] = None,
+            numerics: Numerics = EXACT_NUMERICS) -> dict:
     """The checks of a program by name (Verdict's fields), read back from the device at once:
     each step's output of each layer against its golden, the KV pool of every layer, each
     output's form, `memory`, the inputs forward() was handed (`inputs`:
     kit.harness.checks.inputs_figures), for a replay `padding`, and within a run (`across`) the rows
-    of requests seen in its earlier batches."""
+    of requests seen in its earlier batches; the outputs under the backend's declared `numerics`."""
     labels = _labels(fx)
     refs = [step.reference(layer.layer_id) for step in fx.steps for layer in fx.layers]
+    steps = numerics_steps(fx, numerics)
+    emulated = [step.declared(layer.layer_id, steps) if steps else None for step in fx.steps for layer in fx.layers]
     flat_outs = [o for step in outs for o in step]
     flat_labels = [label for step in labels for label in step]
     pending = dict(
-        outputs=output_figures(flat_outs, [r[0] for r in refs], [r[1] for r in refs], fx.case.torch_dtype, flat_labels),
+        outputs=output_figures(flat_outs, [r[0] for r in refs], [r[1] for r in refs], fx.case.torch_dtype, flat_labels,
+                               emulated),
         kv=kv_figures(fx.pools.token_to_kv_pool, kv_state(fx, scratch)),
         memory=memory)
     if padding is not None:
@@ -138,21 +153,24 @@ def _judged(fx: Fixture, outs: Sequence[Sequence[torch.Tensor]], memory: Pending
 
 def eager_verdict(fx: Fixture, outs: Sequence[Sequence[torch.Tensor]], memory: Pending,
                   given: Sequence[Sequence[Tuple[torch.Tensor, torch.Tensor, torch.Tensor]]],
-                  scratch: bool = True, across: Optional[Across] = None) -> Verdict:
+                  scratch: bool = True, across: Optional[Across] = None,
+                  numerics: Numerics = EXACT_NUMERICS) -> Verdict:
     """`outs`: per step, forward's output for each layer of the model, in layer order; `memory`:
     the guard's canaries (kit.harness.guard.canary_figures); `given`: per step, the (q, k, v) each
     layer's forward was handed (copies of the step's inputs); `scratch`: slot 0 is the engine's
-    scratch slot (kit.engine.profile); `across`: the run's batches so far."""
+    scratch slot (kit.engine.profile); `across`: the run's batches so far; `numerics`: the backend's
+    declared numerics, the outputs judged under them."""
     many = len(fx.steps) > 1
     handed = [h for step, step_given in zip(fx.steps, given)
               for h in handed_inputs(step, step_given, f", step {step.index + 1}" if many else "")]
-    return Verdict(**_judged(fx, outs, memory, [inputs_figures(handed)], scratch, across=across))
+    return Verdict(**_judged(fx, outs, memory, [inputs_figures(handed)], scratch, across=across, numerics=numerics))
 
 
-def replay_verdict(fx: Fixture, replayed, scratch: bool = True, across: Optional[Across] = None) -> Verdict:
+def replay_verdict(fx: Fixture, replayed, scratch: bool = True, across: Optional[Across] = None,
+                   numerics: Numerics = EXACT_NUMERICS) -> Verdict:
     """`replayed`: kit.harness.graph.Replayed."""
     judged = _judged(fx, replayed.outs, replayed.memory, replayed.inputs, scratch,
-                     padding_figures(replayed.padded, fx.pools.token_to_kv_pool), across)
+                     padding_figures(replayed.padded, fx.pools.token_to_kv_pool), across, numerics)
     return Verdict(**judged, state=check_state(replayed.replaced))
 
 

@@ -31,6 +31,6 @@ class Parametrize:
                                          run.case.name, device, run.case.dtype)
             marks = [] if entry is None else [pytest.mark.xfail(
                 strict=True, raises=KnownFailureHit,
-                reason=f"{entry.id} expects [{entry.failure_class}]: {entry.reason} ({entry.where})")]
+                reason=f"{entry.id} expects {entry.expects}: {entry.reason} ({entry.where})")]
             params.append(pytest.param(dataclasses.replace(run, known=entry), marks=marks, id=run.id))
         metafunc.parametrize("conformance_run", params)

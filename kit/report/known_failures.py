@@ -6,7 +6,7 @@ import dataclasses
 import fnmatch
 import re
 from pathlib import Path
-from typing import List, Optional, Sequence
+from typing import List, Optional, Sequence, Tuple
 
 from kit.modes import EXECS, MODES
 from kit.report.record import FAIL, FAILURE_CLASSES as CLASSES, PASS, Record
@@ -15,8 +15,14 @@ BEGIN, END = "<!-- known-failures:begin -->", "<!-- known-failures:end -->"
 COLUMNS = ("id", "backend", "mode", "exec", "case", "device", "class", "mark", "reason", "link")
 XFAIL, QUARANTINE = "xfail", "quarantine"
 ROW_TEMPLATE = "| KF-<n> | <backend> | <mode or *> | <eager|graph|*> | <case glob> | <device glob, e.g. *H100* or *> | " \
-               "<kernel|graph|kv-write|crash> | <xfail|quarantine> | <reason> | " \
+               "<kernel|graph|kv-write|crash, then optionally its band: `1.5-40x` or `\"text of its message\"`> | " \
+               "<xfail|quarantine> | <reason> | " \
                "<links, space-separated: the issue or PR tracking the bug, then source lines (URLs or repo paths)> |"
+# The class cell: the failure class, then optionally what the failure must look like to be this one,
+# so that a second bug in a region that already fails is still seen: the band of its worst layer's
+# error over its limit (RunResult.margins), e.g. `kernel 1.5-40x`, or text its message holds, e.g.
+# `crash "illegal memory access"`.
+CLASS_CELL = re.compile(r'(?P<cls>[\w-]+)(?:\s+(?P<lo>\d+(?:\.\d+)?)-(?P<hi>\d+(?:\.\d+)?)x|\s+"(?P<text>[^"]+)")?')
 # An upstream issue or PR (a URL), or a file in the repo that shows the failure (a path, maybe with #anchor).
 LINK = re.compile(r"https?://[\w.-]+\.\w+\S*|(?!/|\.\./)[\w.-]+(/[\w.-]+)*(\.\w+|/[\w.-]+)/?(#\S+)?")
 
@@ -38,6 +44,27 @@ class KnownFailure:
     reason: str
     link: str  # one or more links, space-separated
     where: str  # path:line, for messages
+    band: Optional[Tuple[float, float]] = None  # its worst layer's margin, low and high (CLASS_CELL)
+    text: str = ""  # what its message holds (CLASS_CELL)
+
+    @property
+    def pinned(self) -> bool:
+        """Whether the entry says what its failure looks like (a band or a message), not only its class."""
+        return self.band is not None or bool(self.text)
+
+    @property
+    def expects(self) -> str:
+        """What the entry expects, as messages say it: `[kernel]`, `[kernel] at 1.5-40x its limit`."""
+        if self.band is not None:
+            return f"[{self.failure_class}] at {self.band[0]:g}-{self.band[1]:g}x its limit"
+        return f"[{self.failure_class}]" + (f' saying "{self.text}"' if self.text else "")
+
+    def fits(self, result) -> bool:
+        """Whether a failing run of the entry's class (a RunResult or Record) is this failure: its worst
+        layer's margin within the band, its message holding the text (where the entry pins them)."""
+        if self.band is not None and not (result.margins and self.band[0] <= max(result.margins) <= self.band[1]):
+            return False
+        return self.text in result.message
 
     @property
     def links(self) -> List[str]:
@@ -72,8 +99,12 @@ def _problems(cells: List[str], seen_ids) -> List[str]:
         out.append(f"mode {row['mode']!r} matches none of {sorted(modes)}")
     if row["exec"] not in {e.value for e in EXECS} | {"*"}:
         out.append(f"exec {row['exec']!r} is not eager, graph or *")
-    if row["class"] not in CLASSES:
-        out.append(f"class {row['class']!r} is not one of {', '.join(CLASSES)}")
+    cell = CLASS_CELL.fullmatch(row["class"])
+    if cell is None or cell["cls"] not in CLASSES:
+        out.append(f"class {row['class']!r} is not one of {', '.join(CLASSES)}, optionally followed by a band "
+                   f"(1.5-40x) or quoted message text")
+    elif cell["lo"] is not None and not 0 <= float(cell["lo"]) <= float(cell["hi"]):
+        out.append(f"band {cell['lo']}-{cell['hi']}x is empty")
     if row["mark"] not in (XFAIL, QUARANTINE):
         out.append(f"mark {row['mark']!r} is not xfail or quarantine")
     for field in ("backend", "case", "device", "reason", "link"):
@@ -106,8 +137,11 @@ def parse(text: str, path: str = "KNOWN_FAILURES.md") -> List[KnownFailure]:
             continue
         row = dict(zip(COLUMNS, cells))
         seen.add(row["id"])
+        cell = CLASS_CELL.fullmatch(row["class"])
+        band = None if cell["lo"] is None else (float(cell["lo"]), float(cell["hi"]))
         entries.append(KnownFailure(row["id"], row["backend"], row["mode"], row["exec"], row["case"], row["device"],
-                                    row["class"], row["mark"], row["reason"], row["link"], where))
+                                    cell["cls"], row["mark"], row["reason"], row["link"], where, band,
+                                    cell["text"] or ""))
     if errors:
         raise KnownFailuresError("\n".join(errors))
     return entries
@@ -150,26 +184,29 @@ def match(entries: Sequence[KnownFailure], backend: str, mode: str, exec_: str, 
     return found[0]
 
 
-def is_expected(entry: Optional[KnownFailure], outcome: str, failure_class: Optional[str]) -> bool:
-    """The expected-failure rule: a run is its entry's known failure only if it fails with the
-    entry's class (a pass, or another class, is a failure of the suite)."""
-    return entry is not None and outcome == FAIL and failure_class == entry.failure_class
+def is_expected(entry: Optional[KnownFailure], result) -> bool:
+    """The expected-failure rule: a run (a RunResult or Record) is its entry's known failure only if it
+    fails with the entry's class, within the entry's band or with its text where it pins them (a pass,
+    another class or another failure is a failure of the suite)."""
+    return (entry is not None and result.outcome == FAIL and result.failure_class == entry.failure_class
+            and entry.fits(result))
 
 
-def against(entry: Optional[KnownFailure], outcome: str, failure_class: Optional[str]) -> str:
+def against(entry: Optional[KnownFailure], result) -> str:
     """What a run is against its entry, in one line ('' without one): the entry's known failure
     (is_expected), another failure, a pass (the entry stale here) or no verdict. Every command
     that tells a user about a run's entry says it in these words."""
     if entry is None:
         return ""
-    if is_expected(entry, outcome, failure_class):
+    if is_expected(entry, result):
         return f"known failure: {entry.id} ({entry.where}): {entry.reason}"
-    expects = f"{entry.id} ({entry.where}) expects [{entry.failure_class}] here"
-    if outcome == FAIL:
-        return f"not the known failure: {expects}, this run failed [{failure_class}]"
-    if outcome == PASS:
+    expects = f"{entry.id} ({entry.where}) expects {entry.expects} here"
+    if result.outcome == FAIL:
+        margin = f" at {max(result.margins):.3g}x its limit" if result.margins else ""
+        return f"not the known failure: {expects}, this run failed [{result.failure_class}]{margin}"
+    if result.outcome == PASS:
         return f"{expects}, but this run passed: the entry is stale here"
-    return f"{expects}; this run: {outcome}"
+    return f"{expects}; this run: {result.outcome}"
 
 
 def of_record(entries: Sequence[KnownFailure], record: Record) -> Optional[KnownFailure]:
@@ -180,4 +217,4 @@ def of_record(entries: Sequence[KnownFailure], record: Record) -> Optional[Known
 def covering(entries: Sequence[KnownFailure], record: Record) -> Optional[KnownFailure]:
     """The entry a results record is the expected failure of, if any."""
     entry = of_record(entries, record)
-    return entry if is_expected(entry, record.outcome, record.failure_class) else None
+    return entry if is_expected(entry, record) else None

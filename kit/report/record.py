@@ -51,6 +51,17 @@ class RunResult:
     isolated: bool = False  # ran in a subprocess (a quarantined known failure)
     device_lost: bool = False  # a sticky device fault: this process can run nothing more on the device
     versions: Dict[str, str] = dataclasses.field(default_factory=dict)  # torch, cuda, the backend's libraries
+    # The numerics the outputs were judged under: "exact", or the steps of the backend's declared numerics
+    # the run took (kit.engine.numerics, e.g. "q fp8, new tokens as handed"); "" where nothing was judged.
+    numerics: str = ""
+    # Per layer id, the worst output's error over its limit, by either rule (kit.harness.checks.OutputCheck.excess,
+    # over every batch and step): > 1 fails; empty where no output was judged.
+    margins: List[float] = dataclasses.field(default_factory=list)
+
+    @property
+    def exact(self) -> bool:
+        """Judged against the exact float64 reference (no declared rounding step taken)."""
+        return self.numerics in ("", EXACT)
 
     @property
     def test_id(self) -> str:
@@ -80,6 +91,9 @@ ENVIRONMENT_FIELDS = ("device", "kit_commit", "date")
 # Fields a results file may leave out: what differs from one run of the same code to the next
 # (matrix.committed drops them from the committed files).
 VOLATILE = ("seconds", "date", "kit_commit")
+# Fields records written before them lack; the committed form leaves them out where they hold their default.
+LATER = {"numerics": "", "margins": []}
+EXACT = "exact"  # kit.engine.numerics.EXACT: the report layer reads no engine module
 SCHEMA = 2
 
 
@@ -106,7 +120,7 @@ class Record(RunResult):
         if not isinstance(d, dict):
             raise RecordError(f"a {type(d).__name__}, not a record")
         names = [f.name for f in dataclasses.fields(cls)]
-        missing = [n for n in names if n not in d and n not in VOLATILE]
+        missing = [n for n in names if n not in d and n not in VOLATILE and n not in LATER]
         stray = sorted(set(d) - set(names))
         if missing or stray:
             raise RecordError("; ".join(filter(None, (missing and f"missing {', '.join(missing)}",

@@ -1,0 +1,84 @@
+"""A backend's declared numerics: the rounding steps it takes on purpose, which an exact float64
+reference would count as its error. Each step is declared for the modes it is taken in (a tuple
+of ForwardMode values; ALL for every mode) and applies to a case only where its precision is the
+case's (the fp8 steps with a quantized KV cache, TF32 with fp32 inputs):
+
+- `q_fp8`: the query quantized to the KV cache's fp8 type with q_scale = k_scale before QK
+  (vLLM's `supports_quant_query_input` backends);
+- `q_cast`: the query cast to the KV cache's fp8 type, no scale, where it meets a key the cache
+  holds (SGLang's Triton kernels: `q.to(k.dtype)` before an fp8 x fp8 dot);
+- `new_tokens_as_handed`: the step's own new tokens attended as forward() was handed them, not as
+  the quantized cache stores them (SGLang's extend kernels read k/v, not the pool), by the query
+  as handed;
+- `p_fp8`: the softmax probabilities scaled by 2^8 and quantized to fp8 e4m3 before the PV
+  product (FA3; vLLM's Triton kernel);
+- `p_cast`: the probabilities cast to the KV cache's fp8 type, no scale, before the PV product
+  (SGLang's Triton kernels: `p.to(v.dtype)`);
+- `tf32_dots`: fp32 dot products on TF32 inputs (Triton's tl.dot on NVIDIA by default).
+
+`cuda_only` names the steps an engine takes on CUDA devices only (it picks them by platform: on
+CPU, Triton's interpreter computes fp32 dots in fp32, vLLM quantizes no query).
+
+The first three are emulated exactly (kit.engine.reference.declared): a run is judged against the
+float64 reference that takes them. The last two round inside the kernel's tiles, where an
+emulation cannot follow each tile's running maximum or the hardware's rounding: they widen the
+tolerance by what they cost the float64 reference (its envelope), as FlashAttention's tests
+accept twice a same-precision reference's error."""
+from __future__ import annotations
+
+import dataclasses
+from typing import Tuple
+
+from kit.modes import MODES
+
+ALL = tuple(m.value for m in MODES)
+Q_FP8, Q_CAST, NEW_AS_HANDED = "q fp8", "q cast to fp8", "new tokens as handed"
+P_FP8, P_CAST, TF32 = "p fp8", "p cast to fp8", "tf32 dots"
+STEPS = (Q_FP8, Q_CAST, NEW_AS_HANDED, P_FP8, P_CAST, TF32)
+ENVELOPE_STEPS = (P_FP8, P_CAST, TF32)  # they widen the tolerance by their cost to the reference; the others
+# the float64 reference takes exactly
+EXACT = "exact"  # the label of numerics that take no step
+
+
+@dataclasses.dataclass(frozen=True)
+class Numerics:
+    q_fp8: Tuple[str, ...] = ()
+    q_cast: Tuple[str, ...] = ()
+    new_tokens_as_handed: Tuple[str, ...] = ()
+    p_fp8: Tuple[str, ...] = ()
+    p_cast: Tuple[str, ...] = ()
+    tf32_dots: Tuple[str, ...] = ()
+    cuda_only: Tuple[str, ...] = ()  # of STEPS
+
+    def problem(self) -> str:
+        """Why the declaration is malformed ('' when it is not)."""
+        if isinstance(self.cuda_only, str) or not isinstance(self.cuda_only, tuple) or not set(self.cuda_only) <= set(STEPS):
+            return f"cuda_only must be a tuple of step names (of {', '.join(map(repr, STEPS))}), not {self.cuda_only!r}"
+        if self.q_fp8 and self.q_cast and set(self.q_fp8) & set(self.q_cast):
+            return "q_fp8 and q_cast name the same modes: a query is quantized one way"
+        if set(self.p_fp8) & set(self.p_cast):
+            return "p_fp8 and p_cast name the same modes: probabilities are quantized one way"
+        for field in dataclasses.fields(self)[:-1]:
+            modes = getattr(self, field.name)
+            if isinstance(modes, str) or not isinstance(modes, tuple) or not set(modes) <= set(ALL):
+                return (f"{field.name} must be a tuple of mode values (of {', '.join(ALL)}; "
+                        f"kit.engine.numerics.ALL for every mode), not {modes!r}")
+        return ""
+
+    def steps(self, mode: str, dtype: str, kv_dtype, device_type: str) -> Tuple[str, ...]:
+        """The declared steps a run of (mode, case dtype, case kv_dtype) on a device of `device_type`
+        ("cpu", "cuda") takes, in STEPS order."""
+        quantized = kv_dtype is not None
+        taken = ((Q_FP8, quantized and mode in self.q_fp8), (Q_CAST, quantized and mode in self.q_cast),
+                 (NEW_AS_HANDED, quantized and mode in self.new_tokens_as_handed),
+                 (P_FP8, quantized and mode in self.p_fp8), (P_CAST, quantized and mode in self.p_cast),
+                 (TF32, dtype == "fp32" and mode in self.tf32_dots))
+        return tuple(step for step, on in taken if on and (device_type == "cuda" or step not in self.cuda_only))
+
+
+EXACT_NUMERICS = Numerics()
+
+
+def label(steps: Tuple[str, ...]) -> str:
+    """How records and tables name the numerics a run was judged under."""
+    return ", ".join(steps) if steps else EXACT
