@@ -30,6 +30,9 @@ class TorchNativeBackend(AttentionBackend):
         """Nothing to build: forward() reads each step's description."""
 
     def forward(self, q, k, v, layer, batch, save_kv_cache=True):
+        if batch.step is None:
+            raise ValueError("torch_native reads the step description (batch.step): build its batches under its "
+                             "profile (kit.engine.profile.NATIVE)")
         pool = batch.token_to_kv_pool
         if save_kv_cache:
             pool.set_kv_buffer(layer, batch.out_cache_loc, k, v)

@@ -8,6 +8,7 @@ import pytest
 import torch
 
 from kit.engine import render
+from kit.engine.common import render as render_common
 from kit.engine.fixture import fixtures_for
 from kit.engine.profile import BUILDER, NATIVE, SGLANG, STEP, EngineProfile
 from kit.harness.runner import run_case
@@ -90,3 +91,21 @@ def test_a_batch_rendered_wrong_is_judged_against_the_description(monkeypatch):
     monkeypatch.setattr(render, "forward_batch", shifted)
     r = run_case("torch_native", CASES[0], Exec.EAGER)
     assert r.outcome == "fail" and "new-token slots not written correctly" in r.message, r.message
+
+
+def test_state_slots_travel_from_the_description_into_every_converters_batch():
+    """A request's slots in slot-indexed state pools (none today's kinds have) reach SGLang's batch
+    and vLLM's description as the plan gives them, a padded request's as -1; a plan without any
+    renders None."""
+    (fx,) = fixtures_for([CASES[0]], "cpu", profile=COMMON_PROFILE)
+    assert fx.batch.state_slots is None and fx.batch.common.state_slots is None
+    slots = [[7, 2], [3, 9], [5, 4]]
+    plan = dataclasses.replace(fx.plan, requests=[dataclasses.replace(r, state_slots=s)
+                                                  for r, s in zip(fx.plan.requests, slots)])
+    r2t = fx.pools.req_to_token_pool.req_to_token
+    assert render.forward_batch(plan, fx.pools, "cpu").state_slots.tolist() == slots
+    common = render_common(plan, fx.batch.out_cache_loc, r2t, plan.case.page, rows=4)
+    assert common.state_slots.tolist() == slots + [[-1, -1]]
+    uneven = dataclasses.replace(plan, requests=plan.requests[:2] + [fx.plan.requests[2]])
+    with pytest.raises(ValueError, match="a slot in each state pool"):
+        render.forward_batch(uneven, fx.pools, "cpu")

@@ -523,11 +523,12 @@ def test_an_eager_step_waits_for_the_device_once_before_its_read_back(monkeypatc
     reads the step back: each wait is a switch between contexts when workers share the GPU."""
     import kit.harness.runner
     from kit.harness.protocol import BackendContext
-    fx = make_fixture(DECODE_CASE)
+    setup = run_setup(DECODE_CASE, backend_cls=TorchNativeBackend)
+    fx = setup.case_fixture
     backend = TorchNativeBackend(BackendContext.for_case(DECODE_CASE, fx.pools, torch.device("cpu")))
     waits = []
     monkeypatch.setattr(kit.harness.runner, "_device_done", lambda: waits.append(1))
-    assert run_setup(DECODE_CASE).eager(backend, fx).ok
+    assert setup.eager(backend, fx).ok
     assert len(waits) == 1, waits
 
 

@@ -69,9 +69,12 @@ class ForwardBatch:
     extend_prefix_lens_cpu: Optional[List[int]] = None
     # TARGET_VERIFY, DRAFT_EXTEND_V2 and DRAFT_DECODE
     spec_info: Optional[SpecInfo] = None
+    # [batch_size, state pools] int32: each request's slot in each slot-indexed state pool (a
+    # recurrent state, a convolution window); None for attention whose only state is its KV pages.
+    state_slots: Optional[torch.Tensor] = None
     # What the profile's converter adds (kit.engine.render): the step in vLLM's terms
-    # (kit.engine.common.CommonBatch) or the step description itself (kit.engine.plan.BatchPlan;
-    # eager batches only: a graph's are padded past what it describes); else None.
+    # (kit.engine.common.CommonBatch) or the step description itself (kit.engine.plan.BatchPlan: a
+    # token graph's batch carries its real requests', its tokens past theirs padding); else None.
     common: Optional[object] = None
     step: Optional[object] = None
 

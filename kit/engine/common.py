@@ -26,6 +26,9 @@ class CommonBatch:
     num_actual_tokens: int  # the real tokens (the rest of slot_mapping is padding)
     max_query_len: int
     max_seq_len: int
+    # [rows, state pools] int32: each request's slot in each slot-indexed state pool (a padded
+    # request's: -1, none); None for attention whose only state is its KV pages.
+    state_slots: Optional[torch.Tensor] = None
 
 
 def render(plan, slot_mapping: torch.Tensor, req_to_token: torch.Tensor, page: int, rows: Optional[int] = None,
@@ -44,11 +47,14 @@ def render(plan, slot_mapping: torch.Tensor, req_to_token: torch.Tensor, page: i
     device = slot_mapping.device
     request_rows = to_device([r.row for r in plan.requests] + [0] * pad, req_to_token.device, torch.int64)
     block_table = (req_to_token[request_rows][:, ::page] // page).to(torch.int32)
+    state = plan.state_slots
+    state_slots = None if state is None else to_device(state + [[-1] * len(state[0])] * pad, device, torch.int32)
     return CommonBatch(
         query_start_loc=to_device(query_start_loc_cpu, device), query_start_loc_cpu=query_start_loc_cpu,
         seq_lens=to_device(seq_lens_cpu, device), seq_lens_cpu=seq_lens_cpu, num_computed_tokens_cpu=cached,
         block_table=block_table, slot_mapping=slot_mapping, num_reqs=rows, num_actual_tokens=plan.num_tokens,
-        max_query_len=int(new.max()) if rows else 0, max_seq_len=int(seq_lens_cpu.max()) if rows else 0)
+        max_query_len=int(new.max()) if rows else 0, max_seq_len=int(seq_lens_cpu.max()) if rows else 0,
+        state_slots=state_slots)
 
 
 def capture_batch(batch, max_query_len: int, max_seq_len: int) -> CommonBatch:

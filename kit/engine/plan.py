@@ -79,6 +79,15 @@ class BatchPlan:
         return sum(r.n_new for r in self.requests)
 
     @property
+    def state_slots(self) -> Optional[List[List[int]]]:
+        """Each request's slots in the slot-indexed state pools, or None where no request has any."""
+        if not any(r.state_slots for r in self.requests):
+            return None
+        if len({len(r.state_slots) for r in self.requests}) != 1:
+            raise ValueError(f"{self.case.name}: every request needs a slot in each state pool")
+        return [r.state_slots for r in self.requests]
+
+    @property
     def new_slots(self) -> List[int]:
         """The KV slot of each new token, request by request: where the step writes."""
         return [s for r in self.requests for s in r.slots[r.n_old:]]

@@ -35,6 +35,7 @@ def forward_batch(plan: BatchPlan, pools: Pools, device) -> ForwardBatch:
         positions=to_device([p for r in reqs for p in r.q_pos], device, torch.int64),
         req_to_token_pool=pools.req_to_token_pool,
         token_to_kv_pool=pools.token_to_kv_pool,
+        state_slots=None if plan.state_slots is None else to_device(plan.state_slots, device, torch.int32),
     )
     return ForwardBatch(**{**fields, **rules_for(plan.case.mode).batch_fields(plan, device)})
 

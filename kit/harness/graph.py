@@ -414,7 +414,7 @@ class TokenGraphs(_Harness):
             seq_lens_sum=b.seq_lens_sum + self.padded_seq_len * (rows - bs),
             extend_seq_lens_cpu=list(b.extend_seq_lens_cpu) + pad, extend_prefix_lens_cpu=list(b.extend_prefix_lens_cpu) + pad,
             out_cache_loc=self.out_cache_loc[:padded], positions=self.positions[:padded],
-            forward_mode=self.rules.graph_mode(), step=None)
+            forward_mode=self.rules.graph_mode())
 
     def prepare(self, fx: Fixture) -> None:
         padded = bucket_for(fx.batch.out_cache_loc.shape[0], self.token_buckets)

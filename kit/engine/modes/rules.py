@@ -2,9 +2,9 @@
 
 A mode says which cases it takes, how a request of a case is planned (the SPEC seq_lens table:
 cached and new tokens, seq_len, positions, visibility), which ForwardBatch fields it fills, its
-speculative inputs for real and padded rows alike, the steps a batch is made of, which graph
-contract it follows, the batches an eager run and a graph run are made of, how the fuzzer draws
-its `new` field and what a drawn case's name says of it. A new mode is its rules file (this
+speculative inputs for real and padded rows alike, how a graph's padded request reads, the steps
+a batch is made of, which graph contract it follows, the batches an eager run and a graph run
+are made of, how the fuzzer draws its `new` field and what a drawn case's name says of it. A new mode is its rules file (this
 class's subclass, named RULES) and its catalog file, cases/<mode>.py.
 """
 from __future__ import annotations
