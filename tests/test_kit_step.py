@@ -97,7 +97,7 @@ def test_state_slots_travel_from_the_description_into_every_converters_batch():
     """A request's slots in slot-indexed state pools (none today's kinds have) reach SGLang's batch
     and vLLM's description as the plan gives them, a padded request's as -1; a plan without any
     renders None."""
-    (fx,) = fixtures_for([CASES[0]], "cpu", profile=COMMON_PROFILE)
+    (fx,) = fixtures_for([CASES[0]], "cpu", None, COMMON_PROFILE)
     assert fx.batch.state_slots is None and fx.batch.common.state_slots is None
     slots = [[7, 2], [3, 9], [5, 4]]
     plan = dataclasses.replace(fx.plan, requests=[dataclasses.replace(r, state_slots=s)
