@@ -21,12 +21,20 @@ class TorchNativeLinearBackend:
         self.pool = ctx.state_pool
 
     def init_forward_metadata(self, batch) -> None:
+        # Everything forward() indexes by is made here, on the host and as device tensors, so that
+        # forward() waits for nothing and copies nothing from the host (it may be captured in a graph).
         self.lens = list(batch.extend_seq_lens_cpu)
+        self.lens_tensor = torch.tensor(self.lens, device=batch.state_indices.device)
         self.starts = batch.query_start_loc.tolist()
         self.slots = batch.state_indices.to(torch.int64)
-        self.real = (self.slots >= 0).nonzero().squeeze(1)  # rows that own a slot
+        self._own([i for i, slot in enumerate(batch.state_indices.tolist()) if slot >= 0])
         self.saved = batch.has_initial_state
         self.verify = batch.forward_mode == ForwardMode.TARGET_VERIFY
+
+    def _own(self, rows) -> None:
+        """The rows that own a slot (a padded row owns none): they alone are written back."""
+        self.rows = rows
+        self.real = torch.tensor(rows, dtype=torch.int64, device=self.slots.device)
 
     def _padded(self, x: torch.Tensor) -> torch.Tensor:
         """[bs, longest, ...] of a [T, ...] token tensor, float32 (zeros past a request's length)."""
@@ -69,10 +77,9 @@ class TorchNativeLinearBackend:
 
     def _scan(self, state, update, output, longest):
         """Every token column: each live request's state updated, then read; (outputs, states) per column."""
-        lens = torch.tensor(self.lens, device=state.device)
         outs, states = [], []
         for t in range(longest):
-            state = torch.where((t < lens).view(-1, 1, 1, 1), update(state, t), state)
+            state = torch.where((t < self.lens_tensor).view(-1, 1, 1, 1), update(state, t), state)
             states.append(state)
             outs.append(output(state, t))
         return outs, states
@@ -132,7 +139,7 @@ class TorchNativeLinearBackend:
                 window = seq[real, :, j + 1:j + width]
                 self.pool.intermediate_conv(layer_id)[slots, j] = window.to(self.pool.conv(layer_id).dtype)
             return
-        rows = real.tolist()
+        rows = self.rows
         ends = [self.lens[i] for i in rows]
         if rows:
             self.pool.temporal(layer_id)[slots] = torch.stack([states[n - 1][i] for i, n in zip(rows, ends)])

@@ -55,7 +55,7 @@ class PaddedRowWrites(TorchNativeLinearBackend):
 
     def init_forward_metadata(self, batch):
         super().init_forward_metadata(batch)
-        self.real = torch.arange(len(self.slots), device=self.slots.device)
+        self._own(list(range(len(self.lens))))
 
 
 class RollbackOffByOne(TorchNativeLinearBackend):
