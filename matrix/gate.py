@@ -44,6 +44,17 @@ def _partial(f: ResultsFile) -> str:
     return ""
 
 
+def results_dir_problem(results_dir) -> str:
+    """Why `results_dir` holds no committed results to make tables from, or '': the tables made
+    from nothing would replace every committed table."""
+    if not Path(results_dir).is_dir():
+        return f"--results-dir {results_dir}: no such directory; name the folder of the committed results files"
+    if not any(Path(results_dir).glob("*.json")):
+        return (f"--results-dir {results_dir}: no results file (*.json) in it; name the folder of the committed "
+                f"results files (the kit's results/)")
+    return ""
+
+
 def committed_files(results_dir, problems: List[str]) -> Dict[str, ResultsFile]:
     """source -> each committed results file; a problem for each unreadable or partial one
     (so `matrix write` never makes tables from a narrowed or interrupted run)."""
@@ -71,15 +82,11 @@ def _not_in_committed_form(files: Dict[str, ResultsFile]) -> List[str]:
             if Path(f.path).read_text() != committed_text(f)]
 
 
-def expected_block(results: Dict[str, List[Record]], entries) -> str:
-    return render(results, entries) if results else "No results yet."
-
-
 def readme_blocks(results: Dict[str, List[Record]], entries, results_dir,
                   problems: List[str]) -> List[Tuple[str, str, str, str]]:
     """(what, begin marker, end marker, generated text) of each generated README block that can be
     made; a problem for each that cannot."""
-    blocks = [("matrix tables", readme.BEGIN, readme.END, expected_block(results, entries))]
+    blocks = [("matrix tables", readme.BEGIN, readme.END, render(results, entries))]
     try:
         blocks.append(("mutation tables", readme.MUTANTS_BEGIN, readme.MUTANTS_END, mutation.block(results_dir)))
     except mutation.ScoresError as exc:

@@ -134,6 +134,21 @@ def test_corrupted_committed_files_and_deleted_known_failures(project):
     assert any("KNOWN_FAILURES.md: no such file" in l and "--known-failures" in l for l in proc.stderr.splitlines())
 
 
+@pytest.mark.parametrize("command", ["write", "check", "html"])
+@pytest.mark.parametrize("folder, words", [("nosuch", ["no such directory"]), ("empty", ["no results file (*.json)"])])
+def test_a_results_dir_with_nothing_to_write_is_refused_and_nothing_overwritten(project, tmp_path, command, folder,
+                                                                               words):
+    """`matrix write --results-dir nosuchdir` rendered "No results yet." over every table, exit 0."""
+    (tmp_path / "empty").mkdir()
+    before = project["readme_path"].read_text()
+    where = ["--out", str(tmp_path / "m.html")] if command == "html" else ["--readme", str(project["readme_path"])]
+    proc = _main(matrix_main, command, "--known-failures", str(project["known_path"]),
+                 "--results-dir", str(tmp_path / folder), *where)
+    _one_line_error(proc, USAGE, f"--results-dir {tmp_path / folder}", *words)
+    assert project["readme_path"].read_text() == before
+    assert not (tmp_path / "m.html").exists()
+
+
 def test_mutate_usage_error():
     _one_line_error(_run("-m", "kit.mutate", "--case-set", "nosuch"), USAGE, "unknown case set 'nosuch'")
 
