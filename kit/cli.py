@@ -20,8 +20,35 @@ EXIT_CODES = {OK: "every run passed (known failures as expected), or the command
               STUCK: "a run stuck in native code past its limit ended the process (one process, `-p no:xdist`)"}
 
 
+class Once(argparse.Action):
+    """A single-valued option: given twice with two values it is a usage error (argparse keeps the last
+    silently: `--mode decode --mode extend` ran extend alone); twice with one value, once. The error
+    is argparse's; pytest's options name it later, in one line (twice())."""
+
+    def __call__(self, parser, namespace, values, option_string=None):
+        given = getattr(namespace, self.dest, None)
+        if self.dest in getattr(namespace, "_given_once", ()) and given != values:
+            problem = f"{option_string} given twice ({given}, {values}); it takes one value: give it once"
+            if isinstance(parser, Parser):
+                raise argparse.ArgumentError(None, problem)
+            namespace.__dict__.setdefault("_given_twice", []).append(problem)
+        namespace.__dict__.setdefault("_given_once", set()).add(self.dest)
+        setattr(namespace, self.dest, values)
+
+
+def twice(namespace) -> list:
+    """The single-valued options given twice with two values (Once), a problem each."""
+    return getattr(namespace, "_given_twice", [])
+
+
 class Parser(argparse.ArgumentParser):
-    """argparse, with its usage errors on one line (the usage itself is under --help)."""
+    """argparse, with its usage errors on one line (the usage itself is under --help), and a
+    single-valued option given twice with two values refused (Once)."""
+
+    def __init__(self, *args, **kwargs):
+        super().__init__(*args, **kwargs)
+        for name in (None, "store"):  # the default action, of its groups too (they share the registry)
+            self.register("action", name, Once)
 
     def error(self, message):
         self.exit(USAGE, f"{self.prog}: error: {message} (see {self.prog} --help)\n")

@@ -13,7 +13,9 @@ import sys
 
 import pytest
 
+from kit import options
 from kit.cli import FAILED, USAGE
+from kit.modes import Exec, ForwardMode
 from kit.__main__ import build_parser as kit_parser, main as kit_main
 from matrix.__main__ import build_parser as matrix_parser, main as matrix_main
 from tests.test_matrix import REPO, project, run_matrix  # noqa: F401
@@ -147,6 +149,46 @@ def test_a_results_dir_with_nothing_to_write_is_refused_and_nothing_overwritten(
     _one_line_error(proc, USAGE, f"--results-dir {tmp_path / folder}", *words)
     assert project["readme_path"].read_text() == before
     assert not (tmp_path / "m.html").exists()
+
+
+@pytest.mark.parametrize("args, words", [
+    (RUN[:5] + ["--mode", "extend", "--exec", "eager", "--case", "x"], ["--mode given twice (decode, extend)"]),
+    (RUN + ["--case", "x", "--case", "y"], ["--case given twice (x, y)", "give it once"]),
+    (["list", "--case-set", "smoke", "--case-set", "full"], ["--case-set given twice (smoke, full)"]),
+], ids=["mode", "case", "case_set"])
+def test_a_single_valued_option_given_two_values_is_refused(args, words):
+    """`kit run --mode decode --mode extend` ran extend alone, saying nothing."""
+    _one_line_error(_main(kit_main, *args), USAGE, *words)
+
+
+def test_options_named_twice_select_each_value_once():
+    assert options.csv(["torch_native", "torch_native,triton", "triton"]) == ["torch_native", "triton"]
+    assert options.modes(["decode", "DECODE,extend", "decode"]) == [ForwardMode.DECODE, ForwardMode.EXTEND]
+    assert options.execs(["eager", "eager"]) == [Exec.EAGER]
+
+
+def _collected(*args):
+    proc = _run("-m", "pytest", "tests/test_conformance.py", "--co", "-q", "-p", "no:cacheprovider",
+                "--cases", "tests.toys.tiny:CATALOG", *args)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    return [line for line in proc.stdout.splitlines() if "::test_conformance[" in line]
+
+
+def test_a_repeated_pytest_option_does_not_double_the_runs():
+    """`--backend x --backend x --mode decode --mode decode` ran each run twice, and the results file
+    then read as interrupted."""
+    once = _collected("--backend", "torch_native", "--mode", "decode", "--progress-every", "5")
+    assert once and _collected("--backend", "torch_native", "--backend", "torch_native", "--mode", "decode",
+                               "--mode", "decode", "--progress-every", "5", "--progress-every", "5") == once
+
+
+@pytest.mark.parametrize("args, words", [
+    (["--case-set", "smoke", "--case-set", "full"], ["--case-set given twice (smoke, full)", "give it once"]),
+    (["--progress-every", "-5"], ["--progress-every: -5: give seconds >= 0 (0: never)"]),
+], ids=["case_set", "progress_every"])
+def test_pytest_refuses_what_argparse_let_through(args, words):
+    proc = _run("-m", "pytest", "tests/test_conformance.py", "-q", "-p", "no:cacheprovider", "--co", *args)
+    _one_line_error(proc, USAGE, "ERROR: ", *words)
 
 
 def test_mutate_usage_error():
