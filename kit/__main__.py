@@ -8,7 +8,7 @@ import json
 import sys
 
 from kit import options
-from kit.cli import FAILED, Parser, count, fail, seconds
+from kit.cli import FAILED, INTERRUPTED, Parser, count, fail, seconds
 from kit.fuzz import cli as fuzz_cli
 from kit.harness.timeout import BUILD_S, DEFAULT_S
 from kit.modes import EXECS, MODES
@@ -172,8 +172,22 @@ def _list(args, catalog, case_set: str) -> int:
     return 0
 
 
+# What a command stopped by Ctrl-C keeps (its one line says so, with pytest's exit code).
+KEPT = dict(run="nothing: a run is reported once it ends", list="nothing: it only prints",
+            warmup="the kernels built so far: the next warmup builds the rest",
+            fuzz="nothing: its search had not started or had ended")
+
+
 def main(argv=None) -> int:
     args = build_parser().parse_args(argv)
+    try:
+        return _command(args)
+    except KeyboardInterrupt:
+        print(f"{PROG} {args.command}: interrupted (Ctrl-C); kept: {KEPT[args.command]}", file=sys.stderr)
+        return INTERRUPTED
+
+
+def _command(args) -> int:
     if args.command == "fuzz":
         return fuzz_cli.main(args, PROG)
     from kit.engine.catalog import load_catalog, resolve_set

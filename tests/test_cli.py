@@ -14,9 +14,9 @@ import sys
 import pytest
 
 from kit import options
-from kit.cli import FAILED, USAGE
+from kit.cli import FAILED, INTERRUPTED, USAGE
 from kit.modes import Exec, ForwardMode
-from kit.__main__ import build_parser as kit_parser, main as kit_main
+from kit.__main__ import KEPT, build_parser as kit_parser, main as kit_main
 from matrix.__main__ import build_parser as matrix_parser, main as matrix_main
 from tests.test_matrix import REPO, project, run_matrix  # noqa: F401
 
@@ -189,6 +189,33 @@ def test_a_repeated_pytest_option_does_not_double_the_runs():
 def test_pytest_refuses_what_argparse_let_through(args, words):
     proc = _run("-m", "pytest", "tests/test_conformance.py", "-q", "-p", "no:cacheprovider", "--co", *args)
     _one_line_error(proc, USAGE, "ERROR: ", *words)
+
+
+TOYS = "tests.toys.crashing"
+
+
+def test_ctrl_c_in_kit_run_is_one_line_saying_what_was_kept():
+    """Ctrl-C printed a KeyboardInterrupt traceback; pytest's answer is one line and exit code 2."""
+    proc = _main(kit_main, "run", "--backend", f"{TOYS}:InterruptBackend", "--mode", "decode", "--exec", "eager",
+                 "--case", "mqa_p1_shuf")
+    _one_line_error(proc, INTERRUPTED, "python -m kit run: interrupted (Ctrl-C); kept: nothing")
+
+
+def test_ctrl_c_in_kit_fuzz_writes_its_ledger_record(tmp_path, monkeypatch):
+    from tests.toys.crashing import InterruptsLaterBackend
+
+    monkeypatch.setattr(InterruptsLaterBackend, "batches", 0)
+    ledger = tmp_path / "ledger.jsonl"
+    proc = _main(kit_main, "fuzz", "--backend", f"{TOYS}:InterruptsLaterBackend", "--mode", "decode", "--exec",
+                 "eager", "--database", "none", "--ledger", str(ledger), "--budget", "120")
+    _one_line_error(proc, INTERRUPTED, "python -m kit fuzz: interrupted (Ctrl-C) at example", str(ledger))
+    [record] = [json.loads(line) for line in ledger.read_text().splitlines()]
+    assert record["stopped"].startswith("interrupted (Ctrl-C)") and record["examples"] >= 1
+
+
+def test_every_command_says_what_ctrl_c_keeps():
+    commands = kit_parser()._subparsers._group_actions[0].choices
+    assert set(KEPT) == set(commands)
 
 
 def test_mutate_usage_error():

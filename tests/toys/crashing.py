@@ -182,3 +182,17 @@ class MetaOutputBackend(TorchNativeBackend):
 
         super().forward(q, k, v, layer, batch, save_kv_cache)
         return torch.empty(q.shape[0], layer.tp_q_head_num, layer.v_head_dim, dtype=q.dtype, device="meta")
+
+
+class InterruptsLaterBackend(TorchNativeBackend):
+    """Stands for the user pressing Ctrl-C once a few batches have run (a search under way)."""
+
+    name = "toy_interrupts_later"
+    attention_kinds = ("dense",)
+    batches = 0
+
+    def init_forward_metadata(self, batch) -> None:
+        InterruptsLaterBackend.batches += 1
+        if InterruptsLaterBackend.batches > 4:
+            raise KeyboardInterrupt
+        super().init_forward_metadata(batch)
