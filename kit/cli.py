@@ -59,11 +59,17 @@ def fail(prog: str, message: str, code: int = USAGE) -> int:
     return code
 
 
+MAX_SECONDS = 1e6  # 11 days; the system's timers (setitimer, faulthandler) overflow past about 1e9 s
+
+
 def seconds(text: str) -> float:
-    """An option's seconds: 0 or more (a negative limit or budget would mean none, silently)."""
+    """An option's seconds: 0 or more (a negative limit or budget would mean none, silently), and at
+    most MAX_SECONDS (the timers overflow)."""
     value = float(text)
     if not value >= 0:
         raise argparse.ArgumentTypeError(f"{text}: give seconds >= 0")
+    if not value <= MAX_SECONDS:
+        raise argparse.ArgumentTypeError(f"{text}: give at most {MAX_SECONDS:g} seconds")
     return value
 
 

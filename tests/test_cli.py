@@ -60,10 +60,12 @@ def _main(main, *args):
     (["run", "--backend", "nosuchmodule:Thing", "--mode", "decode", "--exec", "eager", "--case", "mqa_p1_shuf"],
      ["--backend nosuchmodule:Thing: No module named 'nosuchmodule'"]),
     (RUN + ["--case", "mqa_p1_shuf", "--timeout", "-3"], ["--timeout", "-3", "seconds >= 0"]),
+    (RUN + ["--case", "mqa_p1_shuf", "--timeout", "1e300"], ["--timeout", "1e300: give at most 1e+06 seconds"]),
     (["run", "--backend", "torch_native", "--exec", "eager", "--case-line",
       'Case("x", mode=ForwardMode.DECODE, prefix=(1,), page=__import__("os"))'], ["is not a literal"]),
     (["run", "--backend", "torch_native", "--exec", "eager", "--case", "x"], ["--case needs --mode", "--case-line"]),
-], ids=["case", "case_set", "device", "mode", "cases", "option", "backend", "backend_target", "timeout", "case_line",
+], ids=["case", "case_set", "device", "mode", "cases", "option", "backend", "backend_target", "timeout",
+        "timeout_overflow", "case_line",
         "case_without_mode"])
 def test_kit_usage_errors(args, words):
     if "cuda" in args:
@@ -234,11 +236,16 @@ def test_nonsense_numbers_are_refused(args, words):
     _one_line_error(_main(kit_main, *args), USAGE, *words)
 
 
-@pytest.mark.parametrize("timeout", [["--timeout", "-1"], ["-o", "timeout=-1"]], ids=["option", "ini"])
-def test_pytest_refuses_a_negative_time_limit(timeout):
-    """pytest-timeout took -1 for no limit: a hung run kept the session, and its file, running."""
+@pytest.mark.parametrize("timeout, words", [
+    (["--timeout", "-1"], ["-1: give seconds >= 0 (0: no limit)"]),
+    (["-o", "timeout=-1"], ["-1: give seconds >= 0 (0: no limit)"]),
+    (["--timeout", "1e300"], ["1e+300: give at most 1e+06 seconds"]),
+], ids=["option", "ini", "overflow"])
+def test_pytest_refuses_a_time_limit_it_cannot_keep(timeout, words):
+    """pytest-timeout took -1 for no limit: a hung run kept the session, and its file, running;
+    1e300 overflowed the system's timer, recorded as every run's crash."""
     proc = _run("-m", "pytest", "tests/test_conformance.py", "-q", "-p", "no:cacheprovider", "--co", *timeout)
-    _one_line_error(proc, USAGE, "ERROR: ", "timeout", "-1: give seconds >= 0 (0: no limit)")
+    _one_line_error(proc, USAGE, "ERROR: ", "timeout", *words)
 
 
 def test_exit_codes_are_one_scheme_written_in_one_place():

@@ -233,3 +233,24 @@ def test_dead_workers_cost_only_their_runs_under_loadgroup(tmp_path):
     # one worker death per crash: a run that took its worker down and ran again would take another
     assert output.count("node down") == len(crashed), "a run that took its worker down ran again"
 
+
+
+def test_a_limit_shorter_than_the_unwinding_is_a_timeout_not_a_native_hang():
+    """`kit run --timeout 0.001` stopped Python mid-import; unwinding took longer than a grace as
+    short as the limit, and the watchdog ended the process blaming native code (exit 75)."""
+    code = ("import time\n"
+            "from kit.harness.timeout import RunTimeout, time_limit\n"
+            "try:\n"
+            "    with time_limit(0.001):\n"
+            "        try:\n"
+            "            time.sleep(5)\n"
+            "        except RunTimeout:\n"
+            "            end = time.perf_counter() + 0.3  # unwinding through Python, slowly\n"
+            "            while time.perf_counter() < end:\n"
+            "                pass\n"
+            "            raise\n"
+            "except RunTimeout as exc:\n"
+            "    print('stopped:', exc)\n")
+    proc = subprocess.run([sys.executable, "-c", code], cwd=REPO, capture_output=True, text=True, timeout=60)
+    assert proc.returncode == 0 and "stopped: timeout after 0.001 s" in proc.stdout, proc.stdout + proc.stderr
+
