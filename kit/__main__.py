@@ -8,7 +8,7 @@ import json
 import sys
 
 from kit import options
-from kit.cli import FAILED, INTERRUPTED, Parser, count, fail, seconds
+from kit.cli import FAILED, INTERRUPTED, Parser, count, device_option, fail, seconds
 from kit.fuzz import cli as fuzz_cli
 from kit.harness.timeout import BUILD_S, DEFAULT_S
 from kit.modes import EXECS, MODES
@@ -31,7 +31,7 @@ def build_parser() -> Parser:
     which.add_argument("--case-line", help="a case in no catalog, whole: its Case(...) line, as `python -m kit "
                                            "fuzz` prints it (the mode is the line's)")
     run.add_argument("--cases", default=None, help="case catalog as module:attr (default: the in-box one)")
-    run.add_argument("--device", default=None, help="cpu or cuda (default: cuda when present)")
+    run.add_argument("--device", type=device_option, default=None, help="cpu or cuda (default: cuda when present)")
     run.add_argument("--timeout", type=seconds, default=DEFAULT_S,
                      help=f"seconds after which the run stops as a crash (default {DEFAULT_S:g}; 0: none)")
     run.add_argument("--json", action="store_true", help="print the result record as JSON on the last line")

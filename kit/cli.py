@@ -4,7 +4,10 @@ of exit codes for `python -m pytest` (pytest's own), `python -m kit`, `python -m
 from __future__ import annotations
 
 import argparse
+import os
 import sys
+from pathlib import Path
+from typing import List
 
 OK = 0
 FAILED = 1  # a run failed, a mutant was missed, the gate found a problem, an input file is malformed
@@ -71,6 +74,31 @@ def seconds(text: str) -> float:
     if not value <= MAX_SECONDS:
         raise argparse.ArgumentTypeError(f"{text}: give at most {MAX_SECONDS:g} seconds")
     return value
+
+
+def device_option(text: str) -> str:
+    """An option's device: cpu or cuda (cuda:N), the kinds the kit runs on (torch names others it
+    cannot run, or answers a misspelt one with its whole list)."""
+    kind, _, index = text.partition(":")
+    if kind not in ("cpu", "cuda") or (index and not index.isdigit()):
+        raise argparse.ArgumentTypeError(f"{text}: give cpu or cuda (cuda:N for one GPU)")
+    return text
+
+
+def writable(option: str, path) -> List[str]:
+    """A problem naming `option` where the file `path` cannot be written (its folder made if missing,
+    as the writer makes it), else none; None is no file."""
+    if path is None:
+        return []
+    path = Path(path)
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+    except OSError as exc:
+        return [f"{option} {path}: cannot make its folder ({exc.strerror}); name a file in a folder you can write"]
+    if path.is_dir() or not os.access(path.parent, os.W_OK):
+        what = "a directory" if path.is_dir() else "its folder is not writable"
+        return [f"{option} {path}: {what}; name a file in a folder you can write"]
+    return []
 
 
 def count(text: str) -> int:

@@ -5,7 +5,7 @@ from __future__ import annotations
 import sys
 from pathlib import Path
 
-from kit.cli import FAILED, Parser, fail
+from kit.cli import FAILED, Parser, fail, writable
 from kit.report.known_failures import KnownFailuresError, load
 from kit.report.record import ResultsError, read_results_file
 from kit.report.results import page_path, write_results, write_text
@@ -84,6 +84,8 @@ def _html(args) -> int:
         print("\n".join(f"matrix html: {p}" for p in problems), file=sys.stderr)
         return FAILED
     out = args.out or page_path(args.results)
+    if writable("--out", out):
+        return fail(PROG, writable("--out", out)[0])
     write_text(out, html.page(files, entries))
     print(f"matrix html: wrote {out} ({sum(len(f.records) for f in files.values())} runs from "
           f"{len(files)} file(s){'' if args.results else ': the committed results; --results FILE for a run'})")
@@ -131,6 +133,8 @@ def _check(args) -> int:
 
 
 def _merge(args) -> int:
+    if writable("results file", args.out):
+        return fail(PROG, writable("results file", args.out)[0])
     shards = []
     for path in args.shards:
         if not Path(path).is_file():

@@ -61,11 +61,14 @@ def _main(main, *args):
      ["--backend nosuchmodule:Thing: No module named 'nosuchmodule'"]),
     (RUN + ["--case", "mqa_p1_shuf", "--timeout", "-3"], ["--timeout", "-3", "seconds >= 0"]),
     (RUN + ["--case", "mqa_p1_shuf", "--timeout", "1e300"], ["--timeout", "1e300: give at most 1e+06 seconds"]),
+    (RUN + ["--case", "mqa_p1_shuf", "--device", "tpu"], ["--device: tpu: give cpu or cuda"]),
+    (RUN + ["--case", "mqa_p1_shuf", "--device", "meta"], ["--device: meta: give cpu or cuda"]),
+    (["fuzz", "--backend", "torch_native", "--device", "tpu"], ["--device: tpu: give cpu or cuda"]),
     (["run", "--backend", "torch_native", "--exec", "eager", "--case-line",
       'Case("x", mode=ForwardMode.DECODE, prefix=(1,), page=__import__("os"))'], ["is not a literal"]),
     (["run", "--backend", "torch_native", "--exec", "eager", "--case", "x"], ["--case needs --mode", "--case-line"]),
 ], ids=["case", "case_set", "device", "mode", "cases", "option", "backend", "backend_target", "timeout",
-        "timeout_overflow", "case_line",
+        "timeout_overflow", "device_tpu", "device_meta", "fuzz_device", "case_line",
         "case_without_mode"])
 def test_kit_usage_errors(args, words):
     if "cuda" in args:
@@ -218,6 +221,29 @@ def test_ctrl_c_in_kit_fuzz_writes_its_ledger_record(tmp_path, monkeypatch):
 def test_every_command_says_what_ctrl_c_keeps():
     commands = kit_parser()._subparsers._group_actions[0].choices
     assert set(KEPT) == set(commands)
+
+
+def test_a_known_failures_file_that_never_existed_is_not_to_be_restored():
+    proc = _main(kit_main, *RUN, "--case", "mqa_p1_shuf", "--known-failures", "nosuch.md")
+    _one_line_error(proc, FAILED, "--known-failures: nosuch.md: no such file", "name an existing known-failures")
+    assert "git checkout" not in proc.stderr
+
+
+@pytest.mark.parametrize("args", [
+    ["html", "--out", "/proc/x/report.html"],
+    ["merge", "/proc/x/report.json", "a.json"],
+], ids=["html", "merge"])
+def test_a_file_that_cannot_be_written_is_one_line(args):
+    """`matrix html --out /proc/x/report.html` ended in a FileNotFoundError traceback."""
+    _one_line_error(_main(matrix_main, *args), USAGE, "/proc/x/report.", "cannot make its folder",
+                    "name a file in a folder you can write")
+
+
+def test_pytest_refuses_a_results_file_it_cannot_write():
+    """`--results-json /proc/x/r.json` was an INTERNALERROR before any run."""
+    proc = _run("-m", "pytest", "tests/test_conformance.py", "-q", "-p", "no:cacheprovider", "--co",
+                "--results-json", "/proc/x/r.json")
+    _one_line_error(proc, USAGE, "ERROR: --results-json /proc/x/r.json: cannot make its folder")
 
 
 def test_mutate_usage_error():

@@ -6,7 +6,7 @@ import argparse
 
 import pytest
 
-from kit.cli import Once, seconds, twice
+from kit.cli import Once, seconds, twice, writable
 from kit.options import add_selection, add_shard
 from kit.plugin import progress
 
@@ -24,11 +24,13 @@ def addoption(parser) -> None:
 
 def check(config) -> None:
     """A usage error, in one line, for what argparse let through: a single-valued option given twice
-    with two values, a negative --progress-every (it printed nothing)."""
+    with two values, a negative --progress-every (it printed nothing), a --results-json that cannot
+    be written (an INTERNALERROR before any run)."""
     problems = twice(config.option)
     try:
         seconds(f"{config.getoption('--progress-every'):g}")
     except argparse.ArgumentTypeError as exc:
         problems.append(f"--progress-every: {exc} (0: never)")
+    problems += writable("--results-json", config.getoption("--results-json"))
     if problems:
         raise pytest.UsageError("; ".join(problems))
