@@ -254,3 +254,16 @@ def test_a_limit_shorter_than_the_unwinding_is_a_timeout_not_a_native_hang():
     proc = subprocess.run([sys.executable, "-c", code], cwd=REPO, capture_output=True, text=True, timeout=60)
     assert proc.returncode == 0 and "stopped: timeout after 0.001 s" in proc.stdout, proc.stdout + proc.stderr
 
+
+
+@pytest.mark.parametrize("backend", ["InterpretedTimeoutBackend", "WrongThenTimesOutBackend"])
+def test_a_timeout_inside_tritons_interpreter_is_a_timeout(backend, monkeypatch):
+    """The interpreter wraps the kit's RunTimeout in an InterpreterError: the run was not taken for a
+    timeout (no time left, it ran the batch again), and the host-mirror re-run read it as wrong."""
+    import tests.toys.crashing as toys
+
+    monkeypatch.setattr(toys.WrongThenTimesOutBackend, "instances", 0)
+    r = run_case(f"{TOYS}:{backend}", BS3, Exec.EAGER, timeout=30)
+    assert r.outcome == FAIL and r.failure_class == CRASH, r
+    assert "InterpreterError: RunTimeout('timeout after 2 s')" in r.message, r.message
+    assert r.repro.endswith(" --timeout 30"), r.repro
