@@ -68,11 +68,15 @@ def tally(records: List[Record], entries: Sequence[KnownFailure]) -> Tally:
     return t
 
 
-def cell(records: List[Record], entries: Sequence[KnownFailure], notes: Notes) -> str:
+def cell(records: List[Record], entries: Sequence[KnownFailure], notes: Notes, never_run: int = 0) -> str:
     """What a cell's runs did, each count out of the runs that ran: `✗ 1/8 graph` (failures no
     entry covers, by class), `✓ 5/8` (passed), `xfail 2/8 (KF-1)`, `quarantine 1/8 (KF-5,
     subprocess)`, `3 unsupported (1)`; `— unsupported (1)` when nothing ran. A part with no run is
-    left out (no check mark over nothing passing)."""
+    left out (no check mark over nothing passing). `never_run`: the cell's runs an interrupted
+    session selected and never ran, said last (`✓ 16/16` over 8 runs missing read as whole)."""
+    if never_run:
+        shown = cell(records, entries, notes) if records else ""
+        return f"{shown}{', ' if shown else ''}{never_run} never run"
     if not records:
         return "not run"
     t = tally(records, entries)
