@@ -27,6 +27,9 @@ def build_parser() -> Parser:
     common = Parser(add_help=False, parents=[sources])
     common.add_argument("--readme", default=str(REPO / "README.md"),
                         help="the README whose generated blocks are written or checked (default: the kit's)")
+    common.add_argument("--page", default=str(REPO / "docs" / "matrix.md"),
+                        help="the generated page holding the per-case matrices, mutation and fuzz tables, where "
+                             "present (default: the kit's docs/matrix.md); a block goes where its markers are")
     parser = Parser(prog=PROG, description=__doc__)
     sub = parser.add_subparsers(dest="command", required=True, metavar="{write,check,html,merge}")
     sub.add_parser("write", parents=[common], prog=f"{PROG} write",
@@ -106,22 +109,23 @@ def _write(args) -> int:
         return FAILED
     # Each file is written only when its contents change: no verdict changed, no file touched.
     written = [f.path for f in files.values() if write_if_changed(f.path, committed_text(f))]
-    path = Path(args.readme)
-    text = path.read_text()
+    texts = gate.generated_files(args.readme, args.page)
     for _, begin, end, block in blocks:
-        text = readme.replace(text, block, str(path), begin, end)
-    if write_if_changed(path, text):
-        written.append(str(path))
+        path = readme.holder(texts, begin, end)
+        if path is None:
+            raise readme.missing(texts, begin, end)
+        texts[path] = readme.replace(texts[path], block, path, begin, end)
+    written += [path for path, text in texts.items() if write_if_changed(Path(path), text)]
     for p in written:
         print(f"matrix write: wrote {p}")
     if not written:
-        print(f"matrix write: nothing changed ({len(files)} results file(s) and {path} as they were)")
+        print(f"matrix write: nothing changed ({len(files)} results file(s) and {', '.join(texts)} as they were)")
     return 0
 
 
 def _check(args) -> int:
     unjudged: list = []
-    problems = gate.check(args.readme, args.known_failures, args.results_dir, args.fresh, unjudged)
+    problems = gate.check(args.readme, args.known_failures, args.results_dir, args.fresh, unjudged, args.page)
     for p in problems:
         print(f"matrix check: {p}", file=sys.stderr)
     if problems:

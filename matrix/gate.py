@@ -12,7 +12,7 @@ from kit.report.record import (COMPLETE, ERROR, FAIL, PASS, UNSUPPORTED, Record,
 from matrix import fuzz, mutation, readme
 from matrix.committed import committed_text
 from matrix.merge import ShardsError, merge
-from matrix.table import render
+from matrix.table import render, summary
 
 REGENERATE = "regenerate it with the full command for its device (docs/running.md, 'Regenerating the tables')"
 
@@ -86,7 +86,8 @@ def readme_blocks(results: Dict[str, List[Record]], entries, results_dir,
                   problems: List[str]) -> List[Tuple[str, str, str, str]]:
     """(what, begin marker, end marker, generated text) of each generated README block that can be
     made; a problem for each that cannot."""
-    blocks = [("matrix tables", readme.BEGIN, readme.END, render(results, entries))]
+    blocks = [("pass summary", readme.SUMMARY_BEGIN, readme.SUMMARY_END, summary(results, entries)),
+              ("matrix tables", readme.BEGIN, readme.END, render(results, entries))]
     try:
         blocks.append(("mutation tables", readme.MUTANTS_BEGIN, readme.MUTANTS_END, mutation.block(results_dir)))
     except mutation.ScoresError as exc:
@@ -98,15 +99,21 @@ def readme_blocks(results: Dict[str, List[Record]], entries, results_dir,
     return blocks
 
 
-def _stale_readme(readme_path, blocks) -> List[str]:
+def generated_files(readme_path, page_path) -> Dict[str, str]:
+    """path -> text of the files the generated blocks are written in: the README, and the generated
+    page where it is."""
+    paths = [readme_path] + ([page_path] if page_path and Path(page_path).is_file() else [])
+    return {str(p): Path(p).read_text() for p in paths}
+
+
+def _stale_readme(texts: Dict[str, str], blocks) -> List[str]:
     problems = []
-    text = Path(readme_path).read_text()
     for what, begin, end, block in blocks:
-        try:
-            _, current, _ = readme.split(text, str(readme_path), begin, end)
-        except readme.MarkersMissing as exc:
-            problems.append(str(exc))
+        readme_path = readme.holder(texts, begin, end)
+        if readme_path is None:
+            problems.append(str(readme.missing(texts, begin, end)))
             continue
+        _, current, _ = readme.split(texts[readme_path], readme_path, begin, end)
         if current.strip() == block.strip():
             continue
         diff = [d for d in difflib.unified_diff(current.strip().splitlines(), block.strip().splitlines(),
@@ -209,7 +216,7 @@ def _fresh_runs(paths: Sequence[str], problems: List[str], sources: Dict[int, st
 
 
 def check(readme_path, known_path, results_dir, fresh_paths: Sequence[str] = (),
-          unjudged: Optional[List[str]] = None) -> List[str]:
+          unjudged: Optional[List[str]] = None, page_path=None) -> List[str]:
     problems: List[str] = []
     try:
         entries = load(known_path)
@@ -220,7 +227,8 @@ def check(readme_path, known_path, results_dir, fresh_paths: Sequence[str] = (),
     files = committed_files(results_dir, problems)
     problems += _not_in_committed_form(files)
     committed = {src: f.records for src, f in files.items()}
-    problems += _stale_readme(readme_path, readme_blocks(committed, entries, results_dir, problems))
+    problems += _stale_readme(generated_files(readme_path, page_path),
+                              readme_blocks(committed, entries, results_dir, problems))
     fresh: List[Record] = []
     whole: List[ResultsFile] = []
     sources: Dict[int, str] = {}

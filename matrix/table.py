@@ -156,3 +156,27 @@ def render(results: Dict[str, List[Record]], entries: Sequence[KnownFailure]) ->
     """results: source name -> records. One table per device, devices sorted by name."""
     return "\n".join(device_table(d, records, entries, ", ".join(f"`{s}`" for s in sources))
                      for d, records, sources in by_device(results))
+
+
+def summary_cell(records: List[Record], entries: Sequence[KnownFailure]) -> str:
+    """A mode's runs of a backend, eager and graph together: `passed · failed · known · unsupported`
+    (failed: no known-failure entry covers it; known: expected or quarantined), `—` when none ran."""
+    t = tally(records, entries)
+    if not t.ran:
+        return "—"
+    return (f"{t.passed} · {sum(t.unknown.values())} · {sum(t.known.values()) + sum(t.quarantined.values())} · "
+            f"{len(t.skipped)}")
+
+
+def summary(results: Dict[str, List[Record]], entries: Sequence[KnownFailure]) -> str:
+    """The pass table of each device, one screen: rows = backends, columns = modes."""
+    out = []
+    for device, records, _ in by_device(results):
+        groups = defaultdict(list)
+        for r in records:
+            groups[(r.backend, r.mode)].append(r)
+        rows = [[backend] + [summary_cell(groups[(backend, m.value)], entries) for m in MODES]
+                for backend in sorted({r.backend for r in records})]
+        out.append(f"**{device}** (passed · failed · known · unsupported)\n\n"
+                   f"{tabulate(rows, ['backend'] + [m.value for m in MODES], tablefmt='github')}\n")
+    return "\n".join(out)
