@@ -193,10 +193,8 @@ def _agreement(fresh: List[ResultsFile], committed: Dict[str, List[Record]]) -> 
     return problems
 
 
-def _fresh_runs(paths: Sequence[str], problems: List[str], sources: Dict[int, str]) -> List[ResultsFile]:
-    """The fresh results files, the shards among them as the one run they make (matrix.merge);
-    a problem for each file that cannot be read, and for shards that make no run; each record's
-    file in `sources`."""
+def _read_fresh(paths: Sequence[str], problems: List[str], sources: Dict[int, str]) -> List[ResultsFile]:
+    """The fresh results files; a problem for each that cannot be read; each record's file in `sources`."""
     files = []
     for path in paths:
         try:
@@ -205,6 +203,12 @@ def _fresh_runs(paths: Sequence[str], problems: List[str], sources: Dict[int, st
             problems.append(str(exc))
             continue
         sources.update((id(r), str(path)) for r in files[-1].records)
+    return files
+
+
+def _fresh_runs(files: List[ResultsFile], problems: List[str]) -> List[ResultsFile]:
+    """The fresh results files, the shards among them as the one run they make (matrix.merge); a
+    problem for shards that make no run."""
     shards = [f for f in files if f.shard is not None]
     runs = [f for f in files if f.shard is None]
     if shards:
@@ -218,6 +222,10 @@ def _fresh_runs(paths: Sequence[str], problems: List[str], sources: Dict[int, st
 def check(readme_path, known_path, results_dir, fresh_paths: Sequence[str] = (),
           unjudged: Optional[List[str]] = None, page_path=None) -> List[str]:
     problems: List[str] = []
+    sources: Dict[int, str] = {}
+    read = _read_fresh(fresh_paths, problems, sources)
+    if problems:  # a fresh file that cannot be read is the answer, at once: nothing else is judged by it
+        return problems
     try:
         entries = load(known_path)
     except KnownFailuresError as exc:
@@ -231,8 +239,7 @@ def check(readme_path, known_path, results_dir, fresh_paths: Sequence[str] = (),
                               readme_blocks(committed, entries, results_dir, problems))
     fresh: List[Record] = []
     whole: List[ResultsFile] = []
-    sources: Dict[int, str] = {}
-    for f in _fresh_runs(fresh_paths, problems, sources):
+    for f in _fresh_runs(read, problems):
         trouble = _fresh_problems(f)
         problems += trouble
         if trouble:

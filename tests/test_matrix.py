@@ -266,6 +266,19 @@ def test_header_of_the_shipped_table_is_the_parsed_one():
     assert [entry.id for entry in parse(text)] == rows  # every row parses, under that header
 
 
+def test_a_fresh_file_that_cannot_be_read_is_the_answer_before_anything_is_read(project, tmp_path, monkeypatch):
+    """`matrix check` took a minute to reject an empty file: it read and rendered the committed results first."""
+    fresh = tmp_path / "fresh.json"
+    fresh.write_text("")
+
+    def read_nothing_else(*args):
+        raise AssertionError("the committed results were read")
+    monkeypatch.setattr(gate, "committed_files", read_nothing_else)
+    monkeypatch.setattr(gate, "load", read_nothing_else)
+    [problem] = gate.check(**project, fresh_paths=[str(fresh)])
+    assert "fresh.json: not a results file (bad JSON" in problem, problem
+
+
 def test_fresh_run_disagreeing_with_committed_results_is_caught(project, tmp_path):
     """The CPU table cannot lie: a fresh run must match the committed results of its device."""
     fresh = tmp_path / "fresh.json"
