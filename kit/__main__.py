@@ -190,6 +190,12 @@ def main(argv=None) -> int:
 def _command(args) -> int:
     if args.command == "fuzz":
         return fuzz_cli.main(args, PROG)
+    if args.command == "run" and ":" not in args.backend:  # a name is looked up before torch and the catalog load
+        from kit.harness.registry import UnknownBackend, backend_label
+        try:
+            backend_label(args.backend)
+        except UnknownBackend as exc:
+            return fail(PROG, f"--backend {args.backend}: {exc}")
     from kit.engine.catalog import load_catalog, resolve_set
 
     try:

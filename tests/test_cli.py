@@ -76,6 +76,17 @@ def test_kit_usage_errors(args, words):
     _one_line_error(_main(kit_main, *args), USAGE, *words)
 
 
+def test_kit_run_answers_an_unknown_backend_before_torch_and_the_catalog(monkeypatch):
+    """It took ~15 s to refuse a misspelt backend: the catalog (torch with it) was loaded first."""
+    import kit.engine.catalog
+
+    def load_nothing(*args):
+        raise AssertionError("the catalog was loaded")
+    monkeypatch.setattr(kit.engine.catalog, "load_catalog", load_nothing)
+    _one_line_error(_main(kit_main, "run", "--backend", "nosuch", "--mode", "decode", "--exec", "eager", "--case",
+                          "x"), USAGE, "--backend nosuch: unknown backend 'nosuch'; known:")
+
+
 def test_a_kit_usage_error_ends_the_process_with_one_line():
     _one_line_error(_run("-m", "kit", *RUN, "--case", "nosuch"), USAGE, "no decode case named 'nosuch'")
 

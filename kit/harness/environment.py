@@ -14,11 +14,9 @@ import subprocess
 from pathlib import Path
 from typing import Dict
 
+from kit.harness.registry import KIT_DISTRIBUTION
 from kit.report.record import RunResult
 from kit.report.results import REPO
-
-
-DISTRIBUTION = "attention-conformance-kit"  # the kit's package, as pyproject.toml names it
 
 
 def _git(repo: Path, *args: str) -> str:
@@ -43,7 +41,7 @@ def _installed_version() -> str:
     """The installed package's version and the commit it was built from (pip records it for an
     install from a repository), `VERSION@unknown` where it recorded none, 'unknown' without one."""
     try:
-        dist = importlib.metadata.distribution(DISTRIBUTION)
+        dist = importlib.metadata.distribution(KIT_DISTRIBUTION)
     except importlib.metadata.PackageNotFoundError:
         return "unknown"
     try:
