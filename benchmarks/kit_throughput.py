@@ -34,6 +34,7 @@ from typing import Dict, List, Optional, Tuple
 import torch
 
 from benchmarks.timeline import ENV as TIMELINE_ENV, phases
+from kit.harness.environment import kit_commit
 from kit.report.record import COMPLETE, UNSUPPORTED, read_results_file
 
 REPO = Path(__file__).resolve().parent.parent
@@ -45,13 +46,6 @@ def device() -> Tuple[str, str]:
     """(name, its slug for the file name): `NVIDIA H100 80GB HBM3`, `nvidia-h100-80gb-hbm3`; `cpu`."""
     name = torch.cuda.get_device_name() if torch.cuda.is_available() else "cpu"
     return name, re.sub(r"[^a-z0-9]+", "-", name.lower()).strip("-")
-
-
-def kit_commit() -> str:
-    if os.environ.get("KIT_COMMIT"):  # a copy of the tree without .git
-        return os.environ["KIT_COMMIT"]
-    out = subprocess.run(["git", "-C", str(REPO), "rev-parse", "--short", "HEAD"], capture_output=True, text=True)
-    return out.stdout.strip() or "unknown"
 
 
 def bytecode_cached() -> bool:

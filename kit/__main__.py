@@ -8,7 +8,7 @@ import json
 import sys
 
 from kit import options
-from kit.cli import FAILED, Parser, count, fail, seconds
+from kit.cli import FAILED, INTERRUPTED, Parser, count, device_option, fail, seconds
 from kit.fuzz import cli as fuzz_cli
 from kit.harness.timeout import BUILD_S, DEFAULT_S
 from kit.modes import EXECS, MODES
@@ -31,7 +31,7 @@ def build_parser() -> Parser:
     which.add_argument("--case-line", help="a case in no catalog, whole: its Case(...) line, as `python -m kit "
                                            "fuzz` prints it (the mode is the line's)")
     run.add_argument("--cases", default=None, help="case catalog as module:attr (default: the in-box one)")
-    run.add_argument("--device", default=None, help="cpu or cuda (default: cuda when present)")
+    run.add_argument("--device", type=device_option, default=None, help="cpu or cuda (default: cuda when present)")
     run.add_argument("--timeout", type=seconds, default=DEFAULT_S,
                      help=f"seconds after which the run stops as a crash (default {DEFAULT_S:g}; 0: none)")
     run.add_argument("--json", action="store_true", help="print the result record as JSON on the last line")
@@ -172,10 +172,30 @@ def _list(args, catalog, case_set: str) -> int:
     return 0
 
 
+# What a command stopped by Ctrl-C keeps (its one line says so, with pytest's exit code).
+KEPT = dict(run="nothing: a run is reported once it ends", list="nothing: it only prints",
+            warmup="the kernels built so far: the next warmup builds the rest",
+            fuzz="nothing: its search had not started or had ended")
+
+
 def main(argv=None) -> int:
     args = build_parser().parse_args(argv)
+    try:
+        return _command(args)
+    except KeyboardInterrupt:
+        print(f"{PROG} {args.command}: interrupted (Ctrl-C); kept: {KEPT[args.command]}", file=sys.stderr)
+        return INTERRUPTED
+
+
+def _command(args) -> int:
     if args.command == "fuzz":
         return fuzz_cli.main(args, PROG)
+    if args.command == "run" and ":" not in args.backend:  # a name is looked up before torch and the catalog load
+        from kit.harness.registry import UnknownBackend, backend_label
+        try:
+            backend_label(args.backend)
+        except UnknownBackend as exc:
+            return fail(PROG, f"--backend {args.backend}: {exc}")
     from kit.engine.catalog import load_catalog, resolve_set
 
     try:

@@ -4,7 +4,10 @@ of exit codes for `python -m pytest` (pytest's own), `python -m kit`, `python -m
 from __future__ import annotations
 
 import argparse
+import os
 import sys
+from pathlib import Path
+from typing import List
 
 OK = 0
 FAILED = 1  # a run failed, a mutant was missed, the gate found a problem, an input file is malformed
@@ -20,8 +23,35 @@ EXIT_CODES = {OK: "every run passed (known failures as expected), or the command
               STUCK: "a run stuck in native code past its limit ended the process (one process, `-p no:xdist`)"}
 
 
+class Once(argparse.Action):
+    """A single-valued option: given twice with two values it is a usage error (argparse keeps the last
+    silently: `--mode decode --mode extend` ran extend alone); twice with one value, once. The error
+    is argparse's; pytest's options name it later, in one line (twice())."""
+
+    def __call__(self, parser, namespace, values, option_string=None):
+        given = getattr(namespace, self.dest, None)
+        if self.dest in getattr(namespace, "_given_once", ()) and given != values:
+            problem = f"{option_string} given twice ({given}, {values}); it takes one value: give it once"
+            if isinstance(parser, Parser):
+                raise argparse.ArgumentError(None, problem)
+            namespace.__dict__.setdefault("_given_twice", []).append(problem)
+        namespace.__dict__.setdefault("_given_once", set()).add(self.dest)
+        setattr(namespace, self.dest, values)
+
+
+def twice(namespace) -> list:
+    """The single-valued options given twice with two values (Once), a problem each."""
+    return getattr(namespace, "_given_twice", [])
+
+
 class Parser(argparse.ArgumentParser):
-    """argparse, with its usage errors on one line (the usage itself is under --help)."""
+    """argparse, with its usage errors on one line (the usage itself is under --help), and a
+    single-valued option given twice with two values refused (Once)."""
+
+    def __init__(self, *args, **kwargs):
+        super().__init__(*args, **kwargs)
+        for name in (None, "store"):  # the default action, of its groups too (they share the registry)
+            self.register("action", name, Once)
 
     def error(self, message):
         self.exit(USAGE, f"{self.prog}: error: {message} (see {self.prog} --help)\n")
@@ -32,12 +62,43 @@ def fail(prog: str, message: str, code: int = USAGE) -> int:
     return code
 
 
+MAX_SECONDS = 1e6  # 11 days; the system's timers (setitimer, faulthandler) overflow past about 1e9 s
+
+
 def seconds(text: str) -> float:
-    """An option's seconds: 0 or more (a negative limit or budget would mean none, silently)."""
+    """An option's seconds: 0 or more (a negative limit or budget would mean none, silently), and at
+    most MAX_SECONDS (the timers overflow)."""
     value = float(text)
     if not value >= 0:
         raise argparse.ArgumentTypeError(f"{text}: give seconds >= 0")
+    if not value <= MAX_SECONDS:
+        raise argparse.ArgumentTypeError(f"{text}: give at most {MAX_SECONDS:g} seconds")
     return value
+
+
+def device_option(text: str) -> str:
+    """An option's device: cpu or cuda (cuda:N), the kinds the kit runs on (torch names others it
+    cannot run, or answers a misspelt one with its whole list)."""
+    kind, _, index = text.partition(":")
+    if kind not in ("cpu", "cuda") or (index and not index.isdigit()):
+        raise argparse.ArgumentTypeError(f"{text}: give cpu or cuda (cuda:N for one GPU)")
+    return text
+
+
+def writable(option: str, path) -> List[str]:
+    """A problem naming `option` where the file `path` cannot be written (its folder made if missing,
+    as the writer makes it), else none; None is no file."""
+    if path is None:
+        return []
+    path = Path(path)
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+    except OSError as exc:
+        return [f"{option} {path}: cannot make its folder ({exc.strerror}); name a file in a folder you can write"]
+    if path.is_dir() or not os.access(path.parent, os.W_OK):
+        what = "a directory" if path.is_dir() else "its folder is not writable"
+        return [f"{option} {path}: {what}; name a file in a folder you can write"]
+    return []
 
 
 def count(text: str) -> int:

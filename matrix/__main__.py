@@ -5,7 +5,7 @@ from __future__ import annotations
 import sys
 from pathlib import Path
 
-from kit.cli import FAILED, Parser, fail
+from kit.cli import FAILED, Parser, fail, writable
 from kit.report.known_failures import KnownFailuresError, load
 from kit.report.record import ResultsError, read_results_file
 from kit.report.results import page_path, write_results, write_text
@@ -27,6 +27,9 @@ def build_parser() -> Parser:
     common = Parser(add_help=False, parents=[sources])
     common.add_argument("--readme", default=str(REPO / "README.md"),
                         help="the README whose generated blocks are written or checked (default: the kit's)")
+    common.add_argument("--page", default=str(REPO / "docs" / "matrix.md"),
+                        help="the generated page holding the per-case matrices, mutation and fuzz tables, where "
+                             "present (default: the kit's docs/matrix.md); a block goes where its markers are")
     parser = Parser(prog=PROG, description=__doc__)
     sub = parser.add_subparsers(dest="command", required=True, metavar="{write,check,html,merge}")
     sub.add_parser("write", parents=[common], prog=f"{PROG} write",
@@ -84,6 +87,8 @@ def _html(args) -> int:
         print("\n".join(f"matrix html: {p}" for p in problems), file=sys.stderr)
         return FAILED
     out = args.out or page_path(args.results)
+    if writable("--out", out):
+        return fail(PROG, writable("--out", out)[0])
     write_text(out, html.page(files, entries))
     print(f"matrix html: wrote {out} ({sum(len(f.records) for f in files.values())} runs from "
           f"{len(files)} file(s){'' if args.results else ': the committed results; --results FILE for a run'})")
@@ -104,23 +109,25 @@ def _write(args) -> int:
         return FAILED
     # Each file is written only when its contents change: no verdict changed, no file touched.
     written = [f.path for f in files.values() if write_if_changed(f.path, committed_text(f))]
-    path = Path(args.readme)
-    text = path.read_text()
+    texts = gate.generated_files(args.readme, args.page)
     for _, begin, end, block in blocks:
-        text = readme.replace(text, block, str(path), begin, end)
-    if write_if_changed(path, text):
-        written.append(str(path))
+        path = readme.holder(texts, begin, end)
+        if path is None:
+            raise readme.missing(texts, begin, end)
+        texts[path] = readme.replace(texts[path], block, path, begin, end)
+    written += [path for path, text in texts.items() if write_if_changed(Path(path), text)]
     for p in written:
         print(f"matrix write: wrote {p}")
     if not written:
-        print(f"matrix write: nothing changed ({len(files)} results file(s) and {path} as they were)")
+        print(f"matrix write: nothing changed ({len(files)} results file(s) and {', '.join(texts)} as they were)")
     return 0
 
 
 def _check(args) -> int:
     unjudged: list = []
     near: list = []
-    problems = gate.check(args.readme, args.known_failures, args.results_dir, args.fresh, unjudged, near)
+    problems = gate.check(args.readme, args.known_failures, args.results_dir, args.fresh, unjudged, near,
+                          args.page)
     for p in problems:
         print(f"matrix check: {p}", file=sys.stderr)
     if problems:
@@ -137,6 +144,8 @@ def _check(args) -> int:
 
 
 def _merge(args) -> int:
+    if writable("results file", args.out):
+        return fail(PROG, writable("results file", args.out)[0])
     shards = []
     for path in args.shards:
         if not Path(path).is_file():
@@ -162,6 +171,8 @@ def main(argv=None) -> int:
         if not Path(path).is_file():
             what = "a directory, not a results file" if Path(path).is_dir() else "no such file"
             return fail(PROG, f"{option} {path}: {what}; name the file the run wrote with --results-json")
+    if args.command != "merge" and not getattr(args, "results", None) and gate.results_dir_problem(args.results_dir):
+        return fail(PROG, gate.results_dir_problem(args.results_dir))
     if args.command == "html":
         return _html(args)
     if args.command == "merge":

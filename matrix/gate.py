@@ -12,7 +12,7 @@ from kit.report.record import (COMPLETE, ERROR, FAIL, PASS, UNSUPPORTED, Record,
 from matrix import fuzz, mutation, readme
 from matrix.committed import committed_text
 from matrix.merge import ShardsError, merge
-from matrix.table import render
+from matrix.table import render, summary
 
 REGENERATE = "regenerate it with the full command for its device (docs/running.md, 'Regenerating the tables')"
 
@@ -44,6 +44,17 @@ def _partial(f: ResultsFile) -> str:
     return ""
 
 
+def results_dir_problem(results_dir) -> str:
+    """Why `results_dir` holds no committed results to make tables from, or '': the tables made
+    from nothing would replace every committed table."""
+    if not Path(results_dir).is_dir():
+        return f"--results-dir {results_dir}: no such directory; name the folder of the committed results files"
+    if not any(Path(results_dir).glob("*.json")):
+        return (f"--results-dir {results_dir}: no results file (*.json) in it; name the folder of the committed "
+                f"results files (the kit's results/)")
+    return ""
+
+
 def committed_files(results_dir, problems: List[str]) -> Dict[str, ResultsFile]:
     """source -> each committed results file; a problem for each unreadable or partial one
     (so `matrix write` never makes tables from a narrowed or interrupted run)."""
@@ -71,15 +82,12 @@ def _not_in_committed_form(files: Dict[str, ResultsFile]) -> List[str]:
             if Path(f.path).read_text() != committed_text(f)]
 
 
-def expected_block(results: Dict[str, List[Record]], entries) -> str:
-    return render(results, entries) if results else "No results yet."
-
-
 def readme_blocks(results: Dict[str, List[Record]], entries, results_dir,
                   problems: List[str]) -> List[Tuple[str, str, str, str]]:
     """(what, begin marker, end marker, generated text) of each generated README block that can be
     made; a problem for each that cannot."""
-    blocks = [("matrix tables", readme.BEGIN, readme.END, expected_block(results, entries))]
+    blocks = [("pass summary", readme.SUMMARY_BEGIN, readme.SUMMARY_END, summary(results, entries)),
+              ("matrix tables", readme.BEGIN, readme.END, render(results, entries))]
     try:
         blocks.append(("mutation tables", readme.MUTANTS_BEGIN, readme.MUTANTS_END, mutation.block(results_dir)))
     except mutation.ScoresError as exc:
@@ -91,15 +99,21 @@ def readme_blocks(results: Dict[str, List[Record]], entries, results_dir,
     return blocks
 
 
-def _stale_readme(readme_path, blocks) -> List[str]:
+def generated_files(readme_path, page_path) -> Dict[str, str]:
+    """path -> text of the files the generated blocks are written in: the README, and the generated
+    page where it is."""
+    paths = [readme_path] + ([page_path] if page_path and Path(page_path).is_file() else [])
+    return {str(p): Path(p).read_text() for p in paths}
+
+
+def _stale_readme(texts: Dict[str, str], blocks) -> List[str]:
     problems = []
-    text = Path(readme_path).read_text()
     for what, begin, end, block in blocks:
-        try:
-            _, current, _ = readme.split(text, str(readme_path), begin, end)
-        except readme.MarkersMissing as exc:
-            problems.append(str(exc))
+        readme_path = readme.holder(texts, begin, end)
+        if readme_path is None:
+            problems.append(str(readme.missing(texts, begin, end)))
             continue
+        _, current, _ = readme.split(texts[readme_path], readme_path, begin, end)
         if current.strip() == block.strip():
             continue
         diff = [d for d in difflib.unified_diff(current.strip().splitlines(), block.strip().splitlines(),
@@ -189,10 +203,8 @@ def _agreement(fresh: List[ResultsFile], committed: Dict[str, List[Record]]) -> 
     return problems
 
 
-def _fresh_runs(paths: Sequence[str], problems: List[str], sources: Dict[int, str]) -> List[ResultsFile]:
-    """The fresh results files, the shards among them as the one run they make (matrix.merge);
-    a problem for each file that cannot be read, and for shards that make no run; each record's
-    file in `sources`."""
+def _read_fresh(paths: Sequence[str], problems: List[str], sources: Dict[int, str]) -> List[ResultsFile]:
+    """The fresh results files; a problem for each that cannot be read; each record's file in `sources`."""
     files = []
     for path in paths:
         try:
@@ -201,6 +213,12 @@ def _fresh_runs(paths: Sequence[str], problems: List[str], sources: Dict[int, st
             problems.append(str(exc))
             continue
         sources.update((id(r), str(path)) for r in files[-1].records)
+    return files
+
+
+def _fresh_runs(files: List[ResultsFile], problems: List[str]) -> List[ResultsFile]:
+    """The fresh results files, the shards among them as the one run they make (matrix.merge); a
+    problem for shards that make no run."""
     shards = [f for f in files if f.shard is not None]
     runs = [f for f in files if f.shard is None]
     if shards:
@@ -212,10 +230,15 @@ def _fresh_runs(paths: Sequence[str], problems: List[str], sources: Dict[int, st
 
 
 def check(readme_path, known_path, results_dir, fresh_paths: Sequence[str] = (),
-          unjudged: Optional[List[str]] = None, near: Optional[List[Record]] = None) -> List[str]:
+          unjudged: Optional[List[str]] = None, near: Optional[List[Record]] = None,
+          page_path=None) -> List[str]:
     """The gate's problems; `unjudged` gets the entries no result can judge, `near` the judged
-    records near the line (near_the_line)."""
+    records near the line (near_the_line); `page_path`: the generated page beside the README."""
     problems: List[str] = []
+    sources: Dict[int, str] = {}
+    read = _read_fresh(fresh_paths, problems, sources)
+    if problems:  # a fresh file that cannot be read is the answer, at once: nothing else is judged by it
+        return problems
     try:
         entries = load(known_path)
     except KnownFailuresError as exc:
@@ -225,11 +248,11 @@ def check(readme_path, known_path, results_dir, fresh_paths: Sequence[str] = (),
     files = committed_files(results_dir, problems)
     problems += _not_in_committed_form(files)
     committed = {src: f.records for src, f in files.items()}
-    problems += _stale_readme(readme_path, readme_blocks(committed, entries, results_dir, problems))
+    problems += _stale_readme(generated_files(readme_path, page_path),
+                              readme_blocks(committed, entries, results_dir, problems))
     fresh: List[Record] = []
     whole: List[ResultsFile] = []
-    sources: Dict[int, str] = {}
-    for f in _fresh_runs(fresh_paths, problems, sources):
+    for f in _fresh_runs(read, problems):
         trouble = _fresh_problems(f)
         problems += trouble
         if trouble:

@@ -5,11 +5,12 @@ top, under what an interrupted run lacks. No script and no external asset: a cel
 section the page shows when the link targets it (CSS :target)."""
 from __future__ import annotations
 
+from collections import Counter
 from html import escape
 from typing import Dict, List, Sequence
 
 from kit.report.known_failures import KnownFailure, covering, of_record
-from kit.report.record import ERROR, FAIL, Record, ResultsFile
+from kit.report.record import ERROR, FAIL, Record, ResultsFile, parse_run_id
 from matrix.table import COLUMNS, Notes, by_device, cell, cells, environment_line, tally
 
 STYLE = """
@@ -20,7 +21,7 @@ th { background: #eee; text-align: left; }
 td a { color: inherit; display: block; }
 .pass { background: #cdeccd; } .fail { background: #f4b4b4; } .xfail { background: #f7e2a8; }
 .quarantine { background: #dcc8ef; } .unsupported { background: #e4e4e4; color: #555; } .not-run { background: #fff; }
-.not-judged { background: #bfd7f0; }
+.not-judged { background: #bfd7f0; } .partial { background: #fff; border: 2px dashed #a33; }
 .runs { display: none; border: 2px solid #888; padding: 0.5em 1em; margin: 1em 0; }
 .runs:target { display: block; }
 .run { border-top: 1px solid #ccc; padding: 0.4em 0; }
@@ -30,7 +31,8 @@ pre { white-space: pre-wrap; margin: 0; } code.repro { background: #f3f3f3; padd
 """
 LEGEND = (("pass", "every run that ran passed"), ("fail", "a failure no known-failure entry covers"),
           ("xfail", "failing as KNOWN_FAILURES.md says"), ("quarantine", "a known failure run in a subprocess"),
-          ("not-judged", "stopped by its environment before a verdict"), ("unsupported", "out of the backend's scope"),
+          ("not-judged", "stopped by its environment before a verdict"),
+          ("partial", "nothing failed, but runs of it never ran (an interrupted run)"), ("unsupported", "out of the backend's scope"),
           ("not-run", "not run"))
 
 
@@ -59,8 +61,17 @@ def _run(entries: Sequence[KnownFailure], r: Record) -> str:
     return f'<div class="run"><b>{escape(r.test_id)}</b><dl>{body}</dl></div>'
 
 
+def _never_run(files: Dict[str, ResultsFile]) -> Counter:
+    """(device, backend, mode, exec) -> the runs an interrupted file's session selected and never ran."""
+    out: Counter = Counter()
+    for f in files.values():
+        for device in {r.device for r in f.records}:
+            out.update((device, *parse_run_id(rid)[:3]) for rid in f.missing(f.selected))
+    return out
+
+
 def _device(index: int, device: str, records: List[Record], sources: List[str], entries: Sequence[KnownFailure],
-            failing_cells: List[str]) -> str:
+            failing_cells: List[str], never_run: Counter) -> str:
     groups, notes, sections = cells(records), Notes(), []
     head = "".join(f"<th>{escape(m)} {escape(e)}</th>" for m, e in COLUMNS)
     back = f'<p><a href="#table-{index}">back to the table</a> · <a href="#top">to the top</a></p>'
@@ -68,8 +79,9 @@ def _device(index: int, device: str, records: List[Record], sources: List[str], 
     for backend in sorted({r.backend for r in records}):
         tds = []
         for m, e in COLUMNS:
-            runs = groups[(backend, m, e)]
-            text, kind = escape(cell(runs, entries, notes)), tally(runs, entries).kind
+            runs, missing = groups[(backend, m, e)], never_run.get((device, backend, m, e), 0)
+            text, kind = escape(cell(runs, entries, notes, missing)), tally(runs, entries).kind
+            kind = "partial" if missing and kind in ("pass", "unsupported", "not-run") else kind
             shown = [r for r in runs if r.outcome in (FAIL, ERROR)]
             if shown:
                 anchor = escape(f"runs-{index}-{backend}-{m}-{e}")
@@ -98,7 +110,8 @@ def page(files: Dict[str, ResultsFile], entries: Sequence[KnownFailure]) -> str:
                        f'it recorded only</p>' for source, f in files.items() if f.incomplete())
     failing: List[str] = []
     results = {source: f.records for source, f in files.items()}
-    body = "".join(_device(i, d, records, sources, entries, failing)
+    never_run = _never_run(files)
+    body = "".join(_device(i, d, records, sources, entries, failing, never_run)
                    for i, (d, records, sources) in enumerate(by_device(results)))
     summary = (f"<h2>Failing cells ({len(failing)})</h2><ul>{''.join(failing)}</ul>" if failing
                else "<p>No failing cell: every failure is a known one.</p>" if body else "")

@@ -74,12 +74,16 @@ def tally(records: List[Record], entries: Sequence[KnownFailure]) -> Tally:
     return t
 
 
-def cell(records: List[Record], entries: Sequence[KnownFailure], notes: Notes) -> str:
+def cell(records: List[Record], entries: Sequence[KnownFailure], notes: Notes, never_run: int = 0) -> str:
     """What a cell's runs did, each count out of the runs that ran: `✗ 1/8 graph` (failures no
     entry covers, by class), `✓ 5/8` (passed against the exact reference), `≈ 3/8` (passed under the
     backend's declared numerics: DECLARED_LEGEND), `xfail 2/8 (KF-1)`, `quarantine 1/8 (KF-5,
     subprocess)`, `3 unsupported (1)`; `— unsupported (1)` when nothing ran. A part with no run is
-    left out (no check mark over nothing passing)."""
+    left out (no check mark over nothing passing). `never_run`: the cell's runs an interrupted
+    session selected and never ran, said last (`✓ 16/16` over 8 runs missing read as whole)."""
+    if never_run:
+        shown = cell(records, entries, notes) if records else ""
+        return f"{shown}{', ' if shown else ''}{never_run} never run"
     if not records:
         return "not run"
     t = tally(records, entries)
@@ -162,3 +166,27 @@ def render(results: Dict[str, List[Record]], entries: Sequence[KnownFailure]) ->
     """results: source name -> records. One table per device, devices sorted by name."""
     return "\n".join(device_table(d, records, entries, ", ".join(f"`{s}`" for s in sources))
                      for d, records, sources in by_device(results))
+
+
+def summary_cell(records: List[Record], entries: Sequence[KnownFailure]) -> str:
+    """A mode's runs of a backend, eager and graph together: `passed · failed · known · unsupported`
+    (failed: no known-failure entry covers it; known: expected or quarantined), `—` when none ran."""
+    t = tally(records, entries)
+    if not t.ran:
+        return "—"
+    return (f"{t.passed} · {sum(t.unknown.values())} · {sum(t.known.values()) + sum(t.quarantined.values())} · "
+            f"{len(t.skipped)}")
+
+
+def summary(results: Dict[str, List[Record]], entries: Sequence[KnownFailure]) -> str:
+    """The pass table of each device, one screen: rows = backends, columns = modes."""
+    out = []
+    for device, records, _ in by_device(results):
+        groups = defaultdict(list)
+        for r in records:
+            groups[(r.backend, r.mode)].append(r)
+        rows = [[backend] + [summary_cell(groups[(backend, m.value)], entries) for m in MODES]
+                for backend in sorted({r.backend for r in records})]
+        out.append(f"**{device}** (passed · failed · known · unsupported)\n\n"
+                   f"{tabulate(rows, ['backend'] + [m.value for m in MODES], tablefmt='github')}\n")
+    return "\n".join(out)

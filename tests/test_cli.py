@@ -13,8 +13,10 @@ import sys
 
 import pytest
 
-from kit.cli import FAILED, USAGE
-from kit.__main__ import build_parser as kit_parser, main as kit_main
+from kit import options
+from kit.cli import FAILED, INTERRUPTED, USAGE
+from kit.modes import Exec, ForwardMode
+from kit.__main__ import KEPT, build_parser as kit_parser, main as kit_main
 from matrix.__main__ import build_parser as matrix_parser, main as matrix_main
 from tests.test_matrix import REPO, project, run_matrix  # noqa: F401
 
@@ -58,15 +60,31 @@ def _main(main, *args):
     (["run", "--backend", "nosuchmodule:Thing", "--mode", "decode", "--exec", "eager", "--case", "mqa_p1_shuf"],
      ["--backend nosuchmodule:Thing: No module named 'nosuchmodule'"]),
     (RUN + ["--case", "mqa_p1_shuf", "--timeout", "-3"], ["--timeout", "-3", "seconds >= 0"]),
+    (RUN + ["--case", "mqa_p1_shuf", "--timeout", "1e300"], ["--timeout", "1e300: give at most 1e+06 seconds"]),
+    (RUN + ["--case", "mqa_p1_shuf", "--device", "tpu"], ["--device: tpu: give cpu or cuda"]),
+    (RUN + ["--case", "mqa_p1_shuf", "--device", "meta"], ["--device: meta: give cpu or cuda"]),
+    (["fuzz", "--backend", "torch_native", "--device", "tpu"], ["--device: tpu: give cpu or cuda"]),
     (["run", "--backend", "torch_native", "--exec", "eager", "--case-line",
       'Case("x", mode=ForwardMode.DECODE, prefix=(1,), page=__import__("os"))'], ["is not a literal"]),
     (["run", "--backend", "torch_native", "--exec", "eager", "--case", "x"], ["--case needs --mode", "--case-line"]),
-], ids=["case", "case_set", "device", "mode", "cases", "option", "backend", "backend_target", "timeout", "case_line",
+], ids=["case", "case_set", "device", "mode", "cases", "option", "backend", "backend_target", "timeout",
+        "timeout_overflow", "device_tpu", "device_meta", "fuzz_device", "case_line",
         "case_without_mode"])
 def test_kit_usage_errors(args, words):
     if "cuda" in args:
         pytest.importorskip("torch").cuda.is_available() and pytest.skip("CUDA is present here")
     _one_line_error(_main(kit_main, *args), USAGE, *words)
+
+
+def test_kit_run_answers_an_unknown_backend_before_torch_and_the_catalog(monkeypatch):
+    """It took ~15 s to refuse a misspelt backend: the catalog (torch with it) was loaded first."""
+    import kit.engine.catalog
+
+    def load_nothing(*args):
+        raise AssertionError("the catalog was loaded")
+    monkeypatch.setattr(kit.engine.catalog, "load_catalog", load_nothing)
+    _one_line_error(_main(kit_main, "run", "--backend", "nosuch", "--mode", "decode", "--exec", "eager", "--case",
+                          "x"), USAGE, "--backend nosuch: unknown backend 'nosuch'; known:")
 
 
 def test_a_kit_usage_error_ends_the_process_with_one_line():
@@ -134,6 +152,111 @@ def test_corrupted_committed_files_and_deleted_known_failures(project):
     assert any("KNOWN_FAILURES.md: no such file" in l and "--known-failures" in l for l in proc.stderr.splitlines())
 
 
+@pytest.mark.parametrize("command", ["write", "check", "html"])
+@pytest.mark.parametrize("folder, words", [("nosuch", ["no such directory"]), ("empty", ["no results file (*.json)"])])
+def test_a_results_dir_with_nothing_to_write_is_refused_and_nothing_overwritten(project, tmp_path, command, folder,
+                                                                               words):
+    """`matrix write --results-dir nosuchdir` rendered "No results yet." over every table, exit 0."""
+    (tmp_path / "empty").mkdir()
+    before = project["readme_path"].read_text()
+    where = ["--out", str(tmp_path / "m.html")] if command == "html" else ["--readme", str(project["readme_path"])]
+    proc = _main(matrix_main, command, "--known-failures", str(project["known_path"]),
+                 "--results-dir", str(tmp_path / folder), *where)
+    _one_line_error(proc, USAGE, f"--results-dir {tmp_path / folder}", *words)
+    assert project["readme_path"].read_text() == before
+    assert not (tmp_path / "m.html").exists()
+
+
+@pytest.mark.parametrize("args, words", [
+    (RUN[:5] + ["--mode", "extend", "--exec", "eager", "--case", "x"], ["--mode given twice (decode, extend)"]),
+    (RUN + ["--case", "x", "--case", "y"], ["--case given twice (x, y)", "give it once"]),
+    (["list", "--case-set", "smoke", "--case-set", "full"], ["--case-set given twice (smoke, full)"]),
+], ids=["mode", "case", "case_set"])
+def test_a_single_valued_option_given_two_values_is_refused(args, words):
+    """`kit run --mode decode --mode extend` ran extend alone, saying nothing."""
+    _one_line_error(_main(kit_main, *args), USAGE, *words)
+
+
+def test_options_named_twice_select_each_value_once():
+    assert options.csv(["torch_native", "torch_native,triton", "triton"]) == ["torch_native", "triton"]
+    assert options.modes(["decode", "DECODE,extend", "decode"]) == [ForwardMode.DECODE, ForwardMode.EXTEND]
+    assert options.execs(["eager", "eager"]) == [Exec.EAGER]
+
+
+def _collected(*args):
+    proc = _run("-m", "pytest", "tests/test_conformance.py", "--co", "-q", "-p", "no:cacheprovider",
+                "--cases", "tests.toys.tiny:CATALOG", *args)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    return [line for line in proc.stdout.splitlines() if "::test_conformance[" in line]
+
+
+def test_a_repeated_pytest_option_does_not_double_the_runs():
+    """`--backend x --backend x --mode decode --mode decode` ran each run twice, and the results file
+    then read as interrupted."""
+    once = _collected("--backend", "torch_native", "--mode", "decode", "--progress-every", "5")
+    assert once and _collected("--backend", "torch_native", "--backend", "torch_native", "--mode", "decode",
+                               "--mode", "decode", "--progress-every", "5", "--progress-every", "5") == once
+
+
+@pytest.mark.parametrize("args, words", [
+    (["--case-set", "smoke", "--case-set", "full"], ["--case-set given twice (smoke, full)", "give it once"]),
+    (["--progress-every", "-5"], ["--progress-every: -5: give seconds >= 0 (0: never)"]),
+], ids=["case_set", "progress_every"])
+def test_pytest_refuses_what_argparse_let_through(args, words):
+    proc = _run("-m", "pytest", "tests/test_conformance.py", "-q", "-p", "no:cacheprovider", "--co", *args)
+    _one_line_error(proc, USAGE, "ERROR: ", *words)
+
+
+TOYS = "tests.toys.crashing"
+
+
+def test_ctrl_c_in_kit_run_is_one_line_saying_what_was_kept():
+    """Ctrl-C printed a KeyboardInterrupt traceback; pytest's answer is one line and exit code 2."""
+    proc = _main(kit_main, "run", "--backend", f"{TOYS}:InterruptBackend", "--mode", "decode", "--exec", "eager",
+                 "--case", "mqa_p1_shuf")
+    _one_line_error(proc, INTERRUPTED, "python -m kit run: interrupted (Ctrl-C); kept: nothing")
+
+
+def test_ctrl_c_in_kit_fuzz_writes_its_ledger_record(tmp_path, monkeypatch):
+    from tests.toys.crashing import InterruptsLaterBackend
+
+    monkeypatch.setattr(InterruptsLaterBackend, "batches", 0)
+    ledger = tmp_path / "ledger.jsonl"
+    proc = _main(kit_main, "fuzz", "--backend", f"{TOYS}:InterruptsLaterBackend", "--mode", "decode", "--exec",
+                 "eager", "--database", "none", "--ledger", str(ledger), "--budget", "120")
+    _one_line_error(proc, INTERRUPTED, "python -m kit fuzz: interrupted (Ctrl-C) at example", str(ledger))
+    [record] = [json.loads(line) for line in ledger.read_text().splitlines()]
+    assert record["stopped"].startswith("interrupted (Ctrl-C)") and record["examples"] >= 1
+
+
+def test_every_command_says_what_ctrl_c_keeps():
+    commands = kit_parser()._subparsers._group_actions[0].choices
+    assert set(KEPT) == set(commands)
+
+
+def test_a_known_failures_file_that_never_existed_is_not_to_be_restored():
+    proc = _main(kit_main, *RUN, "--case", "mqa_p1_shuf", "--known-failures", "nosuch.md")
+    _one_line_error(proc, FAILED, "--known-failures: nosuch.md: no such file", "name an existing known-failures")
+    assert "git checkout" not in proc.stderr
+
+
+@pytest.mark.parametrize("args", [
+    ["html", "--out", "/proc/x/report.html"],
+    ["merge", "/proc/x/report.json", "a.json"],
+], ids=["html", "merge"])
+def test_a_file_that_cannot_be_written_is_one_line(args):
+    """`matrix html --out /proc/x/report.html` ended in a FileNotFoundError traceback."""
+    _one_line_error(_main(matrix_main, *args), USAGE, "/proc/x/report.", "cannot make its folder",
+                    "name a file in a folder you can write")
+
+
+def test_pytest_refuses_a_results_file_it_cannot_write():
+    """`--results-json /proc/x/r.json` was an INTERNALERROR before any run."""
+    proc = _run("-m", "pytest", "tests/test_conformance.py", "-q", "-p", "no:cacheprovider", "--co",
+                "--results-json", "/proc/x/r.json")
+    _one_line_error(proc, USAGE, "ERROR: --results-json /proc/x/r.json: cannot make its folder")
+
+
 def test_mutate_usage_error():
     _one_line_error(_run("-m", "kit.mutate", "--case-set", "nosuch"), USAGE, "unknown case set 'nosuch'")
 
@@ -150,11 +273,16 @@ def test_nonsense_numbers_are_refused(args, words):
     _one_line_error(_main(kit_main, *args), USAGE, *words)
 
 
-@pytest.mark.parametrize("timeout", [["--timeout", "-1"], ["-o", "timeout=-1"]], ids=["option", "ini"])
-def test_pytest_refuses_a_negative_time_limit(timeout):
-    """pytest-timeout took -1 for no limit: a hung run kept the session, and its file, running."""
+@pytest.mark.parametrize("timeout, words", [
+    (["--timeout", "-1"], ["-1: give seconds >= 0 (0: no limit)"]),
+    (["-o", "timeout=-1"], ["-1: give seconds >= 0 (0: no limit)"]),
+    (["--timeout", "1e300"], ["1e+300: give at most 1e+06 seconds"]),
+], ids=["option", "ini", "overflow"])
+def test_pytest_refuses_a_time_limit_it_cannot_keep(timeout, words):
+    """pytest-timeout took -1 for no limit: a hung run kept the session, and its file, running;
+    1e300 overflowed the system's timer, recorded as every run's crash."""
     proc = _run("-m", "pytest", "tests/test_conformance.py", "-q", "-p", "no:cacheprovider", "--co", *timeout)
-    _one_line_error(proc, USAGE, "ERROR: ", "timeout", "-1: give seconds >= 0 (0: no limit)")
+    _one_line_error(proc, USAGE, "ERROR: ", "timeout", *words)
 
 
 def test_exit_codes_are_one_scheme_written_in_one_place():

@@ -8,7 +8,9 @@ import sys
 
 import pytest
 
+from kit.report.record import read_results_file
 from kit.report.results import write_results
+from matrix import html
 from scripts.setup import browser_paths
 from tests.test_matrix import REPO, kf_text, rec
 
@@ -85,6 +87,17 @@ def test_an_interrupted_run_says_so_at_the_top(tmp_path):
     assert proc.returncode == 0 and "interrupted run (running): 1 of 3 selected runs recorded" in proc.stderr, proc.stderr
     top = out.read_text().split("<h2>", 1)[0]
     assert '<p class="warning">' in top and "interrupted run (running): 1 of 3 selected runs recorded" in top, top
+
+
+def test_a_cell_whose_runs_partly_never_ran_does_not_read_whole(tmp_path):
+    """An interrupted run's cell read `✓ 16/16` with 8 of its 24 runs missing."""
+    path = tmp_path / "results-local.json"
+    selected = [f"be-decode-eager-{c}" for c in "abc"] + ["be-decode-graph-a"]
+    write_results(path, [rec("a"), rec("b"), rec("a", exec_="graph")],
+                  run=dict(status="interrupted", selected=selected, catalog=selected))
+    text = html.page({"r": read_results_file(path)}, [])
+    assert '<td class="partial">✓ 2/2, 1 never run</td>' in text, text
+    assert '<td class="pass">✓ 1/1</td>' in text  # the graph cell ran whole
 
 
 def test_page_has_no_external_assets(page):

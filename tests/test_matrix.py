@@ -16,7 +16,7 @@ from kit.modes import ForwardMode
 from kit.report.record import Record
 from kit.report.results import write_results
 from matrix import fuzz, gate, readme
-from matrix.table import Notes, cell, render
+from matrix.table import Notes, cell, render, summary
 from tests.helpers import once_per_session
 
 REPO = Path(__file__).resolve().parent.parent
@@ -71,7 +71,7 @@ def project(tmp_path):
         size="small", seed=0, rows=[dict(number=7, mutant="m7", expect=["kernel"], modes=["decode"], execs=["eager"],
                                          found=True, error="", examples=12, seconds=3.5, classes=["kernel"],
                                          case_line='Case("c", mode=ForwardMode.DECODE, prefix=(3,))')])))
-    (tmp_path / "README.md").write_text(f"# x\n\n{readme.BEGIN}\n{readme.END}\n\n{readme.MUTANTS_BEGIN}\n"
+    (tmp_path / "README.md").write_text(f"# x\n\n{readme.SUMMARY_BEGIN}\n{readme.SUMMARY_END}\n\n{readme.BEGIN}\n{readme.END}\n\n{readme.MUTANTS_BEGIN}\n"
                                         f"{readme.MUTANTS_END}\n\n{fuzz.BEGIN}\n{fuzz.END}\n\ntail\n")
     p = dict(readme_path=tmp_path / "README.md", known_path=tmp_path / "KNOWN_FAILURES.md",
              results_dir=tmp_path / "results")
@@ -266,6 +266,19 @@ def test_header_of_the_shipped_table_is_the_parsed_one():
     assert [entry.id for entry in parse(text)] == rows  # every row parses, under that header
 
 
+def test_a_fresh_file_that_cannot_be_read_is_the_answer_before_anything_is_read(project, tmp_path, monkeypatch):
+    """`matrix check` took a minute to reject an empty file: it read and rendered the committed results first."""
+    fresh = tmp_path / "fresh.json"
+    fresh.write_text("")
+
+    def read_nothing_else(*args):
+        raise AssertionError("the committed results were read")
+    monkeypatch.setattr(gate, "committed_files", read_nothing_else)
+    monkeypatch.setattr(gate, "load", read_nothing_else)
+    [problem] = gate.check(**project, fresh_paths=[str(fresh)])
+    assert "fresh.json: not a results file (bad JSON" in problem, problem
+
+
 def test_fresh_run_disagreeing_with_committed_results_is_caught(project, tmp_path):
     """The CPU table cannot lie: a fresh run must match the committed results of its device."""
     fresh = tmp_path / "fresh.json"
@@ -286,6 +299,32 @@ def test_cells():
     assert cell([record("a"), record("b", "fail", "crash", isolated=True)], entries, notes) == \
         "✓ 1/2, quarantine 1/2 (KF-7, subprocess)"
     assert notes.block() == "- (1) no capture hooks\n- (2) x"
+
+
+def test_the_pass_summary_counts_each_mode_of_a_backend_eager_and_graph_together():
+    entries = parse(kf_text("| KF-2 | be | decode | graph | b | * | kernel | xfail | why | tests/toys |"), "KF")
+    records = [record("a"), record("a", exec_="graph"), record("b", "fail", "kernel", exec_="graph"),
+               record("c", "fail", "graph"), record("d", "unsupported", message="x"),
+               record("a", mode="extend", outcome="unsupported", message="x")]
+    text = summary({"r": records}, entries)
+    row = next(line for line in text.splitlines() if line.startswith("| be"))
+    assert [c.strip() for c in row.strip("|").split("|")][:3] == ["be", "2 · 1 · 1 · 1", "—"], row
+
+
+def test_write_puts_each_block_where_its_markers_are(project, tmp_path):
+    """The pass summary in the README, the per-case matrices on the generated page (--page)."""
+    text = project["readme_path"].read_text()
+    before, rest = text.split(readme.BEGIN, 1)
+    project["readme_path"].write_text(before + rest.split(readme.END, 1)[1])
+    page = tmp_path / "matrix.md"
+    page.write_text(f"# matrices\n\n{readme.BEGIN}\n{readme.END}\n")
+    proc = run_matrix("write", project, "--page", str(page))
+    assert proc.returncode == 0, proc.stderr
+    assert "xfail 1/3 (KF-1)" in page.read_text()
+    assert "xfail" not in project["readme_path"].read_text() and "2 · 0 · 1 · 0" in project["readme_path"].read_text()
+    assert run_matrix("check", project, "--page", str(page)).returncode == 0
+    page.write_text(page.read_text().replace("xfail 1/3 (KF-1)", "✓ 3/3"))
+    assert "the matrix tables differ" in run_matrix("check", project, "--page", str(page)).stderr
 
 
 def test_a_cell_with_nothing_passing_shows_no_check_mark():

@@ -233,3 +233,37 @@ def test_dead_workers_cost_only_their_runs_under_loadgroup(tmp_path):
     # one worker death per crash: a run that took its worker down and ran again would take another
     assert output.count("node down") == len(crashed), "a run that took its worker down ran again"
 
+
+
+def test_a_limit_shorter_than_the_unwinding_is_a_timeout_not_a_native_hang():
+    """`kit run --timeout 0.001` stopped Python mid-import; unwinding took longer than a grace as
+    short as the limit, and the watchdog ended the process blaming native code (exit 75)."""
+    code = ("import time\n"
+            "from kit.harness.timeout import RunTimeout, time_limit\n"
+            "try:\n"
+            "    with time_limit(0.001):\n"
+            "        try:\n"
+            "            time.sleep(5)\n"
+            "        except RunTimeout:\n"
+            "            end = time.perf_counter() + 0.3  # unwinding through Python, slowly\n"
+            "            while time.perf_counter() < end:\n"
+            "                pass\n"
+            "            raise\n"
+            "except RunTimeout as exc:\n"
+            "    print('stopped:', exc)\n")
+    proc = subprocess.run([sys.executable, "-c", code], cwd=REPO, capture_output=True, text=True, timeout=60)
+    assert proc.returncode == 0 and "stopped: timeout after 0.001 s" in proc.stdout, proc.stdout + proc.stderr
+
+
+
+@pytest.mark.parametrize("backend", ["InterpretedTimeoutBackend", "WrongThenTimesOutBackend"])
+def test_a_timeout_inside_tritons_interpreter_is_a_timeout(backend, monkeypatch):
+    """The interpreter wraps the kit's RunTimeout in an InterpreterError: the run was not taken for a
+    timeout (no time left, it ran the batch again), and the host-mirror re-run read it as wrong."""
+    import tests.toys.crashing as toys
+
+    monkeypatch.setattr(toys.WrongThenTimesOutBackend, "instances", 0)
+    r = run_case(f"{TOYS}:{backend}", BS3, Exec.EAGER, timeout=30)
+    assert r.outcome == FAIL and r.failure_class == CRASH, r
+    assert "InterpreterError: RunTimeout('timeout after 2 s')" in r.message, r.message
+    assert r.repro.endswith(" --timeout 30"), r.repro

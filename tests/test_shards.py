@@ -22,7 +22,7 @@ from kit.report.results import write_results
 from kit.shard import Shard, split
 from matrix import gate
 from matrix.merge import ShardsError, merge
-from tests.test_matrix import REPO, kf_text, project, rec, run_matrix  # noqa: F401
+from tests.test_matrix import REPO, kf_text, project, rec, run_matrix, write_fresh  # noqa: F401
 
 LABELS = {"torch_native": "torch_native", "tests.toys.dense:DenseGraphBackend": "toy_dense"}  # a spec not its label
 
@@ -315,8 +315,8 @@ def test_the_workflows_shards_and_gate_make_and_judge_one_run(project, tmp_path)
         assert proc.wait(timeout=300) == 0, proc.stdout.read()
     shards = [read_results_file(tmp_path / f"cpu-shard-{k}.json") for k in (1, 2)]
     assert [str(f.shard) for f in shards] == ["1/2", "2/2"] and all(f.selected for f in shards)
-    # the gate's project: no committed results, no known failure (the toy runs all pass)
-    (project["results_dir"] / "cpu.json").unlink()
+    # the gate's project: committed results of another device only, no known failure (the toy runs all pass)
+    write_fresh(project["results_dir"] / "cpu.json", [rec(c, device="GPU X") for c in ("a", "b")])
     project["known_path"].write_text(kf_text())
     assert run_matrix("write", project).returncode == 0
     gate_args = [a for key, option in (("readme_path", "--readme"), ("known_path", "--known-failures"),

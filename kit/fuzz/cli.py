@@ -15,7 +15,7 @@ import json
 import sys
 from pathlib import Path
 
-from kit.cli import FAILED, count, fail, seconds
+from kit.cli import FAILED, INTERRUPTED as CLI_INTERRUPTED, count, device_option, fail, seconds
 from kit.fuzz import in_flight, ledger, report
 from kit.modes import MODES, Exec, parse_exec, parse_mode
 from kit.report import known_failures
@@ -37,7 +37,7 @@ def add_parser(sub, prog: str) -> argparse.ArgumentParser:
     p.add_argument("--max-examples", type=count, default=100_000, help="stop the search after this many cases")
     p.add_argument("--seed", type=int, default=None, help="Hypothesis's seed (default: a random one, printed)")
     p.add_argument("--size", default="small", help="small (CPU, default), medium or large: how large cases get")
-    p.add_argument("--device", default=None, help="cpu or cuda (default: cuda when present)")
+    p.add_argument("--device", type=device_option, default=None, help="cpu or cuda (default: cuda when present)")
     p.add_argument("--timeout", type=seconds, default=None, help="seconds after which one run stops as a crash")
     p.add_argument("--ledger", default=None, help=f"the ledger to append to (default: {ledger.DEFAULT} under the "
                                                   f"working directory for the kit's own backends, {ledger.OTHERS} "
@@ -71,7 +71,7 @@ def main(args, prog: str) -> int:
         target, known, database = resolve(args)
     except (ValueError, KnownFailuresError) as exc:
         return fail(prog, f"fuzz: {exc}")
-    from kit.fuzz.search import fuzz
+    from kit.fuzz.search import INTERRUPTED, fuzz
     from kit.harness.registry import is_in_box
     ledger_path = Path(args.ledger or ledger.default(is_in_box(target.backend)))
     running = Path(args.in_flight or ledger_path.with_name(in_flight.NAME))
@@ -85,6 +85,9 @@ def main(args, prog: str) -> int:
     print(f"ledger: {path}")
     if args.json:
         print(json.dumps(record, sort_keys=True))
+    if outcome.stopped.startswith(INTERRUPTED):
+        print(f"{prog} fuzz: {outcome.stopped}: its record, with what it found unshrunk, is in {path}", file=sys.stderr)
+        return CLI_INTERRUPTED
     return FAILED if record["new"] else 0
 
 

@@ -105,6 +105,9 @@ class Outcome:
                     known={kf: dict(count=n, first=f.to_record()) for kf, (n, f) in sorted(self.known.items())})
 
 
+INTERRUPTED = "interrupted (Ctrl-C)"  # Outcome.stopped's start when the user stopped the search
+
+
 class OutOfTime(BaseException):
     """Ends Hypothesis's run at once (it lets through what is no Exception): rejecting case after
     case would have it draw hundreds more before it gives up."""
@@ -308,6 +311,10 @@ def fuzz(target: Target, budget: float, seed: Optional[int] = None, shrink_budge
         test()
     except (Unsatisfiable, OutOfTime):
         outcome.new = list(search.smallest.values())  # in the order first found
+        outcome.shrunk = not outcome.new
+    except KeyboardInterrupt:  # the user stops it: what was found so far is kept, unshrunk, in the ledger
+        outcome.stopped = f"{INTERRUPTED} at example {outcome.examples}"
+        outcome.new = list(search.smallest.values())
         outcome.shrunk = not outcome.new
     except Failed as err:
         outcome.new.append(err.finding)

@@ -54,8 +54,9 @@ class Capabilities:
 
     @classmethod
     def of(cls, backend_cls) -> "Capabilities":
-        """The declarations of `backend_cls` (kit.harness.protocol.AttentionBackend documents
-        them), or BadDeclaration naming the one that is malformed."""
+        """The declarations of `backend_cls` (docs/extending.md, 'Adding a backend', lists each;
+        kit.harness.protocol.AttentionBackend all but `profile` and the builder-style graph hooks),
+        or BadDeclaration naming the one that is malformed."""
         name = getattr(backend_cls, "__name__", repr(backend_cls))
         if not hasattr(backend_cls, "profile"):
             raise BadDeclaration(f"{name} declares no `profile`: set `profile = kit.engine.profile.SGLANG` (or the "

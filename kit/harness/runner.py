@@ -59,12 +59,22 @@ def _first_line(exc: BaseException) -> str:
     return (str(exc).splitlines() or [""])[0]
 
 
+def _timed_out(exc: BaseException) -> bool:
+    """The run's time limit, raised as it is or wrapped: Triton's interpreter raises every error of a
+    kernel as an InterpreterError caused by it."""
+    while exc is not None:
+        if isinstance(exc, RunTimeout):
+            return True
+        exc = exc.__cause__
+    return False
+
+
 class _Crash(Exception):
     """A backend raised (or the device faulted); carries where it happened."""
 
     def __init__(self, stage: str, exc: BaseException):
         self.device_lost = _sticky(exc)
-        self.timed_out = isinstance(exc, RunTimeout)
+        self.timed_out = _timed_out(exc)
         self.out_of_memory = is_out_of_memory(exc)
         super().__init__(f"{stage}: {type(exc).__name__}: {exc}{where(exc)}")
 
@@ -179,13 +189,15 @@ class RunSetup:
             try:
                 return not self.eager(self.new_backend(), fx, regime=regime if only else None, only=only).ok
             except _Crash as crash:
-                if crash.device_lost:
+                if crash.device_lost or crash.timed_out:
                     raise
                 return True
         try:
             return mirrors.blame(wrong_with, regime, self.caps.host_mirrors)
-        except _Crash:  # the device faulted: nothing more runs (the run's end reports the fault)
-            return ""
+        except _Crash as crash:
+            if crash.timed_out:  # no time is left to tell: the run is the timeout's
+                raise
+            return ""  # the device faulted: nothing more runs (the run's end reports the fault)
 
     def recurrence(self) -> Recurrence:
         """What the run compares its recurring requests with (kit.harness.invariance)."""

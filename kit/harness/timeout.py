@@ -1,9 +1,9 @@
 """A run's time limit. Past it the run is stopped where it is, as a RunTimeout raised in the
 main thread, so the runner records a crash at its stage and the session goes on. A run stuck in
 native code never returns to Python to see it (a kernel that never ends, a wait on the device):
-a grace period later (GRACE_S, or the limit itself if shorter) a watchdog thread ends the process,
-with every thread's stack on stderr and the handler set by `on_stuck` told first (the plugin
-records the run as a crash: in the results file, or for the xdist controller). Where the stuck
+a grace period later (GRACE_S, or the limit itself if shorter, but MIN_GRACE_S at least) a
+watchdog thread ends the process, with every thread's stack on stderr and the handler set by
+`on_stuck` told first (the plugin records the run as a crash: in the results file, or for the xdist controller). Where the stuck
 code holds the GIL, no thread can run: another grace period later faulthandler ends the process
 from C, with the stacks."""
 from __future__ import annotations
@@ -23,6 +23,9 @@ DEFAULT_S = 600.0  # a run's limit unless --timeout says otherwise
 # loses its compile (FlashInfer's ninja goes with it), which the next process begins again.
 BUILD_S = 3600.0
 GRACE_S = 60
+# The least grace: a limit of a millisecond stops Python mid-import, and unwinding from there takes
+# longer than the limit; a grace as short would blame native code for it.
+MIN_GRACE_S = 2.0
 EXIT_STUCK = STUCK  # the process's exit code when a run stuck in native code ends it
 # The terminal's stderr, kept before pytest's capture swaps fd 2 during a test: the stacks of a
 # process that ends here must not go into a capture file that nobody reads.
@@ -69,14 +72,16 @@ def time_limit(seconds: Optional[float]) -> Iterator[None]:
         raise RunTimeout(seconds)
 
     previous = signal.signal(signal.SIGALRM, expire) if use_signal else None
-    if use_signal:
-        signal.setitimer(signal.ITIMER_REAL, seconds)
-    grace = min(GRACE_S, seconds)
+    grace = min(GRACE_S, max(seconds, MIN_GRACE_S))
     watchdog = threading.Timer(seconds + grace, _end_stuck, args=(seconds, grace))
     watchdog.daemon = True
-    watchdog.start()
-    faulthandler.dump_traceback_later(seconds + 2 * grace, exit=True, file=_STDERR)
     try:
+        watchdog.start()
+        faulthandler.dump_traceback_later(seconds + 2 * grace, exit=True, file=_STDERR)
+        # Armed last, inside the try: a limit shorter than this set-up stops the run here, as a
+        # RunTimeout in Python, and the watchdog is called off (it blamed native code for it).
+        if use_signal:
+            signal.setitimer(signal.ITIMER_REAL, seconds)
         yield
     finally:
         watchdog.cancel()

@@ -19,6 +19,7 @@ from kit.harness.environment import to_record
 from kit.plugin import cuda_context, parallel_spawn
 from kit.plugin.device_lost import end_process
 from kit.plugin.grouping import Grouping
+from kit.plugin import options as plugin_options
 from kit.plugin.options import addoption
 from kit.plugin.parametrize import Parametrize
 from kit.plugin.recorder import RECORD_KEY, Recorder
@@ -56,6 +57,7 @@ def pytest_configure(config):
         parallel_spawn.install()
     split_threads(config)
     default_timeout(config)
+    plugin_options.check(config)
     config.stash[SELECTION] = Selection.from_options(config)
     for name, plugin in ((RECORDER, Recorder(config)), ("conformance-runs", Parametrize()),
                          ("conformance-timeouts", RunTimeouts()), ("conformance-grouping", Grouping()),

@@ -150,8 +150,9 @@ def parse(text: str, path: str = "KNOWN_FAILURES.md") -> List[KnownFailure]:
 def load(path) -> List[KnownFailure]:
     path = Path(path)
     if not path.is_file():
-        raise KnownFailuresError(f"{path}: no such file; fix: restore it (git checkout -- {path.name}) "
-                                 f"or name another with --known-failures")
+        restore = f"restore it (git checkout -- {path.name}) or " if path.resolve() == DEFAULT_PATH else ""
+        raise KnownFailuresError(f"{path}: no such file; fix: {restore}name an existing known-failures table "
+                                 f"with --known-failures")
     return parse(path.read_text(), str(path))
 
 

@@ -182,3 +182,53 @@ class MetaOutputBackend(TorchNativeBackend):
 
         super().forward(q, k, v, layer, batch, save_kv_cache)
         return torch.empty(q.shape[0], layer.tp_q_head_num, layer.v_head_dim, dtype=q.dtype, device="meta")
+
+
+class InterruptsLaterBackend(TorchNativeBackend):
+    """Stands for the user pressing Ctrl-C once a few batches have run (a search under way)."""
+
+    name = "toy_interrupts_later"
+    attention_kinds = ("dense",)
+    batches = 0
+
+    def init_forward_metadata(self, batch) -> None:
+        InterruptsLaterBackend.batches += 1
+        if InterruptsLaterBackend.batches > 4:
+            raise KeyboardInterrupt
+        super().init_forward_metadata(batch)
+
+
+class InterpreterError(Exception):
+    """Stands for Triton's: its interpreter raises every error of a kernel as one, caused by it."""
+
+
+def _interpreter_timeout():
+    from kit.harness.timeout import RunTimeout
+
+    limit = RunTimeout(2)
+    raise InterpreterError(repr(limit)) from limit
+
+
+class InterpretedTimeoutBackend(TorchNativeBackend):
+    """Its kernels run in Triton's interpreter when the run's time limit arrives."""
+
+    def forward(self, q, k, v, layer, batch, save_kv_cache=True):
+        _interpreter_timeout()
+
+
+class WrongThenTimesOutBackend(TorchNativeBackend):
+    """Wrong on its first instance; the time limit arrives, in Triton's interpreter, while a fresh
+    instance runs the batch again to tell which host mirror is to blame."""
+
+    instances = 0
+
+    def init_forward_metadata(self, batch) -> None:
+        if not hasattr(self, "number"):
+            WrongThenTimesOutBackend.instances += 1
+            self.number = WrongThenTimesOutBackend.instances
+        super().init_forward_metadata(batch)
+
+    def forward(self, q, k, v, layer, batch, save_kv_cache=True):
+        if self.number > 1:
+            _interpreter_timeout()
+        return super().forward(q, k, v, layer, batch, save_kv_cache) + 1
