@@ -21,14 +21,17 @@ class ZeroRowBeforeFullPage(TorchNativeBackend):
 
     name = "planted_zero_row_before_full_page"
 
-    def init_forward_metadata(self, batch) -> None:
-        super().init_forward_metadata(batch)
-        if batch.forward_mode is not ForwardMode.DECODE:
-            return
-        page = batch.token_to_kv_pool.page_size
-        for i in range(1, len(self.prefix)):
-            if triggered(self.prefix[i - 1:i + 1], page):
-                self.prefix[i] -= 1
+    def forward(self, q, k, v, layer, batch, save_kv_cache=True):
+        if batch.forward_mode is ForwardMode.DECODE:
+            page = batch.token_to_kv_pool.page_size
+            requests = list(batch.step.requests)
+            for i in range(1, len(requests)):
+                if triggered([r.n_old for r in requests[i - 1:i + 1]], page):
+                    short = requests[i].visible.clone()
+                    short[:, -1] = False  # the request's own new token, the key past its full pages
+                    requests[i] = dataclasses.replace(requests[i], visible=short)
+            batch = dataclasses.replace(batch, step=dataclasses.replace(batch.step, requests=requests))
+        return super().forward(q, k, v, layer, batch, save_kv_cache)
 
 
 class WindowOneShort(TorchNativeBackend):
