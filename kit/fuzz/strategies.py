@@ -6,7 +6,8 @@ Choices are ordered simplest first (the first of a `sampled_from`, the first bra
 `one_of`, the lower end of an `integers`): Hypothesis shrinks toward them, so a shrunk case
 keeps only what its failure needs. Lengths and windows are drawn at and around page boundaries
 (k * page - 1, k * page, k * page + 1) besides anywhere, and batch sizes and EXTEND token counts
-at and around the graph buckets, so padded graph rows appear. A backend's declarations
+at and around the graph buckets of the backend's engine (its profile's: vLLM's capture sizes for
+vLLM's backends), so padded graph rows appear. A backend's declarations
 (`Takes`: attention kinds, quantized KV caches, features) bound the draws: a case it refuses by
 declaration alone is never drawn, so an MLA-only backend gets MLA cases, not rejections.
 """
@@ -116,7 +117,7 @@ def case_name(fields: Dict, mode: ForwardMode) -> str:
 
 
 @st.composite
-def cases(draw, mode: ForwardMode, size: str = "small", takes: Takes = Takes()) -> Case:
+def cases(draw, mode: ForwardMode, size: str, takes: Takes) -> Case:
     """A valid case of `mode` within `takes`, every feature drawn."""
     fields: Dict = {}
     for _, feature in FEATURES:
@@ -124,6 +125,6 @@ def cases(draw, mode: ForwardMode, size: str = "small", takes: Takes = Takes()) 
     return Case(case_name(fields, mode), mode, **fields)
 
 
-def any_case(modes, size: str = "small", takes: Takes = Takes()) -> st.SearchStrategy:
+def any_case(modes, size: str, takes: Takes) -> st.SearchStrategy:
     """A case of any of `modes` within `takes` (the first mode is where shrinking goes)."""
     return st.one_of([cases(mode, size, takes) for mode in modes])
