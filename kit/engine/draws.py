@@ -44,7 +44,6 @@ CAPS = (5.0, 20.0, 30.0)
 SCALES = (0.05, 0.1, 0.25, 1.0)
 MAX_TOPK = 4
 SEEDS = 4  # input data draws per shape
-DTYPE_ORDER = ("fp32", "fp16", "bf16")  # shrinks toward the exact one
 
 
 @dataclasses.dataclass(frozen=True)
