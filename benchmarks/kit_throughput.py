@@ -34,11 +34,11 @@ from typing import Dict, List, Optional, Tuple
 import torch
 
 from benchmarks.timeline import ENV as TIMELINE_ENV, phases
+from kit.harness.registry import IN_BOX  # the matrix timed unless --backend names others
 from kit.report.record import COMPLETE, UNSUPPORTED, read_results_file
 
 REPO = Path(__file__).resolve().parent.parent
 SLOWEST = 10
-IN_BOX = ("triton", "torch_native", "flashinfer")  # the matrix timed unless --backend names others
 
 
 def device() -> Tuple[str, str]:
