@@ -27,12 +27,12 @@ from typing import Dict, List, Optional, Sequence, Tuple
 from benchmarks.kit_throughput import append_row, device, kit_commit, measure
 from benchmarks.many_backends import Clock, GpuPoll, warmup
 from benchmarks.timeline import test_seconds
+from kit.harness.registry import IN_BOX
 from kit.process.placement import device_of, gpus_here, worker_number
 from kit.report.record import Record, ResultsError, read_results_file
 
 REPO = Path(__file__).resolve().parent.parent
 PROG = "python -m benchmarks.gpus"
-IN_BOX = ("torch_native", "triton", "flashinfer", "flashinfer_mla")
 SETTINGS = ("1", "all")
 DIFFER_SHOWN = 10
 

@@ -35,11 +35,11 @@ import torch
 
 from benchmarks.timeline import ENV as TIMELINE_ENV, phases
 from kit.harness.environment import kit_commit
+from kit.harness.registry import IN_BOX  # the matrix timed unless --backend names others
 from kit.report.record import COMPLETE, UNSUPPORTED, read_results_file
 
 REPO = Path(__file__).resolve().parent.parent
 SLOWEST = 10
-IN_BOX = ("triton", "torch_native", "flashinfer")  # the matrix timed unless --backend names others
 
 
 def device() -> Tuple[str, str]:

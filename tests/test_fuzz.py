@@ -11,15 +11,17 @@ from pathlib import Path
 import pytest
 from hypothesis import HealthCheck, given, seed, settings
 
+from backends.vllm.adapter import VllmTritonAttnBackend
 from cases import CATALOG
 from kit.__main__ import main as kit_main
 from kit.engine.case import DTYPES, INPUT_FORMS, LAYOUTS, Case
 from kit.engine.case_line import format_case, parse_case
 from kit.engine.catalog import CASE_SETS
-from kit.engine.draws import SIZES, Takes, around
+from kit.engine.draws import SIZES, Drawing, Takes, around
 from kit.engine.modes.mixed import decode_rows
 from kit.fuzz.search import Finding, Target, shrink_features
 from kit.fuzz.strategies import any_case
+from kit.harness.capabilities import Capabilities
 from kit.engine.profile import SGLANG, SGLANG_BATCH_SIZES as BS_BUCKETS, SGLANG_TOKEN_BUCKETS as TOKEN_BUCKETS
 from kit.engine.schedule import batches
 from kit.modes import EXECS, MODES, Exec, ForwardMode
@@ -32,12 +34,12 @@ SMALL = SIZES["small"]
 SEARCH_EXAMPLES, SEARCH_SECONDS = 40, 600
 
 
-def _draw(n: int, at: int = 0, takes: Takes = Takes()):
+def _draw(n: int, at: int = 0, takes: Takes = Takes(SGLANG), size: str = "small", modes=MODES):
     drawn = []
 
     @seed(at)
     @settings(max_examples=n, database=None, deadline=None, suppress_health_check=list(HealthCheck))
-    @given(any_case(MODES, takes=takes))
+    @given(any_case(modes, size, takes))
     def collect(case):
         drawn.append(case)
 
@@ -83,12 +85,27 @@ def test_drawn_cases_stay_within_what_the_backend_declares():
     """An MLA-only backend that reads no quantized cache gets MLA cases of every latent width, none
     with an fp8 cache or sinks (not a stream of rejected draws); a dense one no MLA, and only the
     quantized caches it names."""
-    mla_only = _draw(100, takes=Takes(kinds=frozenset({"mla"}), kv_dtypes=frozenset(), features=frozenset()))
+    mla_only = _draw(100, takes=Takes(SGLANG, kinds=frozenset({"mla"}), kv_dtypes=frozenset(), features=frozenset()))
     assert all(c.is_mla and c.kv_dtype is None and not c.sinks for c in mla_only)
     assert {(c.kv_lora_rank, c.rope_dim) for c in mla_only} == set(SMALL.mla)
-    dense = _draw(100, takes=Takes(kinds=frozenset({"dense"}), kv_dtypes=frozenset({"fp8_e5m2"})))
+    dense = _draw(100, takes=Takes(SGLANG, kinds=frozenset({"dense"}), kv_dtypes=frozenset({"fp8_e5m2"})))
     assert not any(c.is_mla for c in dense) and {c.kv_dtype for c in dense} == {None, "fp8_e5m2"}
     assert any(c.sinks for c in dense)
+
+
+def test_drawn_batch_sizes_and_token_counts_target_the_backends_engine():
+    """A vLLM backend's cases are drawn at and around vLLM's capture sizes (24, 40, 48, 56 requests),
+    which SGLang's buckets (powers of two) never name, so its padded graph rows appear at the sizes
+    its engine captures; its EXTEND token totals are drawn around vLLM's token buckets likewise."""
+    vllm = Takes.of(Capabilities.of(VllmTritonAttnBackend))
+    large = SIZES["large"]
+    vllm_only = set(around(vllm.profile.batch_sizes, 1, large.max_bs)) - set(around(BS_BUCKETS, 1, large.max_bs))
+    assert {24, 40, 48, 56} <= vllm_only
+    hits = {takes.profile.name: [c.bs for c in _draw(200, takes=takes, size="large", modes=(ForwardMode.DECODE,))
+                                 if c.bs in vllm_only] for takes in (vllm, Takes(SGLANG))}
+    assert len(hits["vllm"]) > 2 * len(hits["sglang"]) and len(set(hits["vllm"])) > len(set(hits["sglang"])), hits
+    drawing = lambda takes: Drawing(large, ForwardMode.EXTEND, takes, {})  # noqa: E731
+    assert drawing(vllm).token_buckets == vllm.profile.token_buckets != drawing(Takes(SGLANG)).token_buckets
 
 
 def test_every_catalog_case_reads_back_from_its_line():

@@ -104,3 +104,19 @@ def test_a_kv_dtype_left_out_is_unsupported():
     assert "kv_dtypes" in Capabilities.of(E4m3Only).kv_dtype_reason(case)
     assert Capabilities.of(TorchNativeBackend).kv_dtype_reason(case) is None
     assert Capabilities.of(E4m3Only).kv_dtype_reason(case.with_(kv_dtype=None)) is None
+
+
+def test_the_declarations_are_one_list_documented_once():
+    """kit.harness.protocol.DECLARATIONS is every declaration: AttentionBackend documents and defaults
+    exactly those (profile without a default), Capabilities holds them (besides what it finds of the
+    graph hooks), and docs/extending.md's sketch of a backend names each."""
+    import dataclasses
+    from pathlib import Path
+
+    from kit.harness.protocol import DECLARATIONS, AttentionBackend
+    documented = set(AttentionBackend.__annotations__) - {"name"}
+    assert documented == set(DECLARATIONS) and not hasattr(AttentionBackend, "profile")
+    held = {f.name for f in dataclasses.fields(Capabilities)} - {"hook_style", "in_graph"}
+    assert held == set(DECLARATIONS)
+    sketch = (Path(__file__).resolve().parent.parent / "docs" / "extending.md").read_text().split("```python")[1]
+    assert [d for d in DECLARATIONS if f"    {d} = " not in sketch] == []

@@ -214,3 +214,16 @@ def test_in_box_ci_cases_name_smoke_cases():
         for mode, names in (getattr(load_backend(name), "ci_cases", None) or {}).items():
             smoke = {c.name for c in catalog.cases("smoke", ForwardMode(mode))}
             assert set(names) <= smoke, (name, mode, set(names) - smoke)
+
+
+def test_in_box_is_the_kits_own_kernels_as_pyproject_registers_them():
+    """IN_BOX, the one definition of "in-box" (the benchmarks' matrix, the tracked fuzz ledger), is
+    every backend the kit's package registers that is not an engine's adapter."""
+    import tomllib
+
+    from kit.harness.registry import IN_BOX, is_in_box
+    registered = tomllib.loads((REPO / "pyproject.toml").read_text())["project"]["entry-points"][
+        "attention_conformance.backends"]
+    adapters = ("backends.sglang:", "backends.vllm:")
+    assert set(IN_BOX) == {name for name, target in registered.items() if not target.startswith(adapters)}
+    assert [spec for spec in registered if is_in_box(spec)] == [spec for spec in registered if spec in IN_BOX]

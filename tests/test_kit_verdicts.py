@@ -521,13 +521,13 @@ def test_a_device_fault_seen_while_judging_is_the_backends(monkeypatch, backend,
 def test_an_eager_step_waits_for_the_device_once_before_its_read_back(monkeypatch):
     """After the metadata (its faults are its own), nothing waits for the device until the judge
     reads the step back: each wait is a switch between contexts when workers share the GPU."""
-    import kit.harness.runner
+    import kit.harness.fault
     from kit.harness.protocol import BackendContext
     setup = run_setup(DECODE_CASE, backend_cls=TorchNativeBackend)
     fx = setup.case_fixture
     backend = TorchNativeBackend(BackendContext.for_case(DECODE_CASE, fx.pools, torch.device("cpu")))
     waits = []
-    monkeypatch.setattr(kit.harness.runner, "_device_done", lambda: waits.append(1))
+    monkeypatch.setattr(kit.harness.fault, "device_done", lambda: waits.append(1))
     assert setup.eager(backend, fx).ok
     assert len(waits) == 1, waits
 
@@ -547,15 +547,15 @@ def test_a_device_fault_left_behind_by_a_failed_run_is_that_runs(monkeypatch):
     """A run that ends in an exception before the kit waits for its kernels leaves their fault
     pending; the wait at the run's end reports it on that run (the device is lost: its worker
     ends), not on the next run of the process, which did nothing wrong."""
-    import kit.harness.runner
+    import kit.harness.fault
 
-    real = kit.harness.runner._device_done
+    real = kit.harness.fault.device_done
 
     def waits():
         if RaisesAfterLaunching.launched:
             raise RuntimeError("CUDA error: an illegal memory access was encountered\nmore lines")
         real()
-    monkeypatch.setattr(kit.harness.runner, "_device_done", waits)
+    monkeypatch.setattr(kit.harness.fault, "device_done", waits)
     RaisesAfterLaunching.launched.clear()
     r = run_case(f"{MODULE}:RaisesAfterLaunching", DECODE_CASE, Exec.EAGER, torch.device("cpu"))
     assert r.failure_class == "crash" and r.device_lost, r
@@ -568,15 +568,15 @@ def test_a_device_fault_after_a_passing_runs_checks_is_that_runs(monkeypatch):
     """Work a backend queues on a stream the judge's read back does not wait for can fault after
     every check passed: the run's last wait (for the whole device) reports it on that run."""
     import sys
-    import kit.harness.runner
+    import kit.harness.fault
 
-    real_wait = kit.harness.runner._device_done
+    real_wait = kit.harness.fault.device_done
 
     def waits():  # the fault is pending once the last step is judged: only the run's last wait sees it
         if sys._getframe(1).f_code.co_name == "_late_device_fault":
             raise RuntimeError("CUDA error: an illegal instruction was encountered\nmore lines")
         real_wait()
-    monkeypatch.setattr(kit.harness.runner, "_device_done", waits)
+    monkeypatch.setattr(kit.harness.fault, "device_done", waits)
     r = run_case("torch_native", DECODE_CASE, Exec.EAGER, torch.device("cpu"))
     assert r.outcome == "fail" and r.failure_class == "crash" and r.device_lost, r
     assert r.message == "every check passed, then the device reported: CUDA error: an illegal instruction was " \
@@ -626,10 +626,10 @@ def test_loading_the_backend_waits_for_no_device(monkeypatch):
     """Loading a backend, its capabilities and its versions launch no device work: each wait is
     a switch between contexts when workers share the GPU, so the first is supports()'s."""
     import sys
-    import kit.harness.runner
+    import kit.harness.fault
 
     stages = []
-    monkeypatch.setattr(kit.harness.runner, "_device_done",
+    monkeypatch.setattr(kit.harness.fault, "device_done",
                         lambda: stages.append(sys._getframe(1).f_locals.get("stage", "the run's end")))
     assert run_case("torch_native", DECODE_CASE, Exec.EAGER, torch.device("cpu")).outcome == "pass"
     assert stages[0] == "supports()" and "loading backend" not in stages and "versions()" not in stages, stages

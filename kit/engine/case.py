@@ -16,7 +16,7 @@ from kit.modes import ForwardMode
 if TYPE_CHECKING:
     import torch
 
-DTYPES = {"bf16": "bfloat16", "fp16": "float16", "fp32": "float32"}  # torch's dtypes, by name
+DTYPES = {"fp32": "float32", "fp16": "float16", "bf16": "bfloat16"}  # torch's dtypes, by name, the exact one first
 KV_DTYPES = {"fp8_e4m3": "float8_e4m3fn", "fp8_e5m2": "float8_e5m2"}  # quantized KV caches (kit.engine.kv_quant)
 # How forward() is handed q, k and v: views of one fused QKV projection row per token, as
 # models pass them (head stride D, token stride the row's width), or tensors of their own.

@@ -10,7 +10,7 @@ from hypothesis import strategies as st
 
 from kit.engine.case import KV_DTYPES
 from kit.engine.kinds import KINDS
-from kit.engine.profile import SGLANG_BATCH_SIZES, SGLANG_TOKEN_BUCKETS
+from kit.engine.profile import EngineProfile
 from kit.modes import ForwardMode
 
 
@@ -44,21 +44,22 @@ CAPS = (5.0, 20.0, 30.0)
 SCALES = (0.05, 0.1, 0.25, 1.0)
 MAX_TOPK = 4
 SEEDS = 4  # input data draws per shape
-DTYPE_ORDER = ("fp32", "fp16", "bf16")  # shrinks toward the exact one
 
 
 @dataclasses.dataclass(frozen=True)
 class Takes:
     """What a backend declares it takes (kit.harness.capabilities.Capabilities): drawn cases stay
-    within it. The default takes everything the kit has."""
+    within it, their batch sizes and token counts drawn around its engine's graph buckets. The
+    default takes everything the kit has."""
 
+    profile: EngineProfile  # the backend's engine: the graph buckets draws target
     kinds: FrozenSet[str] = frozenset(KINDS)
     kv_dtypes: FrozenSet[str] = frozenset(KV_DTYPES)
     features: FrozenSet[str] = frozenset(("sinks",))
 
     @classmethod
     def of(cls, caps) -> "Takes":
-        return cls(caps.attention_kinds, caps.kv_dtypes, caps.attention_features)
+        return cls(caps.profile, caps.attention_kinds, caps.kv_dtypes, caps.attention_features)
 
 
 def around(values, low: int, high: int) -> Tuple[int, ...]:
@@ -83,9 +84,17 @@ class Drawing:
     takes: Takes
     fields: Dict
     scales: Tuple[float, ...] = SCALES  # sm_scale values drawn (an attention kind may need one)
-    batch_sizes: Tuple[int, ...] = SGLANG_BATCH_SIZES  # graph buckets lengths are drawn around
-    token_buckets: Tuple[int, ...] = SGLANG_TOKEN_BUCKETS
     max_topk: int = MAX_TOPK
+
+    @property
+    def batch_sizes(self) -> Tuple[int, ...]:
+        """The batch sizes the backend's engine captures graphs for: batch sizes are drawn around them."""
+        return self.takes.profile.batch_sizes
+
+    @property
+    def token_buckets(self) -> Tuple[int, ...]:
+        """The token counts its engine captures graphs for: EXTEND token totals are drawn around them."""
+        return self.takes.profile.token_buckets
     # What a mode's or a kind's draws use (they import nothing of the fuzzer's).
     around = staticmethod(around)
     length = staticmethod(length)

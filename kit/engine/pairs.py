@@ -1,7 +1,7 @@
 """Which pairs of feature values a set of cases reaches, per mode: the catalog's covering check.
 
-A feature is a property of a case that a backend's code branches on (FEATURES: its values, a
-case's value, and the fields that give a case that value). A bug that needs two of them (an fp8
+A feature is a property of a case that a backend's code branches on (kit.engine.features: its
+values, a case's value, and the fields that give a case that value). A bug that needs two of them (an fp8
 cache read through a sliding window) is reached only by a case that has both, so every pair of
 values of two features must be some case's. A pair is possible in a mode when a case of the mode
 can have both: `Case` validation decides (the rules of the mode and of the attention kind: MLA
@@ -10,42 +10,17 @@ takes no window, only the speculative modes have trees), on a probe of the mode 
 them, densest first (a greedy covering array over the missing pairs)."""
 from __future__ import annotations
 
-import dataclasses
 import itertools
-from typing import Callable, Dict, Iterable, List, Sequence, Tuple
+from typing import Dict, Iterable, List, Sequence, Tuple
 
-from kit.engine.case import DTYPES, INPUT_FORMS, KV_DTYPES, Case
-from kit.engine.kinds import KINDS
-from kit.engine.layouts import LAYOUTS
+from kit.engine.case import Case
+from kit.engine import features
 
-# The page sizes engines run: SGLang's default 1, FlashInfer's and vLLM's 16, 64 (FlashMLA's, trtllm's).
-PAGE_SIZES = (1, 16, 64)
+# The features every pair of whose values some case must have (kit.engine.features.FEATURES).
+FEATURES = tuple(f for f in features.FEATURES if f.paired)
+BY_NAME = {f.name: f for f in FEATURES}
 # The fields an attention kind's cases differ in (taken from an example case of the kind).
 KIND_FIELDS = ("heads", "head_dim", "scale", "kv_lora_rank", "rope_dim")
-
-
-@dataclasses.dataclass(frozen=True)
-class Feature:
-    name: str
-    values: Tuple  # every value, the plain one first
-    of: Callable[[Case], object]  # a case's value
-    fields: Callable[[object], Dict]  # the case fields that give a case the value (kind: see `kind_fields`)
-
-
-FEATURES: Tuple[Feature, ...] = (
-    Feature("kind", tuple(sorted(KINDS, key=lambda k: k != "dense")), lambda c: c.kind, lambda value: {}),
-    Feature("dtype", tuple(DTYPES), lambda c: c.dtype, lambda value: dict(dtype=value)),
-    Feature("kv_dtype", (None,) + tuple(KV_DTYPES), lambda c: c.kv_dtype, lambda value: dict(kv_dtype=value)),
-    Feature("window", (False, True), lambda c: c.window >= 0, lambda value: dict(window=8 if value else -1)),
-    Feature("cap", (False, True), lambda c: c.cap > 0, lambda value: dict(cap=5.0 if value else 0.0)),
-    Feature("sinks", (False, True), lambda c: c.sinks, lambda value: dict(sinks=value)),
-    Feature("hybrid", (False, True), lambda c: c.hybrid, lambda value: dict(hybrid=value)),
-    Feature("inputs", INPUT_FORMS, lambda c: c.inputs, lambda value: dict(inputs=value)),
-    Feature("layout", LAYOUTS, lambda c: c.layout, lambda value: dict(layout=value)),
-    Feature("page", PAGE_SIZES, lambda c: c.page, lambda value: dict(page=value)),
-    Feature("tree", (False, True), lambda c: c.topk > 1, lambda value: dict(topk=2 if value else 1)),
-)
-BY_NAME = {f.name: f for f in FEATURES}
 
 Value = Tuple[str, object]  # (feature name, value)
 Pair = Tuple[Value, Value]  # in FEATURES order

@@ -26,7 +26,7 @@ from kit.engine.case import Case
 from kit.engine.case_line import format_case
 from kit.fuzz import in_flight
 from kit.engine.draws import Takes
-from kit.engine.pairs import FEATURES
+from kit.engine.features import FEATURES
 from kit.fuzz.strategies import any_case, case_name
 from kit.harness.registry import backend_label, import_root, load_backend
 from kit.harness.capabilities import Capabilities
@@ -113,23 +113,19 @@ class OutOfTime(BaseException):
     case would have it draw hundreds more before it gives up."""
 
 
-# The features a found case drops where its failure does not need them, each to its plain value: every
-# feature of the pairs check (kit.engine.pairs) that is switched on or off, and a scale of its own. Hybrid
-# layers first: the model's other layer toggles the case's window and cap, so a window bug still fails
-# without the case's own window while hybrid; dropped first, the case's own layer keeps what it needs.
+# The features a found case drops where its failure does not need them, each to its plain value
+# (kit.engine.features: those `dropped`). Hybrid layers first: the model's other layer toggles the case's
+# window and cap, so a window bug still fails without the case's own window while hybrid; dropped first,
+# the case's own layer keeps what it needs.
 DROPS: Tuple[Tuple[str, Dict], ...] = tuple(sorted(
-    ((f.name, f.fields(f.values[0])) for f in FEATURES if f.name not in ("kind", "dtype", "page")),
-    key=lambda drop: drop[0] != "hybrid")) + (("scale", dict(scale=None)),)
+    ((f.name, f.fields(f.values[0])) for f in FEATURES if f.dropped), key=lambda drop: drop[0] != "hybrid"))
 
 
 def size(case: Case) -> Tuple:
     """How large a case is, for the smallest failing one: requests, tokens, head sizes, page, and
     how many features are on."""
-    features = (case.window >= 0, case.cap > 0, case.scale is not None, case.hybrid, case.topk > 1,
-                case.layout != "contiguous", case.dtype != "fp32", case.seed > 0, case.sinks,
-                case.kv_dtype is not None, case.inputs != "contiguous")
     return (case.bs, sum(case.prefix) + sum(case.new_lens), case.heads[0] * case.head_dim, case.page,
-            sum(features), format_case(case))
+            sum(f.on(case) for f in FEATURES if f.sized), format_case(case))
 
 
 class Failed(Exception):
@@ -241,7 +237,7 @@ class _Search:
                 continue
             try:
                 dropped = case.with_(**fields)
-                dropped = dropped.with_(name=case_name(_fields(dropped), case.mode))
+                dropped = dropped.with_(name=case_name(dropped, _fields(dropped)))
             except ValueError:  # not a valid case without it (an MLA case's scale)
                 continue
             again = self._run(dropped, Exec(finding.exec))
@@ -342,7 +338,7 @@ def shrink_features(target: Target, finding: Finding, known: Sequence[KnownFailu
 
 
 def _fields(case: Case) -> Dict:
-    """A case's fields, as its name is made from them (kit.fuzz.strategies.case_name)."""
+    """A case's fields, as its name's checksum is made from them (kit.fuzz.strategies.case_name)."""
     return {f.name: getattr(case, f.name) for f in dataclasses.fields(Case) if f.name not in ("name", "mode")}
 
 

@@ -1,12 +1,14 @@
 """Hypothesis strategies that draw valid cases (always through `Case`, which validates) of one
-mode, over every feature the kit has. Each feature is one entry of FEATURES: a function that
-draws its fields given those drawn before it. A new case feature is one more entry.
+mode, over every feature the kit has (kit.engine.features). Each draw is one entry of DRAWS: a
+function that draws its fields given those drawn before it. A new case feature is one more row
+there and one more entry here.
 
 Choices are ordered simplest first (the first of a `sampled_from`, the first branch of a
 `one_of`, the lower end of an `integers`): Hypothesis shrinks toward them, so a shrunk case
 keeps only what its failure needs. Lengths and windows are drawn at and around page boundaries
 (k * page - 1, k * page, k * page + 1) besides anywhere, and batch sizes and EXTEND token counts
-at and around the graph buckets, so padded graph rows appear. A backend's declarations
+at and around the graph buckets of the backend's engine (its profile's: vLLM's capture sizes for
+vLLM's backends), so padded graph rows appear. A backend's declarations
 (`Takes`: attention kinds, quantized KV caches, features) bound the draws: a case it refuses by
 declaration alone is never drawn, so an MLA-only backend gets MLA cases, not rejections.
 """
@@ -17,10 +19,11 @@ from typing import Callable, Dict, Tuple
 
 from hypothesis import strategies as st
 
-from kit.engine.case import INPUT_FORMS, KV_DTYPES, Case
-from kit.engine.draws import CAPS, DTYPE_ORDER, SCALES, SEEDS, SIZES, Drawing, Takes, around, length
+from kit.engine.case import KV_DTYPES, Case
+from kit.engine.draws import CAPS, SCALES, SEEDS, SIZES, Drawing, Takes, around, length
+from kit.engine.features import BY_NAME, FEATURES
 from kit.engine.kinds import KINDS
-from kit.engine.layouts import LAYOUTS, PAGE_LAYOUTS
+from kit.engine.layouts import PAGE_LAYOUTS
 from kit.engine.modes import rules_for
 from kit.modes import ForwardMode
 
@@ -74,19 +77,24 @@ def _kv_dtype(draw, d: Drawing) -> Dict:
     return dict(kv_dtype=draw(st.sampled_from((None,) + tuple(k for k in KV_DTYPES if k in d.takes.kv_dtypes))))
 
 
-FEATURES: Tuple[Tuple[str, Feature], ...] = (
+def _values(name: str) -> Feature:
+    """A draw among a feature's values (kit.engine.features), the plain one first."""
+    return lambda draw, d: {name: draw(st.sampled_from(BY_NAME[name].values))}
+
+
+DRAWS: Tuple[Tuple[str, Feature], ...] = (
     ("page", lambda draw, d: dict(page=draw(st.sampled_from(d.size.pages)))),
     ("batch", _batch),  # batch size at and around the graph buckets; ragged cached lengths
     ("new", _new),  # per mode: extend lengths (token buckets), draft count, chain or tree
     ("heads", _heads),  # GQA group and head_dim
-    ("dtype", lambda draw, d: dict(dtype=draw(st.sampled_from(DTYPE_ORDER)))),
-    ("layout", lambda draw, d: dict(layout=draw(st.sampled_from(LAYOUTS)))),
+    ("dtype", _values("dtype")),  # the exact one first: shrinks toward it
+    ("layout", _values("layout")),
     ("window", _window),
     ("cap", lambda draw, d: dict(cap=draw(st.one_of(st.just(0.0), st.sampled_from(CAPS))))),
     ("scale", lambda draw, d: dict(scale=draw(st.one_of(st.just(None), st.sampled_from(SCALES))))),
     ("hybrid", lambda draw, d: dict(hybrid=draw(st.booleans()))),
     ("seed", lambda draw, d: dict(seed=draw(st.integers(0, SEEDS - 1)))),
-    ("inputs", lambda draw, d: dict(inputs=draw(st.sampled_from(INPUT_FORMS)))),  # views of a fused QKV row
+    ("inputs", _values("inputs")),  # views of a fused QKV row
     ("kind", _kind),  # an attention kind other than dense (MLA), where the backend takes one
     ("kv_dtype", _kv_dtype),
     ("sinks", _sinks),
@@ -95,35 +103,31 @@ FEATURES: Tuple[Tuple[str, Feature], ...] = (
 )
 
 
-def case_name(fields: Dict, mode: ForwardMode) -> str:
-    """A name in the catalog's style (heads kind, batch size, drafts, window, cap, scale, hybrid,
-    fused inputs, sinks, page, dtype, layout), so KNOWN_FAILURES.md's case patterns (`*window*`) match
-    it, made unique by a checksum of the fields."""
-    q, kv = fields["heads"]
-    kind = "mla" if fields.get("kv_lora_rank") else "mha" if q == kv else "mqa" if kv == 1 else "gqa"
-    parts = [kind, f"bs{len(fields['prefix'])}"]
-    tag = rules_for(mode).name_tag(fields)
+def case_name(case: Case, fields: Dict) -> str:
+    """A name in the catalog's style (heads kind, batch size, the mode's tag, the features that are on
+    in kit.engine.features' order, page, dtype, layout), so KNOWN_FAILURES.md's case patterns (`*window*`)
+    match it, made unique by a checksum of `fields` (those drawn)."""
+    q, kv = case.heads
+    parts = ["mla" if case.is_mla else "mha" if q == kv else "mqa" if kv == 1 else "gqa", f"bs{case.bs}"]
+    tag = rules_for(case.mode).name_tag(fields)
     if tag:
         parts.append(tag)
-    parts += [flag for flag, on in (("window", fields["window"] >= 0), ("cap", fields["cap"] > 0),
-                                    ("scale", fields["scale"] is not None), ("hybrid", fields["hybrid"]),
-                                    ("fused", fields.get("inputs") == "fused_qkv"),
-                                    ("sinks", fields.get("sinks", False)),
-                                    ("context_edge", fields.get("context_edge", False))) if on]
-    parts += [f"p{fields['page']}", fields["dtype"]] + ([fields["kv_dtype"]] if fields.get("kv_dtype") else [])
+    parts += [f.tag for f in FEATURES if f.tag and f.on(case)]
+    parts += [f"p{case.page}", case.dtype] + ([case.kv_dtype] if case.kv_dtype else [])
     checksum = zlib.crc32(repr(sorted(fields.items())).encode()) & 0xFFFFFF
-    return "_".join(parts) + PAGE_LAYOUTS[fields["layout"]].suffix + f"_fz{checksum:06x}"
+    return "_".join(parts) + PAGE_LAYOUTS[case.layout].suffix + f"_fz{checksum:06x}"
 
 
 @st.composite
-def cases(draw, mode: ForwardMode, size: str = "small", takes: Takes = Takes()) -> Case:
+def cases(draw, mode: ForwardMode, size: str, takes: Takes) -> Case:
     """A valid case of `mode` within `takes`, every feature drawn."""
     fields: Dict = {}
-    for _, feature in FEATURES:
+    for _, feature in DRAWS:
         fields.update(feature(draw, Drawing(SIZES[size], mode, takes, dict(fields))))
-    return Case(case_name(fields, mode), mode, **fields)
+    case = Case("drawn", mode, **fields)
+    return case.with_(name=case_name(case, fields))
 
 
-def any_case(modes, size: str = "small", takes: Takes = Takes()) -> st.SearchStrategy:
+def any_case(modes, size: str, takes: Takes) -> st.SearchStrategy:
     """A case of any of `modes` within `takes` (the first mode is where shrinking goes)."""
     return st.one_of([cases(mode, size, takes) for mode in modes])

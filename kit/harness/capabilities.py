@@ -1,7 +1,9 @@
-"""What a backend class declares of itself, read once when it is loaded and checked
-(`Capabilities.of`): the modes, attention kinds, layer features and quantized KV caches
-forward() implements, its numerics (the rounding steps it takes on purpose), its graph hooks, how
-it takes a padded EXTEND batch, and the smoke cases a plain CPU run gives it. The harness asks this record, never the class."""
+"""What a backend class declares of itself (kit.harness.protocol.DECLARATIONS, documented and
+defaulted on AttentionBackend), read once when it is loaded and checked (`Capabilities.of`): the
+modes, attention kinds, layer features and quantized KV caches forward() implements, its numerics
+(the rounding steps it takes on purpose), its engine's profile, its graph hooks, how it takes a
+padded EXTEND batch, and the smoke cases a plain CPU run gives it. The harness asks this record,
+never the class."""
 from __future__ import annotations
 
 import dataclasses
@@ -10,9 +12,10 @@ from typing import Dict, FrozenSet, Optional, Tuple
 from kit.engine import kinds
 from kit.engine.case import KV_DTYPES, Case
 from kit.engine.modes import rules_for
-from kit.engine.numerics import EXACT_NUMERICS, Numerics
+from kit.engine.numerics import Numerics
 from kit.engine.profile import BUILDER, CAPTURE_REPLAY, TWO_PHASE, EngineProfile
 from kit.harness.mirrors import MIRRORS
+from kit.harness.protocol import DECLARATIONS, AttentionBackend
 from kit.modes import ForwardMode
 
 
@@ -24,7 +27,6 @@ HOOKS = {
     BUILDER: ("init_cuda_graph_state", "build_for_capture"),
 }
 NO_CAPTURE_HOOKS = "no capture hooks"
-DENSE_ONLY = ("dense",)  # the attention kinds of a backend that names none
 FEATURES = {"sinks": "attention sinks (Layer.sinks)"}  # Case.features, as a reason names them
 
 
@@ -34,6 +36,9 @@ class BadDeclaration(TypeError):
 
 @dataclasses.dataclass(frozen=True)
 class Capabilities:
+    """A backend's declarations as read (each documented on kit.harness.protocol.AttentionBackend),
+    and what its class implements of the graph hooks."""
+
     # The mode values forward() implements (a mode the protocol adds later may be named by value);
     # None: the modes whose rules say they are assumed supported (the four the protocol started with).
     modes: Optional[FrozenSet[str]]
@@ -61,33 +66,30 @@ class Capabilities:
         if not hasattr(backend_cls, "profile"):
             raise BadDeclaration(f"{name} declares no `profile`: set `profile = kit.engine.profile.SGLANG` (or the "
                                  f"EngineProfile of the engine whose conventions it follows; docs/extending.md)")
-        profile = backend_cls.profile
+        declared = {d: getattr(backend_cls, d, getattr(AttentionBackend, d, None)) for d in DECLARATIONS}
+        profile = declared["profile"]
         if not isinstance(profile, EngineProfile) or profile.problem():
             raise BadDeclaration(f"{name}.profile must be a kit.engine.profile.EngineProfile"
                                  + (f": {profile.problem()}" if isinstance(profile, EngineProfile) else f", not {profile!r}"))
-        numerics = getattr(backend_cls, "numerics", EXACT_NUMERICS)
+        numerics = declared["numerics"]
         if not isinstance(numerics, Numerics) or numerics.problem():
             raise BadDeclaration(f"{name}.numerics must be a kit.engine.numerics.Numerics"
                                  + (f": {numerics.problem()}" if isinstance(numerics, Numerics) else f", not {numerics!r}"))
-        flags = {}
         for flag in ("extend_capture", "real_rows_only", "batch_invariant"):
-            value = getattr(backend_cls, flag, False)
-            if not isinstance(value, bool):
-                raise BadDeclaration(f"{name}.{flag} must be True or False, not {value!r}")
-            flags[flag] = value
-        return cls(modes=_modes(name, getattr(backend_cls, "modes", None)),
-                   attention_kinds=_name_set(name, "attention_kinds", getattr(backend_cls, "attention_kinds",
-                                                                              DENSE_ONLY),
+            if not isinstance(declared[flag], bool):
+                raise BadDeclaration(f"{name}.{flag} must be True or False, not {declared[flag]!r}")
+        return cls(modes=_modes(name, declared["modes"]),
+                   attention_kinds=_name_set(name, "attention_kinds", declared["attention_kinds"],
                                              _is_str, 'kinds (e.g. ("dense", "mla"))'),
-                   kv_dtypes=_name_set(name, "kv_dtypes", getattr(backend_cls, "kv_dtypes", ()),
+                   kv_dtypes=_name_set(name, "kv_dtypes", declared["kv_dtypes"],
                                        KV_DTYPES.__contains__, f"{tuple(KV_DTYPES)} (quantized KV caches it reads)"),
-                   attention_features=_name_set(name, "attention_features",
-                                                getattr(backend_cls, "attention_features", ()),
+                   attention_features=_name_set(name, "attention_features", declared["attention_features"],
                                                 _is_str, 'features (e.g. ("sinks",))'),
                    profile=profile, numerics=numerics, hook_style=_hook_style(backend_cls, profile),
                    in_graph=callable(getattr(backend_cls, "init_forward_metadata_in_graph", None)),
-                   ci_cases=_ci_cases(name, getattr(backend_cls, "ci_cases", None)),
-                   host_mirrors=_host_mirrors(name, getattr(backend_cls, "host_mirrors", None)), **flags)
+                   extend_capture=declared["extend_capture"], real_rows_only=declared["real_rows_only"],
+                   batch_invariant=declared["batch_invariant"], ci_cases=_ci_cases(name, declared["ci_cases"]),
+                   host_mirrors=_host_mirrors(name, declared["host_mirrors"]))
 
     def mode_reason(self, mode: ForwardMode) -> Optional[str]:
         """Why the backend does not run `mode` (its `modes` leave it out), or None."""

@@ -3,7 +3,8 @@
 Subclassing AttentionBackend is optional; the kit only looks for the methods.
 A backend is a class: `supports` is a classmethod (so a backend that cannot
 even be constructed here still says why), and the constructor takes a
-BackendContext.
+BackendContext. AttentionBackend is the one place its declarations (DECLARATIONS)
+are documented and given their defaults; kit.harness.capabilities reads them.
 """
 from __future__ import annotations
 
@@ -19,7 +20,12 @@ from kit.engine.layer import Layer, model_layers
 from kit.engine.modes import rules_for
 from kit.engine.pools import KVPool, ReqToTokenPool
 from kit.engine.numerics import EXACT_NUMERICS, Numerics
-from kit.harness.capabilities import DENSE_ONLY
+from kit.engine.profile import EngineProfile
+
+# What a backend class declares of itself (AttentionBackend documents each), read once when it is
+# loaded (kit.harness.capabilities.Capabilities.of); `profile` has no default: every backend names its engine's.
+DECLARATIONS = ("profile", "modes", "attention_kinds", "kv_dtypes", "attention_features", "numerics",
+                "extend_capture", "real_rows_only", "batch_invariant", "host_mirrors", "ci_cases")
 
 
 @dataclasses.dataclass
@@ -65,6 +71,10 @@ class AttentionBackend:
     """Reference shape of a backend. Override what you support."""
 
     name: Optional[str] = None
+    # The engine whose conventions the backend follows (kit.engine.profile.EngineProfile: its KV storage,
+    # padded graph rows, graph buckets and hook style): SGLANG, vLLM's (backends.vllm.adapter.PROFILE), or
+    # a new engine's. Required: a class without one fails to load.
+    profile: EngineProfile
     # The modes forward() implements, as ForwardMode values; None: every mode whose rules
     # say it is assumed supported (the four the protocol started with).
     modes: Optional[tuple] = None
@@ -88,7 +98,7 @@ class AttentionBackend:
     # The attention kinds forward() implements (Case.kind): "dense" (MHA/GQA/MQA over K and V
     # caches) and "mla" (latent attention over one latent row per token). A backend that
     # does not list "mla" is unsupported for MLA cases, whatever its supports() says.
-    attention_kinds: tuple = DENSE_ONLY
+    attention_kinds: tuple = ("dense",)
     # The quantized KV caches forward() reads (Case.kv_dtype: "fp8_e4m3", "fp8_e5m2"): a pool of
     # that dtype, each layer's scales on the layer (k_scale, v_scale). A case whose kv_dtype is
     # not listed is unsupported, whatever supports() says.
@@ -158,6 +168,9 @@ class AttentionBackend:
     #                                              forward_mode, spec_info)
     #     init_forward_metadata_replay_cuda_graph(bs, req_pool_indices, seq_lens, seq_lens_sum,
     #                                             forward_mode, spec_info, seq_lens_cpu)
+    #   or builder (the profile's hooks = BUILDER, vLLM's metadata builders): metadata from the
+    #   engine-neutral step description batch.common (kit.engine.common.CommonBatch):
+    #     build_for_capture(batch)       at capture; init_forward_metadata(batch) before each replay
     #   get_cuda_graph_seq_len_fill_value() -> int  (default 1)
 
 

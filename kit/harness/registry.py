@@ -16,6 +16,10 @@ from kit.targets import import_target
 
 ENTRY_POINT_GROUP = "attention_conformance.backends"
 KIT_DISTRIBUTION = "attention-conformance-kit"  # pyproject.toml's name: the in-box backends' package
+# The in-box backends: the kit's own kernels (its package also registers the adapters of SGLang's and
+# vLLM's backends, which run the engines' kernels). The matrix the benchmarks time and the fuzz
+# ledger the checkout tracks are theirs.
+IN_BOX = ("torch_native", "triton", "flashinfer", "flashinfer_mla")
 
 
 class UnknownBackend(LookupError):
@@ -46,9 +50,9 @@ def load_backend(spec: str):
 
 
 def is_in_box(spec: str) -> bool:
-    """Whether `spec` is one of the kit's own backends (registered by the kit's package)."""
+    """Whether `spec` is one of the kit's own backends (IN_BOX, registered by the kit's package)."""
     ep = _entry_points().get(spec)
-    return ep is not None and getattr(ep.dist, "name", None) == KIT_DISTRIBUTION
+    return spec in IN_BOX and ep is not None and getattr(ep.dist, "name", None) == KIT_DISTRIBUTION
 
 
 def import_root(spec: str) -> Optional[str]:

@@ -1,4 +1,6 @@
-"""One run: backend x mode x exec x case -> RunResult (outcome, failure class, errors, repro)."""
+"""One run: backend x mode x exec x case -> RunResult (outcome, failure class, errors, repro): its
+steps run eagerly or as graph replays and judged. Whose fault a failure is, kit.harness.fault says;
+the memory policy around a run, kit.harness.memory_retry."""
 from __future__ import annotations
 
 import dataclasses
@@ -9,31 +11,29 @@ import torch
 
 from kit.engine.case import Case
 from kit.engine.fixture import Fixture, fixtures_for
-from kit.harness.graph import harness_for
-from kit.harness import interpreter
-from kit.harness.guard import Guard, canary_figures
-from kit.harness import mirrors
-from kit.harness.invariance import Recurrence
-from kit.harness.verdict import Across, Verdict, eager_verdict, numerics_steps, replay_failure, replay_verdict
-from kit.modes import Exec
-from kit.harness.hooks import HookDriver, driver_for
-from kit.harness.program import forward_program
-from kit.harness.capabilities import Capabilities
-from kit.harness.protocol import BackendContext, backend_problem
-from kit.process import budget
-from kit.process.memory import STORE, after_run, moving_to, release
-from kit.harness.oom import allocation_site, is_out_of_memory, raised_by_kit
-from kit.report.record import CRASH, EAGER, ENVIRONMENT, ERROR, FAIL, PASS, UNSUPPORTED, RunResult
-from kit.harness.run import Run
-from kit.harness.registry import load_backend
-from kit.harness.environment import versions
 from kit.engine.numerics import label
 from kit.engine.render import step_views
 from kit.engine.schedule import batches
-from kit.harness.scope import unsupported_reason
+from kit.harness import interpreter, mirrors
+from kit.harness.capabilities import Capabilities
+from kit.harness.environment import versions
+from kit.harness.fault import Crash, KitOutOfMemory, call, charge_late_fault, charged, judged_on_device, unsynced
+from kit.harness.graph import harness_for
+from kit.harness.guard import Guard, canary_figures
+from kit.harness.hooks import HookDriver, driver_for
 from kit.harness.interpreter_noise import interpreter_noise_filtered
+from kit.harness.invariance import Recurrence
+from kit.harness.memory_retry import run_releasing_memory
+from kit.harness.program import forward_program
+from kit.harness.protocol import BackendContext, backend_problem
+from kit.harness.registry import load_backend
+from kit.harness.run import Run
+from kit.harness.scope import unsupported_reason
 from kit.harness.timeout import RunTimeout, time_limit
-from kit.harness.where import where
+from kit.harness.verdict import Across, Verdict, eager_verdict, numerics_steps, replay_failure, replay_verdict
+from kit.modes import Exec
+from kit.process.memory import STORE, after_run, moving_to
+from kit.report.record import EAGER, FAIL, PASS, UNSUPPORTED, RunResult
 
 
 def default_device() -> torch.device:
@@ -44,107 +44,6 @@ def make_device_context() -> None:
     """Makes the CUDA context now (a first allocation does) rather than in the first run."""
     if torch.cuda.is_available():
         torch.empty(1, device=default_device())
-
-
-# CUDA errors after which the context is unusable: every later call in the process fails too.
-STICKY_DEVICE_ERRORS = ("illegal memory access", "device-side assert", "unspecified launch failure",
-                        "misaligned address", "illegal instruction", "an illegal address")
-
-
-def _sticky(exc: BaseException) -> bool:
-    return any(e in str(exc) for e in STICKY_DEVICE_ERRORS)
-
-
-def _first_line(exc: BaseException) -> str:
-    return (str(exc).splitlines() or [""])[0]
-
-
-def _timed_out(exc: BaseException) -> bool:
-    """The run's time limit, raised as it is or wrapped: Triton's interpreter raises every error of a
-    kernel as an InterpreterError caused by it."""
-    while exc is not None:
-        if isinstance(exc, RunTimeout):
-            return True
-        exc = exc.__cause__
-    return False
-
-
-class _Crash(Exception):
-    """A backend raised (or the device faulted); carries where it happened."""
-
-    def __init__(self, stage: str, exc: BaseException):
-        self.device_lost = _sticky(exc)
-        self.timed_out = _timed_out(exc)
-        self.out_of_memory = is_out_of_memory(exc)
-        super().__init__(f"{stage}: {type(exc).__name__}: {exc}{where(exc)}")
-
-
-class _KitOutOfMemory(Exception):
-    """The kit ran out of device memory in its own allocations (kit.harness.oom): no verdict."""
-
-    def __init__(self, stage: str, exc: BaseException):
-        super().__init__(f"{stage}: {type(exc).__name__}: {_first_line(exc)} (allocated at {allocation_site(exc)})")
-
-
-def _unsynced(stage: str, fn, *args, **kwargs):
-    try:
-        return fn(*args, **kwargs)
-    except KeyboardInterrupt:
-        raise  # the user stops the session (what finished is kept)
-    except BaseException as exc:  # noqa: BLE001 - every backend error is a verdict: sys.exit and timeouts too
-        raise (_KitOutOfMemory if raised_by_kit(exc) else _Crash)(stage, exc) from exc
-
-
-def _judged_on_device(stage: str, judge):
-    """`judge()`, whose first read back is the first wait for the device after the backend's
-    kernels (no wait of their own: each is a switch between contexts when workers share the
-    GPU). A device fault those kernels caused surfaces in it, and is the backend's, in `stage`;
-    the kit's own errors stay the kit's."""
-    try:
-        return judge()
-    except RuntimeError as exc:
-        if _sticky(exc):
-            raise _Crash(stage, exc) from exc
-        raise
-
-
-def _device_done() -> None:
-    if torch.cuda.is_available():
-        torch.cuda.synchronize()
-
-
-def _late_device_fault() -> Optional[str]:
-    """A sticky fault of device work the run launched and nothing waited for: a failed run's
-    (it ended in an exception first), or work on another stream than the one the judge read
-    back. Reported by the next wait, it is this run's, not the next one's."""
-    try:
-        _device_done()
-    except RuntimeError as exc:
-        if _sticky(exc):
-            return _first_line(exc)
-        raise
-    return None
-
-
-def _charge_late_fault(result: RunResult) -> None:
-    fault = _late_device_fault()
-    if fault is None:
-        return
-    if result.outcome == PASS:  # the judge's read back waited for one stream; the fault was on another
-        result.message = f"every check passed, then the device reported: {fault}"
-    else:
-        result.message = f"{result.message}; then the device reported: {fault}" if result.message else \
-            f"the device reported: {fault}"
-    if result.outcome != FAIL:
-        result.outcome, result.failure_class = FAIL, CRASH
-    result.device_lost = True
-
-
-def _call(stage: str, fn, *args, **kwargs):
-    """fn, then a wait for the device: its faults surface in this stage, not in the next case."""
-    result = _unsynced(stage, fn, *args, **kwargs)
-    _unsynced(stage, _device_done)
-    return result
 
 
 @dataclasses.dataclass
@@ -171,7 +70,7 @@ class RunSetup:
 
     def new_backend(self):
         ctx = BackendContext.for_case(self.case, self.fixtures[0].pools, self.device, [fx.plan for fx in self.fixtures])
-        return _call("constructing backend", self.backend_cls, ctx)
+        return call("constructing backend", self.backend_cls, ctx)
 
     def eager(self, backend, fx: Fixture, across: Optional[Across] = None, regime: Optional[mirrors.Regime] = None,
               only: Optional[str] = None) -> Verdict:
@@ -188,13 +87,13 @@ class RunSetup:
         def wrong_with(only: Optional[str]) -> bool:
             try:
                 return not self.eager(self.new_backend(), fx, regime=regime if only else None, only=only).ok
-            except _Crash as crash:
+            except Crash as crash:
                 if crash.device_lost or crash.timed_out:
                     raise
                 return True
         try:
             return mirrors.blame(wrong_with, regime, self.caps.host_mirrors)
-        except _Crash as crash:
+        except Crash as crash:
             if crash.timed_out:  # no time is left to tell: the run is the timeout's
                 raise
             return ""  # the device faulted: nothing more runs (the run's end reports the fault)
@@ -207,7 +106,7 @@ class RunSetup:
 def _outputs(outs: List[List[torch.Tensor]]) -> List[List[torch.Tensor]]:
     for out in (o for step in outs for o in step):
         if not isinstance(out, torch.Tensor):
-            raise _Crash("forward", TypeError(f"forward returned {type(out).__name__}, not a tensor"))
+            raise Crash("forward", TypeError(f"forward returned {type(out).__name__}, not a tensor"))
     return outs
 
 
@@ -221,11 +120,11 @@ def _eager(backend, fx: Fixture, batch, driver: HookDriver, caps: Capabilities,
     given = [[x.handed(fx.case.inputs) for x in step.inputs] for step in fx.steps]
     guard = Guard()
     with guard.watching():
-        batch = _call("init_forward_metadata", driver.eager, batch)
+        batch = call("init_forward_metadata", driver.eager, batch)
         views = step_views(batch, [step.plan for step in fx.steps])
-        outs = _outputs(forward_program(backend, fx.layers, views, given, call=_unsynced))
+        outs = _outputs(forward_program(backend, fx.layers, views, given, call=unsynced))
     layers = f"layers 0-{len(fx.layers) - 1}" + (f" of {len(fx.steps)} steps" if len(fx.steps) > 1 else "")
-    return _judged_on_device(f"forward ({layers}, on the device)",
+    return judged_on_device(f"forward ({layers}, on the device)",
                              lambda: eager_verdict(fx, outs, canary_figures(guard), given, caps.profile.scratch,
                                                            across, caps.numerics))
 
@@ -250,31 +149,20 @@ def execute(run: Run, device: Optional[torch.device] = None, timeout: Optional[f
         with time_limit(timeout), interpreter_noise_filtered():
             # No wait for the device until supports(): loading is a lookup after a backend's first
             # run, and the previous run ended with one (its faults are its own).
-            cls = _unsynced("loading backend", load_backend, backend_spec)
+            cls = unsynced("loading backend", load_backend, backend_spec)
             interpreter.install()  # a no-op unless the backend's kernels run in Triton's interpreter
             problem = backend_problem(cls)
             if problem:
-                raise _Crash("loading backend", TypeError(f"{backend_spec}: {problem}"))
-            caps = _unsynced("loading backend", Capabilities.of, cls)
-            result.versions = _unsynced("versions()", versions, cls)
-            _run_releasing_memory(cls, caps, case, exec_, device, result)
-    except _KitOutOfMemory as oom:
-        result.outcome, result.failure_class = ERROR, ENVIRONMENT
-        result.message = (f"{oom}; out of device memory in the kit's own allocations, after releasing what it "
-                          f"keeps and retrying once: not a verdict on the backend; run it again (with fewer "
-                          f"processes on the device)")
-    except _Crash as crash:
-        result.outcome, result.failure_class, result.message = FAIL, CRASH, str(crash)
-        result.device_lost = crash.device_lost
-        if crash.timed_out:
-            result.repro = run.repro(timeout)
-    except RunTimeout as exc:  # in the kit's own code, between backend calls
-        result.outcome, result.failure_class, result.message = FAIL, CRASH, f"{exc} in the kit, between backend calls"
-        result.repro = run.repro(timeout)
+                raise Crash("loading backend", TypeError(f"{backend_spec}: {problem}"))
+            caps = unsynced("loading backend", Capabilities.of, cls)
+            result.versions = unsynced("versions()", versions, cls)
+            run_releasing_memory(lambda: _run(cls, caps, case, exec_, device, result), device, result)
+    except (KitOutOfMemory, Crash, RunTimeout) as exc:
+        charged(result, exc, lambda: run.repro(timeout))
     if result.outcome not in (PASS, UNSUPPORTED):  # it may have written outside its memory
         STORE.poison_suspect = True
     if not result.device_lost:
-        _charge_late_fault(result)
+        charge_late_fault(result)
     if not result.device_lost:
         after_run(device)
     result.seconds = round(time.perf_counter() - start, 4)
@@ -297,38 +185,8 @@ def unsupported_here(run: Run) -> Optional[RunResult]:
         return None
 
 
-def _run_releasing_memory(cls, caps: Capabilities, case: Case, exec_: Exec, device, result: RunResult) -> None:
-    """_run, and where the kit runs out of device memory in its own allocations (or, on a GPU
-    shared with other workers, the backend in its own), _run again from the start once everything
-    the kit keeps is released (kit.process.memory); raises _KitOutOfMemory where the kit's
-    allocations run out again, the backend's crash where its own do."""
-    for last in (False, True):
-        try:
-            _run(cls, caps, case, exec_, device, result)
-            return
-        except _KitOutOfMemory as exc:
-            oom = exc
-        except _Crash as exc:  # out of memory in the backend's code, while the kit held what it keeps
-            if last or not exc.out_of_memory or not budget.gpu_shared(torch.device(device)):
-                raise
-            oom = exc
-        except RuntimeError as exc:  # torch.OutOfMemoryError of the kit's code between backend calls
-            if _sticky(exc):  # a fault of device work queued before, reported by the kit's next wait
-                raise _Crash("the device faulted (seen in the kit's own code)", exc) from exc
-            if not raised_by_kit(exc):
-                raise
-            oom = _KitOutOfMemory("the kit, between backend calls", exc)
-        if last:
-            raise oom
-        del oom  # its traceback holds the failed attempt's tensors
-        release()
-        result.outcome, result.failure_class, result.message = PASS, None, ""
-        result.max_err = result.tol = None
-        result.exec_detail, result.numerics, result.margins = "", "", []
-
-
 def _run(cls, caps: Capabilities, case: Case, exec_: Exec, device, result: RunResult) -> None:
-    reason = _call("supports()", unsupported_reason, cls, caps, case, exec_)
+    reason = call("supports()", unsupported_reason, cls, caps, case, exec_)
     if reason is not None:
         result.outcome, result.message = UNSUPPORTED, reason
         return
@@ -379,7 +237,7 @@ def _blamed(setup: RunSetup, fx: Fixture, regime: Optional[mirrors.Regime], run)
     mirror the backend trusts (RunSetup.blame)."""
     try:
         return run()
-    except _Crash as crash:
+    except Crash as crash:
         if regime is None or crash.device_lost or crash.timed_out:
             raise
         crash.args = (str(crash) + setup.blame(fx, regime),)
@@ -396,19 +254,19 @@ def _describe_step(i: int, fixtures: List[Fixture]) -> str:
 
 def _graph(backend, setup: RunSetup, result: RunResult) -> None:
     fixtures, scratch = setup.fixtures, setup.caps.profile.scratch
-    harness = _call("init_cuda_graph_state", harness_for, backend, fixtures, setup.caps)
-    _call("capture", harness.capture)
+    harness = call("init_cuda_graph_state", harness_for, backend, fixtures, setup.caps)
+    call("capture", harness.capture)
     result.exec_detail = harness.detail
     worst = 0.0
     recurrence = setup.recurrence()
     for i, fx in enumerate(fixtures):
-        _call("capture", harness.prepare, fx)
+        call("capture", harness.prepare, fx)
         fx.install()
         regime = mirrors.regime(i, len(fixtures), setup.caps.host_mirrors)
-        replayed = _blamed(setup, fx, regime, lambda: _unsynced(f"replay {i + 1}", harness.replay, fx, regime))
+        replayed = _blamed(setup, fx, regime, lambda: unsynced(f"replay {i + 1}", harness.replay, fx, regime))
         _outputs(replayed.outs)
         across = Across(recurrence, harness.describe(i, fixtures))
-        v = _judged_on_device(f"replay {i + 1}", lambda: replay_verdict(fx, replayed, scratch, across,
+        v = judged_on_device(f"replay {i + 1}", lambda: replay_verdict(fx, replayed, scratch, across,
                                                                                    setup.caps.numerics))
         _measured(result, setup, fx, v)
         worst = max(worst, v.max_err)

@@ -1,0 +1,31 @@
+"""The case features' table (kit.engine.features) is what the pairs check, drawn names and shrinking
+read: each row's fields give a case the value its `of` reads back, and a drawn case's name says
+exactly the features that are on."""
+import pytest
+
+from kit.engine.features import FEATURES
+from kit.fuzz.strategies import case_name
+from kit.modes import ForwardMode
+from tests.helpers import small_case
+
+BASE = small_case("base", ForwardMode.TARGET_VERIFY, prefix=(5, 7), new=3)
+
+
+@pytest.mark.parametrize("feature", [f for f in FEATURES if f.name != "kind"], ids=lambda f: f.name)
+def test_each_value_of_a_feature_is_what_its_fields_give(feature):
+    for value in feature.values:
+        case = BASE.with_(**feature.fields(value))
+        assert feature.of(case) == value and feature.on(case) == (value != feature.values[0])
+
+
+def _name(case):
+    return case_name(case, {k: v for k, v in vars(case).items() if k not in ("name", "mode")})
+
+
+def test_a_drawn_name_tags_the_features_on():
+    tagged = [f for f in FEATURES if f.tag]
+    for f in tagged:
+        words = _name(BASE.with_(**f.fields(f.values[-1]))).split("_")
+        assert f.tag.split("_")[0] in words, (f.name, words)
+    plain = _name(BASE).split("_")
+    assert not {f.tag.split("_")[0] for f in tagged} & set(plain), plain
