@@ -52,6 +52,9 @@ class Mixed(Extend):
             return "a MIXED decode row (the trailing new=1 rows) has a prefix >= 1: its seq_len - 1 tokens are cached"
         return None
 
+    def decode_rows(self, case):
+        return decode_rows(case.new)
+
     def graph_mode(self):
         return ForwardMode.EXTEND
 
