@@ -6,6 +6,7 @@ import dataclasses
 import pytest
 
 from backends.torch_native import TorchNativeBackend
+from backends.vllm.adapter import PROFILE as VLLM
 from cases import CATALOG
 from kit.engine.case import Case
 from kit.engine.fixture import fixtures_for
@@ -23,6 +24,12 @@ class DecodeFirstTorchNative(TorchNativeBackend):
     """The in-box reference backend, handed its steps decode rows first."""
 
     profile = DECODE_FIRST_PROFILE
+
+
+class SpecBesidePrefillTorchNative(TorchNativeBackend):
+    """The in-box reference backend under an engine that schedules verifying decode rows beside prefill."""
+
+    profile = dataclasses.replace(DECODE_FIRST_PROFILE, spec_rows_beside_prefill=True)
 
 
 class ExtendRowsFirst(DecodeFirstTorchNative):
@@ -74,3 +81,17 @@ def test_a_backend_that_takes_the_first_row_for_an_extend_row_is_caught_decode_f
     assert plan_case(case).requests[0].n_old == 0  # as scheduled the first row is the fresh prompt: right
     r = run_case("tests.test_kit_row_order:ExtendRowsFirst", case, Exec.EAGER)
     assert r.outcome == "fail", r.message
+
+
+def test_vllm_hands_decode_rows_first_and_verifying_rows_beside_prefill_and_sglang_neither():
+    assert (VLLM.row_order, VLLM.spec_rows_beside_prefill) == (DECODE_FIRST, True)
+    assert (SGLANG.row_order, SGLANG.spec_rows_beside_prefill) == (AS_SCHEDULED, False)
+
+
+def test_verifying_rows_beside_prefill_run_where_the_engine_schedules_them():
+    case = CATALOG.find_case(MIXED, "gqa_spec2_beside_prefill_p16_fp32")  # new (20, 5, 3, 3), steps 2
+    assert row_order(case, DECODE_FIRST) == [2, 3, 1, 0]
+    r = run_case("backends.torch_native:TorchNativeBackend", case, Exec.EAGER)
+    assert r.outcome == "unsupported" and "spec_rows_beside_prefill" in r.message, r.message
+    r = run_case("tests.test_kit_row_order:SpecBesidePrefillTorchNative", case, Exec.EAGER)
+    assert r.outcome == "pass", r.message

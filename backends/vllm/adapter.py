@@ -19,7 +19,8 @@ What is mapped, and nothing more (a bug here could hide one in vLLM):
 
 The engine's conventions are PROFILE: the storage above, no KV write for padded tokens (slot -1),
 padded requests empty, vLLM's default capture sizes, graphs captured as vLLM captures them
-(kit.harness.hooks' builder style), a ragged step's decode rows first (as its runner reorders them). Which graphs run is vLLM's own declaration,
+(kit.harness.hooks' builder style), a ragged step's decode rows first (as its runner reorders them),
+decode rows verifying drafts beside prefill rows (speculative decoding with chunked prefill). Which graphs run is vLLM's own declaration,
 AttentionMetadataBuilder.get_cudagraph_support (`supports_graph`).
 """
 from __future__ import annotations
@@ -48,7 +49,7 @@ CAPTURE_SIZES = (1, 2, 4) + tuple(range(8, 256, 8)) + tuple(range(256, 513, 16))
 PROFILE = EngineProfile("vllm", storage={"dense": "interleaved", "mla": "latent_blocks"}, batch=COMMON,
                         padded_slot=NO_WRITE, padded_seq_len=0, padded_query_len=0, pads_token_graph_requests=True,
                         batch_sizes=CAPTURE_SIZES, token_buckets=CAPTURE_SIZES, hooks=BUILDER,
-                        row_order=DECODE_FIRST)
+                        row_order=DECODE_FIRST, spec_rows_beside_prefill=True)
 # The kit's quantized KV caches, as vLLM's kv_cache_dtype names them.
 CACHE_DTYPES = {None: "auto", "fp8_e4m3": "fp8_e4m3", "fp8_e5m2": "fp8_e5m2"}
 INTERPRETER_BF16 = "bf16 on CPU: Triton's interpreter computes bf16 tl.dot wrong (CPU runs fp16/fp32)"

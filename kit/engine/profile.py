@@ -55,6 +55,9 @@ class EngineProfile:
     # The hook style; None: whichever of SGLang's two the backend implements (kit.harness.capabilities).
     hooks: Optional[str] = None
     row_order: str = AS_SCHEDULED  # a ragged step's row order (ROW_ORDERS)
+    # Whether it schedules decode rows that verify drafts (1 + k tokens) beside prefill rows in one
+    # step (vLLM, speculative decoding with chunked prefill); SGLang verifies in steps of their own.
+    spec_rows_beside_prefill: bool = False
 
     def storage_for(self, kind: str) -> str:
         if kind not in self.storage:
@@ -71,6 +74,13 @@ class EngineProfile:
     def scratch(self) -> bool:
         """Whether slot 0 is a scratch slot padded rows write (exempt from the KV check)."""
         return self.padded_slot == SCRATCH_SLOT
+
+    def unscheduled(self, decode_tokens: int) -> Optional[str]:
+        """Why the engine never hands a ragged step whose decode rows have `decode_tokens` tokens, or None."""
+        if decode_tokens > 1 and not self.spec_rows_beside_prefill:
+            return (f"engine {self.name!r} schedules no decode rows of {decode_tokens} tokens (verifying drafts) "
+                    f"beside prefill rows (its profile's spec_rows_beside_prefill)")
+        return None
 
     def problem(self) -> Optional[str]:
         """What is malformed in the profile, or None."""
