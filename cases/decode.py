@@ -26,6 +26,13 @@ SMOKE = [
     S("gptoss_sinks_p16_fp32", prefix=(70, 9), page=16, heads=GPT_OSS, head_dim=64, dtype="fp32", sinks=True),
     S("mla_r32_h16_ragged_p16_fp32", prefix=(0, 15, 40, 17), page=16, dtype="fp32", **SMALL_MLA),
     S("mla_deepseek_h128_bs1_p64_fp16", prefix=(70,), page=64, dtype="fp16", **deepseek(128)),
+    # Past one KV split of a split-KV MLA decode (vLLM's TRITON_MLA: one per 512 keys, a power of two), at a
+    # length two splits do not divide.
+    S("mla_deepseek_h128_bs1_long_p64_fp16", prefix=(1100,), page=64, dtype="fp16", **deepseek(128)),
+    # Each request's window starts on its page's last slot (positions 23 and 39, window 8, pages of 16).
+    S("gqa_window_page_edge_p16_fp32", prefix=(23, 39), page=16, window=8, dtype="fp32", head_dim=64),
+    # A cap of the case's own at 16-token pages (vLLM's TRITON_ATTN takes no 1-token pages).
+    S("gqa_cap_p16_fp32", prefix=(40, 9, 70), page=16, cap=5.0, scale=0.25, dtype="fp32", head_dim=64),
 ]
 
 # Cap cases use cap 5 at scale 0.25 (scores of std ~2.8): the cap bites, so a dropped cap

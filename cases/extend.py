@@ -26,6 +26,7 @@ SMOKE = [
       dtype="fp32", window=8, hybrid=True, sinks=True),
     S("mla_r32_h16_ragged_p16_fp32", prefix=(0, 17, 33), new=(5, 1, 16), page=16, dtype="fp32", **SMALL_MLA),
     S("mla_deepseek_h128_bs1_p64_fp16", prefix=(5,), new=(3,), page=64, dtype="fp16", **deepseek(128)),
+    S("gqa_cap_p16_fp32", prefix=(40, 0, 9), new=(7, 12, 1), page=16, cap=5.0, scale=0.25, dtype="fp32", head_dim=64),
 ]
 
 # Cap cases use cap 5 at scale 0.25 (scores of std ~2.8): the cap bites, so a dropped cap

@@ -36,6 +36,12 @@ SMOKE = [
     S("mla_r32_h16_p16_fp32", prefix=(0, 17, 33), new=(5, 1, 1), page=16, dtype="fp32", **SMALL_MLA),
     S("mla_deepseek_h128_p64_fp16", prefix=(5, 9), new=(3, 1), page=64, dtype="fp16", **deepseek(128)),
     S("gqa_fp8_e5m2_p16_fp16", prefix=(17, 33), new=(5, 1), page=16, dtype="fp16", head_dim=64, kv_dtype="fp8_e5m2"),
+    # Decode rows verifying two drafts (3 tokens) beside a fresh prompt and a chunk: vLLM's speculative decoding
+    # with chunked prefill (an engine that verifies in steps of their own reads it unsupported).
+    S("gqa_spec2_beside_prefill_p16_fp32", prefix=(0, 40, 17, 9), new=(20, 5, 3, 3), steps=2, page=16, dtype="fp32",
+      head_dim=64),
+    S("mla_deepseek_h128_spec1_beside_prefill_p64_fp16", prefix=(5, 9, 12), new=(3, 2, 2), steps=1, page=64,
+      dtype="fp16", **deepseek(128)),
 ]
 
 # Cap cases use cap 5 at scale 0.25: the cap bites. Three window cases (mutant 7), fresh prompts
@@ -56,6 +62,8 @@ FULL = in_every_layout([
     C("gqa_window_cap_p64_fp16", prefix=(64, 0, 130, 70), new=(40, 100, 1, 1), page=64, window=16, cap=5.0,
       scale=0.25, dtype="fp16"),
     C("gqa_hybrid_window_p16", prefix=(96, 0, 37), new=(40, 60, 1), page=16, window=32, hybrid=True),
+    # A one-token extend row before longer ones (a split that takes rows of more than one token for the extend rows).
+    C("gqa_one_token_extend_first_p16", prefix=(40, 17, 0, 100, 33), new=(1, 30, 64, 1, 1), page=16),
 ])
 
 # q, k and v as a model's fused QKV projection hands them (views of one row per token).

@@ -32,6 +32,8 @@ SMOKE = [
       sinks=True),
     S("mla_r32_h16_chain4_p16_fp32", prefix=(17, 1, 33), new=4, page=16, dtype="fp32", **SMALL_MLA),
     S("mla_deepseek_h128_bs1_tree4_p64_fp16", prefix=(70,), new=4, topk=2, page=64, dtype="fp16", **deepseek(128)),
+    # An fp16 MLA verify chain (the CPU runs no bf16 Triton): vLLM's MLA verifies at DeepSeek's width only.
+    S("mla_deepseek_h128_chain3_p64_fp16", prefix=(70, 9), new=3, page=64, dtype="fp16", **deepseek(128)),
 ]
 
 # Cap cases use cap 5 at scale 0.25 (scores of std ~2.8): the cap bites, so a dropped cap

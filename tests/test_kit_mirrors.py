@@ -11,7 +11,7 @@ from kit.harness import mirrors
 from kit.harness.graph import harness_for
 from kit.harness.runner import run_case
 from kit.modes import Exec, ForwardMode
-from kit.report.record import CRASH, FAIL, KERNEL
+from kit.report.record import CRASH, FAIL, GRAPH, KERNEL
 from tests.helpers import run_setup
 from tests.test_kit_graph_harness import RecordingBackend
 
@@ -88,6 +88,16 @@ def test_a_buffer_sized_from_seq_lens_sum_is_caught_and_the_mirror_named(mutant,
     assert (r.outcome, r.failure_class) == (FAIL, failure_class), r.message
     assert "on a fresh instance with exact host mirrors the batch is right" in r.message
     assert says in r.message and "alone: the backend trusts a host mirror" in r.message
+
+
+def test_a_replay_wrong_where_eager_is_right_is_a_graph_bug_whatever_the_mirrors_are_blamed_for():
+    """Splits baked at capture, and eager sizing from an undeclared mirror: the mirror finding stays in
+    the message, and the class is the replay-versus-eager comparison's (exact mirrors: right -> graph)."""
+    r = run_case("tests.mutants.triton:SplitsBakedAndMirrorUndeclared", CATALOG.find_case(DECODE, "mqa_p1_shuf"),
+                 Exec.GRAPH)
+    assert (r.outcome, r.failure_class) == (FAIL, GRAPH), r.message
+    assert "wrong with seq_lens_cpu handed None (not in host_mirrors) alone" in r.message
+    assert r.message.endswith("eager on the same batch is right -> graph"), r.message
 
 
 def test_exact_mirrors_for_a_backend_that_declares_none():

@@ -29,10 +29,28 @@ def test_decode_rows_are_the_trailing_one_token_rows_after_the_first(new, rows):
     (dict(prefix=(3, 4), new=(2, 5)), "at least one extend row, then at least one decode row"),
     (dict(prefix=(3, 0), new=(2, 1)), "a MIXED decode row (the trailing new=1 rows) has a prefix >= 1"),
     (dict(prefix=(3, 4), new=5), "needs `new` as one extend length >= 1 per request"),
+    (dict(prefix=(3, 4), new=(2, 1), steps=2), "then at least one decode row (new=3) last"),
+    (dict(prefix=(3, 4), new=(2, 3), steps=2, topk=2), "verifies a chain of drafts (topk 1)"),
 ])
 def test_a_mixed_case_has_extend_rows_then_decode_rows(fields, message):
     with pytest.raises(ValueError, match=re.escape(message)):
         Case("bad", MIXED, **fields)
+
+
+def test_decode_rows_verifying_drafts_are_the_trailing_rows_of_one_plus_steps_tokens():
+    """vLLM's speculative decoding beside chunked prefill: every batch of a run keeps its decode rows at
+    1 + steps tokens (the graphs' buckets scaled to them), and the backend is built with the drafts."""
+    case = small_case("mixed_spec", MIXED, (0, 17, 40), (9, 3, 3), page=16, steps=2)
+    rules = rules_for(MIXED)
+    assert decode_rows((9, 3, 3), 3) == 2 and rules.decode_rows(case) == 2 and rules.decode_tokens(case) == 3
+    spec = rules.speculative_config(case)
+    assert (spec.num_draft_tokens, spec.topk, spec.num_steps) == (3, 1, 2)
+    assert rules.speculative_config(CASE) is None
+    for batch in rules.eager_sequence(case) + rules.replay_schedule(case, SGLANG):
+        if batch.mode is MIXED:
+            assert batch.steps == 2 and rules.decode_rows(batch) >= 1, batch
+        else:
+            assert batch.steps is None, batch
 
 
 def test_a_mixed_batch_carries_every_rows_prefix_and_new_tokens():

@@ -90,6 +90,7 @@ class Case(BatchShape):
     request_seeds: Optional[Tuple[int, ...]] = None
     # The speculative modes: the EAGLE draft's steps (SGLang's speculative_num_steps; DRAFT_DECODE's
     # forwards are steps - 1). None: new - 1, what a chain (topk 1) always has; a tree may set another.
+    # MIXED: the drafts each decode row verifies (its decode rows 1 + steps tokens); None: none.
     steps: Optional[int] = None
     # The model's context length is the run's longest committed sequence (seq_lens), so that its
     # longest requests sit at the model's limit, whatever the mode writes past them (drafts) in the

@@ -34,7 +34,7 @@ from kit.engine.modes import rules_for
 from kit.engine.plan import BatchPlan, plan_case
 from kit.engine.numerics import EXACT_NUMERICS, Numerics
 from kit.engine.pools import CASE_LAYER_ID, PoolCache, Pools, PoolSpec
-from kit.engine.profile import EngineProfile
+from kit.engine.profile import AS_SCHEDULED, EngineProfile
 from kit.engine.reference import declared, logical_kv, references
 from kit.engine.render import render, step_views
 from kit.engine.storage import storage
@@ -206,8 +206,8 @@ class _Shared:
         return sum(t.numel() * t.element_size() for t in self.tensors())
 
 
-def _build(case: Case, device: torch.device) -> _Shared:
-    plan, layers = plan_case(case), model_layers(case)
+def _build(case: Case, device: torch.device, order: str) -> _Shared:
+    plan, layers = plan_case(case, order), model_layers(case)
     drawn = streams(plan, layers, case.torch_dtype, device)
     program = [gather(plan, per_layer) for per_layer in drawn]
     step_plans = rules_for(case.mode).steps(plan)
@@ -217,25 +217,26 @@ def _build(case: Case, device: torch.device) -> _Shared:
 
 class SharedBatches:
     """Batches built, by everything that determines them: the batch case (every field, the
-    layer config included; its repr, as a catalog may give lists) and the device. The runs
+    layer config included; its repr, as a catalog may give lists), the engine's row order
+    (kit.engine.profile.ROW_ORDERS) and the device. The runs
     of a backend go case after case, then the next backend's (kit.plugin.selection): each
     batch is kept while the budget lasts (Store.kept_bytes), so that every backend is judged on
     it as built once; past the budget, the last SHARED_BATCHES are."""
 
     def __init__(self):
-        self._kept: Dict[Tuple[str, str], _Shared] = {}
+        self._kept: Dict[Tuple[str, str, str], _Shared] = {}
         self._kept_bytes = 0
-        self._recent: "collections.OrderedDict[Tuple[str, str], _Shared]" = collections.OrderedDict()
+        self._recent: "collections.OrderedDict[Tuple[str, str, str], _Shared]" = collections.OrderedDict()
 
-    def get(self, case: Case, device: torch.device) -> _Shared:
+    def get(self, case: Case, device: torch.device, order: str = AS_SCHEDULED) -> _Shared:
         """The batch as kept, unchecked (fixtures_for checks it), else built."""
-        key = (repr(case), str(device))
+        key = (repr(case), order, str(device))
         shared = self._kept.get(key) or self._recent.get(key)
         if shared is not None:
             if key in self._recent:
                 self._recent.move_to_end(key)
             return shared
-        shared = _build(case, device)
+        shared = _build(case, device, order)
         self._recent[key] = shared
         while len(self._recent) > SHARED_BATCHES:
             self._recent.popitem(last=False)
@@ -246,19 +247,19 @@ class SharedBatches:
         self._kept_bytes = 0
         self._recent.clear()
 
-    def forget(self, case: Case, device: torch.device) -> None:
+    def forget(self, case: Case, device: torch.device, order: str = AS_SCHEDULED) -> None:
         """Changed behind the kit's back: built again by the next get()."""
-        key = (repr(case), str(device))
+        key = (repr(case), order, str(device))
         shared = self._kept.pop(key, None)
         if shared is not None:
             self._kept_bytes -= shared.counted
         self._recent.pop(key, None)
 
-    def seal(self, case: Case, device: torch.device, shared: _Shared, budget: int) -> None:
+    def seal(self, case: Case, device: torch.device, shared: _Shared, budget: int, order: str = AS_SCHEDULED) -> None:
         """`shared` is complete (references, the table of this run's pool): fingerprinted, and
         kept if `budget` (bytes of batches kept in all) allows."""
         shared.sealed = fingerprint(shared.tensors())
-        key = (repr(case), str(device))
+        key = (repr(case), order, str(device))
         if key in self._kept:  # grown while kept (the table of a larger pool): counted again
             self._kept_bytes -= shared.counted
         elif key in self._recent and self._kept_bytes + shared.nbytes <= budget:
@@ -314,14 +315,16 @@ DEFAULT_STORE = Store()
 
 def fixtures_for(cases: Sequence[Case], device, store: Optional[Store], profile: EngineProfile,
                  numerics: Numerics = EXACT_NUMERICS) -> List[Fixture]:
-    """Fixtures for `cases` (one run: the same page size and layer config), sharing one (cached)
-    pool big enough for all of them, in the storage layout of the engine's profile: a graph's
-    replays must all read the pool it was captured against. The pool's page size is set here,
+    """Fixtures for `cases` (one run: the same page size and layer config), their rows in the order
+    the engine's profile hands them, sharing one (cached) pool big enough for all of them, in the
+    storage layout of the engine's profile: a graph's replays must all read the pool it was
+    captured against. The pool's page size is set here,
     once per run; each fixture's batch objects are its own; call install() before each program.
     Everything shared (references, the pool's req_to_token table) is complete before a backend
     is made; with the backend's declared `numerics`, their references too."""
     device, store = torch.device(device), store or DEFAULT_STORE
-    shared = [store.batches.get(c, device) for c in cases]
+    order = profile.row_order
+    shared = [store.batches.get(c, device, order) for c in cases]
     pools = _pools_for([s.plan for s in shared], cases[0], device, store, profile)
     kv = pools.token_to_kv_pool
     # What this run reuses (kept batches; the pool's poison where a stray write is suspected)
@@ -332,8 +335,8 @@ def fixtures_for(cases: Sequence[Case], device, store: Optional[Store], profile:
     kept = unchanged(checked + ([kv.sealed_poison()] if suspect else []))
     for i, ok in zip(reused, kept):
         if not ok:
-            store.batches.forget(cases[i], device)
-            shared[i] = store.batches.get(cases[i], device)
+            store.batches.forget(cases[i], device, order)
+            shared[i] = store.batches.get(cases[i], device, order)
     if suspect and not kept[-1]:
         kv.draw_poison()
     fixtures = []
@@ -352,6 +355,6 @@ def fixtures_for(cases: Sequence[Case], device, store: Optional[Store], profile:
             if taken:
                 step.declared(CASE_LAYER_ID, taken)
         if s.sealed is None or len(s.tensors()) != held:
-            store.batches.seal(case, device, s, store.kept_bytes(device))
+            store.batches.seal(case, device, s, store.kept_bytes(device), order)
         fixtures.append(fx)
     return fixtures

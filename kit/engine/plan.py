@@ -19,6 +19,8 @@ import torch
 from kit.engine.case import Case
 from kit.engine.layouts import place_pages, slots_of
 from kit.engine.modes import rules_for
+from kit.engine.modes.rules import GraphBuckets
+from kit.engine.profile import AS_SCHEDULED
 
 # Columns of req_to_token past a request's last token still point at poison.
 CONTEXT_SLACK = 16
@@ -93,7 +95,27 @@ class BatchPlan:
         return [s for r in self.requests for s in r.slots[r.n_old:]]
 
 
-def plan_case(case: Case) -> BatchPlan:
+def row_order(case: Case, order: str) -> List[int]:
+    """The case's rows in the order an engine hands its step (kit.engine.profile.ROW_ORDERS). Decode
+    first is vLLM's runner's (reorder_batch_to_split_decodes_and_prefills, v1/attention/backends/utils.py):
+    decode rows, then rows with a cached prefix and at most a decode row's tokens, then longer ones
+    with a cached prefix, then fresh prompts, each region as listed. Only a ragged step (EXTEND,
+    MIXED) has rows of different kinds to order."""
+    rules = rules_for(case.mode)
+    if order == AS_SCHEDULED or rules.graph is not GraphBuckets.TOKEN_COUNT:
+        return list(range(case.bs))
+    first_decode, per = case.bs - rules.decode_rows(case), rules.decode_tokens(case)
+
+    def region(i: int) -> int:
+        if i >= first_decode:
+            return 0
+        if case.prefix[i] == 0:
+            return 3
+        return 1 if case.new_lens[i] <= per else 2
+    return sorted(range(case.bs), key=region)
+
+
+def plan_case(case: Case, order: str = AS_SCHEDULED) -> BatchPlan:
     rng = random.Random(case.rng_seed())
     rules = rules_for(case.mode)
     seeds = [case.request_seed(i) for i in range(case.bs)]
@@ -106,6 +128,7 @@ def plan_case(case: Case) -> BatchPlan:
                     parents=s.parents, slots=slots_of(pg, case.page, s.n_old + s.n_new), pages=list(pg), request=i)
         for i, (row, s, pg) in enumerate(zip(rows, shapes, pages))
     ]
+    requests = [requests[i] for i in row_order(case, order)]
     max_page = max((max(pg) for pg in pages if pg), default=0)
     spare_pages = max(4, sum(len(pg) for pg in pages) // 2)  # unowned tail, poisoned
     return BatchPlan(

@@ -21,6 +21,12 @@ TWO_PHASE, CAPTURE_REPLAY, BUILDER = "two-phase", "capture/replay", "builder"
 # the step description itself (`batch.step`, kit.engine.plan), which the in-box torch_native reads.
 FORWARD_BATCH, COMMON, STEP = "forward_batch", "common", "step"
 SCRATCH_SLOT = 0  # a padded token writes its KV here (SGLang); its pages are never a request's
+# The order a ragged step's rows (EXTEND, MIXED) are handed in (kit.engine.plan.row_order): as the
+# scheduler lists them (SGLang: the chunk's extend rows, then the running decode rows), or decode
+# rows first (vLLM's runner, reorder_batch_to_split_decodes_and_prefills, which its builders'
+# split_decodes_and_prefills relies on).
+AS_SCHEDULED, DECODE_FIRST = "as scheduled", "decode first"
+ROW_ORDERS = (AS_SCHEDULED, DECODE_FIRST)
 NO_WRITE = -1  # a padded token writes no KV (vLLM's slot_mapping)
 
 
@@ -48,6 +54,10 @@ class EngineProfile:
     token_buckets: Tuple[int, ...] = SGLANG_TOKEN_BUCKETS  # graphs of ragged batches, per token bucket
     # The hook style; None: whichever of SGLang's two the backend implements (kit.harness.capabilities).
     hooks: Optional[str] = None
+    row_order: str = AS_SCHEDULED  # a ragged step's row order (ROW_ORDERS)
+    # Whether it schedules decode rows that verify drafts (1 + k tokens) beside prefill rows in one
+    # step (vLLM, speculative decoding with chunked prefill); SGLang verifies in steps of their own.
+    spec_rows_beside_prefill: bool = False
 
     def storage_for(self, kind: str) -> str:
         if kind not in self.storage:
@@ -64,6 +74,13 @@ class EngineProfile:
     def scratch(self) -> bool:
         """Whether slot 0 is a scratch slot padded rows write (exempt from the KV check)."""
         return self.padded_slot == SCRATCH_SLOT
+
+    def unscheduled(self, decode_tokens: int) -> Optional[str]:
+        """Why the engine never hands a ragged step whose decode rows have `decode_tokens` tokens, or None."""
+        if decode_tokens > 1 and not self.spec_rows_beside_prefill:
+            return (f"engine {self.name!r} schedules no decode rows of {decode_tokens} tokens (verifying drafts) "
+                    f"beside prefill rows (its profile's spec_rows_beside_prefill)")
+        return None
 
     def problem(self) -> Optional[str]:
         """What is malformed in the profile, or None."""
@@ -82,6 +99,8 @@ class EngineProfile:
             return f"padded_query_len must be None (a real row's) or 0 (an empty request), not {self.padded_query_len!r}"
         if self.hooks not in (None, TWO_PHASE, CAPTURE_REPLAY, BUILDER):
             return f"hooks must be None, {TWO_PHASE!r}, {CAPTURE_REPLAY!r} or {BUILDER!r}, not {self.hooks!r}"
+        if self.row_order not in ROW_ORDERS:
+            return f"row_order must be one of {', '.join(map(repr, ROW_ORDERS))}, not {self.row_order!r}"
         for name, sizes in (("batch_sizes", self.batch_sizes), ("token_buckets", self.token_buckets)):
             if not sizes or list(sizes) != sorted(set(sizes)) or sizes[0] < 1:
                 return f"{name} must be increasing sizes >= 1, not {sizes!r}"

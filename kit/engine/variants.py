@@ -47,10 +47,10 @@ def carrying(case, other, at: int = -1):
                        request_seeds=put(tuple(other.request_seed(i) for i in range(other.bs)), case.request_seed(r)))
 
 
-def alone(case, salt: int, tag: str = "replay", mode=None):
-    """The case's recurring request alone, in a batch (its pages, its row) of its own; `mode`: the
-    batch's, where a batch of one request is not one of the case's mode."""
+def alone(case, salt: int, tag: str = "replay", mode=None, **fields):
+    """The case's recurring request alone, in a batch (its pages, its row) of its own; `mode` (and
+    `fields` of it): the batch's, where a batch of one request is not one of the case's mode."""
     r = recurring(case)
     return case.with_(name=f"{case.name}~{tag}{salt}", mode=mode or case.mode, prefix=(case.prefix[r],),
                       new=case.new if isinstance(case.new, int) else (case.new_lens[r],), seed=case.seed + salt,
-                      request_seeds=(case.request_seed(r),))
+                      request_seeds=(case.request_seed(r),), **fields)

@@ -274,10 +274,11 @@ def _graph(backend, setup: RunSetup, result: RunResult) -> None:
         if v.ok:
             continue
         blamed = setup.blame(fx, regime) if v.needs_eager_diagnosis else ""
-        # Diagnostic: the same batch run eagerly on a fresh backend says where to look.
-        eager = setup.eager(setup.new_backend(), fx) if v.needs_eager_diagnosis and not blamed else None
-        cls, why = (v.failure_class(), f"{blamed} -> {v.failure_class()}") if blamed else replay_failure(v, eager)
+        # Diagnostic: the same batch run eagerly on a fresh backend (exact mirrors) decides the class,
+        # whatever the mirrors are blamed for: a replay wrong where eager is right is the graph's.
+        eager = setup.eager(setup.new_backend(), fx) if v.needs_eager_diagnosis else None
+        cls, why = replay_failure(v, eager)
         result.outcome, result.failure_class = FAIL, cls
-        result.message = f"{harness.describe(i, fixtures)}: {v.text}{why}"
+        result.message = f"{harness.describe(i, fixtures)}: {v.text}{blamed}{why}"
         break
     result.max_err = worst

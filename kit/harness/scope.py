@@ -7,6 +7,7 @@ import dataclasses
 from typing import Dict, List, Optional, Tuple
 
 from kit.engine.case import Case
+from kit.engine.modes import rules_for
 from kit.harness.capabilities import NO_CAPTURE_HOOKS, Capabilities
 from kit.modes import Exec, ForwardMode
 
@@ -23,8 +24,10 @@ class Declined:
 def declined(backend_cls, caps: Capabilities, case: Case, exec_: Exec) -> Optional[Declined]:
     """Why `backend_cls` (declaring `caps`) does not run `case` under `exec_`, or None where it
     does. Raises what the backend's `supports()` raises."""
-    # The kind first: a backend written for dense attention need not know an MLA case's fields.
-    reason = caps.kind_reason(case) or caps.kv_dtype_reason(case)
+    # The kind first: a backend written for dense attention need not know an MLA case's fields, nor one
+    # of an engine that never schedules the step the case's.
+    reason = (caps.kind_reason(case) or caps.kv_dtype_reason(case)
+              or caps.profile.unscheduled(rules_for(case.mode).decode_tokens(case)))
     if reason is None:
         said = backend_cls.supports(case)
         if said is not None:

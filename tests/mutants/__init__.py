@@ -151,6 +151,16 @@ MUTANTS = [
     # CPU-catchable (TRITON_MLA's DeepSeek-width decode case), but a run takes minutes in the
     # interpreter: scored by `python -m kit.mutate`, not in the suite.
     Mutant(77, "vllm_mla_decode_seq_lens_one_short", VL + "MLADecodeSeqLensOneShort", K, (D, TV), EAGER, cpu=False),
+    # Where vLLM's runner puts a step's decode rows (first: the profile's row order) and how its builders split
+    # them from prefill rows: TRITON_MLA's MIXED smoke cases at DeepSeek's width, a run of a minute or two in the
+    # interpreter; and its decode's KV splits (one per 512 keys), reached past 1,024 keys (the DECODE smoke case
+    # mla_deepseek_h128_bs1_long_p64_fp16, which catches it on CPU: minutes a run in the interpreter, scored by
+    # `python -m kit.mutate`, not in the suite).
+    Mutant(78, "vllm_mla_prefill_rows_from_first", VL + "MLAPrefillRowsFromFirst", K + C, (MX,), EAGER, cpu=True),
+    Mutant(79, "vllm_mla_split_counts_decode_rows_as_tokens", VL + "MLASplitCountsDecodeRowsAsTokens", K + C, (MX,),
+           EAGER, cpu=True, reaches=lambda c: bool(c.steps)),
+    Mutant(82, "vllm_mla_decode_split_length_floored", VL + "MLADecodeSplitLengthFloored", K, (D,), EAGER, cpu=False,
+           reaches=lambda c: max(c.prefix) >= 1024),
     # What a backend is handed (numbered from 50): q, k and v are views of a fused QKV row, and
     # the caller's to keep.
     Mutant(50, "strides_ignored", T + "StridesIgnored", K, ALL_MODES, EAGER + GRAPH, cpu=True,

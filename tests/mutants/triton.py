@@ -104,6 +104,18 @@ class SplitsFromCaptureHostValue(TritonBackend):
         return self.host_splits[bs]
 
 
+class SplitsBakedAndMirrorUndeclared(SplitsFromCaptureHostValue):
+    """SplitsFromCaptureHostValue whose eager batches take the longest sequence from seq_lens_cpu, a
+    host mirror it declares it does not read: handed None, eager sizing raises, so the mirror is to
+    blame too; the replay is still wrong where eager with exact mirrors is right (a graph bug)."""
+
+    host_mirrors = ()
+
+    def _max_splits(self, batch):
+        if self.graph_bufs is None:
+            return min(MAX_KV_SPLITS, cdiv(int(batch.seq_lens_cpu[:batch.batch_size].max()), self.split_tokens))
+        return super()._max_splits(batch)
+
 
 class PaddedRowsWriteRealSlot(TritonBackend):
     """KV of padded rows (out_cache_loc 0, the scratch slot) is redirected to the first

@@ -13,6 +13,8 @@ RESHAPE_AND_CACHE = "vllm.v1.attention.ops.triton_reshape_and_cache_flash"
 FLEX = "vllm.v1.attention.backends.flex_attention"
 FLASH_ATTN = "vllm.v1.attention.backends.flash_attn"
 MLA = "vllm.model_executor.layers.attention.mla_attention"
+UTILS = "vllm.v1.attention.backends.utils"
+DECODE_ATTENTION = "vllm.v1.attention.ops.triton_decode_attention"
 
 
 def patched(module: str, line: int, old: str, new: str):
@@ -96,19 +98,69 @@ class FlashAttnSchedulerMetadataNotPersistent(_PatchedBackend, VllmFlashAttnBack
     patch = (682, "return self.scheduler_metadata[:n]", "return scheduler_metadata")
 
 
-class MLADecodeSeqLensOneShort(VllmTritonMLABackend):
+def _mla_builder(backend, build):
+    """`backend` (a vLLM MLA backend class) whose builder's build() is `build`."""
+    original = backend.get_builder_cls()
+    builder = type(original.__name__, (original,), {"build": build})
+    return type(backend.__name__, (backend,), {"get_builder_cls": staticmethod(lambda: builder)})
+
+
+class _MLABuildMutant(VllmTritonMLABackend):
+    """TRITON_MLA whose builder's build() is MLACommonMetadataBuilder's with the line `patch`
+    (mla_attention.py registers torch ops at import: only the method is compiled again)."""
+
+    patch = (0, "", "")
+
+    def _vllm_backend(self):
+        import backends.vllm.runtime  # noqa: F401 - vLLM's set-up first
+
+        return _mla_builder(self.backend_cls(), patching.patched_function(MLA, "MLACommonMetadataBuilder.build",
+                                                                          *self.patch))
+
+
+class MLADecodeSeqLensOneShort(_MLABuildMutant):
     """The MLA builder's decode metadata takes seq_lens one short: each decode row attends one latent
     row fewer."""
 
     patch = (2700, "seq_lens_device=seq_lens[:num_decodes],", "seq_lens_device=seq_lens[:num_decodes] - 1,")
 
-    def _vllm_backend(self):
-        """TRITON_MLA whose builder's build() is MLACommonMetadataBuilder's, patched (mla_attention.py
-        registers torch ops at import: only the method is compiled again)."""
-        import backends.vllm.runtime  # noqa: F401 - vLLM's set-up first
 
-        build = patching.patched_function(MLA, "MLACommonMetadataBuilder.build", *self.patch)
+class MLAPrefillRowsFromFirst(_MLABuildMutant):
+    """The MLA builder's prefill metadata starts at the batch's first row, not past the decode rows:
+    right wherever the prefill rows come first (SGLang's order), wrong in the decode-first order vLLM's
+    runner hands (reorder_batch_to_split_decodes_and_prefills)."""
+
+    patch = (2621, "reqs_start = num_decodes  # prefill_start", "reqs_start = 0  # prefill_start")
+
+
+class MLASplitCountsDecodeRowsAsTokens(VllmTritonMLABackend):
+    """split_decodes_and_prefills counts the decode rows' tokens as one a row: right while every decode
+    row has one token, wrong where decode rows verifying drafts (1 + k tokens) sit beside prefill rows."""
+
+    patch = (906, "num_decode_tokens = query_start_loc[first_prefill].item()", "num_decode_tokens = first_prefill")
+
+    def _vllm_backend(self):
+        import backends.vllm.runtime  # noqa: F401 - vLLM's set-up first
+        from vllm.model_executor.layers.attention import mla_attention
+
+        split = patched(UTILS, *self.patch).split_decodes_and_prefills
+        build = mla_attention.MLACommonMetadataBuilder.build
+        return _mla_builder(self.backend_cls(), patching.rebound(build, build.__globals__,
+                                                                  split_decodes_and_prefills=split))
+
+
+class MLADecodeSplitLengthFloored(VllmTritonMLABackend):
+    """TRITON_MLA's decode kernel rounds each KV split's length down, not up: the last keys of a
+    request whose length the split count does not divide are never read. Only past one split (vLLM
+    splits from 1,024 keys)."""
+
+    patch = (352, "kv_len_per_split = tl.cdiv(cur_batch_seq_len, NUM_KV_SPLITS)",
+             "kv_len_per_split = cur_batch_seq_len // NUM_KV_SPLITS")
+
+    def _vllm_backend(self):
+        decode = patched(DECODE_ATTENTION, *self.patch).decode_attention_fwd
         backend = self.backend_cls()
-        original = backend.get_builder_cls()
-        builder = type(original.__name__, (original,), {"build": build})
-        return type(backend.__name__, (backend,), {"get_builder_cls": staticmethod(lambda: builder)})
+        impl = backend.get_impl_cls()
+        forward = patching.rebound(impl.forward_mqa, impl.forward_mqa.__globals__, decode_attention_fwd=decode)
+        mutant = type(impl.__name__, (impl,), {"forward_mqa": forward})
+        return type(backend.__name__, (backend,), {"get_impl_cls": staticmethod(lambda: mutant)})

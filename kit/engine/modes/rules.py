@@ -129,6 +129,14 @@ class ModeRules:
         """Query tokens of each request (batch-size graphs size their buffers by it)."""
         return case.new
 
+    def decode_rows(self, case) -> int:
+        """How many of the case's rows, its last ones, are decode rows (a ragged step's: MIXED's)."""
+        return 0
+
+    def decode_tokens(self, case) -> int:
+        """The query tokens of each of the case's decode rows (1; 1 + the drafts where they verify)."""
+        return 1
+
     def speculative_config(self, case) -> Optional[SpeculativeConfig]:
         """The server's speculative config a backend is built with in this mode, or None."""
         if not self.speculative:
