@@ -1,7 +1,7 @@
 """DECODE cases: `prefix` = tokens cached before the step (seq_len = prefix + 1)."""
 from functools import partial
 
-from cases.mla import SMALL_MLA, deepseek
+from cases.mla import SMALL_MLA, SMALL_SPARSE_MLA, deepseek, deepseek_v32
 from kit.engine.case import GPT_OSS, GQA_32_8, MHA, MQA, SMOKE_GQA, SMOKE_MHA, SMOKE_MQA, Case, in_every_layout
 from kit.modes import ForwardMode
 
@@ -132,3 +132,27 @@ SMOKE += [
     S("mla_r32_h16_fp8_e4m3_p1_shuf_fp32", prefix=(17, 40), dtype="fp32", kv_dtype="fp8_e4m3", layout="shuffled_pages",
       **SMALL_MLA),
 ]
+
+# Sparse MLA (DeepSeek-V3.2's DSA, kit/engine/kinds/sparse_mla.py): each query attends the keys its indexer
+# selected (kit.engine.sparse draws them: page edges first, -1 padding after or among them, every key where a
+# context is shorter than the top-k). Contexts below and above the top-k in each case.
+SMOKE += [
+    S("smla_r32_h16_ragged_p16_fp32", prefix=(0, 11, 40, 17, 100), page=16, dtype="fp32", **SMALL_SPARSE_MLA),
+    S("smla_r32_h16_scatter_fp8_e4m3_p1_shuf_fp16", prefix=(5, 30, 70), dtype="fp16", kv_dtype="fp8_e4m3",
+      layout="shuffled_pages", index_scatter=True, **SMALL_SPARSE_MLA),
+    S("smla_r32_h16_scatter_fp8_e5m2_p64_inter", prefix=(70, 3), page=64, kv_dtype="fp8_e5m2",
+      layout="interleaved_pages", index_scatter=True, **SMALL_SPARSE_MLA),
+    S("smla_r32_h16_scatter_p16_nonmono_fp32", prefix=(33, 8, 64), page=16, dtype="fp32",
+      layout="non_monotonic_extend", index_scatter=True, **SMALL_SPARSE_MLA),
+    S("smla_r32_h16_scatter_fp8_e4m3_p64_fp32", prefix=(130, 0), page=64, dtype="fp32", kv_dtype="fp8_e4m3",
+      index_scatter=True, **SMALL_SPARSE_MLA),
+]
+FULL += in_every_layout([
+    C("smla_h128_p64", prefix=(3000, 63, 2047, 2048, 5000), page=64, **deepseek_v32(128)),
+    C("smla_h16_scatter_fp8_e4m3_p64_fp16", prefix=(4100, 64, 2500), page=64, dtype="fp16", kv_dtype="fp8_e4m3",
+      index_scatter=True, **deepseek_v32(16)),
+    C("smla_h16_scatter_fp8_e5m2_p1_fp32", prefix=(2100, 1, 3000), dtype="fp32", kv_dtype="fp8_e5m2",
+      index_scatter=True, **deepseek_v32(16)),
+    C("smla_h128_scatter_bs12_p16", prefix=(5, 90, 0, 3000, 17, 2049, 2, 129, 4000, 8, 77, 250), page=16,
+      index_scatter=True, **deepseek_v32(128)),
+])

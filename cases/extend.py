@@ -1,7 +1,7 @@
 """EXTEND cases: `prefix` = extend_prefix_lens, `new` = extend_seq_lens (ragged, may be 1)."""
 from functools import partial
 
-from cases.mla import SMALL_MLA, deepseek
+from cases.mla import SMALL_MLA, SMALL_SPARSE_MLA, deepseek, deepseek_v32
 from kit.engine.case import GPT_OSS, GQA_32_8, MHA, MQA, SMOKE_GQA, SMOKE_MHA, SMOKE_MQA, Case, in_every_layout
 from kit.modes import ForwardMode
 
@@ -135,3 +135,26 @@ SMOKE += [
     S("mla_r32_h16_fp8_e4m3_p16_nonmono_fp16", prefix=(33, 5), new=(4, 16), page=16, dtype="fp16",
       kv_dtype="fp8_e4m3", layout="non_monotonic_extend", **SMALL_MLA),
 ]
+
+# Sparse MLA (DeepSeek-V3.2's DSA, kit/engine/kinds/sparse_mla.py): each query attends the keys its indexer
+# selected within its causal view (kit.engine.sparse); a chunk's first queries see fewer keys than the top-k.
+SMOKE += [
+    S("smla_r32_h16_ragged_p16_fp32", prefix=(0, 17, 33), new=(5, 1, 16), page=16, dtype="fp32", **SMALL_SPARSE_MLA),
+    S("smla_r32_h16_scatter_fp8_e4m3_p1_shuf_fp16", prefix=(5, 0), new=(9, 20), dtype="fp16", kv_dtype="fp8_e4m3",
+      layout="shuffled_pages", index_scatter=True, **SMALL_SPARSE_MLA),
+    S("smla_r32_h16_scatter_fp8_e5m2_p64_inter", prefix=(70, 3), new=(3, 7), page=64, kv_dtype="fp8_e5m2",
+      layout="interleaved_pages", index_scatter=True, **SMALL_SPARSE_MLA),
+    S("smla_r32_h16_scatter_p16_nonmono_fp32", prefix=(33, 8), new=(4, 17), page=16, dtype="fp32",
+      layout="non_monotonic_extend", index_scatter=True, **SMALL_SPARSE_MLA),
+    S("smla_r32_h16_scatter_fp8_e4m3_p64_fp32", prefix=(64, 0), new=(2, 70), page=64, dtype="fp32",
+      kv_dtype="fp8_e4m3", index_scatter=True, **SMALL_SPARSE_MLA),
+]
+FULL += in_every_layout([
+    C("smla_h128_p64", prefix=(0, 3000, 63), new=(2100, 20, 130), page=64, **deepseek_v32(128)),
+    C("smla_h16_scatter_fp8_e4m3_p64_fp16", prefix=(4100, 0, 64), new=(9, 300, 2), page=64, dtype="fp16",
+      kv_dtype="fp8_e4m3", index_scatter=True, **deepseek_v32(16)),
+    C("smla_h16_scatter_fp8_e5m2_p1_fp32", prefix=(2040, 17), new=(30, 1), dtype="fp32", kv_dtype="fp8_e5m2",
+      index_scatter=True, **deepseek_v32(16)),
+    C("smla_h128_scatter_p16", prefix=(16, 2500, 0, 100), new=(17, 1, 64, 9), page=16, index_scatter=True,
+      **deepseek_v32(128)),
+])

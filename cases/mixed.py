@@ -3,7 +3,7 @@ extend_seq_lens, the decode rows (the trailing rows of one token, after the firs
 with its whole context cached (prefix = seq_len - 1)."""
 from functools import partial
 
-from cases.mla import SMALL_MLA, deepseek
+from cases.mla import SMALL_MLA, SMALL_SPARSE_MLA, deepseek, deepseek_v32
 from kit.engine.case import GPT_OSS, GQA_32_8, MHA, MQA, SMOKE_GQA, SMOKE_MHA, SMOKE_MQA, Case, in_every_layout
 from kit.modes import ForwardMode
 
@@ -133,3 +133,26 @@ SMOKE += [
     S("mla_r32_h16_p1_bf16_nonmono", prefix=(17, 40), new=(9, 1), dtype="bf16", layout="non_monotonic_extend",
       **SMALL_MLA),
 ]
+
+# Sparse MLA (DeepSeek-V3.2's DSA, kit/engine/kinds/sparse_mla.py): prefill chunks beside decode rows, each
+# query over its indexer's selection (kit.engine.sparse).
+SMOKE += [
+    S("smla_r32_h16_p16_fp32", prefix=(0, 17, 33), new=(5, 1, 1), page=16, dtype="fp32", **SMALL_SPARSE_MLA),
+    S("smla_r32_h16_scatter_fp8_e4m3_p1_shuf_fp16", prefix=(5, 30), new=(9, 1), dtype="fp16", kv_dtype="fp8_e4m3",
+      layout="shuffled_pages", index_scatter=True, **SMALL_SPARSE_MLA),
+    S("smla_r32_h16_scatter_fp8_e5m2_p64_inter", prefix=(3, 70), new=(7, 1), page=64, kv_dtype="fp8_e5m2",
+      layout="interleaved_pages", index_scatter=True, **SMALL_SPARSE_MLA),
+    S("smla_r32_h16_scatter_p16_nonmono_fp32", prefix=(8, 33, 2), new=(17, 1, 1), page=16, dtype="fp32",
+      layout="non_monotonic_extend", index_scatter=True, **SMALL_SPARSE_MLA),
+    S("smla_r32_h16_scatter_fp8_e4m3_p64_fp32", prefix=(0, 64), new=(20, 1), page=64, dtype="fp32",
+      kv_dtype="fp8_e4m3", index_scatter=True, **SMALL_SPARSE_MLA),
+]
+FULL += in_every_layout([
+    C("smla_h128_p64", prefix=(0, 3000, 63, 2048), new=(2100, 20, 1, 1), page=64, **deepseek_v32(128)),
+    C("smla_h16_scatter_fp8_e4m3_p64_fp16", prefix=(64, 4100), new=(300, 1), page=64, dtype="fp16",
+      kv_dtype="fp8_e4m3", index_scatter=True, **deepseek_v32(16)),
+    C("smla_h16_scatter_fp8_e5m2_p1_fp32", prefix=(17, 2040, 5), new=(30, 1, 1), dtype="fp32", kv_dtype="fp8_e5m2",
+      index_scatter=True, **deepseek_v32(16)),
+    C("smla_h128_scatter_p16", prefix=(2500, 16, 100), new=(64, 1, 1), page=16, index_scatter=True,
+      **deepseek_v32(128)),
+])

@@ -11,3 +11,15 @@ def deepseek(heads: int) -> dict:
 
 # A small latent for the CPU; its scale is not 48 ** -0.5 either.
 SMALL_MLA = dict(heads=(16, 1), head_dim=48, kv_lora_rank=32, rope_dim=16, scale=0.1)
+
+# Sparse MLA (DeepSeek-V3.2's DSA): the latent of MLA, each query attending its indexer's top-k keys.
+DEEPSEEK_V32_TOPK = 2048  # the indexer's index_topk
+
+
+def deepseek_v32(heads: int) -> dict:
+    """DeepSeek-V3.2: DeepSeek-V3's latent attention, each query over its indexer's 2048 selected keys."""
+    return dict(deepseek(heads), index_topk=DEEPSEEK_V32_TOPK)
+
+
+# For the CPU: a top-k below most smoke contexts and above the shortest (a request's first queries see fewer).
+SMALL_SPARSE_MLA = dict(SMALL_MLA, index_topk=12)

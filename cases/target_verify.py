@@ -2,7 +2,7 @@
 topk 1 = chain, topk 2 = tree."""
 from functools import partial
 
-from cases.mla import SMALL_MLA, deepseek
+from cases.mla import SMALL_MLA, SMALL_SPARSE_MLA, deepseek, deepseek_v32
 from kit.engine.case import GPT_OSS, GQA_32_8, MHA, MQA, SMOKE_GQA, SMOKE_MHA, SMOKE_MQA, Case, in_every_layout
 from kit.modes import ForwardMode
 
@@ -142,3 +142,26 @@ SMOKE += [
     S("mla_r32_h16_fp8_e4m3_chain3_p1_shuf_fp32", prefix=(5, 30), new=3, dtype="fp32", kv_dtype="fp8_e4m3",
       layout="shuffled_pages", **SMALL_MLA),
 ]
+
+# Sparse MLA (DeepSeek-V3.2's DSA, kit/engine/kinds/sparse_mla.py): chains of drafts (its MTP), each draft over
+# the keys its indexer selected among the committed tokens and the drafts before it (kit.engine.sparse).
+SMOKE += [
+    S("smla_r32_h16_chain2_p16_fp32", prefix=(10, 40, 0), new=2, page=16, dtype="fp32", **SMALL_SPARSE_MLA),
+    S("smla_r32_h16_scatter_chain4_fp8_e4m3_p1_shuf_fp16", prefix=(5, 30), new=4, dtype="fp16",
+      kv_dtype="fp8_e4m3", layout="shuffled_pages", index_scatter=True, **SMALL_SPARSE_MLA),
+    S("smla_r32_h16_scatter_chain3_fp8_e5m2_p64_inter", prefix=(70, 3), new=3, page=64, kv_dtype="fp8_e5m2",
+      layout="interleaved_pages", index_scatter=True, **SMALL_SPARSE_MLA),
+    S("smla_r32_h16_scatter_chain2_p16_nonmono_fp32", prefix=(33, 8), new=2, page=16, dtype="fp32",
+      layout="non_monotonic_extend", index_scatter=True, **SMALL_SPARSE_MLA),
+    S("smla_r32_h16_scatter_chain4_fp8_e4m3_p64_fp32", prefix=(130, 9), new=4, page=64, dtype="fp32",
+      kv_dtype="fp8_e4m3", index_scatter=True, **SMALL_SPARSE_MLA),
+]
+FULL += in_every_layout([
+    C("smla_h128_chain2_p64", prefix=(3000, 63, 2047, 5000), new=2, page=64, **deepseek_v32(128)),
+    C("smla_h16_scatter_chain4_fp8_e4m3_p64_fp16", prefix=(4100, 64, 2500), new=4, page=64, dtype="fp16",
+      kv_dtype="fp8_e4m3", index_scatter=True, **deepseek_v32(16)),
+    C("smla_h16_scatter_chain2_fp8_e5m2_p1_fp32", prefix=(2100, 1), new=2, dtype="fp32", kv_dtype="fp8_e5m2",
+      index_scatter=True, **deepseek_v32(16)),
+    C("smla_h128_scatter_chain3_p16", prefix=(5, 2049, 129, 4000), new=3, page=16, index_scatter=True,
+      **deepseek_v32(128)),
+])

@@ -214,6 +214,10 @@ FEATURES = {
     "kv_lora_rank": lambda c: {"mla" if c.is_mla else "dense"},
     "kv_dtype": lambda c: {f"kv cache {c.kv_dtype or 'in dtype'}"},
     "rope_dim": lambda c: set(),  # MLA's widths: head_dim's feature (rank + rope) covers them
+    "index_topk": lambda c: set() if not c.index_topk else {"sparse top-k"}
+    | ({"top-k past a context"} if min(c.prefix) + 1 <= c.index_topk else set())
+    | ({"top-k below a context"} if max(c.prefix) >= c.index_topk else set()),
+    "index_scatter": lambda c: {"-1 padding among the indices"} if c.index_scatter else set(),
     "steps": _draft_fields,
     "context_edge": lambda c: {"at the model's context edge"} if c.context_edge else set(),
     "inputs": lambda c: {f"inputs {c.inputs}"},

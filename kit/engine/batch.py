@@ -72,6 +72,9 @@ class ForwardBatch:
     # [batch_size, state pools] int32: each request's slot in each slot-indexed state pool (a
     # recurrent state, a convolution window); None for attention whose only state is its KV pages.
     state_slots: Optional[torch.Tensor] = None
+    # Sparse MLA: per new token, the indexer's selection (kit.engine.sparse): int32
+    # [num_tokens, index_topk], columns of the request's req_to_token row, -1 padded.
+    topk_indices: Optional[torch.Tensor] = None
     # What the profile's converter adds (kit.engine.render): the step in vLLM's terms
     # (kit.engine.common.CommonBatch) or the step description itself (kit.engine.plan.BatchPlan: a
     # token graph's batch carries its real requests', its tokens past theirs padding); else None.

@@ -80,6 +80,11 @@ class Case(BatchShape):
     # V is its first kv_lora_rank columns, and so is each head's output.
     kv_lora_rank: int = 0
     rope_dim: int = 0
+    # Sparse MLA (DeepSeek-V3.2's DSA) iff index_topk > 0: MLA whose queries attend only the cache
+    # positions the indexer selected, at most index_topk each (kit.engine.sparse draws them);
+    # index_scatter places a row's -1 padding among its indices rather than after them.
+    index_topk: int = 0
+    index_scatter: bool = False
     inputs: str = "contiguous"  # INPUT_FORMS (kit.engine.fixture.LayerInputs.handed)
     # The KV cache's dtype: None stores K/V in `dtype`; "fp8_e4m3" / "fp8_e5m2" store them
     # quantized with per-layer scales on the layer (kit.engine.kv_quant).
@@ -151,7 +156,7 @@ class Case(BatchShape):
         if not _is_int(self.kv_lora_rank) or self.kv_lora_rank < 0 or not _is_int(self.rope_dim) or self.rope_dim < 0:
             return f"kv_lora_rank {self.kv_lora_rank!r} and rope_dim {self.rope_dim!r} must be ints >= 0"
         kind = kind_of(self)
-        for other in KINDS.values():
+        for other in reversed(KINDS.values()):  # a field of several kinds names the plainest (MLA's rank)
             stray = [f for f in other.fields if f not in kind.fields and getattr(self, f)]
             if other is not kind and stray:
                 return f"{', '.join(stray)} applies to {other.label} only (set {' and '.join(other.fields)})"
@@ -173,7 +178,8 @@ class Case(BatchShape):
 
     @property
     def is_mla(self) -> bool:
-        return self.kind == "mla"
+        """Latent KV (MLA, sparse MLA too): one latent row per token, V its leading columns."""
+        return self.kv_lora_rank > 0
 
     @property
     def kind(self) -> str:

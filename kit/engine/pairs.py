@@ -20,7 +20,7 @@ from kit.engine import features
 FEATURES = tuple(f for f in features.FEATURES if f.paired)
 BY_NAME = {f.name: f for f in FEATURES}
 # The fields an attention kind's cases differ in (taken from an example case of the kind).
-KIND_FIELDS = ("heads", "head_dim", "scale", "kv_lora_rank", "rope_dim")
+KIND_FIELDS = ("heads", "head_dim", "scale", "kv_lora_rank", "rope_dim", "index_topk")
 
 Value = Tuple[str, object]  # (feature name, value)
 Pair = Tuple[Value, Value]  # in FEATURES order

@@ -21,6 +21,7 @@ from kit.engine.layouts import place_pages, slots_of
 from kit.engine.modes import rules_for
 from kit.engine.modes.rules import GraphBuckets
 from kit.engine.profile import AS_SCHEDULED
+from kit.engine.sparse import select
 
 # Columns of req_to_token past a request's last token still point at poison.
 CONTEXT_SLACK = 16
@@ -53,6 +54,9 @@ class RequestPlan:
     request: int = 0  # which of the batch's RequestData it is drawn from
     # Its keys' token numbers in that request (cached, then new); None: tokens 0 .. total - 1.
     keys: Optional[List[int]] = None
+    # Sparse MLA: per new token, the indexer's row of key columns, -1 padded: int32
+    # [n_new, index_topk] (kit.engine.sparse).
+    selected: Optional[torch.Tensor] = None
 
     @property
     def total(self) -> int:
@@ -125,8 +129,9 @@ def plan_case(case: Case, order: str = AS_SCHEDULED) -> BatchPlan:
     rows = rng.sample(range(1, 2 * case.bs + 2), case.bs)
     requests = [
         RequestPlan(row=row, n_old=s.n_old, n_new=s.n_new, seq_len=s.seq_len, q_pos=s.q_pos, visible=s.visible,
-                    parents=s.parents, slots=slots_of(pg, case.page, s.n_old + s.n_new), pages=list(pg), request=i)
-        for i, (row, s, pg) in enumerate(zip(rows, shapes, pages))
+                    parents=s.parents, slots=slots_of(pg, case.page, s.n_old + s.n_new), pages=list(pg), request=i,
+                    selected=select(case, s.visible, seed))
+        for i, (row, s, pg, seed) in enumerate(zip(rows, shapes, pages, seeds))
     ]
     requests = [requests[i] for i in row_order(case, order)]
     max_page = max((max(pg) for pg in pages if pg), default=0)

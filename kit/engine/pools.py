@@ -65,7 +65,8 @@ class KVPool:
         self.scales = [KV_SCALES[i] if self.quantized else (None, None) for i in range(NUM_LAYERS)]
         if geometry.v_in_k:  # one latent, one scale (its k_scale)
             self.scales = [(k, k) for k, _ in self.scales]
-        self.layers = torch.empty((NUM_LAYERS,) + storage.shape(num_blocks, block, geometry), dtype=dtype,
+        # zeros: a layout's gaps (no view's) hold defined bytes, as the poison's fingerprint needs
+        self.layers = torch.zeros((NUM_LAYERS,) + storage.shape(num_blocks, block, geometry), dtype=dtype,
                                   device=device)
         self.k_blocks = [self._view(storage.k_view, t) for t in self.layers.unbind(0)]
         self.v_blocks = [self._view(storage.v_view, t) for t in self.layers.unbind(0)]

@@ -107,6 +107,6 @@ class EngineProfile:
         return None
 
 
-SGLANG = EngineProfile("sglang", storage={"dense": "split", "mla": "latent"})
+SGLANG = EngineProfile("sglang", storage={"dense": "split", "mla": "latent", "sparse_mla": "latent"})
 # A backend written against the kit's own step description (`batch.step`), over SGLang's pools.
 NATIVE = EngineProfile("native", storage=SGLANG.storage, batch=STEP)

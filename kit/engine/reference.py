@@ -23,6 +23,7 @@ from kit.engine.layer import Layer
 from kit.engine.numerics import ENVELOPE_STEPS, NEW_AS_HANDED, P_CAST, P_FP8, Q_CAST, Q_FP8, TF32
 from kit.engine.plan import BatchPlan, RequestPlan
 from kit.engine.pools import CASE_LAYER_ID
+from kit.engine.sparse import selected
 from kit.engine.transfer import to_device
 
 
@@ -84,6 +85,12 @@ def logical_kv(plan: BatchPlan, x: LayerInputs) -> List[Tuple[torch.Tensor, torc
 CHUNK_BYTES = 256 << 20
 
 
+def attended(r: RequestPlan) -> torch.Tensor:
+    """The keys each new token attends, before the window: those it sees, or of a sparse layer
+    exactly those its indexer selected (the definition: softmax over the selected keys alone)."""
+    return r.visible if r.selected is None else selected(r.selected, r.total)
+
+
 def visibility(visible: torch.Tensor, q_pos, key_pos, window: int, device) -> torch.Tensor:
     """Structural visibility (causal / tree) intersected with the sliding window (W+1 keys)."""
     vis = to_device(visible, device)
@@ -115,7 +122,7 @@ def _group(requests: List[Tuple[RequestPlan, int, int]], num_old: int, window: i
         q_rows[i, :r.n_new] = torch.arange(n, n + r.n_new)
         k_rows[i, :r.n_old] = torch.arange(o, o + r.n_old)
         k_rows[i, r.n_old:r.total] = torch.arange(num_old + n, num_old + n + r.n_new)
-        mask[i, :r.n_new, :r.total] = visibility(r.visible, r.q_pos, r.key_pos, window, "cpu")
+        mask[i, :r.n_new, :r.total] = visibility(attended(r), r.q_pos, r.key_pos, window, "cpu")
         out_rows += range(i * q, i * q + r.n_new)
     return _Group(*(to_device(t, device) for t in (q_rows, k_rows, ~mask, torch.tensor(out_rows, dtype=torch.int64))))
 

@@ -16,6 +16,7 @@ from kit.engine.modes import rules_for
 from kit.engine.plan import BatchPlan
 from kit.engine.pools import Pools
 from kit.engine.profile import COMMON, STEP, EngineProfile
+from kit.engine.sparse import batch_indices
 from kit.engine.transfer import to_device
 
 
@@ -36,6 +37,7 @@ def forward_batch(plan: BatchPlan, pools: Pools, device) -> ForwardBatch:
         req_to_token_pool=pools.req_to_token_pool,
         token_to_kv_pool=pools.token_to_kv_pool,
         state_slots=None if plan.state_slots is None else to_device(plan.state_slots, device, torch.int32),
+        topk_indices=batch_indices(plan, device),
     )
     return ForwardBatch(**{**fields, **rules_for(plan.case.mode).batch_fields(plan, device)})
 

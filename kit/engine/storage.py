@@ -61,6 +61,10 @@ def _latent_blocks(blocks, block, g):
     return (blocks, block, g.k_width)
 
 
+def _latent_strided_blocks(blocks, block, g):
+    return (blocks, block + 1, g.k_width)
+
+
 STORAGES: Dict[str, KVStorage] = {s.name: s for s in (
     # SGLang's MHATokenToKVPool: K and V each [slots, heads, head_dim], one after the other.
     KVStorage("split", _split, lambda t, n, b, g: t[0].view(n, b, g.heads, g.k_width),
@@ -80,9 +84,15 @@ STORAGES: Dict[str, KVStorage] = {s.name: s for s in (
     KVStorage("latent_blocks", _latent_blocks, lambda t, n, b, g: t.unsqueeze(2),
               lambda t, n, b, g: t.unsqueeze(2)[..., :g.v_width], True,
               "[blocks, block, rank + rope]: V is the first rank columns"),
+    # Blocks a row further apart than their rows take: the block stride of a cache whose blocks
+    # share an allocation with another cache's (vLLM's sparse MLA beside its indexer's keys); a
+    # kernel that takes a block to be block x row wide reads the wrong rows (vllm#47783).
+    KVStorage("latent_strided_blocks", _latent_strided_blocks, lambda t, n, b, g: t[:, :b].unsqueeze(2),
+              lambda t, n, b, g: t[:, :b].unsqueeze(2)[..., :g.v_width], True,
+              "[blocks, block + 1, rank + rope]: a row's gap after each block; V is the first rank columns"),
 )}
 _EQUAL_WIDTHS = ("split", "kv_first", "block_major")
-_LATENT = ("latent", "latent_blocks")
+_LATENT = ("latent", "latent_blocks", "latent_strided_blocks")
 
 
 def storage(name: str) -> KVStorage:

@@ -16,6 +16,7 @@ from kit.mutation import Mutant
 
 D, E, TV, DE = ForwardMode.DECODE, ForwardMode.EXTEND, ForwardMode.TARGET_VERIFY, ForwardMode.DRAFT_EXTEND_V2
 MX, DD = ForwardMode.MIXED, ForwardMode.DRAFT_DECODE
+SPARSE_MODES = (D, E, MX, TV)  # the modes sparse MLA is served in (kit/engine/kinds/sparse_mla.py)
 ALL_MODES = (D, E, TV, DE)
 EAGER, GRAPH = (Exec.EAGER,), (Exec.GRAPH,)
 T = "tests.mutants.triton:"
@@ -24,6 +25,7 @@ SG = "tests.mutants.sglang:"
 MLA = "tests.mutants.mla:"
 FP8 = "tests.mutants.fp8:"
 SINK = "tests.mutants.sinks:"
+SPARSE = "tests.mutants.sparse_mla:"
 VL = "tests.mutants.vllm:"
 G, K, KV, C = ("graph",), ("kernel",), ("kv-write",), ("crash",)
 # Reading or writing past a buffer the backend sized itself: wrong output where the
@@ -211,4 +213,11 @@ MUTANTS = [
     Mutant(75, "mixed_prefixes_page_aligned", T + "MixedPrefixesPageAligned", K, (MX,), EAGER + GRAPH, cpu=True,
            reaches=MIXED_UNALIGNED),
     Mutant(76, "mixed_prefixes_uncounted", T + "MixedPrefixesUncounted", K, (MX,), EAGER, cpu=True),
+    # Sparse MLA (DeepSeek-V3.2's DSA): the in-box torch_sparse_mla with one bug of a sparse kernel's index path.
+    Mutant(90, "sparse_index_through_wrong_page", SPARSE + "IndexThroughWrongPage", K, SPARSE_MODES, EAGER, cpu=True),
+    Mutant(91, "sparse_padding_not_skipped", SPARSE + "PaddingNotSkipped", K, SPARSE_MODES, EAGER, cpu=True),
+    Mutant(92, "sparse_block_stride_ignored", SPARSE + "BlockStrideIgnored", K, SPARSE_MODES, EAGER, cpu=True),
+    Mutant(93, "sparse_topk_truncated", SPARSE + "TopkTruncated", K, SPARSE_MODES, EAGER, cpu=True),
+    Mutant(94, "sparse_padding_clamped_to_length", SPARSE + "PaddingClampedToLength", K, SPARSE_MODES, EAGER,
+           cpu=True),
 ]

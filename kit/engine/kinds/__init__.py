@@ -1,4 +1,4 @@
-"""The attention kinds, registered once: one file per kind (`dense.py`, `mla.py`), each holding an
+"""The attention kinds, registered once: one file per kind (`dense.py`, `mla.py`, `sparse_mla.py`), each holding an
 `AttentionKind` named KIND. A kind says which case fields are its own and checks them, the pool
 geometry its KV takes (heads and K / V widths, V a view of K or not), how a request's K and V are
 drawn, the tag it adds to a kernel variant, its fuzz draws, and how a reason names it. Importing
@@ -8,7 +8,7 @@ from __future__ import annotations
 import dataclasses
 from typing import Callable, Dict, Optional, Tuple
 
-from kit.engine.kinds import dense, mla
+from kit.engine.kinds import dense, mla, sparse_mla
 
 
 @dataclasses.dataclass(frozen=True)
@@ -39,7 +39,7 @@ def _kind(module) -> AttentionKind:
 
 
 # In the order a case is matched against them: the first whose `applies` holds is the case's.
-KINDS: Dict[str, AttentionKind] = {k.name: k for k in (_kind(mla), _kind(dense))}
+KINDS: Dict[str, AttentionKind] = {k.name: k for k in (_kind(sparse_mla), _kind(mla), _kind(dense))}
 
 
 def kind_of(case) -> AttentionKind:

@@ -1,0 +1,76 @@
+"""Sparse MLA in PyTorch (the in-box implementation of DeepSeek-V3.2's DSA attention): each query
+attends the latent rows of the keys its indexer selected (`batch.topk_indices`, kit.engine.sparse),
+softmax over those alone, in float32. An index is converted to its KV slot as the engines' kernels
+do it, through the request's block table (its page's block, then the offset in the page), and the
+row is read from the cache's blocks through their strides: its profile keeps the latent in blocks a
+row's gap apart (kit.engine.storage `latent_strided_blocks`), as a cache sharing its allocation
+with the indexer's keys has. -1 entries are skipped. Eager only (no graph hooks); an fp8 cache is
+read as stored times the layer's k_scale."""
+from __future__ import annotations
+
+import torch
+
+from kit.engine.modes import rules_for
+from kit.engine.profile import EngineProfile
+from kit.engine.sparse import PAD
+from kit.harness.protocol import AttentionBackend
+from kit.modes import ForwardMode
+
+PROFILE = EngineProfile("torch_sparse_mla", storage={"sparse_mla": "latent_strided_blocks"})
+
+
+class TorchSparseMLABackend(AttentionBackend):
+    name = "torch_sparse_mla"
+    profile = PROFILE
+    modes = (ForwardMode.DECODE, ForwardMode.EXTEND, ForwardMode.MIXED, ForwardMode.TARGET_VERIFY)
+    attention_kinds = ("sparse_mla",)
+    kv_dtypes = ("fp8_e4m3", "fp8_e5m2")
+    batch_invariant = True  # each query attended alone
+    host_mirrors = ()  # it reads the device's lengths itself
+
+    def init_forward_metadata(self, batch) -> None:
+        """Per new token, its request's req_to_token row (vLLM's req_id_per_token)."""
+        bs = batch.batch_size
+        _, q_lens = rules_for(batch.forward_mode).query_lens(batch)
+        q_lens = q_lens[:bs].long()
+        self.token_rows = batch.req_pool_indices[:bs].long().repeat_interleave(q_lens)
+
+    def forward(self, q, k, v, layer, batch, save_kv_cache=True):
+        pool = batch.token_to_kv_pool
+        if save_kv_cache:
+            pool.set_kv_buffer(layer, batch.out_cache_loc, k, v)
+        indices = self._indices(batch.topk_indices[:q.shape[0]].long())
+        valid = self._valid(indices)
+        slots = self._slots(batch, indices.clamp(min=0))
+        rows = self._rows(pool, layer.layer_id, slots).float()  # [T, k, rank + rope]
+        if layer.k_scale is not None:
+            rows = rows * layer.k_scale
+        scores = torch.einsum("thd,tkd->thk", q.float(), rows) * layer.scaling
+        scores = scores.masked_fill(~valid[:, None, :], float("-inf"))
+        probs = scores.softmax(-1)
+        return torch.einsum("thk,tkd->thd", probs, rows[..., :layer.kv_lora_rank]).to(q.dtype)
+
+    def _indices(self, indices: torch.Tensor) -> torch.Tensor:
+        """The rows of top-k indices attended (all of them)."""
+        return indices
+
+    def _valid(self, indices: torch.Tensor) -> torch.Tensor:
+        """Which entries select a key: all but the padding."""
+        return indices != PAD
+
+    def _page_of(self, indices: torch.Tensor, page: int) -> torch.Tensor:
+        """The block-table column of each index: its page in the request."""
+        return indices // page
+
+    def _slots(self, batch, indices: torch.Tensor) -> torch.Tensor:
+        """KV slots of [T, k] column indices: the block of the index's page, then its offset."""
+        page = batch.token_to_kv_pool.page_size
+        r2t = batch.req_to_token_pool.req_to_token
+        block_table = r2t[:, ::page].long() // page
+        blocks = block_table[self.token_rows[:, None], self._page_of(indices, page)]
+        return blocks * page + indices % page
+
+    def _rows(self, pool, layer_id: int, slots: torch.Tensor) -> torch.Tensor:
+        """The latent rows of `slots`, from the layer's blocks as the cache holds them."""
+        blocks = pool.layer_storage(layer_id)  # [blocks, block + gap, rank + rope]
+        return blocks[slots // pool.block, slots % pool.block]
