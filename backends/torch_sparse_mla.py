@@ -4,8 +4,9 @@ softmax over those alone, in float32. An index is converted to its KV slot as th
 do it, through the request's block table (its page's block, then the offset in the page), and the
 row is read from the cache's blocks through their strides: its profile keeps the latent in blocks a
 row's gap apart (kit.engine.storage `latent_strided_blocks`), as a cache sharing its allocation
-with the indexer's keys has. -1 entries are skipped. Eager only (no graph hooks); an fp8 cache is
-read as stored times the layer's k_scale."""
+with the indexer's keys has. -1 entries are skipped; a row of none (a padded token's) gives 0.
+Graphs in SGLang's two-phase style: the token rows are copied into a static buffer before each
+replay. An fp8 cache is read as stored times the layer's k_scale."""
 from __future__ import annotations
 
 import torch
@@ -29,11 +30,24 @@ class TorchSparseMLABackend(AttentionBackend):
     host_mirrors = ()  # it reads the device's lengths itself
 
     def init_forward_metadata(self, batch) -> None:
-        """Per new token, its request's req_to_token row (vLLM's req_id_per_token)."""
+        self.token_rows = self._token_rows(batch)
+
+    def init_cuda_graph_state(self, max_bs: int, max_num_tokens: int) -> None:
+        self.graph_rows = torch.zeros(max_num_tokens, dtype=torch.int64, device=self.ctx.device)
+
+    def init_forward_metadata_out_graph(self, batch, in_capture: bool = False) -> None:
+        """The token rows copied into the graph's buffer; a padded token past the requests' gets
+        row 0 (its indexer row holds no index)."""
+        rows = self._token_rows(batch)
+        self.graph_rows[:rows.shape[0]].copy_(rows)
+        self.graph_rows[rows.shape[0]:].zero_()
+        self.token_rows = self.graph_rows[:batch.out_cache_loc.shape[0]]
+
+    def _token_rows(self, batch) -> torch.Tensor:
+        """Per token of the batch's requests, its request's req_to_token row (vLLM's req_id_per_token)."""
         bs = batch.batch_size
         _, q_lens = rules_for(batch.forward_mode).query_lens(batch)
-        q_lens = q_lens[:bs].long()
-        self.token_rows = batch.req_pool_indices[:bs].long().repeat_interleave(q_lens)
+        return batch.req_pool_indices[:bs].long().repeat_interleave(q_lens[:bs].long())
 
     def forward(self, q, k, v, layer, batch, save_kv_cache=True):
         pool = batch.token_to_kv_pool
@@ -47,7 +61,8 @@ class TorchSparseMLABackend(AttentionBackend):
             rows = rows * layer.k_scale
         scores = torch.einsum("thd,tkd->thk", q.float(), rows) * layer.scaling
         scores = scores.masked_fill(~valid[:, None, :], float("-inf"))
-        probs = scores.softmax(-1)
+        # a row with no index (a padded token's) attends nothing: 0, as vLLM's sparse MLA writes it
+        probs = torch.where(valid.any(-1)[:, None, None], scores.softmax(-1), 0.0)
         return torch.einsum("thk,tkd->thd", probs, rows[..., :layer.kv_lora_rank]).to(q.dtype)
 
     def _indices(self, indices: torch.Tensor) -> torch.Tensor:

@@ -147,6 +147,7 @@ SMOKE += [
     S("smla_r32_h16_scatter_fp8_e4m3_p64_fp32", prefix=(130, 0), page=64, dtype="fp32", kv_dtype="fp8_e4m3",
       index_scatter=True, **SMALL_SPARSE_MLA),
 ]
+# bf16 at 64-token pages (h128 _p64 lines): what the engines' sparse kernels take (vLLM's FLASHMLA_SPARSE).
 FULL += in_every_layout([
     C("smla_h128_p64", prefix=(3000, 63, 2047, 2048, 5000), page=64, **deepseek_v32(128)),
     C("smla_h16_scatter_fp8_e4m3_p64_fp16", prefix=(4100, 64, 2500), page=64, dtype="fp16", kv_dtype="fp8_e4m3",
@@ -155,4 +156,6 @@ FULL += in_every_layout([
       index_scatter=True, **deepseek_v32(16)),
     C("smla_h128_scatter_bs12_p16", prefix=(5, 90, 0, 3000, 17, 2049, 2, 129, 4000, 8, 77, 250), page=16,
       index_scatter=True, **deepseek_v32(128)),
+    C("smla_h128_scatter_bs9_p64", prefix=(63, 64, 65, 1, 2100, 130, 7, 4000, 300), page=64, index_scatter=True,
+      **deepseek_v32(128)),
 ])

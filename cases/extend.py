@@ -149,6 +149,7 @@ SMOKE += [
     S("smla_r32_h16_scatter_fp8_e4m3_p64_fp32", prefix=(64, 0), new=(2, 70), page=64, dtype="fp32",
       kv_dtype="fp8_e4m3", index_scatter=True, **SMALL_SPARSE_MLA),
 ]
+# bf16 at 64-token pages (h128 _p64 lines): what the engines' sparse kernels take (vLLM's FLASHMLA_SPARSE).
 FULL += in_every_layout([
     C("smla_h128_p64", prefix=(0, 3000, 63), new=(2100, 20, 130), page=64, **deepseek_v32(128)),
     C("smla_h16_scatter_fp8_e4m3_p64_fp16", prefix=(4100, 0, 64), new=(9, 300, 2), page=64, dtype="fp16",
@@ -156,5 +157,7 @@ FULL += in_every_layout([
     C("smla_h16_scatter_fp8_e5m2_p1_fp32", prefix=(2040, 17), new=(30, 1), dtype="fp32", kv_dtype="fp8_e5m2",
       index_scatter=True, **deepseek_v32(16)),
     C("smla_h128_scatter_p16", prefix=(16, 2500, 0, 100), new=(17, 1, 64, 9), page=16, index_scatter=True,
+      **deepseek_v32(128)),
+    C("smla_h128_scatter_p64", prefix=(64, 0, 2047), new=(300, 2050, 1), page=64, index_scatter=True,
       **deepseek_v32(128)),
 ])

@@ -147,6 +147,7 @@ SMOKE += [
     S("smla_r32_h16_scatter_fp8_e4m3_p64_fp32", prefix=(0, 64), new=(20, 1), page=64, dtype="fp32",
       kv_dtype="fp8_e4m3", index_scatter=True, **SMALL_SPARSE_MLA),
 ]
+# bf16 at 64-token pages (h128 _p64 lines): what the engines' sparse kernels take (vLLM's FLASHMLA_SPARSE).
 FULL += in_every_layout([
     C("smla_h128_p64", prefix=(0, 3000, 63, 2048), new=(2100, 20, 1, 1), page=64, **deepseek_v32(128)),
     C("smla_h16_scatter_fp8_e4m3_p64_fp16", prefix=(64, 4100), new=(300, 1), page=64, dtype="fp16",
@@ -154,5 +155,7 @@ FULL += in_every_layout([
     C("smla_h16_scatter_fp8_e5m2_p1_fp32", prefix=(17, 2040, 5), new=(30, 1, 1), dtype="fp32", kv_dtype="fp8_e5m2",
       index_scatter=True, **deepseek_v32(16)),
     C("smla_h128_scatter_p16", prefix=(2500, 16, 100), new=(64, 1, 1), page=16, index_scatter=True,
+      **deepseek_v32(128)),
+    C("smla_h128_scatter_p64", prefix=(2047, 0, 64, 4000), new=(300, 65, 1, 1), page=64, index_scatter=True,
       **deepseek_v32(128)),
 ])

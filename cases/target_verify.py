@@ -156,6 +156,7 @@ SMOKE += [
     S("smla_r32_h16_scatter_chain4_fp8_e4m3_p64_fp32", prefix=(130, 9), new=4, page=64, dtype="fp32",
       kv_dtype="fp8_e4m3", index_scatter=True, **SMALL_SPARSE_MLA),
 ]
+# bf16 at 64-token pages (h128 _p64 lines): what the engines' sparse kernels take (vLLM's FLASHMLA_SPARSE).
 FULL += in_every_layout([
     C("smla_h128_chain2_p64", prefix=(3000, 63, 2047, 5000), new=2, page=64, **deepseek_v32(128)),
     C("smla_h16_scatter_chain4_fp8_e4m3_p64_fp16", prefix=(4100, 64, 2500), new=4, page=64, dtype="fp16",
@@ -163,5 +164,7 @@ FULL += in_every_layout([
     C("smla_h16_scatter_chain2_fp8_e5m2_p1_fp32", prefix=(2100, 1), new=2, dtype="fp32", kv_dtype="fp8_e5m2",
       index_scatter=True, **deepseek_v32(16)),
     C("smla_h128_scatter_chain3_p16", prefix=(5, 2049, 129, 4000), new=3, page=16, index_scatter=True,
+      **deepseek_v32(128)),
+    C("smla_h128_scatter_chain4_p64", prefix=(2047, 64, 1, 4000), new=4, page=64, index_scatter=True,
       **deepseek_v32(128)),
 ])

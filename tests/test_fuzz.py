@@ -50,7 +50,7 @@ def _draw(n: int, at: int = 0, takes: Takes = Takes(SGLANG), size: str = "small"
 def test_drawn_cases_are_valid_and_cover_every_feature():
     """Every drawn case is a Case (validated on construction) and reads back from its line; together they
     reach every mode, layout, dtype, page size, the graph buckets' batch sizes, page-boundary lengths and
-    windows, caps, scales, trees, hybrid layers, MLA, fused QKV inputs, sinks and EXTEND token counts at the
+    windows, caps, scales, trees, hybrid layers, MLA, sparse MLA, fused QKV inputs, sinks and EXTEND token counts at the
     token buckets, MIXED decode rows, draft decode chains and trees."""
     drawn = _draw(300)
     assert all(isinstance(c, Case) and parse_case(format_case(c)) == c for c in drawn)
@@ -68,6 +68,10 @@ def test_drawn_cases_are_valid_and_cover_every_feature():
     assert any(c.cap > 0 for c in drawn) and any(c.scale is not None for c in drawn) and any(c.hybrid for c in drawn)
     assert any(c.topk > 1 for c in drawn) and any(c.topk == 1 for c in drawn if c.mode is ForwardMode.TARGET_VERIFY)
     assert any(c.is_mla for c in drawn) and any(not c.is_mla for c in drawn)
+    sparse = [c for c in drawn if c.kind == "sparse_mla"]
+    assert {c.index_scatter for c in sparse} == {False, True} and any(c.kind == "mla" for c in drawn)
+    assert any(c.index_topk > max(c.prefix) + sum(c.new_lens) for c in sparse)  # k past every context
+    assert any(c.index_topk < max(c.prefix) for c in sparse)
     assert seen(lambda c: c.inputs) == set(INPUT_FORMS)
     assert any(c.sinks for c in drawn) and any(not c.sinks for c in drawn if not c.is_mla)
     extend_totals = {sum(c.new_lens) for c in drawn if c.mode is ForwardMode.EXTEND}
@@ -195,7 +199,8 @@ def test_a_known_failure_is_reported_by_its_id_not_as_new(capsys, tmp_path):
     assert record["known"]["KF-7"]["count"] >= 1 and "known: KF-7 x" in out
 
 
-@pytest.mark.parametrize("backend, execs, budget", [("torch_native", "eager", 6), ("triton", "eager,graph", 8)])
+@pytest.mark.parametrize("backend, execs, budget", [("torch_native", "eager", 6), ("triton", "eager,graph", 8),
+                                                    ("backends.torch_sparse_mla:TorchSparseMLABackend", "eager", 6)])
 def test_seeded_fuzz_of_an_in_box_backend_finds_nothing_new(capsys, tmp_path, backend, execs, budget):
     """CI's fuzz: each in-box backend, every mode, a fixed seed and a small budget on CPU."""
     code = kit_main(["fuzz", "--backend", backend, "--exec", execs, "--budget", str(budget), "--shrink-budget", "30",

@@ -95,7 +95,7 @@ DRAWS: Tuple[Tuple[str, Feature], ...] = (
     ("hybrid", lambda draw, d: dict(hybrid=draw(st.booleans()))),
     ("seed", lambda draw, d: dict(seed=draw(st.integers(0, SEEDS - 1)))),
     ("inputs", _values("inputs")),  # views of a fused QKV row
-    ("kind", _kind),  # an attention kind other than dense (MLA), where the backend takes one
+    ("kind", _kind),  # an attention kind other than dense (MLA, sparse MLA), where the backend takes one
     ("kv_dtype", _kv_dtype),
     ("sinks", _sinks),
     # last: the draws before it stay those of seeds recorded before it
@@ -108,7 +108,8 @@ def case_name(case: Case, fields: Dict) -> str:
     in kit.engine.features' order, page, dtype, layout), so KNOWN_FAILURES.md's case patterns (`*window*`)
     match it, made unique by a checksum of `fields` (those drawn)."""
     q, kv = case.heads
-    parts = ["mla" if case.is_mla else "mha" if q == kv else "mqa" if kv == 1 else "gqa", f"bs{case.bs}"]
+    kind = "smla" if case.index_topk else "mla" if case.is_mla else "mha" if q == kv else "mqa" if kv == 1 else "gqa"
+    parts = [kind, f"bs{case.bs}"]
     tag = rules_for(case.mode).name_tag(fields)
     if tag:
         parts.append(tag)

@@ -30,6 +30,7 @@ from kit.engine.batch import ForwardBatch
 from kit.engine.fixture import Fixture
 from kit.engine.modes import rules_for
 from kit.engine.modes.rules import EXTEND_REQUEST_FIELDS, GraphBuckets
+from kit.engine.sparse import PAD
 from kit.engine.variants import bucket_for
 from kit.harness import mirrors
 from kit.harness.capabilities import Capabilities
@@ -129,6 +130,9 @@ class _Harness:
         self.input_checks: List[Pending] = []  # of captures, judged with the next replay
         self.out_cache_loc = self._zeros(max(max_tokens, self.max_bs * self.tokens_per_req), torch.int64)
         self.positions = self._zeros(max(max_tokens, self.max_bs * self.positions_per_req), torch.int64)
+        # Sparse MLA: the indexer's rows, as its buffer in the engine holds them (a padded token's: no index)
+        self.topk_indices = (torch.full((self.out_cache_loc.shape[0], self.case.index_topk), PAD, dtype=torch.int32,
+                                        device=self.device) if self.case.index_topk else None)
         self.req_pool_indices = self._zeros(self.max_bs, torch.int32)
         self.seq_lens = torch.full((self.max_bs,), self.padded_seq_len, dtype=torch.int32, device=self.device)
         self.seq_lens_cpu = torch.full((self.max_bs,), self.padded_seq_len, dtype=torch.int32)
@@ -238,8 +242,11 @@ class _Harness:
         profile's padded slot (the scratch slot, or none) at position 0, padded rows are zeros.
         Returns each step's real rows."""
         b = fx.batch
-        for buf, src, pad, end in ((self.out_cache_loc, b.out_cache_loc, self.profile.padded_slot, padded_tokens),
-                                   (self.positions, b.positions, 0, padded_positions)):
+        loaded = [(self.out_cache_loc, b.out_cache_loc, self.profile.padded_slot, padded_tokens),
+                  (self.positions, b.positions, 0, padded_positions)]
+        if self.topk_indices is not None:
+            loaded.append((self.topk_indices, b.topk_indices, PAD, padded_tokens))
+        for buf, src, pad, end in loaded:
             buf[:src.shape[0]].copy_(src)
             buf[src.shape[0]:end].fill_(pad)
         real = []
@@ -251,6 +258,10 @@ class _Harness:
                     buf[m:rows].zero_()
             real.append(m)
         return real
+
+    def _topk(self, tokens: int) -> Optional[torch.Tensor]:
+        """The indexer's rows of a graph of `tokens` tokens (None where the case is not sparse)."""
+        return None if self.topk_indices is None else self.topk_indices[:tokens]
 
     def _requests(self, bs: int, full: bool) -> dict:
         """The request buffers a batch view hands over: exact-size views, or full capacity."""
@@ -323,7 +334,7 @@ class BatchGraphs(_Harness):
             out_cache_loc=self.out_cache_loc[:bs * self.tokens_per_req],
             positions=self.positions[:bs * self.positions_per_req],
             req_to_token_pool=self.pools.req_to_token_pool, token_to_kv_pool=self.pools.token_to_kv_pool,
-            spec_info=spec_info)
+            spec_info=spec_info, topk_indices=self._topk(bs * self.tokens_per_req))
 
     def capture_bucket(self, bs: int) -> None:
         self.req_pool_indices[:bs].zero_()
@@ -331,6 +342,8 @@ class BatchGraphs(_Harness):
         self.seq_lens_cpu[:bs].fill_(self.padded_seq_len)
         self.out_cache_loc[:bs * self.tokens_per_req].fill_(self.profile.padded_slot)
         self.positions[:bs * self.positions_per_req].zero_()
+        if self.topk_indices is not None:
+            self.topk_indices[:bs * self.tokens_per_req].fill_(PAD)
         batch = self._view(bs, self.padded_seq_len * bs, self._spec_info(bs, 0, None), full=False)
         rows = self._rows(bs, 0)
         batch = self._capture_hooks(self.driver.capture, batch, bs * self.tokens_per_req)
@@ -414,7 +427,7 @@ class TokenGraphs(_Harness):
             seq_lens_sum=b.seq_lens_sum + self.padded_seq_len * (rows - bs),
             extend_seq_lens_cpu=list(b.extend_seq_lens_cpu) + pad, extend_prefix_lens_cpu=list(b.extend_prefix_lens_cpu) + pad,
             out_cache_loc=self.out_cache_loc[:padded], positions=self.positions[:padded],
-            forward_mode=self.rules.graph_mode())
+            topk_indices=self._topk(padded), forward_mode=self.rules.graph_mode())
 
     def prepare(self, fx: Fixture) -> None:
         padded = bucket_for(fx.batch.out_cache_loc.shape[0], self.token_buckets)

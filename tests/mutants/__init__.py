@@ -220,4 +220,5 @@ MUTANTS = [
     Mutant(93, "sparse_topk_truncated", SPARSE + "TopkTruncated", K, SPARSE_MODES, EAGER, cpu=True),
     Mutant(94, "sparse_padding_clamped_to_length", SPARSE + "PaddingClampedToLength", K, SPARSE_MODES, EAGER,
            cpu=True),
+    Mutant(95, "sparse_empty_row_not_zeroed", SPARSE + "EmptyRowNotZeroed", G, SPARSE_MODES, GRAPH, cpu=True),
 ]

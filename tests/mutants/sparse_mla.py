@@ -55,3 +55,13 @@ class PaddingClampedToLength(TorchSparseMLABackend):
 
     def _valid(self, indices):
         return torch.ones_like(indices, dtype=torch.bool)
+
+
+class EmptyRowNotZeroed(TorchSparseMLABackend):
+    """A row with no index (a padded token's under a graph) softmaxed over no keys: NaN where the
+    engines write 0."""
+
+    def forward(self, q, k, v, layer, batch, save_kv_cache=True):
+        out = super().forward(q, k, v, layer, batch, save_kv_cache)
+        empty = (batch.topk_indices[:q.shape[0]] == -1).all(-1)
+        return out.masked_fill(empty[:, None, None], float("nan"))
