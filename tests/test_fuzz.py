@@ -52,7 +52,7 @@ def test_drawn_cases_are_valid_and_cover_every_feature():
     reach every mode, layout, dtype, page size, the graph buckets' batch sizes, page-boundary lengths and
     windows, caps, scales, trees, hybrid layers, MLA, sparse MLA, fused QKV inputs, sinks and EXTEND token counts at the
     token buckets, MIXED decode rows, draft decode chains and trees."""
-    drawn = _draw(300)
+    drawn = _draw(400)
     assert all(isinstance(c, Case) and parse_case(format_case(c)) == c for c in drawn)
     seen = lambda f: {f(c) for c in drawn}  # noqa: E731
     assert seen(lambda c: c.mode) == set(MODES)
