@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import torch
 
-from kit.engine.modes import rules_for
 from kit.engine.profile import EngineProfile
 from kit.engine.sparse import PAD
 from kit.harness.protocol import AttentionBackend
@@ -45,9 +44,18 @@ class TorchSparseMLABackend(AttentionBackend):
 
     def _token_rows(self, batch) -> torch.Tensor:
         """Per token of the batch's requests, its request's req_to_token row (vLLM's req_id_per_token)."""
-        bs = batch.batch_size
-        _, q_lens = rules_for(batch.forward_mode).query_lens(batch)
-        return batch.req_pool_indices[:bs].long().repeat_interleave(q_lens[:bs].long())
+        return self._per_token(batch, batch.req_pool_indices[:batch.batch_size].long())
+
+    @staticmethod
+    def _per_token(batch, values: torch.Tensor) -> torch.Tensor:
+        """A value per request repeated for each of its tokens, as the mode lays them out: one in a
+        decode, the drafts in a verify, the extend lengths in a prefill (MIXED's decode rows too)."""
+        mode = batch.forward_mode
+        if mode is ForwardMode.DECODE:
+            return values
+        if mode is ForwardMode.TARGET_VERIFY:
+            return values.repeat_interleave(batch.spec_info.draft_token_num)
+        return values.repeat_interleave(batch.extend_seq_lens[:batch.batch_size].long())
 
     def forward(self, q, k, v, layer, batch, save_kv_cache=True):
         pool = batch.token_to_kv_pool

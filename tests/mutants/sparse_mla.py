@@ -5,7 +5,6 @@ from __future__ import annotations
 import torch
 
 from backends.torch_sparse_mla import TorchSparseMLABackend
-from kit.engine.modes import rules_for
 
 
 class IndexThroughWrongPage(TorchSparseMLABackend):
@@ -47,8 +46,7 @@ class PaddingClampedToLength(TorchSparseMLABackend):
 
     def init_forward_metadata(self, batch):
         super().init_forward_metadata(batch)
-        _, q_lens = rules_for(batch.forward_mode).query_lens(batch)
-        self.token_lens = batch.seq_lens[:batch.batch_size].long().repeat_interleave(q_lens[:batch.batch_size].long())
+        self.token_lens = self._per_token(batch, batch.seq_lens[:batch.batch_size].long())
 
     def _indices(self, indices):
         return torch.where(indices < 0, self.token_lens[:, None], indices)
