@@ -48,9 +48,6 @@ FEATURES: Tuple[Feature, ...] = (
     Feature("layout", LAYOUTS, lambda c: c.layout, lambda value: dict(layout=value)),
     Feature("page", PAGE_SIZES, lambda c: c.page, lambda value: dict(page=value), dropped=False, sized=False),
     Feature("tree", (False, True), lambda c: c.topk > 1, lambda value: dict(topk=2 if value else 1)),
-    # Sparse MLA's -1 padding among a row's indices rather than after them (kit.engine.sparse).
-    Feature("index_scatter", (False, True), lambda c: c.index_scatter, lambda value: dict(index_scatter=value),
-            tag="scatter"),
     Feature("seed", (0, 1), lambda c: c.seed, lambda value: dict(seed=value), paired=False, dropped=False),
 )
 BY_NAME = {f.name: f for f in FEATURES}
