@@ -16,6 +16,10 @@ from kit.engine.sparse import PAD
 from kit.harness.protocol import AttentionBackend
 from kit.modes import ForwardMode
 
+# Tokens one matmul takes, the last chunk padded: every token is computed in a product of the same
+# shape whatever its batch (batch invariance on GPUs, whose kernels depend on the shapes), and a
+# chunk's gathered rows stay small.
+CHUNK = 16
 PROFILE = EngineProfile("torch_sparse_mla", storage={"sparse_mla": "latent_strided_blocks"})
 
 
@@ -25,7 +29,7 @@ class TorchSparseMLABackend(AttentionBackend):
     modes = (ForwardMode.DECODE, ForwardMode.EXTEND, ForwardMode.MIXED, ForwardMode.TARGET_VERIFY)
     attention_kinds = ("sparse_mla",)
     kv_dtypes = ("fp8_e4m3", "fp8_e5m2")
-    batch_invariant = True  # each query attended alone
+    batch_invariant = True  # each query attended in products of one shape (CHUNK tokens)
     host_mirrors = ()  # it reads the device's lengths itself
 
     def init_forward_metadata(self, batch) -> None:
@@ -64,14 +68,25 @@ class TorchSparseMLABackend(AttentionBackend):
         indices = self._indices(batch.topk_indices[:q.shape[0]].long())
         valid = self._valid(indices)
         slots = self._slots(batch, indices.clamp(min=0))
-        rows = self._rows(pool, layer.layer_id, slots).float()  # [T, k, rank + rope]
+        out = q.new_empty(q.shape[:-1] + (layer.kv_lora_rank,))
+        for start in range(0, q.shape[0], CHUNK):
+            end = min(start + CHUNK, q.shape[0])
+            pad = CHUNK - (end - start)
+            chunk = self._attend(_padded(q[start:end], pad, 0), _padded(slots[start:end], pad, 0),
+                                 _padded(valid[start:end], pad, False), pool, layer)
+            out[start:end] = chunk[:end - start].to(q.dtype)
+        return out
+
+    def _attend(self, q, slots, valid, pool, layer) -> torch.Tensor:
+        """[CHUNK, h, rank]: each query's softmax over the latent rows of its selected slots."""
+        rows = self._rows(pool, layer.layer_id, slots).float()  # [CHUNK, k, rank + rope]
         if layer.k_scale is not None:
             rows = rows * layer.k_scale
         scores = torch.einsum("thd,tkd->thk", q.float(), rows) * layer.scaling
         scores = scores.masked_fill(~valid[:, None, :], float("-inf"))
         # a row with no index (a padded token's) attends nothing: 0, as vLLM's sparse MLA writes it
         probs = torch.where(valid.any(-1)[:, None, None], scores.softmax(-1), 0.0)
-        return torch.einsum("thk,tkd->thd", probs, rows[..., :layer.kv_lora_rank]).to(q.dtype)
+        return torch.einsum("thk,tkd->thd", probs, rows[..., :layer.kv_lora_rank])
 
     def _indices(self, indices: torch.Tensor) -> torch.Tensor:
         """The rows of top-k indices attended (all of them)."""
@@ -97,3 +112,10 @@ class TorchSparseMLABackend(AttentionBackend):
         """The latent rows of `slots`, from the layer's blocks as the cache holds them."""
         blocks = pool.layer_storage(layer_id)  # [blocks, block + gap, rank + rope]
         return blocks[slots // pool.block, slots % pool.block]
+
+
+def _padded(t: torch.Tensor, rows: int, value) -> torch.Tensor:
+    """`t` with `rows` more rows of `value` at the end."""
+    if not rows:
+        return t
+    return torch.cat([t, t.new_full((rows,) + tuple(t.shape[1:]), value)])
