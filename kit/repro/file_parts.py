@@ -21,6 +21,8 @@ SCENARIO = @SCENARIO@
 S, L0, reqs = SCENARIO, SCENARIO["layers"][0], SCENARIO["requests"]
 DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
 dtype = getattr(torch, S["dtype"])
+if DEVICE == "cpu":
+    os.environ.setdefault("TRITON_INTERPRET", "1")  # the engine's Triton kernels in Triton's interpreter
 '''
 
 INPUTS = '''

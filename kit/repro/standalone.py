@@ -2,10 +2,10 @@
 from __future__ import annotations
 
 from kit.engine.case import Case
-from kit.repro import vllm_file
+from kit.repro import sglang_file, vllm_file
 from kit.repro.scenario import NotReproducible, scenario
 
-RENDERERS = {"vllm": vllm_file.render}
+RENDERERS = {"vllm": vllm_file.render, "sglang": sglang_file.render}
 
 
 def standalone(backend_cls, case: Case, exec_: str) -> str:

@@ -13,8 +13,7 @@ HOW = ("Builds the batch with vLLM's own classes (VllmConfig, Attention, the bac
        "forward inside set_forward_context; the layer writes the new tokens' KV itself).")
 
 ENGINE_PART = '''BACKEND = @BACKEND@
-if DEVICE == "cpu":  # vLLM's Triton kernels in Triton's interpreter, vLLM's CPU platform
-    os.environ.setdefault("TRITON_INTERPRET", "1")
+if DEVICE == "cpu":  # vLLM's CPU platform
     os.environ.setdefault("VLLM_TARGET_DEVICE", "cpu")
     os.environ["CUDA_VISIBLE_DEVICES"] = ""  # vLLM keeps real Triton (not its placeholder) without a driver
     import vllm.triton_utils  # noqa: F401
@@ -98,11 +97,14 @@ for spec, attn, per_req in zip(S["layers"], layers, inputs):
 
 query_start = torch.tensor([0] + [r["n_new"] for r in reqs], dtype=torch.int32).cumsum(0, dtype=torch.int32)
 seq_lens = torch.tensor([r["n_old"] + r["n_new"] for r in reqs], dtype=torch.int32)
+block_table = torch.zeros(len(reqs), -(-S["max_model_len"] // S["page"]), dtype=torch.int32)  # past its pages: block 0
+for i, r in enumerate(reqs):
+    block_table[i, :len(r["pages"])] = torch.tensor(r["pages"], dtype=torch.int32)
 slot_mapping = torch.tensor([s for r in reqs for s in r["slots"][r["n_old"]:]], dtype=torch.int64, device=DEVICE)
 common = CommonAttentionMetadata(
     query_start_loc=query_start.to(DEVICE), query_start_loc_cpu=query_start, seq_lens=seq_lens.to(DEVICE),
     num_reqs=len(reqs), num_actual_tokens=slot_mapping.shape[0], max_query_len=max(r["n_new"] for r in reqs),
-    max_seq_len=int(seq_lens.max()), block_table_tensor=torch.tensor(S["block_table"], dtype=torch.int32, device=DEVICE),
+    max_seq_len=int(seq_lens.max()), block_table_tensor=block_table.to(DEVICE),
     slot_mapping=slot_mapping, seq_lens_cpu_upper_bound=seq_lens)
 metadata = builder.build(common_prefix_len=0, common_attn_metadata=common)
 names = [a.layer_name for a in layers]
