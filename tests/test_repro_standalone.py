@@ -1,18 +1,20 @@
 """`python -m kit repro --standalone`: the file it writes runs with the kit not importable, prints
 each layer's error against its limit and a verdict, and exits 1 when the engine is handed a wrong
-batch."""
+batch or the engine has a known bug."""
 import os
 import subprocess
 import sys
 
 import pytest
 
+from backends.sglang.adapter import sglang_problem
 from backends.vllm.adapter import vllm_problem
 from kit.__main__ import main
 from kit.cli import USAGE
 
-pytestmark = pytest.mark.skipif(vllm_problem() is not None, reason=str(vllm_problem()))
-RUN = "vllm_triton_attn-decode-eager-gqa_fused_p16_fp32"
+VLLM = pytest.mark.skipif(vllm_problem() is not None, reason=str(vllm_problem()))
+SGLANG = pytest.mark.skipif(sglang_problem() is not None, reason=str(sglang_problem()))
+VLLM_RUN = "vllm_triton_attn-decode-eager-gqa_fused_p16_fp32"
 
 
 def _kit_blocked(tmp_path):
@@ -28,9 +30,9 @@ def _kit_blocked(tmp_path):
     return env
 
 
-def _run_standalone(tmp_path, plant=None):
+def _run_standalone(tmp_path, run_id, plant=None):
     path = tmp_path / "repro.py"
-    assert main(["repro", "--standalone", RUN, "--out", str(path)]) == 0
+    assert main(["repro", "--standalone", run_id, "--out", str(path)]) == 0
     if plant:
         text = path.read_text()
         assert plant[0] in text
@@ -39,8 +41,10 @@ def _run_standalone(tmp_path, plant=None):
                           text=True, timeout=600)
 
 
-def test_standalone_file_passes_without_the_kit(tmp_path):
-    done = _run_standalone(tmp_path)
+@pytest.mark.parametrize("run_id", [pytest.param(VLLM_RUN, marks=VLLM),
+                                    pytest.param("sglang_triton-decode-eager-mqa_p1_shuf", marks=SGLANG)])
+def test_standalone_file_passes_without_the_kit(tmp_path, run_id):
+    done = _run_standalone(tmp_path, run_id)
     assert done.returncode == 0, done.stderr[-2000:]
     lines = done.stdout.splitlines()
     assert [line.split(":")[0] for line in lines[:-1]] == ["layer 0", "layer 1"]
@@ -48,17 +52,31 @@ def test_standalone_file_passes_without_the_kit(tmp_path):
     assert lines[-1] == "PASS"
 
 
-def test_standalone_file_fails_a_batch_one_key_short(tmp_path):
-    # vLLM handed seq_lens one short attends one key fewer per request than the reference sees.
-    done = _run_standalone(tmp_path, ("seq_lens=seq_lens.to(DEVICE)", "seq_lens=(seq_lens - 1).to(DEVICE)"))
+def _failed(done):
     assert done.returncode == 1, done.stderr[-2000:]
     assert "> limit" in done.stdout and done.stdout.splitlines()[-1] == "FAIL"
 
 
+@VLLM
+def test_standalone_file_fails_a_batch_one_key_short(tmp_path):
+    # vLLM handed seq_lens one short attends one key fewer per request than the reference sees.
+    _failed(_run_standalone(tmp_path, VLLM_RUN, ("seq_lens=seq_lens.to(DEVICE)", "seq_lens=(seq_lens - 1).to(DEVICE)")))
+
+
+@SGLANG
+def test_standalone_file_reproduces_a_known_failure(tmp_path):
+    # KNOWN_FAILURES.md KF-1 (sglang#32087): SGLang's Triton decode with window W attends W keys, not W + 1.
+    _failed(_run_standalone(tmp_path, "sglang_triton-decode-eager-mha_bs1_window_p64_inter"))
+
+
+@VLLM
+@SGLANG
 @pytest.mark.parametrize("run_id, problem", [
     ("vllm_triton_attn-decode-graph-gqa_fused_p16_fp32", "eager runs only"),
     ("vllm_triton_attn-decode-eager-no_such_case", "no decode case named"),
     ("torch_native-decode-eager-gqa_fused_p16_fp32", "no standalone renderer"),
+    ("sglang_triton-target_verify-eager-mha_bs1_chain4_window_p64_inter", "decode, extend and mixed ones only"),
+    ("vllm_triton_attn-decode-eager-gqa_fp8_e4m3_p16_fp16", "unquantized caches only"),
 ])
 def test_what_no_file_reproduces_is_a_usage_error(tmp_path, capsys, run_id, problem):
     assert main(["repro", "--standalone", run_id, "--out", str(tmp_path / "r.py")]) == USAGE
