@@ -10,7 +10,7 @@ import torch
 
 from kit.engine.case import Case
 from kit.engine.fixture import Store, fixtures_for
-from kit.harness.checks import ABS_FLOOR, RATIO, REL_RMS
+from kit.harness.checks import ABS_FLOOR, RATIO
 
 
 class NotReproducible(ValueError):
@@ -30,11 +30,12 @@ def scenario(case: Case, profile) -> Dict:
     pool = fx.pools.token_to_kv_pool
     return dict(
         case=case.name, mode=case.mode.value, dtype=str(case.torch_dtype).replace("torch.", ""), page=case.page,
-        num_blocks=pool.num_blocks, num_slots=pool.size, max_model_len=fx.plan.max_context, max_num_seqs=fx.plan.max_reqs,
-        seed=case.rng_seed(), ratio=RATIO, abs_floor=ABS_FLOOR[case.torch_dtype], rel_rms=REL_RMS[case.torch_dtype],
+        num_blocks=pool.num_blocks, num_slots=pool.size, max_model_len=fx.plan.max_context,
+        max_num_seqs=fx.plan.max_reqs, seed=case.rng_seed(), ratio=RATIO, abs_floor=ABS_FLOOR[case.torch_dtype],
         layers=[dict(heads=layer.tp_q_head_num, kv_heads=layer.tp_k_head_num, head_dim=layer.head_dim,
                      scale=layer.scaling, cap=layer.logit_cap, window=layer.sliding_window_size,
                      sinks=list(layer.sinks)) for layer in fx.layers],
-        requests=[dict(row=r.row, seq_len=r.seq_len, n_old=r.n_old, n_new=r.n_new, slots=list(r.slots), pages=list(r.pages), key_pos=r.key_pos, q_pos=list(r.q_pos),
+        requests=[dict(row=r.row, seq_len=r.seq_len, n_old=r.n_old, n_new=r.n_new, slots=list(r.slots),
+                       pages=list(r.pages), key_pos=r.key_pos, q_pos=list(r.q_pos),
                        visible=["".join("1" if v else "0" for v in row) for row in r.visible.tolist()])
                   for r in fx.plan.requests])

@@ -160,7 +160,8 @@ fields = dict(
     forward_mode={"decode": ForwardMode.DECODE, "extend": ForwardMode.EXTEND, "mixed": ForwardMode.MIXED}[MODE],
     batch_size=len(reqs), input_ids=None, req_pool_indices=device_ints([r["row"] for r in reqs], torch.int32),
     seq_lens=device_ints(seq_lens, torch.int32), seq_lens_cpu=torch.tensor(seq_lens, dtype=torch.int32),
-    seq_lens_sum=sum(seq_lens), out_cache_loc=device_ints([s for r in reqs for s in r["slots"][r["n_old"]:]], torch.int64),
+    seq_lens_sum=sum(seq_lens),
+    out_cache_loc=device_ints([s for r in reqs for s in r["slots"][r["n_old"]:]], torch.int64),
     positions=device_ints([p for r in reqs for p in r["q_pos"]], torch.int64), spec_info=None)
 if extend:
     fields.update(extend_num_tokens=sum(new_lens), extend_seq_lens=device_ints(new_lens, torch.int32),

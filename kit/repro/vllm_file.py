@@ -23,7 +23,8 @@ if DEVICE == "cpu":  # vLLM's CPU platform
         (9, 0) if device is None or torch.device(device).type != "cuda" else _capability(device))
 logging.getLogger("vllm").setLevel(logging.ERROR)
 
-from vllm.config import CacheConfig, CompilationConfig, ModelConfig, SchedulerConfig, VllmConfig, set_current_vllm_config
+from vllm.config import (CacheConfig, CompilationConfig, ModelConfig, SchedulerConfig, VllmConfig,
+                         set_current_vllm_config)
 from vllm.forward_context import set_forward_context
 from vllm.model_executor.layers.attention import Attention
 from vllm.model_executor.models.registry import ModelRegistry
@@ -39,25 +40,20 @@ if DEVICE == "cpu" and not hasattr(torch.ops._C_cache_ops, "reshape_and_cache_fl
     LIB.impl("reshape_and_cache_flash", triton_reshape_and_cache_flash, "CompositeExplicitAutograd")
 
 
-class StandIn(torch.nn.Module):  # what the model registry inspects of a model class; never built
-    def __init__(self, *, vllm_config, prefix=""):
-        super().__init__()
-
-    def embed_input_ids(self, input_ids):
-        raise NotImplementedError
-
-    def forward(self, input_ids, positions):
-        raise NotImplementedError
-
-    def compute_logits(self, hidden_states):
-        raise NotImplementedError
+class StandIn(torch.nn.Module):
+    """The methods vLLM's model registry looks for in a text-generation model class; never built."""
+    def __init__(self, *, vllm_config, prefix=""): super().__init__()  # noqa: E704
+    def embed_input_ids(self, input_ids): ...  # noqa: E704
+    def forward(self, input_ids, positions): ...  # noqa: E704
+    def compute_logits(self, hidden_states): ...  # noqa: E704
 
 
 ModelRegistry.register_model("StandInForCausalLM", StandIn)
 folder = tempfile.mkdtemp()
 with open(os.path.join(folder, "config.json"), "w") as f:
     json.dump(dict(architectures=["StandInForCausalLM"], model_type="llama", hidden_size=L0["heads"] * L0["head_dim"],
-                   num_hidden_layers=len(S["layers"]), num_attention_heads=L0["heads"], num_key_value_heads=L0["kv_heads"],
+                   num_hidden_layers=len(S["layers"]), num_attention_heads=L0["heads"],
+                   num_key_value_heads=L0["kv_heads"],
                    head_dim=L0["head_dim"], vocab_size=128, intermediate_size=128,
                    max_position_embeddings=S["max_model_len"], torch_dtype=S["dtype"]), f)
 model_config = ModelConfig(model=folder, tokenizer=folder, skip_tokenizer_init=True, dtype=dtype,
