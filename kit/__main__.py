@@ -1,6 +1,6 @@
-"""python -m kit run | list | warmup | fuzz — re-run one case (the repro line every failure prints),
+"""python -m kit run | list | warmup | fuzz | repro — re-run one case (the repro line every failure prints),
 show the catalog and the backends, build every kernel variant a matrix selection will load, or
-search a backend's case space. Exit codes: docs/running.md, 'Exit codes'."""
+search a backend's case space, or write a run's standalone repro file. Exit codes: docs/running.md, 'Exit codes'."""
 from __future__ import annotations
 
 import dataclasses
@@ -20,7 +20,7 @@ PROG = "python -m kit"
 
 def build_parser() -> Parser:
     parser = Parser(prog=PROG, description=__doc__)
-    sub = parser.add_subparsers(dest="command", required=True, metavar="{run,list,warmup,fuzz}")
+    sub = parser.add_subparsers(dest="command", required=True, metavar="{run,list,warmup,fuzz,repro}")
     run = sub.add_parser("run", prog=f"{PROG} run", help="run one backend x mode x exec x case and print the verdict "
                                                          "(exit 1 if it fails)")
     run.add_argument("--backend", required=True, help="a registered backend name, or module:attr of a backend class")
@@ -54,6 +54,12 @@ def build_parser() -> Parser:
                       help=f"seconds per build (default {BUILD_S:g}: longer than a run's, since a compile "
                            f"stopped is lost; 0: none)")
     fuzz_cli.add_parser(sub, PROG)
+    rep = sub.add_parser("repro", prog=f"{PROG} repro",
+                         help="write a Python file that reproduces one run with only its engine and torch imported")
+    rep.add_argument("--standalone", required=True, metavar="RUN_ID",
+                     help="the run, by its id in results and tables: backend-mode-exec-case")
+    rep.add_argument("--cases", default=None, help="case catalog as module:attr (default: the in-box one)")
+    rep.add_argument("--out", default=None, help="the file to write (default: repro_RUN_ID.py here)")
     return parser
 
 
@@ -110,6 +116,35 @@ def _run(args, catalog) -> int:
     if entry is not None:
         print(known_failures.against(entry, result))
     return FAILED if result.outcome in (FAIL, ERROR) else 0
+
+
+def _repro(args, catalog) -> int:
+    from kit.harness.registry import UnknownBackend, load_backend
+    from kit.modes import parse_mode
+    from kit.report.record import parse_run_id
+    from kit.repro.scenario import NotReproducible
+    from kit.repro.standalone import standalone
+
+    try:
+        backend, mode, exec_, name = parse_run_id(args.standalone)
+        case = catalog.find_case(parse_mode(mode), name)
+    except KeyError:
+        return fail(PROG, _no_case(catalog, mode, name))
+    except ValueError as exc:
+        return fail(PROG, f"--standalone: {exc}")
+    try:
+        backend_cls = load_backend(backend)
+    except (UnknownBackend, ImportError, AttributeError, ValueError, TypeError) as exc:
+        return fail(PROG, f"--standalone: backend {backend}: {exc}")
+    try:
+        text = standalone(backend_cls, case, exec_)
+    except NotReproducible as exc:
+        return fail(PROG, f"--standalone {args.standalone}: {exc}")
+    out = args.out or f"repro_{args.standalone}.py"
+    with open(out, "w") as f:
+        f.write(text)
+    print(f"wrote {out}: run it with `python {out}` (imports torch and the engine only)")
+    return 0
 
 
 def _no_case(catalog, mode: str, name: str) -> str:
@@ -207,6 +242,8 @@ def _command(args) -> int:
         return fail(PROG, f"{exc}")
     if args.command == "run":
         return _run(args, catalog)
+    if args.command == "repro":
+        return _repro(args, catalog)
     if args.command == "warmup":
         return _warmup(args, catalog, case_set)
     return _list(args, catalog, case_set)

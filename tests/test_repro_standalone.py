@@ -1,0 +1,84 @@
+"""`python -m kit repro --standalone`: the file it writes runs with the kit not importable, prints
+each layer's error against its limit and a verdict, and exits 1 when the engine is handed a wrong
+batch or the engine has a known bug."""
+import os
+import subprocess
+import sys
+
+import pytest
+
+from backends.sglang.adapter import sglang_problem
+from backends.vllm.adapter import vllm_problem
+from kit.__main__ import main
+from kit.cli import USAGE
+
+VLLM = pytest.mark.skipif(vllm_problem() is not None, reason=str(vllm_problem()))
+SGLANG = pytest.mark.skipif(sglang_problem() is not None, reason=str(sglang_problem()))
+VLLM_RUN = "vllm_triton_attn-decode-eager-gqa_fused_p16_fp32"
+
+
+def _kit_blocked(tmp_path):
+    """A PYTHONPATH under which `import kit` (and `import backends`) raises: the file must not need them."""
+    for package in ("kit", "backends"):
+        (tmp_path / "blocked" / package).mkdir(parents=True)
+        (tmp_path / "blocked" / package / "__init__.py").write_text(
+            f"raise ImportError('the standalone file imported {package}')\n")
+    env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
+    env["PYTHONPATH"] = str(tmp_path / "blocked")
+    probe = subprocess.run([sys.executable, "-c", "import kit"], cwd=tmp_path, env=env, capture_output=True, text=True)
+    assert probe.returncode != 0 and "the standalone file imported kit" in probe.stderr
+    return env
+
+
+def _run_standalone(tmp_path, run_id, plant=None):
+    path = tmp_path / "repro.py"
+    assert main(["repro", "--standalone", run_id, "--out", str(path)]) == 0
+    if plant:
+        text = path.read_text()
+        assert plant[0] in text
+        path.write_text(text.replace(*plant))
+    return subprocess.run([sys.executable, str(path)], cwd=tmp_path, env=_kit_blocked(tmp_path), capture_output=True,
+                          text=True, timeout=600)
+
+
+@pytest.mark.parametrize("run_id", [pytest.param(VLLM_RUN, marks=VLLM),
+                                    pytest.param("sglang_triton-decode-eager-mqa_p1_shuf", marks=SGLANG)])
+def test_standalone_file_passes_without_the_kit(tmp_path, run_id):
+    done = _run_standalone(tmp_path, run_id)
+    assert done.returncode == 0, done.stderr[-2000:]
+    lines = done.stdout.splitlines()
+    assert [line.split(":")[0] for line in lines[:-1]] == ["layer 0", "layer 1"]
+    assert all("<= limit" in line and line.endswith("PASS") for line in lines[:-1])
+    assert lines[-1] == "PASS"
+
+
+def _failed(done):
+    assert done.returncode == 1, done.stderr[-2000:]
+    assert "> limit" in done.stdout and done.stdout.splitlines()[-1] == "FAIL"
+
+
+@VLLM
+def test_standalone_file_fails_a_batch_one_key_short(tmp_path):
+    # vLLM handed seq_lens one short attends one key fewer per request than the reference sees.
+    _failed(_run_standalone(tmp_path, VLLM_RUN, ("seq_lens=seq_lens.to(DEVICE)", "seq_lens=(seq_lens - 1).to(DEVICE)")))
+
+
+@SGLANG
+def test_standalone_file_reproduces_a_known_failure(tmp_path):
+    # KNOWN_FAILURES.md KF-1 (sglang#32087): SGLang's Triton decode with window W attends W keys, not W + 1.
+    _failed(_run_standalone(tmp_path, "sglang_triton-decode-eager-mha_bs1_window_p64_inter"))
+
+
+@VLLM
+@SGLANG
+@pytest.mark.parametrize("run_id, problem", [
+    ("vllm_triton_attn-decode-graph-gqa_fused_p16_fp32", "eager runs only"),
+    ("vllm_triton_attn-decode-eager-no_such_case", "no decode case named"),
+    ("torch_native-decode-eager-gqa_fused_p16_fp32", "no standalone renderer"),
+    ("sglang_triton-target_verify-eager-mha_bs1_chain4_window_p64_inter", "decode, extend and mixed ones only"),
+    ("vllm_triton_attn-decode-eager-gqa_fp8_e4m3_p16_fp16", "unquantized caches only"),
+])
+def test_what_no_file_reproduces_is_a_usage_error(tmp_path, capsys, run_id, problem):
+    assert main(["repro", "--standalone", run_id, "--out", str(tmp_path / "r.py")]) == USAGE
+    assert problem in capsys.readouterr().err
+    assert not (tmp_path / "r.py").exists()
