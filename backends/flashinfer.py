@@ -47,10 +47,11 @@ try:
     from flashinfer.jit.attention.variants import attention_sink_decl
 except Exception as exc:  # noqa: BLE001 - not installed, or a build that cannot load here: a reason, not a crash
     flashinfer = None
+    IMPORT_ERROR: Optional[Exception] = exc  # raised again by an offline bundle's check (backends/offline)
     UNAVAILABLE: Optional[str] = (f"flashinfer-python cannot be imported here ({type(exc).__name__}: {exc}); "
                                    f"install it with `pip install .[flashinfer]`")
 else:
-    UNAVAILABLE = None
+    IMPORT_ERROR = UNAVAILABLE = None
 
 WORKSPACE_BYTES = 128 << 20  # the size FlashInfer recommends for its split-k scratch
 EXTEND_LIKE = (ForwardMode.EXTEND, ForwardMode.MIXED)  # extend_* fields: a MIXED decode row is a 1-token extend

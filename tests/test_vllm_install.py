@@ -1,12 +1,9 @@
 """vLLM's install path: its requirements on top of SGLang's set (no package pinned twice), and the
-offline bundle for a CUDA machine without network: parts no larger than the limit, the extensions
-and files the backends load, nothing else of the wheel, and an install that checks the parts."""
-import json
-import random
+vllm wheel of the offline bundle for a CUDA machine without network: the extensions and files the
+backends load, nothing else of the wheel (tests/test_offline_bundles.py: the rest of the bundle)."""
 import zipfile
 
-import pytest
-
+from backends.offline import bundle
 from backends.sglang.install import REQUIREMENTS as SHARED
 from backends.vllm import gpu_bundle
 from backends.vllm.install import REQUIREMENTS
@@ -33,36 +30,19 @@ WHEEL_FILES = {
 }
 KEPT = {"vllm/__init__.py", "vllm/config/model.json", "vllm/_C_stable_libtorch.abi3.so",
         "vllm/vllm_flash_attn/_vllm_fa3_C.abi3.so", "vllm/_flashmla_C.abi3.so", "vllm/_flashmla_extension_C.abi3.so",
-        "vllm-0.33.0.dist-info/METADATA"}
+        "vllm-0.33.0.dist-info/METADATA", "vllm-0.33.0.dist-info/RECORD"}
 
 
-def _fetch(pinned, into, python, cache):
-    """pip download's stand-in: the vllm wheel above (incompressible enough to span parts) and one more."""
-    assert python == "3.12" and any(p.startswith("vllm==") for p in pinned) and "openai==2.25.0" in pinned
-    assert not any(p.startswith("flashinfer-python") for p in pinned)  # the machine's own
-    into.mkdir(parents=True)
-    with zipfile.ZipFile(into / "vllm-0.33.0-cp38-abi3-manylinux_2_28_x86_64.whl", "w") as z:
-        for name, data in WHEEL_FILES.items():
-            z.writestr(name, data + random.Random(name).randbytes(600))
-    (into / "cbor2-6.3.0-cp312-cp312-manylinux_2_28_x86_64.whl").write_bytes(b"wheel")
-
-
-def test_the_bundle_keeps_what_the_backends_load_in_parts_below_the_limit(tmp_path):
-    manifest = gpu_bundle.build(tmp_path / "out", None, part_bytes=1024, fetch=_fetch)
-    parts = manifest["parts"]
-    assert len(parts) > 1 and all(p["bytes"] <= 1024 for p in parts)
-    assert [w["name"] for w in manifest["wheels"]] == ["cbor2-6.3.0-cp312-cp312-manylinux_2_28_x86_64.whl"]
-    assert json.loads((tmp_path / "out" / "MANIFEST.json").read_text()) == manifest
-    calls = []
-    gpu_bundle.install(tmp_path / "out", tmp_path / "target", pip=lambda cmd, check: calls.append(cmd))
-    got = {str(p.relative_to(tmp_path / "target")) for p in (tmp_path / "target").rglob("*") if p.is_file()}
-    assert got == KEPT
-    assert calls and "--no-index" in calls[0] and "--no-deps" in calls[0]
-
-
-def test_install_names_a_part_that_did_not_copy_whole(tmp_path):
-    gpu_bundle.build(tmp_path / "out", None, part_bytes=1024, fetch=_fetch)
-    part = tmp_path / "out" / f"{gpu_bundle.ARCHIVE}.001"
-    part.write_bytes(part.read_bytes()[:-1])
-    with pytest.raises(SystemExit, match=f"{part.name}: .* copy it again"):
-        gpu_bundle.install(tmp_path / "out", tmp_path / "target", pip=lambda cmd, check: None)
+def test_the_bundles_vllm_wheel_keeps_what_the_backends_load_and_its_record_lists_that_alone(tmp_path):
+    wheel = tmp_path / "vllm-0.33.0-cp38-abi3-manylinux_2_28_x86_64.whl"
+    record = "".join(f"{name},sha256=x,{len(data)}\n" for name, data in WHEEL_FILES.items())
+    with zipfile.ZipFile(wheel, "w") as z:
+        for name, data in {**WHEEL_FILES, "vllm-0.33.0.dist-info/RECORD": record.encode()}.items():
+            z.writestr(name, data)
+    (tmp_path / "out").mkdir()
+    trimmed = bundle.trim(wheel, gpu_bundle.kept, tmp_path / "out")
+    with zipfile.ZipFile(trimmed) as z:
+        assert set(z.namelist()) == KEPT
+        assert {line.split(",")[0] for line in z.read("vllm-0.33.0.dist-info/RECORD").decode().splitlines()} == \
+            KEPT - {"vllm-0.33.0.dist-info/RECORD"}
+        assert {i.compress_type for i in z.infolist()} == {zipfile.ZIP_STORED}

@@ -1,0 +1,32 @@
+"""python -m backends.sglang.gpu_bundle — SGLang's attention backends for an offline x86_64 CUDA
+computer, in parts of at most 30 MiB (backends/offline/bundle.py says how it is decided and checked):
+
+    python -m backends.sglang.gpu_bundle build OUT [--wheels DIR] [--python 3.12]   (where there is network)
+    python -m backends.sglang.gpu_bundle install BUNDLE TARGET                       (on the CUDA machine)
+
+The bundle is what SGLang's attention import chain loads (every SGLang backend the kit registers,
+as its runs load it: the adapter's runtime and the SGLang class it wraps), less torch, Triton and
+FlashInfer (backends/offline/flashinfer.py brings it). sgl_kernel and torchvision are not in it:
+where they are absent the adapter's import stand-ins serve SGLang's imports of them
+(backends/sglang/shims.py).
+"""
+from __future__ import annotations
+
+import importlib
+import sys
+
+from backends.offline.bundle import Spec, main
+
+
+def load(cls) -> None:
+    """What a run of a kit backend imports of SGLang: the adapter's runtime and the class it wraps."""
+    importlib.import_module("backends.sglang.runtime")
+    module, _, attr = cls.sglang_class.partition(":")
+    getattr(importlib.import_module(module), attr)
+
+
+SPEC = Spec(name="sglang", engine="sglang", where="backends.sglang.gpu_bundle:SPEC", packages=("backends.sglang",),
+            load=load, leaves_out=("flashinfer-python",))
+
+if __name__ == "__main__":
+    sys.exit(main(SPEC))
