@@ -164,6 +164,7 @@ def build(spec: Spec, out: Path, wheels: Optional[Path] = None, python: str = "3
                     "wheels": [{"name": p.name, "bytes": p.stat().st_size} for p in files],
                     "modules": {m: next(p.name for p in files if wheel_key(p.name) == d)
                                 for m, d in found.top_levels(pins).items()},
+                    "elsewhere": found.top_levels(chain.canonical(n) for n in spec.leaves_out),
                     "not_loaded_here": not_here}
     (out / "MANIFEST.json").write_text(json.dumps(manifest, indent=1))
     return manifest
@@ -192,6 +193,16 @@ def _named(wheel: str) -> str:
     return f"{name} {version}"
 
 
+def _brought_by(module: str, manifest: dict) -> str:
+    """A missing module, with what brings it."""
+    if module in manifest["modules"]:
+        return f"{module} (wheel {manifest['modules'][module]})"
+    if module in manifest.get("elsewhere", {}):
+        return (f"{module} ({manifest['elsewhere'][module]}'s own bundle: install it first, its folder on "
+                f"PYTHONPATH)")
+    return f"{module} (no wheel of the bundle brings it: add its distribution to the Spec's `also`, build again)"
+
+
 def check(spec: Spec, target: Path, manifest: dict, probe=chain.run_probe,
           backends: Optional[Dict[str, str]] = None) -> None:
     """Each backend the kit registers for the Spec loads in a fresh process with `target` first on
@@ -205,10 +216,7 @@ def check(spec: Spec, target: Path, manifest: dict, probe=chain.run_probe,
         lines = [f"{spec.name}'s backends do not all load from {target}:"]
         lines += [f"  {name}: {why}" for name, why in found.failed.items()]
         if found.missing:
-            lines.append("missing modules: " + ", ".join(
-                f"{m} (wheel {manifest['modules'][m]})" if m in manifest["modules"]
-                else f"{m} (no wheel of the bundle brings it: add its distribution to the Spec's `also` and build again)"
-                for m in found.missing))
+            lines.append("missing modules: " + ", ".join(_brought_by(m, manifest) for m in found.missing))
         if no_tool:
             lines.append(f"not on PATH: {', '.join(no_tool)}: export PATH={target / 'bin'}:$PATH")
         raise SystemExit("\n".join(lines))
