@@ -151,3 +151,12 @@ def test_parts_stay_below_the_limit_and_a_part_cut_short_is_named(tmp_path):
 def _mkdir(path: Path) -> Path:
     path.mkdir()
     return path
+
+
+def test_a_module_another_bundle_brings_is_named_with_that_bundle(tmp_path):
+    manifest = {"modules": {"kit_toy_a": "kit_toy_a-1.0-py3-none-any.whl"}, "elsewhere": {"flashinfer": "flashinfer-python"}}
+    missing = lambda spec, backends, **kw: chain.Probe({}, {"toy": "ModuleNotFoundError: No module named 'flashinfer'"},
+                                                        ["flashinfer"])
+    with pytest.raises(SystemExit, match="missing modules: flashinfer \\(flashinfer-python's own bundle: install it "
+                                         "first, its folder on PYTHONPATH\\)"):
+        bundle.check(toys.WHEELS, tmp_path, manifest, probe=missing, backends=toys.BACKENDS)
