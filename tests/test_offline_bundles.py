@@ -17,16 +17,25 @@ from tests.toys import offline as toys
 BASE = {"torch", "triton", "typing-extensions", "setuptools", "sympy", "jinja2", "filelock"}
 
 
-def test_vllms_bundle_is_its_chain_less_the_base_and_loads_alone():
-    """The issue's case: the list comes from the chain (pydantic, pyzmq, msgspec were missing when it
-    came from requirement files), holds neither the base nor FlashInfer nor the kit, and proves
-    sufficient with the base alone on the path."""
+@pytest.fixture(scope="module")
+def vllms_chain():
+    """vLLM's registered backends, and what decide() makes of their chain (one fresh process)."""
     backends = bundle.registered(vllm_bundle.SPEC)
-    pins, found, not_here = bundle.decide(vllm_bundle.SPEC, "3.12", backends)
+    return backends, *bundle.decide(vllm_bundle.SPEC, "3.12", backends)
+
+
+def test_vllms_bundle_is_its_chain_less_the_base(vllms_chain):
+    """The issue's case: the list comes from the chain (pydantic, pyzmq, msgspec were missing when it
+    came from requirement files) and holds neither the base nor FlashInfer nor the kit."""
+    backends, pins, found, not_here = vllms_chain
     assert {"vllm", "pydantic", "pydantic-core", "pyzmq", "msgspec", "numpy", "transformers"} <= set(pins)
     assert not (BASE | {"flashinfer-python", chain.KIT}) & set(pins)
     assert {"zmq", "pydantic", "vllm"} <= set(found.top_levels(pins))
     assert len(not_here) < len(backends)
+
+
+def test_vllms_bundle_with_the_base_alone_loads_each_backend_that_loads_here(vllms_chain):
+    backends, pins, _, not_here = vllms_chain
     bundle.prove(vllm_bundle.SPEC, list(pins), "3.12", {n: t for n, t in backends.items() if n not in not_here})
 
 
@@ -138,7 +147,7 @@ def test_parts_stay_below_the_limit_and_a_part_cut_short_is_named(tmp_path):
         files.append(path)
     out = tmp_path / "out"
     out.mkdir()
-    manifest = parts.pack(files, out, "x.tar.xz", 1024)
+    manifest = parts.pack(files, out, "x.tar", 1024)
     assert len(manifest["parts"]) > 1 and all(p["bytes"] <= 1024 for p in manifest["parts"])
     back = parts.unpack(out, manifest, _mkdir(tmp_path / "back"))
     assert [p.read_bytes() for p in back] == [p.read_bytes() for p in files]

@@ -6,7 +6,7 @@ computer without network that has torch, Triton and Python and nothing else of t
 - chain.py: that import chain, mapped to the distributions that own its files, less the target's
   base (torch and what it requires, Triton); a view of chosen distributions alone, to prove them
   sufficient;
-- parts.py: the wheels as one archive in parts of at most PART_BYTES, joined and checked;
+- parts.py: the wheels as one tar in parts of at most PART_BYTES, joined and checked;
 - bundle.py: build (trace, prove, download for the target's Python and platform, pack) and install
   (join, `pip install --target`, then the probe in a fresh process naming what is missing).
 

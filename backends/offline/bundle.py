@@ -11,7 +11,7 @@ kit and what another bundle brings; proves them sufficient (the probe again, wit
 distributions and the base alone on its path); then downloads their wheels at the versions that
 loaded here, for the target's Python and manylinux x86_64 (`pip download --no-deps
 --only-binary=:all:`), keeps of the engine's wheel what its backends load (the Spec's `keeps`), and
-packs the wheels as one archive in parts of at most PART_BYTES, with MANIFEST.json (the parts,
+packs the wheels as one tar in parts of at most PART_BYTES, with MANIFEST.json (the parts,
 their sizes, the archive's sha256, the wheels, and each top-level module of the chain with the
 wheel that brings it).
 
@@ -62,7 +62,7 @@ class Spec:
 
     @property
     def archive(self) -> str:
-        return f"{self.name}-bundle.tar.xz"
+        return f"{self.name}-bundle.tar"
 
     @property
     def command(self) -> str:
@@ -95,17 +95,16 @@ def wheel_key(filename: str) -> str:
 
 
 def trim(wheel: Path, keeps: Callable[[str], bool], into: Path) -> Path:
-    """A copy of `wheel` with only the files `keeps` (its RECORD too), stored uncompressed: the
-    archive's xz compresses it better than the wheel's deflate."""
+    """A copy of `wheel` with only the files `keeps` (its RECORD too)."""
     out = into / wheel.name
-    with zipfile.ZipFile(wheel) as src, zipfile.ZipFile(out, "w", zipfile.ZIP_STORED) as dst:
+    with zipfile.ZipFile(wheel) as src, zipfile.ZipFile(out, "w", zipfile.ZIP_DEFLATED) as dst:
         names = [i.filename for i in src.infolist() if not i.is_dir() and keeps(i.filename)]
         for name in names:
             data = src.read(name)
             if name.endswith(".dist-info/RECORD"):
                 data = b"".join(line for line in data.splitlines(keepends=True)
                                 if line.split(b",")[0].decode() in names)
-            dst.writestr(src.getinfo(name), data, compress_type=zipfile.ZIP_STORED)
+            dst.writestr(src.getinfo(name), data, compress_type=zipfile.ZIP_DEFLATED)
     return out
 
 

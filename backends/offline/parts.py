@@ -1,10 +1,9 @@
-"""Files packed as one xz-compressed tar split into parts of at most a given size (any copy or
-upload that caps a file's size passes them), and joined back after a check of each part's size and
-of the whole archive's sha256."""
+"""Files packed as one tar split into parts of at most a given size (any copy or upload that caps a
+file's size passes them), and joined back after a check of each part's size and of the whole
+archive's sha256. The tar is not compressed again: the files are wheels, compressed already."""
 from __future__ import annotations
 
 import hashlib
-import lzma
 import tarfile
 from pathlib import Path
 from typing import Dict, List, Sequence
@@ -13,7 +12,7 @@ from typing import Dict, List, Sequence
 def pack(files: Sequence[Path], out: Path, archive: str, part_bytes: int) -> Dict[str, object]:
     """`files` (by name, flat) as OUT/ARCHIVE.NNN; returns the manifest entries for the parts."""
     whole = out / archive
-    with lzma.open(whole, "wb", preset=6) as xz, tarfile.open(fileobj=xz, mode="w|") as tar:
+    with tarfile.open(whole, "w") as tar:
         for path in files:
             tar.add(path, arcname=path.name)
     digest = hashlib.sha256()
@@ -44,7 +43,7 @@ def unpack(bundle: Path, manifest: dict, into: Path) -> List[Path]:
             f.write(data)
     if digest.hexdigest() != manifest["sha256"]:
         raise SystemExit(f"{whole.name}: the joined parts do not match the manifest's sha256: copy the bundle again")
-    with tarfile.open(whole, "r:xz") as tar:
+    with tarfile.open(whole, "r") as tar:
         names = tar.getnames()
         tar.extractall(into, filter="data")
     whole.unlink()
