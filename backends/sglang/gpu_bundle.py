@@ -5,8 +5,9 @@ computer, in parts of at most 30 MiB (backends/offline/bundle.py says how it is 
     python -m backends.sglang.gpu_bundle install BUNDLE TARGET                       (on the CUDA machine)
 
 The bundle is what SGLang's attention import chain loads (every SGLang backend the kit registers,
-as its runs load it: the adapter's runtime and the SGLang class it wraps), less torch, Triton and
-FlashInfer (backends/offline/flashinfer.py brings it). sgl_kernel and torchvision are not in it:
+as its runs load it: the adapter's runtime and the SGLang class it wraps), less torch, Triton,
+FlashInfer (backends/offline/flashinfer.py brings it) and vllm, which SGLang's chain imports and
+vLLM's bundle brings trimmed to what loads (the whole wheel is ten times the rest). sgl_kernel and torchvision are not in it:
 where they are absent the adapter's import stand-ins serve SGLang's imports of them
 (backends/sglang/shims.py).
 """
@@ -26,7 +27,7 @@ def load(cls) -> None:
 
 
 SPEC = Spec(name="sglang", engine="sglang", where="backends.sglang.gpu_bundle:SPEC", packages=("backends.sglang",),
-            load=load, leaves_out=("flashinfer-python",))
+            load=load, leaves_out=("flashinfer-python", "vllm"))
 
 if __name__ == "__main__":
     sys.exit(main(SPEC))
