@@ -9,13 +9,19 @@ import torch
 import torch.nn.functional as F
 
 from kit.engine.kinds.recurrent import KINDS, MODES
+from kit.engine.profile import SGLANG
 from kit.modes import ForwardMode
 
 
 class TorchNativeLinearBackend:
     name = "torch_native_linear"
+    profile = SGLANG  # its pad slot (-1) and verify rule (drafts to the intermediate pools) are SGLang's
     modes = MODES
     attention_kinds = tuple(KINDS)
+
+    @classmethod
+    def supports(cls, case):
+        return None
 
     def __init__(self, ctx):
         self.pool = ctx.state_pool

@@ -7,11 +7,11 @@ import torch
 
 from backends.torch_native_linear import TorchNativeLinearBackend
 from cases.linear import FULL, SMOKE
-from kit.engine.kinds.recurrent import KINDS, MODES
+from kit.engine.kinds.recurrent import GRAPH_MODES, KINDS, MODES
 from kit.engine.recurrent_step import build
 from kit.engine.recurrent_reference import run_request
 from kit.engine.state_pool import StatePool
-from kit.harness.recurrent import GRAPH_MODES, _expected, failures, run_case
+from kit.harness.recurrent import _expected, failures, run_case
 from kit.harness.state_checks import check_states
 from kit.modes import Exec, ForwardMode
 from tests.mutants.linear import MUTANTS

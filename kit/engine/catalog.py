@@ -1,11 +1,12 @@
 """A case catalog: per mode, a `smoke` set (CPU, CI) and a `full` set (GPU).
 
-The in-box catalog is the `cases` package (`cases:CATALOG`, one file per mode);
+The in-box catalog is the `cases` package (`cases:CATALOG`, one file per mode, and the recurrent
+kinds' cases of every mode in one file);
 `--cases module:attr` names another, built the same way."""
 from __future__ import annotations
 
 import importlib
-from typing import Dict, List, Optional
+from typing import Dict, List, Optional, Tuple
 
 from kit.engine.case import Case
 from kit.modes import MODES, ForwardMode
@@ -30,8 +31,10 @@ class Catalog:
         self.sets = sets  # mode -> case set -> cases
 
     @classmethod
-    def from_package(cls, package: str) -> "Catalog":
-        """`<package>.<mode>` modules with SMOKE and FULL lists; a mode without a module has no cases."""
+    def from_package(cls, package: str, across_modes: Tuple[str, ...] = ()) -> "Catalog":
+        """`<package>.<mode>` modules with SMOKE and FULL lists; a mode without a module has no cases.
+        `across_modes`: modules of the package whose SMOKE and FULL lists hold cases of several modes
+        (cases/linear.py), each case added to its mode's set after the mode module's."""
         sets = {}
         for mode in MODES:
             try:
@@ -41,6 +44,11 @@ class Catalog:
                     raise
                 continue
             sets[mode] = {"smoke": list(module.SMOKE), "full": list(module.FULL)}
+        for name in across_modes:
+            module = importlib.import_module(f"{package}.{name}")
+            for case_set, cases in (("smoke", module.SMOKE), ("full", module.FULL)):
+                for case in cases:
+                    sets.setdefault(case.mode, {s: [] for s in CASE_SETS})[case_set].append(case)
         return cls(sets)
 
     def cases(self, case_set: str, mode: ForwardMode) -> List[Case]:

@@ -1,4 +1,4 @@
-"""A recurrent case's run (GDN, Mamba2): its step, eagerly or as a graph runner pads it, then (TARGET_VERIFY) the step
+"""A recurrent case's run (GDN, Mamba2, KDA), as the matrix's runner hands it over (record_run): its step, eagerly or as a graph runner pads it, then (TARGET_VERIFY) the step
 after it, judged as the softmax runs are: every layer's output of the real rows against the
 float64 reference (kit.harness.checks.output_figures), padded rows finite, the output's form, and
 the state pools (kit.harness.state_checks).
@@ -23,18 +23,17 @@ from typing import Callable, List, Optional
 import torch
 
 from kit.engine.recurrent_step import RecurrentBatch, RecurrentFixture, as_pooled, build, kept_draft
-from kit.engine.kinds.recurrent import RecurrentCase
+from kit.engine.kinds.recurrent import GRAPH_MODES, RecurrentCase
 from kit.engine.pools import NUM_LAYERS
 from kit.engine.profile import SGLANG
 from kit.engine.state_pool import PADDED_SLOT, StatePool
 from kit.harness.checks import Check, output_figures, read_back
+from kit.harness.scope import recurrent_graph_reason
 from kit.harness.state_checks import Expected, StatePoolCheck, check_states
 from kit.modes import Exec, ForwardMode
-from kit.report.record import CRASH, KERNEL, KV_WRITE
+from kit.report.record import CRASH, CUDA_GRAPH, EAGER, EMULATED, FAIL, KERNEL, KV_WRITE, RunResult
 
 PRECEDENCE = (CRASH, KV_WRITE, KERNEL)
-# The modes both engines capture for GDN layers (decode and verify batches, per batch-size bucket).
-GRAPH_MODES = (ForwardMode.DECODE, ForwardMode.TARGET_VERIFY)
 
 
 @dataclasses.dataclass
@@ -161,9 +160,9 @@ def _snapshot(pool: StatePool):
 def run_case(backend_cls, case: RecurrentCase, exec_: Exec = Exec.EAGER, device: str = "cpu") -> List[RecurrentVerdict]:
     """Every step's verdict (one, or a verify's and the step after it); a step that raises ends the
     run with a `crash` verdict naming the error."""
-    if exec_ == Exec.GRAPH and case.mode not in GRAPH_MODES:
-        raise ValueError(f"{case.mode.value} is not captured in graphs here (graph modes: "
-                         f"{', '.join(m.value for m in GRAPH_MODES)})")
+    not_captured = recurrent_graph_reason(case) if exec_ == Exec.GRAPH else None
+    if not_captured:
+        raise ValueError(not_captured)
     verdicts: List[RecurrentVerdict] = []
     try:
         _run(backend_cls, case, exec_, device, verdicts)
@@ -217,6 +216,16 @@ def failures(verdicts: List[RecurrentVerdict]) -> Optional[str]:
     bad = [v for v in verdicts if not v.ok]
     return " | ".join(f"{v.failure_class}: {v.text}" for v in bad) if bad else None
 
+
+def record_run(backend_cls, case: RecurrentCase, exec_: Exec, device: str, result: RunResult) -> None:
+    """`case`'s run into the matrix's record of it (kit.harness.runner): how it executed and, where a
+    step failed, the first failing step's class and every failing step's message."""
+    on_cuda = torch.device(device).type == "cuda"
+    result.exec_detail = EAGER if exec_ == Exec.EAGER else CUDA_GRAPH if on_cuda else EMULATED
+    verdicts = run_case(backend_cls, case, exec_, device)
+    bad = [v for v in verdicts if not v.ok]
+    if bad:
+        result.outcome, result.failure_class, result.message = FAIL, bad[0].failure_class, failures(verdicts)
 
 
 def main(argv=None) -> int:

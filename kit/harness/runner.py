@@ -10,11 +10,12 @@ from typing import List, Optional
 import torch
 
 from kit.engine.case import Case
+from kit.engine.kinds.recurrent import RecurrentCase
 from kit.engine.fixture import Fixture, fixtures_for
 from kit.engine.numerics import label
 from kit.engine.render import step_views
 from kit.engine.schedule import batches
-from kit.harness import interpreter, mirrors
+from kit.harness import interpreter, mirrors, recurrent
 from kit.harness.capabilities import Capabilities
 from kit.harness.environment import versions
 from kit.harness.fault import Crash, KitOutOfMemory, call, charge_late_fault, charged, judged_on_device, unsynced
@@ -189,6 +190,9 @@ def _run(cls, caps: Capabilities, case: Case, exec_: Exec, device, result: RunRe
     reason = call("supports()", unsupported_reason, cls, caps, case, exec_)
     if reason is not None:
         result.outcome, result.message = UNSUPPORTED, reason
+        return
+    if isinstance(case, RecurrentCase):  # its inputs, reference and pools are of their own
+        recurrent.record_run(cls, case, exec_, str(device), result)
         return
     setup = RunSetup.make(cls, caps, case, exec_, device)
     backend = setup.new_backend()

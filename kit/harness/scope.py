@@ -8,6 +8,7 @@ from typing import Dict, List, Optional, Tuple
 
 from kit.engine.case import Case
 from kit.engine.modes import rules_for
+from kit.engine.kinds.recurrent import GRAPH_MODES, RecurrentCase
 from kit.harness.capabilities import NO_CAPTURE_HOOKS, Capabilities
 from kit.modes import Exec, ForwardMode
 
@@ -37,7 +38,9 @@ def declined(backend_cls, caps: Capabilities, case: Case, exec_: Exec) -> Option
     if reason is None:
         reason = caps.mode_reason(case.mode)
     if reason is None and exec_ is Exec.GRAPH:
-        if not caps.has_graph_hooks:
+        if isinstance(case, RecurrentCase):  # kit.harness.recurrent captures the step itself
+            reason = recurrent_graph_reason(case)
+        elif not caps.has_graph_hooks:
             reason = NO_CAPTURE_HOOKS
         else:  # a backend may capture some cases and not others (an engine's graph support per case)
             graph_reason = getattr(backend_cls, "supports_graph", None)
@@ -45,6 +48,15 @@ def declined(backend_cls, caps: Capabilities, case: Case, exec_: Exec) -> Option
             if said is not None:
                 return Declined(str(said), declared=False)
     return None if reason is None else Declined(reason, declared=True)
+
+
+def recurrent_graph_reason(case: RecurrentCase) -> Optional[str]:
+    """Why a recurrent case has no graph run (its mode is not one the engines capture for these
+    layers), or None."""
+    if case.mode in GRAPH_MODES:
+        return None
+    return (f"{case.mode.value} of a recurrent layer is not captured in graphs (graph modes: "
+            f"{', '.join(m.value for m in GRAPH_MODES)})")
 
 
 def unsupported_reason(backend_cls, caps: Capabilities, case: Case, exec_: Exec) -> Optional[str]:

@@ -51,5 +51,7 @@ def kind_of(case) -> AttentionKind:
 
 def label(name: str) -> str:
     """How a reason names the kind `name` (its own name where it is not one of the kit's)."""
+    from kit.engine.kinds import recurrent  # here: it imports this package's kinds
+
     kind: Optional[AttentionKind] = KINDS.get(name)
-    return kind.label if kind else name
+    return kind.label if kind else recurrent.KINDS[name].LABEL if name in recurrent.KINDS else name

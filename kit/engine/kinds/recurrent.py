@@ -14,8 +14,8 @@ d_state and head_dim; its B is GDN's k, its C q, its x v).
 tokens (0: a new request, whose slot holds whatever its last tenant left, and which must start from
 zeros). TARGET_VERIFY verifies a chain of `new` drafts; `accepted` is how many of them each request
 keeps, which the next step continues from (the engine's rollback rule, kit.harness.recurrent).
-These cases run through kit.harness.recurrent, not the softmax runner: their inputs, reference and
-pools are of their own.
+These cases are in the in-box catalog beside the softmax ones (cases/linear.py) and run through
+kit.harness.recurrent, not the softmax runner: their inputs, reference and pools are of their own.
 """
 from __future__ import annotations
 
@@ -29,6 +29,8 @@ from kit.modes import ForwardMode
 
 KINDS = {kind.NAME: kind for kind in (gdn, mamba2, kda)}
 MODES = (ForwardMode.DECODE, ForwardMode.EXTEND, ForwardMode.MIXED, ForwardMode.TARGET_VERIFY)
+# The modes both engines capture for GDN layers (decode and verify batches, per batch-size bucket).
+GRAPH_MODES = (ForwardMode.DECODE, ForwardMode.TARGET_VERIFY)
 DTYPES = ("bf16", "fp16", "fp32")
 SMOKE_HEADS = (1, 2)  # the fewest that keep value heads sharing a key head
 
@@ -89,6 +91,21 @@ class RecurrentCase(BatchShape):
     @property
     def spec(self):
         return KINDS[self.kind]
+
+    # What the matrix asks of every case (kit.harness.scope, kit.shard): a recurrent layer reads no
+    # KV cache and has no softmax layer features; a MIXED case's decode rows verify no drafts.
+    kv_dtype = None
+    steps = None
+
+    @property
+    def features(self) -> Tuple[str, ...]:
+        return ()
+
+    @property
+    def kernel_variant(self) -> str:
+        """What selects a compiled kernel: the kind, dtype, widths and head ratio (kit.plugin.grouping)."""
+        hk, hv = self.heads
+        return f"{self.kind}-{self.dtype}-k{self.head_k_dim}-v{self.head_v_dim}-g{hv // hk}-w{self.conv_width}"
 
     @property
     def conv_dim(self) -> int:
