@@ -2,4 +2,4 @@
 (`cases/linear.py`, every mode), one line per case, each in a `smoke` set (CPU, CI) and a `full` set (GPU)."""
 from kit.engine.catalog import Catalog
 
-CATALOG = Catalog.from_package(__name__, across_modes=("linear",))
+CATALOG = Catalog.from_package(__name__, recurrent="linear")

@@ -54,7 +54,7 @@ def scope(cls, caps, catalog, case_set: str, modes: Sequence[ForwardMode], execs
     from kit.harness.scope import cases_of
 
     cases = [case for mode in modes for case in cases_of(catalog, case_set, mode, ci_cases)]
-    s = Scope(case_set, cases, of_set=sum(len(catalog.cases(case_set, m)) for m in modes) if ci_cases else 0)
+    s = Scope(case_set, cases, of_set=sum(len(catalog.matrix_cases(case_set, m)) for m in modes) if ci_cases else 0)
     for case in cases:
         for exec_ in execs:
             found = _declined(cls, caps, case, exec_)

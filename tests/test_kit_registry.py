@@ -124,7 +124,7 @@ def test_external_backend_runs_through_the_suite(external_dir, tmp_path):
         cwd=REPO, capture_output=True, text=True, env=_env(external_dir))
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     records = json.loads(out.read_text())["records"]
-    n_cases = sum(len(catalog.cases("smoke", m)) for m in ForwardMode)
+    n_cases = sum(len(catalog.matrix_cases("smoke", m)) for m in ForwardMode)
     assert len(records) == 2 * n_cases  # both specs, every mode, eager
     dense_decode = {c.name for c in catalog.cases("smoke", ForwardMode.DECODE)
                     if not c.kv_lora_rank and not c.sinks and c.kv_dtype is None}
@@ -204,7 +204,7 @@ def test_ci_cases_narrow_a_plain_cpu_run_and_smoke_runs_them_all(tmp_path):
         return sorted(line.split("[", 1)[1].rstrip("]") for line in proc.stdout.splitlines() if "[" in line)
 
     assert collected() == ["toy_ci_subset-decode-eager-mqa_p1_shuf", "toy_ci_subset-decode-graph-mqa_p1_shuf"]
-    assert len(collected("--case-set", "smoke")) == 2 * len(catalog.cases("smoke", ForwardMode.DECODE))
+    assert len(collected("--case-set", "smoke")) == 2 * len(catalog.matrix_cases("smoke", ForwardMode.DECODE))
 
 
 def test_in_box_ci_cases_name_smoke_cases():

@@ -34,7 +34,7 @@ def _selection(ci_cases=None, execs=EXECS):
 def test_the_product_keeps_backends_apart_and_a_cases_execs_together():
     runs = list(_selection().product())
     ids = [run.id for run in runs]
-    assert len(ids) == len(set(ids)) == 2 * len(EXECS) * sum(len(load_catalog().cases("smoke", m)) for m in MODES)
+    assert len(ids) == len(set(ids)) == 2 * len(EXECS) * sum(len(load_catalog().matrix_cases("smoke", m)) for m in MODES)
     backends = [label for label, _ in itertools.groupby(run.label for run in runs)]
     assert backends == ["torch_native", "toy_dense"]  # each backend's runs in one stretch
     cases = [key for key, _ in itertools.groupby((run.label, run.case.mode, run.case.name) for run in runs)]

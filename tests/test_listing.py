@@ -30,7 +30,7 @@ def test_list_backends_counts_what_the_runner_runs():
     """For a dense-only toy (no MLA, sinks or fp8 KV; no EXTEND; no windowed verify): the count per
     exec is the number of runs the runner does not record as unsupported."""
     counts = _counts(_listing("--backend", DENSE_TOY)[0])
-    runs = [Run(DENSE_TOY, "toy_dense", case, e) for m in MODES for case in CATALOG.cases("smoke", m) for e in EXECS]
+    runs = [Run(DENSE_TOY, "toy_dense", case, e) for m in MODES for case in CATALOG.matrix_cases("smoke", m) for e in EXECS]
     run_here = {e: sum(unsupported_here(r) is None for r in runs if r.exec_ is e) for e in EXECS}
     assert counts == {e.value: (run_here[e], len(runs) // 2) for e in EXECS}, counts
     assert 0 < run_here[EXECS[0]] < len(runs) // 2
@@ -60,7 +60,7 @@ def test_list_backends_says_what_a_cpu_run_narrows_to():
     pytest.importorskip("torch").cuda.is_available() and pytest.skip("CUDA here: auto is the full set")
     lines = _main(kit_main, "list", "--backends", "--backend", "tests.toys.dense:CiSubsetBackend").stdout.splitlines()
     assert _counts(lines[0]) == {"eager": (1, 1), "graph": (1, 1)}, lines
-    smoke = sum(len(CATALOG.cases("smoke", m)) for m in MODES)
+    smoke = sum(len(CATALOG.matrix_cases("smoke", m)) for m in MODES)
     said = " ".join(" ".join(lines).split())
     assert f"ci_cases: 1 of its {smoke} smoke cases" in said and "`--case-set smoke` runs all" in said, said
 

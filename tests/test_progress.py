@@ -134,7 +134,7 @@ def test_a_session_with_the_kits_tests_counts_them_and_says_what_to_do_next(tmp_
     total = int(totals[0].split("/")[1].split(",")[0])
     assert total == 2 + int(kit_tests[0].split("/")[1].split()[0])  # mqa_p1_shuf eager and graph, and the tests
     if not pytest.importorskip("torch").cuda.is_available():
-        smoke = sum(len(CATALOG.cases("smoke", m)) for m in MODES)
+        smoke = sum(len(CATALOG.matrix_cases("smoke", m)) for m in MODES)
         assert (f"narrowed: toy_ci_subset ran its ci_cases only, 1 of {smoke} smoke cases (`--case-set auto` without "
                 f"CUDA; `--case-set smoke` runs them all)") in lines, proc.stdout[-3000:]
     assert f"results: {out} (complete: 2 of 2 selected runs recorded)" in lines

@@ -75,7 +75,7 @@ def cases_of(catalog, case_set: str, mode: ForwardMode, ci_cases: Optional[Dict[
              ) -> List[Case]:
     """The cases of `mode` a selection gives a backend: the set's, or of those its `ci_cases`
     (where the selection narrows to them, else None)."""
-    cases = catalog.cases(case_set, mode)
+    cases = catalog.matrix_cases(case_set, mode)
     if ci_cases is None:
         return cases
     return [case for case in cases if case.name in ci_cases.get(mode.value, ())]

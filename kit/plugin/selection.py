@@ -158,7 +158,7 @@ class Selection:
         for spec, ci_cases in self.loaded().ci_cases.items():
             if ci_cases is not None and spec in self.labels:
                 given = sum(len(cases_of(self.catalog, self.case_set, m, ci_cases)) for m in self.modes)
-                whole = sum(len(self.catalog.cases(self.case_set, m)) for m in self.modes)
+                whole = sum(len(self.catalog.matrix_cases(self.case_set, m)) for m in self.modes)
                 out.append(f"{self.labels[spec]} ran its ci_cases only, {given} of {whole} {self.case_set} cases "
                            f"(`--case-set auto` without CUDA; `--case-set {self.case_set}` runs them all)")
         return out
