@@ -2,6 +2,11 @@
 planted bug), the in-box backend on every smoke case, and every mutant of tests/mutants/linear.py caught."""
 from __future__ import annotations
 
+import json
+import subprocess
+import sys
+from pathlib import Path
+
 import pytest
 import torch
 
@@ -15,6 +20,9 @@ from kit.harness.recurrent import _expected, failures, run_case
 from kit.harness.state_checks import check_states
 from kit.modes import Exec, ForwardMode
 from tests.mutants.linear import MUTANTS
+
+REPO = Path(__file__).resolve().parent.parent
+LINEAR = "backends.torch_native_linear:TorchNativeLinearBackend"
 
 RUNS = [(c, e) for c in SMOKE for e in Exec if e == Exec.EAGER or c.mode in GRAPH_MODES]
 
@@ -130,3 +138,31 @@ def test_command_line_fails_a_mutant(capsys):
 
     assert main(["--backend", "tests.mutants.linear:StateNotWritten", "-k", "mamba2_verify", "--device", "cpu"]) == 1
     assert "mamba2_verify_fp32-eager: FAIL kv-write" in capsys.readouterr().out
+
+
+def _matrix(tmp_path, *backends: str, case: str, exec_: str = "eager"):
+    """(exit status, {backend: (outcome, failure class, message)}) of the conformance test on one
+    recurrent smoke case."""
+    out = tmp_path / "r.json"
+    proc = subprocess.run([sys.executable, "-m", "pytest", "tests/test_conformance.py", "-q", "-p", "no:cacheprovider",
+                           "--backend", ",".join(backends), "--case-set", "smoke", "--exec", exec_, "-k", case,
+                           "--results-json", str(out)], cwd=REPO, capture_output=True, text=True, timeout=600)
+    records = json.loads(out.read_text())["records"] if out.exists() else []
+    assert records, proc.stdout[-2000:] + proc.stderr[-2000:]
+    return proc.returncode, {r["backend"]: (r["outcome"], r["failure_class"], r["message"]) for r in records
+                             if r["case"] == case}
+
+
+def test_the_matrix_fails_a_recurrent_mutant_and_a_dense_backend_reads_unsupported(tmp_path):
+    """Through tests/test_conformance.py: a planted state bug fails its recurrent case with its class,
+    recorded as any run; a backend declaring no recurrent kind records the case unsupported."""
+    rc, found = _matrix(tmp_path, "tests.mutants.linear:StateNotWritten", "torch_native", case="mamba2_verify_fp32")
+    assert rc == 1
+    outcome, failure_class, message = found["torch_native_linear"]
+    assert (outcome, failure_class) == ("fail", "kv-write") and "state pools wrong" in message, message
+    assert found["torch_native"][:2] == ("unsupported", None) and "Mamba2 (SSD)" in found["torch_native"][2]
+
+
+def test_the_matrix_passes_the_in_box_backend_on_a_graph_run(tmp_path):
+    rc, found = _matrix(tmp_path, LINEAR, case="gdn_verify_fp32", exec_="graph")
+    assert rc == 0 and found == {"torch_native_linear": ("pass", None, "")}, found
