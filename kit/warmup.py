@@ -64,7 +64,7 @@ def builds(backends: Sequence[str], modes: Sequence[ForwardMode], execs: Sequenc
     With `shard`, those of the kernel groups the matrix's `--shard` runs (groups of the backends'
     labels, `label_of`, split as kit.plugin.selection.Selection.runs splits them)."""
     exec_ = Exec.EAGER if Exec.EAGER in execs else execs[0]
-    backend_cases = [(spec, case) for spec in backends for mode in modes for case in catalog.cases(case_set, mode)]
+    backend_cases = [(spec, case) for spec in backends for mode in modes for case in catalog.matrix_cases(case_set, mode)]
 
     def group(spec: str, case: Case) -> str:
         return kernel_group(label_of(spec), case.mode.value, case.kernel_variant)

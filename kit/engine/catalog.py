@@ -56,7 +56,7 @@ class Catalog:
         return cls(sets, by_mode)
 
     def cases(self, case_set: str, mode: ForwardMode) -> List[Case]:
-        """The softmax cases (what fixtures, the fuzzer, warmup and mutation scoring take)."""
+        """The softmax cases (what fixtures, the fuzzer and mutation scoring take)."""
         return list(self.sets.get(mode, {}).get(resolve_set(case_set), []))
 
     def matrix_cases(self, case_set: str, mode: ForwardMode) -> List[Union[Case, RecurrentCase]]:
