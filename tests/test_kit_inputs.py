@@ -7,6 +7,7 @@ import pytest
 import torch
 
 from backends.torch_native import TorchNativeBackend
+from kit.engine.profile import SGLANG
 from kit.harness.checks import Handed, check_inputs, inputs_figures, read_back
 from kit.harness.graph import harness_for
 from kit.harness.runner import run_case
@@ -79,6 +80,8 @@ def test_forward_is_handed_the_fused_views(mode, exec_, backend):
 
 
 class _NoHooks:
+    profile = SGLANG
+
     def init_cuda_graph_state(self, max_bs, max_num_tokens):
         pass
 

@@ -8,7 +8,7 @@ import sys
 import pytest
 import torch
 
-import kit.harness.runner as runner
+import kit.harness.memory_retry as memory_retry
 from cases import CATALOG as catalog
 from kit.engine.fixture import Fixture
 from kit.harness import guard
@@ -25,7 +25,7 @@ TOYS = "tests.toys.crashing"
 
 @pytest.fixture
 def releases(monkeypatch):
-    return count_calls(monkeypatch, runner, "release")
+    return count_calls(monkeypatch, memory_retry, "release")
 
 
 @pytest.mark.parametrize("exec_", [Exec.EAGER, Exec.GRAPH])
