@@ -15,7 +15,6 @@ from kit.engine.modes import rules_for
 from kit.engine.numerics import Numerics
 from kit.engine.profile import BUILDER, CAPTURE_REPLAY, TWO_PHASE, EngineProfile
 from kit.harness.mirrors import MIRRORS
-from kit.harness.protocol import DECLARATIONS, AttentionBackend
 from kit.modes import ForwardMode
 
 
@@ -66,6 +65,9 @@ class Capabilities:
         if not hasattr(backend_cls, "profile"):
             raise BadDeclaration(f"{name} declares no `profile`: set `profile = kit.engine.profile.SGLANG` (or the "
                                  f"EngineProfile of the engine whose conventions it follows; docs/extending.md)")
+        # here: the protocol module imports torch, and the plugin's controller imports this one without it
+        from kit.harness.protocol import DECLARATIONS, AttentionBackend
+
         declared = {d: getattr(backend_cls, d, getattr(AttentionBackend, d, None)) for d in DECLARATIONS}
         profile = declared["profile"]
         if not isinstance(profile, EngineProfile) or profile.problem():
