@@ -169,3 +169,12 @@ def test_a_module_another_bundle_brings_is_named_with_that_bundle(tmp_path):
     with pytest.raises(SystemExit, match="missing modules: flashinfer \\(flashinfer-python's own bundle: install it "
                                          "first, its folder on PYTHONPATH\\)"):
         bundle.check(toys.WHEELS, tmp_path, manifest, probe=missing, backends=toys.BACKENDS)
+
+
+def test_an_alias_in_sys_modules_is_no_module_of_the_chain():
+    """A package may put a module in sys.modules under another name (vLLM's `model_executor`,
+    xgrammar's `xgr`): no import finds it by that name, so a bundle that expected it on the target
+    would fail its install check while every backend loads."""
+    owned = {Path(json.__file__).resolve(): "toy-dist"}
+    found = chain.sort_modules({"json": json.__file__, "json_alias_of_no_import": json.__file__}, owned, "3.12")
+    assert found.distributions == {"toy-dist": {"json"}}

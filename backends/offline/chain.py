@@ -111,6 +111,8 @@ def sort_modules(modules: Dict[str, Optional[str]], owned: Dict[Path, str], targ
             continue
         path = Path(file).resolve()
         if path in owned:
+            if importlib.util.find_spec(top) is None:
+                continue  # an alias a package put in sys.modules (vllm's `model_executor`): no import finds it by that name
             chain.distributions.setdefault(owned[path], set()).add(top)
         elif _under(path, (REPO,)):
             chain.checkout.add(top)
