@@ -210,7 +210,8 @@ def _list(args, catalog, case_set: str) -> int:
 # What a command stopped by Ctrl-C keeps (its one line says so, with pytest's exit code).
 KEPT = dict(run="nothing: a run is reported once it ends", list="nothing: it only prints",
             warmup="the kernels built so far: the next warmup builds the rest",
-            fuzz="nothing: its search had not started or had ended")
+            fuzz="nothing: its search had not started or had ended",
+            repro="nothing: the file is written once it is whole")
 
 
 def main(argv=None) -> int:
