@@ -63,6 +63,17 @@ def test_the_list_is_what_owns_the_chains_files_less_base_kit_and_others_bundles
     assert {"json", "sys"} <= found.stdlib and found.checkout == {"kit"}
 
 
+def test_the_checkouts_modules_stay_the_checkouts_when_an_editable_installs_metadata_lists_them():
+    """pip install -e leaves an egg-info in the checkout whose file list names the kit's files: they
+    are still the checkout's; `__main__` (a spec of None in a pytest-xdist worker) is never looked up."""
+    import kit
+    from backends.offline import probe
+    kit_file = Path(kit.__file__).resolve()
+    found = chain.sort_modules({"kit": str(kit_file), "__main__": probe.__file__},
+                               {kit_file: chain.KIT, Path(probe.__file__).resolve(): chain.KIT}, "3.12")
+    assert found.checkout == {"kit", "__main__"} and not found.distributions
+
+
 def test_a_module_no_distribution_owns_fails_the_build(tmp_path):
     planted = tmp_path / "stray.py"
     planted.write_text("")

@@ -100,6 +100,15 @@ def _under(path: Path, dirs: Iterable[Path]) -> bool:
     return any(path == d or d in path.parents for d in dirs)
 
 
+def _importable(top: str) -> bool:
+    """Whether an import finds `top` by that name (find_spec raises for a module whose spec is None,
+    `__main__` of a script)."""
+    try:
+        return importlib.util.find_spec(top) is not None
+    except ValueError:
+        return False
+
+
 def sort_modules(modules: Dict[str, Optional[str]], owned: Dict[Path, str], target_python: str) -> Chain:
     chain = Chain({}, set(), set(), {})
     removed = REMOVED_FROM_STDLIB.get(target_python, ())
@@ -110,12 +119,13 @@ def sort_modules(modules: Dict[str, Optional[str]], owned: Dict[Path, str], targ
                 chain.stdlib.add(top)
             continue
         path = Path(file).resolve()
-        if path in owned:
-            if importlib.util.find_spec(top) is None:
+        # the checkout first (an editable install's egg-info in it lists its files too); a venv may lie inside it
+        if _under(path, (REPO,)) and not _under(path, SITE_DIRS):
+            chain.checkout.add(top)
+        elif path in owned:
+            if not _importable(top):
                 continue  # an alias a package put in sys.modules (vllm's `model_executor`): no import finds it by that name
             chain.distributions.setdefault(owned[path], set()).add(top)
-        elif _under(path, (REPO,)):
-            chain.checkout.add(top)
         elif _under(path, STDLIB_DIRS) and not _under(path, SITE_DIRS) and top not in removed:
             chain.stdlib.add(top)
         else:
