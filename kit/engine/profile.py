@@ -28,6 +28,10 @@ SCRATCH_SLOT = 0  # a padded token writes its KV here (SGLang); its pages are ne
 AS_SCHEDULED, DECODE_FIRST = "as scheduled", "decode first"
 ROW_ORDERS = (AS_SCHEDULED, DECODE_FIRST)
 NO_WRITE = -1  # a padded token writes no KV (vLLM's slot_mapping)
+# How a recurrent layer's verify keeps each draft's state and where the next step continues from
+# (kit.harness.recurrent_rules): SGLang's intermediate pools, copied into the slot by the scheduler;
+# vLLM's state block per token, read back by num_accepted_tokens.
+INTERMEDIATE_POOLS, PER_TOKEN_BLOCKS = "intermediate pools", "per-token blocks"
 
 
 @dataclasses.dataclass(frozen=True)
@@ -58,6 +62,7 @@ class EngineProfile:
     # Whether it schedules decode rows that verify drafts (1 + k tokens) beside prefill rows in one
     # step (vLLM, speculative decoding with chunked prefill); SGLang verifies in steps of their own.
     spec_rows_beside_prefill: bool = False
+    recurrent_verify: str = INTERMEDIATE_POOLS  # a recurrent layer's verify rule (INTERMEDIATE_POOLS, PER_TOKEN_BLOCKS)
 
     def storage_for(self, kind: str) -> str:
         if kind not in self.storage:
@@ -101,6 +106,8 @@ class EngineProfile:
             return f"hooks must be None, {TWO_PHASE!r}, {CAPTURE_REPLAY!r} or {BUILDER!r}, not {self.hooks!r}"
         if self.row_order not in ROW_ORDERS:
             return f"row_order must be one of {', '.join(map(repr, ROW_ORDERS))}, not {self.row_order!r}"
+        if self.recurrent_verify not in (INTERMEDIATE_POOLS, PER_TOKEN_BLOCKS):
+            return f"recurrent_verify must be {INTERMEDIATE_POOLS!r} or {PER_TOKEN_BLOCKS!r}, not {self.recurrent_verify!r}"
         for name, sizes in (("batch_sizes", self.batch_sizes), ("token_buckets", self.token_buckets)):
             if not sizes or list(sizes) != sorted(set(sizes)) or sizes[0] < 1:
                 return f"{name} must be increasing sizes >= 1, not {sizes!r}"

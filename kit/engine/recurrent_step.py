@@ -19,7 +19,7 @@ from kit.engine.case import DTYPES
 from kit.engine.kinds.recurrent import RecurrentCase, RecurrentLayer
 from kit.engine.pools import NUM_LAYERS
 from kit.engine.recurrent_reference import RecurrentRun, run_request
-from kit.engine.state_pool import PADDED_SLOT, StateGeometry
+from kit.engine.state_pool import PADDED_SLOT, StateGeometry, StateLayout
 from kit.modes import ForwardMode
 
 MIN_SLOTS = 16
@@ -37,6 +37,12 @@ class RecurrentBatch:
     has_initial_state: torch.Tensor  # [bs] bool: the slot holds the request's saved state (else start from zeros)
     extend_seq_lens_cpu: List[int]
     draft_token_num: int = 0  # TARGET_VERIFY: each request's drafts, whose states go to the intermediate pools
+    seq_lens_cpu: Optional[List[int]] = None  # each request's tokens after the step (its prefix and new ones)
+    # Under an engine whose requests own several state blocks (vLLM's speculative decoding,
+    # kit.harness.recurrent_rules): each request's blocks [bs, blocks] int32, and the previous step's
+    # kept tokens [bs] int32 it continues from; None elsewhere.
+    state_blocks: Optional[torch.Tensor] = None
+    num_accepted_tokens: Optional[torch.Tensor] = None
 
 
 @dataclasses.dataclass
@@ -69,18 +75,29 @@ class RecurrentFixture:
     golden: List[List[RecurrentRun]]  # per layer, per request, float64 (states [Hv, K, V])
     same_dtype: List[List[RecurrentRun]]  # per layer, per request, float32 arithmetic (the tolerance's scale)
     geometry: StateGeometry
+    layout: StateLayout
+    blocks: List[List[int]]  # per request, the state slots it owns (the first: `slots`)
+
+    @property
+    def accepted_before(self) -> Optional[Tuple[int, ...]]:
+        return self.layout.accepted_before
 
     @property
     def torch_dtype(self) -> torch.dtype:
         return getattr(torch, DTYPES[self.case.dtype])
 
     def install(self, pool) -> None:
-        """Each request's saved window and state into its slot, every layer (new requests' slots keep poison)."""
+        """Each request's saved window and state, every layer (new requests' slots keep poison): the
+        window in its first slot at column a - 1, the state in its slot a - 1, a the previous step's
+        kept tokens (the layout's accepted_before; 1 where it has none)."""
+        width = self.case.conv_width - 1
         for layer_id, starts in enumerate(self.starts):
-            for slot, start in zip(self.slots, starts):
+            for i, (blocks, start) in enumerate(zip(self.blocks, starts)):
                 if start.saved:
-                    pool.conv(layer_id)[slot] = start.window.to(pool.conv(layer_id).dtype)
-                    pool.temporal(layer_id)[slot] = as_pooled(start.state).to(torch.float32)
+                    offset = self.accepted_before[i] - 1 if self.accepted_before else 0
+                    conv = pool.conv(layer_id)
+                    conv[blocks[0], :, offset:offset + width] = start.window.to(conv.dtype)
+                    pool.temporal(layer_id)[blocks[offset]] = as_pooled(start.state).to(torch.float32)
 
     def batch(self, device, padded_bs: Optional[int] = None,
               padded_slot: int = PADDED_SLOT) -> Tuple[RecurrentBatch, List[LayerInputs]]:
@@ -106,7 +123,13 @@ class RecurrentFixture:
             query_start_loc=torch.tensor(starts, dtype=torch.int32, device=device),
             has_initial_state=torch.tensor(saved, dtype=torch.bool, device=device),
             extend_seq_lens_cpu=lens,
-            draft_token_num=self.case.new if mode == ForwardMode.TARGET_VERIFY else 0)
+            draft_token_num=self.case.new if mode == ForwardMode.TARGET_VERIFY else 0,
+            seq_lens_cpu=[p + n for p, n in zip(list(self.case.prefix) + [0] * pad, lens)])
+        if self.layout.blocks > 1 or self.accepted_before:
+            rows = self.blocks + [[padded_slot] * self.layout.blocks] * pad
+            batch.state_blocks = torch.tensor(rows, dtype=torch.int32, device=device)
+            batch.num_accepted_tokens = torch.tensor(list(self.accepted_before or [1] * self.case.bs) + [1] * pad,
+                                                     dtype=torch.int32, device=device)
         return batch, inputs
 
 
@@ -157,18 +180,25 @@ def _split(x: LayerInputs, lens: Sequence[int]) -> List[LayerInputs]:
     return [LayerInputs(*_split_back(parts)) for parts in zip(*(t.split(list(lens)) for t in x.handed()))]
 
 
-def build(case: RecurrentCase, device, starts: Optional[List[List[Start]]] = None, slots: Optional[List[int]] = None,
-          layers: Optional[Tuple[RecurrentLayer, ...]] = None) -> RecurrentFixture:
-    """The case's step. The step after a verify continues the verify's: its model (`layers`), its
-    requests' `slots`, and (per layer, per request) `starts`, the reference's kept drafts, instead
-    of the saved states its prefixes give."""
+def build(case: RecurrentCase, device, starts: Optional[List[List[Start]]] = None,
+          blocks: Optional[List[List[int]]] = None, layers: Optional[Tuple[RecurrentLayer, ...]] = None,
+          layout: Optional[StateLayout] = None) -> RecurrentFixture:
+    """The case's step, its states kept as `layout` says (by default SGLang's: a slot a request, a
+    verify's drafts in the intermediate pools). The step after a verify continues the verify's: its
+    model (`layers`), its requests' state `blocks`, and (per layer, per request) `starts`, the
+    reference's kept drafts, instead of the saved states its prefixes give."""
     dtype = getattr(torch, DTYPES[case.dtype])
     layers = layers or tuple(_layer(case, i, dtype, device) for i in range(NUM_LAYERS))
-    geometry = StateGeometry(slots=max(MIN_SLOTS, 1 << (2 * case.bs + 1).bit_length()), conv_dim=case.conv_dim,
+    layout = layout or StateLayout(intermediate_drafts=case.new if case.mode == ForwardMode.TARGET_VERIFY else 0)
+    owned = case.bs * layout.blocks
+    geometry = StateGeometry(slots=max(MIN_SLOTS, 1 << (2 * owned + 1).bit_length()), conv_dim=case.conv_dim,
                              conv_width=case.conv_width, num_v_heads=case.heads[1], head_k_dim=case.head_k_dim,
-                             head_v_dim=case.head_v_dim,
-                             drafts=case.new if case.mode == ForwardMode.TARGET_VERIFY else 0)
-    slots = slots or random.Random(case.rng_seed("slots")).sample(range(1, geometry.slots), case.bs)
+                             head_v_dim=case.head_v_dim, drafts=layout.intermediate_drafts,
+                             spec_columns=layout.spec_columns)
+    if blocks is None:
+        drawn = random.Random(case.rng_seed("slots")).sample(range(1, geometry.slots), owned)
+        blocks = [drawn[i * layout.blocks:(i + 1) * layout.blocks] for i in range(case.bs)]
+    slots = [row[0] for row in blocks]
     if starts is None:
         starts = [[_saved(case, layer, i, dtype, device) for i in range(case.bs)] for layer in layers]
     inputs = [_draw(case, sum(case.new_lens), f"step/layer{layer.layer_id}", dtype, device) for layer in layers]
@@ -178,7 +208,7 @@ def build(case: RecurrentCase, device, starts: Optional[List[List[Start]]] = Non
         golden.append([run_request(layer, p.rows, p.gates, s.window, s.state) for p, s in zip(parts, layer_starts)])
         same.append([run_request(layer, p.rows, p.gates, s.window, s.state, torch.float32)
                      for p, s in zip(parts, layer_starts)])
-    return RecurrentFixture(case, layers, slots, inputs, starts, golden, same, geometry)
+    return RecurrentFixture(case, layers, slots, inputs, starts, golden, same, geometry, layout, blocks)
 
 
 def kept_draft(fx: RecurrentFixture, accepted: Sequence[int]) -> List[List[Start]]:

@@ -21,7 +21,7 @@ request here is given): they own nothing.
 from __future__ import annotations
 
 import dataclasses
-from typing import Dict, List, Tuple
+from typing import Dict, List, Optional, Tuple
 
 import torch
 
@@ -42,10 +42,11 @@ class StateGeometry:
     head_k_dim: int
     head_v_dim: int
     drafts: int  # per-draft states kept for verify (0: none)
+    spec_columns: int = 0  # conv columns a slot keeps past its window (vLLM's speculative sliding window)
 
     def shapes(self) -> Dict[str, Tuple[int, ...]]:
         """Each pool's per-slot shape."""
-        window = (self.conv_dim, self.conv_width - 1)
+        window = (self.conv_dim, self.conv_width - 1 + self.spec_columns)
         state = (self.num_v_heads, self.head_v_dim, self.head_k_dim)
         return {"conv": window, "temporal": state, "intermediate_conv": (self.drafts,) + window,
                 "intermediate_ssm": (self.drafts,) + state}
@@ -100,3 +101,16 @@ class StatePool:
             self.temporal(layer_id)[slots] = self.intermediate_ssm(layer_id)[slots, last]
             self.conv(layer_id)[slots] = self.intermediate_conv(layer_id)[slots, last]
 
+
+
+@dataclasses.dataclass(frozen=True)
+class StateLayout:
+    """Where an engine keeps a request's states for a step (its verify rule's, kit.harness.recurrent_rules):
+    the slots a request owns (`blocks`: its block-table row, the first its own slot), the conv columns
+    each keeps past its window, the drafts of the intermediate pools, and per request the previous
+    step's kept tokens the step continues from (None: from the first block, at column 0)."""
+
+    blocks: int = 1
+    spec_columns: int = 0
+    intermediate_drafts: int = 0
+    accepted_before: Optional[Tuple[int, ...]] = None

@@ -3,12 +3,13 @@ after it, judged as the softmax runs are: every layer's output of the real rows 
 float64 reference (kit.harness.checks.output_figures), padded rows finite, the output's form, and
 the state pools (kit.harness.state_checks).
 
-TARGET_VERIFY follows SGLang's rollback rule: a verify writes the state after each draft to the
-intermediate pools and leaves the request's own slot as it was; the scheduler then copies the state
-of the last draft a request keeps into its slot (StatePool.commit, played here by the kit), and the
-next step continues from it. Each request keeps its own count (RecurrentCase.accepted), and that next
-step, a DECODE, is judged too: a backend that wrote draft n's state where draft n + 1's belongs is
-caught there even if its verify outputs are right.
+TARGET_VERIFY follows the engine's rollback rule, its profile's (kit.harness.recurrent_rules):
+SGLang's writes the state after each draft to the intermediate pools and leaves the request's own
+slot as it was, the scheduler (played here by the kit) then copying the state of the last draft a
+request keeps into its slot; vLLM's writes it to the request's block of that token, and the next step
+reads block num_accepted_tokens - 1. Each request keeps its own count (RecurrentCase.accepted), and
+that next step, a DECODE, is judged too: a backend that wrote draft n's state where draft n + 1's
+belongs is caught there even if its verify outputs are right.
 
 Graph mode: the batch padded to the next larger batch-size bucket (padded rows: the backend's
 `padded_state_slot`, kit.engine.state_pool), captured and replayed on CUDA (torch.cuda.CUDAGraph over the kit's static
@@ -22,12 +23,11 @@ from typing import Callable, List, Optional
 
 import torch
 
-from kit.engine.recurrent_step import RecurrentBatch, RecurrentFixture, as_pooled, build, kept_draft
+from kit.engine.recurrent_step import RecurrentBatch, RecurrentFixture, build, kept_draft
 from kit.engine.kinds.recurrent import GRAPH_MODES, RecurrentCase
-from kit.engine.pools import NUM_LAYERS
-from kit.engine.profile import SGLANG
 from kit.engine.state_pool import PADDED_SLOT, StatePool
 from kit.harness.checks import Check, output_figures, read_back
+from kit.harness.recurrent_rules import IntermediatePools, rule_of
 from kit.harness.scope import recurrent_graph_reason
 from kit.harness.state_checks import Expected, StatePoolCheck, check_states
 from kit.modes import Exec, ForwardMode
@@ -45,6 +45,7 @@ class RecurrentContext:
     state_pool: StatePool
     layers: tuple  # RecurrentLayer, by layer_id
     max_bs: int  # the largest batch a graph of the run holds
+    drafts: int = 0  # TARGET_VERIFY's tokens a request (the speculative config: drafts verified at once)
 
 
 @dataclasses.dataclass
@@ -90,25 +91,14 @@ class RecurrentVerdict:
         return f"{self.step}: " + "; ".join(c.describe() for c in self.checks if not c.ok)
 
 
-def padded_bucket(bs: int) -> int:
+def padded_bucket(bs: int, profile) -> int:
     """The graph's batch size: the smallest of the engine's buckets larger than bs (a padded row at least)."""
-    return next(b for b in SGLANG.batch_sizes if b > bs)
+    return next(b for b in profile.batch_sizes if b > bs)
 
 
-def _expected(fx: RecurrentFixture) -> List[Expected]:
-    """The entries the step writes: each request's final state and window, or (verify) each draft's."""
-    verify = fx.case.mode == ForwardMode.TARGET_VERIFY
-    found = []
-    for layer_id in range(NUM_LAYERS):
-        for slot, golden, same in zip(fx.slots, fx.golden[layer_id], fx.same_dtype[layer_id]):
-            drafts = range(len(golden.states)) if verify else [len(golden.states) - 1]
-            for j in drafts:
-                index = (slot, j) if verify else (slot,)
-                conv, temporal = ("intermediate_conv", "intermediate_ssm") if verify else ("conv", "temporal")
-                found.append(Expected(conv, layer_id, index, golden.windows[j], golden.windows[j], exact=True))
-                found.append(Expected(temporal, layer_id, index, as_pooled(golden.states[j]),
-                                      as_pooled(same.states[j]), exact=False))
-    return found
+def _expected(fx: RecurrentFixture, rule=IntermediatePools, before_verify=None) -> List[Expected]:
+    """The entries the step writes, as the engine's verify rule keeps them."""
+    return rule.expected(fx, before_verify)
 
 
 def _call(backend, batch: RecurrentBatch, inputs, layers) -> List[torch.Tensor]:
@@ -137,7 +127,8 @@ def _graphed(backend, batch: RecurrentBatch, inputs, layers, refill: Callable[[]
     return outs
 
 
-def _judge(fx: RecurrentFixture, pool: StatePool, before, outs: List[torch.Tensor], step: str) -> RecurrentVerdict:
+def _judge(fx: RecurrentFixture, pool: StatePool, before, outs: List[torch.Tensor], step: str, rule,
+           before_verify=None) -> RecurrentVerdict:
     real = sum(fx.case.new_lens)
     dtype = fx.torch_dtype
     hv, dv = fx.case.heads[1], fx.case.head_v_dim
@@ -149,7 +140,7 @@ def _judge(fx: RecurrentFixture, pool: StatePool, before, outs: List[torch.Tenso
     outputs = read_back([output_figures([o[:real] for o in outs], goldens, sames, dtype,
                                         [f"layer {i} " for i in range(len(outs))])])[0]
     padded = sum(int((~torch.isfinite(o[real:].float())).any(dim=-1).any(dim=-1).sum()) for o in outs if o.dim() == 3)
-    states: StatePoolCheck = check_states(pool, before, _expected(fx), dtype)
+    states: StatePoolCheck = check_states(pool, before, _expected(fx, rule, before_verify), dtype)
     return RecurrentVerdict(step, [*outputs, FormsCheck(not problems, problems), PaddedRowsCheck(not padded, padded), states])
 
 
@@ -173,11 +164,13 @@ def run_case(backend_cls, case: RecurrentCase, exec_: Exec = Exec.EAGER, device:
 
 
 def _run(backend_cls, case: RecurrentCase, exec_: Exec, device: str, verdicts: List[RecurrentVerdict]) -> None:
-    fx = build(case, device)
+    rule = rule_of(backend_cls.profile)
+    fx = build(case, device, layout=rule.layout(case))
     pool = StatePool(fx.geometry, fx.torch_dtype, device)
     graph = exec_ == Exec.GRAPH
-    max_bs = padded_bucket(case.bs) if graph else case.bs
-    backend = backend_cls(RecurrentContext(torch.device(device), fx.torch_dtype, pool, fx.layers, max_bs))
+    max_bs = padded_bucket(case.bs, backend_cls.profile) if graph else case.bs
+    drafts = case.new if case.mode == ForwardMode.TARGET_VERIFY else 0
+    backend = backend_cls(RecurrentContext(torch.device(device), fx.torch_dtype, pool, fx.layers, max_bs, drafts))
     batch, inputs = fx.batch(device, max_bs if graph else None, getattr(backend_cls, "padded_state_slot", PADDED_SLOT))
 
     def refill():
@@ -192,23 +185,25 @@ def _run(backend_cls, case: RecurrentCase, exec_: Exec, device: str, verdicts: L
         outs = _graphed(backend, batch, inputs, fx.layers, refill)
     else:
         outs = _call(backend, batch, inputs, fx.layers)
-    verdicts.append(_judge(fx, pool, before, outs, f"{case.mode.value} {exec_.value}"))
+    verdicts.append(_judge(fx, pool, before, outs, f"{case.mode.value} {exec_.value}", rule))
     if case.mode == ForwardMode.TARGET_VERIFY:
-        verdicts.append(_after_verify(backend, fx, pool, device))
+        verdicts.append(_after_verify(backend, fx, pool, device, rule))
 
 
-def _after_verify(backend, fx: RecurrentFixture, pool: StatePool, device) -> RecurrentVerdict:
+def _after_verify(backend, fx: RecurrentFixture, pool: StatePool, device, rule) -> RecurrentVerdict:
     """The decode step after the verify, each request continuing from the last draft it keeps."""
     case = fx.case
     accepted = case.accepted
-    pool.commit(torch.tensor(fx.slots, device=device), torch.tensor(accepted, device=device))
+    rule.after_verify(fx, pool, accepted)
     follow = case.with_(name=case.name + "_next", mode=ForwardMode.DECODE, new=1, accepted=None,
                         prefix=tuple(p + n for p, n in zip(case.prefix, accepted)))
-    nxt = build(follow, device, starts=kept_draft(fx, accepted), slots=fx.slots, layers=fx.layers)
+    nxt = build(follow, device, starts=kept_draft(fx, accepted), blocks=fx.blocks, layers=fx.layers,
+                layout=rule.next_layout(fx, accepted))
     before = _snapshot(pool)
     batch, inputs = nxt.batch(device)
     outs = _call(backend, batch, inputs, nxt.layers)
-    return _judge(nxt, pool, before, outs, f"the decode after the verify (accepted {list(accepted)})")
+    return _judge(nxt, pool, before, outs, f"the decode after the verify (accepted {list(accepted)})", rule,
+                  before_verify=fx)
 
 
 def failures(verdicts: List[RecurrentVerdict]) -> Optional[str]:

@@ -1,0 +1,188 @@
+"""vLLM's GDN_ATTN (gated delta net, Qwen3-Next / Qwen3.5), unmodified, behind the kit's recurrent
+protocol (kit.engine.kinds.recurrent).
+
+What is mapped, and nothing more (a bug here could hide one in vLLM):
+- each kit layer -> vLLM's own QwenGatedDeltaNetAttention, built as Qwen3-Next builds it (a
+  Qwen3NextConfig of the kit's heads, widths and conv width), its conv1d weight, A_log and dt_bias
+  the kit layer's; its `kv_cache` the kit's pools of that layer: the conv window (vLLM's default
+  `SD` layout, [blocks, state_len, dim], handed as the transposed view of the pool's
+  [slots, dim, state_len], which the layer transposes back) and the recurrent state [slots, Hv, V, K]
+  (float32: vLLM's --mamba-ssm-cache-dtype float32, as Qwen3.5's config sets it);
+- the kit's RecurrentBatch -> vLLM's CommonAttentionMetadata: a request's state blocks are its
+  block-table row (one block, or with speculative decoding 1 + num_speculative_tokens), seq_lens
+  its prefix and new tokens, is_prefilling where it has no saved state or takes more than one token
+  outside a verify; GDNAttentionMetadataBuilder.build() makes the metadata, with a verify's
+  num_decode_draft_tokens and the previous step's num_accepted_tokens as vLLM's runner hands them;
+- forward -> the layer's own core op, torch.ops.vllm.qwen_gdn_attention_core (the call of its
+  forward_cuda after the input projection: conv1d, then fla's chunk_gated_delta_rule for prefill
+  rows and fused_sigmoid_gating_delta_rule_update for decode and verify rows, on the slot-indexed
+  pools), inside vLLM's forward context. Its output is the core attention before the gated norm,
+  which is what the kit judges.
+
+Every op it runs is Triton (vLLM's causal_conv1d and its flash-linear-attention copy): without
+CUDA they run in Triton's interpreter. The speculative rule is vLLM's (the profile's
+`recurrent_verify`, kit.engine.recurrent_rules): a verify writes the state after each of its
+tokens to the request's block of that token, and the next step continues from block
+num_accepted_tokens - 1 and the conv window at that offset.
+"""
+from __future__ import annotations
+
+import functools
+import tempfile
+from typing import Optional
+
+import torch
+
+from backends.vllm.adapter import INTERPRETER_BF16, PROFILE, _installed_version, runtime, vllm_problem
+from kit.engine.kinds.recurrent import MODES
+from kit.harness.protocol import library_version
+from kit.modes import ForwardMode
+
+NULL_BLOCK = 0  # vLLM's NULL_BLOCK_ID: its GDN kernels skip a row whose state block is 0
+
+
+def layer_name(layer) -> str:
+    """A GDN layer's name in vLLM's forward context, as Qwen3-Next's decoder layer names it."""
+    return f"model.layers.{layer.layer_id}.linear_attn"
+
+
+@functools.lru_cache(maxsize=None)
+def _single_rank() -> None:
+    """vLLM's process groups for one rank: its parallel linear layers (the GDN layer's conv1d and
+    projections) ask for the tensor-parallel size when they are built."""
+    from vllm.distributed import init_distributed_environment, initialize_model_parallel
+    from vllm.distributed.parallel_state import model_parallel_is_initialized
+
+    if model_parallel_is_initialized():
+        return
+    init_distributed_environment(world_size=1, rank=0, local_rank=0, backend="gloo",
+                                 distributed_init_method=f"file://{tempfile.mktemp(prefix='kit-vllm-dist-')}")
+    initialize_model_parallel(1, 1)
+
+
+class VllmGdnBackend:
+    """GDN_ATTN (v1/attention/backends/gdn_attn.py) with Qwen3-Next's GDN layer
+    (model_executor/layers/mamba/gdn/qwen_gdn_linear_attn.py)."""
+
+    name = "vllm_gdn"
+    profile = PROFILE
+    modes = MODES
+    attention_kinds = ("gdn",)
+    padded_state_slot = NULL_BLOCK
+    # A plain CPU run (CI): every kernel runs in Triton's interpreter, seconds a layer call; one case of
+    # each mode; `--case-set smoke` runs every smoke case.
+    ci_cases = {"decode": ("gdn_decode_fp32",), "extend": ("gdn_extend_chunks_fp32",),
+                "mixed": ("gdn_mixed_fp32",), "target_verify": ("gdn_verify_fp32",)}
+
+    @classmethod
+    def versions(cls):
+        return {"vllm": _installed_version(), "triton": library_version("triton")}
+
+    @classmethod
+    def supports(cls, case) -> Optional[str]:
+        problem = vllm_problem()
+        if problem:
+            return problem
+        # The chunk kernel (prefill rows) takes tl.dot, which the interpreter computes wrong in bf16.
+        if case.dtype == "bf16" and not torch.cuda.is_available() and _has_prefill_rows(case):
+            return INTERPRETER_BF16
+        return None
+
+    def __init__(self, ctx):
+        rt = runtime()
+        _single_rank()
+        self.ctx = ctx
+        self.num_spec = max(ctx.drafts - 1, 0)
+        layer0 = ctx.layers[0]
+        model = rt.Model(dtype=ctx.dtype, heads=layer0.num_v_heads, kv_heads=layer0.num_v_heads,
+                         head_dim=layer0.head_v_dim, kv_lora_rank=0, rope_dim=0, block_size=16, cache_dtype="auto",
+                         max_model_len=4096, max_num_seqs=max(ctx.max_bs, 16), num_blocks=ctx.state_pool.size,
+                         num_speculative_tokens=self.num_spec, capture_sizes=(1, 2, 4, 8))
+        self.vllm_config = config = rt.vllm_config(model)
+        config.cache_config.mamba_ssm_cache_dtype = "float32"
+        config.cache_config.mamba_block_size = model.max_model_len
+        default = torch.get_default_dtype()
+        with rt.set_current_vllm_config(config):
+            torch.set_default_dtype(ctx.dtype)  # vLLM's layers take their parameters' dtype from it
+            try:
+                self.layers = {layer.layer_id: self._vllm_layer(layer) for layer in ctx.layers}
+            finally:
+                torch.set_default_dtype(default)
+            from vllm.v1.attention.backends.gdn_attn import GDNAttentionMetadataBuilder
+
+            spec = next(iter(self.layers.values())).get_kv_cache_spec(config)
+            self.builder = GDNAttentionMetadataBuilder(spec, [layer_name(l) for l in ctx.layers], config, ctx.device)
+        self.metadata = {}
+
+    def _vllm_layer(self, layer):
+        from transformers import Qwen3NextConfig
+        from vllm.model_executor.layers.mamba.gdn.qwen_gdn_linear_attn import QwenGatedDeltaNetAttention
+
+        hf = Qwen3NextConfig(hidden_size=layer.num_v_heads * layer.head_v_dim, linear_num_key_heads=layer.num_k_heads,
+                             linear_num_value_heads=layer.num_v_heads, linear_key_head_dim=layer.head_k_dim,
+                             linear_value_head_dim=layer.head_v_dim,
+                             linear_conv_kernel_dim=layer.conv_weights.shape[1], hidden_act=layer.activation)
+        gdn = QwenGatedDeltaNetAttention(hf, self.vllm_config, prefix=layer_name(layer)).to(self.ctx.device)
+        with torch.no_grad():
+            gdn.conv1d.weight.copy_(layer.conv_weights[:, None, :])
+            gdn.A_log.copy_(layer.A_log)
+            # The kit's dt_bias is float32 (a checkpoint's may be): the kernels read it as float32 either way.
+            gdn.dt_bias.data = layer.dt_bias.clone()
+        pool = self.ctx.state_pool
+        gdn.kv_cache = (pool.conv(layer.layer_id).transpose(-1, -2), pool.temporal(layer.layer_id))
+        return gdn
+
+    def init_forward_metadata(self, batch) -> None:
+        rt = runtime()
+        common = self._common(batch)
+        verify = batch.num_accepted_tokens is not None
+        drafts = None
+        if verify:
+            # vLLM's runner: a decode row's draft count (>= 0 marks it speculative), on the host
+            drafts = torch.tensor([n - 1 for n in batch.extend_seq_lens_cpu], dtype=torch.int32)
+        with rt.set_current_vllm_config(self.vllm_config):
+            metadata = self.builder.build(common_prefix_len=0, common_attn_metadata=common,
+                                          num_accepted_tokens=batch.num_accepted_tokens if verify else None,
+                                          num_decode_draft_tokens_cpu=drafts)
+        self.metadata = {layer_name(layer): metadata for layer in self.ctx.layers}
+
+    def _common(self, batch):
+        """vLLM's CommonAttentionMetadata of the step."""
+        rt = runtime()
+        device = batch.query_start_loc.device
+        lens = list(batch.extend_seq_lens_cpu)
+        seq_lens = list(batch.seq_lens_cpu)
+        verify = batch.num_accepted_tokens is not None
+        prefilling = [not saved or (n > 1 and not verify)
+                      for saved, n in zip(batch.has_initial_state.tolist(), lens)]
+        blocks = batch.state_blocks if batch.state_blocks is not None else batch.state_indices[:, None]
+        qsl_cpu = batch.query_start_loc.cpu()
+        return rt.CommonAttentionMetadata(
+            query_start_loc=batch.query_start_loc, query_start_loc_cpu=qsl_cpu,
+            seq_lens=torch.tensor(seq_lens, dtype=torch.int32, device=device), num_reqs=batch.batch_size,
+            num_actual_tokens=batch.num_tokens, max_query_len=max(lens), max_seq_len=max(seq_lens),
+            block_table_tensor=blocks.to(torch.int32),
+            slot_mapping=torch.full((batch.num_tokens,), -1, dtype=torch.int64, device=device),
+            is_prefilling=torch.tensor(prefilling, dtype=torch.bool, device=device),
+            seq_lens_cpu_upper_bound=torch.tensor(seq_lens, dtype=torch.int32))
+
+    def forward(self, mixed_qkv, a, b, layer, batch):
+        from vllm.utils.torch_utils import _encode_layer_name
+
+        rt = runtime()
+        out = torch.zeros((mixed_qkv.shape[0], layer.num_v_heads, layer.head_v_dim), dtype=mixed_qkv.dtype,
+                          device=mixed_qkv.device)
+        # The model hands the op a projection of its own (forward_cuda's torch.cat or split of
+        # in_proj_qkvz's output), which its conv update overwrites in place: a copy of the kit's.
+        with rt.set_forward_context(self.metadata, self.vllm_config):
+            torch.ops.vllm.qwen_gdn_attention_core(mixed_qkv.clone(), b.contiguous(), a.contiguous(), out,
+                                                   layer_name=_encode_layer_name(layer_name(layer)))
+        return out
+
+
+def _has_prefill_rows(case) -> bool:
+    """Whether vLLM's builder sends some row of the case to the chunk kernel: a new request, or an
+    extend of more than one token."""
+    if case.mode in (ForwardMode.EXTEND, ForwardMode.MIXED):
+        return True
+    return case.mode == ForwardMode.DECODE and 0 in case.prefix
