@@ -19,8 +19,11 @@ What is mapped, and nothing more (a bug here could hide one in vLLM):
   pools), inside vLLM's forward context. Its output is the core attention before the gated norm,
   which is what the kit judges.
 
-Every op it runs is Triton (vLLM's causal_conv1d and its flash-linear-attention copy): without
-CUDA they run in Triton's interpreter. The speculative rule is vLLM's (the profile's
+Every op it runs is Triton (vLLM's causal_conv1d and its flash-linear-attention copy), on CUDA only
+(CPU_REASON). On Hopper with bf16 heads of 128, vLLM's forward_cuda may take other paths than this
+op: FlashInfer's GDN prefill inside it (its chunk_gated_delta_rule's choice, which this op follows),
+and with speculative decoding the fused CUDA MTP kernel with the gated norm (VLLM_GDN_DECODE_KERNEL=
+cuda, qwen_gdn_attention_core_fused_norm_packed), whose output is past the norm: not covered here. The speculative rule is vLLM's (the profile's
 `recurrent_verify`, kit.engine.recurrent_rules): a verify writes the state after each of its
 tokens to the request's block of that token, and the next step continues from block
 num_accepted_tokens - 1 and the conv window at that offset.
@@ -33,11 +36,16 @@ from typing import Optional
 
 import torch
 
-from backends.vllm.adapter import INTERPRETER_BF16, PROFILE, _installed_version, runtime, vllm_problem
+from backends.vllm.adapter import PROFILE, _installed_version, runtime, vllm_problem
 from kit.engine.kinds.recurrent import MODES
 from kit.harness.protocol import library_version
 from kit.modes import ForwardMode
 
+# Why the layer runs on CUDA only: its ops on vLLM's CPU platform, and its Triton kernels in the interpreter.
+CPU_REASON = ("vLLM's GDN layer on CPU: its CPU platform's conv ops are compiled ones (_C.causal_conv1d_update_cpu_vec, "
+              "ops/cpu/causal_conv1d.py; not in the CPU wheel the kit installs), and its Triton kernels do not run in "
+              "Triton's interpreter (causal_conv1d_update: 'mask has unsupported dtype'; fla's chunk kernels' loop index "
+              "a Python int, chunk_delta_h.py:144)")
 NULL_BLOCK = 0  # vLLM's NULL_BLOCK_ID: its GDN kernels skip a row whose state block is 0
 
 
@@ -69,11 +77,6 @@ class VllmGdnBackend:
     modes = MODES
     attention_kinds = ("gdn",)
     padded_state_slot = NULL_BLOCK
-    # A plain CPU run (CI): every kernel runs in Triton's interpreter, seconds a layer call; one case of
-    # each mode; `--case-set smoke` runs every smoke case.
-    ci_cases = {"decode": ("gdn_decode_fp32",), "extend": ("gdn_extend_chunks_fp32",),
-                "mixed": ("gdn_mixed_fp32",), "target_verify": ("gdn_verify_fp32",)}
-
     @classmethod
     def versions(cls):
         return {"vllm": _installed_version(), "triton": library_version("triton")}
@@ -83,14 +86,18 @@ class VllmGdnBackend:
         problem = vllm_problem()
         if problem:
             return problem
-        # The chunk kernel (prefill rows) takes tl.dot, which the interpreter computes wrong in bf16.
-        if case.dtype == "bf16" and not torch.cuda.is_available() and _has_prefill_rows(case):
-            return INTERPRETER_BF16
+        if case.mode == ForwardMode.TARGET_VERIFY and 0 in case.prefix:
+            return ("a verify of a request with nothing cached: vLLM's runner schedules drafts only after a "
+                    "request's prefill, and its speculative rows always continue a saved state")
+        if not torch.cuda.is_available():
+            return CPU_REASON
+        if case.dtype == "fp32" and _has_prefill_rows(case):
+            return ("fp32 prefill rows: vLLM's chunk_gated_delta_rule refuses float32 (flash_linear_attention/"
+                    "ops/chunk.py:213)")
         return None
 
     def __init__(self, ctx):
         rt = runtime()
-        _single_rank()
         self.ctx = ctx
         self.num_spec = max(ctx.drafts - 1, 0)
         layer0 = ctx.layers[0]
@@ -103,6 +110,7 @@ class VllmGdnBackend:
         config.cache_config.mamba_block_size = model.max_model_len
         default = torch.get_default_dtype()
         with rt.set_current_vllm_config(config):
+            _single_rank()
             torch.set_default_dtype(ctx.dtype)  # vLLM's layers take their parameters' dtype from it
             try:
                 self.layers = {layer.layer_id: self._vllm_layer(layer) for layer in ctx.layers}
@@ -174,7 +182,7 @@ class VllmGdnBackend:
                           device=mixed_qkv.device)
         # The model hands the op a projection of its own (forward_cuda's torch.cat or split of
         # in_proj_qkvz's output), which its conv update overwrites in place: a copy of the kit's.
-        with rt.set_forward_context(self.metadata, self.vllm_config):
+        with rt.set_current_vllm_config(self.vllm_config), rt.set_forward_context(self.metadata, self.vllm_config):
             torch.ops.vllm.qwen_gdn_attention_core(mixed_qkv.clone(), b.contiguous(), a.contiguous(), out,
                                                    layer_name=_encode_layer_name(layer_name(layer)))
         return out

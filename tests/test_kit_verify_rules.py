@@ -1,0 +1,45 @@
+"""A recurrent verify is judged by the engine's rule, its profile's (kit.harness.recurrent_rules):
+vLLM's per-token state blocks read back by num_accepted_tokens (a toy of it, tests/toys/per_token_blocks.py,
+passes; the same toy reading the wrong block fails, in the verify and in the step after it), and
+SGLang's rule fails under vLLM's."""
+from __future__ import annotations
+
+import dataclasses
+
+import pytest
+
+from backends.torch_native_linear import TorchNativeLinearBackend
+from cases.linear import SMOKE
+from kit.engine.profile import PER_TOKEN_BLOCKS
+from kit.harness.recurrent import run_case
+from kit.modes import ForwardMode
+from kit.report.record import KV_WRITE
+from tests.toys.per_token_blocks import OneBlockPast, PerTokenBlocksLinear, ReadsFirstBlock
+
+VERIFY = next(c for c in SMOKE if c.name == "gdn_verify_fp32")
+
+
+def test_a_backend_of_vllms_rule_passes_a_verify_and_the_step_after():
+    verdicts = run_case(PerTokenBlocksLinear, VERIFY)
+    assert [v.ok for v in verdicts] == [True, True], [v.text for v in verdicts]
+
+
+@pytest.mark.parametrize("planted", [ReadsFirstBlock, OneBlockPast], ids=lambda c: c.__name__)
+def test_reading_another_block_than_num_accepted_tokens_says_fails(planted):
+    verdicts = run_case(planted, VERIFY)
+    assert [v.ok for v in verdicts] == [False, False]
+    assert all(v.failure_class == KV_WRITE for v in verdicts)
+    assert "state pools wrong" in verdicts[0].text and "the decode after the verify" in verdicts[1].step
+
+
+def test_sglangs_rule_judged_by_vllms_fails():
+    """torch_native_linear keeps drafts in the intermediate pools, which vLLM's engine has none of."""
+    under_vllm = type("TorchNativeLinearUnderVllmRule", (TorchNativeLinearBackend,),
+                      {"profile": dataclasses.replace(TorchNativeLinearBackend.profile, recurrent_verify=PER_TOKEN_BLOCKS)})
+    verdict = run_case(under_vllm, VERIFY)[0]
+    assert not verdict.ok, verdict.text
+
+
+def test_steps_without_drafts_keep_one_block_under_vllms_rule():
+    case = next(c for c in SMOKE if c.mode == ForwardMode.DECODE and c.kind == "gdn")
+    assert all(v.ok for v in run_case(PerTokenBlocksLinear, case))
