@@ -86,11 +86,11 @@ class VllmGdnBackend:
         problem = vllm_problem()
         if problem:
             return problem
+        if not torch.cuda.is_available():
+            return CPU_REASON
         if case.mode == ForwardMode.TARGET_VERIFY and 0 in case.prefix:
             return ("a verify of a request with nothing cached: vLLM's runner schedules drafts only after a "
                     "request's prefill, and its speculative rows always continue a saved state")
-        if not torch.cuda.is_available():
-            return CPU_REASON
         if case.dtype == "fp32" and _has_prefill_rows(case):
             return ("fp32 prefill rows: vLLM's chunk_gated_delta_rule refuses float32 (flash_linear_attention/"
                     "ops/chunk.py:213)")
