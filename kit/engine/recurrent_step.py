@@ -99,18 +99,19 @@ class RecurrentFixture:
                     conv[blocks[0], :, offset:offset + width] = start.window.to(conv.dtype)
                     pool.temporal(layer_id)[blocks[offset]] = as_pooled(start.state).to(torch.float32)
 
-    def batch(self, device, padded_bs: Optional[int] = None,
-              padded_slot: int = PADDED_SLOT) -> Tuple[RecurrentBatch, List[LayerInputs]]:
+    def batch(self, device, padded_bs: Optional[int] = None, padded_slot: int = PADDED_SLOT,
+              empty_padding: bool = False) -> Tuple[RecurrentBatch, List[LayerInputs]]:
         """The step's batch and each layer's inputs; with padded_bs, padded to that many rows as a
         graph runner pads (a padded row: slot `padded_slot`, no saved state, the real rows' token
-        count a request, zero inputs)."""
+        count a request, zero inputs; with `empty_padding`, as vLLM's runner pads, an empty request
+        and the same tokens after the real ones, nobody's)."""
         lens = list(self.case.new_lens)
         slots, saved = list(self.slots), [s.saved for s in self.starts[0]]
         pad = (padded_bs or self.case.bs) - self.case.bs
-        lens += [lens[-1]] * pad
+        extra = pad * lens[-1]
+        lens += [0 if empty_padding else lens[-1]] * pad
         slots += [padded_slot] * pad
         saved += [False] * pad
-        extra = sum(lens) - sum(self.case.new_lens)
         inputs = [LayerInputs(*_split_back([torch.cat([t, t.new_zeros((extra,) + t.shape[1:])]) for t in x.handed()]))
                   for x in self.inputs]
         starts = [0]
@@ -118,7 +119,7 @@ class RecurrentFixture:
             starts.append(starts[-1] + n)
         mode = self.case.mode
         batch = RecurrentBatch(
-            forward_mode=mode, batch_size=len(lens), num_tokens=sum(lens),
+            forward_mode=mode, batch_size=len(lens), num_tokens=sum(lens) + (extra if empty_padding else 0),
             state_indices=torch.tensor(slots, dtype=torch.int32, device=device),
             query_start_loc=torch.tensor(starts, dtype=torch.int32, device=device),
             has_initial_state=torch.tensor(saved, dtype=torch.bool, device=device),

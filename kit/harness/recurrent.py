@@ -171,7 +171,8 @@ def _run(backend_cls, case: RecurrentCase, exec_: Exec, device: str, verdicts: L
     max_bs = padded_bucket(case.bs, backend_cls.profile) if graph else case.bs
     drafts = case.new if case.mode == ForwardMode.TARGET_VERIFY else 0
     backend = backend_cls(RecurrentContext(torch.device(device), fx.torch_dtype, pool, fx.layers, max_bs, drafts))
-    batch, inputs = fx.batch(device, max_bs if graph else None, getattr(backend_cls, "padded_state_slot", PADDED_SLOT))
+    batch, inputs = fx.batch(device, max_bs if graph else None, getattr(backend_cls, "padded_state_slot", PADDED_SLOT),
+                             empty_padding=backend_cls.profile.padded_query_len == 0)
 
     def refill():
         pool.reset()
