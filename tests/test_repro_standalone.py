@@ -67,7 +67,8 @@ def _failed(done):
 @VLLM
 def test_standalone_file_fails_a_batch_one_key_short(tmp_path):
     # vLLM handed seq_lens one short attends one key fewer per request than the reference sees.
-    _failed(_run_standalone(tmp_path, VLLM_RUN, ("seq_lens=seq_lens.to(DEVICE)", "seq_lens=(seq_lens - 1).to(DEVICE)")))
+    _failed(_run_standalone(tmp_path, VLLM_RUN, ("[query_start.to(DEVICE), seq_lens.to(DEVICE)]",
+                                                 "[query_start.to(DEVICE), (seq_lens - 1).to(DEVICE)]")))
 
 
 @pytest.mark.parametrize("run_id, replay_hook", [
