@@ -81,6 +81,7 @@ def test_a_graph_file_fails_a_replay_left_with_its_captures_batch(tmp_path, run_
 
 
 @SGLANG
+@pytest.mark.timeout(3600)  # the shrink's kit runs and the file, each in Triton's interpreter without CUDA
 def test_standalone_file_shrinks_and_reproduces_a_known_failure(tmp_path, capsys):
     # KNOWN_FAILURES.md KF-1 (sglang#32087): SGLang's Triton decode with window W attends W keys, not W + 1.
     done = _run_standalone(tmp_path, "sglang_triton-decode-eager-mha_bs1_window_p64_inter", shrink=True)
