@@ -60,6 +60,10 @@ def build_parser() -> Parser:
                      help="the run, by its id in results and tables: backend-mode-exec-case")
     rep.add_argument("--cases", default=None, help="case catalog as module:attr (default: the in-box one)")
     rep.add_argument("--out", default=None, help="the file to write (default: repro_RUN_ID.py here)")
+    rep.add_argument("--no-shrink", action="store_true",
+                     help="write the run as recorded; by default a failing run is first shrunk by runs of its "
+                          "backend here to the fewest requests, shortest lengths and fewest features that still "
+                          "fail the same way (the fuzzer's shrinker)")
     return parser
 
 
@@ -120,7 +124,7 @@ def _run(args, catalog) -> int:
 
 def _repro(args, catalog) -> int:
     from kit.harness.registry import UnknownBackend, load_backend
-    from kit.modes import parse_mode
+    from kit.modes import Exec, parse_mode
     from kit.report.record import parse_run_id
     from kit.repro.scenario import NotReproducible
     from kit.repro.standalone import standalone
@@ -137,14 +141,38 @@ def _repro(args, catalog) -> int:
     except (UnknownBackend, ImportError, AttributeError, ValueError, TypeError) as exc:
         return fail(PROG, f"--standalone: backend {backend}: {exc}")
     try:
-        text = standalone(backend_cls, case, exec_)
+        standalone(backend_cls, case, Exec(exec_), "")  # a run no file reproduces is refused before any run
+        case, origin = _shrunk(backend, case, Exec(exec_), args) if not args.no_shrink else (
+            case, f"The run {args.standalone} as recorded (--no-shrink).")
+        text = standalone(backend_cls, case, Exec(exec_), origin)
     except NotReproducible as exc:
         return fail(PROG, f"--standalone {args.standalone}: {exc}")
     out = args.out or f"repro_{args.standalone}.py"
     with open(out, "w") as f:
         f.write(text)
+    print(origin)
     print(f"wrote {out}: run it with `python {out}` (imports torch and the engine only)")
     return 0
+
+
+def _shrunk(backend: str, case, exec_, args):
+    """The case a standalone file reproduces, and what it says of where the case comes from: a failing
+    run shrunk (kit.fuzz.search.shrink), a passing one as recorded."""
+    from kit.engine.features import FEATURES
+    from kit.fuzz.search import Target, first_failure, shrink
+
+    def described(c) -> str:
+        on = [f.name for f in FEATURES if f.dropped and f.on(c)]
+        return (f"{c.name} ({c.bs} requests, {sum(c.prefix)} cached and {sum(c.new_lens)} new tokens"
+                f"{', ' + ', '.join(on) if on else ''})")
+
+    target = Target(backend, (case.mode,), (exec_,))
+    found = first_failure(target, case, exec_)
+    if found is None:
+        return case, f"The run {args.standalone} as recorded: it passes here, so nothing was shrunk."
+    small = shrink(target, found).case
+    return small, (f"Shrunk from {described(case)} to {described(small)}; both fail [{found.failure_class}] in the "
+                   f"kit.")
 
 
 def _no_case(catalog, mode: str, name: str) -> str:

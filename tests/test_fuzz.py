@@ -19,7 +19,7 @@ from kit.engine.case_line import format_case, parse_case
 from kit.engine.catalog import CASE_SETS
 from kit.engine.draws import SIZES, Drawing, Takes, around
 from kit.engine.modes.mixed import decode_rows
-from kit.fuzz.search import Finding, Target, shrink_features
+from kit.fuzz.search import Finding, Target, first_failure, shrink, shrink_features
 from kit.fuzz.strategies import any_case
 from kit.harness.capabilities import Capabilities
 from kit.engine.profile import SGLANG, SGLANG_BATCH_SIZES as BS_BUCKETS, SGLANG_TOKEN_BUCKETS as TOKEN_BUCKETS
@@ -151,6 +151,31 @@ def test_a_found_failure_drops_every_feature_it_does_not_need():
         0.0, None, False, None, False, "contiguous", "contiguous"), format_case(case)
     assert "_window_" in case.name and not any(f in case.name for f in ("cap", "sinks", "fp8", "nonmono"))
     assert shrunk.line == format_case(case) and "--case-line" in shrunk.repro
+
+
+def test_a_failing_run_shrinks_to_the_fewest_requests_and_shortest_lengths_that_fail_the_same_way():
+    """A window bug on three long requests with a cap shrinks to one shorter request without the cap;
+    a bug that needs two neighbouring requests (an empty one before a full page) keeps both, at the
+    shortest lengths that still trigger it."""
+    window = Target("tests.toys.planted:WindowOneShort", (ForwardMode.DECODE,), (Exec.EAGER,), device="cpu")
+    busy = Case("gqa_bs3_window_cap_p4_fp32", ForwardMode.DECODE, prefix=(40, 9, 33), page=4, heads=(4, 2),
+                head_dim=16, dtype="fp32", window=4, cap=5.0)
+    found = first_failure(window, busy, Exec.EAGER)
+    small = shrink(window, found)
+    assert (found.failure_class, small.failure_class) == ("kernel", "kernel")
+    assert small.case.bs == 1 and sum(small.case.prefix) < 40 and small.case.window == 4 and small.case.cap == 0.0, \
+        small.line
+    neighbours = Target(PLANTED, (ForwardMode.DECODE,), (Exec.EAGER,), device="cpu")
+    case = Case("gqa_bs4_p4_fp32", ForwardMode.DECODE, prefix=(7, 0, 8, 3), page=4, heads=(4, 2), head_dim=16,
+                dtype="fp32")
+    small = shrink(neighbours, first_failure(neighbours, case, Exec.EAGER)).case
+    assert small.prefix == (0, 4) and triggered(small.prefix, small.page), format_case(small)
+
+
+def test_a_passing_run_has_no_failure_to_shrink():
+    target = Target("torch_native", (ForwardMode.DECODE,), (Exec.EAGER,), device="cpu")
+    assert first_failure(target, Case("gqa_bs2_p4_fp32", ForwardMode.DECODE, prefix=(7, 3), page=4, heads=(4, 2),
+                                      head_dim=16, dtype="fp32"), Exec.EAGER) is None
 
 
 def _fuzz(capsys, tmp_path, *extra):

@@ -1,6 +1,7 @@
 """`python -m kit repro --standalone`: the file it writes runs with the kit not importable, prints
-each layer's error against its limit and a verdict, and exits 1 when the engine is handed a wrong
-batch or the engine has a known bug."""
+each batch's and layer's error against its limit and a verdict, and exits 1 when the engine is handed
+a wrong batch (eager, or a graph replay handed its capture's metadata) or the engine has a known bug,
+which it shrinks first."""
 import os
 import subprocess
 import sys
@@ -15,6 +16,8 @@ from kit.cli import USAGE
 VLLM = pytest.mark.skipif(vllm_problem() is not None, reason=str(vllm_problem()))
 SGLANG = pytest.mark.skipif(sglang_problem() is not None, reason=str(sglang_problem()))
 VLLM_RUN = "vllm_triton_attn-decode-eager-gqa_fused_p16_fp32"
+SGLANG_GRAPH_RUN = "sglang_triton-decode-graph-mqa_p1_shuf"
+VLLM_GRAPH_RUN = "vllm_triton_attn-decode-graph-gqa_fused_p16_fp32"
 
 
 def _kit_blocked(tmp_path):
@@ -30,9 +33,9 @@ def _kit_blocked(tmp_path):
     return env
 
 
-def _run_standalone(tmp_path, run_id, plant=None):
+def _run_standalone(tmp_path, run_id, plant=None, shrink=False):
     path = tmp_path / "repro.py"
-    assert main(["repro", "--standalone", run_id, "--out", str(path)]) == 0
+    assert main(["repro", "--standalone", run_id, "--out", str(path)] + ([] if shrink else ["--no-shrink"])) == 0
     if plant:
         text = path.read_text()
         assert plant[0] in text
@@ -42,14 +45,18 @@ def _run_standalone(tmp_path, run_id, plant=None):
 
 
 @pytest.mark.parametrize("run_id", [pytest.param(VLLM_RUN, marks=VLLM),
-                                    pytest.param("sglang_triton-decode-eager-mqa_p1_shuf", marks=SGLANG)])
+                                    pytest.param("sglang_triton-decode-eager-mqa_p1_shuf", marks=SGLANG),
+                                    pytest.param(SGLANG_GRAPH_RUN, marks=SGLANG),
+                                    pytest.param(VLLM_GRAPH_RUN, marks=VLLM)])
 def test_standalone_file_passes_without_the_kit(tmp_path, run_id):
     done = _run_standalone(tmp_path, run_id)
     assert done.returncode == 0, done.stderr[-2000:]
     lines = done.stdout.splitlines()
-    assert [line.split(":")[0] for line in lines[:-1]] == ["layer 0", "layer 1"]
-    assert all("<= limit" in line and line.endswith("PASS") for line in lines[:-1])
-    assert lines[-1] == "PASS"
+    # Every batch of the run (eager: the kit's sequence on one instance; graph: its replays), both layers.
+    assert len(lines) == 1 + 2 * 4 and lines[-1] == "PASS"
+    assert [line.split(") ")[1].split(":")[0] for line in lines[:-1]] == ["layer 0", "layer 1"] * 4
+    assert all(line.startswith(f"batch {i // 2 + 1}/4 (") and "<= limit" in line and line.endswith("PASS")
+               for i, line in enumerate(lines[:-1]))
 
 
 def _failed(done):
@@ -60,19 +67,37 @@ def _failed(done):
 @VLLM
 def test_standalone_file_fails_a_batch_one_key_short(tmp_path):
     # vLLM handed seq_lens one short attends one key fewer per request than the reference sees.
-    _failed(_run_standalone(tmp_path, VLLM_RUN, ("seq_lens=seq_lens.to(DEVICE)", "seq_lens=(seq_lens - 1).to(DEVICE)")))
+    _failed(_run_standalone(tmp_path, VLLM_RUN, ("[query_start.to(DEVICE), seq_lens.to(DEVICE)]",
+                                                 "[query_start.to(DEVICE), (seq_lens - 1).to(DEVICE)]")))
+
+
+@pytest.mark.parametrize("run_id, replay_hook", [
+    # SGLang: without the out_graph hook before a replay, the graph reads its capture's metadata (padded rows).
+    pytest.param(SGLANG_GRAPH_RUN, "    backend.init_forward_metadata_out_graph(forward_batch(fields))\n", marks=SGLANG),
+    # vLLM: without the persistent inputs refilled and the build, a replay reads the capture's dummy batch.
+    pytest.param(VLLM_GRAPH_RUN, "    prepare_replay(reqs, pbs)\n", marks=VLLM)])
+def test_a_graph_file_fails_a_replay_left_with_its_captures_batch(tmp_path, run_id, replay_hook):
+    _failed(_run_standalone(tmp_path, run_id, (replay_hook, "")))
 
 
 @SGLANG
-def test_standalone_file_reproduces_a_known_failure(tmp_path):
+@pytest.mark.timeout(3600)  # the shrink's kit runs and the file, each in Triton's interpreter without CUDA
+def test_standalone_file_shrinks_and_reproduces_a_known_failure(tmp_path, capsys):
     # KNOWN_FAILURES.md KF-1 (sglang#32087): SGLang's Triton decode with window W attends W keys, not W + 1.
-    _failed(_run_standalone(tmp_path, "sglang_triton-decode-eager-mha_bs1_window_p64_inter"))
+    done = _run_standalone(tmp_path, "sglang_triton-decode-eager-mha_bs1_window_p64_inter", shrink=True)
+    said = capsys.readouterr().out
+    assert "Shrunk from mha_bs1_window_p64_inter (1 requests, 70 cached" in said, said
+    shrunk = said.split(" to ")[1].split(";")[0]
+    assert int(shrunk.split(", ")[1].split(" cached")[0]) < 70 and "window" in shrunk, said
+    assert "Shrunk from mha_bs1_window_p64_inter" in (tmp_path / "repro.py").read_text()
+    _failed(done)
 
 
 @VLLM
 @SGLANG
 @pytest.mark.parametrize("run_id, problem", [
-    ("vllm_triton_attn-decode-graph-gqa_fused_p16_fp32", "eager runs only"),
+    ("vllm_triton_attn-extend-graph-gqa_fused_p16_fp32", "decode graphs only"),
+    ("sglang_triton-extend-graph-mqa_p1_shuf", "decode graphs only"),
     ("vllm_triton_attn-decode-eager-no_such_case", "no decode case named"),
     ("torch_native-decode-eager-gqa_fused_p16_fp32", "no standalone renderer"),
     ("sglang_triton-target_verify-eager-mha_bs1_chain4_window_p64_inter", "decode, extend and mixed ones only"),

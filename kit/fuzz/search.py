@@ -230,19 +230,59 @@ class _Search:
         each drop kept where the case still fails the same way (mode, exec, failure class), as a new
         failure. Hypothesis shrinks toward plain values but may stop short (its budget, or a drop that
         only works once another is made); this pass makes the case say what the bug needs."""
-        kind = Failed.kind(finding)
         for _, fields in DROPS:
-            case = finding.case
-            if all(getattr(case, k) == v for k, v in fields.items()):
-                continue
-            try:
-                dropped = case.with_(**fields)
-                dropped = dropped.with_(name=case_name(dropped, _fields(dropped)))
-            except ValueError:  # not a valid case without it (an MLA case's scale)
-                continue
-            again = self._run(dropped, Exec(finding.exec))
-            if again is not None and Failed.kind(again) == kind:
-                finding = dataclasses.replace(again, example=finding.example, seconds=finding.seconds)
+            if not all(getattr(finding.case, k) == v for k, v in fields.items()):
+                finding = self.kept_if_same(finding, fields)
+        return finding
+
+    def kept_if_same(self, finding: Finding, changes: Dict) -> Finding:
+        """The finding of the case with `changes` where that case fails the same way (mode, exec,
+        failure class), else `finding`: a change that makes no valid case (an MLA case's scale, a
+        mode's batch rule) or one the backend does not take is not kept."""
+        try:
+            changed = finding.case.with_(**changes)
+            changed = changed.with_(name=case_name(changed, _fields(changed)))
+        except ValueError:
+            return finding
+        exec_ = Exec(finding.exec)
+        if unsupported_reason(self.cls, self.caps, changed, exec_) is not None:
+            return finding
+        again = self._run(changed, exec_)
+        if again is None or Failed.kind(again) != Failed.kind(finding):
+            return finding
+        return dataclasses.replace(again, example=finding.example, seconds=finding.seconds)
+
+    def fewer_requests(self, finding: Finding) -> Finding:
+        """The finding's case with as few requests as still fail the same way: each request alone
+        first, else one request dropped at a time while that fails."""
+        for i in range(finding.case.bs if finding.case.bs > 1 else 0):
+            alone = self.kept_if_same(finding, _requests(finding.case, [i]))
+            if alone is not finding:
+                return alone
+        dropping = True
+        while dropping and finding.case.bs > 1:
+            dropping = False
+            for i in range(finding.case.bs):
+                fewer = self.kept_if_same(finding, _requests(finding.case, [j for j in range(finding.case.bs)
+                                                                            if j != i]))
+                if fewer is not finding:
+                    finding, dropping = fewer, True
+                    break
+        return finding
+
+    def shorter(self, finding: Finding) -> Finding:
+        """Each request's cached and new lengths halved while the case still fails the same way."""
+        for i in range(finding.case.bs):
+            for field in ("prefix", "new"):
+                while True:
+                    lengths = _lengths(finding.case, field)
+                    if lengths is None or lengths[i] <= (0 if field == "prefix" else 1):
+                        break
+                    halved = lengths[:i] + (lengths[i] // 2,) + lengths[i + 1:]
+                    shorter = self.kept_if_same(finding, {field: halved})
+                    if shorter is finding:
+                        break
+                    finding = shorter
         return finding
 
     def _run(self, case: Case, exec_: Exec) -> Optional[Finding]:
@@ -335,6 +375,34 @@ def shrink_features(target: Target, finding: Finding, known: Sequence[KnownFailu
     """`finding` with every feature its failure does not need dropped, by runs of `target`'s backend
     (what `fuzz` does to each new failure it found)."""
     return _Search(target, known, 0, 0, Outcome(seed=0)).without_unneeded_features(finding)
+
+
+def shrink(target: Target, finding: Finding) -> Finding:
+    """`finding` shrunk by runs of `target`'s backend, each change kept where the case still fails the
+    same way (mode, exec, failure class): the fewest requests, then the shortest lengths, then the
+    fewest features. Every failure is shrunk, known ones too (a repro file is written for those)."""
+    search = _Search(target, (), 0, 0, Outcome(seed=0))
+    return search.without_unneeded_features(search.shorter(search.fewer_requests(finding)))
+
+
+def first_failure(target: Target, case: Case, exec_: Exec) -> Optional[Finding]:
+    """How `case` fails on `target`'s backend in `exec_` (known failure or not), or None where it passes."""
+    return _Search(target, (), 0, 0, Outcome(seed=0))._run(case, exec_)
+
+
+def _requests(case: Case, kept: Sequence[int]) -> Dict:
+    """The fields of `case` with only requests `kept`, each keeping its own data seed."""
+    changes = dict(prefix=tuple(case.prefix[i] for i in kept),
+                   request_seeds=tuple(case.request_seed(i) for i in kept))
+    if not isinstance(case.new, int):
+        changes["new"] = tuple(case.new[i] for i in kept)
+    return changes
+
+
+def _lengths(case: Case, field: str) -> Optional[Tuple[int, ...]]:
+    """Per request, the case's `field` lengths ("prefix" or "new"); None where `new` is one count for all."""
+    value = getattr(case, field)
+    return None if isinstance(value, int) else tuple(value)
 
 
 def _fields(case: Case) -> Dict:

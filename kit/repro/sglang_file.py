@@ -1,21 +1,27 @@
 """The SGLang part of a standalone file: SGLang's server args and attention TP of one process,
 its own ReqToTokenPool, MHATokenToKVPool, token allocator and KVIndexTranslator behind a model
 runner of the attributes its backends read, the backend class, RadixAttention layers, the batch as
-its ForwardBatch, then init_forward_metadata and each layer's forward inside its forward context."""
+its ForwardBatch, then init_forward_metadata and each layer's forward inside its forward context; a
+graph run: its decode graphs captured and replayed as its CUDA-graph runner does (two-phase hooks)."""
 from __future__ import annotations
 
 from typing import Dict
 
-from kit.repro.file_parts import assemble
+from kit.repro.file_parts import CUDA_GRAPH, assemble
 
-HOW = ("Builds the batch with SGLang's own classes (ReqToTokenPool, MHATokenToKVPool, KVIndexTranslator,\n"
-       "the backend, RadixAttention, ForwardBatch) and calls them in the order its model runner does\n"
-       "(init_forward_metadata, then each layer's forward inside forward_context; the layer writes the new\n"
-       "tokens' KV itself).")
+HOW = {"eager": ("Builds the batches with SGLang's own classes (ReqToTokenPool, MHATokenToKVPool, KVIndexTranslator,\n"
+                 "the backend, RadixAttention, ForwardBatch) and calls them in the order its model runner does\n"
+                 "(init_forward_metadata, then each layer's forward inside forward_context; the layer writes the new\n"
+                 "tokens' KV itself)."),
+       "graph": ("Builds the batches with SGLang's own classes (ReqToTokenPool, MHATokenToKVPool, KVIndexTranslator,\n"
+                 "the backend, RadixAttention, ForwardBatch) and calls them in the order its CUDA-graph runner does\n"
+                 "(init_cuda_graph_state; per bucket, largest first, init_forward_metadata_out_graph(in_capture=True)\n"
+                 "and the capture of every layer's forward on padded rows; per replay the static buffers refilled,\n"
+                 "init_forward_metadata_out_graph, the replay).")}
 
 ENGINE_PART = '''import importlib.abc, importlib.machinery, importlib.util, types
 
-BACKEND, MODE = @BACKEND@, @MODE@
+BACKEND = @BACKEND@
 # Where SGLang's CUDA-only kernel package (or torchvision) is not installed, its import chain still
 # names them: placeholders that fail when used, served to sglang's imports only.
 MISSING = [name for name in ("sgl_kernel", "torchvision") if importlib.util.find_spec(name) is None]
@@ -133,68 +139,189 @@ backend = BACKENDS[BACKEND](runner)
 if getattr(backend, "device_core_count", 1) <= 0:  # no SMs without CUDA: an H100's count keeps its KV split planner
     backend.device_core_count = 132
 pool = runner.token_to_kv_pool
-for i, (spec, per_req) in enumerate(zip(S["layers"], inputs)):
-    # NaN in every slot no request's cached token holds (a read past a request's keys shows).
-    pool.k_buffer[i].fill_(float("nan"))
-    pool.v_buffer[i].fill_(float("nan"))
-    for r, (_, k, v) in zip(reqs, per_req):
-        slots = torch.tensor(r["slots"][:r["n_old"]], dtype=torch.int64, device=DEVICE)
-        pool.k_buffer[i][slots] = k[:r["n_old"]].to(dtype).to(DEVICE)
-        pool.v_buffer[i][slots] = v[:r["n_old"]].to(dtype).to(DEVICE)
-for r in reqs:
-    runner.req_to_token_pool.req_to_token[r["row"], :len(r["slots"])] = torch.tensor(r["slots"], dtype=torch.int32)
 layers = [RadixAttention(num_heads=spec["heads"], head_dim=spec["head_dim"], scaling=spec["scale"],
                          num_kv_heads=spec["kv_heads"], layer_id=i, logit_cap=spec["cap"],
                          sliding_window_size=spec["window"], v_head_dim=spec["head_dim"])
           for i, spec in enumerate(S["layers"])]
+sinks = [{"sinks": torch.tensor(spec["sinks"], dtype=torch.bfloat16, device=DEVICE)} if spec["sinks"] else {}
+         for spec in S["layers"]]
+MODES = {"decode": ForwardMode.DECODE, "extend": ForwardMode.EXTEND, "mixed": ForwardMode.MIXED}
 
 
 def device_ints(values, dtype_):
     return torch.tensor(values, dtype=dtype_, device=DEVICE)
 
 
-new_lens, old_lens = [r["n_new"] for r in reqs], [r["n_old"] for r in reqs]
-seq_lens = [r["seq_len"] for r in reqs]
-extend = MODE != "decode"
-fields = dict(
-    forward_mode={"decode": ForwardMode.DECODE, "extend": ForwardMode.EXTEND, "mixed": ForwardMode.MIXED}[MODE],
-    batch_size=len(reqs), input_ids=None, req_pool_indices=device_ints([r["row"] for r in reqs], torch.int32),
-    seq_lens=device_ints(seq_lens, torch.int32), seq_lens_cpu=torch.tensor(seq_lens, dtype=torch.int32),
-    seq_lens_sum=sum(seq_lens),
-    out_cache_loc=device_ints([s for r in reqs for s in r["slots"][r["n_old"]:]], torch.int64),
-    positions=device_ints([p for r in reqs for p in r["q_pos"]], torch.int64), spec_info=None)
-if extend:
-    fields.update(extend_num_tokens=sum(new_lens), extend_seq_lens=device_ints(new_lens, torch.int32),
-                  extend_prefix_lens=device_ints(old_lens, torch.int32),
-                  extend_start_loc=device_ints([sum(new_lens[:i]) for i in range(len(reqs))], torch.int32),
-                  extend_seq_lens_cpu=new_lens, extend_prefix_lens_cpu=old_lens,
-                  global_num_token_non_padded_cpu=sum(new_lens))
+def load(reqs, inputs):
+    """The batch's cached tokens written into SGLang's pool (NaN in every other slot: a read past a
+    request's keys shows), its requests' slots into req_to_token."""
+    for i, per_req in enumerate(inputs):
+        pool.k_buffer[i].fill_(float("nan"))
+        pool.v_buffer[i].fill_(float("nan"))
+        for r, (_, k, v) in zip(reqs, per_req):
+            slots = torch.tensor(r["slots"][:r["n_old"]], dtype=torch.int64, device=DEVICE)
+            pool.k_buffer[i][slots] = k[:r["n_old"]].to(dtype).to(DEVICE)
+            pool.v_buffer[i][slots] = v[:r["n_old"]].to(dtype).to(DEVICE)
+    for r in reqs:
+        runner.req_to_token_pool.req_to_token[r["row"], :len(r["slots"])] = torch.tensor(r["slots"], dtype=torch.int32)
 
 
-def forward_batch():
-    """A new ForwardBatch of the step bound to its KV location plan, as the model runner makes one."""
+def batch_fields(mode, reqs):
+    """The ForwardBatch fields of a batch of `reqs` in `mode`, as the scheduler hands them."""
+    new_lens, old_lens, seq_lens = ([r[f] for r in reqs] for f in ("n_new", "n_old", "seq_len"))
+    fields = dict(
+        forward_mode=MODES[mode], batch_size=len(reqs), input_ids=None,
+        req_pool_indices=device_ints([r["row"] for r in reqs], torch.int32),
+        seq_lens=device_ints(seq_lens, torch.int32), seq_lens_cpu=torch.tensor(seq_lens, dtype=torch.int32),
+        seq_lens_sum=sum(seq_lens), out_cache_loc=device_ints([s for r in reqs for s in r["slots"][r["n_old"]:]],
+                                                              torch.int64),
+        positions=device_ints([p for r in reqs for p in r["q_pos"]], torch.int64), spec_info=None)
+    if mode != "decode":
+        fields.update(extend_num_tokens=sum(new_lens), extend_seq_lens=device_ints(new_lens, torch.int32),
+                      extend_prefix_lens=device_ints(old_lens, torch.int32),
+                      extend_start_loc=device_ints([sum(new_lens[:i]) for i in range(len(reqs))], torch.int32),
+                      extend_seq_lens_cpu=new_lens, extend_prefix_lens_cpu=old_lens,
+                      global_num_token_non_padded_cpu=sum(new_lens))
+    return fields
+
+
+def forward_batch(fields, in_capture=False):
+    """A new ForwardBatch bound to its KV location plan, as the model runner makes one (a graph's capture
+    batch over the runner's buffers binds those)."""
     fb = ForwardBatch(**fields)
-    runner.kv_index_translator.bind_own_plan(fb)
+    (runner.kv_index_translator.bind_runner_slots if in_capture else runner.kv_index_translator.bind_own_plan)(fb)
     return fb
 
 
-backend.init_forward_metadata(forward_batch())
-outs = []
-with forward_context(ForwardContext(attn_backend=backend)):
-    for spec, attn, per_req in zip(S["layers"], layers, inputs):
-        q, k, v = (new_tokens(per_req, which) for which in range(3))
-        t = q.shape[0]
-        sinks = {"sinks": torch.tensor(spec["sinks"], dtype=torch.bfloat16, device=DEVICE)} if spec["sinks"] else {}
-        outs.append(attn(q.reshape(t, -1), k, v, forward_batch(), **sinks).view(t, spec["heads"], spec["head_dim"]))
+def forward(fields, qkv):
+    """Each layer's forward inside the backend's forward context, on `qkv` (per layer: q, k, v of the step)."""
+    outs = []
+    with forward_context(ForwardContext(attn_backend=backend)):
+        for spec, attn, extra, (q, k, v) in zip(S["layers"], layers, sinks, qkv):
+            t = q.shape[0]
+            outs.append(attn(q.reshape(t, -1), k, v, forward_batch(fields), **extra).view(t, spec["heads"],
+                                                                                          spec["head_dim"]))
+    return outs
+'''
+
+EAGER = '''
+
+def run(batch, inputs):
+    """One eager step, as the model runner makes it: init_forward_metadata, then each layer's forward."""
+    reqs = batch["requests"]
+    load(reqs, inputs)
+    fields = batch_fields(batch["mode"], reqs)
+    backend.init_forward_metadata(forward_batch(fields))
+    return forward(fields, [[new_tokens(reqs, per_req, which) for which in range(3)] for per_req in inputs])
+'''
+
+# SGLang's decode CudaGraphRunner with the 0.5.23 two-phase hooks (cuda_graph_runner.py).
+GRAPH = '''
+CAPTURE_SIZES = @BATCH_SIZES@  # SGLang's CUDA-graph batch sizes
+BUCKETS = sorted({min(n for n in CAPTURE_SIZES if n >= len(b["requests"])) for b in S["batches"]}, reverse=True)
+MAX_BS = BUCKETS[0]
+SCRATCH_SLOT = 0  # a padded row's KV slot: the pool's slot 0, never a request's
+backend.init_cuda_graph_state(MAX_BS, MAX_BS)
+FILL = backend.get_cuda_graph_seq_len_fill_value()  # a padded row's seq_len
+# The runner's static inputs, for the largest bucket; a graph reads them at every replay.
+static = dict(req_pool_indices=torch.zeros(MAX_BS, dtype=torch.int32, device=DEVICE),
+              seq_lens=torch.full((MAX_BS,), FILL, dtype=torch.int32, device=DEVICE),
+              seq_lens_cpu=torch.full((MAX_BS,), FILL, dtype=torch.int32),
+              out_cache_loc=torch.zeros(MAX_BS, dtype=torch.int64, device=DEVICE),
+              positions=torch.zeros(MAX_BS, dtype=torch.int64, device=DEVICE))
+static_qkv = [[torch.zeros(MAX_BS, heads, spec["head_dim"], dtype=dtype, device=DEVICE)
+               for heads in (spec["heads"], spec["kv_heads"], spec["kv_heads"])] for spec in S["layers"]]
+graphs = {}  # bucket -> (the captured batch's fields, the graph, its outputs); no graph without CUDA
+
+
+def graph_fields(bs, seq_lens_sum, full=False):
+    """A DECODE batch of `bs` rows over the static buffers; `full`: the request buffers at full capacity."""
+    end = MAX_BS if full else bs
+    return dict(forward_mode=ForwardMode.DECODE, batch_size=bs, input_ids=None,
+                req_pool_indices=static["req_pool_indices"][:end], seq_lens=static["seq_lens"][:end],
+                seq_lens_cpu=static["seq_lens_cpu"][:end], seq_lens_sum=seq_lens_sum,
+                out_cache_loc=static["out_cache_loc"][:bs], positions=static["positions"][:bs], spec_info=None)
+
+
+def program(fields, bs):
+    """What a graph records: the in-graph metadata hook (where the backend has one), then every layer."""
+    if hasattr(backend, "init_forward_metadata_in_graph"):
+        backend.init_forward_metadata_in_graph(forward_batch(fields))
+    return forward(fields, [[x[:bs] for x in qkv] for qkv in static_qkv])
+
+
+def capture(bs):
+    """Graph `bs` captured on padded rows only, as the runner captures: out_graph(in_capture=True) outside."""
+    static["req_pool_indices"][:bs].zero_()
+    static["seq_lens"][:bs].fill_(FILL)
+    static["seq_lens_cpu"][:bs].fill_(FILL)
+    static["out_cache_loc"][:bs].fill_(SCRATCH_SLOT)
+    static["positions"][:bs].zero_()
+    fields = graph_fields(bs, FILL * bs)
+    backend.init_forward_metadata_out_graph(forward_batch(fields, in_capture=True), in_capture=True)
+    if DEVICE != "cuda":  # no graph: the replay runs the program again, with the backend's state as at capture
+        program(fields, bs)
+        graphs[bs] = (fields, None, dict(vars(backend)))
+        return
+    graphs[bs] = (fields, *cuda_graph(lambda: program(fields, bs)))
+
+
+for bucket in BUCKETS:  # largest first, as SGLang captures
+    capture(bucket)
+replays = 0
+
+
+def run(batch, inputs):
+    """One replay: the batch's rows copied into the static buffers, padded rows to the bucket (scratch
+    slot, the fill seq_len, zero inputs), out_graph outside the graph, then the graph's replay. Every
+    second replay hands the request buffers at full capacity (rows past the batch keep what earlier
+    batches left there)."""
+    global replays
+    reqs = batch["requests"]
+    load(reqs, inputs)
+    bs = len(reqs)
+    pbs = min(n for n in BUCKETS if n >= bs)
+    seq_lens = [r["seq_len"] for r in reqs]
+    for name, values, pad in (("req_pool_indices", [r["row"] for r in reqs], 0), ("seq_lens", seq_lens, FILL),
+                              ("seq_lens_cpu", seq_lens, FILL), ("out_cache_loc", [r["slots"][-1] for r in reqs],
+                                                                 SCRATCH_SLOT),
+                              ("positions", [r["q_pos"][0] for r in reqs], 0)):
+        static[name][:bs] = torch.tensor(values, dtype=static[name].dtype)
+        static[name][bs:pbs] = pad
+    for qkv, per_req in zip(static_qkv, inputs):
+        for which, x in enumerate(qkv):
+            x[:bs] = new_tokens(reqs, per_req, which)
+            x[bs:pbs] = 0
+    fields = graph_fields(pbs, sum(seq_lens) + FILL * (pbs - bs), full=replays % 2 == 1)
+    replays += 1
+    backend.init_forward_metadata_out_graph(forward_batch(fields))
+    captured, graph, kept = graphs[pbs]
+    if graph is not None:
+        graph.replay()
+        return [out[:bs] for out in kept]
+    after_hooks = dict(vars(backend))
+    vars(backend).update(kept)  # a graph keeps the launch arguments it was captured with
+    try:
+        return [out[:bs] for out in program(captured, pbs)]
+    finally:
+        vars(backend).update(after_hooks)
 '''
 
 
 def render(scenario: Dict, backend_cls, exec_: str) -> str:
     """The file's text for a run of `backend_cls` (its SGLang --attention-backend name) on `scenario`."""
-    if scenario["mode"] not in ("decode", "extend", "mixed"):
-        from kit.repro.scenario import NotReproducible
+    from kit.repro.scenario import NotReproducible
+
+    modes = {b["mode"] for b in scenario["batches"]}
+    if not modes <= {"decode", "extend", "mixed"}:
         raise NotReproducible(f"{scenario['mode']} runs of SGLang backends: standalone files reproduce decode, extend "
                               f"and mixed ones only (no speculative inputs yet)")
-    engine_part = ENGINE_PART.replace("@BACKEND@", repr(backend_cls.server_name)).replace("@MODE@",
-                                                                                          repr(scenario["mode"]))
-    return assemble(scenario, "SGLang", backend_cls.server_name, exec_, HOW, engine_part)
+    if exec_ == "eager":
+        run = EAGER
+    elif modes == {"decode"}:
+        run = CUDA_GRAPH + GRAPH.replace("@BATCH_SIZES@", repr(backend_cls.profile.batch_sizes))
+    else:
+        raise NotReproducible(f"{exec_} runs of SGLang backends in {scenario['mode']}: standalone files reproduce "
+                              f"decode graphs only (its token-bucket graphs not yet); give the eager run's id")
+    engine_part = ENGINE_PART.replace("@BACKEND@", repr(backend_cls.server_name)) + run
+    return assemble(scenario, "SGLang", backend_cls.server_name, exec_, HOW[exec_], engine_part)

@@ -2,18 +2,19 @@
 from __future__ import annotations
 
 from kit.engine.case import Case
+from kit.modes import Exec
 from kit.repro import sglang_file, vllm_file
 from kit.repro.scenario import NotReproducible, scenario
 
 RENDERERS = {"vllm": vllm_file.render, "sglang": sglang_file.render}
 
 
-def standalone(backend_cls, case: Case, exec_: str) -> str:
-    """The text of a Python file that reproduces `backend_cls` on `case` with only its engine and torch."""
+def standalone(backend_cls, case: Case, exec_: Exec, origin: str) -> str:
+    """The text of a Python file that reproduces `backend_cls` on `case` in `exec_` with only its engine
+    and torch; `origin`: where the case comes from, for the file's opening (the record, what it was
+    shrunk from)."""
     engine = backend_cls.profile.name
     if engine not in RENDERERS:
         raise NotReproducible(f"{backend_cls.name}: no standalone renderer for {engine} backends yet "
                               f"({', '.join(sorted(RENDERERS))} have one)")
-    if exec_ != "eager":
-        raise NotReproducible(f"{exec_} runs: standalone files reproduce eager runs only; give the eager run's id")
-    return RENDERERS[engine](scenario(case, backend_cls.profile), backend_cls, exec_)
+    return RENDERERS[engine](scenario(case, backend_cls.profile, exec_, origin), backend_cls, exec_.value)

@@ -1,16 +1,22 @@
 """The vLLM part of a standalone file: vLLM set up as its engine sets itself up (where there is no
 CUDA: Triton's interpreter and vLLM's CPU platform), a config of a weightless model of the run's
 heads, vLLM's own Attention layers and the backend's metadata builder, the batch as its
-CommonAttentionMetadata, then build and each layer's forward inside set_forward_context."""
+CommonAttentionMetadata, then build and each layer's forward inside set_forward_context; a graph
+run: its full decode graphs captured and replayed as vLLM's runner does."""
 from __future__ import annotations
 
 from typing import Dict
 
-from kit.repro.file_parts import assemble
+from kit.repro.file_parts import CUDA_GRAPH, assemble
 
-HOW = ("Builds the batch with vLLM's own classes (VllmConfig, Attention, the backend's metadata builder,\n"
-       "CommonAttentionMetadata) and calls them in the order vLLM's runner does (build, then each layer's\n"
-       "forward inside set_forward_context; the layer writes the new tokens' KV itself).")
+HOW = {"eager": ("Builds the batches with vLLM's own classes (VllmConfig, Attention, the backend's metadata builder,\n"
+                 "CommonAttentionMetadata) and calls them in the order vLLM's runner does (build, then each layer's\n"
+                 "forward inside set_forward_context; the layer writes the new tokens' KV itself)."),
+       "graph": ("Builds the batches with vLLM's own classes (VllmConfig, Attention, the backend's metadata builder,\n"
+                 "CommonAttentionMetadata) and calls them in the order vLLM's runner does for full decode graphs\n"
+                 "(per capture size, largest first, build_for_cudagraph_capture on its dummy batch and the capture\n"
+                 "of every layer's forward; per replay the persistent inputs refilled, padded with empty requests,\n"
+                 "build, the replay).")}
 
 ENGINE_PART = '''BACKEND = @BACKEND@
 if DEVICE == "cpu":  # vLLM's CPU platform
@@ -81,39 +87,155 @@ with set_current_vllm_config(config):
     torch.set_default_dtype(default)
     builder = backend.get_builder_cls()(layers[0].get_kv_cache_spec(config), [a.layer_name for a in layers], config,
                                        torch.device(DEVICE))
-for spec, attn, per_req in zip(S["layers"], layers, inputs):
-    d = spec["head_dim"]
-    # vLLM's physical cache [blocks, block, kv heads, K|V], NaN where no token is (a read past a
-    # request's keys shows), bound as the [blocks, kv heads, block, 2 * d] view its runner hands.
-    cache = torch.full((S["num_blocks"], S["page"], spec["kv_heads"], 2 * d), float("nan"), dtype=dtype, device=DEVICE)
-    for r, (_, k, v) in zip(reqs, per_req):
-        for t, slot in enumerate(r["slots"][:r["n_old"]]):
-            cache[slot // S["page"], slot % S["page"]] = torch.cat([k[t], v[t]], dim=-1).to(dtype)
+
+
+# vLLM's physical cache per layer [blocks, block, kv heads, K|V], bound once as the [blocks, kv heads,
+# block, 2 * d] view its runner hands (a captured graph reads these tensors).
+caches = [torch.empty((S["num_blocks"], S["page"], spec["kv_heads"], 2 * spec["head_dim"]), dtype=dtype,
+                      device=DEVICE) for spec in S["layers"]]
+for attn, cache in zip(layers, caches):
     attn.bind_kv_cache(cache.permute(0, 2, 1, 3))
 
-query_start = torch.tensor([0] + [r["n_new"] for r in reqs], dtype=torch.int32).cumsum(0, dtype=torch.int32)
-seq_lens = torch.tensor([r["n_old"] + r["n_new"] for r in reqs], dtype=torch.int32)
-block_table = torch.zeros(len(reqs), -(-S["max_model_len"] // S["page"]), dtype=torch.int32)  # past its pages: block 0
-for i, r in enumerate(reqs):
-    block_table[i, :len(r["pages"])] = torch.tensor(r["pages"], dtype=torch.int32)
-slot_mapping = torch.tensor([s for r in reqs for s in r["slots"][r["n_old"]:]], dtype=torch.int64, device=DEVICE)
-common = CommonAttentionMetadata(
-    query_start_loc=query_start.to(DEVICE), query_start_loc_cpu=query_start, seq_lens=seq_lens.to(DEVICE),
-    num_reqs=len(reqs), num_actual_tokens=slot_mapping.shape[0], max_query_len=max(r["n_new"] for r in reqs),
-    max_seq_len=int(seq_lens.max()), block_table_tensor=block_table.to(DEVICE),
-    slot_mapping=slot_mapping, seq_lens_cpu_upper_bound=seq_lens)
-metadata = builder.build(common_prefix_len=0, common_attn_metadata=common)
-names = [a.layer_name for a in layers]
-outs = []
-with set_forward_context({n: metadata for n in names}, config, slot_mapping={n: slot_mapping for n in names}):
-    for spec, attn, per_req in zip(S["layers"], layers, inputs):
-        t = slot_mapping.shape[0]
-        q, k, v = (new_tokens(per_req, which).reshape(t, -1) for which in range(3))
-        outs.append(attn(q, k, v).view(t, spec["heads"], spec["head_dim"]))
+
+def load(reqs, inputs):
+    """The batch's cached tokens written into each layer's cache, NaN where no token is (a read past a
+    request's keys shows)."""
+    for cache, per_req in zip(caches, inputs):
+        cache.fill_(float("nan"))
+        for r, (_, k, v) in zip(reqs, per_req):
+            for t, slot in enumerate(r["slots"][:r["n_old"]]):
+                cache[slot // S["page"], slot % S["page"]] = torch.cat([k[t], v[t]], dim=-1).to(dtype)
+
+
+def common_metadata(cached, new, block_table, slot_mapping, max_query_len, max_seq_len, held=None):
+    """vLLM's CommonAttentionMetadata of requests of `cached` + `new` tokens (their pages `block_table`);
+    `held`: the runner's persistent query_start_loc and seq_lens buffers, which a graph reads, filled."""
+    query_start = torch.tensor([0] + new, dtype=torch.int32).cumsum(0, dtype=torch.int32)
+    seq_lens = torch.tensor(cached, dtype=torch.int32) + torch.tensor(new, dtype=torch.int32)
+    on_device = [query_start.to(DEVICE), seq_lens.to(DEVICE)]
+    if held is not None:
+        on_device = [buffer[:len(x)].copy_(x) for buffer, x in zip(held, on_device)]
+    return CommonAttentionMetadata(
+        query_start_loc=on_device[0], query_start_loc_cpu=query_start, seq_lens=on_device[1],
+        num_reqs=len(new), num_actual_tokens=slot_mapping.shape[0], max_query_len=max_query_len,
+        max_seq_len=max_seq_len, block_table_tensor=block_table, slot_mapping=slot_mapping,
+        seq_lens_cpu_upper_bound=seq_lens)
+
+
+def block_table_of(reqs, rows):
+    """Each request's pages, then block 0 (past its pages, and for padded rows up to `rows`)."""
+    table = torch.zeros(rows, -(-S["max_model_len"] // S["page"]), dtype=torch.int32)
+    for i, r in enumerate(reqs):
+        table[i, :len(r["pages"])] = torch.tensor(r["pages"], dtype=torch.int32)
+    return table.to(DEVICE)
+
+
+def forward(metadata, slot_mapping, qkv):
+    """Each layer's forward inside set_forward_context, on `qkv` (per layer: q, k, v of the step's tokens)."""
+    names = [a.layer_name for a in layers]
+    outs = []
+    with set_forward_context({n: metadata for n in names}, config, slot_mapping={n: slot_mapping for n in names}):
+        for spec, attn, (q, k, v) in zip(S["layers"], layers, qkv):
+            t = q.shape[0]
+            outs.append(attn(q.reshape(t, -1), k.reshape(t, -1), v.reshape(t, -1)).view(t, spec["heads"],
+                                                                                        spec["head_dim"]))
+    return outs
+'''
+
+EAGER = '''
+
+def run(batch, inputs):
+    """One eager step, as vLLM's runner makes it: the builder's build, then each layer's forward (the layer
+    writes the new tokens' KV itself)."""
+    reqs = batch["requests"]
+    load(reqs, inputs)
+    slot_mapping = torch.tensor([s for r in reqs for s in r["slots"][r["n_old"]:]], dtype=torch.int64, device=DEVICE)
+    new = [r["n_new"] for r in reqs]
+    common = common_metadata([r["n_old"] for r in reqs], new, block_table_of(reqs, len(reqs)), slot_mapping,
+                             max(new), max(r["n_old"] + r["n_new"] for r in reqs))
+    metadata = builder.build(common_prefix_len=0, common_attn_metadata=common)
+    return forward(metadata, slot_mapping, [[new_tokens(reqs, per_req, which) for which in range(3)]
+                                            for per_req in inputs])
+'''
+# vLLM's full decode graphs as its runner captures and replays them (v1/worker/gpu/cudagraph_utils.py): a
+# graph per capture size, captured on its dummy batch (InputBatch.make_dummy: one token a request, nothing
+# cached, the null block) built with build_for_cudagraph_capture and the host maxima of the worst replay;
+# a replay's padded requests are empty (no query token, seq_len 0) and its padded tokens write no KV (-1).
+GRAPH = '''
+CAPTURE_SIZES = @BATCH_SIZES@  # vLLM's default capture sizes
+BUCKETS = sorted({min(n for n in CAPTURE_SIZES if n >= len(b["requests"])) for b in S["batches"]}, reverse=True)
+MAX_BS = BUCKETS[0]
+NO_WRITE = -1  # a padded token's slot: vLLM's KV writer skips it
+# The runner's persistent inputs, for the largest graph; a graph reads them at every replay.
+slot_mapping = torch.full((MAX_BS,), NO_WRITE, dtype=torch.int64, device=DEVICE)
+block_table = block_table_of([], MAX_BS)
+held = (torch.zeros(MAX_BS + 1, dtype=torch.int32, device=DEVICE), torch.zeros(MAX_BS, dtype=torch.int32, device=DEVICE))
+static_qkv = [[torch.zeros(MAX_BS, heads, spec["head_dim"], dtype=dtype, device=DEVICE)
+               for heads in (spec["heads"], spec["kv_heads"], spec["kv_heads"])] for spec in S["layers"]]
+graphs = {}  # bucket -> (the metadata captured, the graph, its outputs); no graph without CUDA
+
+
+def program(metadata, bs):
+    return forward(metadata, slot_mapping[:bs], [[x[:bs] for x in qkv] for qkv in static_qkv])
+
+
+def capture(bs):
+    slot_mapping[:bs].fill_(NO_WRITE)
+    block_table[:bs].zero_()
+    common = common_metadata([0] * bs, [1] * bs, block_table[:bs], slot_mapping[:bs], 1, S["max_model_len"], held)
+    metadata = builder.build_for_cudagraph_capture(common)
+    if DEVICE != "cuda":  # no graph: a replay runs the program again with the metadata captured
+        program(metadata, bs)
+        graphs[bs] = (metadata, None, None)
+        return
+    graphs[bs] = (metadata, *cuda_graph(lambda: program(metadata, bs)))
+
+
+for bucket in BUCKETS:  # largest first, as vLLM captures
+    capture(bucket)
+
+
+def prepare_replay(reqs, pbs):
+    """The batch's slots, pages and lengths in the persistent inputs, padded to `pbs` rows, then the build."""
+    bs = len(reqs)
+    slot_mapping[:bs] = torch.tensor([r["slots"][-1] for r in reqs], dtype=torch.int64)
+    slot_mapping[bs:pbs] = NO_WRITE
+    block_table[:pbs] = block_table_of(reqs, pbs)
+    pad = [0] * (pbs - bs)
+    common = common_metadata([r["n_old"] for r in reqs] + pad, [1] * bs + pad, block_table[:pbs],
+                             slot_mapping[:pbs], 1, max(r["n_old"] + 1 for r in reqs), held)
+    builder.build(common_prefix_len=0, common_attn_metadata=common)
+
+
+def run(batch, inputs):
+    """One replay: the batch's tokens, slots and pages copied into the persistent inputs, padded to the
+    graph's size with empty requests, the builder's build over them (its metadata buffers), the replay."""
+    reqs = batch["requests"]
+    load(reqs, inputs)
+    bs = len(reqs)
+    pbs = min(n for n in BUCKETS if n >= bs)
+    for qkv, per_req in zip(static_qkv, inputs):
+        for which, x in enumerate(qkv):
+            x[:bs] = new_tokens(reqs, per_req, which)
+            x[bs:pbs] = 0
+    prepare_replay(reqs, pbs)
+    captured, graph, outs = graphs[pbs]
+    if graph is not None:
+        graph.replay()
+        return [out[:bs] for out in outs]
+    return [out[:bs] for out in program(captured, pbs)]
 '''
 
 
 def render(scenario: Dict, backend_cls, exec_: str) -> str:
     """The file's text for a run of `backend_cls` (its vLLM backend enum name) on `scenario`."""
-    return assemble(scenario, "vLLM", backend_cls.vllm_backend, exec_, HOW,
-                    ENGINE_PART.replace("@BACKEND@", repr(backend_cls.vllm_backend)))
+    if exec_ == "eager":
+        run = EAGER
+    elif {b["mode"] for b in scenario["batches"]} == {"decode"}:
+        run = CUDA_GRAPH + GRAPH.replace("@BATCH_SIZES@", repr(backend_cls.profile.batch_sizes))
+    else:
+        from kit.repro.scenario import NotReproducible
+        raise NotReproducible(f"{exec_} runs of vLLM backends in {scenario['mode']}: standalone files reproduce "
+                              f"decode graphs only (its mixed-batch graphs not yet); give the eager run's id")
+    return assemble(scenario, "vLLM", backend_cls.vllm_backend, exec_, HOW[exec_],
+                    ENGINE_PART.replace("@BACKEND@", repr(backend_cls.vllm_backend)) + run)
