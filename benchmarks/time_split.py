@@ -1,14 +1,15 @@
 """Where the matrix's time goes, per backend and mode: compiles (Triton, inductor, FlashInfer JIT),
 references, kernels, backend loading and the kit's own work, with the GPU's busy share.
 
-    python -m benchmarks.time_split [--case-set full] [--workers auto] [--out PATH] [PYTEST ARGS]
+    python -m benchmarks.time_split [--case-set full] [--workers auto] [--full] [--out PATH] [PYTEST ARGS]
 
 Runs the README's matrix command as benchmarks.kit_throughput times it (the in-box backends unless
---backend names others; other arguments go to pytest, e.g. `--mode decode`), every process writing
+--backend names others, or --full: every registered one; other arguments go to pytest, e.g.
+`--mode decode`), every process writing
 its timeline (benchmarks.timeline), in which each run says where its seconds went (kit.spend: a
 compile's seconds are the compile's, not the kernel's it ran inside). Appends one row to
 `results/bench/time-split-<device>.json` (or --out): the device, the host's cores, the libraries'
-versions, the command's seconds and runs, the session's compiles by library (0: every kernel
+versions, whether references came from a disk cache (KIT_REFERENCE_CACHE), the command's seconds and runs, the session's compiles by library (0: every kernel
 came from the caches), the GPUs' mean utilization (nvidia-smi, polled every 0.5 s) and its mean
 over them as `gpu_busy_share`, and per backend and mode (`split`): runs executed, seconds in
 runs, and of them compile (by library, with counts), reference, kernel (the backend's calls and
@@ -26,10 +27,12 @@ import tempfile
 from pathlib import Path
 from typing import Dict, List, Tuple
 
+from benchmarks.gpus import backends
 from benchmarks.kit_throughput import REPO, append_row, device, measure
 from benchmarks.many_backends import GpuPoll
 from benchmarks.timeline import test_events
 from kit import spend
+from kit.engine import reference_cache
 from kit.report.record import UNSUPPORTED, parse_run_id, read_results_file
 
 PARTS = (spend.REFERENCE, spend.KERNEL, spend.LOAD)
@@ -78,8 +81,11 @@ def main(argv: List[str] = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--case-set", default="full", help="smoke, full or auto (default: full)")
     parser.add_argument("--workers", default="auto", help="xdist workers: a number or auto (default); 0: no xdist")
+    parser.add_argument("--full", action="store_true", help="every registered backend, not the in-box ones")
     parser.add_argument("--out", help="the rows file (default: results/bench/time-split-<device>.json)")
     args, extra = parser.parse_known_args(argv)
+    specs, extra = backends(args.full, extra)
+    extra = [f"--backend={spec}" for spec in specs] + extra
     name, slug = device()
     with tempfile.TemporaryDirectory() as tmp, GpuPoll() as poll:
         results, timeline = os.path.join(tmp, "results.json"), os.path.join(tmp, "timeline")
@@ -91,7 +97,8 @@ def main(argv: List[str] = None) -> None:
     compiles = collections.Counter()
     for part in by_backend_mode.values():
         compiles.update(part["compiles"])
-    row = dict(row, cores=os.cpu_count(), versions=_versions(), compiles=dict(compiles),
+    row = dict(row, cores=os.cpu_count(), versions=_versions(), reference_cache=bool(os.environ.get(reference_cache.ENV)),
+               compiles=dict(compiles),
                compiles_total=sum(compiles.values()), gpu_utilization=utilization,
                gpu_busy_share=(round(sum(utilization.values()) / len(utilization) / 100, 3) if utilization else None),
                split=by_backend_mode)
