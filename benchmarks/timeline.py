@@ -1,7 +1,7 @@
 """Where a timed matrix run's seconds go: a pytest plugin (`-p benchmarks.timeline`) that,
 in every process of the session (the xdist controller and each worker), writes when the
 process started, when pytest had configured it (imports done), when collection began and
-ended, when each test ran (and its CPU seconds), when the session's end began and ended
+ended, when each test ran (its CPU seconds, and where its seconds went: kit.spend), when the session's end began and ended
 (sessionfinish: xdist stops its workers, the results are written), and when the interpreter
 began to exit, to
 `$KIT_TIMELINE_DIR/<worker id>.jsonl`, a line as it happens (a worker that dies keeps
@@ -18,6 +18,8 @@ from pathlib import Path
 from typing import Dict, List, Optional
 
 import pytest
+
+from kit import spend
 
 ENV = "KIT_TIMELINE_DIR"
 
@@ -52,10 +54,10 @@ class _Timeline:
 
     @pytest.hookimpl(hookwrapper=True)
     def pytest_runtest_protocol(self, item, nextitem):
-        start, cpu = time.time(), time.process_time()
+        start, cpu, before = time.time(), time.process_time(), spend.snapshot()
         yield
         self._line(event="test", id=item.nodeid.split("[", 1)[-1].split("]")[0], t=start, end=time.time(),
-                   cpu=round(time.process_time() - cpu, 4))
+                   cpu=round(time.process_time() - cpu, 4), spent=spend.since(before))
 
     @pytest.hookimpl(hookwrapper=True)
     def pytest_sessionfinish(self, session):
@@ -79,6 +81,11 @@ def pytest_configure(config):
 
 def _read(path: Path) -> List[dict]:
     return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+
+
+def test_events(directory: str) -> List[dict]:
+    """Every process's test events, in file order."""
+    return [e for f in sorted(Path(directory).glob("*.jsonl")) for e in _read(f) if e["event"] == "test"]
 
 
 def test_seconds(directory: str) -> Dict[str, float]:

@@ -53,6 +53,12 @@ def build_parser() -> Parser:
     warm.add_argument("--timeout", type=seconds, default=BUILD_S,
                       help=f"seconds per build (default {BUILD_S:g}: longer than a run's, since a compile "
                            f"stopped is lost; 0: none)")
+    warm.add_argument("--save", metavar="ARCHIVE", default=None,
+                      help="after the builds, write the compilers' caches (Triton, inductor, FlashInfer JIT) to "
+                           "this archive (a tar; .tar.gz compresses) for another machine's --restore")
+    warm.add_argument("--restore", metavar="ARCHIVE", default=None,
+                      help="before the builds, unpack an archive --save wrote into this machine's caches: the "
+                           "builds then load what it holds, and the last line counts what they still compiled")
     fuzz_cli.add_parser(sub, PROG)
     rep = sub.add_parser("repro", prog=f"{PROG} repro",
                          help="write a Python file that reproduces one run with only its engine and torch imported")
@@ -203,7 +209,9 @@ def _selection(args):
 
 
 def _warmup(args, catalog, case_set: str) -> int:
-    from kit import warmup
+    import tarfile
+
+    from kit import caches, warmup
     from kit.harness.registry import backend_label, kernels_of
     from kit.shard import Shard
 
@@ -214,7 +222,18 @@ def _warmup(args, catalog, case_set: str) -> int:
         return fail(PROG, f"{exc}")
     labels = {spec: backend_label(spec) for spec in backends}
     todo = warmup.builds(backends, modes, execs, catalog, case_set, kernels_of, warmup.runs_here, shard, labels.get)
+    if args.restore:
+        try:
+            restored = caches.restore(args.restore)
+        except (OSError, tarfile.TarError, KeyError, ValueError) as exc:
+            return fail(PROG, f"--restore {args.restore}: not an archive `{PROG} warmup --save` wrote ({exc})")
+        for line in restored:
+            print(f"restored {line}", flush=True)
     lost = warmup.warmup(todo, args.jobs or warmup.default_jobs(), args.cases, args.timeout)
+    if args.save:
+        saved = caches.save(args.save)
+        print(f"saved to {args.save}: " + (", ".join(f"{name} {files} files" for name, files in saved.items())
+                                           or "no cache (nothing compiled on this machine yet)"), flush=True)
     return FAILED if lost else 0
 
 

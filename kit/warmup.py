@@ -11,7 +11,8 @@ importing SGLang at once took longer than most builds). A build that takes its p
 costs only itself: the build is recorded lost with the process's exit code and last line of
 stderr, and a new process takes the rest, as it does after a sticky device fault. The builds
 land in the libraries' own on-disk caches, which the matrix's workers then load. Progress is
-one plain line per finished build, and a line naming the longest-running builds after a minute
+one plain line per finished build (with the compiles it did: kit.harness.compiles), the last
+line their count (0: every kernel came from the caches), and a line naming the longest-running builds after a minute
 with none finished (a FlashInfer module can compile for ten)."""
 from __future__ import annotations
 
@@ -28,6 +29,7 @@ import time
 from dataclasses import dataclass
 from typing import Callable, Dict, List, Optional, Sequence
 
+from kit import spend
 from kit.process import placement
 from kit.harness import child
 from kit.engine.case import Case
@@ -188,7 +190,7 @@ def warmup(todo: Sequence[Build], jobs: int, catalog_target: Optional[str], time
     start = last_line = time.monotonic()
     jobs = min(jobs, len(todo))
     print(f"warmup: {len(todo)} kernel variants, {jobs} processes", file=out, flush=True)
-    pending, done, lost, started = _interleaved(todo), 0, 0, 0
+    pending, done, lost, started, compiled = _interleaved(todo), 0, 0, 0, 0
     free_slots = list(range(jobs))
     selector = selectors.DefaultSelector()
 
@@ -212,7 +214,9 @@ def warmup(todo: Sequence[Build], jobs: int, catalog_target: Optional[str], time
             line = process.proc.stdout.readline()
             if line:
                 reply = json.loads(line)
-                report(process.build, reply["verdict"], process.began)
+                compiled += reply["compiles"]
+                report(process.build, reply["verdict"] + (f", {reply['compiles']} compiled" if reply["compiles"] else ""),
+                       process.began)
                 if pending and not reply["device_lost"]:  # a faulted device stays faulted in its process
                     working = collections.Counter(other.data.backend for other in selector.get_map().values()
                                                   if other.data is not process)
@@ -233,7 +237,8 @@ def warmup(todo: Sequence[Build], jobs: int, catalog_target: Optional[str], time
                 print(f"warmup: {done}/{len(todo)} done, still building {len(running)}: "
                       + "; ".join(f"{p.build.what} {now - p.began:.0f} s" for p in running[:3]), file=out, flush=True)
             last_line = now
-    print(f"warmup: done in {time.monotonic() - start:.1f} s, {started} processes", file=out, flush=True)
+    print(f"warmup: done in {time.monotonic() - start:.1f} s, {started} processes, {compiled} compiles"
+          + ("" if compiled else " (every kernel came from the caches)"), file=out, flush=True)
     return lost
 
 
@@ -255,9 +260,10 @@ def serve(catalog_target: Optional[str], timeout: float) -> None:
     for line in sys.stdin:
         build = json.loads(line)
         case = catalog.find_case(parse_mode(build["mode"]), build["case"])
+        before = spend.snapshot()
         result = run_case(build["backend"], case, parse_exec(build["exec"]), catalog=catalog_target, timeout=timeout)
-        replies.write(json.dumps(dict(verdict=result.verdict,
-                                      device_lost=bool(result.device_lost))) + "\n")
+        replies.write(json.dumps(dict(verdict=result.verdict, device_lost=bool(result.device_lost),
+                                      compiles=spend.compiles(spend.since(before)))) + "\n")
         if result.device_lost:
             return
 

@@ -244,3 +244,26 @@ def test_keep_leaves_each_settings_results_file_in_the_folder(monkeypatch, tmp_p
     gpus.main(["--out", str(tmp_path / "rows.json"), "--committed", str(committed), "--no-warmup", "--repeat", "1",
                "--keep", str(kept)])
     assert sorted(p.name for p in kept.iterdir()) == ["results-1gpu.json", "results-2gpu.json"]
+
+
+def test_time_split_row_says_where_each_backend_and_modes_seconds_went(tmp_path):
+    """A planted compile (tests.toys.compiling, a real Triton compile on an empty cache) shows as
+    its backend's compile, apart from its kernel; the references, kernels and the kit's rest add up
+    to the seconds in runs."""
+    out = tmp_path / "split.json"
+    env = {**os.environ, "TRITON_CACHE_DIR": str(tmp_path / "triton")}
+    proc = subprocess.run([sys.executable, "-m", "benchmarks.time_split", "--workers", "0", "--out", str(out),
+                           "--case-set", "smoke", "--cases", "tests.toys.tiny:CATALOG", "--backend", "torch_native",
+                           "--backend", "tests.toys.compiling:CompilingBackend"],
+                          cwd=REPO, capture_output=True, text=True, timeout=600, env=env)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    (row,) = json.loads(out.read_text())
+    assert row["cores"] == os.cpu_count() and row["versions"]["torch"] and row["gpu_busy_share"] is None  # no GPU
+    assert row["compiles"] == {"triton": 2} and row["compiles_total"] == 2  # one kernel per head_dim
+    toy, native = row["split"]["toy_compiling decode"], row["split"]["torch_native decode"]
+    assert toy["compiles"] == {"triton": 2} and 0 < toy["compile_by_library_s"]["triton"] == toy["compile_s"]
+    assert native["compiles"] == {} and native["compile_s"] == 0
+    for part in (toy, native):
+        assert part["runs"] > 0 and part["reference_s"] > 0 and part["kernel_s"] > 0 and part["kit_s"] > 0
+        parts = part["compile_s"] + part["reference_s"] + part["kernel_s"] + part["load_s"] + part["kit_s"]
+        assert abs(parts - part["run_s"]) < 0.05, part

@@ -56,7 +56,7 @@ def test_warmup_builds_each_variant_once_in_parallel_with_progress(tmp_path):
     progress = [line for line in proc.stdout.splitlines() if line.startswith("[")]
     assert [p.split("] ", 1)[1].split()[0] for p in progress] == [f"{i}/{len(lines)}" for i in range(1, len(lines) + 1)]
     assert all(": pass, " in p for p in progress), proc.stdout  # what the backend printed did not get in the way
-    assert proc.stdout.splitlines()[-1].endswith(", 2 processes"), proc.stdout
+    assert proc.stdout.splitlines()[-1].endswith(", 2 processes, 0 compiles (every kernel came from the caches)"), proc.stdout
 
 
 def test_a_build_that_takes_its_process_down_costs_only_that_build():
@@ -69,7 +69,7 @@ def test_a_build_that_takes_its_process_down_costs_only_that_build():
     lost = [p for p in progress if "(victim)" in p]
     assert len(lost) == 1 and ": its process ended with no verdict, killed by SIGKILL (exit code -9)" in lost[0], proc.stdout
     assert all(": pass, " in p for p in progress if p not in lost), proc.stdout
-    assert proc.stdout.splitlines()[-1].endswith(", 2 processes"), proc.stdout  # a new one took the rest
+    assert proc.stdout.splitlines()[-1].endswith(", 2 processes, 0 compiles (every kernel came from the caches)"), proc.stdout  # a new one took the rest
 
 
 def test_a_backend_derived_from_a_registered_one_builds_as_that_one():
@@ -105,7 +105,7 @@ def test_a_process_whose_device_faulted_runs_no_more_builds():
     progress = [line for line in proc.stdout.splitlines() if line.startswith("[")]
     assert [": fail [crash], " in p for p in progress] == ["(victim)" in p for p in progress], proc.stdout
     assert sum(": pass, " in p for p in progress) == 3, proc.stdout
-    assert proc.stdout.splitlines()[-1].endswith(", 2 processes"), proc.stdout
+    assert proc.stdout.splitlines()[-1].endswith(", 2 processes, 0 compiles (every kernel came from the caches)"), proc.stdout
 
 
 def test_a_build_has_longer_than_a_run_since_a_compile_stopped_at_its_limit_is_lost(monkeypatch):

@@ -25,6 +25,7 @@ from typing import Callable, Dict, List, Optional, Sequence, Tuple
 
 import torch
 
+from kit import spend
 from kit.engine.batch import ForwardBatch
 from kit.engine.case import Case
 from kit.engine.fingerprint import fingerprint, unchanged
@@ -35,6 +36,7 @@ from kit.engine.plan import BatchPlan, plan_case
 from kit.engine.numerics import EXACT_NUMERICS, Numerics
 from kit.engine.pools import CASE_LAYER_ID, PoolCache, Pools, PoolSpec
 from kit.engine.profile import AS_SCHEDULED, EngineProfile
+from kit.engine import reference_cache
 from kit.engine.reference import declared, logical_kv, references
 from kit.engine.render import render, step_views
 from kit.engine.storage import storage
@@ -66,14 +68,17 @@ class Step:
 
     def reference(self, layer_id: int) -> Tuple[torch.Tensor, torch.Tensor]:
         if layer_id not in self.references:
-            self.references.update(references(self))
+            with spend.timed(spend.REFERENCE):
+                self.references.update(reference_cache.kept(self, "exact", lambda: references(self)))
         return self.references[layer_id]
 
     def declared(self, layer_id: int, steps: Tuple[str, ...]) -> Tuple[torch.Tensor, Optional[torch.Tensor]]:
         """(emulated, envelope) float64 references of one layer under declared numerics' `steps`
         (kit.engine.reference.declared), computed once per batch and steps."""
         if (steps, layer_id) not in self.references:
-            self.references.update(((steps, lid), refs) for lid, refs in declared(self, steps).items())
+            with spend.timed(spend.REFERENCE):
+                refs = reference_cache.kept(self, ("declared", steps), lambda: declared(self, steps))
+                self.references.update(((steps, lid), pair) for lid, pair in refs.items())
         return self.references[(steps, layer_id)]
 
     def logical_kv(self, layer_id: int = CASE_LAYER_ID) -> List[Tuple[torch.Tensor, torch.Tensor]]:

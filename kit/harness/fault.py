@@ -9,6 +9,7 @@ from typing import Optional
 
 import torch
 
+from kit import spend
 from kit.harness.oom import allocation_site, is_out_of_memory, raised_by_kit
 from kit.harness.timeout import RunTimeout
 from kit.harness.where import where
@@ -54,10 +55,15 @@ class KitOutOfMemory(Exception):
         super().__init__(f"{stage}: {type(exc).__name__}: {_first_line(exc)} (allocated at {allocation_site(exc)})")
 
 
+# Stages that load and ask the backend, rather than run its kernels (kit.spend.LOAD).
+LOADING = ("loading backend", "versions()", "supports()")
+
+
 def unsynced(stage: str, fn, *args, **kwargs):
     """fn(...), whatever it raises the backend's crash in `stage`, or the kit's out of memory."""
     try:
-        return fn(*args, **kwargs)
+        with spend.timed(spend.LOAD if stage in LOADING else spend.KERNEL):
+            return fn(*args, **kwargs)
     except KeyboardInterrupt:
         raise  # the user stops the session (what finished is kept)
     except BaseException as exc:  # noqa: BLE001 - every backend error is a verdict: sys.exit and timeouts too
@@ -77,6 +83,8 @@ def judged_on_device(stage: str, judge):
     GPU). A device fault those kernels caused surfaces in it, and is the backend's, in `stage`;
     the kit's own errors stay the kit's."""
     try:
+        with spend.timed(spend.KERNEL):  # the wait for the backend's kernels, which judge()'s read back would be
+            device_done()
         return judge()
     except RuntimeError as exc:
         if sticky(exc):

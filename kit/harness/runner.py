@@ -15,7 +15,7 @@ from kit.engine.fixture import Fixture, fixtures_for
 from kit.engine.numerics import label
 from kit.engine.render import step_views
 from kit.engine.schedule import batches
-from kit.harness import interpreter, mirrors, recurrent
+from kit.harness import compiles, interpreter, mirrors, recurrent
 from kit.harness.capabilities import Capabilities
 from kit.harness.environment import versions
 from kit.harness.fault import Crash, KitOutOfMemory, call, charge_late_fault, charged, judged_on_device, unsynced
@@ -145,12 +145,14 @@ def execute(run: Run, device: Optional[torch.device] = None, timeout: Optional[f
     result = run.record(outcome=PASS)
     start = time.perf_counter()
     moving_to(run.label, device)
+    compiles.watch()
     result.versions = versions()
     try:
         with time_limit(timeout), interpreter_noise_filtered():
             # No wait for the device until supports(): loading is a lookup after a backend's first
             # run, and the previous run ended with one (its faults are its own).
             cls = unsynced("loading backend", load_backend, backend_spec)
+            compiles.watch()  # the libraries it imported, before its kernels build
             interpreter.install()  # a no-op unless the backend's kernels run in Triton's interpreter
             problem = backend_problem(cls)
             if problem:
@@ -166,6 +168,7 @@ def execute(run: Run, device: Optional[torch.device] = None, timeout: Optional[f
         charge_late_fault(result)
     if not result.device_lost:
         after_run(device)
+    compiles.watch()
     result.seconds = round(time.perf_counter() - start, 4)
     return result
 

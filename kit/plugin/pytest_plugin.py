@@ -4,7 +4,7 @@ is a plugin of its own, registered here as pytest registers its own (state in co
 kit.plugin.options, selection (the options parsed, the product of runs, the catalog loaded
 late), parametrize (the tests and their known-failure marks), timeouts, grouping (`--dist
 loadgroup`), recorder (the results file, progress lines), device_lost (a worker's last record),
-worker (an xdist worker's threads, CUDA state and exit)."""
+worker (an xdist worker's threads, CUDA state and exit), compile_count (the session's compiles)."""
 from __future__ import annotations
 
 import functools
@@ -17,6 +17,7 @@ from kit.process import placement
 from kit.harness import timeout
 from kit.harness.environment import to_record
 from kit.plugin import cuda_context, parallel_spawn
+from kit.plugin.compile_count import CompileCount
 from kit.plugin.device_lost import end_process
 from kit.plugin.grouping import Grouping
 from kit.plugin import options as plugin_options
@@ -61,5 +62,6 @@ def pytest_configure(config):
     config.stash[SELECTION] = Selection.from_options(config)
     for name, plugin in ((RECORDER, Recorder(config)), ("conformance-runs", Parametrize()),
                          ("conformance-timeouts", RunTimeouts()), ("conformance-grouping", Grouping()),
-                         ("conformance-device", DeviceSetup()), ("conformance-catalog", CatalogLoader())):
+                         ("conformance-device", DeviceSetup()), ("conformance-catalog", CatalogLoader()),
+                         ("conformance-compiles", CompileCount())):
         config.pluginmanager.register(plugin, name)

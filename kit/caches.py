@@ -1,0 +1,98 @@
+"""The compilers' on-disk caches as one archive: `python -m kit warmup --save ARCHIVE` writes it
+after the builds, `--restore ARCHIVE` unpacks it on another machine before them, so that its
+warmup and matrix load every kernel rather than compile it. Each cache is where its library reads
+it on this machine (the variables the libraries read, else their defaults); an archive holds each
+under its name, with a manifest of where and with what versions it was written. Torch-free."""
+from __future__ import annotations
+
+import importlib.metadata
+import json
+import os
+import shutil
+import tarfile
+import tempfile
+from pathlib import Path
+from typing import Callable, Dict, List, Optional
+
+MANIFEST = "manifest.json"
+
+
+def _triton() -> Path:
+    home = os.environ.get("TRITON_HOME") or os.path.expanduser("~")
+    return Path(os.environ.get("TRITON_CACHE_DIR") or os.path.join(home, ".triton", "cache"))
+
+
+def _inductor() -> Path:
+    if os.environ.get("TORCHINDUCTOR_CACHE_DIR"):
+        return Path(os.environ["TORCHINDUCTOR_CACHE_DIR"])
+    import getpass
+    import re
+    user = re.sub(r'[\\/:*?"<>|]', "_", getpass.getuser())
+    return Path(tempfile.gettempdir()) / f"torchinductor_{user}"
+
+
+def _flashinfer() -> Path:
+    return Path(os.environ.get("FLASHINFER_WORKSPACE_BASE") or os.path.expanduser("~")) / ".cache" / "flashinfer"
+
+
+# Per cache, where its library reads it (each library's own rule, read without importing it) and the
+# distribution whose version decides whether its entries are any use.
+CACHES: Dict[str, Callable[[], Path]] = {"triton": _triton, "inductor": _inductor, "flashinfer": _flashinfer}
+DISTRIBUTIONS = {"triton": "triton", "inductor": "torch", "flashinfer": "flashinfer-python"}
+
+
+def where() -> Dict[str, Path]:
+    return {name: find() for name, find in CACHES.items()}
+
+
+def _version(distribution: str) -> Optional[str]:
+    try:
+        return importlib.metadata.version(distribution)
+    except importlib.metadata.PackageNotFoundError:
+        return None
+
+
+def versions() -> Dict[str, Optional[str]]:
+    return {name: _version(dist) for name, dist in DISTRIBUTIONS.items()}
+
+
+def save(archive: str, dirs: Optional[Dict[str, Path]] = None) -> Dict[str, int]:
+    """Every cache of `dirs` (default: this machine's) that exists into `archive` (a tar: gzip where
+    its name ends in .gz): files per cache."""
+    dirs = dirs or where()
+    files = {name: sum(len(f) for _, _, f in os.walk(d)) for name, d in dirs.items() if d.is_dir()}
+    manifest = dict(caches={name: str(dirs[name]) for name in files}, files=files, versions=versions())
+    mode = "w:gz" if archive.endswith(".gz") else "w"
+    partial = f"{archive}.partial"
+    with tarfile.open(partial, mode) as tar:
+        for name in files:
+            tar.add(dirs[name], arcname=name)
+        with tempfile.NamedTemporaryFile("w", suffix=".json") as f:
+            json.dump(manifest, f, indent=1)
+            f.flush()
+            tar.add(f.name, arcname=MANIFEST)
+    os.replace(partial, archive)  # a save stopped half-way leaves no archive to restore
+    return files
+
+
+def restore(archive: str, dirs: Optional[Dict[str, Path]] = None) -> List[str]:
+    """`archive`'s caches into `dirs` (default: this machine's), added to what is there (a file of
+    the same name replaced); lines saying what was restored, and any version that differs from the
+    one that wrote it (that library's entries will not be found: its kernels compile again)."""
+    dirs = dirs or where()
+    with tempfile.TemporaryDirectory() as tmp, tarfile.open(archive) as tar:
+        tar.extractall(tmp, filter="data")  # no member outside tmp, no device or link out of it
+        manifest = json.loads((Path(tmp) / MANIFEST).read_text())
+        lines = []
+        for name in manifest["caches"]:
+            if name not in dirs:
+                lines.append(f"{name}: in the archive, but this kit keeps no such cache; left out")
+                continue
+            shutil.copytree(Path(tmp) / name, dirs[name], dirs_exist_ok=True)
+            lines.append(f"{name}: {manifest['files'][name]} files -> {dirs[name]}")
+    here = versions()
+    for name, version in manifest["versions"].items():
+        if name in manifest["caches"] and version != here.get(name):
+            lines.append(f"{name}: written with {DISTRIBUTIONS[name]} {version}, this machine has "
+                         f"{here.get(name)}: its kernels compile again")
+    return lines
