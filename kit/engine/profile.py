@@ -64,6 +64,11 @@ class EngineProfile:
             raise ValueError(f"engine profile {self.name!r} names no KV storage for {kind!r} attention")
         return self.storage[kind]
 
+    def seq_len_pad(self, fill_value: int) -> int:
+        """A padded request's seq_lens entry in a graph batch, for a backend whose fill value
+        (get_cuda_graph_seq_len_fill_value) is `fill_value`."""
+        return fill_value if self.padded_seq_len is None else self.padded_seq_len
+
     @property
     def padded_rows_attend(self) -> bool:
         """Whether a padded token belongs to a (padded) request and so has an output, which must
