@@ -240,6 +240,8 @@ class _Search:
                 dropped = dropped.with_(name=case_name(dropped, _fields(dropped)))
             except ValueError:  # not a valid case without it (an MLA case's scale)
                 continue
+            if unsupported_reason(self.cls, self.caps, dropped, Exec(finding.exec)) is not None:
+                continue  # not one the backend runs without it (a tree's steps its engine's chain rule refuses)
             again = self._run(dropped, Exec(finding.exec))
             if again is not None and Failed.kind(again) == kind:
                 finding = dataclasses.replace(again, example=finding.example, seconds=finding.seconds)
