@@ -95,9 +95,16 @@ class EngineProfile:
         if decode_tokens > 1 and not self.spec_rows_beside_prefill:
             return (f"engine {self.name!r} schedules no decode rows of {decode_tokens} tokens (verifying drafts) "
                     f"beside prefill rows (its profile's spec_rows_beside_prefill)")
-        if rules.speculative and self.drafts is not None:
-            return self.drafts(case)
-        return None
+        return self.draft_problem(case)
+
+    def draft_problem(self, case) -> Optional[str]:
+        """Why its draft rule refuses a speculative case's drafts, or None (also where the case's
+        mode has none)."""
+        from kit.engine.modes import rules_for  # torch: only when a case is judged
+
+        if self.drafts is None or not rules_for(case.mode).speculative:
+            return None
+        return self.drafts(case)
 
     def problem(self) -> Optional[str]:
         """What is malformed in the profile, or None."""
