@@ -3,7 +3,6 @@ kit given a toy of each, written into exactly the files the docs list (each file
 against the copy as it was), runs it. The mode's list has its own test (tests/test_kit_modes.py)."""
 import hashlib
 import re
-import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -11,6 +10,7 @@ from pathlib import Path
 import pytest
 
 from kit.report.results import REPO
+from tests.helpers import copy_of_the_kit
 
 COPIED = ("kit", "cases", "backends", "matrix", "tests/__init__.py", "tests/toys", "pyproject.toml")
 ENTRY_POINTS = '[project.entry-points."attention_conformance.backends"]\n'
@@ -84,13 +84,7 @@ def _digests(root: Path) -> dict:
 
 @pytest.fixture()
 def copy(tmp_path):
-    for name in COPIED:
-        source = REPO / name
-        (tmp_path / name).parent.mkdir(parents=True, exist_ok=True)
-        if source.is_dir():
-            shutil.copytree(source, tmp_path / name, ignore=shutil.ignore_patterns("__pycache__"))
-        else:
-            shutil.copy(source, tmp_path / name)
+    copy_of_the_kit(tmp_path, COPIED)
     return tmp_path
 
 

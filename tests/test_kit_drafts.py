@@ -64,6 +64,12 @@ def test_no_catalog_case_is_refused_by_an_engines_draft_rule(rule):
     assert not refused, refused
 
 
+def test_a_recurrent_verify_is_no_draft_shape_a_rule_refuses():
+    """A recurrent case verifies a chain of its `new` drafts: no topk or steps for a rule to read."""
+    verify = next(c for c in CATALOG.matrix_cases("smoke", TARGET_VERIFY) if not hasattr(c, "topk"))
+    assert SGLANG.unscheduled(verify) is None and VLLM.unscheduled(verify) is None
+
+
 def test_a_profile_whose_drafts_are_not_a_rule_is_malformed():
     assert "drafts must be None or a function" in dataclasses.replace(SGLANG, drafts="sglang").problem()
     assert SGLANG.problem() is None and VLLM.problem() is None

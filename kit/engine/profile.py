@@ -99,10 +99,11 @@ class EngineProfile:
 
     def draft_problem(self, case) -> Optional[str]:
         """Why its draft rule refuses a speculative case's drafts, or None (also where the case's
-        mode has none)."""
+        mode has none, and for a case with no draft shape of its own: a recurrent case verifies a
+        chain of its `new` drafts, kit.engine.kinds.recurrent, which every rule takes)."""
         from kit.engine.modes import rules_for  # torch: only when a case is judged
 
-        if self.drafts is None or not rules_for(case.mode).speculative:
+        if self.drafts is None or not hasattr(case, "topk") or not rules_for(case.mode).speculative:
             return None
         return self.drafts(case)
 
