@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import torch
 
-from kit.engine.profile import EngineProfile
+from kit.engine.profile import SGLANG, EngineProfile
 from kit.engine.sparse import PAD
 from kit.harness.protocol import AttentionBackend
 from kit.modes import ForwardMode
@@ -20,7 +20,7 @@ from kit.modes import ForwardMode
 # shape whatever its batch (batch invariance on GPUs, whose kernels depend on the shapes), and a
 # chunk's gathered rows stay small.
 CHUNK = 16
-PROFILE = EngineProfile("torch_sparse_mla", storage={"sparse_mla": "latent_strided_blocks"})
+PROFILE = EngineProfile("torch_sparse_mla", storage={"sparse_mla": "latent_strided_blocks"}, drafts=SGLANG.drafts)
 
 
 class TorchSparseMLABackend(AttentionBackend):

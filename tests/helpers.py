@@ -3,6 +3,7 @@ runner's own code (kit.harness.runner.RunSetup), and processes run once per test
 import fcntl
 import json
 import os
+import shutil
 import subprocess
 
 from backends import pinned
@@ -11,6 +12,7 @@ from kit.engine.case import Case
 from kit.modes import Exec
 from kit.harness.capabilities import Capabilities
 from kit.harness.runner import RunSetup
+from kit.report.results import REPO
 
 
 def small_case(name, mode, prefix, new=1, *, heads=(4, 2), head_dim=16, dtype="fp32", **kw) -> Case:
@@ -67,3 +69,15 @@ def once_per_session(tmp_path_factory, name: str, make):
     saved = json.loads(done.read_text())
     return (subprocess.CompletedProcess(saved["args"], saved["returncode"], saved["stdout"], saved["stderr"]),
             saved["data"], folder)
+
+
+def copy_of_the_kit(root, names) -> None:
+    """The repository's `names` (folders and files) copied under `root`, caches left out: a copy
+    a test may add files to."""
+    for name in names:
+        source = REPO / name
+        (root / name).parent.mkdir(parents=True, exist_ok=True)
+        if source.is_dir():
+            shutil.copytree(source, root / name, ignore=shutil.ignore_patterns("__pycache__"))
+        else:
+            shutil.copy(source, root / name)

@@ -124,13 +124,11 @@ class RecordingBackend(AttentionBackend):
 
     def init_forward_metadata_replay_cuda_graph(self, bs, req_pool_indices, seq_lens, seq_lens_sum,
                                                 forward_mode, spec_info, seq_lens_cpu) -> None:
-        h = self.harness
-        n = bs * h.tokens_per_req
+        held = self.harness.static.held(bs)  # the graph's static buffers, as the replay loaded them
         self.calls.append(("replay", dict(
             bs=bs, rows=req_pool_indices.tolist(), seq_lens=seq_lens.tolist(), seq_lens_sum=seq_lens_sum,
             seq_lens_cpu=seq_lens_cpu.tolist(), seq_lens_cpu_device=seq_lens_cpu.device.type,
-            mode=forward_mode, out_cache_loc=h.out_cache_loc[:n].tolist(),
-            positions=h.positions[:bs * h.positions_per_req].tolist(),
+            mode=forward_mode, out_cache_loc=held["out_cache_loc"].tolist(), positions=held["positions"].tolist(),
             **self._spec(spec_info))))
 
     def get_cuda_graph_seq_len_fill_value(self) -> int:

@@ -2,11 +2,10 @@
 mode's two files (kit/engine/modes/toy.py, cases/toy.py) runs it end to end, a conformance run
 of torch_native (which reads each mode's requests through the mode's rules) recorded as any mode's."""
 import json
-import shutil
 import subprocess
 import sys
 
-from kit.report.results import REPO
+from tests.helpers import copy_of_the_kit
 
 RULES = '''"""TOY: two new tokens per request, causal; seq_lens = prefix + 2 (a test's mode)."""
 from kit.engine.modes.rules import ModeRules, RequestShape, causal, extend_fields
@@ -43,13 +42,7 @@ COPIED = ("kit", "cases", "backends", "matrix", "tests/__init__.py", "tests/test
 
 
 def test_a_mode_is_its_rules_file_and_its_catalog_file(tmp_path):
-    for name in COPIED:
-        source = REPO / name
-        (tmp_path / name).parent.mkdir(parents=True, exist_ok=True)
-        if source.is_dir():
-            shutil.copytree(source, tmp_path / name, ignore=shutil.ignore_patterns("__pycache__"))
-        else:
-            shutil.copy(source, tmp_path / name)
+    copy_of_the_kit(tmp_path, COPIED)
     (tmp_path / "kit/engine/modes/toy.py").write_text(RULES)
     (tmp_path / "cases/toy.py").write_text(CATALOG)
     env = {"PATH": "/usr/bin:/bin", "PYTHONPATH": str(tmp_path), "PYTHONNOUSERSITE": "1"}

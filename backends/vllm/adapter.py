@@ -20,8 +20,9 @@ What is mapped, and nothing more (a bug here could hide one in vLLM):
 The engine's conventions are PROFILE: the storage above, no KV write for padded tokens (slot -1),
 padded requests empty, vLLM's default capture sizes, graphs captured as vLLM captures them
 (kit.harness.hooks' builder style), a ragged step's decode rows first (as its runner reorders them),
-decode rows verifying drafts beside prefill rows (speculative decoding with chunked prefill), a recurrent
-layer's verify states in a block per token (kit.harness.recurrent_rules). Which graphs run is vLLM's own declaration,
+decode rows verifying drafts beside prefill rows (speculative decoding with chunked prefill), drafts as
+vLLM counts them (kit.engine.drafts.vllm), a recurrent layer's verify states in a block per token
+(kit.harness.recurrent_rules). Which graphs run is vLLM's own declaration,
 AttentionMetadataBuilder.get_cudagraph_support (`supports_graph`).
 """
 from __future__ import annotations
@@ -34,6 +35,7 @@ from typing import Dict, Optional
 import torch
 
 from backends import pinned
+from kit.engine import drafts
 from kit.engine.modes import rules_for
 from kit.engine.modes.rules import GraphBuckets
 from kit.engine.numerics import ALL, P_FP8, Q_FP8, TF32, Numerics
@@ -50,7 +52,8 @@ CAPTURE_SIZES = (1, 2, 4) + tuple(range(8, 256, 8)) + tuple(range(256, 513, 16))
 PROFILE = EngineProfile("vllm", storage={"dense": "interleaved", "mla": "latent_blocks"}, batch=COMMON,
                         padded_slot=NO_WRITE, padded_seq_len=0, padded_query_len=0, pads_token_graph_requests=True,
                         batch_sizes=CAPTURE_SIZES, token_buckets=CAPTURE_SIZES, hooks=BUILDER,
-                        row_order=DECODE_FIRST, spec_rows_beside_prefill=True, recurrent_verify=PER_TOKEN_BLOCKS)
+                        row_order=DECODE_FIRST, spec_rows_beside_prefill=True, drafts=drafts.vllm,
+                        recurrent_verify=PER_TOKEN_BLOCKS)
 # The kit's quantized KV caches, as vLLM's kv_cache_dtype names them.
 CACHE_DTYPES = {None: "auto", "fp8_e4m3": "fp8_e4m3", "fp8_e5m2": "fp8_e5m2"}
 INTERPRETER_BF16 = "bf16 on CPU: Triton's interpreter computes bf16 tl.dot wrong (CPU runs fp16/fp32)"

@@ -8,7 +8,7 @@ import zlib
 from typing import TYPE_CHECKING, Optional, Tuple, Union
 
 from kit.engine.batch_shape import BatchShape
-from kit.engine.kinds import KINDS, kind_of
+from kit.engine.kinds import KINDS, kind_of, parameters as kind_parameters
 from kit.engine.layouts import LAYOUTS, PAGE_LAYOUTS
 from kit.engine.modes import rules_for
 from kit.modes import ForwardMode
@@ -42,9 +42,21 @@ PRESETS = dict(MHA=MHA, GQA=GQA, MQA=MQA, GQA_32_8=GQA_32_8, GPT_OSS=GPT_OSS, SM
                DEEPSEEK_ROPE=DEEPSEEK_ROPE, DEEPSEEK_SCALE=DEEPSEEK_SCALE)
 
 
+def _with_kind_parameters(cls):
+    """The attention kinds' own parameters (kit.engine.kinds: MLA's kv_lora_rank and rope_dim,
+    sparse MLA's index_topk and index_scatter) as the case's last fields, keyword-only, each at its
+    kind's default: a new kind's parameters are its file's, and case lines name them as any field."""
+    for name, default in kind_parameters():
+        cls.__annotations__[name] = type(default).__name__
+        setattr(cls, name, dataclasses.field(default=default, kw_only=True))
+    return cls
+
+
 @dataclasses.dataclass(frozen=True)
+@_with_kind_parameters
 class Case(BatchShape):
-    """One batch shape + layer config for one runner mode.
+    """One batch shape + layer config for one runner mode; its attention kind's parameters are the
+    kind's (kit.engine.kinds), fields after these.
 
     prefix: per request, the tokens whose KV is already in the pool
             (DECODE: seq_len - 1; EXTEND, MIXED: extend_prefix_lens;
@@ -75,16 +87,6 @@ class Case(BatchShape):
     # Attention sinks (gpt-oss): every layer has a learned logit per query head that joins the
     # softmax denominator and carries no value (kit.engine.layer.sink_logits; each layer its own).
     sinks: bool = False
-    # MLA (multi-head latent attention) iff kv_lora_rank > 0: one latent KV row per token,
-    # head_dim = kv_lora_rank + rope_dim wide (the compressed KV, then the rotary key part);
-    # V is its first kv_lora_rank columns, and so is each head's output.
-    kv_lora_rank: int = 0
-    rope_dim: int = 0
-    # Sparse MLA (DeepSeek-V3.2's DSA) iff index_topk > 0: MLA whose queries attend only the cache
-    # positions the indexer selected, at most index_topk each (kit.engine.sparse draws them);
-    # index_scatter places a row's -1 padding among its indices rather than after them.
-    index_topk: int = 0
-    index_scatter: bool = False
     inputs: str = "contiguous"  # INPUT_FORMS (kit.engine.fixture.LayerInputs.handed)
     # The KV cache's dtype: None stores K/V in `dtype`; "fp8_e4m3" / "fp8_e5m2" store them
     # quantized with per-layer scales on the layer (kit.engine.kv_quant).
@@ -153,8 +155,10 @@ class Case(BatchShape):
         return self._kind_problem() or rules_for(self.mode).validate(self)
 
     def _kind_problem(self) -> Optional[str]:
-        if not _is_int(self.kv_lora_rank) or self.kv_lora_rank < 0 or not _is_int(self.rope_dim) or self.rope_dim < 0:
-            return f"kv_lora_rank {self.kv_lora_rank!r} and rope_dim {self.rope_dim!r} must be ints >= 0"
+        for any_kind in KINDS.values():
+            problem = any_kind.values(self)
+            if problem:
+                return problem
         kind = kind_of(self)
         for other in reversed(KINDS.values()):  # a field of several kinds names the plainest (MLA's rank)
             stray = [f for f in other.fields if f not in kind.fields and getattr(self, f)]

@@ -5,7 +5,9 @@ values, a case's value, and the fields that give a case that value). A bug that 
 cache read through a sliding window) is reached only by a case that has both, so every pair of
 values of two features must be some case's. A pair is possible in a mode when a case of the mode
 can have both: `Case` validation decides (the rules of the mode and of the attention kind: MLA
-takes no window, only the speculative modes have trees), on a probe of the mode with the two values set.
+takes no window, only the speculative modes have trees), on a probe of the mode with the two values
+set, and so does the draft rule of the catalog's engine (the in-box catalog's drafts are SGLang's,
+kit.engine.drafts, which vLLM's rule takes too: no DRAFT_DECODE tree at pages > 1).
 `missing` lists the possible pairs a set of cases leaves out; `covering` proposes cases that reach
 them, densest first (a greedy covering array over the missing pairs)."""
 from __future__ import annotations
@@ -15,12 +17,15 @@ from typing import Dict, Iterable, List, Sequence, Tuple
 
 from kit.engine.case import Case
 from kit.engine import features
+from kit.engine.kinds import parameters as kind_parameters
+from kit.engine.profile import SGLANG, EngineProfile
 
 # The features every pair of whose values some case must have (kit.engine.features.FEATURES).
 FEATURES = tuple(f for f in features.FEATURES if f.paired)
 BY_NAME = {f.name: f for f in FEATURES}
-# The fields an attention kind's cases differ in (taken from an example case of the kind).
-KIND_FIELDS = ("heads", "head_dim", "scale", "kv_lora_rank", "rope_dim", "index_topk")
+# The fields an attention kind's cases differ in (taken from an example case of the kind): its
+# heads and widths, and every kind's own parameters.
+KIND_FIELDS = ("heads", "head_dim", "scale") + tuple(name for name, _ in kind_parameters())
 
 Value = Tuple[str, object]  # (feature name, value)
 Pair = Tuple[Value, Value]  # in FEATURES order
@@ -42,8 +47,9 @@ class Probe:
     """Cases of one mode built to order: a template of the mode (its lengths) with feature values
     set; the attention kinds' fields come from an example case of each kind (any mode)."""
 
-    def __init__(self, template: Case, examples: Dict[str, Case]):
+    def __init__(self, template: Case, examples: Dict[str, Case], engine: EngineProfile = SGLANG):
         self.template = template
+        self.engine = engine  # whose draft rule the catalog's cases follow
         self.kinds = {kind: {f: getattr(example, f) for f in KIND_FIELDS} for kind, example in examples.items()}
         self.plain = {f.name: f.values[0] for f in FEATURES}
 
@@ -60,10 +66,10 @@ class Probe:
 
     def possible(self, values: Dict[str, object]) -> bool:
         try:
-            self.case(values)
+            case = self.case(values)
         except ValueError:
             return False
-        return True
+        return self.engine.draft_problem(case) is None
 
 
 def probe_for(cases: Sequence[Case], every_case: Sequence[Case]) -> Probe:

@@ -8,7 +8,9 @@ A new engine is an adapter plus its profile."""
 from __future__ import annotations
 
 import dataclasses
-from typing import Dict, Optional, Tuple
+from typing import Callable, Dict, Optional, Tuple
+
+from kit.engine import drafts
 
 # SGLang's CUDA-graph batch sizes, and the token buckets of its piecewise prefill graphs.
 SGLANG_BATCH_SIZES = (1, 2, 4, 8, 16, 32, 64, 128, 256)
@@ -63,11 +65,19 @@ class EngineProfile:
     # step (vLLM, speculative decoding with chunked prefill); SGLang verifies in steps of their own.
     spec_rows_beside_prefill: bool = False
     recurrent_verify: str = INTERMEDIATE_POOLS  # a recurrent layer's verify rule (INTERMEDIATE_POOLS, PER_TOKEN_BLOCKS)
+    # Its draft rule (kit.engine.drafts): why it never runs a speculative case's drafts, or None;
+    # None for an engine that runs every draft configuration the modes describe.
+    drafts: Optional[Callable] = None
 
     def storage_for(self, kind: str) -> str:
         if kind not in self.storage:
             raise ValueError(f"engine profile {self.name!r} names no KV storage for {kind!r} attention")
         return self.storage[kind]
+
+    def seq_len_pad(self, fill_value: int) -> int:
+        """A padded request's seq_lens entry in a graph batch, for a backend whose fill value
+        (get_cuda_graph_seq_len_fill_value) is `fill_value`."""
+        return fill_value if self.padded_seq_len is None else self.padded_seq_len
 
     @property
     def padded_rows_attend(self) -> bool:
@@ -80,12 +90,27 @@ class EngineProfile:
         """Whether slot 0 is a scratch slot padded rows write (exempt from the KV check)."""
         return self.padded_slot == SCRATCH_SLOT
 
-    def unscheduled(self, decode_tokens: int) -> Optional[str]:
-        """Why the engine never hands a ragged step whose decode rows have `decode_tokens` tokens, or None."""
+    def unscheduled(self, case) -> Optional[str]:
+        """Why the engine never hands the steps of `case`, or None: decode rows verifying drafts beside
+        prefill rows where it schedules none, drafts its rule refuses."""
+        from kit.engine.modes import rules_for  # torch: only when a case is judged
+
+        rules = rules_for(case.mode)
+        decode_tokens = rules.decode_tokens(case)
         if decode_tokens > 1 and not self.spec_rows_beside_prefill:
             return (f"engine {self.name!r} schedules no decode rows of {decode_tokens} tokens (verifying drafts) "
                     f"beside prefill rows (its profile's spec_rows_beside_prefill)")
-        return None
+        return self.draft_problem(case)
+
+    def draft_problem(self, case) -> Optional[str]:
+        """Why its draft rule refuses a speculative case's drafts, or None (also where the case's
+        mode has none, and for a case with no draft shape of its own: a recurrent case verifies a
+        chain of its `new` drafts, kit.engine.kinds.recurrent, which every rule takes)."""
+        from kit.engine.modes import rules_for  # torch: only when a case is judged
+
+        if self.drafts is None or not hasattr(case, "topk") or not rules_for(case.mode).speculative:
+            return None
+        return self.drafts(case)
 
     def problem(self) -> Optional[str]:
         """What is malformed in the profile, or None."""
@@ -104,6 +129,8 @@ class EngineProfile:
             return f"padded_query_len must be None (a real row's) or 0 (an empty request), not {self.padded_query_len!r}"
         if self.hooks not in (None, TWO_PHASE, CAPTURE_REPLAY, BUILDER):
             return f"hooks must be None, {TWO_PHASE!r}, {CAPTURE_REPLAY!r} or {BUILDER!r}, not {self.hooks!r}"
+        if self.drafts is not None and not callable(self.drafts):
+            return f"drafts must be None or a function of a case (kit.engine.drafts), not {self.drafts!r}"
         if self.row_order not in ROW_ORDERS:
             return f"row_order must be one of {', '.join(map(repr, ROW_ORDERS))}, not {self.row_order!r}"
         if self.recurrent_verify not in (INTERMEDIATE_POOLS, PER_TOKEN_BLOCKS):
@@ -114,6 +141,7 @@ class EngineProfile:
         return None
 
 
-SGLANG = EngineProfile("sglang", storage={"dense": "split", "mla": "latent", "sparse_mla": "latent"})
-# A backend written against the kit's own step description (`batch.step`), over SGLang's pools.
-NATIVE = EngineProfile("native", storage=SGLANG.storage, batch=STEP)
+SGLANG = EngineProfile("sglang", storage={"dense": "split", "mla": "latent", "sparse_mla": "latent"},
+                       drafts=drafts.sglang)
+# A backend written against the kit's own step description (`batch.step`), over SGLang's pools and drafts.
+NATIVE = EngineProfile("native", storage=SGLANG.storage, batch=STEP, drafts=drafts.sglang)

@@ -3,7 +3,9 @@
 Batch-size graphs (DECODE / TARGET_VERIFY / DRAFT_EXTEND_V2, ...): static buffers sized for the
 largest bucket of the engine's batch sizes, one graph captured per bucket (warm-up on a side
 stream first), then replays in mixed order with padded rows as the engine's profile fills them
-(kit.engine.profile: a padded token's KV slot, a padded request's seq_len). Token graphs (EXTEND,
+(kit.engine.profile: a padded token's KV slot, a padded request's seq_len). The static buffers are
+the fields the batch's converter lists (kit.engine.render.STATIC_FIELDS, kept by
+kit.harness.static): the harness names none of an engine's fields. Token graphs (EXTEND,
 piecewise contract): the token axis is padded to a token bucket. A graph records the whole step
 program of a batch: the in-graph metadata, then every step's forward for every layer.
 
@@ -29,8 +31,8 @@ import torch
 from kit.engine.batch import ForwardBatch
 from kit.engine.fixture import Fixture
 from kit.engine.modes import rules_for
-from kit.engine.modes.rules import EXTEND_REQUEST_FIELDS, GraphBuckets
-from kit.engine.sparse import PAD
+from kit.engine.modes.rules import GraphBuckets
+from kit.engine.render import graph_batch, seq_lens_sum
 from kit.engine.variants import bucket_for
 from kit.harness import mirrors
 from kit.harness.capabilities import Capabilities
@@ -40,6 +42,7 @@ from kit.harness.hooks import driver_for
 from kit.harness.hoststate import Bindings, replaced, tensor_pointers
 from kit.harness.program import forward_program
 from kit.harness.protocol import seq_len_fill_value
+from kit.harness.static import StaticBatch
 from kit.report.record import CUDA_GRAPH, EMULATED, PIECEWISE_EAGER
 
 WARMUP_RUNS = 2
@@ -113,14 +116,10 @@ class _Harness:
         self.device = kv.device
         self.real = self.device.type == "cuda"
         self.detail = CUDA_GRAPH if self.real else EMULATED
-        self.fill = seq_len_fill_value(backend)
-        self.padded_seq_len = self.fill if self.profile.padded_seq_len is None else self.profile.padded_seq_len
-        # Per request, tokens of the batch (its KV slots and positions) and rows of each step; a
-        # token-axis graph pads tokens, not requests.
+        self.padded_seq_len = self.profile.seq_len_pad(seq_len_fill_value(backend))
+        # Rows of each step per request; a token-axis graph pads tokens, not requests.
         first = fixtures[0]
         per_request = lambda n: 0 if token_axis else n // first.batch.batch_size  # noqa: E731
-        self.tokens_per_req = per_request(first.batch.out_cache_loc.shape[0])
-        self.positions_per_req = per_request(first.batch.positions.shape[0])
         self.max_tokens = max_tokens
         self.steps = []
         for step in first.steps:
@@ -128,23 +127,15 @@ class _Harness:
             q, k, v = (list(t) for t in zip(*(x.buffers(rows, self.case.inputs) for x in step.inputs)))
             self.steps.append(_StepInputs(q, k, v, [x.v_in_k for x in step.inputs], per_request(step.batch.num_tokens)))
         self.input_checks: List[Pending] = []  # of captures, judged with the next replay
-        self.out_cache_loc = self._zeros(max(max_tokens, self.max_bs * self.tokens_per_req), torch.int64)
-        self.positions = self._zeros(max(max_tokens, self.max_bs * self.positions_per_req), torch.int64)
-        # Sparse MLA: the indexer's rows, as its buffer in the engine holds them (a padded token's: no index)
-        self.topk_indices = (torch.full((self.out_cache_loc.shape[0], self.case.index_topk), PAD, dtype=torch.int32,
-                                        device=self.device) if self.case.index_topk else None)
-        self.req_pool_indices = self._zeros(self.max_bs, torch.int32)
-        self.seq_lens = torch.full((self.max_bs,), self.padded_seq_len, dtype=torch.int32, device=self.device)
-        self.seq_lens_cpu = torch.full((self.max_bs,), self.padded_seq_len, dtype=torch.int32)
+        # The batch's fields its converter lists, padded as the engine's profile pads them.
+        self.static = StaticBatch(first.batch, self.profile, self.padded_seq_len, self.max_bs,
+                                  max_tokens if token_axis else None, ragged=token_axis)
         self.captured: Dict[int, _Captured] = {}
         # Canaries on what the backend allocates for its graphs (init_cuda_graph_state, the capture
         # hooks: the graphs read it at every replay), checked after every replay.
         self.graph_guards = [Guard("init_cuda_graph_state: ")]
         self.mempool = torch.cuda.graph_pool_handle() if self.real else None
         self.replays = 0
-
-    def _zeros(self, n: int, dtype) -> torch.Tensor:
-        return torch.zeros(n, dtype=dtype, device=self.device)
 
     def _init_state(self, max_num_tokens: int) -> None:
         """The backend's graph state, then the driver's own buffers (both for the largest batch).
@@ -237,18 +228,11 @@ class _Harness:
             after_hooks.restore()  # forward's own Python side effects do not happen in a real replay
         return outs, swapped, canary_figures(guard, *self.graph_guards)
 
-    def _load(self, fx: Fixture, padded_tokens: int, padded_positions: int, padded_rows: List[int]) -> List[int]:
-        """The batch's real tokens and each step's real rows copied in; padded tokens write the
-        profile's padded slot (the scratch slot, or none) at position 0, padded rows are zeros.
-        Returns each step's real rows."""
-        b = fx.batch
-        loaded = [(self.out_cache_loc, b.out_cache_loc, self.profile.padded_slot, padded_tokens),
-                  (self.positions, b.positions, 0, padded_positions)]
-        if self.topk_indices is not None:
-            loaded.append((self.topk_indices, b.topk_indices, PAD, padded_tokens))
-        for buf, src, pad, end in loaded:
-            buf[:src.shape[0]].copy_(src)
-            buf[src.shape[0]:end].fill_(pad)
+    def _load(self, fx: Fixture, requests: int, tokens: Optional[int], padded_rows: List[int]) -> List[int]:
+        """The batch copied into the static buffers, padded up to `requests` requests and `tokens`
+        tokens (None: the requests'), and each step's real rows into its static inputs, padded
+        rows zeros. Returns each step's real rows."""
+        self.static.load(fx.batch, requests, tokens)
         real = []
         for s, step, rows in zip(self.steps, fx.steps, padded_rows):
             m = step.batch.num_tokens
@@ -258,16 +242,6 @@ class _Harness:
                     buf[m:rows].zero_()
             real.append(m)
         return real
-
-    def _topk(self, tokens: int) -> Optional[torch.Tensor]:
-        """The indexer's rows of a graph of `tokens` tokens (None where the case is not sparse)."""
-        return None if self.topk_indices is None else self.topk_indices[:tokens]
-
-    def _requests(self, bs: int, full: bool) -> dict:
-        """The request buffers a batch view hands over: exact-size views, or full capacity."""
-        end = self.max_bs if full else bs
-        return dict(req_pool_indices=self.req_pool_indices[:end], seq_lens=self.seq_lens[:end],
-                    seq_lens_cpu=self.seq_lens_cpu[:end])
 
     def _replayed(self, outs: List[List[torch.Tensor]], fx: Fixture, real: List[int], swapped: List[str],
                   memory: Pending, padded: List[int]) -> Replayed:
@@ -320,31 +294,21 @@ class BatchGraphs(_Harness):
         sizes = caps.profile.batch_sizes
         buckets = sorted({bucket_for(fx.batch.batch_size, sizes) for fx in fixtures}, reverse=True)
         first = fixtures[0]
-        tokens = first.batch.out_cache_loc.shape[0] // first.batch.batch_size
+        tokens = first.batch.num_tokens // first.batch.batch_size
         super().__init__(backend, caps, fixtures, buckets, max(buckets) * tokens, token_axis=False)
         self.sizes, self.buckets = sizes, buckets
+        self.tokens_per_req = tokens
         self._init_state(self.max_bs * max(s.per_request for s in self.steps))
 
     def _spec_info(self, bs: int, real_rows: int, real_mask: Optional[torch.Tensor]):
         return self.rules.spec_info(self.case, bs, real_rows, real_mask, self.padded_seq_len, self.device)
 
-    def _view(self, bs: int, seq_lens_sum: int, spec_info, full: bool) -> ForwardBatch:
-        return ForwardBatch(
-            forward_mode=self.rules.graph_mode(), batch_size=bs, **self._requests(bs, full), seq_lens_sum=seq_lens_sum,
-            out_cache_loc=self.out_cache_loc[:bs * self.tokens_per_req],
-            positions=self.positions[:bs * self.positions_per_req],
-            req_to_token_pool=self.pools.req_to_token_pool, token_to_kv_pool=self.pools.token_to_kv_pool,
-            spec_info=spec_info, topk_indices=self._topk(bs * self.tokens_per_req))
+    def _view(self, bs: int, spec_info, full: bool) -> ForwardBatch:
+        return graph_batch(self.rules.graph_mode(), bs, self.static.held(bs, full=full), self.pools, spec_info)
 
     def capture_bucket(self, bs: int) -> None:
-        self.req_pool_indices[:bs].zero_()
-        self.seq_lens[:bs].fill_(self.padded_seq_len)
-        self.seq_lens_cpu[:bs].fill_(self.padded_seq_len)
-        self.out_cache_loc[:bs * self.tokens_per_req].fill_(self.profile.padded_slot)
-        self.positions[:bs * self.positions_per_req].zero_()
-        if self.topk_indices is not None:
-            self.topk_indices[:bs * self.tokens_per_req].fill_(PAD)
-        batch = self._view(bs, self.padded_seq_len * bs, self._spec_info(bs, 0, None), full=False)
+        self.static.fill(bs)
+        batch = self._view(bs, self._spec_info(bs, 0, None), full=False)
         rows = self._rows(bs, 0)
         batch = self._capture_hooks(self.driver.capture, batch, bs * self.tokens_per_req)
         self._capture(bs, batch, rows)
@@ -358,17 +322,10 @@ class BatchGraphs(_Harness):
         bs = b.batch_size
         pbs = bucket_for(bs, self.sizes)
         # Rows past pbs keep what earlier batches left: a full-capacity view shows them.
-        self.req_pool_indices[:bs].copy_(b.req_pool_indices)
-        self.req_pool_indices[bs:pbs].zero_()
-        self.seq_lens[:bs].copy_(b.seq_lens)
-        self.seq_lens[bs:pbs].fill_(self.padded_seq_len)
-        self.seq_lens_cpu[:bs].copy_(b.seq_lens_cpu)
-        self.seq_lens_cpu[bs:pbs].fill_(self.padded_seq_len)
         rows = self._rows(pbs, 0)
-        real = self._load(fx, pbs * self.tokens_per_req, pbs * self.positions_per_req, rows)
+        real = self._load(fx, pbs, None, rows)
         real_mask = b.spec_info.custom_mask if b.spec_info is not None else None
-        view = self._view(pbs, b.seq_lens_sum + self.padded_seq_len * (pbs - bs), self._spec_info(pbs, bs, real_mask),
-                          full)
+        view = self._view(pbs, self._spec_info(pbs, bs, real_mask), full)
         view = self._mirrored(view, fx, regime)
         guard = Guard()
         with guard.watching():
@@ -389,7 +346,7 @@ class TokenGraphs(_Harness):
 
     def __init__(self, backend, caps: Capabilities, fixtures: Sequence[Fixture]):
         self.token_buckets = caps.profile.token_buckets
-        max_tokens = max(fx.batch.out_cache_loc.shape[0] for fx in fixtures)
+        max_tokens = max(fx.batch.num_tokens for fx in fixtures)
         max_bs = bucket_for(max(fx.batch.batch_size for fx in fixtures), caps.profile.batch_sizes)
         super().__init__(backend, caps, fixtures, [max_bs], bucket_for(max_tokens, self.token_buckets), token_axis=True)
         self.real_rows_only = caps.real_rows_only
@@ -397,7 +354,6 @@ class TokenGraphs(_Harness):
         self.capturing = caps.extend_capture and not self.real_rows_only
         if not self.capturing:
             self.detail = PIECEWISE_EAGER
-        self.extend = {f: self._zeros(self.max_bs, torch.int32) for f in EXTEND_REQUEST_FIELDS}
         self._init_state(self.max_tokens)
 
     def _graph_requests(self, fx: Fixture, padded: int) -> int:
@@ -409,35 +365,21 @@ class TokenGraphs(_Harness):
         """The batch over the static buffers: its requests copied in, then padded requests up to the
         graph's count (rows past them keep what earlier batches left), its tokens padded to the
         bucket, in the mode the graph is replayed as (a MIXED batch as EXTEND: ModeRules.graph_mode)."""
-        b = fx.batch
-        bs, rows = b.batch_size, self._graph_requests(fx, padded)
-        self._load(fx, padded, padded, [padded] * len(self.steps))
-        for buf, src, pad in ((self.req_pool_indices, b.req_pool_indices, 0),
-                              (self.seq_lens, b.seq_lens, self.padded_seq_len),
-                              (self.seq_lens_cpu, b.seq_lens_cpu, self.padded_seq_len)):
-            buf[:bs].copy_(src)
-            buf[bs:rows].fill_(pad)
-        end = self.max_bs if full else rows
-        for f, buf in self.extend.items():
-            buf[:bs].copy_(getattr(b, f))
-            buf[bs:rows].zero_()
-        pad = [0] * (rows - bs)
-        return dataclasses.replace(
-            b, batch_size=rows, **self._requests(rows, full), **{f: buf[:end] for f, buf in self.extend.items()},
-            seq_lens_sum=b.seq_lens_sum + self.padded_seq_len * (rows - bs),
-            extend_seq_lens_cpu=list(b.extend_seq_lens_cpu) + pad, extend_prefix_lens_cpu=list(b.extend_prefix_lens_cpu) + pad,
-            out_cache_loc=self.out_cache_loc[:padded], positions=self.positions[:padded],
-            topk_indices=self._topk(padded), forward_mode=self.rules.graph_mode())
+        rows = self._graph_requests(fx, padded)
+        self._load(fx, rows, padded, [padded] * len(self.steps))
+        held = self.static.held(rows, padded, full)
+        return dataclasses.replace(fx.batch, batch_size=rows, **held, seq_lens_sum=seq_lens_sum(held, rows),
+                                   forward_mode=self.rules.graph_mode())
 
     def prepare(self, fx: Fixture) -> None:
-        padded = bucket_for(fx.batch.out_cache_loc.shape[0], self.token_buckets)
+        padded = bucket_for(fx.batch.num_tokens, self.token_buckets)
         if self.capturing and padded not in self.captured:
-            n = fx.batch.out_cache_loc.shape[0]
+            n = fx.batch.num_tokens
             batch = self._capture_hooks(self.driver.ragged, self._view(fx, padded, full=False), fx.plan, in_capture=True)
             self._capture(padded, batch, [padded] * len(self.steps), fx, [n] * len(self.steps))
 
     def _replay(self, fx: Fixture, full: bool, regime: Optional[mirrors.Regime]) -> Replayed:
-        n = fx.batch.out_cache_loc.shape[0]
+        n = fx.batch.num_tokens
         padded = bucket_for(n, self.token_buckets)
         batch = self._mirrored(self._view(fx, padded, full), fx, regime)
         guard = Guard()
@@ -458,12 +400,12 @@ class TokenGraphs(_Harness):
         backend on the real rows, zeros for the padded ones."""
         if not self.real_rows_only:
             return self._program(batch, [padded] * len(self.steps))
-        real = dataclasses.replace(batch, out_cache_loc=batch.out_cache_loc[:n], positions=batch.positions[:n])
+        real = dataclasses.replace(batch, **self.static.first_tokens(batch, n))
         return [[torch.cat([out, out.new_zeros((padded - n,) + tuple(out.shape[1:]))]) for out in step]
                 for step in self._program(real, [n] * len(self.steps))]
 
     def _where(self, fx: Fixture) -> str:
-        return f", {fx.batch.out_cache_loc.shape[0]} tokens"
+        return f", {fx.batch.num_tokens} tokens"
 
     def _graph_name(self, key: int) -> str:
         return f"token bucket {key}"

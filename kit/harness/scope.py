@@ -7,7 +7,6 @@ import dataclasses
 from typing import Dict, List, Optional, Tuple
 
 from kit.engine.case import Case
-from kit.engine.modes import rules_for
 from kit.engine.kinds.recurrent import GRAPH_MODES, RecurrentCase
 from kit.harness.capabilities import NO_CAPTURE_HOOKS, Capabilities
 from kit.modes import Exec, ForwardMode
@@ -27,8 +26,7 @@ def declined(backend_cls, caps: Capabilities, case: Case, exec_: Exec) -> Option
     does. Raises what the backend's `supports()` raises."""
     # The kind first: a backend written for dense attention need not know an MLA case's fields, nor one
     # of an engine that never schedules the step the case's.
-    reason = (caps.kind_reason(case) or caps.kv_dtype_reason(case)
-              or caps.profile.unscheduled(rules_for(case.mode).decode_tokens(case)))
+    reason = caps.kind_reason(case) or caps.kv_dtype_reason(case) or caps.profile.unscheduled(case)
     if reason is None:
         said = backend_cls.supports(case)
         if said is not None:

@@ -4,6 +4,11 @@ from __future__ import annotations
 NAME = "dense"
 LABEL = "dense"
 FIELDS = ()
+PARAMETERS = ()
+
+
+def VALUES(case):
+    return None
 
 
 def APPLIES(case) -> bool:

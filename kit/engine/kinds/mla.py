@@ -6,6 +6,20 @@ from __future__ import annotations
 NAME = "mla"
 LABEL = "MLA (latent attention)"
 FIELDS = ("kv_lora_rank", "rope_dim")
+# Its parameters, fields of every case (kit.engine.case), 0 where it is not MLA: the latent's rank
+# (kv_lora_rank > 0 names the kind), and the width of the rotary key part after it.
+PARAMETERS = (("kv_lora_rank", 0), ("rope_dim", 0))
+
+
+def VALUES(case):
+    """What is wrong with its parameters' values whatever the case's kind, or None."""
+    if not _count(case.kv_lora_rank) or not _count(case.rope_dim):
+        return f"kv_lora_rank {case.kv_lora_rank!r} and rope_dim {case.rope_dim!r} must be ints >= 0"
+    return None
+
+
+def _count(value) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool) and value >= 0
 
 
 def APPLIES(case) -> bool:

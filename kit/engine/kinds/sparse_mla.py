@@ -13,6 +13,14 @@ FIELDS = mla.FIELDS + ("index_topk", "index_scatter")
 # The modes the engines serve sparse MLA in (vLLM's FLASHMLA_SPARSE, SGLang's DSA backend): the
 # indexer runs in each; the multi-step draft modes are not served with a sparse target here.
 MODES = ("decode", "extend", "mixed", "target_verify")
+# Its parameters beyond MLA's, fields of every case (kit.engine.case): the indexer's top-k (> 0
+# names the kind), and whether a row's -1 padding sits among its indices.
+PARAMETERS = (("index_topk", 0), ("index_scatter", False))
+
+
+def VALUES(case):
+    """Its parameters' values are checked where the case is of the kind (PROBLEM)."""
+    return None
 
 
 def APPLIES(case) -> bool:

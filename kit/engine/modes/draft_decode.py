@@ -19,10 +19,11 @@ all K*K candidates (spec_utils.py select_top_k_tokens), so a lane's token may de
 lane, yet attention reads the lane's own columns (generate_draft_decode_kv_indices, no KV reorder
 between steps): that is the contract a draft backend implements; the tree is the verify's.
 
-Pages > 1 with K > 1: SGLang aligns each lane to a page of its own and copies the request's
-partial last page into every lane's region before the draft runs (eagle_worker_common.py:308-346,
-duplicate_prefix_tail_to_draft_branches): the pool then holds a prefix token at two slots, a state
-the worker makes, which the kit's plan (one slot per token) does not hold.
+Pages > 1 with K > 1, which SGLang's draft rule refuses (kit.engine.drafts): SGLang aligns each
+lane to a page of its own and copies the request's partial last page into every lane's region
+before the draft runs (eagle_worker_common.py:308-346, duplicate_prefix_tail_to_draft_branches): the
+pool then holds a prefix token at two slots, a state the worker makes, which the kit's plan (one
+slot per token) does not hold.
 """
 from __future__ import annotations
 
@@ -32,11 +33,13 @@ from typing import List
 import torch
 
 from kit.engine.batch import SpecInfo
-from kit.engine.modes.rules import ModeRules, RequestShape, draw_draft, num_steps
+from kit.engine.drafts import num_steps
+from kit.engine.modes.rules import ModeRules, RequestShape, draw_draft
 from kit.engine.transfer import to_device
 from kit.modes import ForwardMode
 
-# SGLang builds no multi-step draft backend for fewer steps (speculative/draft_utils.py:86-87).
+# Its forwards are steps - 1; SGLang builds no multi-step draft backend for fewer steps either
+# (speculative/draft_utils.py:86-87).
 MIN_STEPS = 2
 
 
@@ -57,11 +60,8 @@ class DraftDecode(ModeRules):
         if problem:
             return problem
         if num_steps(case) < MIN_STEPS:
-            return f"DRAFT_DECODE needs steps >= {MIN_STEPS}: SGLang builds no multi-step draft for fewer"
-        if case.topk > 1 and case.page > 1:
-            return ("DRAFT_DECODE with topk > 1 at page > 1 is out of scope: SGLang copies each request's partial "
-                    "last page into every lane before the draft (eagle_worker_common.py:308), a pool the kit's "
-                    "plan does not hold")
+            return (f"DRAFT_DECODE needs steps >= {MIN_STEPS}: its forwards are steps - 1 (and SGLang builds no "
+                    f"multi-step draft for fewer)")
         if min(case.prefix) < 1:
             return "a DRAFT_DECODE request has committed tokens: prefix >= 1"
         return None

@@ -7,7 +7,8 @@ import torch
 
 from kit.engine.batch import SpecInfo
 from kit.modes import ForwardMode
-from kit.engine.modes.rules import ModeRules, RequestShape, causal, draw_draft, extend_fields, num_steps
+from kit.engine.modes.rules import ModeRules, RequestShape, causal, draw_draft, extend_fields
+from kit.engine.drafts import num_steps
 
 
 class DraftExtendV2(ModeRules):

@@ -17,6 +17,7 @@ from typing import Dict, List, Optional, Tuple
 import torch
 
 from kit.engine.batch import SpeculativeConfig
+from kit.engine.drafts import num_steps
 from kit.engine.transfer import to_device
 from kit.engine.variants import alone, bucket_for, carrying, variant
 
@@ -62,15 +63,7 @@ def extend_fields(plan, device) -> dict:
 EXTEND_REQUEST_FIELDS = ("extend_seq_lens", "extend_prefix_lens", "extend_start_loc")
 
 
-# SGLang sets a chain's draft count to its steps + 1 (arg_groups/speculative_hook.py:1255-1266).
-CHAIN_RULE = "arg_groups/speculative_hook.py:1255"
 SPECULATIVE_MODES = "TARGET_VERIFY, DRAFT_EXTEND_V2 and DRAFT_DECODE"
-
-
-def num_steps(case) -> int:
-    """The EAGLE draft's steps of a speculative case: Case.steps, else a chain's new - 1."""
-    return case.steps if case.steps is not None else case.new - 1
-
 
 def draw_draft(draw, d, min_steps: int, trees: bool = True) -> Dict:
     """A drawn speculative config (kit.fuzz.strategies; `d` the Drawing): a chain (topk 1, steps + 1
@@ -109,16 +102,14 @@ class ModeRules:
         return self.draft_problem(case)
 
     def draft_problem(self, case) -> Optional[str]:
-        """A problem with the case's speculative fields (topk, steps) in this mode, or None."""
-        if not self.speculative:
-            if case.topk != 1:
-                return f"topk > 1 only applies to the speculative modes ({SPECULATIVE_MODES})"
-            if case.steps is not None:
-                return f"steps only applies to the speculative modes ({SPECULATIVE_MODES})"
+        """A problem with the case's speculative fields (topk, steps) in this mode, or None: what
+        the mode needs; how an engine counts its drafts is its profile's (kit.engine.drafts)."""
+        if self.speculative:
             return None
-        if case.topk == 1 and num_steps(case) != case.new - 1:
-            return (f"a chain (topk 1) of {num_steps(case)} steps has steps + 1 = {num_steps(case) + 1} draft tokens, "
-                    f"not new={case.new}: SGLang sets the count so ({CHAIN_RULE}); leave steps out")
+        if case.topk != 1:
+            return f"topk > 1 only applies to the speculative modes ({SPECULATIVE_MODES})"
+        if case.steps is not None:
+            return f"steps only applies to the speculative modes ({SPECULATIVE_MODES})"
         return None
 
     def request(self, case, prefix: int, new: int, rng: random.Random) -> RequestShape:

@@ -12,7 +12,8 @@ import torch
 
 from kit.engine.batch import SpecInfo
 from kit.modes import ForwardMode
-from kit.engine.modes.rules import ModeRules, RequestShape, num_steps
+from kit.engine.modes.rules import ModeRules, RequestShape
+from kit.engine.drafts import num_steps
 from kit.engine.transfer import to_device
 
 
