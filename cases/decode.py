@@ -162,3 +162,13 @@ FULL += in_every_layout([
       **deepseek_v32(128)),
     C("smla_h128_selects_p64", prefix=(2100, 4000), page=64, **deepseek_v32(128)),  # no query under the top-k
 ])
+# A window starting on a page's last slot (kit.engine.features: window_page_edge), beside the layer features
+# and layouts no other such case of the set has.
+SMOKE += [
+    S("gqa_window_page_edge_fp8_e5m2_p16_shuf_bf16", prefix=(23, 40), page=16, window=8, dtype="bf16",
+      kv_dtype="fp8_e5m2", layout="shuffled_pages", head_dim=64),
+    S("gqa_window_page_edge_p16_nonmono_fp32", prefix=(39, 10), page=16, window=8, dtype="fp32", head_dim=64,
+      layout="non_monotonic_extend"),
+]
+FULL += [C("gqa_window_page_edge_fp8_e4m3_p16_fp16", prefix=(1055, 300), page=16, window=32, dtype="fp16",
+           kv_dtype="fp8_e4m3")]

@@ -163,3 +163,10 @@ FULL += in_every_layout([
       **deepseek_v32(128)),
     C("smla_h128_selects_p64", prefix=(2100, 4000), new=(9, 1), page=64, **deepseek_v32(128)),  # no query under k
 ])
+# A window starting on a page's last slot (kit.engine.features: window_page_edge), beside the layer features
+# and layouts no other such case of the set has.
+SMOKE += [
+    S("gqa_window_page_edge_p16_bf16", prefix=(0, 23), new=(9, 1), page=16, window=8, dtype="bf16", head_dim=64),
+    S("gqa_window_page_edge_p16_shuf_fp32", prefix=(0, 39), new=(5, 1), page=16, window=8, dtype="fp32", head_dim=64,
+      layout="shuffled_pages"),
+]

@@ -171,3 +171,8 @@ FULL += in_every_layout([
       **deepseek_v32(128)),
     C("smla_h128_selects_chain3_p64", prefix=(2100, 4000), new=3, page=64, **deepseek_v32(128)),  # no query under k
 ])
+# A window starting on a page's last slot (kit.engine.features: window_page_edge), beside the layer features
+# and layouts no other such case of the set has.
+SMOKE += [S("gqa_chain3_window_page_edge_p16_fp32", prefix=(23, 40), new=3, page=16, window=8, dtype="fp32",
+            head_dim=64)]
+FULL += [C("gqa_window_page_edge_chain4_p16_fp16", prefix=(100, 55), new=4, page=16, window=40, dtype="fp16")]

@@ -77,9 +77,10 @@ def _window_page_edge(case: Case) -> bool:
 
 
 def _fit_window_page_edge(case: Case, edge: bool) -> Dict:
-    """A window whose start is on a page's last slot for the last query (the widest such window short
-    of the query's page), or the least window from the case's that starts on none."""
-    if case.window < 0 or _window_page_edge(case) == edge:
+    """A window (the case's own replaced, or one where it has none) whose start is on a page's last slot
+    for the last query (the widest such short of the query's page), or the least window from the
+    case's that starts on none."""
+    if _window_page_edge(case) == edge:
         return {}
     positions = _query_positions(case)
     last = max(positions)
