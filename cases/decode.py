@@ -146,6 +146,8 @@ SMOKE += [
       layout="non_monotonic_extend", index_scatter=True, **SMALL_SPARSE_MLA),
     S("smla_r32_h16_scatter_fp8_e4m3_p64_fp32", prefix=(130, 0), page=64, dtype="fp32", kv_dtype="fp8_e4m3",
       index_scatter=True, **SMALL_SPARSE_MLA),
+    # every query sees more keys than the top-k: each row a selection, page edges first, no -1
+    S("smla_r32_h16_selects_p16_fp32", prefix=(20, 47), page=16, dtype="fp32", **SMALL_SPARSE_MLA),
 ]
 # bf16 at 64-token pages (h128 _p64 lines): what the engines' sparse kernels take (vLLM's FLASHMLA_SPARSE).
 FULL += in_every_layout([
@@ -158,4 +160,15 @@ FULL += in_every_layout([
       index_scatter=True, **deepseek_v32(128)),
     C("smla_h128_scatter_bs9_p64", prefix=(63, 64, 65, 1, 2100, 130, 7, 4000, 300), page=64, index_scatter=True,
       **deepseek_v32(128)),
+    C("smla_h128_selects_p64", prefix=(2100, 4000), page=64, **deepseek_v32(128)),  # no query under the top-k
 ])
+# A window starting on a page's last slot (kit.engine.features: window_page_edge), beside the layer features
+# and layouts no other such case of the set has.
+SMOKE += [
+    S("gqa_window_page_edge_fp8_e5m2_p16_shuf_bf16", prefix=(23, 40), page=16, window=8, dtype="bf16",
+      kv_dtype="fp8_e5m2", layout="shuffled_pages", head_dim=64),
+    S("gqa_window_page_edge_p16_nonmono_fp32", prefix=(39, 10), page=16, window=8, dtype="fp32", head_dim=64,
+      layout="non_monotonic_extend"),
+]
+FULL += [C("gqa_window_page_edge_fp8_e4m3_p16_fp16", prefix=(1055, 300), page=16, window=32, dtype="fp16",
+           kv_dtype="fp8_e4m3")]

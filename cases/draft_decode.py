@@ -133,3 +133,12 @@ SMOKE += [
       layout="shuffled_pages", head_dim=64),
     S("gqa_chain3_fp8_e5m2_p1_fp32", prefix=(12, 30), new=4, kv_dtype="fp8_e5m2", dtype="fp32", head_dim=64),
 ]
+# A window starting on a page's last slot (kit.engine.features: window_page_edge), beside the layer features
+# and layouts no other such case of the set has.
+SMOKE += [
+    S("gqa_chain3_window_page_edge_fp8_e4m3_p16_nonmono_fp32", prefix=(23, 40), new=4, page=16, window=8, dtype="fp32",
+      head_dim=64, kv_dtype="fp8_e4m3", layout="non_monotonic_extend"),
+    S("gqa_chain3_window_page_edge_p16_fp32", prefix=(23, 40), new=4, page=16, window=8, dtype="fp32", head_dim=64),
+]
+FULL += [C("gqa_chain3_fp8_e5m2_window_page_edge_sinks_fused_p16_fp32", prefix=(103, 300, 17), new=4, page=16, window=8,
+           dtype="fp32", kv_dtype="fp8_e5m2", inputs="fused_qkv", sinks=True)]

@@ -149,3 +149,9 @@ SMOKE += [
     S("gqa_tree2_draft6_p1_bf16_nonmono", prefix=(12, 30), new=6, topk=2, steps=3, dtype="bf16",
       layout="non_monotonic_extend", head_dim=64),
 ]
+# A window starting on a page's last slot (kit.engine.features: window_page_edge), beside the layer features
+# and layouts no other such case of the set has.
+SMOKE += [S("gqa_tree2_draft6_window_page_edge_p16_inter_fp16", prefix=(23, 40), new=6, topk=2, steps=3, page=16,
+            window=8, dtype="fp16", head_dim=64, layout="interleaved_pages")]
+FULL += [C("gqa_fp8_e5m2_draft3_window_page_edge_p16", prefix=(103, 40, 31), new=3, page=16, window=8,
+           kv_dtype="fp8_e5m2")]

@@ -42,6 +42,7 @@ FULL = in_every_layout([
     C("gqa_d64_bs8_p1_fp16", prefix=(5, 90, 1, 300, 17, 64, 2, 129), new=(3, 1, 40, 2, 16, 9, 1, 70),
       head_dim=64, dtype="fp16"),
     C("gqa_window_p16", prefix=(100, 0, 300), new=(80, 200, 5), page=16, window=64),
+    C("gqa_window_off_page_edge_p16", prefix=(100, 40), new=(3, 2), page=16, window=20),
     C("gqa_cap_p1", prefix=(50, 0, 3), new=(30, 60, 1), cap=5.0, scale=0.25),
     C("gqa_all_ones_bs9_p16", prefix=(0, 1, 15, 16, 17, 31, 32, 100, 64), new=(1,) * 9, page=16),
     C("gqa_zero_prefix_p64", prefix=(0, 0, 0, 0), new=(64, 65, 1, 130), page=64),
@@ -124,6 +125,9 @@ SMOKE += [
       dtype="fp16", sinks=True, hybrid=True, inputs="fused_qkv", kv_dtype="fp8_e5m2", layout="interleaved_pages"),
     S("gqa_fp8_e5m2_window_hybrid_fused_p64_nonmono", prefix=(70, 5), new=(3, 9), page=64, head_dim=64, window=8,
       hybrid=True, inputs="fused_qkv", kv_dtype="fp8_e5m2", layout="non_monotonic_extend"),
+    # a fresh prompt before a cached request: a decode-first engine (vLLM) hands them the other way round
+    S("gqa_window_sinks_hybrid_fused_fresh_first_p64_fp32", prefix=(0, 70), new=(9, 20), page=64, head_dim=64,
+      window=8, sinks=True, hybrid=True, inputs="fused_qkv", dtype="fp32"),
     S("gqa_fp8_e5m2_cap_p16_inter_fp16", prefix=(17, 5), new=(9, 1), page=16, head_dim=64, cap=5.0, scale=0.25,
       dtype="fp16", kv_dtype="fp8_e5m2", layout="interleaved_pages"),
     S("gqa_sinks_p1_nonmono_fp16", prefix=(9, 0), new=(4, 7), head_dim=64, dtype="fp16", sinks=True,
@@ -148,6 +152,8 @@ SMOKE += [
       layout="non_monotonic_extend", index_scatter=True, **SMALL_SPARSE_MLA),
     S("smla_r32_h16_scatter_fp8_e4m3_p64_fp32", prefix=(64, 0), new=(2, 70), page=64, dtype="fp32",
       kv_dtype="fp8_e4m3", index_scatter=True, **SMALL_SPARSE_MLA),
+    # every query sees more keys than the top-k: each row a selection, page edges first, no -1
+    S("smla_r32_h16_selects_p16_fp32", prefix=(30, 16), new=(3, 2), page=16, dtype="fp32", **SMALL_SPARSE_MLA),
 ]
 # bf16 at 64-token pages (h128 _p64 lines): what the engines' sparse kernels take (vLLM's FLASHMLA_SPARSE).
 FULL += in_every_layout([
@@ -160,4 +166,7 @@ FULL += in_every_layout([
       **deepseek_v32(128)),
     C("smla_h128_scatter_p64", prefix=(64, 0, 2047), new=(300, 2050, 1), page=64, index_scatter=True,
       **deepseek_v32(128)),
+    # no query under the top-k; rows a decode-first engine keeps in their order (both with a cached prefix)
+    C("smla_h16_selects_fp8_e5m2_p64_fp32", prefix=(2100, 3000), new=(5, 9), page=64, dtype="fp32",
+      kv_dtype="fp8_e5m2", **deepseek_v32(16)),
 ])

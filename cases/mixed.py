@@ -56,6 +56,7 @@ FULL = in_every_layout([
     C("gqa_d64_bs9_p1_fp16", prefix=(5, 90, 1, 300, 17, 64, 2, 129, 40), new=(3, 40, 1, 1, 1, 1, 1, 1, 1),
       head_dim=64, dtype="fp16"),
     C("gqa_window_p16", prefix=(100, 0, 300, 41), new=(80, 200, 1, 1), page=16, window=64),
+    C("gqa_window_off_page_edge_p16", prefix=(100, 40), new=(3, 1), page=16, window=20),
     C("gqa_cap_p1", prefix=(50, 0, 700), new=(30, 60, 1), cap=5.0, scale=0.25),
     C("gqa_all_ones_bs9_p16", prefix=(0, 1, 15, 16, 17, 31, 32, 100, 64), new=(1,) * 9, page=16),
     C("mha_window_long_p1", prefix=(0, 1000, 1300), new=(300, 1, 1), heads=MHA, window=256),
@@ -146,6 +147,8 @@ SMOKE += [
       layout="non_monotonic_extend", index_scatter=True, **SMALL_SPARSE_MLA),
     S("smla_r32_h16_scatter_fp8_e4m3_p64_fp32", prefix=(0, 64), new=(20, 1), page=64, dtype="fp32",
       kv_dtype="fp8_e4m3", index_scatter=True, **SMALL_SPARSE_MLA),
+    # every query sees more keys than the top-k: each row a selection, page edges first, no -1
+    S("smla_r32_h16_selects_p16_fp32", prefix=(20, 33), new=(4, 1), page=16, dtype="fp32", **SMALL_SPARSE_MLA),
 ]
 # bf16 at 64-token pages (h128 _p64 lines): what the engines' sparse kernels take (vLLM's FLASHMLA_SPARSE).
 FULL += in_every_layout([
@@ -158,4 +161,12 @@ FULL += in_every_layout([
       **deepseek_v32(128)),
     C("smla_h128_scatter_p64", prefix=(2047, 0, 64, 4000), new=(300, 65, 1, 1), page=64, index_scatter=True,
       **deepseek_v32(128)),
+    C("smla_h128_selects_p64", prefix=(2100, 4000), new=(9, 1), page=64, **deepseek_v32(128)),  # no query under k
 ])
+# A window starting on a page's last slot (kit.engine.features: window_page_edge), beside the layer features
+# and layouts no other such case of the set has.
+SMOKE += [
+    S("gqa_window_page_edge_p16_bf16", prefix=(0, 23), new=(9, 1), page=16, window=8, dtype="bf16", head_dim=64),
+    S("gqa_window_page_edge_p16_shuf_fp32", prefix=(0, 39), new=(5, 1), page=16, window=8, dtype="fp32", head_dim=64,
+      layout="shuffled_pages"),
+]

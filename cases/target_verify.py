@@ -155,6 +155,8 @@ SMOKE += [
       layout="non_monotonic_extend", index_scatter=True, **SMALL_SPARSE_MLA),
     S("smla_r32_h16_scatter_chain4_fp8_e4m3_p64_fp32", prefix=(130, 9), new=4, page=64, dtype="fp32",
       kv_dtype="fp8_e4m3", index_scatter=True, **SMALL_SPARSE_MLA),
+    # every query sees more keys than the top-k: each row a selection, page edges first, no -1
+    S("smla_r32_h16_selects_chain3_p16_fp32", prefix=(20, 40), new=3, page=16, dtype="fp32", **SMALL_SPARSE_MLA),
 ]
 # bf16 at 64-token pages (h128 _p64 lines): what the engines' sparse kernels take (vLLM's FLASHMLA_SPARSE).
 FULL += in_every_layout([
@@ -167,4 +169,10 @@ FULL += in_every_layout([
       **deepseek_v32(128)),
     C("smla_h128_scatter_chain4_p64", prefix=(2047, 64, 1, 4000), new=4, page=64, index_scatter=True,
       **deepseek_v32(128)),
+    C("smla_h128_selects_chain3_p64", prefix=(2100, 4000), new=3, page=64, **deepseek_v32(128)),  # no query under k
 ])
+# A window starting on a page's last slot (kit.engine.features: window_page_edge), beside the layer features
+# and layouts no other such case of the set has.
+SMOKE += [S("gqa_chain3_window_page_edge_p16_fp32", prefix=(23, 40), new=3, page=16, window=8, dtype="fp32",
+            head_dim=64)]
+FULL += [C("gqa_window_page_edge_chain4_p16_fp16", prefix=(100, 55), new=4, page=16, window=40, dtype="fp16")]

@@ -19,6 +19,7 @@ from kit.report import known_failures
 from kit.report.record import CRASH, FAIL, UNSUPPORTED, parse_run_id, repro_command, run_id
 from kit.harness import child
 from kit.harness.environment import device_name
+from kit.harness.capabilities import Capabilities
 from kit.harness.registry import load_backend
 from kit.targets import import_target
 from kit.harness.runner import run_case
@@ -72,13 +73,17 @@ class Score:
 
 
 def _runs(mutant: Mutant, case_set: str, cases: Optional[str], stop_when_caught: bool = False):
-    """(the mutant's runs in catalog order, each (case, exec, the unmutated backend's known failure
+    """(the mutant's runs in catalog order (the cases of the attention kinds its backend declares, softmax
+    and recurrent), each (case, exec, the unmutated backend's known failure
     there where its entry pins what it expects: a band or a message), how many were left out as known
     failures whose entry pins nothing); to stop at the first catch, those of the cases it reaches
     first (the others follow, in case a run catches it where none was expected), the smallest first."""
     catalog = load_catalog(cases)
-    runs = [(case, ex) for mode in mutant.modes for case in catalog.cases(case_set, mode) for ex in mutant.execs]
-    base, device = load_backend(mutant.backend).name, device_name()
+    cls = load_backend(mutant.backend)
+    kinds = Capabilities.of(cls).attention_kinds  # a case of another kind is unsupported: not a run to make
+    runs = [(case, ex) for mode in mutant.modes for case in catalog.matrix_cases(case_set, mode)
+            if case.kind in kinds for ex in mutant.execs]
+    base, device = cls.name, device_name()
     entries = known_failures.of_backend(known_failures.load_or_default(), base, device)
     judged = []
     for case, ex in runs:

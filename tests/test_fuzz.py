@@ -18,6 +18,7 @@ from kit.engine.case import DTYPES, INPUT_FORMS, LAYOUTS, Case
 from kit.engine.case_line import format_case, parse_case
 from kit.engine.catalog import CASE_SETS
 from kit.engine.draws import SIZES, Drawing, Takes, around
+from kit.engine.features import FEATURES
 from kit.engine.modes.mixed import decode_rows
 from kit.fuzz.search import Finding, Target, first_failure, shrink, shrink_features
 from kit.fuzz.strategies import any_case
@@ -303,3 +304,14 @@ def test_the_kit_raising_on_a_drawn_case_is_a_finding_of_class_kit_error(monkeyp
     assert KIT_ERROR in ERROR_CLASSES
     assert {f.failure_class for f in outcome.new} == {KIT_ERROR}, outcome
     assert "the kit raised IndexError: the kit's own bug" in outcome.new[0].message
+
+
+def test_drawn_cases_reach_every_value_of_every_feature():
+    """The draws reach each value of each case feature (kit.engine.features), the pairs check's too: the
+    engines' row orders apart, a window starting on a page's last slot, sparse MLA's -1 padding after or
+    among its indices, queries seeing fewer keys than the top-k and more."""
+    drawn = _draw(400)
+    drawable = lambda f, value: f.name != "page" or value in SMALL.pages  # noqa: E731 - the size's pages
+    missing = [(f.name, value) for f in FEATURES for value in f.values
+               if drawable(f, value) and not any(f.of(c) == value for c in drawn)]
+    assert not missing, missing

@@ -1,20 +1,30 @@
 """The case features' table (kit.engine.features) is what the pairs check, drawn names and shrinking
-read: each row's fields give a case the value its `of` reads back, and a drawn case's name says
-exactly the features that are on."""
+read: each row's fields (fitted to the case's lengths where its `fit` says) give a case the value its
+`of` reads back, and a drawn case's name says exactly the features that are on."""
 import pytest
 
+from cases.mla import SMALL_SPARSE_MLA
 from kit.engine.features import FEATURES
 from kit.fuzz.strategies import case_name
 from kit.modes import ForwardMode
 from tests.helpers import small_case
 
 BASE = small_case("base", ForwardMode.TARGET_VERIFY, prefix=(5, 7), new=3)
+# A feature's values all possible on the base: rows to order (EXTEND), a sparse case's index rows.
+SPARSE = BASE.with_(mode=ForwardMode.EXTEND, new=(3, 2), page=16, **SMALL_SPARSE_MLA)
+BASES = {"row_order": BASE.with_(mode=ForwardMode.EXTEND, new=(3, 2)), "index_scatter": SPARSE,
+         "index_padded": SPARSE}
+
+
+def _given(feature, value):
+    case = BASES.get(feature.name, BASE).with_(**feature.fields(value))
+    return case.with_(**feature.fit(case, value)) if feature.fit else case
 
 
 @pytest.mark.parametrize("feature", [f for f in FEATURES if f.name != "kind"], ids=lambda f: f.name)
 def test_each_value_of_a_feature_is_what_its_fields_give(feature):
     for value in feature.values:
-        case = BASE.with_(**feature.fields(value))
+        case = _given(feature, value)
         assert feature.of(case) == value and feature.on(case) == (value != feature.values[0])
 
 
@@ -25,7 +35,7 @@ def _name(case):
 def test_a_drawn_name_tags_the_features_on():
     tagged = [f for f in FEATURES if f.tag]
     for f in tagged:
-        words = _name(BASE.with_(**f.fields(f.values[-1]))).split("_")
+        words = _name(_given(f, f.values[-1])).split("_")
         assert f.tag.split("_")[0] in words, (f.name, words)
     plain = _name(BASE).split("_")
     assert not {f.tag.split("_")[0] for f in tagged} & set(plain), plain

@@ -63,3 +63,14 @@ def test_the_score_table_says_how_many_runs_were_left_out_as_the_engines_known_f
                first_failure="m-decode-graph-c", repro="", not_run=0, known=2, caught=True)
     assert "| 1/3 (2 left out: the engine's known failures) |" in table([row])
     assert "left out" not in table([dict(row, known=0)])
+
+
+def test_the_scorer_takes_every_kind_s_mutants_and_runs_each_on_its_kind_s_cases():
+    """The sparse and recurrent kinds' mutants are in the catalog `python -m kit.mutate` scores, each run
+    on the cases of the kinds its backend declares: a recurrent mutant on cases/linear.py's, a sparse one on
+    the sparse MLA cases, the Triton backend's on its dense and MLA ones."""
+    by_name = {m.name: m for m in MUTANTS}
+    for name, kinds in (("state_not_written", {"gdn", "mamba2", "kda"}), ("sparse_padding_not_skipped", {"sparse_mla"}),
+                        ("window_one_short", {"dense", "mla"})):
+        runs, _ = kit.mutation._runs(by_name[name], "smoke", None)
+        assert runs and {case.kind for case, _, _ in runs} == kinds, name

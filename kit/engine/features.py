@@ -5,11 +5,15 @@ a new feature is one row."""
 from __future__ import annotations
 
 import dataclasses
+import functools
 from typing import Callable, Dict, Optional, Tuple
 
 from kit.engine.case import DTYPES, INPUT_FORMS, KV_DTYPES, Case
 from kit.engine.kinds import KINDS
 from kit.engine.layouts import LAYOUTS
+from kit.engine.plan import plan_case, row_order
+from kit.engine.profile import DECODE_FIRST
+from kit.engine.sparse import PAD
 
 # The page sizes engines run: SGLang's default 1, FlashInfer's and vLLM's 16, 64 (FlashMLA's, trtllm's).
 PAGE_SIZES = (1, 16, 64)
@@ -25,9 +29,78 @@ class Feature:
     dropped: bool = True  # a found case is tried without it (set plain) where its failure may not need it
     sized: bool = True  # a found case with it on is larger (the fuzzer keeps the smallest)
     tag: Optional[str] = None  # what a drawn case's name says when it is on
+    # The fields that give a case, built with the other features' values, this one where it depends on
+    # the case's lengths, page or window ({} where it has it already, or no change of those can give it);
+    # None: `fields` alone.
+    fit: Optional[Callable[[Case, object], Dict]] = None
 
     def on(self, case: Case) -> bool:
         return self.of(case) != self.values[0]
+
+
+def _reordered(case: Case) -> bool:
+    """Whether an engine handing decode rows first (vLLM) hands the case's rows in another order than
+    an engine handing them as scheduled (SGLang): only then do the two orders run different batches."""
+    return row_order(case, DECODE_FIRST) != list(range(case.bs))
+
+
+def _fit_row_order(case: Case, reordered: bool) -> Dict:
+    """Rows a decode-first engine reorders (a fresh prompt before requests with a cached prefix), or
+    the case's rows in that engine's own order."""
+    if _reordered(case) == reordered or case.bs < 2:
+        return {}
+    if reordered:
+        return dict(prefix=(0,) + tuple(max(p, 1) for p in case.prefix[1:]))
+    order = row_order(case, DECODE_FIRST)
+    new = case.new if isinstance(case.new, int) else tuple(case.new[i] for i in order)
+    return dict(prefix=tuple(case.prefix[i] for i in order), new=new)
+
+
+@functools.lru_cache(maxsize=4096)
+def _planned(case: Case):
+    """The case's requests as planned (kit.engine.plan), once for each of the features that read them."""
+    return plan_case(case).requests
+
+
+def _query_positions(case: Case) -> Tuple[int, ...]:
+    return tuple(q for r in _planned(case) for q in r.q_pos)
+
+
+def _edge_start(window: int, page: int, positions) -> bool:
+    """Whether a query's window (keys q - W .. q) starts on a page's last slot: a kernel starting at the
+    page after the start's rounds the start's own key away."""
+    return any(q - window >= 0 and (q - window) % page == page - 1 for q in positions)
+
+
+def _window_page_edge(case: Case) -> bool:
+    return case.window >= 0 and _edge_start(case.window, case.page, _query_positions(case))
+
+
+def _fit_window_page_edge(case: Case, edge: bool) -> Dict:
+    """A window (the case's own replaced, or one where it has none) whose start is on a page's last slot
+    for the last query (the widest such short of the query's page), or the least window from the
+    case's that starts on none."""
+    if _window_page_edge(case) == edge:
+        return {}
+    positions = _query_positions(case)
+    last = max(positions)
+    if edge:
+        start = (last - case.page) // case.page * case.page + case.page - 1  # the last such slot before `last`
+        return dict(window=last - start) if start >= 0 else {}
+    return dict(window=next(w for w in range(case.window, last + 2) if not _edge_start(w, case.page, positions)))
+
+
+def _index_padded(case: Case) -> bool:
+    """Whether a query of a sparse case sees fewer keys than index_topk (its row padded with -1)."""
+    return case.index_topk > 0 and any(bool((r.selected == PAD).any()) for r in _planned(case))
+
+
+def _fit_index_padded(case: Case, padded: bool) -> Dict:
+    """A top-k past every query's keys, or within the fewest any query sees."""
+    if case.index_topk == 0 or _index_padded(case) == padded:
+        return {}
+    seen = [int(row.sum()) for r in _planned(case) for row in r.visible]
+    return dict(index_topk=max(seen) + 1 if padded else min(seen))
 
 
 FEATURES: Tuple[Feature, ...] = (
@@ -48,6 +121,19 @@ FEATURES: Tuple[Feature, ...] = (
     Feature("layout", LAYOUTS, lambda c: c.layout, lambda value: dict(layout=value)),
     Feature("page", PAGE_SIZES, lambda c: c.page, lambda value: dict(page=value), dropped=False, sized=False),
     Feature("tree", (False, True), lambda c: c.topk > 1, lambda value: dict(topk=2 if value else 1)),
+    # The engines' row orders (kit.engine.profile.ROW_ORDERS): a case whose rows a decode-first engine
+    # reorders runs in both orders, one per engine; in MIXED every case's rows are, elsewhere none's.
+    Feature("row_order", (False, True), _reordered, lambda value: {}, dropped=False, sized=False,
+            fit=_fit_row_order),
+    Feature("window_page_edge", (False, True), _window_page_edge, lambda value: {}, dropped=False, sized=False,
+            fit=_fit_window_page_edge),
+    # Sparse MLA's index rows (kit.engine.sparse): -1 padding after the indices or among them; a query that
+    # sees fewer keys than the top-k (k past its context: every key it sees, the rest -1) or more (a
+    # selection, page edges first).
+    Feature("index_scatter", (False, True), lambda c: c.index_scatter, lambda value: dict(index_scatter=value),
+            tag="scatter"),
+    Feature("index_padded", (False, True), _index_padded, lambda value: {}, dropped=False, sized=False,
+            fit=_fit_index_padded),
     Feature("seed", (0, 1), lambda c: c.seed, lambda value: dict(seed=value), paired=False, dropped=False),
 )
 BY_NAME = {f.name: f for f in FEATURES}

@@ -54,15 +54,22 @@ class Probe:
         self.plain = {f.name: f.values[0] for f in FEATURES}
 
     def case(self, values: Dict[str, object]) -> Case:
-        """A case of the template's mode with `values` (the rest plain), or ValueError where no
-        case can have them."""
+        """A case of the template's mode with `values` (the rest plain, but those fitted to its lengths,
+        which keep the template's), or ValueError where no case of the template's lengths has them."""
         chosen = dict(self.plain, **values)
         if chosen["kind"] not in self.kinds:
             raise ValueError(f"no example case of attention kind {chosen['kind']!r} in the catalog")
         fields = dict(self.kinds[chosen["kind"]])
         for f in FEATURES:
             fields.update(f.fields(chosen[f.name]))
-        return self.template.with_(name="probe", request_seeds=None, **fields)
+        case = self.template.with_(name="probe", request_seeds=None, **fields)
+        for f in FEATURES:  # a value fitted to the case's lengths: asked for, or the plain one left as it comes
+            if f.fit is not None and f.name in values:
+                case = case.with_(**f.fit(case, values[f.name]))
+        wrong = [name for name, value in values.items() if BY_NAME[name].of(case) != value]
+        if wrong:
+            raise ValueError(f"no case of the template's lengths has {', '.join(f'{n}={values[n]}' for n in wrong)}")
+        return case
 
     def possible(self, values: Dict[str, object]) -> bool:
         try:

@@ -58,6 +58,16 @@ def row(m, args) -> Dict:
                 case_line=hit["case_line"] if hit else "", repro=hit["repro"] if hit else "", seed=record["seed"])
 
 
+def _drawn_for(m) -> bool:
+    """Whether the fuzzer draws cases of an attention kind the mutant's backend runs: it draws the softmax
+    kinds (kit.engine.kinds), not the recurrent ones (cases/linear.py), whose mutants kit.mutate scores."""
+    from kit.engine.kinds import KINDS
+    from kit.harness.capabilities import Capabilities
+    from kit.harness.registry import load_backend
+
+    return bool(Capabilities.of(load_backend(m.backend)).attention_kinds & set(KINDS))
+
+
 def table_run(args, prog: str) -> int:
     import torch
 
@@ -75,7 +85,7 @@ def table_run(args, prog: str) -> int:
             return fail(prog, f"fuzz: unknown mutant(s) {sorted(unknown)}; known: {', '.join(m.name for m in mutants)}")
         mutants = [m for m in mutants if m.name in wanted]
     on_gpu = torch.cuda.is_available() and args.device != "cpu"
-    mutants = [m for m in mutants if not m.harmless and (m.cpu or on_gpu)]
+    mutants = [m for m in mutants if not m.harmless and (m.cpu or on_gpu) and _drawn_for(m)]
     if args.seed is None:
         args.seed = 0  # one seed for the whole table: it can be made again
     with concurrent.futures.ThreadPoolExecutor(max_workers=max(1, args.jobs)) as pool:

@@ -13,6 +13,7 @@ from kit.engine.layer import model_layers
 from kit.engine.profile import SGLANG
 from kit.modes import Exec, ForwardMode
 from kit.mutation import Mutant
+from tests.mutants import linear
 
 D, E, TV, DE = ForwardMode.DECODE, ForwardMode.EXTEND, ForwardMode.TARGET_VERIFY, ForwardMode.DRAFT_EXTEND_V2
 MX, DD = ForwardMode.MIXED, ForwardMode.DRAFT_DECODE
@@ -222,3 +223,5 @@ MUTANTS = [
            cpu=True),
     Mutant(95, "sparse_empty_row_not_zeroed", SPARSE + "EmptyRowNotZeroed", G, SPARSE_MODES, GRAPH, cpu=True),
 ]
+# The recurrent kinds (GDN, Mamba2, KDA), numbered from 100: tests/mutants/linear.py.
+MUTANTS += linear.MUTANTS

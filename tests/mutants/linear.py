@@ -1,19 +1,16 @@
 """Mutants of a backend of the recurrent kinds (GDN, Mamba2, KDA): each one bug class, made by overriding
 one method of the in-box `torch_native_linear` (its source stays untouched), and the failure class
-the kit must report for it (kit.harness.recurrent; tests/test_kit_linear.py runs each on the smoke
-cases of its kinds and modes)."""
+the kit must report for it (kit.harness.recurrent): rows of the mutant catalog, scored by `python -m kit
+mutate` on the recurrent cases of their modes."""
 from __future__ import annotations
 
 import dataclasses
-from typing import Tuple
-
 import torch
 
 from backends.torch_native_linear import TorchNativeLinearBackend
 from kit.modes import Exec, ForwardMode
+from kit.mutation import Mutant
 from kit.report.record import KERNEL, KV_WRITE
-
-D, E, MX, TV = ForwardMode.DECODE, ForwardMode.EXTEND, ForwardMode.MIXED, ForwardMode.TARGET_VERIFY
 
 
 class DecayAfterUpdate(TorchNativeLinearBackend):
@@ -135,29 +132,35 @@ class StateNotTransposed(TorchNativeLinearBackend):
         return state.reshape(state.shape[:2] + (layer.head_v_dim, layer.head_k_dim))
 
 
-@dataclasses.dataclass(frozen=True)
-class LinearMutant:
-    name: str
-    backend: type
-    expect: Tuple[str, ...]  # the failure classes the kit may report
-    modes: Tuple[ForwardMode, ...]  # the modes the bug shows in
-    kinds: Tuple[str, ...]  # the kinds it shows in
-    execs: Tuple[Exec, ...] = (Exec.EAGER,)
+L = "tests.mutants.linear:"
+D, E, MX, TV = ForwardMode.DECODE, ForwardMode.EXTEND, ForwardMode.MIXED, ForwardMode.TARGET_VERIFY
+STEPS = (D, E, MX, TV)
+STATE = (KV_WRITE, KERNEL)
+EAGER, GRAPH = (Exec.EAGER,), (Exec.GRAPH,)
 
 
-DELTA, ALL = ("gdn", "kda"), ("gdn", "mamba2", "kda")  # the delta-rule kinds; every kind
+def _of(*kinds):
+    """The cases of `kinds` (Mutant.reaches): the kinds the bug shows in."""
+    return lambda case: case.kind in kinds
+
+
+DELTA, ALL = _of("gdn", "kda"), _of("gdn", "mamba2", "kda")  # the delta-rule kinds; every kind
+# Rows of the mutant catalog (tests/mutants/__init__.py), numbered from 100: each scored on the recurrent
+# cases of its modes, those of the kinds it shows in first.
 MUTANTS = [
-    LinearMutant("decay_after_update", DecayAfterUpdate, (KV_WRITE, KERNEL), (D, E, MX, TV), kinds=DELTA),
-    LinearMutant("beta_dropped", BetaDropped, (KV_WRITE, KERNEL), (D, E, MX, TV), kinds=DELTA),
-    LinearMutant("key_not_normalized", KeyNotNormalized, (KV_WRITE, KERNEL), (D, E, MX, TV), kinds=DELTA),
-    LinearMutant("kda_gate_per_head", KdaGatePerHead, (KV_WRITE, KERNEL), (D, E, MX, TV), kinds=("kda",)),
-    LinearMutant("state_not_written", StateNotWritten, (KV_WRITE,), (D, E, MX, TV), kinds=ALL),
-    LinearMutant("new_request_reads_slot", NewRequestReadsSlot, (KERNEL, KV_WRITE), (D, E, MX, TV), kinds=ALL),
-    LinearMutant("padded_row_writes_slot", PaddedRowWrites, (KV_WRITE,), (D, TV), ALL, (Exec.GRAPH,)),
-    LinearMutant("rollback_off_by_one", RollbackOffByOne, (KV_WRITE,), (TV,), kinds=ALL),
-    LinearMutant("verify_updates_slot", VerifyUpdatesSlot, (KV_WRITE,), (TV,), kinds=ALL),
-    LinearMutant("layer_ignored", LayerIgnored, (KV_WRITE, KERNEL), (D, E, MX, TV), kinds=ALL),
-    LinearMutant("state_not_transposed", StateNotTransposed, (KV_WRITE, KERNEL), (D, E, MX, TV), kinds=ALL),
-    LinearMutant("skip_dropped", SkipDropped, (KERNEL,), (D, E, MX, TV), kinds=("mamba2",)),
-    LinearMutant("input_not_scaled_by_dt", InputNotScaledByDt, (KV_WRITE, KERNEL), (D, E, MX, TV), kinds=("mamba2",)),
+    Mutant(100, "decay_after_update", L + "DecayAfterUpdate", STATE, STEPS, EAGER, cpu=True, reaches=DELTA),
+    Mutant(101, "beta_dropped", L + "BetaDropped", STATE, STEPS, EAGER, cpu=True, reaches=DELTA),
+    Mutant(102, "key_not_normalized", L + "KeyNotNormalized", STATE, STEPS, EAGER, cpu=True, reaches=DELTA),
+    Mutant(103, "kda_gate_per_head", L + "KdaGatePerHead", STATE, STEPS, EAGER, cpu=True, reaches=_of("kda")),
+    Mutant(104, "state_not_written", L + "StateNotWritten", (KV_WRITE,), STEPS, EAGER, cpu=True, reaches=ALL),
+    Mutant(105, "new_request_reads_slot", L + "NewRequestReadsSlot", (KERNEL, KV_WRITE), STEPS, EAGER, cpu=True,
+           reaches=ALL),
+    Mutant(106, "padded_row_writes_slot", L + "PaddedRowWrites", (KV_WRITE,), (D, TV), GRAPH, cpu=True, reaches=ALL),
+    Mutant(107, "rollback_off_by_one", L + "RollbackOffByOne", (KV_WRITE,), (TV,), EAGER, cpu=True, reaches=ALL),
+    Mutant(108, "verify_updates_slot", L + "VerifyUpdatesSlot", (KV_WRITE,), (TV,), EAGER, cpu=True, reaches=ALL),
+    Mutant(109, "layer_ignored", L + "LayerIgnored", STATE, STEPS, EAGER, cpu=True, reaches=ALL),
+    Mutant(110, "state_not_transposed", L + "StateNotTransposed", STATE, STEPS, EAGER, cpu=True, reaches=ALL),
+    Mutant(111, "skip_dropped", L + "SkipDropped", (KERNEL,), STEPS, EAGER, cpu=True, reaches=_of("mamba2")),
+    Mutant(112, "input_not_scaled_by_dt", L + "InputNotScaledByDt", STATE, STEPS, EAGER, cpu=True,
+           reaches=_of("mamba2")),
 ]

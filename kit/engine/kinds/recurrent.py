@@ -108,6 +108,12 @@ class RecurrentCase(BatchShape):
         return f"{self.kind}-{self.dtype}-k{self.head_k_dim}-v{self.head_v_dim}-g{hv // hk}-w{self.conv_width}"
 
     @property
+    def size(self) -> int:
+        """How much state its batch updates (tokens x value heads x head_v_dim), as Case.size orders
+        softmax cases: smallest first where any will do."""
+        return (sum(self.prefix) + sum(self.new_lens)) * self.heads[1] * self.head_v_dim
+
+    @property
     def conv_dim(self) -> int:
         hk, hv = self.heads
         return 2 * hk * self.head_k_dim + hv * self.head_v_dim
