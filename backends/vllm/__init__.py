@@ -4,16 +4,12 @@
 `vllm_flashmla` (FLASHMLA, CUDA) and `vllm_flash_attn_mla` (FLASH_ATTN_MLA, CUDA). adapter.py and
 mla.py map the kit's context, pools, batch and layers to vLLM's; runtime.py imports and sets up
 vLLM when a backend is asked about a case or built; environment.py is what vLLM needs of the
-process without CUDA (set here, before anything imports vllm); install.py installs it
+process without CUDA (set there, before vllm is first imported); install.py installs it
 (docs/vllm.md).
 """
-from backends.vllm import environment
-
-environment.prepare()
-
-from backends.vllm.adapter import (VllmFlashAttnBackend, VllmFlashInferBackend, VllmFlexAttentionBackend,  # noqa: E402
+from backends.vllm.adapter import (VllmFlashAttnBackend, VllmFlashInferBackend, VllmFlexAttentionBackend,
                                    VllmTritonAttnBackend)
-from backends.vllm.mla import VllmFlashAttnMLABackend, VllmFlashMLABackend, VllmTritonMLABackend  # noqa: E402
+from backends.vllm.mla import VllmFlashAttnMLABackend, VllmFlashMLABackend, VllmTritonMLABackend
 
 __all__ = ["VllmFlashAttnBackend", "VllmFlashAttnMLABackend", "VllmFlashInferBackend", "VllmFlashMLABackend",
            "VllmFlexAttentionBackend", "VllmTritonAttnBackend", "VllmTritonMLABackend"]
