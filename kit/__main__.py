@@ -271,14 +271,17 @@ def main(argv=None) -> int:
 
 
 def _command(args) -> int:
-    if args.command == "fuzz":
-        return fuzz_cli.main(args, PROG)
     if args.command == "run" and ":" not in args.backend:  # a name is looked up before torch and the catalog load
         from kit.harness.registry import UnknownBackend, backend_label
         try:
             backend_label(args.backend)
         except UnknownBackend as exc:
             return fail(PROG, f"--backend {args.backend}: {exc}")
+    if args.command != "list":  # the commands that run backends, before any of them imports triton
+        from kit.harness import interpreter
+        interpreter.choose()
+    if args.command == "fuzz":
+        return fuzz_cli.main(args, PROG)
     from kit.engine.catalog import load_catalog, resolve_set
 
     try:

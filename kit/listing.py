@@ -55,9 +55,17 @@ def scope(cls, caps, catalog, case_set: str, modes: Sequence[ForwardMode], execs
 
     cases = [case for mode in modes for case in cases_of(catalog, case_set, mode, ci_cases)]
     s = Scope(case_set, cases, of_set=sum(len(catalog.matrix_cases(case_set, m)) for m in modes) if ci_cases else 0)
+    decided = {}  # (case, mode, exec) -> its decision: the selection's cases are among the catalog's, asked once
+
+    def declined_once(case, exec_):
+        key = (case.name, case.mode, exec_)
+        if key not in decided:
+            decided[key] = _declined(cls, caps, case, exec_)
+        return decided[key]
+
     for case in cases:
         for exec_ in execs:
-            found = _declined(cls, caps, case, exec_)
+            found = declined_once(case, exec_)
             if found is None:
                 s.runs[exec_] += 1
             elif case not in s.reasons.setdefault(found.reason, []):
@@ -65,7 +73,7 @@ def scope(cls, caps, catalog, case_set: str, modes: Sequence[ForwardMode], execs
     covered = collections.Counter()
     for case in {case.name + case.mode.value: case for mode in modes for case in catalog.all_cases(mode).values()}.values():
         for exec_ in execs:
-            found = _declined(cls, caps, case, exec_)
+            found = declined_once(case, exec_)
             if found is not None and found.reason in s.reasons:
                 covered[found.reason] += 1
                 s.weight[found.reason] = (found.declared, covered[found.reason])

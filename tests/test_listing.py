@@ -74,3 +74,23 @@ def test_list_backends_in_box():
         import flashinfer  # noqa: F401
     except ImportError:
         assert first["flashinfer"].startswith("flashinfer unavailable: flashinfer-python cannot be imported")
+
+
+def test_list_backends_asks_a_backend_once_per_case_and_exec(monkeypatch):
+    """The listing asks of the catalog's cases both those the selection gives and, for each reason's
+    weight, all of them: each (case, exec) once. Asked twice, vLLM's backends made its config (seconds
+    each) for every case twice."""
+    from kit.harness.capabilities import Capabilities
+    from kit.harness.registry import load_backend
+    from kit.harness.scope import declined
+    from kit.listing import scope
+
+    asked = []
+
+    def counting(cls, caps, case, exec_):
+        asked.append((case.name, case.mode, exec_))
+        return declined(cls, caps, case, exec_)
+    monkeypatch.setattr("kit.harness.scope.declined", counting)
+    cls = load_backend(DENSE_TOY)
+    scope(cls, Capabilities.of(cls), CATALOG, "smoke", MODES, EXECS, None)
+    assert asked and len(asked) == len(set(asked))

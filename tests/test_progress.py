@@ -61,6 +61,10 @@ SESSIONS = {
     # workers starting 3 s apart (the count of workers seen grows while they start).
     "jit_and_staggered_workers": dict(runs=[("fast", 1.0, 200), ("jit", 2.0, 40)], load=50, kit=(0.2, 5.0),
                                       start=3.0),
+    # A machine that other work loads from the middle of the session on: every test started after
+    # half of them takes 3x as long (a 2-core machine going from idle to a load of 6).
+    "loaded_midway": dict(runs=[("fast", 1.0, 200), ("slow", 5.0, 60)], load=8, kit=(0.2, 20.0), start=0.0,
+                          slowdown=(0.5, 3.0)),
 }
 
 
@@ -75,8 +79,10 @@ def _session(kind: str, seed: int):
     clock = Clock()
     progress = Progress([group for group, _ in items], every_s=10, clock=clock)
     free, loaded, ends, said = [(spec["start"] * w, w) for w in range(4)], set(), [], []
-    for group, seconds in items:
+    slow_from, slowdown = spec.get("slowdown", (1.0, 1.0))
+    for i, (group, seconds) in enumerate(items):
         start, worker = heapq.heappop(free)
+        seconds *= slowdown if i >= slow_from * len(items) else 1.0
         if group != KIT_TESTS and (worker, group) not in loaded:
             loaded.add((worker, group))
             seconds *= spec["load"]

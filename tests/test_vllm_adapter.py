@@ -177,17 +177,18 @@ def test_the_capability_answer_is_scoped_and_leaves_cuda_devices_to_torch():
 @ON_CPU
 def test_the_environment_is_set_only_for_vllms_own_import():
     """CUDA_VISIBLE_DEVICES is empty only while vllm.triton_utils imports (then Triton stays real);
-    VLLM_TARGET_DEVICE=cpu is set when the in-box backends load, before SGLang's chain imports vllm;
-    a vllm.triton_utils imported before with the placeholder is named."""
+    VLLM_TARGET_DEVICE=cpu is set where vllm is first imported, not when the backends load; a
+    vllm.triton_utils imported before with the placeholder is named."""
     code = ("import os, sys\n"
-            "import backends\n"
-            "assert os.environ['VLLM_TARGET_DEVICE'] == 'cpu' and 'CUDA_VISIBLE_DEVICES' not in os.environ\n"
+            "import backends.vllm\n"
+            "assert 'VLLM_TARGET_DEVICE' not in os.environ and 'CUDA_VISIBLE_DEVICES' not in os.environ\n"
             "from backends.vllm import environment\n"
             "assert environment.import_triton_utils().HAS_TRITON\n"
-            "assert 'CUDA_VISIBLE_DEVICES' not in os.environ\n"
+            "assert os.environ['VLLM_TARGET_DEVICE'] == 'cpu' and 'CUDA_VISIBLE_DEVICES' not in os.environ\n"
             "import vllm.platforms\n"
             "print(type(vllm.platforms.current_platform).__name__)\n")
-    env = {k: v for k, v in os.environ.items() if k not in ("CUDA_VISIBLE_DEVICES", "VLLM_TARGET_DEVICE")}
+    env = {k: v for k, v in os.environ.items()
+           if k not in ("CUDA_VISIBLE_DEVICES", "VLLM_TARGET_DEVICE", "TRITON_INTERPRET")}
     proc = subprocess.run([sys.executable, "-c", code], cwd=REPO, env=env, capture_output=True, text=True, timeout=300)
     assert proc.returncode == 0 and proc.stdout.strip().endswith("CpuPlatform"), proc.stderr[-2000:]
     placeholder = ("import os\nos.environ.pop('CUDA_VISIBLE_DEVICES', None)\nimport vllm.triton_utils\n"

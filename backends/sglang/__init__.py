@@ -5,19 +5,10 @@ only), `sglang_flashinfer_mla` (FlashInferMLAAttnBackend, MLA, CUDA only), and t
 decode wrappers `sglang_triton_draft` (TritonMultiStepDraftBackend) and `sglang_flashinfer_draft`
 (FlashInferMultiStepDraftBackend, CUDA only). adapter.py maps the
 kit's context, pools, batch and layers to SGLang's; runtime.py imports and sets
-up SGLang when a backend is built; install.py installs it (docs/sglang.md).
-
-Without CUDA SGLang's kernels run in Triton's interpreter, which Triton picks when a
-kernel (its own `tl` helpers included) is defined: set before anything imports triton.
+up SGLang when a backend is built (Triton's interpreter without CUDA, chosen there before SGLang
+imports triton); install.py installs it (docs/sglang.md).
 """
-import os
-
-import torch
-
-if not torch.cuda.is_available():
-    os.environ.setdefault("TRITON_INTERPRET", "1")
-
-from backends.sglang.adapter import (SGLangFlashInferBackend, SGLangFlashInferDraftBackend,  # noqa: E402
+from backends.sglang.adapter import (SGLangFlashInferBackend, SGLangFlashInferDraftBackend,
                                      SGLangFlashInferMLABackend, SGLangFlexAttentionBackend,
                                      SGLangTorchNativeBackend, SGLangTritonBackend, SGLangTritonDraftBackend)
 

@@ -10,7 +10,10 @@ import warnings
 
 import torch
 
+from backends import engine_process
 from backends.sglang import shims
+
+engine_process.prepare()  # before SGLang's chain imports triton and vllm
 
 # torchvision: no CPU wheel on the index (a plain install pulls CUDA torch);
 # sgl_kernel: CUDA-only, 373 MB, pins torch 2.14.1. Shimmed only where absent.

@@ -1,16 +1,10 @@
 """Our own Triton attention backend (kernels.py, metadata.py, backend.py).
 
-Without CUDA the kernels run in Triton's interpreter on CPU tensors; the
-interpreter is chosen when a kernel is defined, so it is set before the
-kernels are imported.
+Without CUDA the kernels run in Triton's interpreter on CPU tensors. The
+interpreter is chosen when a kernel is defined, so kernels.py chooses it
+(kit.harness.interpreter.choose) and is imported by the launches, when a
+backend runs: loading the class sets nothing in the process.
 """
-import os
-
-import torch
-
-if not torch.cuda.is_available():
-    os.environ.setdefault("TRITON_INTERPRET", "1")
-
-from backends.triton.backend import TritonBackend  # noqa: E402
+from backends.triton.backend import TritonBackend
 
 __all__ = ["TritonBackend"]

@@ -19,7 +19,7 @@ from typing import List, Optional
 
 import torch
 
-from backends.triton import kernels, mla
+from backends.triton import mla
 from backends.triton.metadata import (BLOCK_M, INTERPRETED_SPLIT_TOKENS, MAX_KV_SPLITS, SPLIT_TOKENS, Buffers,
                                       Metadata, draft_buffers, extend_grid, fill_decode, fill_draft_step, fill_extend)
 from kit.engine.profile import SGLANG
@@ -246,6 +246,7 @@ class TritonBackend(AttentionBackend):
         return self.sink_tensors[layer.sinks]
 
     def _decode(self, md: Metadata, q, k_cache, v_cache, out, layer) -> None:
+        from backends.triton import kernels  # here: a kernel's definition chooses Triton's interpreter
         b = md.bufs
         group = layer.tp_q_head_num // layer.tp_k_head_num
         kernels.decode_split_kernel[(md.rows, layer.tp_k_head_num, md.max_splits)](
@@ -258,6 +259,7 @@ class TritonBackend(AttentionBackend):
 
     def _combine_splits(self, md: Metadata, out, layer, sinks: Optional[torch.Tensor]) -> None:
         """Decode's stage 2: the KV splits' partial outputs merged, the sinks joined once."""
+        from backends.triton import kernels
         b = md.bufs
         kernels.decode_reduce_kernel[(md.rows, layer.tp_q_head_num)](
             b.mid_o, b.mid_lse, b.num_kv_splits, out, self.no_sinks if sinks is None else sinks,
@@ -265,6 +267,7 @@ class TritonBackend(AttentionBackend):
             out.stride(0), out.stride(1), MAX_SPLITS=MAX_KV_SPLITS, D=layer.head_dim, HAS_SINK=sinks is not None)
 
     def _extend(self, q, k, v, k_cache, v_cache, out, positions, out_cache_loc, layer) -> None:
+        from backends.triton import kernels
         md, b = self.forward_metadata, self.forward_metadata.bufs
         custom = md.mask is not None
         sinks = self._sinks(layer)

@@ -13,7 +13,6 @@ from typing import List, Optional
 
 import torch
 
-from backends.triton import kernels
 
 BLOCK_M = 64  # query tokens per extend program
 MAX_KV_SPLITS = 16
@@ -80,6 +79,7 @@ def fill_kv(bufs: Buffers, req_to_token: torch.Tensor, req_pool_indices: torch.T
     its first kv_lens columns; with lanes (a draft decode), `lanes` rows a request, each its
     request's first kv_lens columns then `lane_keys` of its lane's (lane k's from column
     kv_lens + k * lane_width on)."""
+    from backends.triton import kernels  # here: a kernel's definition chooses Triton's interpreter
     row_lens = kv_lens if lanes == 1 else kv_lens.repeat_interleave(lanes)
     row_lens = row_lens + lane_keys if lane_keys else row_lens
     rows = row_lens.shape[0]

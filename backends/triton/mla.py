@@ -5,7 +5,6 @@ from __future__ import annotations
 
 from typing import Optional
 
-from backends.triton import kernels, mla_kernels
 from backends.triton.metadata import BLOCK_M, MAX_KV_SPLITS, Metadata, cdiv
 
 DECODE_BLOCK_H = 16  # query heads per decode program (tl.dot needs 16 rows); 128 heads: 8 programs
@@ -33,6 +32,7 @@ def head_blocks(num_heads: int) -> int:
 
 def decode(md: Metadata, q, kv, out, layer, flags: dict) -> None:
     """Split-KV decode over every key of each request, then the splits merged by log-sum-exp."""
+    from backends.triton import kernels, mla_kernels  # here: a kernel's definition chooses Triton's interpreter
     b = md.bufs
     mla_kernels.mla_decode_split_kernel[(md.rows, head_blocks(layer.tp_q_head_num), md.max_splits)](
         q, kv, b.kv_indptr, b.kv_indices, b.num_kv_splits, b.mid_o, b.mid_lse, layer.scaling, _kv_scale(layer),
@@ -49,6 +49,7 @@ def decode(md: Metadata, q, kv, out, layer, flags: dict) -> None:
 def extend(md: Metadata, q, k, kv, out, out_cache_loc, layer, flags: dict) -> None:
     """The prefix from the pool and the new tokens' latent rows from k (a quantized latent: from the
     pool, at out_cache_loc), causal or custom mask."""
+    from backends.triton import mla_kernels
     b = md.bufs
     custom = md.mask is not None
     block_m = INTERPRETED_BLOCK_M if q.device.type == "cpu" else EXTEND_BLOCK_M

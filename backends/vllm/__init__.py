@@ -1,20 +1,16 @@
 """vLLM's own attention backends (vllm 0.33.0), unmodified, under the kit: `vllm_triton_attn`
 (TRITON_ATTN), `vllm_flex_attention` (FLEX_ATTENTION), `vllm_flash_attn` (FLASH_ATTN, CUDA),
 `vllm_flashinfer` (FLASHINFER, CUDA), and for MLA models `vllm_triton_mla` (TRITON_MLA),
-`vllm_flashmla` (FLASHMLA, CUDA) and `vllm_flash_attn_mla` (FLASH_ATTN_MLA, CUDA), and for gated delta
-net layers `vllm_gdn` (GDN_ATTN, CUDA). adapter.py, mla.py and gdn.py map the kit's context, pools, batch and layers to vLLM's; runtime.py imports and sets up
-vLLM when a backend is asked about a case or built; environment.py is what vLLM needs of the
-process without CUDA (set here, before anything imports vllm); install.py installs it
-(docs/vllm.md).
+`vllm_flashmla` (FLASHMLA, CUDA) and `vllm_flash_attn_mla` (FLASH_ATTN_MLA, CUDA), and for gated
+delta net layers `vllm_gdn` (GDN_ATTN, CUDA). adapter.py, mla.py and gdn.py map the kit's context,
+pools, batch and layers to vLLM's; runtime.py imports and sets up vLLM when a backend is asked about
+a case or built; environment.py is what vLLM needs of the process without CUDA (set there, before
+vllm is first imported); install.py installs it (docs/vllm.md).
 """
-from backends.vllm import environment
-
-environment.prepare()
-
-from backends.vllm.adapter import (VllmFlashAttnBackend, VllmFlashInferBackend, VllmFlexAttentionBackend,  # noqa: E402
+from backends.vllm.adapter import (VllmFlashAttnBackend, VllmFlashInferBackend, VllmFlexAttentionBackend,
                                    VllmTritonAttnBackend)
-from backends.vllm.gdn import VllmGdnBackend  # noqa: E402
-from backends.vllm.mla import VllmFlashAttnMLABackend, VllmFlashMLABackend, VllmTritonMLABackend  # noqa: E402
+from backends.vllm.gdn import VllmGdnBackend
+from backends.vllm.mla import VllmFlashAttnMLABackend, VllmFlashMLABackend, VllmTritonMLABackend
 
 __all__ = ["VllmFlashAttnBackend", "VllmFlashAttnMLABackend", "VllmFlashInferBackend", "VllmFlashMLABackend",
            "VllmFlexAttentionBackend", "VllmGdnBackend", "VllmTritonAttnBackend", "VllmTritonMLABackend"]

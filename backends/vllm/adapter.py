@@ -28,6 +28,7 @@ AttentionMetadataBuilder.get_cudagraph_support (`supports_graph`).
 from __future__ import annotations
 
 import contextlib
+import functools
 import importlib
 import importlib.metadata
 from typing import Dict, Optional
@@ -107,6 +108,12 @@ def model_of(case=None, ctx=None):
         cache_dtype=CACHE_DTYPES[case.kv_dtype], max_model_len=4096, max_num_seqs=max(CAPTURE_SIZES),
         num_blocks=1024, num_speculative_tokens=speculative.num_draft_tokens - 1 if speculative else 0,
         capture_sizes=CAPTURE_SIZES)
+
+
+@functools.lru_cache(maxsize=None)
+def _served_config(model, vllm_backend: str):
+    rt = runtime()
+    return rt.served_config(model, rt.backend_class(vllm_backend))
 
 
 def _kit_kv_dtype(dtype: torch.dtype) -> Optional[str]:
@@ -193,8 +200,9 @@ class VllmBackend(AttentionBackend):
 
     @classmethod
     def served_config(cls, case):
-        """The VllmConfig of an engine serving the case's model with this backend."""
-        return runtime().served_config(model_of(case), cls.backend_cls())
+        """The VllmConfig of an engine serving the case's model with this backend, for the class's
+        questions (read, never changed): one per model, as a listing asks of hundreds of cases."""
+        return _served_config(model_of(case), cls.vllm_backend)
 
     @classmethod
     def supports_graph(cls, case) -> Optional[str]:

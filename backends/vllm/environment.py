@@ -1,11 +1,7 @@
 """What vLLM needs of the process on a machine without CUDA, and nothing where CUDA is present.
 
 vLLM decides two things once, at its first import, and keeps them for the process:
-- its platform (vllm/platforms/__init__.py:240): without CUDA it finds none and takes
-  UnspecifiedPlatform, on which FLEX_ATTENTION asks for pinned memory and TRITON_MLA for a compute
-  unit count that platform cannot give; VLLM_TARGET_DEVICE=cpu makes it CpuPlatform. SGLang's
-  import chain imports vllm too (its MoE code), so the variable is set when the in-box backends
-  package is loaded (backends/__init__.py), before any backend of the process imports either;
+- its platform (backends/engine_process.py sets it, where either engine is first imported);
 - whether Triton is usable (vllm/triton_utils/importing.py:56-78): with no active GPU driver
   (Triton's interpreter) it swaps Triton for a placeholder, every kernel a no-op, unless
   CUDA_VISIBLE_DEVICES is set and empty. That variable is set only around that one import
@@ -20,35 +16,25 @@ runs.
 from __future__ import annotations
 
 import contextlib
-import logging
 import os
 import sys
 from typing import Iterator
 
 import torch
 
-NO_CUDA = not torch.cuda.is_available()
+from backends import engine_process
+
+NO_CUDA = engine_process.NO_CUDA
 # The capability the Triton KV writer is told for a CPU tensor: it picks its tile size from it
 # (Hopper's: the widest tile); the interpreter computes the same at any tile size.
 CPU_CAPABILITY = (9, 0)
-
-
-def prepare() -> None:
-    """Without CUDA: Triton's interpreter for vLLM's kernels (set before any kernel is defined) and
-    vLLM's CPU platform. Everywhere: vLLM's loggers at errors only, unless VLLM_LOGGING_LEVEL says
-    otherwise (outside a server vLLM configures no logging, and its import and config log warnings
-    meant for a server's start, in every run, through Python's last-resort handler)."""
-    if "VLLM_LOGGING_LEVEL" not in os.environ:
-        logging.getLogger("vllm").setLevel(logging.ERROR)
-    if NO_CUDA:
-        os.environ.setdefault("TRITON_INTERPRET", "1")
-        os.environ.setdefault("VLLM_TARGET_DEVICE", "cpu")
 
 
 def import_triton_utils():
     """vllm.triton_utils, imported with CUDA_VISIBLE_DEVICES set and empty where there is no CUDA
     (so vLLM keeps the real Triton for the interpreter), the variable as it was after. Raises
     where it was imported before with the placeholder (nothing here can undo that)."""
+    engine_process.prepare()
     if NO_CUDA and "vllm.triton_utils" not in sys.modules:
         had = os.environ.get("CUDA_VISIBLE_DEVICES")
         os.environ["CUDA_VISIBLE_DEVICES"] = ""

@@ -10,9 +10,12 @@ patches as before. The kernels compute the same; only the redundant patching is 
 
 It also looks up the numpy dtype of a Triton dtype once: the interpreter builds its whole table
 of dtypes again at each lookup, several per operation of every program (7% of a run's time).
+
+`choose()` is where a process takes the interpreter at all, once, before Triton is imported.
 """
 from __future__ import annotations
 
+import os
 import sys
 from typing import FrozenSet, List, Set
 
@@ -21,6 +24,31 @@ _launches: List[FrozenSet[int]] = []  # the language modules each unfinished lau
 # puts back what it found, patched. (Class attributes a helper's call patches, of tl.tensor
 # say, are put back by the launch's restore; every launch patches them again.)
 _kept: Set[int] = set()
+
+
+class TritonImportedFirst(RuntimeError):
+    pass
+
+
+def choose() -> None:
+    """Without CUDA, Triton's interpreter for every Triton kernel of the process (TRITON_INTERPRET=1);
+    with CUDA, or a TRITON_INTERPRET already set, nothing. Triton reads the variable when it defines
+    a kernel, its own `tl` helpers (defined when triton is imported) included, so it is chosen before
+    Triton's first import: by what runs backends (the pytest plugin, `python -m kit`) and by what
+    defines kernels (our Triton backend's kernels, the engines' set-up), never by a module's import.
+    Raises TritonImportedFirst where Triton was imported without it."""
+    if "TRITON_INTERPRET" in os.environ:
+        return
+    import torch
+
+    if torch.cuda.is_available():
+        return
+    if "triton" in sys.modules:
+        raise TritonImportedFirst(
+            "triton was imported before Triton's interpreter was chosen (no CUDA here): its own helpers are then "
+            "not interpretable; set TRITON_INTERPRET=1, or call kit.harness.interpreter.choose() before importing "
+            "triton")
+    os.environ["TRITON_INTERPRET"] = "1"
 
 
 class _NothingToRestore:

@@ -38,6 +38,7 @@ def _duration(seconds: float) -> str:
 
 KIT_TESTS = "the kit's own tests"  # the tests of a session that are no conformance run
 SHRINK = 3  # a group's mean is drawn toward every group's by this many runs' weight
+RECENT = 30  # the latest tests whose pace (their seconds over their groups' means) says how loaded the machine is now
 
 
 class Progress:
@@ -50,6 +51,7 @@ class Progress:
         self.spent = 0.0  # seconds of every finished test
         self.steady = RunTimes()  # per group, its tests but each worker's first run of a backend
         self.loaded: set = set()  # (backend, worker) of the first runs seen
+        self.recent = collections.deque(maxlen=RECENT)  # (group, seconds) of the latest tests in self.steady
         self.reported: Dict[object, float] = {}  # per worker, when its last test ended
         self.start = self.last = clock()
 
@@ -60,6 +62,7 @@ class Progress:
         self.spent += seconds
         if group == KIT_TESTS or (group, worker) in self.loaded:
             self.steady.add(group, seconds)
+            self.recent.append((group, seconds))
         self.loaded.add((group, worker))
         self.reported[worker] = self.clock()
         if self.every_s <= 0 or self.clock() - self.last < self.every_s:
@@ -75,18 +78,25 @@ class Progress:
         n = self.steady.finished[group]
         return (self.steady.spent[group] + SHRINK * overall) / (n + SHRINK)
 
+    def _pace(self) -> float:
+        """How much longer than their groups' means the latest tests took: a machine loaded since
+        (or freed) makes every test left take that much longer (or shorter), which means over the
+        whole session learn only slowly."""
+        expected = sum(self._mean(group) for group, _ in self.recent)
+        return sum(seconds for _, seconds in self.recent) / expected if expected > 0 else 1.0
+
     def left_s(self) -> Optional[float]:
-        """The time left: the work left (each group's tests left times its mean) over the work
-        done in a second of wall time so far. The work done is the finished tests' and what each
-        worker has been running since its last test ended (a backend's first run may load it for
-        minutes): no count of workers, which grows while they start, and no first runs' loads taken
-        for what every run costs."""
+        """The time left: the work left (each group's tests left times its mean, at the latest
+        tests' pace) over the work done in a second of wall time so far. The work done is the
+        finished tests' and what each worker has been running since its last test ended (a
+        backend's first run may load it for minutes): no count of workers, which grows while they
+        start, and no first runs' loads taken for what every run costs."""
         now = self.clock()
         busy = self.spent + sum(now - at for at in self.reported.values())
         if busy <= 0 or now <= self.start:
             return None
         left = sum(max(total - self.finished[g], 0) * self._mean(g) for g, total in self.planned.items())
-        return left * (now - self.start) / busy
+        return left * self._pace() * (now - self.start) / busy
 
     def lines(self) -> List[str]:
         out = []

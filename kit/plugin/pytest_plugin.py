@@ -14,7 +14,7 @@ import os
 import pytest
 
 from kit.process import placement
-from kit.harness import timeout
+from kit.harness import interpreter, timeout
 from kit.harness.environment import to_record
 from kit.plugin import cuda_context, parallel_spawn
 from kit.plugin.compile_count import CompileCount
@@ -56,6 +56,8 @@ def pytest_configure(config):
     exit_without_teardown(config)
     if is_xdist_controller(config):
         parallel_spawn.install()
+    else:  # a process that runs tests: the same Triton for all of them, whichever imports triton first
+        interpreter.choose()
     split_threads(config)
     default_timeout(config)
     plugin_options.check(config)
