@@ -15,7 +15,7 @@ from backends.sglang.adapter import sglang_problem
 from backends.vllm.adapter import vllm_problem
 from kit.__main__ import main
 from kit.cli import USAGE
-from kit.harness.registry import is_in_box, load_backend
+from kit.harness.registry import load_backend
 from kit.report.known_failures import load_or_default
 from kit.report.record import CRASH
 
@@ -126,16 +126,6 @@ def _cpu_repro_entries():
             and any(REPRO_FILE.fullmatch(link) for link in e.links)]
 
 
-def test_every_cpu_entry_about_an_engines_backend_links_its_standalone_file():
-    entries = [e for e in load_or_default() if fnmatch.fnmatchcase("CPU (x86_64)", e.device) and e.device != "*"
-               and not is_in_box(e.backend)]
-    missing = [e.id for e in entries if not any(REPRO_FILE.fullmatch(link) for link in e.links)]
-    assert not missing, f"CPU entries without a repro/KF-<n>.py link (write one with kit repro --standalone): {missing}"
-    for e in _cpu_repro_entries():
-        path = ROOT / next(link for link in e.links if REPRO_FILE.fullmatch(link))
-        assert path.is_file() and path.name == f"{e.id}.py", f"{e.id} links {path}, which is not its file"
-
-
 @pytest.mark.parametrize("entry", _cpu_repro_entries(), ids=lambda e: e.id)
 def test_a_cpu_entrys_standalone_file_fails_without_the_kit(tmp_path, entry):
     """The checked-in file shows the entry's bug with the kit not importable: a crash holding the entry's
@@ -143,7 +133,7 @@ def test_a_cpu_entrys_standalone_file_fails_without_the_kit(tmp_path, entry):
     problem = ENGINE_PROBLEMS[load_backend(entry.backend).profile.name]()
     if problem is not None:
         pytest.skip(problem)
-    path = ROOT / "repro" / f"{entry.id}.py"
+    path = ROOT / next(link for link in entry.links if REPRO_FILE.fullmatch(link))
     done = subprocess.run([sys.executable, str(path)], cwd=tmp_path, env=_kit_blocked(tmp_path), capture_output=True,
                           text=True, timeout=900)
     if entry.failure_class == CRASH:
