@@ -119,6 +119,9 @@ def test_class_cell_pins_a_band_or_a_message():
     crash = _entry('crash "illegal memory access"', "b")
     assert (crash.failure_class, crash.band, crash.text) == ("crash", None, "illegal memory access")
     assert not _entry("kernel", "b").pinned
+    per_layer = _entry("kernel 1200-16000x/0-1x", "b")
+    assert (per_layer.band, per_layer.layer_bands, per_layer.pinned) == (None, ((1200.0, 16000.0), (0.0, 1.0)), True)
+    assert "layer 0 1200-16000x, layer 1 0-1x" in per_layer.expects
     with pytest.raises(known_failures.KnownFailuresError, match="band 5-2x is empty"):
         _entry("kernel 5-2x", "b")
 

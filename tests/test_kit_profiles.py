@@ -186,3 +186,13 @@ def test_padded_rows_are_judged_only_where_a_padded_token_belongs_to_a_request()
     assert run_case(f"{__name__}:_LeavesPaddedRows", case, Exec.GRAPH).outcome == PASS
     r = run_case(f"{__name__}:_LeavesPaddedRowsOfRealRequests", case, Exec.GRAPH)
     assert r.outcome == "fail" and "padded rows not finite" in r.message, r.message
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="a real capture: CPU graphs are emulated, and an emulated "
+                    "replay does not re-run what a captured run recorded on its first forward")
+@pytest.mark.parametrize("mode", list(CASES), ids=lambda m: m.value)
+def test_a_builders_metadata_planned_at_its_first_forward_is_planned_in_the_graph(mode):
+    """The builder driver builds the capture's metadata anew before each warm-up run and the captured run,
+    as vLLM's runner does: a plan the first forward makes on it is recorded, and each replay plans anew."""
+    r = run_case(f"{TOY}:PlansAtFirstForward", CASES[mode], Exec.GRAPH)
+    assert r.outcome == PASS, r.message

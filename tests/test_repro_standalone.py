@@ -2,9 +2,12 @@
 each batch's and layer's error against its limit and a verdict, and exits 1 when the engine is handed
 a wrong batch (eager, or a graph replay handed its capture's metadata) or the engine has a known bug,
 which it shrinks first."""
+import fnmatch
 import os
+import re
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 
@@ -12,9 +15,13 @@ from backends.sglang.adapter import sglang_problem
 from backends.vllm.adapter import vllm_problem
 from kit.__main__ import main
 from kit.cli import USAGE
+from kit.harness.registry import load_backend
+from kit.report.known_failures import load_or_default
+from kit.report.record import CRASH
 
 VLLM = pytest.mark.skipif(vllm_problem() is not None, reason=str(vllm_problem()))
 SGLANG = pytest.mark.skipif(sglang_problem() is not None, reason=str(sglang_problem()))
+ROOT = Path(__file__).resolve().parents[1]
 VLLM_RUN = "vllm_triton_attn-decode-eager-gqa_fused_p16_fp32"
 SGLANG_GRAPH_RUN = "sglang_triton-decode-graph-mqa_p1_shuf"
 VLLM_GRAPH_RUN = "vllm_triton_attn-decode-graph-gqa_fused_p16_fp32"
@@ -107,3 +114,29 @@ def test_what_no_file_reproduces_is_a_usage_error(tmp_path, capsys, run_id, prob
     assert main(["repro", "--standalone", run_id, "--out", str(tmp_path / "r.py")]) == USAGE
     assert problem in capsys.readouterr().err
     assert not (tmp_path / "r.py").exists()
+
+
+ENGINE_PROBLEMS = {"vllm": vllm_problem, "sglang": sglang_problem}
+REPRO_FILE = re.compile(r"repro/KF-\d+\.py")
+
+
+def _cpu_repro_entries():
+    """The KNOWN_FAILURES.md entries that link a standalone file and whose device a CPU is."""
+    return [e for e in load_or_default() if fnmatch.fnmatchcase("CPU (x86_64)", e.device)
+            and any(REPRO_FILE.fullmatch(link) for link in e.links)]
+
+
+@pytest.mark.parametrize("entry", _cpu_repro_entries(), ids=lambda e: e.id)
+def test_a_cpu_entrys_standalone_file_fails_without_the_kit(tmp_path, entry):
+    """The checked-in file shows the entry's bug with the kit not importable: a crash holding the entry's
+    text, or an output past its limit."""
+    problem = ENGINE_PROBLEMS[load_backend(entry.backend).profile.name]()
+    if problem is not None:
+        pytest.skip(problem)
+    path = ROOT / next(link for link in entry.links if REPRO_FILE.fullmatch(link))
+    done = subprocess.run([sys.executable, str(path)], cwd=tmp_path, env=_kit_blocked(tmp_path), capture_output=True,
+                          text=True, timeout=900)
+    if entry.failure_class == CRASH:
+        assert done.returncode != 0 and entry.text and entry.text in done.stderr, done.stderr[-2000:]
+    else:
+        _failed(done)

@@ -6,6 +6,7 @@ import json
 import os
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 import torch
@@ -16,7 +17,10 @@ from kit.engine.catalog import load_catalog
 from kit.modes import Exec, ForwardMode
 from kit.engine.reference import attention
 from kit.harness.guard import Guard
-from kit.harness.runner import default_device
+from kit.harness.runner import default_device, run_case
+from kit.report import known_failures
+from kit.report.record import read_results_file
+from tests.mutants.sglang import patched_module
 from tests.helpers import run_setup
 
 pytestmark = pytest.mark.skipif(sglang_problem() is not None, reason=str(sglang_problem()))
@@ -98,6 +102,32 @@ def test_kf5_torch_native_ignores_logit_cap():
     uncapped = dataclasses.replace(fx, layers=tuple(dataclasses.replace(l, logit_cap=0.0) for l in fx.layers))
     assert _err(out, attention(fx, layer_id=1)) > 1e-3
     assert _err(out, attention(uncapped, layer_id=1)) < TIGHT
+
+
+class ScaleTwice(SGLangTorchNativeBackend):
+    """A second bug under KF-6: TorchNativeAttnBackend's decode scales the logits twice (torch_native_backend.py:268),
+    in every layer, the capped one (which KF-6's dropped cap already fails) included."""
+
+    def _impl_class(self):
+        return patched_module("sglang.srt.layers.attention.torch_native_backend", 268, "scale=scaling,",
+                              "scale=scaling * 2,").TorchNativeAttnBackend
+
+
+def test_kf6_a_second_bug_in_its_region_is_not_the_known_failure():
+    """KF-6 (KNOWN_FAILURES.md as committed) covers the committed CPU record of this run; the same run with a
+    second bug planted fails [kernel] too, its capped layer within KF-6's band, and is reported: the entry
+    pins each layer's band, and the uncapped layer must pass."""
+    entries = known_failures.load_or_default()
+    record = next(r for r in read_results_file(Path(__file__).parents[1] / "results" / "cpu.json").records
+                  if r.test_id == "sglang_torch_native-decode-eager-gqa_hybrid_p16_fp32")
+    entry = known_failures.covering(entries, record)
+    assert entry is not None and entry.id == "KF-6", known_failures.against(entry, record)
+    case = load_catalog().find_case(ForwardMode.DECODE, "gqa_hybrid_p16_fp32")
+    planted = run_case(f"{__name__}:ScaleTwice", case, Exec.EAGER, torch.device("cpu"))  # as the record ran
+    assert (planted.outcome, planted.failure_class) == ("fail", "kernel"), planted.message
+    assert entry.layer_bands[0][0] <= planted.margins[0] <= entry.layer_bands[0][1], planted.margins
+    assert not known_failures.is_expected(entry, planted)
+    assert known_failures.against(entry, planted).startswith("not the known failure: KF-6")
 
 
 @pytest.mark.parametrize("mode, case_name, off", [

@@ -196,9 +196,11 @@ class _Harness:
             side.wait_stream(torch.cuda.current_stream())
             with torch.cuda.stream(side):
                 for _ in range(WARMUP_RUNS):
+                    self.driver.before_capture_run(batch)
                     self._program(batch, rows)
             torch.cuda.current_stream().wait_stream(side)
             torch.cuda.synchronize()
+            self._capture_hooks(self.driver.before_capture_run, batch)  # what the graph reads: watched
             graph, guard = torch.cuda.CUDAGraph(), Guard()
             # capture_begin/end on a side stream, as torch.cuda.graph does, without its empty_cache():
             # run after run, that handed the cache back and the next batch's allocations went to cudaMalloc.

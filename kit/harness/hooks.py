@@ -10,7 +10,8 @@ graph. One driver per style, chosen once per run from the backend's capabilities
   forward_mode, spec_info, seq_lens_cpu);
 - builder (vLLM's metadata builders): the step in engine-neutral terms (kit.engine.common.CommonBatch,
   `batch.common`, rendered from the step description; an eager batch has it as rendered), held
-  in the graph's static buffers, then build_for_capture(batch) at capture and
+  in the graph's static buffers, then build_for_capture(batch) at capture (anew before each
+  warm-up run and the captured run, as vLLM's runner builds it) and
   init_forward_metadata(batch) before each replay. A capture describes the engine's capture batch
   (kit.engine.common.capture_batch: requests of the graph's shape with the worst replay's host
   maxima), a replay the step description of the batch, its padded rows as the profile pads them.
@@ -56,6 +57,10 @@ class HookDriver:
 
     def in_graph(self, view) -> None:
         """Recorded in the graph, before the forwards."""
+
+    def before_capture_run(self, view) -> None:
+        """Before each warm-up run of a capture and before the captured run, outside the graph, after
+        the capture hook: SGLang's graph runner runs its capture hook once for them all."""
 
     def prepare(self, max_bs: int, req_to_token, page: int, device, padded_seq_len: int) -> None:
         """Once a run, before its first capture: the driver's own buffers, for the largest batch;
@@ -145,6 +150,12 @@ class Builder(HookDriver):
 
     def capture(self, view, num_tokens):
         return self._captured(view, max_query_len=num_tokens // view.batch_size)
+
+    def before_capture_run(self, view):
+        """vLLM's runner builds the metadata anew for each warm-up run and for the capture (a _dummy_run
+        each, v1/worker/gpu_model_runner.py), so what a builder's metadata plans at its first forward
+        (FlashMLA's FlashMLASchedMeta, planned in flash_mla_with_kvcache) is planned in the graph too."""
+        self.backend.build_for_capture(view)
 
     def replay(self, view, plan, num_tokens):
         view = self._described(view, plan)

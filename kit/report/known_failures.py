@@ -15,14 +15,18 @@ BEGIN, END = "<!-- known-failures:begin -->", "<!-- known-failures:end -->"
 COLUMNS = ("id", "backend", "mode", "exec", "case", "device", "class", "mark", "reason", "link")
 XFAIL, QUARANTINE = "xfail", "quarantine"
 ROW_TEMPLATE = "| KF-<n> | <backend> | <mode or *> | <eager|graph|*> | <case glob> | <device glob, e.g. *H100* or *> | " \
-               "<kernel|graph|kv-write|crash, then optionally its band: `1.5-40x` or `\"text of its message\"`> | " \
+               "<kernel|graph|kv-write|crash, then optionally its band: `1.5-40x`, one per layer id `1200-16000x/0-1x`, " \
+               "or `\"text of its message\"`> | " \
                "<xfail|quarantine> | <reason> | " \
                "<links, space-separated: the issue or PR tracking the bug, then source lines (URLs or repo paths)> |"
 # The class cell: the failure class, then optionally what the failure must look like to be this one,
 # so that a second bug in a region that already fails is still seen: the band of its worst layer's
-# error over its limit (RunResult.margins), e.g. `kernel 1.5-40x`, or text its message holds, e.g.
+# error over its limit (RunResult.margins), e.g. `kernel 1.5-40x`; or a band per layer id, `/`-separated, e.g.
+# `kernel 1200-16000x/0-1x`, where a bug of one layer must leave the others as they are (a second bug in
+# another layer is seen though its margin is within the first one's band); or text its message holds, e.g.
 # `crash "illegal memory access"`.
-CLASS_CELL = re.compile(r'(?P<cls>[\w-]+)(?:\s+(?P<lo>\d+(?:\.\d+)?)-(?P<hi>\d+(?:\.\d+)?)x|\s+"(?P<text>[^"]+)")?')
+BAND = r"\d+(?:\.\d+)?-\d+(?:\.\d+)?x"
+CLASS_CELL = re.compile(rf'(?P<cls>[\w-]+)(?:\s+(?P<bands>{BAND}(?:/{BAND})*)|\s+"(?P<text>[^"]+)")?')
 # An upstream issue or PR (a URL), or a file in the repo that shows the failure (a path, maybe with #anchor).
 LINK = re.compile(r"https?://[\w.-]+\.\w+\S*|(?!/|\.\./)[\w.-]+(/[\w.-]+)*(\.\w+|/[\w.-]+)/?(#\S+)?")
 
@@ -45,24 +49,31 @@ class KnownFailure:
     link: str  # one or more links, space-separated
     where: str  # path:line, for messages
     band: Optional[Tuple[float, float]] = None  # its worst layer's margin, low and high (CLASS_CELL)
+    layer_bands: Tuple[Tuple[float, float], ...] = ()  # or each layer id's margin, low and high (CLASS_CELL)
     text: str = ""  # what its message holds (CLASS_CELL)
 
     @property
     def pinned(self) -> bool:
         """Whether the entry says what its failure looks like (a band or a message), not only its class."""
-        return self.band is not None or bool(self.text)
+        return self.band is not None or bool(self.layer_bands) or bool(self.text)
 
     @property
     def expects(self) -> str:
         """What the entry expects, as messages say it: `[kernel]`, `[kernel] at 1.5-40x its limit`."""
         if self.band is not None:
             return f"[{self.failure_class}] at {self.band[0]:g}-{self.band[1]:g}x its limit"
+        if self.layer_bands:
+            per_layer = ", ".join(f"layer {i} {lo:g}-{hi:g}x" for i, (lo, hi) in enumerate(self.layer_bands))
+            return f"[{self.failure_class}] at {per_layer} its limit"
         return f"[{self.failure_class}]" + (f' saying "{self.text}"' if self.text else "")
 
     def fits(self, result) -> bool:
         """Whether a failing run of the entry's class (a RunResult or Record) is this failure: its worst
         layer's margin within the band, its message holding the text (where the entry pins them)."""
         if self.band is not None and not (result.margins and self.band[0] <= max(result.margins) <= self.band[1]):
+            return False
+        if self.layer_bands and not (len(result.margins) == len(self.layer_bands) and all(
+                lo <= m <= hi for m, (lo, hi) in zip(result.margins, self.layer_bands))):
             return False
         return self.text in result.message
 
@@ -85,6 +96,13 @@ def _cells(line: str) -> List[str]:
     return [c.strip() for c in line.strip().strip("|").split("|")]
 
 
+def _bands(cell) -> List[Tuple[float, float]]:
+    """The class cell's bands, low and high: none, the worst layer's, or one per layer id."""
+    if not cell["bands"]:
+        return []
+    return [(float(lo), float(hi)) for lo, hi in (b[:-1].split("-") for b in cell["bands"].split("/"))]
+
+
 def _problems(cells: List[str], seen_ids) -> List[str]:
     if len(cells) != len(COLUMNS):
         return [f"expected {len(COLUMNS)} cells ({', '.join(COLUMNS)}), got {len(cells)}"]
@@ -103,8 +121,8 @@ def _problems(cells: List[str], seen_ids) -> List[str]:
     if cell is None or cell["cls"] not in CLASSES:
         out.append(f"class {row['class']!r} is not one of {', '.join(CLASSES)}, optionally followed by a band "
                    f"(1.5-40x) or quoted message text")
-    elif cell["lo"] is not None and not 0 <= float(cell["lo"]) <= float(cell["hi"]):
-        out.append(f"band {cell['lo']}-{cell['hi']}x is empty")
+    else:
+        out += [f"band {lo:g}-{hi:g}x is empty" for lo, hi in _bands(cell) if not 0 <= lo <= hi]
     if row["mark"] not in (XFAIL, QUARANTINE):
         out.append(f"mark {row['mark']!r} is not xfail or quarantine")
     for field in ("backend", "case", "device", "reason", "link"):
@@ -138,9 +156,10 @@ def parse(text: str, path: str = "KNOWN_FAILURES.md") -> List[KnownFailure]:
         row = dict(zip(COLUMNS, cells))
         seen.add(row["id"])
         cell = CLASS_CELL.fullmatch(row["class"])
-        band = None if cell["lo"] is None else (float(cell["lo"]), float(cell["hi"]))
+        bands = _bands(cell)
         entries.append(KnownFailure(row["id"], row["backend"], row["mode"], row["exec"], row["case"], row["device"],
-                                    cell["cls"], row["mark"], row["reason"], row["link"], where, band,
+                                    cell["cls"], row["mark"], row["reason"], row["link"], where,
+                                    bands[0] if len(bands) == 1 else None, tuple(bands) if len(bands) > 1 else (),
                                     cell["text"] or ""))
     if errors:
         raise KnownFailuresError("\n".join(errors))

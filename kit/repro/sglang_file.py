@@ -76,7 +76,7 @@ if MISSING:
         import_utils.is_torchvision_available()
     sys.meta_path.append(PlaceholderFinder())
 from sglang.srt.configs.model_config import AttentionArch
-from sglang.srt.layers.attention.triton_backend import TritonAttnBackend
+@BACKEND_IMPORT@
 from sglang.srt.layers.radix_attention import RadixAttention
 from sglang.srt.mem_cache.allocator import TokenToKVPoolAllocator
 from sglang.srt.mem_cache.kv_index_translator import KVIndexTranslator
@@ -88,7 +88,6 @@ from sglang.srt.runtime_context import get_context, get_parallel
 from sglang.srt.speculative.spec_info import SpeculativeAlgorithm
 from transformers import PretrainedConfig
 
-BACKENDS = {"triton": TritonAttnBackend}
 get_parallel().override_permanently(attn_tp_size=1, attn_dcp_rank=0)  # one process, no torch.distributed
 no_graphs = PhaseConfig(backend=Backend.DISABLED)
 get_context().override_server_args(
@@ -135,7 +134,7 @@ class ModelRunner:  # the attributes of SGLang's ModelRunner its attention backe
 
 
 runner = ModelRunner()
-backend = BACKENDS[BACKEND](runner)
+backend = AttnBackend(runner)
 if getattr(backend, "device_core_count", 1) <= 0:  # no SMs without CUDA: an H100's count keeps its KV split planner
     backend.device_core_count = 132
 pool = runner.token_to_kv_pool
@@ -323,5 +322,7 @@ def render(scenario: Dict, backend_cls, exec_: str) -> str:
     else:
         raise NotReproducible(f"{exec_} runs of SGLang backends in {scenario['mode']}: standalone files reproduce "
                               f"decode graphs only (its token-bucket graphs not yet); give the eager run's id")
-    engine_part = ENGINE_PART.replace("@BACKEND@", repr(backend_cls.server_name)) + run
+    module, cls = backend_cls.sglang_class.split(":")
+    engine_part = ENGINE_PART.replace("@BACKEND@", repr(backend_cls.server_name)).replace(
+        "@BACKEND_IMPORT@", f"from {module} import {cls} as AttnBackend") + run
     return assemble(scenario, "SGLang", backend_cls.server_name, exec_, HOW[exec_], engine_part)

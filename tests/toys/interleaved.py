@@ -94,3 +94,23 @@ class ClampsPaddedRows(InterleavedBackend):
 
     def _write(self, kv, k, v, slots):
         super()._write(kv, k, v, slots.clamp(min=0))
+
+
+class PlansAtFirstForward(InterleavedBackend):
+    """Right, as FlashMLA is: each build's metadata holds a plan that the first forward on it makes (a device
+    copy of the request lengths, FlashMLASchedMeta's tile schedule) and later forwards reuse; a capture
+    records the plan only if its run is the metadata's first forward, as vLLM's runner has it (a build for
+    each warm-up run and for the capture)."""
+
+    def init_forward_metadata(self, batch) -> None:
+        super().init_forward_metadata(batch)
+        self.plan = {}
+
+    def forward(self, q, k, v, layer, batch, save_kv_cache=True):
+        if "seq_lens" not in self.plan:
+            self.plan["seq_lens"] = self.seq_lens.clone()
+        planned, self.seq_lens = self.seq_lens, self.plan["seq_lens"]
+        try:
+            return super().forward(q, k, v, layer, batch, save_kv_cache)
+        finally:
+            self.seq_lens = planned
