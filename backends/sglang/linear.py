@@ -1,0 +1,225 @@
+"""SGLang's own linear-attention backend (GDNAttnBackend, sglang 0.5.23), unmodified, behind the
+kit's recurrent protocol (kit.harness.recurrent), run as a model runs it: inside SGLang's
+HybridLinearAttnBackend, which routes a layer to its full-attention backend or its linear one
+(layers/attention/attention_registry.py builds it so for every hybrid GDN model), a layer called as
+Qwen3-Next's GatedDeltaNet calls its RadixLinearAttention (mixed_qkv before the conv, a, b).
+
+What is mapped, and nothing more:
+- the kit's state pool -> SGLang's MambaPool: its own State dataclass over the kit's buffers (views)
+  and its own pool code (`mamba2_layer_cache`, `clear_slots`) taken from its class (`_mamba_pool`);
+- the kit's batch -> SGLang's ForwardBatch over request rows of SGLang's HybridReqToTokenPool code,
+  whose mapping (`req_index_to_mamba_index_mapping`) holds each request's state slot, as its
+  allocator leaves it; padded rows of a graph batch carry request row 0, as SGLang's runner pads;
+- the scheduler's clear of a new request's slot (HybridReqToTokenPool.alloc sets mamba_needs_clear,
+  then MambaPool.clear_slots before the forward): played here, through SGLang's own clear_slots;
+- a case without full-attention layers -> HybridLinearAttnBackend over a full-attention side that
+  owns no layer (`_NoFullLayers`, raising if a layer is routed to it).
+"""
+from __future__ import annotations
+
+import inspect
+from typing import Optional
+
+import torch
+
+from backends.sglang.adapter import sglang_problem
+from kit.engine.kinds.recurrent import GRAPH_MODES
+from kit.engine.profile import SGLANG
+from kit.harness.protocol import library_version
+from kit.modes import ForwardMode
+
+GDN_BACKEND = "sglang.srt.layers.attention.linear.gdn_backend"
+HYBRID = "sglang.srt.layers.attention.hybrid_linear_attn_backend"
+# What SGLang's pools do themselves, taken from their classes and run over the kit's buffers.
+MAMBA_POOL_CODE = ("mamba2_layer_cache", "clear_slots", "_should_fuse_slot_ops", "_conv_fuse_ok")
+REQ_POOL_CODE = ("get_mamba_indices", "translate_mamba_indices", "mamba_translate_is_fusable", "mamba_v2p_table",
+                 "mamba2_layer_index", "mamba2_layer_cache")
+
+
+def _code(cls, names) -> dict:
+    return {name: inspect.getattr_static(cls, name) for name in names}
+
+
+class _MambaPoolState:
+    """The MambaPool fields GDNAttnBackend and the pool code read, over the kit's StatePool."""
+
+    _slot_siblings = ()
+    enable_linear_replayssm = False
+    replayssm_is_kda = False
+    replayssm_write_pos = None
+    replayssm_spec_write_pos = None
+
+    def __init__(self, pool, sg_pool_cls):
+        self.size = pool.size
+        views = {name: pool.buffers[name][:, :pool.size] for name in pool.buffers}
+        self.mamba_cache = sg_pool_cls.State(conv=[views["conv"]], temporal=views["temporal"])
+
+
+def _mamba_pool(pool, sg_pool_cls):
+    return type("MambaPool", (_MambaPoolState,), _code(sg_pool_cls, MAMBA_POOL_CODE))(pool, sg_pool_cls)
+
+
+class _ReqToTokenPoolState:
+    """The HybridReqToTokenPool fields its code reads: request row r holds state slot mapping[r]
+    (row 0, the padded rows', slot 0, as SGLang reserves it)."""
+
+    start_layer = 0
+    layer_transfer_counter = None
+
+    def __init__(self, mamba_pool, rows: int, device):
+        self.mamba_pool = mamba_pool
+        self.size = rows
+        self.device = device
+        self.mamba_map = {layer_id: layer_id for layer_id in range(mamba_pool.mamba_cache.temporal.shape[0])}
+        self.req_index_to_mamba_index_mapping = torch.zeros(rows + 1, dtype=torch.int32, device=device)
+
+
+def _req_to_token_pool(mamba_pool, rows: int, device, sg_req_pool_cls):
+    code = _code(sg_req_pool_cls, REQ_POOL_CODE)
+    return type("HybridReqToTokenPool", (_ReqToTokenPoolState,), code)(mamba_pool, rows, device)
+
+
+class _ModelRunner:
+    """The model-runner attributes GDNAttnBackend reads at construction."""
+
+    is_draft_worker = False
+
+    def __init__(self, device, req_to_token_pool, server_args):
+        self.device = device
+        self.req_to_token_pool = req_to_token_pool
+        self.token_to_kv_pool = None  # a linear layer keeps no KV pages
+        self.server_args = server_args
+
+
+def _no_full_layers(base):
+    class _NoFullLayers(base):
+        """The full-attention side of a model whose layers are all linear: owns no layer."""
+
+        needs_cpu_seq_lens = False
+        use_captured_forward_metadata_for_breakable_cuda_graph = False
+
+        def __init__(self, runner):
+            super().__init__()
+            self.token_to_kv_pool = runner.token_to_kv_pool
+            self.req_to_token_pool = runner.req_to_token_pool
+
+        def init_forward_metadata(self, forward_batch):
+            pass
+
+        def init_cuda_graph_state(self, max_bs, max_num_tokens):
+            pass
+
+        def init_forward_metadata_out_graph(self, forward_batch, in_capture=False):
+            pass
+
+        def forward_decode(self, *args, **kwargs):
+            raise AssertionError("a layer was routed to full attention, but the case has none")
+
+        forward_extend = forward_decode
+    return _NoFullLayers
+
+
+class SGLangGDNBackend:
+    name = "sglang_gdn"
+    profile = SGLANG
+    modes = (ForwardMode.DECODE, ForwardMode.EXTEND, ForwardMode.MIXED, ForwardMode.TARGET_VERIFY)
+    attention_kinds = ("gdn",)
+
+    @classmethod
+    def versions(cls):
+        return {"sglang": library_version("sglang"), "triton": library_version("triton")}
+
+    @classmethod
+    def supports(cls, case) -> Optional[str]:
+        problem = sglang_problem()
+        if problem:
+            return problem
+        if case.mode == ForwardMode.TARGET_VERIFY:
+            return ("TARGET_VERIFY: GDNAttnBackend writes a request's per-draft states to the intermediate row of "
+                    "its batch position (layers/attention/linear/utils.py build_verify_intermediate_state_indices: "
+                    "row i for request i), and the kit judges a verify's drafts at the request's state slot")
+        if case.mode in GRAPH_MODES and 0 in case.prefix:
+            return (f"{case.mode.value} with a new request (prefix 0): SGLang decodes a request after its prefill; "
+                    "its decode kernel reads every row's slot (no has-initial-state input), which the scheduler "
+                    "cleared when the request was allocated (HybridReqToTokenPool.alloc, mamba_needs_clear)")
+        if not torch.cuda.is_available():
+            return ("GDNAttnBackend's causal conv1d Triton kernels (kernels/ops/mamba/causal_conv1d_triton.py) do not "
+                    "run in Triton's interpreter: a masked load raises 'mask has unsupported dtype' (an int64 mask); "
+                    "CUDA GPUs only")
+        return None
+
+    def __init__(self, ctx):
+        from backends.sglang import runtime as sg
+        from importlib import import_module
+
+        gdn, hybrid = import_module(GDN_BACKEND), import_module(HYBRID)
+        memory_pool = import_module("sglang.srt.mem_cache.memory_pool")
+        linear_utils = import_module("sglang.srt.layers.attention.linear.utils")
+        self.sg, self.device, self.pool = sg, ctx.device, ctx.state_pool
+        sg.install_server_args("triton", ctx.device, 1, None)
+        self.mamba_pool = _mamba_pool(ctx.state_pool, memory_pool.MambaPool)
+        self.req_pool = _req_to_token_pool(self.mamba_pool, ctx.state_pool.size, ctx.device,
+                                           memory_pool.HybridReqToTokenPool)
+        runner = _ModelRunner(ctx.device, self.req_pool, sg.get_context().server_args)
+        # As attention_registry.py builds a hybrid GDN model's backends.
+        runner.linear_attn_backends = linear_utils.resolve_linear_attn_backends(
+            prefill_default=gdn.flashinfer_gdn_prefill_default(runner))
+        self.impl = hybrid.HybridLinearAttnBackend(_no_full_layers(sg.AttentionBackend)(runner),
+                                                   gdn.GDNAttnBackend(runner), full_attn_layers=[])
+        radix_linear = import_module("sglang.srt.layers.radix_linear_attention").RadixLinearAttention
+        self.layers = {layer.layer_id: radix_linear(
+            layer_id=layer.layer_id, num_q_heads=layer.num_k_heads, num_k_heads=layer.num_k_heads,
+            num_v_heads=layer.num_v_heads, head_q_dim=layer.head_k_dim, head_k_dim=layer.head_k_dim,
+            head_v_dim=layer.head_v_dim, conv_weights=layer.conv_weights, bias=layer.bias,
+            activation=layer.activation, A_log=layer.A_log, dt_bias=layer.dt_bias) for layer in ctx.layers}
+        self.graph = False
+        self.forward_batch = None
+
+    def init_cuda_graph_state(self, max_bs: int) -> None:
+        # SGLang's decode graph runner: one token a request (verify, its one other graph mode, is not run here).
+        self.graph = True
+        self.impl.init_cuda_graph_state(max_bs, max_bs)
+
+    def init_forward_metadata(self, batch) -> None:
+        fb = self._forward_batch(batch)
+        if self.graph:  # as SGLang's graph runner prepares a replay, outside the graph
+            self.impl.init_forward_metadata_out_graph(fb)
+        else:
+            self._clear_new_slots(batch)
+            self.impl.init_forward_metadata(fb)
+        self.forward_batch = fb
+
+    def _clear_new_slots(self, batch) -> None:
+        """What the scheduler does before a new request's first forward: its slot zeroed."""
+        new = batch.state_indices[(~batch.has_initial_state) & (batch.state_indices >= 0)]
+        if new.numel():
+            self.mamba_pool.clear_slots(new)
+
+    def _forward_batch(self, batch):
+        sg, device = self.sg, self.device
+        bs = batch.batch_size
+        real = batch.state_indices >= 0
+        rows = torch.where(real, torch.arange(1, bs + 1, dtype=torch.int64, device=device), 0)
+        mapping = self.req_pool.req_index_to_mamba_index_mapping
+        mapping[rows[real]] = batch.state_indices[real]
+        lens = torch.tensor(batch.extend_seq_lens_cpu, dtype=torch.int32, device=device)
+        # The kit's batch says whether a request has a saved state, not how long its prefix is; SGLang's
+        # linear backends read extend_prefix_lens > 0 alone (gdn_backend.py _convolve_prefill).
+        prefix = batch.has_initial_state.to(torch.int32)
+        seq_lens = lens + prefix
+        fb = sg.ForwardBatch(
+            forward_mode=sg.MODES[batch.forward_mode.value], batch_size=bs,
+            input_ids=torch.zeros(batch.num_tokens, dtype=torch.int64, device=device),
+            req_pool_indices=rows, seq_lens=seq_lens, seq_lens_cpu=seq_lens.cpu(), seq_lens_sum=int(seq_lens.sum()),
+            out_cache_loc=torch.zeros(batch.num_tokens, dtype=torch.int64, device=device), positions=None,
+            extend_num_tokens=batch.num_tokens, extend_seq_lens=lens, extend_prefix_lens=prefix,
+            extend_start_loc=batch.query_start_loc[:-1], extend_seq_lens_cpu=list(batch.extend_seq_lens_cpu),
+            extend_prefix_lens_cpu=prefix.tolist(), global_num_token_non_padded_cpu=batch.num_tokens)
+        fb.num_padding = int((~real).sum())
+        return fb
+
+    def forward(self, mixed_qkv, a, b, layer, batch):
+        sg = self.sg
+        with sg.forward_context(sg.ForwardContext(attn_backend=self.impl)):
+            out = self.layers[layer.layer_id](self.forward_batch, mixed_qkv, a, b)
+        return out.view(mixed_qkv.shape[0], layer.num_v_heads, layer.head_v_dim)

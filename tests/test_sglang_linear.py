@@ -1,0 +1,83 @@
+"""The SGLang GDN adapter's rendering, on CPU (its kernels run on CUDA GPUs only, see its supports()):
+SGLang's own metadata code, run over the ForwardBatch the adapter builds, must reach the kit's state
+slots and token starts, and the scheduler's clear must zero a new request's slot in every layer and
+nothing else. A planted rendering bug (request rows one off) is caught. Skipped, with the reason, only
+where the pinned sglang is not installed (CI installs it)."""
+import pytest
+import torch
+
+from backends.sglang.adapter import sglang_problem
+from cases.linear import SMOKE
+from kit.engine.pools import NUM_LAYERS
+from kit.engine.recurrent_step import build
+from kit.engine.state_pool import StatePool
+from kit.harness.recurrent import RecurrentContext
+from kit.modes import ForwardMode
+
+pytestmark = pytest.mark.skipif(sglang_problem() is not None, reason=str(sglang_problem()))
+
+
+def _case(name):
+    return next(c for c in SMOKE if c.name == name)
+
+
+def rendering_problems(backend_cls, case):
+    """What SGLang's metadata, built over the adapter's ForwardBatch, gets wrong of the kit's batch."""
+    fx = build(case, "cpu")
+    pool = StatePool(fx.geometry, fx.torch_dtype, "cpu")
+    pool.reset()
+    fx.install(pool)
+    before = {name: b.clone() for name, b in pool.buffers.items()}
+    backend = backend_cls(RecurrentContext(torch.device("cpu"), fx.torch_dtype, pool, fx.layers, case.bs))
+    batch, _ = fx.batch("cpu")
+    backend.init_forward_metadata(batch)
+    meta = backend.impl.linear_attn_backend.forward_metadata
+    problems = []
+    if not torch.equal(meta.mamba_cache_indices.cpu(), batch.state_indices):
+        problems.append(f"state slots {meta.mamba_cache_indices.tolist()} != {batch.state_indices.tolist()}")
+    if not torch.equal(meta.query_start_loc.cpu(), batch.query_start_loc):
+        problems.append(f"token starts {meta.query_start_loc.tolist()} != {batch.query_start_loc.tolist()}")
+    new = {slot for slot, start in zip(fx.slots, fx.starts[0]) if not start.saved}
+    for name in ("conv", "temporal"):
+        for layer_id in range(NUM_LAYERS):
+            for slot in range(pool.size):
+                now, was = pool.layer(name, layer_id)[slot], before[name][layer_id, slot]
+                if slot in new and bool(now.any()):
+                    problems.append(f"{name} layer {layer_id} slot {slot} (a new request's) not cleared")
+                if slot not in new and not torch.equal(now, was):
+                    problems.append(f"{name} layer {layer_id} slot {slot} changed")
+    return problems
+
+
+@pytest.mark.parametrize("name", ["gdn_mixed_fp32", "gdn_extend_chunks_fp32"])
+def test_sglangs_metadata_reaches_the_kits_slots(name):
+    from backends.sglang.linear import SGLangGDNBackend
+
+    assert rendering_problems(SGLangGDNBackend, _case(name)) == []
+
+
+def test_a_request_row_rendered_one_off_is_caught():
+    from backends.sglang.linear import SGLangGDNBackend
+
+    class RowsOneOff(SGLangGDNBackend):
+        def _forward_batch(self, batch):
+            fb = super()._forward_batch(batch)
+            fb.req_pool_indices = fb.req_pool_indices.roll(1)
+            return fb
+
+    problems = rendering_problems(RowsOneOff, _case("gdn_mixed_fp32"))
+    assert any(p.startswith("state slots") for p in problems), problems
+
+
+def test_the_reasons_name_sglangs_rules():
+    from backends.sglang.linear import SGLangGDNBackend
+
+    verify = SGLangGDNBackend.supports(_case("gdn_verify_bf16"))
+    assert "build_verify_intermediate_state_indices" in verify
+    if torch.cuda.is_available():
+        assert "mamba_needs_clear" in SGLangGDNBackend.supports(_case("gdn_decode_fp32"))
+        assert SGLangGDNBackend.supports(_case("gdn_decode_bf16_long")) is None
+        assert SGLangGDNBackend.supports(_case("gdn_mixed_fp32")) is None
+    else:
+        assert "Triton's interpreter" in SGLangGDNBackend.supports(_case("gdn_mixed_fp32"))
+    assert _case("gdn_verify_bf16").mode == ForwardMode.TARGET_VERIFY
