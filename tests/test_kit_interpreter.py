@@ -1,5 +1,6 @@
 """Triton's interpreter patches its language once per launch (kit.harness.interpreter): the
-kernels compute the same, and a helper seeing other language modules is still patched."""
+kernels compute the same, and a helper seeing other language modules is still patched; a
+comparison's result is typed int1, so a mask built from a scalar one loads."""
 import types
 
 import pytest
@@ -86,3 +87,20 @@ def test_numpy_dtypes_are_the_interpreters_own():
              + [tl.pointer_type(tl.float16), tl.block_type(tl.pointer_type(tl.float32), [4])])
     for _ in range(2):
         assert [once(t) for t in kinds] == [original(t) for t in kinds]
+
+
+def test_a_mask_anding_a_scalar_comparison_loads_once_comparisons_are_typed_int1(monkeypatch):
+    from tests.toys.interpreted import gather_row
+    from triton.runtime import interpreter as triton_interpreter
+    from triton.runtime.errors import InterpreterError
+    if not hasattr(triton_interpreter, "GridExecutor"):
+        pytest.skip("kernels are compiled here: the interpreter is not used")
+    interpreter.install()
+    builder = triton_interpreter.InterpreterBuilder
+    rows = torch.randn(3, 5)
+    assert torch.equal(gather_row(rows, 1), rows[1])
+    assert torch.equal(gather_row(rows, 3), torch.zeros(5))  # past the last row: masked off
+    for name in [n for n in dir(builder) if n.startswith(("create_icmp", "create_fcmp"))]:
+        monkeypatch.setattr(builder, name, getattr(builder, name).__wrapped__)
+    with pytest.raises(InterpreterError, match="mask has unsupported dtype"):
+        gather_row(rows, 1)

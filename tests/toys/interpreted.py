@@ -1,5 +1,6 @@
-"""A Triton kernel calling @triton.jit helpers in its loop: its own (which sees `tl`) and
-Triton's tl.sum (which sees `triton.language.core`). Run by the interpreter without CUDA."""
+"""Triton kernels run by the interpreter without CUDA: one calling @triton.jit helpers in its loop
+(its own, which sees `tl`, and Triton's tl.sum, which sees `triton.language.core`); one loading
+under a mask that ANDs a scalar comparison with a block's, as SGLang's causal conv1d kernels do."""
 import os
 
 import torch
@@ -30,4 +31,19 @@ def row_sums_kernel(X, Out, N: tl.constexpr, BLOCK: tl.constexpr):
 def row_sums(x: torch.Tensor, block: int = 4) -> torch.Tensor:
     out = torch.empty(x.shape[0], dtype=torch.float32)
     row_sums_kernel[(x.shape[0],)](x, out, x.shape[1], block)
+    return out
+
+
+@triton.jit
+def gather_row_kernel(Rows, Index, Out, n_rows: tl.constexpr, N: tl.constexpr, BLOCK: tl.constexpr):
+    row = tl.load(Index).to(tl.int64)
+    cols = tl.arange(0, BLOCK)
+    x = tl.load(Rows + row * N + cols, mask=(row < n_rows) & (cols < N), other=0.0)
+    tl.store(Out + cols, x, mask=cols < N)
+
+
+def gather_row(rows: torch.Tensor, index: int, block: int = 8) -> torch.Tensor:
+    """rows[index] (zeros where index is past the last row), read under the combined mask."""
+    out = torch.zeros(rows.shape[1], dtype=torch.float32)
+    gather_row_kernel[(1,)](rows, torch.tensor([index], dtype=torch.int32), out, rows.shape[0], rows.shape[1], block)
     return out
