@@ -1,6 +1,8 @@
 """Triton's interpreter patches its language once per launch (kit.harness.interpreter): the
 kernels compute the same, and a helper seeing other language modules is still patched; a
 comparison's result is typed int1, so a mask built from a scalar one loads."""
+import subprocess
+import sys
 import types
 
 import pytest
@@ -104,3 +106,13 @@ def test_a_mask_anding_a_scalar_comparison_loads_once_comparisons_are_typed_int1
         monkeypatch.setattr(builder, name, getattr(builder, name).__wrapped__)
     with pytest.raises(InterpreterError, match="mask has unsupported dtype"):
         gather_row(rows, 1)
+
+
+def test_install_loads_the_interpreter_when_kernels_will_run_in_it_but_none_is_defined_yet():
+    """SGLang defines its kernels when a backend is built, after the runner's install()."""
+    check = ("import sys; from kit.harness import interpreter; "
+             "assert 'triton.runtime.interpreter' not in sys.modules; assert interpreter.install(); "
+             "from triton.runtime.interpreter import InterpreterBuilder; "
+             "assert hasattr(InterpreterBuilder.create_icmpSLT, '__wrapped__')")
+    env = {"PATH": "", "TRITON_INTERPRET": "1"}
+    subprocess.run([sys.executable, "-c", check], env=env, check=True, timeout=120)

@@ -20,6 +20,7 @@ with "mask has unsupported dtype" (SGLang's causal conv1d kernels mask so: `(coo
 """
 from __future__ import annotations
 
+import importlib
 import os
 import sys
 from typing import FrozenSet, List, Set
@@ -122,11 +123,15 @@ def _comparisons_typed_int1(builder_cls, handle_cls, tl) -> None:
 
 
 def install() -> bool:
-    """Once per process, when Triton's interpreter is loaded and shaped as this expects
+    """Once per process, when Triton's interpreter is loaded or to be used, and shaped as this expects
     (a module-level `_patch_lang(fn)` returning a scope with `restore()`, `_get_np_dtype(t)`, and
     an `InterpreterBuilder` whose `create_icmp*`/`create_fcmp*` return a `TensorHandle`);
     True if in place."""
     interp = sys.modules.get("triton.runtime.interpreter")
+    if interp is None and os.environ.get("TRITON_INTERPRET") == "1":
+        # Triton loads it at the first kernel's definition, which for SGLang's kernels comes later:
+        # inside a backend's construction.
+        interp = importlib.import_module("triton.runtime.interpreter")
     original = getattr(interp, "_patch_lang", None)
     if original is None:
         return False
