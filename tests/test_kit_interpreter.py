@@ -1,6 +1,8 @@
 """Triton's interpreter patches its language once per launch (kit.harness.interpreter): the
 kernels compute the same, and a helper seeing other language modules is still patched; a
-comparison's result is typed int1, so a mask built from a scalar one loads."""
+comparison's result is typed int1, so a mask built from a scalar one loads; a module's alias of a
+builtin is called as the interpreter's."""
+import inspect
 import subprocess
 import sys
 import types
@@ -55,8 +57,7 @@ def test_a_kernel_with_helpers_computes_the_same_with_the_language_patched_once(
     x = torch.randn(3, 10)
     expected = torch.where(x > 0, 2 * x, -x).sum(1)
     interpreter.install()
-    patched_once = triton_interpreter._patch_lang
-    original = patched_once.__wrapped__
+    original = inspect.unwrap(triton_interpreter._patch_lang)
     calls = []
 
     def counted(patch):
@@ -116,3 +117,20 @@ def test_install_loads_the_interpreter_when_kernels_will_run_in_it_but_none_is_d
              "assert hasattr(InterpreterBuilder.create_icmpSLT, '__wrapped__')")
     env = {"PATH": "", "TRITON_INTERPRET": "1"}
     subprocess.run([sys.executable, "-c", check], env=env, check=True, timeout=120)
+
+
+def test_a_kernel_calling_a_modules_alias_of_a_builtin_runs_once_aliases_are_patched(monkeypatch):
+    from tests.toys import interpreted
+    import triton.language as tl
+    from triton.runtime import interpreter as triton_interpreter
+    from triton.runtime.errors import InterpreterError
+    if not hasattr(triton_interpreter, "GridExecutor"):
+        pytest.skip("kernels are compiled here: the interpreter is not used")
+    interpreter.install()
+    x = torch.randn(8)
+    with monkeypatch.context() as unpatched:
+        unpatched.setitem(vars(interpreted), "exp_alias", tl.exp)
+        unpatched.setattr(triton_interpreter, "_patch_lang", inspect.unwrap(triton_interpreter._patch_lang))
+        with pytest.raises(InterpreterError, match="forget to add @triton.jit"):
+            interpreted.exp_of(x)
+    torch.testing.assert_close(interpreted.exp_of(x), torch.exp(x))

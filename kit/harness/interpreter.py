@@ -16,6 +16,10 @@ And it types a comparison's result int1. The interpreter labels it with the left
 that integer type, `&` with a boolean block keeps it, and a load or store masked by it fails
 with "mask has unsupported dtype" (SGLang's causal conv1d kernels mask so: `(coord < n) & ...`).
 
+And it calls a kernel module's alias of a Triton builtin (`exp = tl.exp` at import, as SGLang's fla
+ops bind it) as the interpreter's: the interpreter patches the language modules' attributes, not
+their aliases, and an alias called in a kernel raises "Did you forget to add @triton.jit ?".
+
 `choose()` is where a process takes the interpreter at all, once, before Triton is imported.
 """
 from __future__ import annotations
@@ -90,6 +94,39 @@ def _patch_once(patch_lang, tl):
     return patch
 
 
+class _GlobalsOf:
+    """A function's module globals as attributes, for the interpreter's attribute patching."""
+
+    def __init__(self, namespace: dict):
+        object.__setattr__(self, "_namespace", namespace)
+
+    def __getattr__(self, name):
+        try:
+            return self._namespace[name]
+        except KeyError:
+            raise AttributeError(name) from None
+
+    def __setattr__(self, name, value):
+        self._namespace[name] = value
+
+
+def _aliases_patched(patch_lang, patch_alias, is_builtin):
+    """`patch_lang(fn)`, with fn's module's aliases of builtins patched first, once per module and
+    for good: they are called only inside kernels, and every kernel runs in the interpreter."""
+    done: Set[int] = set()
+
+    def patch(fn):
+        namespace = fn.__globals__
+        if id(namespace) not in done:
+            done.add(id(namespace))
+            for name, value in list(namespace.items()):
+                if is_builtin(value):
+                    patch_alias(_GlobalsOf(namespace), name, value)
+        return patch_lang(fn)
+    patch.__wrapped__ = patch_lang
+    return patch
+
+
 def _np_dtype_once(get_np_dtype, tl):
     """`get_np_dtype(t)`, remembered per scalar type: a block's is its element type's. Pointer
     types are not hashable; those are looked up every time."""
@@ -139,6 +176,11 @@ def install() -> bool:
         return True  # installed
     import triton.language as tl
     interp._patch_lang = _patch_once(original, tl)
+    if hasattr(interp, "_patch_attr") and hasattr(interp, "_LangPatchScope"):
+        def patch_alias(namespace, name, builtin):
+            interp._patch_attr(namespace, name, builtin, interp.interpreter_builder, interp._LangPatchScope())
+        # Outside the once-per-launch skip: a helper's module has aliases of its own.
+        interp._patch_lang = _aliases_patched(interp._patch_lang, patch_alias, tl.core.is_builtin)
     if hasattr(interp, "_get_np_dtype"):
         interp._get_np_dtype = _np_dtype_once(interp._get_np_dtype, tl)
     if hasattr(interp, "InterpreterBuilder") and hasattr(interp, "TensorHandle"):

@@ -1,6 +1,7 @@
 """Triton kernels run by the interpreter without CUDA: one calling @triton.jit helpers in its loop
 (its own, which sees `tl`, and Triton's tl.sum, which sees `triton.language.core`); one loading
-under a mask that ANDs a scalar comparison with a block's, as SGLang's causal conv1d kernels do."""
+under a mask that ANDs a scalar comparison with a block's, as SGLang's causal conv1d kernels do;
+one calling a module-level alias of a builtin, as SGLang's fla ops do (`exp = tl.exp`)."""
 import os
 
 import torch
@@ -46,4 +47,19 @@ def gather_row(rows: torch.Tensor, index: int, block: int = 8) -> torch.Tensor:
     """rows[index] (zeros where index is past the last row), read under the combined mask."""
     out = torch.zeros(rows.shape[1], dtype=torch.float32)
     gather_row_kernel[(1,)](rows, torch.tensor([index], dtype=torch.int32), out, rows.shape[0], rows.shape[1], block)
+    return out
+
+
+exp_alias = tl.exp
+
+
+@triton.jit
+def exp_kernel(X, Out, N: tl.constexpr):
+    cols = tl.arange(0, N)
+    tl.store(Out + cols, exp_alias(tl.load(X + cols)))
+
+
+def exp_of(x: torch.Tensor) -> torch.Tensor:
+    out = torch.empty_like(x)
+    exp_kernel[(1,)](x, out, x.numel())
     return out
