@@ -74,10 +74,11 @@ def test_the_reasons_name_sglangs_rules():
 
     verify = SGLangGDNBackend.supports(_case("gdn_verify_bf16"))
     assert "build_verify_intermediate_state_indices" in verify
+    assert "mamba_needs_clear" in SGLangGDNBackend.supports(_case("gdn_decode_fp32"))
+    assert SGLangGDNBackend.supports(_case("gdn_decode_bf16_long")) is None
+    assert "chunk_gated_delta_rule" in SGLangGDNBackend.supports(_case("gdn_mixed_fp32"))
     if torch.cuda.is_available():
-        assert "mamba_needs_clear" in SGLangGDNBackend.supports(_case("gdn_decode_fp32"))
-        assert SGLangGDNBackend.supports(_case("gdn_decode_bf16_long")) is None
-        assert SGLangGDNBackend.supports(_case("gdn_mixed_fp32")) is None
+        assert SGLangGDNBackend.supports(_case("gdn_extend_fp16")) is None
     else:
-        assert "Triton's interpreter" in SGLangGDNBackend.supports(_case("gdn_mixed_fp32"))
+        assert "torch.cpu.device" in SGLangGDNBackend.supports(_case("gdn_extend_fp16"))
     assert _case("gdn_verify_bf16").mode == ForwardMode.TARGET_VERIFY

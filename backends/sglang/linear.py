@@ -124,6 +124,8 @@ class SGLangGDNBackend:
     profile = SGLANG
     modes = (ForwardMode.DECODE, ForwardMode.EXTEND, ForwardMode.MIXED, ForwardMode.TARGET_VERIFY)
     attention_kinds = ("gdn",)
+    # On CPU its Triton kernels run in the interpreter: one small case (DECODE is all it runs there).
+    ci_cases = {"decode": ("gdn_decode_bf16_long",)}
 
     @classmethod
     def versions(cls):
@@ -138,14 +140,16 @@ class SGLangGDNBackend:
             return ("TARGET_VERIFY: GDNAttnBackend writes a request's per-draft states to the intermediate row of "
                     "its batch position (layers/attention/linear/utils.py build_verify_intermediate_state_indices: "
                     "row i for request i), and the kit judges a verify's drafts at the request's state slot")
+        if case.mode in (ForwardMode.EXTEND, ForwardMode.MIXED) and case.dtype == "fp32":
+            return (f"{case.mode.value} in fp32: GDNAttnBackend's prefill (kernels/ops/attention/fla/chunk.py "
+                    "chunk_gated_delta_rule) asserts its inputs are not float32")
+        if case.mode in (ForwardMode.EXTEND, ForwardMode.MIXED) and not torch.cuda.is_available():
+            return (f"{case.mode.value} on CPU: GDNAttnBackend's prefill enters its device's context "
+                    "(kernels/ops/attention/fla/utils.py input_guard: torch.cpu.device, which torch lacks); CUDA GPUs only")
         if case.mode in GRAPH_MODES and 0 in case.prefix:
             return (f"{case.mode.value} with a new request (prefix 0): SGLang decodes a request after its prefill; "
                     "its decode kernel reads every row's slot (no has-initial-state input), which the scheduler "
                     "cleared when the request was allocated (HybridReqToTokenPool.alloc, mamba_needs_clear)")
-        if not torch.cuda.is_available():
-            return ("GDNAttnBackend's causal conv1d Triton kernels (kernels/ops/mamba/causal_conv1d_triton.py) do not "
-                    "run in Triton's interpreter: a masked load raises 'mask has unsupported dtype' (an int64 mask); "
-                    "CUDA GPUs only")
         return None
 
     def __init__(self, ctx):
