@@ -1,7 +1,7 @@
 """Triton's interpreter patches its language once per launch (kit.harness.interpreter): the
 kernels compute the same, and a helper seeing other language modules is still patched; a
 comparison's result is typed int1, so a mask built from a scalar one loads; a module's alias of a
-builtin is called as the interpreter's."""
+builtin is called as the interpreter's; bfloat16 arithmetic is computed on values, not on their bits."""
 import inspect
 import subprocess
 import sys
@@ -134,3 +134,20 @@ def test_a_kernel_calling_a_modules_alias_of_a_builtin_runs_once_aliases_are_pat
         with pytest.raises(InterpreterError, match="forget to add @triton.jit"):
             interpreted.exp_of(x)
     torch.testing.assert_close(interpreted.exp_of(x), torch.exp(x))
+
+
+@pytest.mark.parametrize("planted", [("binary_op", "unary_op"), ("create_fp_trunc",)],
+                         ids=["bits-multiplied", "truncated"])
+def test_bfloat16_arithmetic_is_the_gpus_once_widened_and_rounded_to_nearest(monkeypatch, planted):
+    from tests.toys.interpreted import product
+    from triton.runtime import interpreter as triton_interpreter
+    if not hasattr(triton_interpreter, "GridExecutor"):
+        pytest.skip("kernels are compiled here: the interpreter is not used")
+    interpreter.install()
+    builder = triton_interpreter.InterpreterBuilder
+    gen = torch.Generator().manual_seed(0)
+    x, w = torch.randn(64, generator=gen).bfloat16(), torch.randn(64, generator=gen).bfloat16()
+    assert torch.equal(product(x, w), x * w)  # the exact product rounded once to nearest even, as torch's
+    for name in planted:
+        monkeypatch.setattr(builder, name, getattr(builder, name).__wrapped__)
+    assert not torch.equal(product(x, w), x * w)

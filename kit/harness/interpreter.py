@@ -20,6 +20,12 @@ And it calls a kernel module's alias of a Triton builtin (`exp = tl.exp` at impo
 ops bind it) as the interpreter's: the interpreter patches the language modules' attributes, not
 their aliases, and an alias called in a kernel raises "Did you forget to add @triton.jit ?".
 
+And it computes bfloat16 as a GPU does. The interpreter stores bfloat16 as its uint16 bits and
+applies numpy's operators to those: bf16 * bf16 multiplied the integers (SGLang's causal conv1d
+update, `x * w` over bf16 loads: NaN/inf outputs). Here the operands are widened to float32 and the
+result narrowed back, rounded to nearest even, as every float32 -> bfloat16 conversion now is (the
+interpreter's truncates: a bias every bf16 store carries into the next kernel).
+
 `choose()` is where a process takes the interpreter at all, once, before Triton is imported.
 """
 from __future__ import annotations
@@ -159,6 +165,47 @@ def _comparisons_typed_int1(builder_cls, handle_cls, tl) -> None:
             setattr(builder_cls, name, _typed_int1(getattr(builder_cls, name), tl, handle_cls))
 
 
+def _bf16_in_float32(op_impl, tl, handle_cls):
+    """`op_impl(self, *operands, op)` over float32 copies of bfloat16 operands, a float result back in bfloat16."""
+    def computed(self, *args):
+        operands, op = args[:-1], args[-1]
+        if not any(h.dtype.scalar == tl.bfloat16 for h in operands):
+            return op_impl(self, *args)
+        widened = [self.create_fp_ext(h, tl.float32) if h.dtype.scalar == tl.bfloat16 else h for h in operands]
+        found = op_impl(self, *widened, op)
+        if found.data.dtype.kind != "f":  # a comparison's booleans
+            return found
+        return self.create_fp_trunc(handle_cls(found.data, tl.float32), tl.bfloat16)
+    computed.__wrapped__ = op_impl
+    return computed
+
+
+def _bf16_bits_rounded_to_nearest_even(np, values):
+    """float32 values as bfloat16 bits, rounded to nearest even (NaN kept NaN), as a GPU converts."""
+    bits = np.ascontiguousarray(values, dtype=np.float32).view(np.uint32)
+    rounded = ((bits + np.uint32(0x7FFF) + ((bits >> 16) & 1)) >> 16).astype(np.uint16)
+    return np.where(np.isnan(values), np.uint16(0x7FC0), rounded)
+
+
+def _bf16_rounded_to_nearest(fp_trunc, tl, handle_cls):
+    """float32 -> bfloat16 rounded to nearest even: the interpreter's conversion truncates (and its
+    RTNE mode rounds half up)."""
+    import numpy as np
+
+    def trunc(self, src, dst_type):
+        if src.dtype.scalar == tl.float32 and dst_type.scalar == tl.bfloat16:
+            return handle_cls(_bf16_bits_rounded_to_nearest_even(np, src.data), dst_type.scalar)
+        return fp_trunc(self, src, dst_type)
+    trunc.__wrapped__ = fp_trunc
+    return trunc
+
+
+def _bf16_as_the_gpu(builder_cls, handle_cls, tl) -> None:
+    builder_cls.create_fp_trunc = _bf16_rounded_to_nearest(builder_cls.create_fp_trunc, tl, handle_cls)
+    for name in ("binary_op", "unary_op"):
+        setattr(builder_cls, name, _bf16_in_float32(getattr(builder_cls, name), tl, handle_cls))
+
+
 def install() -> bool:
     """Once per process, when Triton's interpreter is loaded or to be used, and shaped as this expects
     (a module-level `_patch_lang(fn)` returning a scope with `restore()`, `_get_np_dtype(t)`, and
@@ -185,4 +232,5 @@ def install() -> bool:
         interp._get_np_dtype = _np_dtype_once(interp._get_np_dtype, tl)
     if hasattr(interp, "InterpreterBuilder") and hasattr(interp, "TensorHandle"):
         _comparisons_typed_int1(interp.InterpreterBuilder, interp.TensorHandle, tl)
+        _bf16_as_the_gpu(interp.InterpreterBuilder, interp.TensorHandle, tl)
     return True

@@ -1,7 +1,8 @@
 """Triton kernels run by the interpreter without CUDA: one calling @triton.jit helpers in its loop
 (its own, which sees `tl`, and Triton's tl.sum, which sees `triton.language.core`); one loading
 under a mask that ANDs a scalar comparison with a block's, as SGLang's causal conv1d kernels do;
-one calling a module-level alias of a builtin, as SGLang's fla ops do (`exp = tl.exp`)."""
+one calling a module-level alias of a builtin, as SGLang's fla ops do (`exp = tl.exp`); one
+multiplying two bfloat16 loads, as SGLang's causal conv1d update does (`x * w`)."""
 import os
 
 import torch
@@ -62,4 +63,17 @@ def exp_kernel(X, Out, N: tl.constexpr):
 def exp_of(x: torch.Tensor) -> torch.Tensor:
     out = torch.empty_like(x)
     exp_kernel[(1,)](x, out, x.numel())
+    return out
+
+
+@triton.jit
+def product_kernel(X, W, Out, N: tl.constexpr):
+    cols = tl.arange(0, N)
+    tl.store(Out + cols, tl.load(X + cols) * tl.load(W + cols))
+
+
+def product(x: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
+    """x * w elementwise, in their dtype."""
+    out = torch.empty_like(x)
+    product_kernel[(1,)](x, w, out, x.numel())
     return out
