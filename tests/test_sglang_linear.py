@@ -12,9 +12,11 @@ from kit.engine.pools import NUM_LAYERS
 from kit.engine.recurrent_step import build
 from kit.engine.state_pool import StatePool
 from kit.harness.recurrent import RecurrentContext
+from kit.harness.runner import default_device
 from kit.modes import ForwardMode
 
 pytestmark = pytest.mark.skipif(sglang_problem() is not None, reason=str(sglang_problem()))
+DEVICE = default_device()
 
 
 def _case(name):
@@ -82,3 +84,33 @@ def test_the_reasons_name_sglangs_rules():
     else:
         assert "torch.cpu.device" in SGLangGDNBackend.supports(_case("gdn_extend_fp16"))
     assert _case("gdn_verify_bf16").mode == ForwardMode.TARGET_VERIFY
+
+
+def test_sglangs_bf16_conv_rounds_each_tap_product_to_bf16():
+    """Why gdn_decode_bf16_long fails `kernel`: on the case's own batch, SGLang's causal_conv1d_update
+    equals, bit for bit, a conv whose tap products x * w are rounded to bf16 before the float32 sum
+    (its kernel multiplies two bf16 loads, which Triton computes in bf16), not the exact conv."""
+    from sglang.kernels.ops.mamba.causal_conv1d_triton import causal_conv1d_update
+    from kit.harness import interpreter
+
+    interpreter.install()  # on CPU: the interpreter computing bf16 as the GPU does
+    case = _case("gdn_decode_bf16_long")
+    fx = build(case, DEVICE)
+    pool = StatePool(fx.geometry, fx.torch_dtype, DEVICE)
+    pool.reset()
+    fx.install(pool)
+    batch, inputs = fx.batch(DEVICE)
+    layer, rows = fx.layers[0], inputs[0].rows
+    window = torch.cat([pool.conv(0)[batch.state_indices.long()], rows[:, :, None]], dim=2)
+    conv = causal_conv1d_update(rows.clone(), pool.conv(0).clone(), layer.conv_weights, None, "silu",
+                                conv_state_indices=batch.state_indices)
+
+    def silu(acc):
+        return acc / (1 + torch.exp(-acc))
+
+    acc = torch.zeros(rows.shape, dtype=torch.float32, device=DEVICE)
+    for tap in range(case.conv_width):
+        acc = acc + (window[:, :, tap] * layer.conv_weights[:, tap]).float()
+    exact = silu((window.double() * layer.conv_weights.double()).sum(-1))
+    assert torch.equal(conv, silu(acc).to(conv.dtype))
+    assert not torch.equal(conv, exact.to(conv.dtype))
