@@ -106,7 +106,7 @@ def test_drawn_batch_sizes_and_token_counts_target_the_backends_engine():
     large = SIZES["large"]
     vllm_only = set(around(vllm.profile.batch_sizes, 1, large.max_bs)) - set(around(BS_BUCKETS, 1, large.max_bs))
     assert {24, 40, 48, 56} <= vllm_only
-    hits = {takes.profile.name: [c.bs for c in _draw(200, takes=takes, size="large", modes=(ForwardMode.DECODE,))
+    hits = {takes.profile.name: [c.bs for c in _draw(400, takes=takes, size="large", modes=(ForwardMode.DECODE,))
                                  if c.bs in vllm_only] for takes in (vllm, Takes(SGLANG))}
     assert len(hits["vllm"]) > 2 * len(hits["sglang"]) and len(set(hits["vllm"])) > len(set(hits["sglang"])), hits
     drawing = lambda takes: Drawing(large, ForwardMode.EXTEND, takes, {})  # noqa: E731

@@ -51,16 +51,16 @@ def test_kit_out_of_memory_twice_is_an_environment_error(monkeypatch, releases):
 
 def test_kit_out_of_memory_inside_a_backend_call_is_still_the_kits(monkeypatch, releases):
     """The graph harness's own buffers, allocated while it calls the backend's hooks."""
-    from kit.harness import graph
-    zeros, _ = raising_in_torch(torch.zeros, times=10 ** 6)
+    from kit.harness import static
+    full, _ = raising_in_torch(torch.full, times=10 ** 6)
 
-    class TorchOfTheHarness:  # torch as kit.harness.graph sees it, its zeros planted
+    class TorchOfTheHarness:  # torch as kit.harness.static (the graph's static buffers) sees it, its full planted
         def __getattr__(self, name):
-            return zeros if name == "zeros" else getattr(torch, name)
-    monkeypatch.setattr(graph, "torch", TorchOfTheHarness())
+            return full if name == "full" else getattr(torch, name)
+    monkeypatch.setattr(static, "torch", TorchOfTheHarness())
     r = run_case("tests.toys.dense:DenseGraphBackend", CASE, Exec.GRAPH)
     assert (r.outcome, r.failure_class) == (ERROR, ENVIRONMENT), r.message
-    assert "kit/harness/graph.py" in r.message and releases == [1]
+    assert "kit/harness/static.py" in r.message and releases == [1]
 
 
 def test_out_of_memory_in_the_backends_forward_is_its_crash(releases):

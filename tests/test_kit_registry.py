@@ -212,7 +212,7 @@ def test_in_box_ci_cases_name_smoke_cases():
     from kit.harness import registry
     for name in registry.known_backends():
         for mode, names in (getattr(load_backend(name), "ci_cases", None) or {}).items():
-            smoke = {c.name for c in catalog.cases("smoke", ForwardMode(mode))}
+            smoke = {c.name for c in catalog.matrix_cases("smoke", ForwardMode(mode))}
             assert set(names) <= smoke, (name, mode, set(names) - smoke)
 
 

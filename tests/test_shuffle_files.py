@@ -1,8 +1,8 @@
-"""`--shuffle-files SEED` (tests/conftest.py) reorders the test files by the seed, the same for
+"""`--shuffle-files SEED` (kit.plugin.shuffle_files) reorders the test files by the seed, the same for
 every process given it, each file's tests in their order."""
 import types
 
-from tests import conftest
+from kit.plugin import shuffle_files
 
 NODEIDS = [f"tests/test_{f}.py::test_{t}" for f in "abcdefgh" for t in range(3)]
 
@@ -10,7 +10,7 @@ NODEIDS = [f"tests/test_{f}.py::test_{t}" for f in "abcdefgh" for t in range(3)]
 def _ordered(seed):
     items = [types.SimpleNamespace(nodeid=nodeid) for nodeid in NODEIDS]
     config = types.SimpleNamespace(getoption=lambda name: seed)
-    conftest.pytest_collection_modifyitems(config, items)
+    shuffle_files.shuffle(config, items)
     return [item.nodeid for item in items]
 
 

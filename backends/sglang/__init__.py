@@ -3,7 +3,8 @@
 `sglang_flex_attention` (TorchFlexAttnBackend), `sglang_flashinfer` (FlashInferAttnBackend, CUDA
 only), `sglang_flashinfer_mla` (FlashInferMLAAttnBackend, MLA, CUDA only), and the multi-step draft
 decode wrappers `sglang_triton_draft` (TritonMultiStepDraftBackend) and `sglang_flashinfer_draft`
-(FlashInferMultiStepDraftBackend, CUDA only). adapter.py maps the
+(FlashInferMultiStepDraftBackend, CUDA only), and for gated delta net layers `sglang_gdn`
+(GDNAttnBackend inside HybridLinearAttnBackend). adapter.py and linear.py map the
 kit's context, pools, batch and layers to SGLang's; runtime.py imports and sets
 up SGLang when a backend is built (Triton's interpreter without CUDA, chosen there before SGLang
 imports triton); install.py installs it (docs/sglang.md).
@@ -11,7 +12,8 @@ imports triton); install.py installs it (docs/sglang.md).
 from backends.sglang.adapter import (SGLangFlashInferBackend, SGLangFlashInferDraftBackend,
                                      SGLangFlashInferMLABackend, SGLangFlexAttentionBackend,
                                      SGLangTorchNativeBackend, SGLangTritonBackend, SGLangTritonDraftBackend)
+from backends.sglang.linear import SGLangGDNBackend
 
 __all__ = ["SGLangFlashInferBackend", "SGLangFlashInferDraftBackend", "SGLangFlashInferMLABackend",
-           "SGLangFlexAttentionBackend", "SGLangTorchNativeBackend", "SGLangTritonBackend",
+           "SGLangFlexAttentionBackend", "SGLangGDNBackend", "SGLangTorchNativeBackend", "SGLangTritonBackend",
            "SGLangTritonDraftBackend"]

@@ -83,8 +83,6 @@ def judged_on_device(stage: str, judge):
     GPU). A device fault those kernels caused surfaces in it, and is the backend's, in `stage`;
     the kit's own errors stay the kit's."""
     try:
-        with spend.timed(spend.KERNEL):  # the wait for the backend's kernels, which judge()'s read back would be
-            device_done()
         return judge()
     except RuntimeError as exc:
         if sticky(exc):

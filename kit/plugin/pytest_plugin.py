@@ -4,7 +4,8 @@ is a plugin of its own, registered here as pytest registers its own (state in co
 kit.plugin.options, selection (the options parsed, the product of runs, the catalog loaded
 late), parametrize (the tests and their known-failure marks), timeouts, grouping (`--dist
 loadgroup`), recorder (the results file, progress lines), device_lost (a worker's last record),
-worker (an xdist worker's threads, CUDA state and exit), compile_count (the session's compiles)."""
+worker (an xdist worker's threads, CUDA state and exit), compile_count (the session's compiles),
+shuffle_files (`--shuffle-files SEED`)."""
 from __future__ import annotations
 
 import functools
@@ -24,6 +25,7 @@ from kit.plugin import options as plugin_options
 from kit.plugin.options import addoption
 from kit.plugin.parametrize import Parametrize
 from kit.plugin.recorder import RECORD_KEY, Recorder
+from kit.plugin import shuffle_files
 from kit.plugin.selection import SELECTION, CatalogLoader, Selection, is_xdist_controller
 from kit.plugin.timeouts import RunTimeouts, default_timeout
 from kit.plugin.worker import DeviceSetup, exit_without_teardown, split_threads
@@ -37,6 +39,7 @@ if os.environ.get("PYTEST_XDIST_WORKER"):  # an xdist worker (set before its plu
 
 def pytest_addoption(parser):
     addoption(parser)
+    shuffle_files.addoption(parser)
 
 
 @pytest.fixture
@@ -65,5 +68,5 @@ def pytest_configure(config):
     for name, plugin in ((RECORDER, Recorder(config)), ("conformance-runs", Parametrize()),
                          ("conformance-timeouts", RunTimeouts()), ("conformance-grouping", Grouping()),
                          ("conformance-device", DeviceSetup()), ("conformance-catalog", CatalogLoader()),
-                         ("conformance-compiles", CompileCount())):
+                         ("conformance-compiles", CompileCount()), ("shuffle-files", shuffle_files.ShuffleFiles())):
         config.pluginmanager.register(plugin, name)
