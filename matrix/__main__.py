@@ -1,5 +1,5 @@
-"""python -m matrix write | check | html | merge — the README tables from results, the gate, an HTML
-report, and one results file from a run's shards."""
+"""python -m matrix write | check | html | merge | compare — the README tables from results, the gate, an
+HTML report, one results file from a run's shards, and two runs' verdicts side by side."""
 from __future__ import annotations
 
 import sys
@@ -9,7 +9,7 @@ from kit.cli import FAILED, Parser, fail, writable
 from kit.report.known_failures import KnownFailuresError, load
 from kit.report.record import ResultsError, read_results_file
 from kit.report.results import page_path, write_results, write_text
-from matrix import gate, html, readme
+from matrix import compare, gate, html, readme
 from matrix.committed import committed_text, write_if_changed
 from matrix.merge import ShardsError, merge
 
@@ -31,7 +31,7 @@ def build_parser() -> Parser:
                         help="the generated page holding the per-case matrices, mutation and fuzz tables, where "
                              "present (default: the kit's docs/matrix.md); a block goes where its markers are")
     parser = Parser(prog=PROG, description=__doc__)
-    sub = parser.add_subparsers(dest="command", required=True, metavar="{write,check,html,merge}")
+    sub = parser.add_subparsers(dest="command", required=True, metavar="{write,check,html,merge,compare}")
     sub.add_parser("write", parents=[common], prog=f"{PROG} write",
                    help="write the committed results files in their committed form (no timings, dates or commits; "
                         "errors to 3 digits) and the README's matrix and mutation tables from them; a file "
@@ -59,6 +59,13 @@ def build_parser() -> Parser:
                                 "selection, catalog, device, kit commit or library versions")
     merging.add_argument("out", help="the results file to write")
     merging.add_argument("shards", nargs="+", metavar="SHARD", help="the shards' results files")
+    comparing = sub.add_parser("compare", prog=f"{PROG} compare",
+                               help="two results files side by side: each backend's failed/executed runs in both, "
+                                    "and every run both hold whose verdict changed (a refresh on another device "
+                                    "or commit read against the last)")
+    comparing.add_argument("before", help="the earlier results file (e.g. the committed one)")
+    comparing.add_argument("after", help="the later results file")
+    comparing.add_argument("--shown", type=int, default=40, help="changed runs listed one by one (default 40)")
     return parser
 
 
@@ -164,8 +171,21 @@ def _merge(args) -> int:
     return 0
 
 
+def _compare(args) -> int:
+    files = []
+    for path in (args.before, args.after):
+        try:
+            files.append(read_results_file(path))
+        except ResultsError as exc:
+            return fail(PROG, str(exc), FAILED)
+    print(compare.report(*files, shown=max(args.shown, 0)))
+    return 0
+
+
 def main(argv=None) -> int:
     args = build_parser().parse_args(argv)
+    if args.command == "compare":
+        return _compare(args)
     for option, path in [*(("--fresh", p) for p in getattr(args, "fresh", [])),
                          *(("--results", p) for p in getattr(args, "results", []))]:
         if not Path(path).is_file():
