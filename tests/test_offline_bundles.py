@@ -3,6 +3,7 @@ base, and that list with the base alone loads every vLLM backend that loads here
 outside both fails the proof, naming it; a module no distribution owns fails the build; parts stay
 below the limit and an install joins them, installs the wheels with pip, then probes its backends
 in a fresh process and fails naming a missing module and its wheel."""
+import importlib
 import json
 import random
 import zipfile
@@ -11,6 +12,7 @@ from pathlib import Path
 import pytest
 
 from backends.offline import bundle, chain, parts
+from backends.sglang import gpu_bundle as sglang_bundle
 from backends.vllm import gpu_bundle as vllm_bundle
 from tests.toys import offline as toys
 
@@ -37,6 +39,15 @@ def test_vllms_bundle_is_its_chain_less_the_base(vllms_chain):
 def test_vllms_bundle_with_the_base_alone_loads_each_backend_that_loads_here(vllms_chain):
     backends, pins, _, not_here = vllms_chain
     bundle.prove(vllm_bundle.SPEC, list(pins), "3.12", {n: t for n, t in backends.items() if n not in not_here})
+
+
+@pytest.mark.parametrize("spec", [vllm_bundle.SPEC, sglang_bundle.SPEC], ids=["vllm", "sglang"])
+def test_every_engine_adapter_says_what_its_runs_load(spec):
+    """The bundle traces each registered adapter's own `load_engine`: an adapter without one (as the
+    recurrent adapters were) leaves its imports out of the trace and fails the target's install check."""
+    for name, target in bundle.registered(spec).items():
+        module, _, attr = target.partition(":")
+        assert callable(getattr(getattr(importlib.import_module(module), attr), "load_engine", None)), name
 
 
 def test_a_chain_module_neither_in_the_bundle_nor_the_base_fails_the_proof():

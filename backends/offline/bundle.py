@@ -46,6 +46,11 @@ PLATFORMS = (*(f"manylinux_2_{minor}_x86_64" for minor in reversed(GLIBC_MINORS)
 KIT_INSTALL = "pip install --no-index --no-deps --no-build-isolation -e ."
 
 
+def engine_load(cls) -> None:
+    """What a run of an engine adapter imports of its engine, as the adapter declares it (`load_engine`)."""
+    cls.load_engine()
+
+
 @dataclasses.dataclass(frozen=True)
 class Spec:
     """One engine's bundle."""

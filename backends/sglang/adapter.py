@@ -198,6 +198,13 @@ class SGLangBackend(AttentionBackend):
     profile = SGLANG
     modes = (ForwardMode.DECODE, ForwardMode.EXTEND, ForwardMode.MIXED, ForwardMode.TARGET_VERIFY,
              ForwardMode.DRAFT_EXTEND_V2)
+
+    @classmethod
+    def load_engine(cls) -> None:
+        """What a run imports of SGLang (the offline bundle traces it): the adapter's runtime, the class wrapped."""
+        importlib.import_module("backends.sglang.runtime")
+        module, _, attr = cls.sglang_class.partition(":")
+        getattr(importlib.import_module(module), attr)
     # Why the class does not run DRAFT_DECODE: SGLang runs the draft's steps in a multi-step wrapper.
     draft_decode_reason = ""
     draft_worker = False  # built by the draft model's runner

@@ -13,21 +13,12 @@ where they are absent the adapter's import stand-ins serve SGLang's imports of t
 """
 from __future__ import annotations
 
-import importlib
 import sys
 
-from backends.offline.bundle import Spec, main
-
-
-def load(cls) -> None:
-    """What a run of a kit backend imports of SGLang: the adapter's runtime and the class it wraps."""
-    importlib.import_module("backends.sglang.runtime")
-    module, _, attr = cls.sglang_class.partition(":")
-    getattr(importlib.import_module(module), attr)
-
+from backends.offline.bundle import Spec, engine_load, main
 
 SPEC = Spec(name="sglang", engine="sglang", where="backends.sglang.gpu_bundle:SPEC", packages=("backends.sglang",),
-            load=load, leaves_out=("flashinfer-python", "vllm"))
+            load=engine_load, leaves_out=("flashinfer-python", "vllm"))
 
 if __name__ == "__main__":
     sys.exit(main(SPEC))

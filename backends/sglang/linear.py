@@ -30,6 +30,9 @@ from kit.modes import ForwardMode
 
 GDN_BACKEND = "sglang.srt.layers.attention.linear.gdn_backend"
 HYBRID = "sglang.srt.layers.attention.hybrid_linear_attn_backend"
+MEMORY_POOL = "sglang.srt.mem_cache.memory_pool"
+LINEAR_UTILS = "sglang.srt.layers.attention.linear.utils"
+RADIX_LINEAR = "sglang.srt.layers.radix_linear_attention"
 # What SGLang's pools do themselves, taken from their classes and run over the kit's buffers.
 MAMBA_POOL_CODE = ("mamba2_layer_cache", "clear_slots", "_should_fuse_slot_ops", "_conv_fuse_ok")
 REQ_POOL_CODE = ("get_mamba_indices", "translate_mamba_indices", "mamba_translate_is_fusable", "mamba_v2p_table",
@@ -132,6 +135,14 @@ class SGLangGDNBackend:
         return {"sglang": library_version("sglang"), "triton": library_version("triton")}
 
     @classmethod
+    def load_engine(cls) -> None:
+        """What a run imports of SGLang (the offline bundle traces it)."""
+        from importlib import import_module
+
+        for module in ("backends.sglang.runtime", GDN_BACKEND, HYBRID, MEMORY_POOL, LINEAR_UTILS, RADIX_LINEAR):
+            import_module(module)
+
+    @classmethod
     def supports(cls, case) -> Optional[str]:
         problem = sglang_problem()
         if problem:
@@ -157,8 +168,7 @@ class SGLangGDNBackend:
         from importlib import import_module
 
         gdn, hybrid = import_module(GDN_BACKEND), import_module(HYBRID)
-        memory_pool = import_module("sglang.srt.mem_cache.memory_pool")
-        linear_utils = import_module("sglang.srt.layers.attention.linear.utils")
+        memory_pool, linear_utils = import_module(MEMORY_POOL), import_module(LINEAR_UTILS)
         self.sg, self.device, self.pool = sg, ctx.device, ctx.state_pool
         sg.install_server_args("triton", ctx.device, 1, None)
         self.mamba_pool = _mamba_pool(ctx.state_pool, memory_pool.MambaPool)
@@ -170,7 +180,7 @@ class SGLangGDNBackend:
             prefill_default=gdn.flashinfer_gdn_prefill_default(runner))
         self.impl = hybrid.HybridLinearAttnBackend(_no_full_layers(sg.AttentionBackend)(runner),
                                                    gdn.GDNAttnBackend(runner), full_attn_layers=[])
-        radix_linear = import_module("sglang.srt.layers.radix_linear_attention").RadixLinearAttention
+        radix_linear = import_module(RADIX_LINEAR).RadixLinearAttention
         self.layers = {layer.layer_id: radix_linear(
             layer_id=layer.layer_id, num_q_heads=layer.num_k_heads, num_k_heads=layer.num_k_heads,
             num_v_heads=layer.num_v_heads, head_q_dim=layer.head_k_dim, head_k_dim=layer.head_k_dim,

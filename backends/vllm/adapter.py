@@ -151,6 +151,11 @@ class VllmBackend(AttentionBackend):
         return runtime().backend_class(cls.vllm_backend)
 
     @classmethod
+    def load_engine(cls) -> None:
+        """What a run imports of vLLM (the offline bundle traces it): the runtime and vLLM's backend class."""
+        cls.backend_cls()
+
+    @classmethod
     def supports(cls, case) -> Optional[str]:
         problem = vllm_problem()
         if problem:

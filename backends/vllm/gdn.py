@@ -82,6 +82,14 @@ class VllmGdnBackend:
         return {"vllm": _installed_version(), "triton": library_version("triton")}
 
     @classmethod
+    def load_engine(cls) -> None:
+        """What a run imports of vLLM (the offline bundle traces it): the runtime, the builder, the layer."""
+        runtime()
+        from transformers import Qwen3NextConfig  # noqa: F401
+        from vllm.model_executor.layers.mamba.gdn.qwen_gdn_linear_attn import QwenGatedDeltaNetAttention  # noqa: F401
+        from vllm.v1.attention.backends.gdn_attn import GDNAttentionMetadataBuilder  # noqa: F401
+
+    @classmethod
     def supports(cls, case) -> Optional[str]:
         problem = vllm_problem()
         if problem:

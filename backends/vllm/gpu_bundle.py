@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import sys
 
-from backends.offline.bundle import Spec, main
+from backends.offline.bundle import Spec, engine_load, main
 
 COMPILED = ("vllm/vllm_flash_attn/_vllm_fa3_C", "vllm/_flashmla_C", "vllm/_flashmla_extension_C",
             "vllm/_C_stable_libtorch")
@@ -31,13 +31,8 @@ def kept(name: str) -> bool:
     return not name.endswith(LEFT_OUT_SUFFIXES) and name not in LEFT_OUT_FILES
 
 
-def load(cls) -> None:
-    """What a run of a kit backend imports of vLLM: the adapter's runtime and vLLM's backend class."""
-    cls.backend_cls()
-
-
 SPEC = Spec(name="vllm", engine="vllm", where="backends.vllm.gpu_bundle:SPEC", packages=("backends.vllm",),
-            load=load, leaves_out=("flashinfer-python",), keeps=kept)
+            load=engine_load, leaves_out=("flashinfer-python",), keeps=kept)
 
 if __name__ == "__main__":
     sys.exit(main(SPEC))
