@@ -296,18 +296,36 @@ def _job_commands(job: str):
     return re.findall(r"^ +- run: (.+)$", dict(zip(parts[1::2], parts[2::2]))[job], flags=re.M)
 
 
+def _with_this_python(command: str) -> str:
+    """A workflow command run by this interpreter: each job's `python` (or `.venv/bin/python`) is the
+    one its set-up step installed into, here the one running the tests; whatever `python` PATH finds
+    may lack the report layer's packages (tabulate)."""
+    return re.sub(r"(^|&& )(?:\.venv/bin/)?python ", lambda m: f"{m.group(1)}{shlex.quote(sys.executable)} ", command)
+
+
+def _no_bare_python(folder) -> dict:
+    """The environment with a `python` first on PATH that fails naming itself: a command that reaches
+    past this interpreter fails here rather than passing or failing by what that one has installed."""
+    folder.mkdir()
+    (folder / "python").write_text('#!/bin/sh\necho "a python from PATH ran, not the tests\' interpreter: $*" >&2\n'
+                                   "exit 97\n")
+    (folder / "python").chmod(0o755)
+    return {**os.environ, "PYTHONPATH": str(REPO), "PATH": f"{folder}{os.pathsep}{os.environ.get('PATH', '')}"}
+
+
 def test_the_workflows_shards_and_gate_make_and_judge_one_run(project, tmp_path):
     """The CPU shard jobs' command (shards 1/2 and 2/2, at once, on the tiny toy catalog, in one
     process each), then the gate job's merge and check as the workflow runs them: each file says
     its shard, their merge is what one unsharded session selects, and the gate passes on it and
     refuses it with a shard missing."""
-    shard_job = next(c for c in _job_commands("cpu-shard") if "--shard" in c)
-    merge_cmd, check_cmd = next(c for c in _job_commands("cpu-gate") if "matrix merge" in c).split(" && ")
-    env = {**os.environ, "PYTHONPATH": str(REPO)}
+    shard_job = _with_this_python(next(c for c in _job_commands("cpu-shard") if "--shard" in c))
+    merge_cmd, check_cmd = _with_this_python(next(c for c in _job_commands("cpu-gate") if "matrix merge" in c)
+                                             ).split(" && ")
+    env = _no_bare_python(tmp_path / "bin")
     procs = []
     for k in (1, 2):
         cmd = (shard_job.replace("${{ matrix.shard }}", str(k)).replace("${{ strategy.job-total }}", "2")
-               .replace(".venv/bin/python", sys.executable).replace("-n auto", "-n 0")
+               .replace("-n auto", "-n 0")
                .replace("tests/test_conformance.py", str(REPO / "tests" / "test_conformance.py")))
         procs.append(subprocess.Popen(shlex.split(cmd) + TOY + ["-q", "-p", "no:cacheprovider"], cwd=tmp_path,
                                       env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True))
