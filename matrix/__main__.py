@@ -189,7 +189,8 @@ def main(argv=None) -> int:
     for option, path in [*(("--fresh", p) for p in getattr(args, "fresh", [])),
                          *(("--results", p) for p in getattr(args, "results", []))]:
         if not Path(path).is_file():
-            what = "a directory, not a results file" if Path(path).is_dir() else "no such file"
+            what = ("a directory, not a results file" if Path(path).is_dir()
+                    else "not a regular file" if Path(path).exists() else "no such file")
             return fail(PROG, f"{option} {path}: {what}; name the file the run wrote with --results-json")
     if args.command != "merge" and not getattr(args, "results", None) and gate.results_dir_problem(args.results_dir):
         return fail(PROG, gate.results_dir_problem(args.results_dir))

@@ -115,12 +115,13 @@ def test_kit_run_labels_a_module_attr_backend_as_pytest_does():
 @pytest.mark.parametrize("write, code, words", [
     (lambda p: None, USAGE, ["no such file", "--results-json"]),
     (lambda p: p.mkdir(), USAGE, ["a directory, not a results file"]),
+    (lambda p: os.mkfifo(p), USAGE, ["not a regular file", "--results-json"]),  # /dev/null read "no such file"
     (lambda p: p.write_text('{"schema": 2, "records": [{"backend": "a"'), FAILED, ["bad JSON", "truncated?"]),
     (lambda p: p.write_text("not json at all"), FAILED, ["bad JSON"]),
     (lambda p: p.write_text('{"schema": 9, "records": []}'), FAILED, ["results schema 9, expected 2", "regenerate"]),
     (lambda p: p.write_text('{"schema": 2, "records": [{"x": 1}]}'), FAILED,
      ["record 1: missing backend, mode", "fields no record has: x"]),
-], ids=["missing", "directory", "truncated", "not_json", "schema", "records"])
+], ids=["missing", "directory", "not_a_file", "truncated", "not_json", "schema", "records"])
 @pytest.mark.parametrize("command", [["check", "--fresh"], ["html", "--results"]], ids=["check", "html"])
 def test_a_bad_results_file_reads_the_same_to_check_and_html(project, tmp_path, write, code, words, command):
     path = tmp_path / "fresh.json"
