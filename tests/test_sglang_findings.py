@@ -20,7 +20,7 @@ from kit.harness.guard import Guard
 from kit.harness.runner import default_device, run_case
 from kit.report import known_failures
 from kit.report.record import read_results_file
-from tests.mutants.sglang import patched_module
+from tests.mutants.sglang import _TritonMutant, patched_module
 from tests.helpers import run_setup
 
 pytestmark = pytest.mark.skipif(sglang_problem() is not None, reason=str(sglang_problem()))
@@ -305,3 +305,26 @@ def test_kf24_kf25_cpu_fp8_outputs_were_off_by_the_interpreters_fp8_cast(monkeyp
     fx, outs = _sglang_outputs(mode, case_name)
     checks = _judged(fx, outs, case, SGLangTritonBackend)
     assert all(not c.ok and c.max_rel > 0.15 for c in checks), [c.describe() for c in checks]
+
+
+class DecodeDropsKScale(_TritonMutant):
+    """A read-side fp8 bug under KF-24: the decode reads the cached keys without their scale
+    (k_descale 1.0 for the layer's k_scale_float, triton_backend.py:2369)."""
+
+    patch = (2369, "k_descale = layer.k_scale_float", "k_descale = 1.0")
+
+
+def test_kf24_a_read_side_fp8_bug_is_not_the_known_failure():
+    """KF-24 pins its band (the outputs within their limits; the run fails on the inputs its write
+    changes): the same DECODE with the keys' scale dropped fails [kernel] too, and is reported."""
+    from kit.harness.environment import device_name
+
+    entries = known_failures.load_or_default()
+    case = load_catalog().find_case(ForwardMode.DECODE, "gqa_fp8_e4m3_p16_fp16")
+    plain = run_case("sglang_triton", case, Exec.EAGER, torch.device("cpu"))
+    entry = known_failures.match(entries, "sglang_triton", "decode", "eager", case.name, device_name(), case.dtype)
+    assert entry is not None and entry.id == "KF-24" and known_failures.is_expected(entry, plain), plain.message
+    planted = run_case(f"{__name__}:DecodeDropsKScale", case, Exec.EAGER, torch.device("cpu"))
+    assert (planted.outcome, planted.failure_class) == ("fail", "kernel"), planted.message
+    assert not known_failures.is_expected(entry, planted), planted.margins
+    assert known_failures.against(entry, planted).startswith("not the known failure: KF-24")
