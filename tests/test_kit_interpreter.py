@@ -1,7 +1,8 @@
 """Triton's interpreter patches its language once per launch (kit.harness.interpreter): the
 kernels compute the same, and a helper seeing other language modules is still patched; a
 comparison's result is typed int1, so a mask built from a scalar one loads; a module's alias of a
-builtin is called as the interpreter's; bfloat16 arithmetic is computed on values, not on their bits."""
+builtin is called as the interpreter's; bfloat16 arithmetic is computed on values, not on their bits;
+a cast to fp8 rounds to nearest even, as a GPU's."""
 import inspect
 import subprocess
 import sys
@@ -151,3 +152,29 @@ def test_bfloat16_arithmetic_is_the_gpus_once_widened_and_rounded_to_nearest(mon
     for name in planted:
         monkeypatch.setattr(builder, name, getattr(builder, name).__wrapped__)
     assert not torch.equal(product(x, w), x * w)
+
+
+@pytest.mark.parametrize("source", [torch.float32, torch.float16, torch.bfloat16], ids=str)
+@pytest.mark.parametrize("target", [torch.float8_e4m3fn, torch.float8_e5m2], ids=str)
+def test_a_cast_to_fp8_rounds_to_nearest_even_as_the_gpus(monkeypatch, source, target):
+    """Every value of `source` within the target's range (ties, and carries out of the mantissa at an odd
+    exponent, among them) cast as torch casts it; beyond the range, the largest finite value (NVIDIA's
+    satfinite). The interpreter's own conversion rounds ties up and loses the carry: 1.97 -> 1.0 in e4m3."""
+    from tests.toys.interpreted import cast
+    from triton.runtime import interpreter as triton_interpreter
+    if not hasattr(triton_interpreter, "GridExecutor"):
+        pytest.skip("kernels are compiled here: the interpreter is not used")
+    interpreter.install()
+    largest = torch.finfo(target).max
+    if source == torch.float32:  # every float16 value in range, and float32 ties and near-ties between them
+        x = torch.arange(-2 ** 15, 2 ** 15, dtype=torch.int32).to(torch.int16).view(torch.float16).float()
+        x = torch.cat([x, x * (1 + 2 ** -20), x * (1 - 2 ** -20)])
+    else:
+        x = torch.arange(-2 ** 15, 2 ** 15, dtype=torch.int32).to(torch.int16).view(source)
+    x = x[x.float().abs() <= largest]
+    beyond = torch.tensor([largest * 2, -largest * 2, float("inf")], dtype=source)
+    assert torch.equal(cast(x, target).view(torch.uint8), x.to(target).view(torch.uint8))
+    assert cast(beyond, target).float().tolist() == [largest, -largest, largest]
+    monkeypatch.setattr(triton_interpreter.InterpreterBuilder, "create_fp_to_fp",
+                        triton_interpreter.InterpreterBuilder.create_fp_to_fp.__wrapped__)
+    assert not torch.equal(cast(x, target).view(torch.uint8), x.to(target).view(torch.uint8))

@@ -20,7 +20,7 @@ from kit.harness.guard import Guard
 from kit.harness.runner import default_device, run_case
 from kit.report import known_failures
 from kit.report.record import read_results_file
-from tests.mutants.sglang import patched_module
+from tests.mutants.sglang import _TritonMutant, patched_module
 from tests.helpers import run_setup
 
 pytestmark = pytest.mark.skipif(sglang_problem() is not None, reason=str(sglang_problem()))
@@ -39,7 +39,8 @@ def _sglang_outputs(mode, case_name, backend_cls=SGLangTritonBackend):
     fx.install()
     backend = setup.new_backend()
     backend.init_forward_metadata(fx.batch)
-    return fx, [backend.forward(x.q, x.k_new, x.v_new, layer, fx.batch).double()
+    # Copies of k and v: SGLang's fp8 write divides them by the layer's scales in place (KF-24).
+    return fx, [backend.forward(x.q, x.k_new.clone(), x.v_new.clone(), layer, fx.batch).double()
                 for layer, x in zip(fx.layers, fx.inputs)]
 
 
@@ -263,3 +264,67 @@ def test_kf37_triton_draft_kv_indices_rows_sized_by_the_model_context_length():
     assert all(step.forward_metadata.kv_indices.numel() <= row for step in backend.impl.attn_backends)
     assert max(ends) > row, (ends, row)
     assert "wrote past the end" in guard.check().describe()
+
+
+def _judged(fx, outs, case, backend_cls):
+    """Each layer's output as the kit judges it on CPU: against the reference of the backend's declared
+    numerics (kit.engine.reference.declared), within their envelope."""
+    from kit.engine.reference import declared
+    from kit.harness.checks import output_figures, read_back
+
+    steps = backend_cls.numerics.steps(case.mode.value, case.dtype, case.kv_dtype, "cpu")
+    refs = declared(fx, steps)
+    layer_ids = range(len(outs))
+    same_dtype = [attention(fx, case.torch_dtype, layer_id=i) for i in layer_ids]
+    goldens = [attention(fx, layer_id=i) for i in layer_ids]
+    return read_back([output_figures(outs, goldens, same_dtype, case.torch_dtype, [f"layer {i} " for i in layer_ids],
+                                     [refs[i] for i in layer_ids])])[0]
+
+
+@pytest.mark.skipif(DEVICE.type != "cpu", reason="on CPU SGLang's Triton kernels run in Triton's interpreter")
+@pytest.mark.parametrize("mode, case_name", [(ForwardMode.DECODE, "gqa_fp8_e4m3_p16_fp16"),
+                                             (ForwardMode.EXTEND, "gqa_fp8_e5m2_prefix_p16_fp16")],
+                         ids=lambda v: getattr(v, "value", v))
+def test_kf24_kf25_cpu_fp8_outputs_were_off_by_the_interpreters_fp8_cast(monkeypatch, mode, case_name):
+    """SGLang's Triton kernels cast q and p to an fp8 cache's dtype (decode_attention.py:661, :762;
+    extend_attention.py:619, :712). Triton's interpreter rounds that cast's ties up and loses a carry out of
+    the mantissa at an odd exponent (1.97 -> 1.0 in e4m3); the kit's interpreter rounds it as a GPU does
+    (kit.harness.interpreter). So cast, SGLang's outputs are within the declared numerics (q and p cast
+    to fp8) of the kit's reference; with the interpreter's own cast, each layer fails by a head's error of
+    a quarter of its RMS: the 20-35% of KF-24/KF-25 on CPU, not SGLang's."""
+    from kit.harness import interpreter
+    from triton.runtime import interpreter as triton_interpreter
+
+    interpreter.install()
+    case = load_catalog().find_case(mode, case_name)
+    fx, outs = _sglang_outputs(mode, case_name)
+    assert all(c.ok for c in _judged(fx, outs, case, SGLangTritonBackend)), [c.describe() for c in _judged(
+        fx, outs, case, SGLangTritonBackend)]
+    builder = triton_interpreter.InterpreterBuilder
+    monkeypatch.setattr(builder, "create_fp_to_fp", builder.create_fp_to_fp.__wrapped__)
+    fx, outs = _sglang_outputs(mode, case_name)
+    checks = _judged(fx, outs, case, SGLangTritonBackend)
+    assert all(not c.ok and c.max_rel > 0.15 for c in checks), [c.describe() for c in checks]
+
+
+class DecodeDropsKScale(_TritonMutant):
+    """A read-side fp8 bug under KF-24: the decode reads the cached keys without their scale
+    (k_descale 1.0 for the layer's k_scale_float, triton_backend.py:2369)."""
+
+    patch = (2369, "k_descale = layer.k_scale_float", "k_descale = 1.0")
+
+
+def test_kf24_a_read_side_fp8_bug_is_not_the_known_failure():
+    """KF-24 pins its band (the outputs within their limits; the run fails on the inputs its write
+    changes): the same DECODE with the keys' scale dropped fails [kernel] too, and is reported."""
+    from kit.harness.environment import device_name
+
+    entries = known_failures.load_or_default()
+    case = load_catalog().find_case(ForwardMode.DECODE, "gqa_fp8_e4m3_p16_fp16")
+    plain = run_case("sglang_triton", case, Exec.EAGER, torch.device("cpu"))
+    entry = known_failures.match(entries, "sglang_triton", "decode", "eager", case.name, device_name(), case.dtype)
+    assert entry is not None and entry.id == "KF-24" and known_failures.is_expected(entry, plain), plain.message
+    planted = run_case(f"{__name__}:DecodeDropsKScale", case, Exec.EAGER, torch.device("cpu"))
+    assert (planted.outcome, planted.failure_class) == ("fail", "kernel"), planted.message
+    assert not known_failures.is_expected(entry, planted), planted.margins
+    assert known_failures.against(entry, planted).startswith("not the known failure: KF-24")

@@ -26,6 +26,13 @@ update, `x * w` over bf16 loads: NaN/inf outputs). Here the operands are widened
 result narrowed back, rounded to nearest even, as every float32 -> bfloat16 conversion now is (the
 interpreter's truncates: a bias every bf16 store carries into the next kernel).
 
+And it casts to fp8 as a GPU does: rounded to nearest even, saturating at the format's largest
+finite value. The interpreter's float downcast (`_convert_float`) rounds a tie up and ORs a
+rounding's carry out of the mantissa into the exponent field, where it is lost when the exponent
+is odd: 1.97 -> 1.0 in e4m3, 126.2 -> 64 (triton-lang/triton#8322). SGLang's Triton kernels cast
+the query and the probabilities to an fp8 cache's dtype (`q.to(k.dtype)`, `p.to(v.dtype)`): under
+the unpatched interpreter their outputs were 20-40% off.
+
 `choose()` is where a process takes the interpreter at all, once, before Triton is imported.
 """
 from __future__ import annotations
@@ -200,6 +207,32 @@ def _bf16_rounded_to_nearest(fp_trunc, tl, handle_cls):
     return trunc
 
 
+def _fp8_rounded_to_nearest(fp_to_fp, tl, handle_cls):
+    """float32/float16/bfloat16 -> fp8 e4m3 / e5m2 rounded to nearest even, saturating (NVIDIA's
+    cvt.rn.satfinite), through torch's casts; other conversions, and other rounding modes, the
+    interpreter's."""
+    import numpy as np
+    import torch
+
+    from triton._C.libtriton import ir
+
+    sources = {tl.float32: (np.int32, torch.float32), tl.float16: (np.int16, torch.float16),
+               tl.bfloat16: (np.int16, torch.bfloat16)}
+    targets = {tl.float8e4nv: torch.float8_e4m3fn, tl.float8e5: torch.float8_e5m2}
+
+    def convert(self, src, dst_type, rounding_mode):
+        source, target = sources.get(src.dtype.scalar), targets.get(dst_type.scalar)
+        if source is None or target is None or rounding_mode != ir.ROUNDING_MODE.RTNE:
+            return fp_to_fp(self, src, dst_type, rounding_mode)
+        bits, dtype = source
+        values = torch.from_numpy(np.ascontiguousarray(src.data).view(bits)).view(dtype)
+        largest = torch.finfo(target).max
+        stored = values.float().clamp(-largest, largest).to(target)  # float32 holds every source value
+        return handle_cls(stored.view(torch.uint8).numpy(), dst_type.scalar)
+    convert.__wrapped__ = fp_to_fp
+    return convert
+
+
 def _bf16_as_the_gpu(builder_cls, handle_cls, tl) -> None:
     builder_cls.create_fp_trunc = _bf16_rounded_to_nearest(builder_cls.create_fp_trunc, tl, handle_cls)
     for name in ("binary_op", "unary_op"):
@@ -233,4 +266,6 @@ def install() -> bool:
     if hasattr(interp, "InterpreterBuilder") and hasattr(interp, "TensorHandle"):
         _comparisons_typed_int1(interp.InterpreterBuilder, interp.TensorHandle, tl)
         _bf16_as_the_gpu(interp.InterpreterBuilder, interp.TensorHandle, tl)
+        interp.InterpreterBuilder.create_fp_to_fp = _fp8_rounded_to_nearest(
+            interp.InterpreterBuilder.create_fp_to_fp, tl, interp.TensorHandle)
     return True

@@ -2,7 +2,8 @@
 (its own, which sees `tl`, and Triton's tl.sum, which sees `triton.language.core`); one loading
 under a mask that ANDs a scalar comparison with a block's, as SGLang's causal conv1d kernels do;
 one calling a module-level alias of a builtin, as SGLang's fla ops do (`exp = tl.exp`); one
-multiplying two bfloat16 loads, as SGLang's causal conv1d update does (`x * w`)."""
+multiplying two bfloat16 loads, as SGLang's causal conv1d update does (`x * w`); one casting to an
+fp8 dtype, as SGLang's attention kernels cast q and p to an fp8 cache's (`q.to(k.dtype)`)."""
 import os
 
 import torch
@@ -76,4 +77,17 @@ def product(x: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
     """x * w elementwise, in their dtype."""
     out = torch.empty_like(x)
     product_kernel[(1,)](x, w, out, x.numel())
+    return out
+
+
+@triton.jit
+def cast_kernel(X, Out, N, BLOCK: tl.constexpr):
+    cols = tl.arange(0, BLOCK)
+    tl.store(Out + cols, tl.load(X + cols, mask=cols < N).to(Out.dtype.element_ty), mask=cols < N)
+
+
+def cast(x: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+    """x (1-d) cast to `dtype` inside a kernel."""
+    out = torch.empty(x.shape, dtype=dtype)
+    cast_kernel[(1,)](x, out, x.numel(), triton.next_power_of_2(x.numel()))
     return out
