@@ -1,8 +1,9 @@
-"""The SGLang GDN adapter's rendering, on CPU (its kernels run on CUDA GPUs only, see its supports()):
-SGLang's own metadata code, run over the ForwardBatch the adapter builds, must reach the kit's state
-slots and token starts, and the scheduler's clear must zero a new request's slot in every layer and
-nothing else. A planted rendering bug (request rows one off) is caught. Skipped, with the reason, only
-where the pinned sglang is not installed (CI installs it)."""
+"""The SGLang recurrent adapters' rendering, on CPU (their prefill kernels run on CUDA GPUs only, see
+their supports()): SGLang's own metadata code, run over the ForwardBatch the adapter builds, must
+reach the kit's state slots and token starts (and, for Mamba2, which requests start from a saved
+state), and the scheduler's clear must zero a new request's slot in every layer and nothing else. A
+planted rendering bug (request rows one off) and a planted bug in SGLang's Mamba2 metadata are
+caught. Skipped, with the reason, only where the pinned sglang is not installed (CI installs it)."""
 import pytest
 import torch
 
@@ -39,6 +40,12 @@ def rendering_problems(backend_cls, case):
         problems.append(f"state slots {meta.mamba_cache_indices.tolist()} != {batch.state_indices.tolist()}")
     if not torch.equal(meta.query_start_loc.cpu(), batch.query_start_loc):
         problems.append(f"token starts {meta.query_start_loc.tolist()} != {batch.query_start_loc.tolist()}")
+    mixed = getattr(meta, "mixed_metadata", None)  # Mamba2's prefill metadata
+    if mixed is not None:
+        # MambaMixer2 loads saved states only where prep_initial_states holds, then where has_initial_states
+        saved = mixed.has_initial_states.cpu() & bool(mixed.prep_initial_states)
+        if not torch.equal(saved, batch.has_initial_state):
+            problems.append(f"saved states read {saved.tolist()} != {batch.has_initial_state.tolist()}")
     new = {slot for slot, start in zip(fx.slots, fx.starts[0]) if not start.saved}
     for name in ("conv", "temporal"):
         for layer_id in range(NUM_LAYERS):
@@ -51,11 +58,28 @@ def rendering_problems(backend_cls, case):
     return problems
 
 
-@pytest.mark.parametrize("name", ["gdn_mixed_fp32", "gdn_extend_chunks_fp32"])
-def test_sglangs_metadata_reaches_the_kits_slots(name):
-    from backends.sglang.linear import SGLangGDNBackend
+def _backend(kind):
+    from backends.sglang import SGLangGDNBackend, SGLangMamba2Backend
 
-    assert rendering_problems(SGLangGDNBackend, _case(name)) == []
+    return {"gdn": SGLangGDNBackend, "mamba2": SGLangMamba2Backend}[kind]
+
+
+@pytest.mark.parametrize("name", ["gdn_mixed_fp32", "gdn_extend_chunks_fp32", "mamba2_mixed_fp32",
+                                  "mamba2_extend_chunks_bf16"])
+def test_sglangs_metadata_reaches_the_kits_slots(name):
+    case = _case(name)
+    assert rendering_problems(_backend(case.kind), case) == []
+
+
+def test_a_mamba2_prefill_that_loads_saved_states_by_its_first_request_alone_is_caught():
+    """tests/mutants/sglang_linear.py's mutant 120 (SGLang's own prepare_mixed, patched in a copy): behind a
+    new request, a request with a saved state starts from zeros."""
+    from tests.mutants.sglang_linear import Mamba2InitialStatesOfTheFirstRequest
+
+    case = _case("mamba2_extend_chunks_bf16")
+    assert case.prefix[0] == 0 and case.prefix[1] > 0
+    problems = rendering_problems(Mamba2InitialStatesOfTheFirstRequest, case)
+    assert any(p.startswith("saved states read") for p in problems), problems
 
 
 def test_a_request_row_rendered_one_off_is_caught():
@@ -84,6 +108,43 @@ def test_the_reasons_name_sglangs_rules():
     else:
         assert "torch.cpu.device" in SGLangGDNBackend.supports(_case("gdn_extend_fp16"))
     assert _case("gdn_verify_bf16").mode == ForwardMode.TARGET_VERIFY
+
+
+def test_the_mamba2_reasons_name_sglangs_lines():
+    from backends.sglang.mamba2 import SGLangMamba2Backend
+
+    assert "mamba.py:664" in SGLangMamba2Backend.supports(_case("mamba2_verify_fp32"))
+    mixed = SGLangMamba2Backend.supports(_case("mamba2_mixed_fp32"))
+    decode = SGLangMamba2Backend.supports(_case("mamba2_decode_fp32").with_(prefix=(4, 3, 50)))
+    if torch.cuda.is_available():
+        assert mixed is None and decode is None
+    else:
+        assert "ssd_chunk_state.py:653" in mixed and "mamba_ssm.py:500" in decode
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="what CPU lacks: CUDA has its device context")
+def test_sglangs_mamba2_kernels_enter_a_device_context_cpu_torch_lacks():
+    """Why sglang_mamba2 runs no mode on CPU: SGLang's selective_state_update (its decode) and
+    mamba_chunk_scan_combined (its prefill) enter torch.get_device_module(device).device(index)
+    before launching, and torch.cpu has no `device`."""
+    from backends.sglang import runtime
+    from sglang.kernels.ops.mamba import triton_ops
+
+    runtime.install_server_args("triton", torch.device("cpu"), 1, None)
+    triton_ops.initialize_mamba_selective_state_update_backend(runtime.get_context().server_args)
+    selective_state_update, mamba_chunk_scan_combined = (triton_ops.selective_state_update,
+                                                         triton_ops.mamba_chunk_scan_combined)
+
+    heads, dim, n = 2, 4, 8
+    state = torch.zeros(1, heads, dim, n)
+    x = torch.zeros(1, heads, dim)
+    with pytest.raises(AttributeError, match="torch.cpu.*device"):
+        selective_state_update(state, x, x, -torch.ones(heads, dim, n), torch.zeros(1, 1, n), torch.zeros(1, 1, n),
+                               state_batch_indices=torch.zeros(1, dtype=torch.int32), out=torch.zeros_like(x))
+    tokens = torch.zeros(1, 4, heads, dim)
+    with pytest.raises(AttributeError, match="torch.cpu.*device"):
+        mamba_chunk_scan_combined(tokens, torch.zeros(1, 4, heads), -torch.ones(heads), torch.zeros(1, 4, 1, n),
+                                  torch.zeros(1, 4, 1, n), chunk_size=16, out=torch.zeros_like(tokens))
 
 
 def test_sglangs_bf16_conv_rounds_each_tap_product_to_bf16():

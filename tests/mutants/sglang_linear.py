@@ -1,0 +1,52 @@
+"""Real-code mutants of SGLang's recurrent backends: a one-line patch of a copy of the sglang module
+(tests.mutants.patching), wired into the adapter's backend without touching the installed one. Line
+numbers are sglang 0.5.23's; a patch whose line no longer reads as expected raises, naming it."""
+from __future__ import annotations
+
+import types
+from importlib import import_module
+
+from backends.sglang.mamba2 import MAMBA2_BACKEND, SGLangMamba2Backend
+from kit.modes import Exec, ForwardMode
+from kit.mutation import Mutant
+from kit.report.record import KERNEL, KV_WRITE
+from tests.mutants import patching
+
+MAMBA2_METADATA = "sglang.srt.layers.attention.mamba.mamba2_metadata"
+
+
+class _Mamba2MetadataMutant(SGLangMamba2Backend):
+    """Mamba2AttnBackend whose metadata is built by a copy of mamba2_metadata.py's
+    Mamba2Metadata.prepare_mixed with the line `patch` = (line, old, new)."""
+
+    patch = (0, "", "")
+
+    def _linear_backend(self, runner):
+        backend = super()._linear_backend(runner)
+        hybrid = import_module(MAMBA2_BACKEND)
+        prepare_mixed = patching.patched_function(MAMBA2_METADATA, "Mamba2Metadata.prepare_mixed", *self.patch)
+        metadata = type("Mamba2Metadata", (hybrid.Mamba2Metadata,), {"prepare_mixed": prepare_mixed})
+        # The backend's own method, reading the patched class where it names Mamba2Metadata.
+        init = patching.rebound(hybrid.Mamba2AttnBackend.init_forward_metadata, hybrid.__dict__,
+                                Mamba2Metadata=metadata)
+        backend.init_forward_metadata = types.MethodType(init, backend)
+        return backend
+
+
+class Mamba2InitialStatesOfTheFirstRequest(_Mamba2MetadataMutant):
+    """Whether a prefill batch loads saved states at all is decided by its first request alone: behind a
+    new request, a request continuing its saved state starts from zeros."""
+
+    patch = (262, "prep_initial_states = torch.any(has_initial_states[:num_prefills]).item()",
+             "prep_initial_states = torch.any(has_initial_states[:1]).item()")
+
+
+E, MX = ForwardMode.EXTEND, ForwardMode.MIXED
+M = "tests.mutants.sglang_linear:"
+# Rows of the mutant catalog (tests/mutants/__init__.py), numbered from 120. On CPU SGLang's Mamba2
+# kernels do not run (SGLangMamba2Backend.supports): tests/test_sglang_linear.py catches them in
+# SGLang's metadata there.
+MUTANTS = [
+    Mutant(120, "sglang_mamba2_initial_states_of_first_request", M + "Mamba2InitialStatesOfTheFirstRequest",
+           (KERNEL, KV_WRITE), (E, MX), (Exec.EAGER,), cpu=False),
+]
