@@ -30,6 +30,7 @@ SMOKE = [
     M("mamba2_mixed_fp32", MX, prefix=(7, 0, 12), new=(5, 1, 1), dtype="fp32", heads=(2, 4)),
     M("mamba2_verify_fp32", TV, prefix=(4, 0), new=3, accepted=(2, 3), dtype="fp32"),
     K("kda_decode_fp32", D, prefix=(0, 9, 60), dtype="fp32"),
+    K("kda_decode_bf16_long", D, prefix=(300, 2), dtype="bf16"),  # every request prefilled, as SGLang decodes
     K("kda_extend_chunks_bf16", E, prefix=(3, 0), new=(10, 7), dtype="bf16"),
     K("kda_mixed_fp32", MX, prefix=(0, 21, 5), new=(6, 1, 1), dtype="fp32"),
     K("kda_verify_fp32", TV, prefix=(8, 0), new=3, accepted=(1, 3), dtype="fp32"),

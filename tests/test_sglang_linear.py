@@ -59,13 +59,13 @@ def rendering_problems(backend_cls, case):
 
 
 def _backend(kind):
-    from backends.sglang import SGLangGDNBackend, SGLangMamba2Backend
+    from backends.sglang import SGLangGDNBackend, SGLangKDABackend, SGLangMamba2Backend
 
-    return {"gdn": SGLangGDNBackend, "mamba2": SGLangMamba2Backend}[kind]
+    return {"gdn": SGLangGDNBackend, "mamba2": SGLangMamba2Backend, "kda": SGLangKDABackend}[kind]
 
 
 @pytest.mark.parametrize("name", ["gdn_mixed_fp32", "gdn_extend_chunks_fp32", "mamba2_mixed_fp32",
-                                  "mamba2_extend_chunks_bf16"])
+                                  "mamba2_extend_chunks_bf16", "kda_mixed_fp32"])
 def test_sglangs_metadata_reaches_the_kits_slots(name):
     case = _case(name)
     assert rendering_problems(_backend(case.kind), case) == []
@@ -175,3 +175,27 @@ def test_sglangs_bf16_conv_rounds_each_tap_product_to_bf16():
     exact = silu((window.double() * layer.conv_weights.double()).sum(-1))
     assert torch.equal(conv, silu(acc).to(conv.dtype))
     assert not torch.equal(conv, exact.to(conv.dtype))
+
+
+def test_the_kda_reasons_name_sglangs_lines():
+    from backends.sglang import SGLangKDABackend
+
+    assert "build_verify_intermediate_state_indices" in SGLangKDABackend.supports(_case("kda_verify_fp32"))
+    assert "mamba_needs_clear" in SGLangKDABackend.supports(_case("kda_decode_fp32"))
+    assert SGLangKDABackend.supports(_case("kda_decode_bf16_long")) is None
+    extend = SGLangKDABackend.supports(_case("kda_extend_chunks_bf16"))
+    assert extend is None if torch.cuda.is_available() else "fla/l2norm.py:65" in extend
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="what CPU lacks: on CUDA the kernel compiles")
+def test_sglangs_kda_prefill_loads_through_block_pointers_the_interpreter_lacks():
+    """Why sglang_kda runs no EXTEND or MIXED on CPU: its chunk_kda first L2-normalizes q and k with
+    SGLang's l2norm_fwd, whose kernel loads through tl.make_block_ptr, which Triton's interpreter
+    refuses."""
+    from backends.sglang import runtime  # noqa: F401 - SGLang's set-up (interpreter, shims)
+    from kit.harness import interpreter
+    from sglang.kernels.ops.attention.fla.l2norm import l2norm_fwd
+
+    interpreter.install()
+    with pytest.raises(Exception, match="Block pointers have been removed"):
+        l2norm_fwd(torch.ones(1, 4, 2, 16, dtype=torch.bfloat16))

@@ -4,17 +4,18 @@
 only), `sglang_flashinfer_mla` (FlashInferMLAAttnBackend, MLA, CUDA only), and the multi-step draft
 decode wrappers `sglang_triton_draft` (TritonMultiStepDraftBackend) and `sglang_flashinfer_draft`
 (FlashInferMultiStepDraftBackend, CUDA only), and for the recurrent kinds, inside
-HybridLinearAttnBackend, `sglang_gdn` (GDNAttnBackend) and `sglang_mamba2` (Mamba2AttnBackend).
-adapter.py, linear.py and mamba2.py map the kit's context, pools, batch and layers to SGLang's;
+HybridLinearAttnBackend, `sglang_gdn` (GDNAttnBackend), `sglang_mamba2` (Mamba2AttnBackend) and
+`sglang_kda` (KDAAttnBackend). adapter.py, linear.py, mamba2.py and kda.py map the kit's context, pools, batch and layers to SGLang's;
 runtime.py imports and sets up SGLang when a backend is built (Triton's interpreter without CUDA,
 chosen there before SGLang imports triton); install.py installs it (docs/sglang.md).
 """
 from backends.sglang.adapter import (SGLangFlashInferBackend, SGLangFlashInferDraftBackend,
                                      SGLangFlashInferMLABackend, SGLangFlexAttentionBackend,
                                      SGLangTorchNativeBackend, SGLangTritonBackend, SGLangTritonDraftBackend)
+from backends.sglang.kda import SGLangKDABackend
 from backends.sglang.linear import SGLangGDNBackend
 from backends.sglang.mamba2 import SGLangMamba2Backend
 
 __all__ = ["SGLangFlashInferBackend", "SGLangFlashInferDraftBackend", "SGLangFlashInferMLABackend",
-           "SGLangFlexAttentionBackend", "SGLangGDNBackend", "SGLangMamba2Backend", "SGLangTorchNativeBackend",
+           "SGLangFlexAttentionBackend", "SGLangGDNBackend", "SGLangKDABackend", "SGLangMamba2Backend", "SGLangTorchNativeBackend",
            "SGLangTritonBackend", "SGLangTritonDraftBackend"]

@@ -52,14 +52,15 @@ class _MambaPoolState:
     replayssm_write_pos = None
     replayssm_spec_write_pos = None
 
-    def __init__(self, pool, sg_pool_cls):
+    def __init__(self, pool, sg_pool_cls, conv_view):
         self.size = pool.size
         views = {name: pool.buffers[name][:, :pool.size] for name in pool.buffers}
-        self.mamba_cache = sg_pool_cls.State(conv=[views["conv"]], temporal=views["temporal"])
+        self.mamba_cache = sg_pool_cls.State(conv=[conv_view(views["conv"])], temporal=views["temporal"])
 
 
-def _mamba_pool(pool, sg_pool_cls):
-    return type("MambaPool", (_MambaPoolState,), _code(sg_pool_cls, MAMBA_POOL_CODE))(pool, sg_pool_cls)
+def _mamba_pool(pool, sg_pool_cls, conv_view):
+    """`conv_view`: the kit's conv windows [layers, slots, dim, width - 1] as the kind's pool lays them out."""
+    return type("MambaPool", (_MambaPoolState,), _code(sg_pool_cls, MAMBA_POOL_CODE))(pool, sg_pool_cls, conv_view)
 
 
 class _ReqToTokenPoolState:
@@ -122,6 +123,13 @@ def _no_full_layers(base):
     return _NoFullLayers
 
 
+def verify_rows_reason(backend: str) -> str:
+    """Why `backend`'s TARGET_VERIFY is not run: where it writes the per-draft states."""
+    return (f"TARGET_VERIFY: {backend} writes a request's per-draft states to the intermediate row of "
+            "its batch position (layers/attention/linear/utils.py build_verify_intermediate_state_indices: "
+            "row i for request i), and the kit judges a verify's drafts at the request's state slot")
+
+
 class SGLangLinearBackend:
     """What every SGLang linear-attention adapter shares: SGLang's pools over the kit's, its
     HybridLinearAttnBackend around the kind's backend (`_linear_backend`), the ForwardBatch, the
@@ -171,7 +179,7 @@ class SGLangLinearBackend:
         memory_pool = import_module(MEMORY_POOL)
         self.sg, self.device, self.pool = sg, ctx.device, ctx.state_pool
         sg.install_server_args("triton", ctx.device, 1, None)
-        self.mamba_pool = _mamba_pool(ctx.state_pool, memory_pool.MambaPool)
+        self.mamba_pool = _mamba_pool(ctx.state_pool, memory_pool.MambaPool, self._conv_view)
         self.req_pool = _req_to_token_pool(self.mamba_pool, ctx.state_pool.size, ctx.device,
                                            memory_pool.HybridReqToTokenPool)
         runner = _ModelRunner(ctx.device, self.req_pool, sg.get_context().server_args)
@@ -180,6 +188,11 @@ class SGLangLinearBackend:
         self.layers = {layer.layer_id: self._layer(layer) for layer in ctx.layers}
         self.graph = False
         self.forward_batch = None
+
+    @staticmethod
+    def _conv_view(conv):
+        """The kit's conv windows as the kind's MambaPool lays them out (GDN's and Mamba2's: as they are)."""
+        return conv
 
     def _linear_backend(self, runner):
         """The kind's SGLang backend, built as attention_registry.py builds it for the kind's models."""
@@ -244,9 +257,7 @@ class SGLangGDNBackend(SGLangLinearBackend):
     @classmethod
     def _kind_problem(cls, case) -> Optional[str]:
         if case.mode == ForwardMode.TARGET_VERIFY:
-            return ("TARGET_VERIFY: GDNAttnBackend writes a request's per-draft states to the intermediate row of "
-                    "its batch position (layers/attention/linear/utils.py build_verify_intermediate_state_indices: "
-                    "row i for request i), and the kit judges a verify's drafts at the request's state slot")
+            return verify_rows_reason("GDNAttnBackend")
         if case.mode in (ForwardMode.EXTEND, ForwardMode.MIXED) and case.dtype == "fp32":
             return (f"{case.mode.value} in fp32: GDNAttnBackend's prefill (kernels/ops/attention/fla/chunk.py "
                     "chunk_gated_delta_rule) asserts its inputs are not float32")

@@ -6,11 +6,13 @@ from __future__ import annotations
 import types
 from importlib import import_module
 
+from backends.sglang.kda import KDA_BACKEND, SGLangKDABackend
 from backends.sglang.mamba2 import MAMBA2_BACKEND, SGLangMamba2Backend
 from kit.modes import Exec, ForwardMode
 from kit.mutation import Mutant
 from kit.report.record import KERNEL, KV_WRITE
 from tests.mutants import patching
+from tests.mutants.sglang import patched_module
 
 MAMBA2_METADATA = "sglang.srt.layers.attention.mamba.mamba2_metadata"
 
@@ -41,12 +43,30 @@ class Mamba2InitialStatesOfTheFirstRequest(_Mamba2MetadataMutant):
              "prep_initial_states = torch.any(has_initial_states[:1]).item()")
 
 
-E, MX = ForwardMode.EXTEND, ForwardMode.MIXED
+class _KDAMutant(SGLangKDABackend):
+    """KDAAttnBackend from a copy of kda_backend.py with the line `patch` = (line, old, new)."""
+
+    patch = (0, "", "")
+
+    def _impl_class(self):
+        return patched_module(KDA_BACKEND, *self.patch).KDAAttnBackend
+
+
+class KDADecodeScaledByValueWidth(_KDAMutant):
+    """The decode scales q by the value head's width, not the key's: the same where they are equal
+    (Kimi Linear's 128 and 128), wrong in any model whose widths differ."""
+
+    patch = (979, "scale=layer.head_k_dim**-0.5,", "scale=layer.head_v_dim**-0.5,")
+
+
+D, E, MX = ForwardMode.DECODE, ForwardMode.EXTEND, ForwardMode.MIXED
 M = "tests.mutants.sglang_linear:"
 # Rows of the mutant catalog (tests/mutants/__init__.py), numbered from 120. On CPU SGLang's Mamba2
-# kernels do not run (SGLangMamba2Backend.supports): tests/test_sglang_linear.py catches them in
+# kernels do not run (SGLangMamba2Backend.supports): tests/test_sglang_linear.py catches mutant 120 in
 # SGLang's metadata there.
 MUTANTS = [
     Mutant(120, "sglang_mamba2_initial_states_of_first_request", M + "Mamba2InitialStatesOfTheFirstRequest",
            (KERNEL, KV_WRITE), (E, MX), (Exec.EAGER,), cpu=False),
+    Mutant(121, "sglang_kda_decode_scaled_by_value_width", M + "KDADecodeScaledByValueWidth", (KERNEL,), (D,),
+           (Exec.EAGER,), cpu=True),
 ]
