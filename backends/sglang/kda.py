@@ -20,7 +20,6 @@ from kit.modes import ForwardMode
 
 KDA_BACKEND = "sglang.srt.layers.attention.linear.kda_backend"
 LINEAR_UTILS = "sglang.srt.layers.attention.linear.utils"
-RADIX_LINEAR = "sglang.srt.layers.radix_linear_attention"
 
 
 class SGLangKDABackend(SGLangLinearBackend):
@@ -53,19 +52,9 @@ class SGLangKDABackend(SGLangLinearBackend):
     def _impl_class(self):
         return import_module(KDA_BACKEND).KDAAttnBackend
 
-    def _layer(self, layer):
-        return import_module(RADIX_LINEAR).RadixLinearAttention(
-            layer_id=layer.layer_id, num_q_heads=layer.num_k_heads, num_k_heads=layer.num_k_heads,
-            num_v_heads=layer.num_v_heads, head_q_dim=layer.head_k_dim, head_k_dim=layer.head_k_dim,
-            head_v_dim=layer.head_v_dim, conv_weights=layer.conv_weights, bias=layer.bias, A_log=layer.A_log,
-            dt_bias=layer.dt_bias, lower_bound=None)
-
     def forward(self, mixed_qkv, g, b, layer, batch):
-        sg = self.sg
         mode = self.forward_batch.forward_mode
         # Kimi Linear's shapes: the forget gate [T, H K] for a decode or verify, [1, T, H, K] for a
         # prefill; beta [1, T, H].
         a = g if mode.is_decode() or mode.is_target_verify() else g.unflatten(-1, (-1, layer.head_k_dim))[None]
-        with sg.forward_context(sg.ForwardContext(attn_backend=self.impl)):
-            out = self.layers[layer.layer_id](self.forward_batch, mixed_qkv=mixed_qkv, a=a, b=b[None])
-        return out.view(mixed_qkv.shape[0], layer.num_v_heads, layer.head_v_dim)
+        return self._call_layer(layer, mixed_qkv, a, b[None])

@@ -199,8 +199,23 @@ class SGLangLinearBackend:
         raise NotImplementedError
 
     def _layer(self, layer):
-        """The model's layer object SGLang's backend is called with, of the kit's RecurrentLayer."""
-        raise NotImplementedError
+        """The model's layer object SGLang's backend is called with, of the kit's RecurrentLayer: the
+        RadixLinearAttention Qwen3-Next's and Kimi Linear's layers build (no gate lower bound)."""
+        from importlib import import_module
+
+        radix_linear = import_module(RADIX_LINEAR).RadixLinearAttention
+        return radix_linear(
+            layer_id=layer.layer_id, num_q_heads=layer.num_k_heads, num_k_heads=layer.num_k_heads,
+            num_v_heads=layer.num_v_heads, head_q_dim=layer.head_k_dim, head_k_dim=layer.head_k_dim,
+            head_v_dim=layer.head_v_dim, conv_weights=layer.conv_weights, bias=layer.bias,
+            activation=layer.activation, A_log=layer.A_log, dt_bias=layer.dt_bias)
+
+    def _call_layer(self, layer, mixed_qkv, a, b):
+        """The RadixLinearAttention's call as the model makes it, in SGLang's forward context: [T, Hv, V]."""
+        sg = self.sg
+        with sg.forward_context(sg.ForwardContext(attn_backend=self.impl)):
+            out = self.layers[layer.layer_id](self.forward_batch, mixed_qkv=mixed_qkv, a=a, b=b)
+        return out.view(mixed_qkv.shape[0], layer.num_v_heads, layer.head_v_dim)
 
     def init_cuda_graph_state(self, max_bs: int) -> None:
         # SGLang's decode graph runner: one token a request (verify, its one other graph mode, is not run here).
@@ -276,18 +291,5 @@ class SGLangGDNBackend(SGLangLinearBackend):
             prefill_default=gdn.flashinfer_gdn_prefill_default(runner))
         return gdn.GDNAttnBackend(runner)
 
-    def _layer(self, layer):
-        from importlib import import_module
-
-        radix_linear = import_module(RADIX_LINEAR).RadixLinearAttention
-        return radix_linear(
-            layer_id=layer.layer_id, num_q_heads=layer.num_k_heads, num_k_heads=layer.num_k_heads,
-            num_v_heads=layer.num_v_heads, head_q_dim=layer.head_k_dim, head_k_dim=layer.head_k_dim,
-            head_v_dim=layer.head_v_dim, conv_weights=layer.conv_weights, bias=layer.bias,
-            activation=layer.activation, A_log=layer.A_log, dt_bias=layer.dt_bias)
-
     def forward(self, mixed_qkv, a, b, layer, batch):
-        sg = self.sg
-        with sg.forward_context(sg.ForwardContext(attn_backend=self.impl)):
-            out = self.layers[layer.layer_id](self.forward_batch, mixed_qkv, a, b)
-        return out.view(mixed_qkv.shape[0], layer.num_v_heads, layer.head_v_dim)
+        return self._call_layer(layer, mixed_qkv, a, b)
