@@ -15,7 +15,7 @@ from typing import Optional
 
 import torch
 
-from backends.sglang.linear import SGLangLinearBackend, verify_rows_reason
+from backends.sglang.linear import SGLangLinearBackend, cpu_prefill_reason, verify_rows_reason
 from kit.modes import ForwardMode
 
 KDA_BACKEND = "sglang.srt.layers.attention.linear.kda_backend"
@@ -25,6 +25,7 @@ LINEAR_UTILS = "sglang.srt.layers.attention.linear.utils"
 class SGLangKDABackend(SGLangLinearBackend):
     name = "sglang_kda"
     attention_kinds = ("kda",)
+    engine_modules = (KDA_BACKEND,)
     # On CPU its decode runs in Triton's interpreter (its prefill does not, see supports()): one case.
     ci_cases = {"decode": ("kda_decode_bf16_long",)}
 
@@ -33,10 +34,7 @@ class SGLangKDABackend(SGLangLinearBackend):
         if case.mode == ForwardMode.TARGET_VERIFY:
             return verify_rows_reason("KDAAttnBackend")
         if case.mode in (ForwardMode.EXTEND, ForwardMode.MIXED) and not torch.cuda.is_available():
-            return (f"{case.mode.value} on CPU: KDAAttnBackend's prefill (kernels/ops/attention/fla/kda.py:1300 "
-                    "chunk_kda) normalizes q and k with l2norm_fwd, whose kernel loads through block pointers "
-                    "(fla/l2norm.py:65 tl.make_block_ptr), which Triton's interpreter no longer implements; "
-                    "CUDA GPUs only")
+            return cpu_prefill_reason(case, "KDAAttnBackend", "fla/kda.py:1300 chunk_kda")
         return None
 
     @staticmethod

@@ -130,6 +130,13 @@ def verify_rows_reason(backend: str) -> str:
             "row i for request i), and the kit judges a verify's drafts at the request's state slot")
 
 
+def cpu_prefill_reason(case, backend: str, prefill: str) -> str:
+    """Why `backend`'s prefill (`prefill`, under kernels/ops/attention/) does not run on CPU: its first kernel."""
+    return (f"{case.mode.value} on CPU: {backend}'s prefill ({prefill}) normalizes q and k with l2norm_fwd, "
+            "whose kernel loads through block pointers (fla/l2norm.py:65 tl.make_block_ptr), which Triton's "
+            "interpreter no longer implements; CUDA GPUs only")
+
+
 class SGLangLinearBackend:
     """What every SGLang linear-attention adapter shares: SGLang's pools over the kit's, its
     HybridLinearAttnBackend around the kind's backend (`_linear_backend`), the ForwardBatch, the
@@ -277,8 +284,7 @@ class SGLangGDNBackend(SGLangLinearBackend):
             return (f"{case.mode.value} in fp32: GDNAttnBackend's prefill (kernels/ops/attention/fla/chunk.py "
                     "chunk_gated_delta_rule) asserts its inputs are not float32")
         if case.mode in (ForwardMode.EXTEND, ForwardMode.MIXED) and not torch.cuda.is_available():
-            return (f"{case.mode.value} on CPU: GDNAttnBackend's prefill enters its device's context "
-                    "(kernels/ops/attention/fla/utils.py input_guard: torch.cpu.device, which torch lacks); CUDA GPUs only")
+            return cpu_prefill_reason(case, "GDNAttnBackend", "fla/chunk.py:111 chunk_gated_delta_rule")
         return None
 
     def _linear_backend(self, runner):

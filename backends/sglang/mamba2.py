@@ -27,9 +27,6 @@ from kit.modes import ForwardMode
 MIXER = "sglang.srt.layers.attention.mamba.mamba"
 MAMBA2_BACKEND = "sglang.srt.layers.attention.hybrid_linear_attn_backend"
 SSU = "sglang.kernels.ops.mamba.triton_ops"
-# Where MambaMixer2's kernels enter the device's context (sglang/kernels/ops/mamba/triton_ops/).
-CPU_DECODE = "selective_state_update (mamba_ssm.py:500)"
-CPU_PREFILL = "mamba_chunk_scan_combined (ssd_chunk_state.py:653, _chunk_cumsum_fwd)"
 CHUNK_SIZE = 256  # mamba_chunk_size of Mamba2-2.7B's and Nemotron-H's configs (configs/nemotron_h.py)
 # What mamba.py's CUDA branch imports (mamba.py:42-53): name -> (module, name there).
 CUDA_CONV = {
@@ -102,6 +99,8 @@ class SGLangMamba2Backend(SGLangLinearBackend):
     name = "sglang_mamba2"
     attention_kinds = ("mamba2",)
     engine_modules = (MIXER, SSU)
+    # On CPU its decode runs in Triton's interpreter (its prefill does not, see supports()): one case.
+    ci_cases = {"decode": ("mamba2_decode_bf16_long",)}
 
     @classmethod
     def _kind_problem(cls, case) -> Optional[str]:
@@ -109,22 +108,27 @@ class SGLangMamba2Backend(SGLangLinearBackend):
             return ("TARGET_VERIFY: MambaMixer2 writes a request's per-draft states to the intermediate row of its "
                     "batch position (layers/attention/mamba/mamba.py:664 forward: intermediate_state_indices = "
                     "arange(num_decodes)), and the kit judges a verify's drafts at the request's state slot")
-        if not torch.cuda.is_available():
-            kernel = (CPU_DECODE if case.mode == ForwardMode.DECODE else CPU_PREFILL)
-            return (f"{case.mode.value} on CPU: MambaMixer2's {kernel} enters its device's context "
-                    "(torch.get_device_module(x.device).device: torch.cpu.device, which torch lacks); CUDA GPUs only")
+        if case.mode in (ForwardMode.EXTEND, ForwardMode.MIXED) and not torch.cuda.is_available():
+            return (f"{case.mode.value} on CPU: MambaMixer2's prefill (kernels/ops/mamba/triton_ops/ssd_combined.py "
+                    "mamba_chunk_scan_combined) launches _state_passing_fwd's kernel (ssd_state_passing.py:235), "
+                    "autotuned over several configs, whose benchmark asks Triton for a GPU driver, which its "
+                    "interpreter has none of; CUDA GPUs only")
         return None
 
     def _linear_backend(self, runner):
-        bind_conv_without_cuda(import_module(MIXER))
+        bind_conv_without_cuda(self._mixer_module())
         # What SGLang's scheduler does at start (managers/scheduler.py:989): MambaMixer2's decode
         # dispatches selective_state_update to the backend the server args name (mamba_backend).
         import_module(SSU).initialize_mamba_selective_state_update_backend(runner.server_args)
         runner.model_config = _ModelConfig()
         return import_module(MAMBA2_BACKEND).Mamba2AttnBackend(runner)
 
+    def _mixer_module(self):
+        """The module of SGLang's MambaMixer2 (mamba.py)."""
+        return import_module(MIXER)
+
     def _layer(self, layer):
-        return _mixer(import_module(MIXER).MambaMixer2, layer)
+        return _mixer(self._mixer_module().MambaMixer2, layer)
 
     def forward(self, xbc, dt, layer, batch):
         tokens = xbc.shape[0]

@@ -7,7 +7,7 @@ import types
 from importlib import import_module
 
 from backends.sglang.kda import KDA_BACKEND, SGLangKDABackend
-from backends.sglang.mamba2 import MAMBA2_BACKEND, SGLangMamba2Backend
+from backends.sglang.mamba2 import MAMBA2_BACKEND, MIXER, SGLangMamba2Backend
 from kit.modes import Exec, ForwardMode
 from kit.mutation import Mutant
 from kit.report.record import KERNEL, KV_WRITE
@@ -43,6 +43,22 @@ class Mamba2InitialStatesOfTheFirstRequest(_Mamba2MetadataMutant):
              "prep_initial_states = torch.any(has_initial_states[:1]).item()")
 
 
+class _MixerMutant(SGLangMamba2Backend):
+    """MambaMixer2 from a copy of mamba.py with the line `patch` = (line, old, new)."""
+
+    patch = (0, "", "")
+
+    def _mixer_module(self):
+        return patched_module(MIXER, *self.patch)
+
+
+class Mamba2DecodeDtWithoutSoftplus(_MixerMutant):
+    """The decode's selective_state_update takes dt + dt_bias as the step, without its softplus (the
+    prefill's chunked scan applies it): every decode step decays and writes by the raw gate."""
+
+    patch = (766, "dt_softplus=True,", "dt_softplus=False,")
+
+
 class _KDAMutant(SGLangKDABackend):
     """KDAAttnBackend from a copy of kda_backend.py with the line `patch` = (line, old, new)."""
 
@@ -62,11 +78,13 @@ class KDADecodeScaledByValueWidth(_KDAMutant):
 D, E, MX = ForwardMode.DECODE, ForwardMode.EXTEND, ForwardMode.MIXED
 M = "tests.mutants.sglang_linear:"
 # Rows of the mutant catalog (tests/mutants/__init__.py), numbered from 120. On CPU SGLang's Mamba2
-# kernels do not run (SGLangMamba2Backend.supports): tests/test_sglang_linear.py catches mutant 120 in
+# prefill does not run (SGLangMamba2Backend.supports): tests/test_sglang_linear.py catches mutant 120 in
 # SGLang's metadata there.
 MUTANTS = [
     Mutant(120, "sglang_mamba2_initial_states_of_first_request", M + "Mamba2InitialStatesOfTheFirstRequest",
            (KERNEL, KV_WRITE), (E, MX), (Exec.EAGER,), cpu=False),
     Mutant(121, "sglang_kda_decode_scaled_by_value_width", M + "KDADecodeScaledByValueWidth", (KERNEL,), (D,),
            (Exec.EAGER,), cpu=True),
+    Mutant(122, "sglang_mamba2_decode_dt_without_softplus", M + "Mamba2DecodeDtWithoutSoftplus", (KERNEL, KV_WRITE),
+           (D,), (Exec.EAGER,), cpu=True),
 ]
