@@ -110,14 +110,19 @@ def test_the_reasons_name_sglangs_rules():
     assert _case("gdn_verify_bf16").mode == ForwardMode.TARGET_VERIFY
 
 
-def test_the_mamba2_reasons_name_sglangs_lines():
-    from backends.sglang.mamba2 import SGLangMamba2Backend
+# kind: (its verify's reason, its prefill case, its prefill's CPU reason), each naming SGLang's line
+REASONS = {"mamba2": ("mamba.py:664", "mamba2_mixed_fp32", "ssd_state_passing.py:235"),
+           "kda": ("build_verify_intermediate_state_indices", "kda_extend_chunks_bf16", "fla/l2norm.py:65")}
 
-    assert "mamba.py:664" in SGLangMamba2Backend.supports(_case("mamba2_verify_fp32"))
-    assert "mamba_needs_clear" in SGLangMamba2Backend.supports(_case("mamba2_decode_fp32"))
-    assert SGLangMamba2Backend.supports(_case("mamba2_decode_bf16_long")) is None
-    mixed = SGLangMamba2Backend.supports(_case("mamba2_mixed_fp32"))
-    assert mixed is None if torch.cuda.is_available() else "ssd_state_passing.py:235" in mixed
+
+@pytest.mark.parametrize("kind", sorted(REASONS))
+def test_the_reasons_name_sglangs_lines(kind):
+    backend, (verify, prefill, cpu) = _backend(kind), REASONS[kind]
+    assert verify in backend.supports(_case(f"{kind}_verify_fp32"))
+    assert "mamba_needs_clear" in backend.supports(_case(f"{kind}_decode_fp32"))
+    assert backend.supports(_case(f"{kind}_decode_bf16_long")) is None
+    reason = backend.supports(_case(prefill))
+    assert reason is None if torch.cuda.is_available() else cpu in reason
 
 
 @pytest.mark.skipif(torch.cuda.is_available(), reason="what CPU lacks: on CUDA the autotuner benchmarks")
@@ -142,16 +147,6 @@ def test_the_cpus_device_context_switches_nothing():
     x = torch.ones(3)
     with torch.get_device_module(x.device).device(x.device.index):
         assert torch.equal(x + 1, torch.full((3,), 2.0))
-
-
-def test_the_kda_reasons_name_sglangs_lines():
-    from backends.sglang import SGLangKDABackend
-
-    assert "build_verify_intermediate_state_indices" in SGLangKDABackend.supports(_case("kda_verify_fp32"))
-    assert "mamba_needs_clear" in SGLangKDABackend.supports(_case("kda_decode_fp32"))
-    assert SGLangKDABackend.supports(_case("kda_decode_bf16_long")) is None
-    extend = SGLangKDABackend.supports(_case("kda_extend_chunks_bf16"))
-    assert extend is None if torch.cuda.is_available() else "fla/l2norm.py:65" in extend
 
 
 @pytest.mark.skipif(torch.cuda.is_available(), reason="what CPU lacks: on CUDA the kernel compiles")
