@@ -25,10 +25,12 @@ SMOKE = [
     S("gdn_verify_fp32", TV, prefix=(12, 0, 30), new=4, accepted=(1, 4, 2), dtype="fp32"),
     S("gdn_verify_bf16", TV, prefix=(5, 64), new=3, accepted=(3, 1), dtype="bf16"),
     M("mamba2_decode_fp32", D, prefix=(0, 3, 50), dtype="fp32"),
+    M("mamba2_decode_bf16_long", D, prefix=(300, 2), dtype="bf16"),  # every request prefilled, as SGLang decodes
     M("mamba2_extend_chunks_bf16", E, prefix=(0, 20), new=(11, 6), dtype="bf16"),
     M("mamba2_mixed_fp32", MX, prefix=(7, 0, 12), new=(5, 1, 1), dtype="fp32", heads=(2, 4)),
     M("mamba2_verify_fp32", TV, prefix=(4, 0), new=3, accepted=(2, 3), dtype="fp32"),
     K("kda_decode_fp32", D, prefix=(0, 9, 60), dtype="fp32"),
+    K("kda_decode_bf16_long", D, prefix=(300, 2), dtype="bf16"),  # every request prefilled, as SGLang decodes
     K("kda_extend_chunks_bf16", E, prefix=(3, 0), new=(10, 7), dtype="bf16"),
     K("kda_mixed_fp32", MX, prefix=(0, 21, 5), new=(6, 1, 1), dtype="fp32"),
     K("kda_verify_fp32", TV, prefix=(8, 0), new=3, accepted=(1, 3), dtype="fp32"),

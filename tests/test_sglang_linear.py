@@ -1,8 +1,9 @@
-"""The SGLang GDN adapter's rendering, on CPU (its kernels run on CUDA GPUs only, see its supports()):
-SGLang's own metadata code, run over the ForwardBatch the adapter builds, must reach the kit's state
-slots and token starts, and the scheduler's clear must zero a new request's slot in every layer and
-nothing else. A planted rendering bug (request rows one off) is caught. Skipped, with the reason, only
-where the pinned sglang is not installed (CI installs it)."""
+"""The SGLang recurrent adapters' rendering, on CPU (their prefill kernels run on CUDA GPUs only, see
+their supports()): SGLang's own metadata code, run over the ForwardBatch the adapter builds, must
+reach the kit's state slots and token starts (and, for Mamba2, which requests start from a saved
+state), and the scheduler's clear must zero a new request's slot in every layer and nothing else. A
+planted rendering bug (request rows one off) and a planted bug in SGLang's Mamba2 metadata are
+caught. Skipped, with the reason, only where the pinned sglang is not installed (CI installs it)."""
 import pytest
 import torch
 
@@ -39,6 +40,12 @@ def rendering_problems(backend_cls, case):
         problems.append(f"state slots {meta.mamba_cache_indices.tolist()} != {batch.state_indices.tolist()}")
     if not torch.equal(meta.query_start_loc.cpu(), batch.query_start_loc):
         problems.append(f"token starts {meta.query_start_loc.tolist()} != {batch.query_start_loc.tolist()}")
+    mixed = getattr(meta, "mixed_metadata", None)  # Mamba2's prefill metadata
+    if mixed is not None:
+        # MambaMixer2 loads saved states only where prep_initial_states holds, then where has_initial_states
+        saved = mixed.has_initial_states.cpu() & bool(mixed.prep_initial_states)
+        if not torch.equal(saved, batch.has_initial_state):
+            problems.append(f"saved states read {saved.tolist()} != {batch.has_initial_state.tolist()}")
     new = {slot for slot, start in zip(fx.slots, fx.starts[0]) if not start.saved}
     for name in ("conv", "temporal"):
         for layer_id in range(NUM_LAYERS):
@@ -51,11 +58,28 @@ def rendering_problems(backend_cls, case):
     return problems
 
 
-@pytest.mark.parametrize("name", ["gdn_mixed_fp32", "gdn_extend_chunks_fp32"])
-def test_sglangs_metadata_reaches_the_kits_slots(name):
-    from backends.sglang.linear import SGLangGDNBackend
+def _backend(kind):
+    from backends.sglang import SGLangGDNBackend, SGLangKDABackend, SGLangMamba2Backend
 
-    assert rendering_problems(SGLangGDNBackend, _case(name)) == []
+    return {"gdn": SGLangGDNBackend, "mamba2": SGLangMamba2Backend, "kda": SGLangKDABackend}[kind]
+
+
+@pytest.mark.parametrize("name", ["gdn_mixed_fp32", "gdn_extend_chunks_fp32", "mamba2_mixed_fp32",
+                                  "mamba2_extend_chunks_bf16", "kda_mixed_fp32"])
+def test_sglangs_metadata_reaches_the_kits_slots(name):
+    case = _case(name)
+    assert rendering_problems(_backend(case.kind), case) == []
+
+
+def test_a_mamba2_prefill_that_loads_saved_states_by_its_first_request_alone_is_caught():
+    """tests/mutants/sglang_linear.py's mutant 120 (SGLang's own prepare_mixed, patched in a copy): behind a
+    new request, a request with a saved state starts from zeros."""
+    from tests.mutants.sglang_linear import Mamba2InitialStatesOfTheFirstRequest
+
+    case = _case("mamba2_extend_chunks_bf16")
+    assert case.prefix[0] == 0 and case.prefix[1] > 0
+    problems = rendering_problems(Mamba2InitialStatesOfTheFirstRequest, case)
+    assert any(p.startswith("saved states read") for p in problems), problems
 
 
 def test_a_request_row_rendered_one_off_is_caught():
@@ -82,35 +106,79 @@ def test_the_reasons_name_sglangs_rules():
     if torch.cuda.is_available():
         assert SGLangGDNBackend.supports(_case("gdn_extend_fp16")) is None
     else:
-        assert "torch.cpu.device" in SGLangGDNBackend.supports(_case("gdn_extend_fp16"))
+        assert "fla/l2norm.py:65" in SGLangGDNBackend.supports(_case("gdn_extend_fp16"))
     assert _case("gdn_verify_bf16").mode == ForwardMode.TARGET_VERIFY
 
 
-def test_sglangs_bf16_conv_rounds_each_tap_product_to_bf16():
-    """Why gdn_decode_bf16_long fails `kernel`: on the case's own batch, SGLang's causal_conv1d_update
-    equals, bit for bit, a conv whose tap products x * w are rounded to bf16 before the float32 sum
-    (its kernel multiplies two bf16 loads, which Triton computes in bf16), not the exact conv."""
-    from sglang.kernels.ops.mamba.causal_conv1d_triton import causal_conv1d_update
+# kind: (its verify's reason, its prefill case, its prefill's CPU reason), each naming SGLang's line
+REASONS = {"mamba2": ("mamba.py:664", "mamba2_mixed_fp32", "ssd_state_passing.py:235"),
+           "kda": ("build_verify_intermediate_state_indices", "kda_extend_chunks_bf16", "fla/l2norm.py:65")}
+
+
+@pytest.mark.parametrize("kind", sorted(REASONS))
+def test_the_reasons_name_sglangs_lines(kind):
+    backend, (verify, prefill, cpu) = _backend(kind), REASONS[kind]
+    assert verify in backend.supports(_case(f"{kind}_verify_fp32"))
+    assert "mamba_needs_clear" in backend.supports(_case(f"{kind}_decode_fp32"))
+    assert backend.supports(_case(f"{kind}_decode_bf16_long")) is None
+    reason = backend.supports(_case(prefill))
+    assert reason is None if torch.cuda.is_available() else cpu in reason
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="what CPU lacks: on CUDA the autotuner benchmarks")
+def test_sglangs_mamba2_prefill_autotunes_a_kernel_by_benchmark_the_interpreter_cannot_run():
+    """Why sglang_mamba2 runs no EXTEND or MIXED on CPU: its chunked scan's _state_passing_fwd launches a
+    kernel autotuned over several configs, whose benchmark asks Triton for a GPU driver."""
+    from backends.sglang import runtime  # noqa: F401 - SGLang's set-up (interpreter, shims)
     from kit.harness import interpreter
+    from sglang.kernels.ops.mamba.triton_ops import mamba_chunk_scan_combined
 
-    interpreter.install()  # on CPU: the interpreter computing bf16 as the GPU does
-    case = _case("gdn_decode_bf16_long")
-    fx = build(case, DEVICE)
-    pool = StatePool(fx.geometry, fx.torch_dtype, DEVICE)
-    pool.reset()
-    fx.install(pool)
-    batch, inputs = fx.batch(DEVICE)
-    layer, rows = fx.layers[0], inputs[0].rows
-    window = torch.cat([pool.conv(0)[batch.state_indices.long()], rows[:, :, None]], dim=2)
-    conv = causal_conv1d_update(rows.clone(), pool.conv(0).clone(), layer.conv_weights, None, "silu",
-                                conv_state_indices=batch.state_indices)
+    interpreter.install()
+    heads, dim, n, tokens = 2, 4, 8, torch.zeros(1, 4, 2, 4)
+    with pytest.raises(RuntimeError, match="0 active drivers"):
+        mamba_chunk_scan_combined(tokens, torch.zeros(1, 4, heads), -torch.ones(heads), torch.zeros(1, 4, 1, n),
+                                  torch.zeros(1, 4, 1, n), chunk_size=16, out=torch.zeros_like(tokens))
 
-    def silu(acc):
-        return acc / (1 + torch.exp(-acc))
 
-    acc = torch.zeros(rows.shape, dtype=torch.float32, device=DEVICE)
-    for tap in range(case.conv_width):
-        acc = acc + (window[:, :, tap] * layer.conv_weights[:, tap]).float()
-    exact = silu((window.double() * layer.conv_weights.double()).sum(-1))
-    assert torch.equal(conv, silu(acc).to(conv.dtype))
-    assert not torch.equal(conv, exact.to(conv.dtype))
+def test_the_cpus_device_context_switches_nothing():
+    """What SGLang's kernel wrappers enter before a launch, on the CPU (backends/sglang/shims.py)."""
+    from backends.sglang import runtime  # noqa: F401 - SGLang's set-up
+
+    x = torch.ones(3)
+    with torch.get_device_module(x.device).device(x.device.index):
+        assert torch.equal(x + 1, torch.full((3,), 2.0))
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="what CPU lacks: on CUDA the kernel compiles")
+def test_sglangs_gdn_and_kda_prefills_load_through_block_pointers_the_interpreter_lacks():
+    """Why sglang_gdn and sglang_kda run no EXTEND or MIXED on CPU: their chunk_gated_delta_rule and
+    chunk_kda first L2-normalize q and k with SGLang's l2norm_fwd, whose kernel loads through
+    tl.make_block_ptr, which Triton's interpreter refuses."""
+    from backends.sglang import runtime  # noqa: F401 - SGLang's set-up (interpreter, shims)
+    from kit.harness import interpreter
+    from sglang.kernels.ops.attention.fla.l2norm import l2norm_fwd
+
+    interpreter.install()
+    with pytest.raises(Exception, match="Block pointers have been removed"):
+        l2norm_fwd(torch.ones(1, 4, 2, 16, dtype=torch.bfloat16))
+
+
+def test_sglangs_conv_update_leaves_a_padded_rows_output_unwritten():
+    """Why sglang_mamba2's graph DECODE fails `kernel` with padded rows NaN (KF-74): SGLang's
+    causal_conv1d_update allocates its output with torch.empty_like and returns early for a row whose
+    state slot is the pad slot (-1, as its graph replay sets padded rows), so the padded row's conv
+    output is whatever memory held (NaN under the kit's fill), and MambaMixer2's decode computes the
+    padded row's SSD output from it. A real row is written."""
+    from backends.sglang import runtime  # noqa: F401 - SGLang's set-up (interpreter, shims)
+    from kit.harness import interpreter
+    from kit.harness.nan_fill import nan_filled_allocations
+    from sglang.kernels.ops.mamba.causal_conv1d_triton import causal_conv1d_update
+
+    interpreter.install()
+    dim, width = 8, 4
+    states = torch.zeros(3, dim, width - 1)
+    with nan_filled_allocations():
+        out = causal_conv1d_update(torch.zeros(2, dim), states, torch.ones(dim, width), None, "silu",
+                                   conv_state_indices=torch.tensor([1, -1], dtype=torch.int32))
+    assert torch.isfinite(out[0]).all()
+    assert torch.isnan(out[1]).all()

@@ -3,17 +3,19 @@
 `sglang_flex_attention` (TorchFlexAttnBackend), `sglang_flashinfer` (FlashInferAttnBackend, CUDA
 only), `sglang_flashinfer_mla` (FlashInferMLAAttnBackend, MLA, CUDA only), and the multi-step draft
 decode wrappers `sglang_triton_draft` (TritonMultiStepDraftBackend) and `sglang_flashinfer_draft`
-(FlashInferMultiStepDraftBackend, CUDA only), and for gated delta net layers `sglang_gdn`
-(GDNAttnBackend inside HybridLinearAttnBackend). adapter.py and linear.py map the
-kit's context, pools, batch and layers to SGLang's; runtime.py imports and sets
-up SGLang when a backend is built (Triton's interpreter without CUDA, chosen there before SGLang
-imports triton); install.py installs it (docs/sglang.md).
+(FlashInferMultiStepDraftBackend, CUDA only), and for the recurrent kinds, inside
+HybridLinearAttnBackend, `sglang_gdn` (GDNAttnBackend), `sglang_mamba2` (Mamba2AttnBackend) and
+`sglang_kda` (KDAAttnBackend). adapter.py, linear.py, mamba2.py and kda.py map the kit's context, pools, batch and layers to SGLang's;
+runtime.py imports and sets up SGLang when a backend is built (Triton's interpreter without CUDA,
+chosen there before SGLang imports triton); install.py installs it (docs/sglang.md).
 """
 from backends.sglang.adapter import (SGLangFlashInferBackend, SGLangFlashInferDraftBackend,
                                      SGLangFlashInferMLABackend, SGLangFlexAttentionBackend,
                                      SGLangTorchNativeBackend, SGLangTritonBackend, SGLangTritonDraftBackend)
+from backends.sglang.kda import SGLangKDABackend
 from backends.sglang.linear import SGLangGDNBackend
+from backends.sglang.mamba2 import SGLangMamba2Backend
 
 __all__ = ["SGLangFlashInferBackend", "SGLangFlashInferDraftBackend", "SGLangFlashInferMLABackend",
-           "SGLangFlexAttentionBackend", "SGLangGDNBackend", "SGLangTorchNativeBackend", "SGLangTritonBackend",
-           "SGLangTritonDraftBackend"]
+           "SGLangFlexAttentionBackend", "SGLangGDNBackend", "SGLangKDABackend", "SGLangMamba2Backend", "SGLangTorchNativeBackend",
+           "SGLangTritonBackend", "SGLangTritonDraftBackend"]

@@ -52,14 +52,15 @@ class _MambaPoolState:
     replayssm_write_pos = None
     replayssm_spec_write_pos = None
 
-    def __init__(self, pool, sg_pool_cls):
+    def __init__(self, pool, sg_pool_cls, conv_view):
         self.size = pool.size
         views = {name: pool.buffers[name][:, :pool.size] for name in pool.buffers}
-        self.mamba_cache = sg_pool_cls.State(conv=[views["conv"]], temporal=views["temporal"])
+        self.mamba_cache = sg_pool_cls.State(conv=[conv_view(views["conv"])], temporal=views["temporal"])
 
 
-def _mamba_pool(pool, sg_pool_cls):
-    return type("MambaPool", (_MambaPoolState,), _code(sg_pool_cls, MAMBA_POOL_CODE))(pool, sg_pool_cls)
+def _mamba_pool(pool, sg_pool_cls, conv_view):
+    """`conv_view`: the kit's conv windows [layers, slots, dim, width - 1] as the kind's pool lays them out."""
+    return type("MambaPool", (_MambaPoolState,), _code(sg_pool_cls, MAMBA_POOL_CODE))(pool, sg_pool_cls, conv_view)
 
 
 class _ReqToTokenPoolState:
@@ -122,13 +123,30 @@ def _no_full_layers(base):
     return _NoFullLayers
 
 
-class SGLangGDNBackend:
-    name = "sglang_gdn"
+def verify_rows_reason(backend: str) -> str:
+    """Why `backend`'s TARGET_VERIFY is not run: where it writes the per-draft states."""
+    return (f"TARGET_VERIFY: {backend} writes a request's per-draft states to the intermediate row of "
+            "its batch position (layers/attention/linear/utils.py build_verify_intermediate_state_indices: "
+            "row i for request i), and the kit judges a verify's drafts at the request's state slot")
+
+
+def cpu_prefill_reason(case, backend: str, prefill: str) -> str:
+    """Why `backend`'s prefill (`prefill`, under kernels/ops/attention/) does not run on CPU: its first kernel."""
+    return (f"{case.mode.value} on CPU: {backend}'s prefill ({prefill}) normalizes q and k with l2norm_fwd, "
+            "whose kernel loads through block pointers (fla/l2norm.py:65 tl.make_block_ptr), which Triton's "
+            "interpreter no longer implements; CUDA GPUs only")
+
+
+class SGLangLinearBackend:
+    """What every SGLang linear-attention adapter shares: SGLang's pools over the kit's, its
+    HybridLinearAttnBackend around the kind's backend (`_linear_backend`), the ForwardBatch, the
+    scheduler's clear of a new request's slot, and the rules common to SGLang's recurrent kinds.
+    A kind's adapter adds its backend, its layers (`_layers`) and the call a model makes
+    (`forward`), and the modes it does not run (`_kind_problem`)."""
+
     profile = SGLANG
     modes = (ForwardMode.DECODE, ForwardMode.EXTEND, ForwardMode.MIXED, ForwardMode.TARGET_VERIFY)
-    attention_kinds = ("gdn",)
-    # On CPU its Triton kernels run in the interpreter: one small case (DECODE is all it runs there).
-    ci_cases = {"decode": ("gdn_decode_bf16_long",)}
+    engine_modules: tuple = ()  # the SGLang modules of the kind's backend (load_engine)
 
     @classmethod
     def versions(cls):
@@ -136,58 +154,75 @@ class SGLangGDNBackend:
 
     @classmethod
     def load_engine(cls) -> None:
-        """What a run imports of SGLang (the offline bundle traces it)."""
+        """What a run imports of SGLang (the offline bundle traces it): what every kind's runs import,
+        and the kind's own (`engine_modules`)."""
         from importlib import import_module
 
-        for module in ("backends.sglang.runtime", GDN_BACKEND, HYBRID, MEMORY_POOL, LINEAR_UTILS, RADIX_LINEAR):
+        shared = ("backends.sglang.runtime", HYBRID, MEMORY_POOL, LINEAR_UTILS, RADIX_LINEAR)
+        for module in shared + tuple(cls.engine_modules):
             import_module(module)
 
     @classmethod
     def supports(cls, case) -> Optional[str]:
-        problem = sglang_problem()
+        problem = sglang_problem() or cls._kind_problem(case)
         if problem:
             return problem
-        if case.mode == ForwardMode.TARGET_VERIFY:
-            return ("TARGET_VERIFY: GDNAttnBackend writes a request's per-draft states to the intermediate row of "
-                    "its batch position (layers/attention/linear/utils.py build_verify_intermediate_state_indices: "
-                    "row i for request i), and the kit judges a verify's drafts at the request's state slot")
-        if case.mode in (ForwardMode.EXTEND, ForwardMode.MIXED) and case.dtype == "fp32":
-            return (f"{case.mode.value} in fp32: GDNAttnBackend's prefill (kernels/ops/attention/fla/chunk.py "
-                    "chunk_gated_delta_rule) asserts its inputs are not float32")
-        if case.mode in (ForwardMode.EXTEND, ForwardMode.MIXED) and not torch.cuda.is_available():
-            return (f"{case.mode.value} on CPU: GDNAttnBackend's prefill enters its device's context "
-                    "(kernels/ops/attention/fla/utils.py input_guard: torch.cpu.device, which torch lacks); CUDA GPUs only")
         if case.mode in GRAPH_MODES and 0 in case.prefix:
             return (f"{case.mode.value} with a new request (prefix 0): SGLang decodes a request after its prefill; "
                     "its decode kernel reads every row's slot (no has-initial-state input), which the scheduler "
                     "cleared when the request was allocated (HybridReqToTokenPool.alloc, mamba_needs_clear)")
         return None
 
+    @classmethod
+    def _kind_problem(cls, case) -> Optional[str]:
+        """Why the kind's backend does not run `case`, or None."""
+        raise NotImplementedError
+
     def __init__(self, ctx):
         from backends.sglang import runtime as sg
         from importlib import import_module
 
-        gdn, hybrid = import_module(GDN_BACKEND), import_module(HYBRID)
-        memory_pool, linear_utils = import_module(MEMORY_POOL), import_module(LINEAR_UTILS)
+        hybrid = import_module(HYBRID)
+        memory_pool = import_module(MEMORY_POOL)
         self.sg, self.device, self.pool = sg, ctx.device, ctx.state_pool
         sg.install_server_args("triton", ctx.device, 1, None)
-        self.mamba_pool = _mamba_pool(ctx.state_pool, memory_pool.MambaPool)
+        self.mamba_pool = _mamba_pool(ctx.state_pool, memory_pool.MambaPool, self._conv_view)
         self.req_pool = _req_to_token_pool(self.mamba_pool, ctx.state_pool.size, ctx.device,
                                            memory_pool.HybridReqToTokenPool)
         runner = _ModelRunner(ctx.device, self.req_pool, sg.get_context().server_args)
-        # As attention_registry.py builds a hybrid GDN model's backends.
-        runner.linear_attn_backends = linear_utils.resolve_linear_attn_backends(
-            prefill_default=gdn.flashinfer_gdn_prefill_default(runner))
         self.impl = hybrid.HybridLinearAttnBackend(_no_full_layers(sg.AttentionBackend)(runner),
-                                                   gdn.GDNAttnBackend(runner), full_attn_layers=[])
+                                                   self._linear_backend(runner), full_attn_layers=[])
+        self.layers = {layer.layer_id: self._layer(layer) for layer in ctx.layers}
+        self.graph = False
+        self.forward_batch = None
+
+    @staticmethod
+    def _conv_view(conv):
+        """The kit's conv windows as the kind's MambaPool lays them out (GDN's and Mamba2's: as they are)."""
+        return conv
+
+    def _linear_backend(self, runner):
+        """The kind's SGLang backend, built as attention_registry.py builds it for the kind's models."""
+        raise NotImplementedError
+
+    def _layer(self, layer):
+        """The model's layer object SGLang's backend is called with, of the kit's RecurrentLayer: the
+        RadixLinearAttention Qwen3-Next's and Kimi Linear's layers build (no gate lower bound)."""
+        from importlib import import_module
+
         radix_linear = import_module(RADIX_LINEAR).RadixLinearAttention
-        self.layers = {layer.layer_id: radix_linear(
+        return radix_linear(
             layer_id=layer.layer_id, num_q_heads=layer.num_k_heads, num_k_heads=layer.num_k_heads,
             num_v_heads=layer.num_v_heads, head_q_dim=layer.head_k_dim, head_k_dim=layer.head_k_dim,
             head_v_dim=layer.head_v_dim, conv_weights=layer.conv_weights, bias=layer.bias,
-            activation=layer.activation, A_log=layer.A_log, dt_bias=layer.dt_bias) for layer in ctx.layers}
-        self.graph = False
-        self.forward_batch = None
+            activation=layer.activation, A_log=layer.A_log, dt_bias=layer.dt_bias)
+
+    def _call_layer(self, layer, mixed_qkv, a, b):
+        """The RadixLinearAttention's call as the model makes it, in SGLang's forward context: [T, Hv, V]."""
+        sg = self.sg
+        with sg.forward_context(sg.ForwardContext(attn_backend=self.impl)):
+            out = self.layers[layer.layer_id](self.forward_batch, mixed_qkv=mixed_qkv, a=a, b=b)
+        return out.view(mixed_qkv.shape[0], layer.num_v_heads, layer.head_v_dim)
 
     def init_cuda_graph_state(self, max_bs: int) -> None:
         # SGLang's decode graph runner: one token a request (verify, its one other graph mode, is not run here).
@@ -218,7 +253,8 @@ class SGLangGDNBackend:
         mapping[rows[real]] = batch.state_indices[real]
         lens = torch.tensor(batch.extend_seq_lens_cpu, dtype=torch.int32, device=device)
         # The kit's batch says whether a request has a saved state, not how long its prefix is; SGLang's
-        # linear backends read extend_prefix_lens > 0 alone (gdn_backend.py _convolve_prefill).
+        # linear backends read extend_prefix_lens > 0 alone (gdn_backend.py _convolve_prefill,
+        # mamba2_metadata.py prepare_mixed).
         prefix = batch.has_initial_state.to(torch.int32)
         seq_lens = lens + prefix
         fb = sg.ForwardBatch(
@@ -232,8 +268,34 @@ class SGLangGDNBackend:
         fb.num_padding = int((~real).sum())
         return fb
 
+
+class SGLangGDNBackend(SGLangLinearBackend):
+    name = "sglang_gdn"
+    attention_kinds = ("gdn",)
+    engine_modules = (GDN_BACKEND,)
+    # On CPU its Triton kernels run in the interpreter: one small case (DECODE is all it runs there).
+    ci_cases = {"decode": ("gdn_decode_bf16_long",)}
+
+    @classmethod
+    def _kind_problem(cls, case) -> Optional[str]:
+        if case.mode == ForwardMode.TARGET_VERIFY:
+            return verify_rows_reason("GDNAttnBackend")
+        if case.mode in (ForwardMode.EXTEND, ForwardMode.MIXED) and case.dtype == "fp32":
+            return (f"{case.mode.value} in fp32: GDNAttnBackend's prefill (kernels/ops/attention/fla/chunk.py "
+                    "chunk_gated_delta_rule) asserts its inputs are not float32")
+        if case.mode in (ForwardMode.EXTEND, ForwardMode.MIXED) and not torch.cuda.is_available():
+            return cpu_prefill_reason(case, "GDNAttnBackend", "fla/chunk.py:111 chunk_gated_delta_rule")
+        return None
+
+    def _linear_backend(self, runner):
+        from importlib import import_module
+
+        gdn = import_module(GDN_BACKEND)
+        linear_utils = import_module(LINEAR_UTILS)
+        # As attention_registry.py builds a hybrid GDN model's backends.
+        runner.linear_attn_backends = linear_utils.resolve_linear_attn_backends(
+            prefill_default=gdn.flashinfer_gdn_prefill_default(runner))
+        return gdn.GDNAttnBackend(runner)
+
     def forward(self, mixed_qkv, a, b, layer, batch):
-        sg = self.sg
-        with sg.forward_context(sg.ForwardContext(attn_backend=self.impl)):
-            out = self.layers[layer.layer_id](self.forward_batch, mixed_qkv, a, b)
-        return out.view(mixed_qkv.shape[0], layer.num_v_heads, layer.head_v_dim)
+        return self._call_layer(layer, mixed_qkv, a, b)

@@ -18,6 +18,7 @@ engine_process.prepare()  # before SGLang's chain imports triton and vllm
 # torchvision: no CPU wheel on the index (a plain install pulls CUDA torch);
 # sgl_kernel: CUDA-only, 373 MB, pins torch 2.14.1. Shimmed only where absent.
 shims.install([name for name in ("torchvision", "sgl_kernel") if importlib.util.find_spec(name) is None])
+shims.cpu_device_context()  # Triton's interpreter runs SGLang's kernels on the CPU: their device context
 
 # Importing sglang points FlashInfer's and Triton's JIT caches at its own directory for the whole
 # process (sglang/__init__.py:14, srt/environ.py:2308), unless they are set: the other backends

@@ -1,5 +1,6 @@
 """Import-time stand-ins for modules SGLang's attention import chain imports but
-that cannot be installed here (docs/sglang.md lists each).
+that cannot be installed here (docs/sglang.md lists each), and the CPU's device
+context its kernel wrappers enter (`cpu_device_context`).
 Nothing in the installed sglang package is edited.
 
 A finder appended at the END of sys.meta_path serves a shimmed top-level name and
@@ -138,3 +139,16 @@ def install(names) -> None:
         sys.meta_path.append(_ShimFinder(names))
     else:
         finder.names |= set(names)
+
+
+def cpu_device_context() -> None:
+    """torch.cpu.device where torch lacks it: a context that switches nothing. SGLang's kernel wrappers
+    enter their tensors' device before a launch (`torch.get_device_module(x.device).device(index)`:
+    kernels/ops/mamba/triton_ops/mamba_ssm.py:500, fla/utils.py input_guard); torch gives CUDA's, not
+    the CPU's, and a host has one CPU device, so there is nothing to switch."""
+    import contextlib
+
+    import torch
+
+    if not hasattr(torch.cpu, "device"):
+        torch.cpu.device = lambda index=None: contextlib.nullcontext()

@@ -13,7 +13,7 @@ from kit.engine.layer import model_layers
 from kit.engine.profile import SGLANG
 from kit.modes import Exec, ForwardMode
 from kit.mutation import Mutant
-from tests.mutants import linear
+from tests.mutants import linear, sglang_linear
 
 D, E, TV, DE = ForwardMode.DECODE, ForwardMode.EXTEND, ForwardMode.TARGET_VERIFY, ForwardMode.DRAFT_EXTEND_V2
 MX, DD = ForwardMode.MIXED, ForwardMode.DRAFT_DECODE
@@ -225,3 +225,5 @@ MUTANTS = [
 ]
 # The recurrent kinds (GDN, Mamba2, KDA), numbered from 100: tests/mutants/linear.py.
 MUTANTS += linear.MUTANTS
+# SGLang's recurrent backends' real code, numbered from 120: tests/mutants/sglang_linear.py.
+MUTANTS += sglang_linear.MUTANTS

@@ -1,0 +1,58 @@
+"""SGLang's own KDA backend (KDAAttnBackend, sglang 0.5.23), unmodified, behind the kit's recurrent
+protocol, run as Kimi Linear runs it (models/kimi_linear.py KimiDeltaAttention.forward: inside
+HybridLinearAttnBackend, its RadixLinearAttention called with the projection before the conv, the
+forget gate's input `a` and beta's `b`), over the pools and batch of backends.sglang.linear.
+
+KDA's MambaPool keeps a conv window as [kernel - 1, dim] (kda_backend.py KDAAttnBackend.__init__),
+the transpose of GDN's and the kit's [dim, kernel - 1]: its pool is handed the kit's windows
+transposed (a view), which its backend transposes back before its conv kernels. Kimi Linear gates
+without a lower bound (`gate_lower_bound` unset: lower_bound None, and no FlashInfer prefill default).
+"""
+from __future__ import annotations
+
+from importlib import import_module
+from typing import Optional
+
+import torch
+
+from backends.sglang.linear import SGLangLinearBackend, cpu_prefill_reason, verify_rows_reason
+from kit.modes import ForwardMode
+
+KDA_BACKEND = "sglang.srt.layers.attention.linear.kda_backend"
+LINEAR_UTILS = "sglang.srt.layers.attention.linear.utils"
+
+
+class SGLangKDABackend(SGLangLinearBackend):
+    name = "sglang_kda"
+    attention_kinds = ("kda",)
+    engine_modules = (KDA_BACKEND,)
+    # On CPU its decode runs in Triton's interpreter (its prefill does not, see supports()): one case.
+    ci_cases = {"decode": ("kda_decode_bf16_long",)}
+
+    @classmethod
+    def _kind_problem(cls, case) -> Optional[str]:
+        if case.mode == ForwardMode.TARGET_VERIFY:
+            return verify_rows_reason("KDAAttnBackend")
+        if case.mode in (ForwardMode.EXTEND, ForwardMode.MIXED) and not torch.cuda.is_available():
+            return cpu_prefill_reason(case, "KDAAttnBackend", "fla/kda.py:1300 chunk_kda")
+        return None
+
+    @staticmethod
+    def _conv_view(conv):
+        return conv.transpose(-1, -2)
+
+    def _linear_backend(self, runner):
+        # As attention_registry.py builds a Kimi Linear model's backends: no lower bound, so no
+        # FlashInfer prefill default (kda_backend.py flashinfer_kda_prefill_default).
+        runner.linear_attn_backends = import_module(LINEAR_UTILS).resolve_linear_attn_backends(prefill_default=None)
+        return self._impl_class()(runner)
+
+    def _impl_class(self):
+        return import_module(KDA_BACKEND).KDAAttnBackend
+
+    def forward(self, mixed_qkv, g, b, layer, batch):
+        mode = self.forward_batch.forward_mode
+        # Kimi Linear's shapes: the forget gate [T, H K] for a decode or verify, [1, T, H, K] for a
+        # prefill; beta [1, T, H].
+        a = g if mode.is_decode() or mode.is_target_verify() else g.unflatten(-1, (-1, layer.head_k_dim))[None]
+        return self._call_layer(layer, mixed_qkv, a, b[None])
