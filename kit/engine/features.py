@@ -10,6 +10,8 @@ from typing import Callable, Dict, Optional, Tuple
 
 from kit.engine.case import DTYPES, INPUT_FORMS, KV_DTYPES, Case
 from kit.engine.kinds import KINDS
+from kit.engine.kinds import recurrent
+from kit.engine.kinds.recurrent import CHUNK, RecurrentCase
 from kit.engine.layouts import LAYOUTS
 from kit.engine.plan import plan_case, row_order
 from kit.engine.profile import DECODE_FIRST
@@ -33,6 +35,7 @@ class Feature:
     # the case's lengths, page or window ({} where it has it already, or no change of those can give it);
     # None: `fields` alone.
     fit: Optional[Callable[[Case, object], Dict]] = None
+    case: type = Case  # the cases it is a property of (softmax, or recurrent: kit.engine.kinds.recurrent)
 
     def on(self, case: Case) -> bool:
         return self.of(case) != self.values[0]
@@ -136,4 +139,64 @@ FEATURES: Tuple[Feature, ...] = (
             fit=_fit_index_padded),
     Feature("seed", (0, 1), lambda c: c.seed, lambda value: dict(seed=value), paired=False, dropped=False),
 )
+
+
+def _fit_new(pick: Callable[[int, int], int]):
+    """A fit setting each extend row's new length to pick(prefix, new) (a decode row keeps its one token;
+    a verify's drafts are one count for all)."""
+    def fit(case: RecurrentCase, value) -> Dict:
+        if isinstance(case.new, int):
+            return {}
+        rows = len(case.new) - (case.mode.value == "mixed") * sum(n == 1 for n in case.new)
+        return dict(new=tuple(pick(p, n) if i < rows else n for i, (p, n) in enumerate(zip(case.prefix, case.new))))
+    return fit
+
+
+def _window_spans_saved(case: RecurrentCase) -> bool:
+    """Whether a request continuing a saved state has fewer new rows than its conv window keeps: the window
+    it writes back holds saved rows and new ones."""
+    return any(p > 0 and n < case.conv_width - 1 for p, n in zip(case.prefix, case.new_lens))
+
+
+def _fit_starts(case: RecurrentCase, value) -> Dict:
+    """Prefixes giving the first request (`new`/`saved`) or every request the start asked for."""
+    first = value if value != "both" else "new"
+    rest = value if value != "both" else "saved"
+    start = lambda p, s: 0 if s == "new" else max(p, 1)  # noqa: E731
+    return dict(prefix=(start(case.prefix[0], first),) + tuple(start(p, rest) for p in case.prefix[1:]))
+
+
+def _starts(case: RecurrentCase) -> str:
+    saved = {p > 0 for p in case.prefix}
+    return "both" if len(saved) == 2 else "saved" if True in saved else "new"
+
+
+# The recurrent kinds' features (kit.engine.kinds.recurrent), paired among themselves per mode.
+RECURRENT: Tuple[Feature, ...] = (
+    Feature("linear_kind", tuple(recurrent.KINDS), lambda c: c.kind, lambda value: {}, dropped=False, sized=False,
+            case=RecurrentCase),
+    Feature("linear_dtype", recurrent.DTYPES, lambda c: c.dtype, lambda value: dict(dtype=value), paired=False,
+            dropped=False, case=RecurrentCase),
+    # A batch of new requests only (the kernels' path without an initial state), saved states only, or both.
+    Feature("states", ("both", "new", "saved"), _starts, lambda value: {}, dropped=False, sized=False,
+            case=RecurrentCase, fit=_fit_starts),
+    Feature("window_spans_saved", (False, True), _window_spans_saved, lambda value: {}, dropped=False, sized=False,
+            case=RecurrentCase, tag="short",
+            fit=lambda case, value: _fit_new(lambda p, n: 1 if value else max(n, case.conv_width - 1))(case, value)),
+    # A request's new tokens past the kernels' chunk: a second chunk continuing the first's state.
+    Feature("chunk_edge", (False, True), lambda c: max(c.new_lens) > CHUNK, lambda value: {}, dropped=False,
+            case=RecurrentCase, tag="chunk",
+            fit=lambda case, value: _fit_new(lambda p, n: CHUNK + 1 if value else min(n, CHUNK))(case, value)),
+    # TARGET_VERIFY: a request keeping fewer drafts than it verified (its state rolled back to one).
+    Feature("rejected", (False, True), lambda c: c.accepted is not None and min(c.accepted) < c.new, lambda value: {},
+            dropped=False, sized=False, case=RecurrentCase, tag="rejected",
+            fit=lambda case, value: {} if case.accepted is None else
+            dict(accepted=(1 if value else case.new,) + tuple(case.new for _ in case.accepted[1:]))),
+)
+FEATURES = FEATURES + RECURRENT
 BY_NAME = {f.name: f for f in FEATURES}
+
+
+def features_of(case) -> Tuple[Feature, ...]:
+    """The features of the case's own sort (softmax or recurrent)."""
+    return tuple(f for f in FEATURES if isinstance(case, f.case))
