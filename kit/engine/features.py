@@ -141,15 +141,13 @@ FEATURES: Tuple[Feature, ...] = (
 )
 
 
-def _fit_new(pick: Callable[[int, int], int]):
-    """A fit setting each extend row's new length to pick(prefix, new) (a decode row keeps its one token;
-    a verify's drafts are one count for all)."""
-    def fit(case: RecurrentCase, value) -> Dict:
-        if isinstance(case.new, int):
-            return {}
-        rows = len(case.new) - (case.mode.value == "mixed") * sum(n == 1 for n in case.new)
-        return dict(new=tuple(pick(p, n) if i < rows else n for i, (p, n) in enumerate(zip(case.prefix, case.new))))
-    return fit
+def _with_new(case: RecurrentCase, pick: Callable[[int, int], int]) -> Dict:
+    """New lengths pick(prefix, new) for the extend rows (a MIXED case's decode rows keep their one token,
+    a verify's drafts are one count for all: no change)."""
+    if isinstance(case.new, int):
+        return {}
+    rows = case.bs - (case.mode.value == "mixed") * case.new.count(1)
+    return dict(new=tuple(pick(p, n) if i < rows else n for i, (p, n) in enumerate(zip(case.prefix, case.new))))
 
 
 def _window_spans_saved(case: RecurrentCase) -> bool:
@@ -158,17 +156,25 @@ def _window_spans_saved(case: RecurrentCase) -> bool:
     return any(p > 0 and n < case.conv_width - 1 for p, n in zip(case.prefix, case.new_lens))
 
 
-def _fit_starts(case: RecurrentCase, value) -> Dict:
-    """Prefixes giving the first request (`new`/`saved`) or every request the start asked for."""
-    first = value if value != "both" else "new"
-    rest = value if value != "both" else "saved"
-    start = lambda p, s: 0 if s == "new" else max(p, 1)  # noqa: E731
-    return dict(prefix=(start(case.prefix[0], first),) + tuple(start(p, rest) for p in case.prefix[1:]))
+def _fit_window_spans_saved(case: RecurrentCase, spans: bool) -> Dict:
+    """Saved requests' extend rows one row short of the window (2: a MIXED extend row stays longer than
+    one), or as long as it."""
+    keep = case.conv_width - 1
+    return _with_new(case, lambda p, n: n if not p else keep - 1 if spans else max(n, keep))
 
 
-def _starts(case: RecurrentCase) -> str:
-    saved = {p > 0 for p in case.prefix}
-    return "both" if len(saved) == 2 else "saved" if True in saved else "new"
+def _fit_chunk_edge(case: RecurrentCase, edge: bool) -> Dict:
+    """The first request (an extend row) one token past the chunk, or every request within one."""
+    if isinstance(case.new, int) or edge == (max(case.new) > CHUNK):
+        return {}
+    return dict(new=(CHUNK + 1,) + case.new[1:]) if edge else _with_new(case, lambda p, n: min(n, CHUNK))
+
+
+def _fit_fresh(case: RecurrentCase, fresh: bool) -> Dict:
+    """Every request new (prefix 0), or the first one's state saved."""
+    if fresh:
+        return dict(prefix=(0,) * case.bs)
+    return dict(prefix=(max(case.prefix[0], 1),) + case.prefix[1:])
 
 
 # The recurrent kinds' features (kit.engine.kinds.recurrent), paired among themselves per mode.
@@ -177,16 +183,16 @@ RECURRENT: Tuple[Feature, ...] = (
             case=RecurrentCase),
     Feature("linear_dtype", recurrent.DTYPES, lambda c: c.dtype, lambda value: dict(dtype=value), paired=False,
             dropped=False, case=RecurrentCase),
-    # A batch of new requests only (the kernels' path without an initial state), saved states only, or both.
-    Feature("states", ("both", "new", "saved"), _starts, lambda value: {}, dropped=False, sized=False,
-            case=RecurrentCase, fit=_fit_starts),
+    # A batch of new requests only: the engines' kernels then take no initial states at all.
+    Feature("fresh", (False, True), lambda c: not any(c.prefix), lambda value: {}, dropped=False, sized=False,
+            case=RecurrentCase, tag="fresh", fit=_fit_fresh),
     Feature("window_spans_saved", (False, True), _window_spans_saved, lambda value: {}, dropped=False, sized=False,
             case=RecurrentCase, tag="short",
-            fit=lambda case, value: _fit_new(lambda p, n: 1 if value else max(n, case.conv_width - 1))(case, value)),
+            fit=_fit_window_spans_saved),
     # A request's new tokens past the kernels' chunk: a second chunk continuing the first's state.
     Feature("chunk_edge", (False, True), lambda c: max(c.new_lens) > CHUNK, lambda value: {}, dropped=False,
             case=RecurrentCase, tag="chunk",
-            fit=lambda case, value: _fit_new(lambda p, n: CHUNK + 1 if value else min(n, CHUNK))(case, value)),
+            fit=_fit_chunk_edge),
     # TARGET_VERIFY: a request keeping fewer drafts than it verified (its state rolled back to one).
     Feature("rejected", (False, True), lambda c: c.accepted is not None and min(c.accepted) < c.new, lambda value: {},
             dropped=False, sized=False, case=RecurrentCase, tag="rejected",
