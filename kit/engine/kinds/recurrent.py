@@ -174,8 +174,6 @@ def draw_case(draw, d) -> RecurrentCase:
     key heads shared by value heads or not, a state whose key and value widths differ; every dtype."""
     from hypothesis import strategies as st
 
-    from kit.engine.draws import SEEDS
-
     s, width = d.size, RecurrentCase.conv_width
     edges = (width - 1, CHUNK)
 
@@ -201,4 +199,4 @@ def draw_case(draw, d) -> RecurrentCase:
     return RecurrentCase("drawn", d.mode, prefix, kind=kind, heads=(key_heads, key_heads * group),
                          head_k_dim=draw(st.sampled_from(s.head_dims)), head_v_dim=draw(st.sampled_from(s.head_dims)),
                          dtype=draw(st.sampled_from(("fp32",) + tuple(t for t in DTYPES if t != "fp32"))),
-                         seed=draw(st.integers(0, SEEDS - 1)), **fields)
+                         seed=draw(st.integers(0, d.seeds - 1)), **fields)
