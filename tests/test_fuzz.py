@@ -226,7 +226,8 @@ def test_a_known_failure_is_reported_by_its_id_not_as_new(capsys, tmp_path):
 
 
 @pytest.mark.parametrize("backend, execs, budget", [("torch_native", "eager", 6), ("triton", "eager,graph", 8),
-                                                    ("backends.torch_sparse_mla:TorchSparseMLABackend", "eager", 6)])
+                                                    ("backends.torch_sparse_mla:TorchSparseMLABackend", "eager", 6),
+                                                    ("torch_native_linear", "eager", 6)])
 def test_seeded_fuzz_of_an_in_box_backend_finds_nothing_new(capsys, tmp_path, backend, execs, budget):
     """CI's fuzz: each in-box backend, every mode, a fixed seed and a small budget on CPU."""
     code = kit_main(["fuzz", "--backend", backend, "--exec", execs, "--budget", str(budget), "--shrink-budget", "30",
