@@ -11,7 +11,9 @@ from kit.modes import ForwardMode
 D, E, MX, TV = ForwardMode.DECODE, ForwardMode.EXTEND, ForwardMode.MIXED, ForwardMode.TARGET_VERIFY
 # The smoke set: the fewest heads that keep value heads sharing a key head, narrow heads whose state
 # is not square (K != V: a transposed state shows); each mode, new and saved states side by side,
-# fp32 and a half dtype, a chunk longer than the conv window.
+# fp32 and a half dtype, a chunk longer than the conv window; and every pair of the recurrent features'
+# values (kit.engine.features: batches of new states only, a saved window spanning new rows, a request
+# one token past the kernels' 64-token chunk, verifies keeping every draft) per kind and mode.
 S = partial(RecurrentCase, heads=SMOKE_HEADS, head_k_dim=16, head_v_dim=32)
 M = partial(S, kind="mamba2", head_k_dim=8, head_v_dim=16)  # (groups, heads), d_state, head_dim
 K = partial(S, kind="kda", heads=(2, 2))  # Kimi Linear's q, k and v heads alike
@@ -34,6 +36,23 @@ SMOKE = [
     K("kda_extend_chunks_bf16", E, prefix=(3, 0), new=(10, 7), dtype="bf16"),
     K("kda_mixed_fp32", MX, prefix=(0, 21, 5), new=(6, 1, 1), dtype="fp32"),
     K("kda_verify_fp32", TV, prefix=(8, 0), new=3, accepted=(1, 3), dtype="fp32"),
+    S("gdn_decode_fresh_fp32", D, prefix=(0, 0, 0), dtype="fp32"),
+    M("mamba2_decode_fresh_bf16", D, prefix=(0, 0), dtype="bf16"),
+    K("kda_decode_fresh_fp32", D, prefix=(0, 0), dtype="fp32"),
+    S("gdn_extend_fresh_chunk_bf16", E, prefix=(0, 0), new=(65, 6), dtype="bf16"),
+    M("mamba2_extend_chunk_short_fp32", E, prefix=(1, 20), new=(65, 2), dtype="fp32"),
+    M("mamba2_extend_fresh_bf16", E, prefix=(0, 0), new=(11, 6), dtype="bf16"),
+    K("kda_extend_chunk_short_fp32", E, prefix=(1, 20), new=(65, 2), dtype="fp32"),
+    K("kda_extend_fresh_bf16", E, prefix=(0, 0), new=(11, 6), dtype="bf16"),
+    S("gdn_mixed_fresh_chunk_fp32", MX, prefix=(0, 0, 0), new=(65, 1, 1), dtype="fp32"),
+    M("mamba2_mixed_chunk_fp32", MX, prefix=(7, 0, 12), new=(65, 1, 1), dtype="fp32"),
+    M("mamba2_mixed_fresh_bf16", MX, prefix=(0, 0, 0), new=(5, 1, 1), dtype="bf16"),
+    K("kda_mixed_fresh_chunk_fp32", MX, prefix=(0, 0, 0), new=(65, 1, 1), dtype="fp32"),
+    K("kda_mixed_saved_extend_fp32", MX, prefix=(9, 0), new=(4, 1), dtype="fp32"),
+    S("gdn_verify_fresh_fp32", TV, prefix=(0, 0), new=3, accepted=(3, 3), dtype="fp32"),
+    M("mamba2_verify_keep_all_fp32", TV, prefix=(4, 0), new=3, accepted=(3, 3), dtype="fp32"),
+    M("mamba2_verify_fresh_bf16", TV, prefix=(0, 0), new=3, accepted=(1, 3), dtype="bf16"),
+    K("kda_verify_fresh_fp32", TV, prefix=(0, 0), new=3, accepted=(3, 3), dtype="fp32"),
 ]
 
 # Qwen3-Next's GDN layer at TP 1 (16 key heads, 32 value heads of 128) and TP 4 (4 and 8);
@@ -58,4 +77,20 @@ FULL = [
     FK("kda_extend_chunks", E, prefix=(0, 128, 9), new=(200, 64, 1)),
     FK("kda_mixed", MX, prefix=(0, 50, 3), new=(97, 1, 1)),
     FK("kda_verify_chain4", TV, prefix=(12, 0, 300), new=4, accepted=(2, 4, 1)),
+    F("gdn_decode_fresh", D, prefix=(0, 0, 0, 0)),
+    FM("mamba2_decode_fresh", D, prefix=(0, 0, 0)),
+    FK("kda_decode_fresh", D, prefix=(0, 0, 0)),
+    F("gdn_extend_fresh_chunks", E, prefix=(0, 0), new=(300, 2)),
+    F("gdn_extend_short_fp16", E, prefix=(5, 0), new=(2, 2), dtype="fp16"),
+    FM("mamba2_extend_fresh", E, prefix=(0, 0), new=(64, 2)),
+    FK("kda_extend_fresh", E, prefix=(0, 0), new=(64, 2)),
+    F("gdn_mixed_fresh", MX, prefix=(0, 0, 0), new=(64, 1, 1)),
+    FM("mamba2_mixed_short", MX, prefix=(1, 50, 3), new=(2, 1, 1)),
+    FM("mamba2_mixed_fresh_chunks", MX, prefix=(0, 0, 0), new=(97, 1, 1)),
+    FK("kda_mixed_fresh", MX, prefix=(0, 0, 0), new=(64, 1, 1)),
+    FK("kda_mixed_saved_extend", MX, prefix=(40, 0), new=(70, 1)),
+    F("gdn_verify_fresh_fp32", TV, prefix=(0, 0), new=8, accepted=(8, 8), dtype="fp32"),
+    FM("mamba2_verify_keep_all", TV, prefix=(1, 77), new=4, accepted=(4, 4)),
+    FM("mamba2_verify_fresh", TV, prefix=(0, 0), new=4, accepted=(1, 4)),
+    FK("kda_verify_fresh", TV, prefix=(0, 0), new=4, accepted=(4, 4)),
 ]

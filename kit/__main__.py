@@ -164,11 +164,11 @@ def _repro(args, catalog) -> int:
 def _shrunk(backend: str, case, exec_, args):
     """The case a standalone file reproduces, and what it says of where the case comes from: a failing
     run shrunk (kit.fuzz.search.shrink), a passing one as recorded."""
-    from kit.engine.features import FEATURES
+    from kit.engine.features import features_of
     from kit.fuzz.search import Target, first_failure, shrink
 
     def described(c) -> str:
-        on = [f.name for f in FEATURES if f.dropped and f.on(c)]
+        on = [f.name for f in features_of(c) if f.dropped and f.on(c)]
         return (f"{c.name} ({c.bs} requests, {sum(c.prefix)} cached and {sum(c.new_lens)} new tokens"
                 f"{', ' + ', '.join(on) if on else ''})")
 

@@ -226,7 +226,8 @@ def test_a_known_failure_is_reported_by_its_id_not_as_new(capsys, tmp_path):
 
 
 @pytest.mark.parametrize("backend, execs, budget", [("torch_native", "eager", 6), ("triton", "eager,graph", 8),
-                                                    ("backends.torch_sparse_mla:TorchSparseMLABackend", "eager", 6)])
+                                                    ("backends.torch_sparse_mla:TorchSparseMLABackend", "eager", 6),
+                                                    ("torch_native_linear", "eager", 6)])
 def test_seeded_fuzz_of_an_in_box_backend_finds_nothing_new(capsys, tmp_path, backend, execs, budget):
     """CI's fuzz: each in-box backend, every mode, a fixed seed and a small budget on CPU."""
     code = kit_main(["fuzz", "--backend", backend, "--exec", execs, "--budget", str(budget), "--shrink-budget", "30",
@@ -309,9 +310,10 @@ def test_the_kit_raising_on_a_drawn_case_is_a_finding_of_class_kit_error(monkeyp
 def test_drawn_cases_reach_every_value_of_every_feature():
     """The draws reach each value of each case feature (kit.engine.features), the pairs check's too: the
     engines' row orders apart, a window starting on a page's last slot, sparse MLA's -1 padding after or
-    among its indices, queries seeing fewer keys than the top-k and more."""
+    among its indices, queries seeing fewer keys than the top-k and more (the recurrent kinds' features:
+    tests/test_fuzz_recurrent.py)."""
     drawn = _draw(400)
     drawable = lambda f, value: f.name != "page" or value in SMALL.pages  # noqa: E731 - the size's pages
-    missing = [(f.name, value) for f in FEATURES for value in f.values
+    missing = [(f.name, value) for f in FEATURES if f.case is Case for value in f.values
                if drawable(f, value) and not any(f.of(c) == value for c in drawn)]
     assert not missing, missing

@@ -5,6 +5,7 @@ import pytest
 
 from cases.mla import SMALL_SPARSE_MLA
 from kit.engine.features import FEATURES
+from kit.engine.kinds.recurrent import RecurrentCase
 from kit.fuzz.strategies import case_name
 from kit.modes import ForwardMode
 from tests.helpers import small_case
@@ -14,14 +15,18 @@ BASE = small_case("base", ForwardMode.TARGET_VERIFY, prefix=(5, 7), new=3)
 SPARSE = BASE.with_(mode=ForwardMode.EXTEND, new=(3, 2), page=16, **SMALL_SPARSE_MLA)
 BASES = {"row_order": BASE.with_(mode=ForwardMode.EXTEND, new=(3, 2)), "index_scatter": SPARSE,
          "index_padded": SPARSE}
+# A recurrent feature's values all possible on an EXTEND of a new request and a saved one; a verify's drafts.
+LINEAR = RecurrentCase("linear", ForwardMode.EXTEND, prefix=(0, 5), new=(3, 4), heads=(1, 2), head_k_dim=16,
+                       head_v_dim=32, dtype="fp32")
+BASES["rejected"] = LINEAR.with_(mode=ForwardMode.TARGET_VERIFY, new=3, accepted=(3, 3))
 
 
 def _given(feature, value):
-    case = BASES.get(feature.name, BASE).with_(**feature.fields(value))
+    case = BASES.get(feature.name, BASE if feature.case is not RecurrentCase else LINEAR).with_(**feature.fields(value))
     return case.with_(**feature.fit(case, value)) if feature.fit else case
 
 
-@pytest.mark.parametrize("feature", [f for f in FEATURES if f.name != "kind"], ids=lambda f: f.name)
+@pytest.mark.parametrize("feature", [f for f in FEATURES if f.name not in ("kind", "linear_kind")], ids=lambda f: f.name)
 def test_each_value_of_a_feature_is_what_its_fields_give(feature):
     for value in feature.values:
         case = _given(feature, value)
@@ -37,5 +42,6 @@ def test_a_drawn_name_tags_the_features_on():
     for f in tagged:
         words = _name(_given(f, f.values[-1])).split("_")
         assert f.tag.split("_")[0] in words, (f.name, words)
-    plain = _name(BASE).split("_")
-    assert not {f.tag.split("_")[0] for f in tagged} & set(plain), plain
+    for base in (BASE, LINEAR):
+        plain = _name(base).split("_")
+        assert not {f.tag.split("_")[0] for f in tagged} & set(plain), plain

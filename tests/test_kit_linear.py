@@ -12,6 +12,7 @@ import torch
 
 from backends.torch_native_linear import TorchNativeLinearBackend
 from cases.linear import FULL, SMOKE
+from kit.engine import pairs
 from kit.engine.kinds.recurrent import GRAPH_MODES, KINDS, MODES
 from kit.engine.recurrent_step import build
 from kit.engine.recurrent_reference import run_request
@@ -116,6 +117,39 @@ def test_every_kind_reaches_every_mode(cases, dtypes):
 def test_a_gap_in_the_cases_is_named():
     left = [c for c in SMOKE if not (c.kind == "kda" and c.mode == ForwardMode.MIXED)]
     assert _gaps(left) == ["kda mixed"]
+
+
+def _probe(mode) -> pairs.Probe:
+    return pairs.probe_for([c for c in SMOKE + FULL if c.mode == mode], SMOKE + FULL)
+
+
+@pytest.mark.parametrize("cases", [SMOKE, FULL], ids=["smoke", "full"])
+@pytest.mark.parametrize("mode", MODES, ids=lambda m: m.value)
+def test_every_pair_of_recurrent_feature_values(cases, mode):
+    """Every pair of the recurrent features' values a case of the mode can have (kit.engine.features: kind,
+    a batch of new states only, a saved window spanning new rows, a second chunk, a rejected draft) is some
+    case's, per set; the gaps are named with cases that reach them."""
+    probe = _probe(mode)
+    gaps = pairs.missing([c for c in cases if c.mode == mode], probe)
+    proposals = [{k: v for k, v in values.items() if v != pairs.BY_NAME[k].values[0]}
+                 for values, _ in pairs.covering(gaps, probe)]
+    assert not gaps, f"{', '.join(map(pairs.describe, gaps))}; add to cases/linear.py cases with {proposals}"
+
+
+@pytest.mark.parametrize("mode, pair", [
+    (ForwardMode.DECODE, (("linear_kind", "kda"), ("fresh", True))),
+    (ForwardMode.EXTEND, (("linear_kind", "mamba2"), ("chunk_edge", True))),
+    (ForwardMode.MIXED, (("fresh", False), ("window_spans_saved", False))),
+    (ForwardMode.TARGET_VERIFY, (("linear_kind", "gdn"), ("rejected", False))),
+], ids=lambda v: v.value if isinstance(v, ForwardMode) else pairs.describe(v))
+def test_the_pairs_check_requires_each_recurrent_feature(mode, pair):
+    """A set without the pair fails the check, naming it, with a case that reaches it."""
+    probe = _probe(mode)
+    without = [c for c in SMOKE if c.mode == mode and set(pair) - set(pairs.values_of(c))]
+    gaps = pairs.missing(without, probe)
+    assert pair in gaps
+    proposed = [values for values, reached in pairs.covering(gaps, probe) if pair in reached]
+    assert proposed and all(pairs.BY_NAME[name].of(probe.case(proposed[0])) == value for name, value in pair)
 
 
 def test_command_line_fails_a_mutant(capsys):

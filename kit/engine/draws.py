@@ -85,6 +85,7 @@ class Drawing:
     fields: Dict
     scales: Tuple[float, ...] = SCALES  # sm_scale values drawn (an attention kind may need one)
     max_topk: int = MAX_TOPK
+    seeds: int = SEEDS  # input data draws per shape (a kind drawing its whole case draws its seed)
 
     @property
     def batch_sizes(self) -> Tuple[int, ...]:

@@ -10,6 +10,8 @@ from typing import Callable, Dict, Optional, Tuple
 
 from kit.engine.case import DTYPES, INPUT_FORMS, KV_DTYPES, Case
 from kit.engine.kinds import KINDS
+from kit.engine.kinds import recurrent
+from kit.engine.kinds.recurrent import CHUNK, RecurrentCase
 from kit.engine.layouts import LAYOUTS
 from kit.engine.plan import plan_case, row_order
 from kit.engine.profile import DECODE_FIRST
@@ -33,6 +35,7 @@ class Feature:
     # the case's lengths, page or window ({} where it has it already, or no change of those can give it);
     # None: `fields` alone.
     fit: Optional[Callable[[Case, object], Dict]] = None
+    case: type = Case  # the cases it is a property of (softmax, or recurrent: kit.engine.kinds.recurrent)
 
     def on(self, case: Case) -> bool:
         return self.of(case) != self.values[0]
@@ -136,4 +139,70 @@ FEATURES: Tuple[Feature, ...] = (
             fit=_fit_index_padded),
     Feature("seed", (0, 1), lambda c: c.seed, lambda value: dict(seed=value), paired=False, dropped=False),
 )
+
+
+def _with_new(case: RecurrentCase, pick: Callable[[int, int], int]) -> Dict:
+    """New lengths pick(prefix, new) for the extend rows (a MIXED case's decode rows keep their one token,
+    a verify's drafts are one count for all: no change)."""
+    if isinstance(case.new, int):
+        return {}
+    rows = case.bs - (case.mode.value == "mixed") * case.new.count(1)
+    return dict(new=tuple(pick(p, n) if i < rows else n for i, (p, n) in enumerate(zip(case.prefix, case.new))))
+
+
+def _window_spans_saved(case: RecurrentCase) -> bool:
+    """Whether a request continuing a saved state has fewer new rows than its conv window keeps: the window
+    it writes back holds saved rows and new ones."""
+    return any(p > 0 and n < case.conv_width - 1 for p, n in zip(case.prefix, case.new_lens))
+
+
+def _fit_window_spans_saved(case: RecurrentCase, spans: bool) -> Dict:
+    """Saved requests' extend rows one row short of the window (2: a MIXED extend row stays longer than
+    one), or as long as it."""
+    keep = case.conv_width - 1
+    return _with_new(case, lambda p, n: n if not p else keep - 1 if spans else max(n, keep))
+
+
+def _fit_chunk_edge(case: RecurrentCase, edge: bool) -> Dict:
+    """The first request (an extend row) one token past the chunk, or every request within one."""
+    if isinstance(case.new, int) or edge == (max(case.new) > CHUNK):
+        return {}
+    return dict(new=(CHUNK + 1,) + case.new[1:]) if edge else _with_new(case, lambda p, n: min(n, CHUNK))
+
+
+def _fit_fresh(case: RecurrentCase, fresh: bool) -> Dict:
+    """Every request new (prefix 0), or the first one's state saved."""
+    if fresh:
+        return dict(prefix=(0,) * case.bs)
+    return dict(prefix=(max(case.prefix[0], 1),) + case.prefix[1:])
+
+
+# The recurrent kinds' features (kit.engine.kinds.recurrent), paired among themselves per mode.
+RECURRENT: Tuple[Feature, ...] = (
+    Feature("linear_kind", tuple(recurrent.KINDS), lambda c: c.kind, lambda value: {}, dropped=False, sized=False,
+            case=RecurrentCase),
+    Feature("linear_dtype", recurrent.DTYPES, lambda c: c.dtype, lambda value: dict(dtype=value), paired=False,
+            dropped=False, case=RecurrentCase),
+    # A batch of new requests only: the engines' kernels then take no initial states at all.
+    Feature("fresh", (False, True), lambda c: not any(c.prefix), lambda value: {}, dropped=False, sized=False,
+            case=RecurrentCase, tag="fresh", fit=_fit_fresh),
+    Feature("window_spans_saved", (False, True), _window_spans_saved, lambda value: {}, dropped=False, sized=False,
+            case=RecurrentCase, tag="short",
+            fit=_fit_window_spans_saved),
+    # A request's new tokens past the kernels' chunk: a second chunk continuing the first's state.
+    Feature("chunk_edge", (False, True), lambda c: max(c.new_lens) > CHUNK, lambda value: {}, dropped=False,
+            case=RecurrentCase, tag="chunk",
+            fit=_fit_chunk_edge),
+    # TARGET_VERIFY: a request keeping fewer drafts than it verified (its state rolled back to one).
+    Feature("rejected", (False, True), lambda c: c.accepted is not None and min(c.accepted) < c.new, lambda value: {},
+            dropped=False, sized=False, case=RecurrentCase, tag="rejected",
+            fit=lambda case, value: {} if case.accepted is None else
+            dict(accepted=(1 if value else case.new,) + tuple(case.new for _ in case.accepted[1:]))),
+)
+FEATURES = FEATURES + RECURRENT
 BY_NAME = {f.name: f for f in FEATURES}
+
+
+def features_of(case) -> Tuple[Feature, ...]:
+    """The features of the case's own sort (softmax or recurrent)."""
+    return tuple(f for f in FEATURES if isinstance(case, f.case))

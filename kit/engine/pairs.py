@@ -18,24 +18,31 @@ from typing import Dict, Iterable, List, Sequence, Tuple
 from kit.engine.case import Case
 from kit.engine import features
 from kit.engine.kinds import parameters as kind_parameters
+from kit.engine.kinds.recurrent import RecurrentCase
 from kit.engine.profile import SGLANG, EngineProfile
 
-# The features every pair of whose values some case must have (kit.engine.features.FEATURES).
-FEATURES = tuple(f for f in features.FEATURES if f.paired)
-BY_NAME = {f.name: f for f in FEATURES}
-# The fields an attention kind's cases differ in (taken from an example case of the kind): its
-# heads and widths, and every kind's own parameters.
-KIND_FIELDS = ("heads", "head_dim", "scale") + tuple(name for name, _ in kind_parameters())
+
+def paired(case_type: type) -> Tuple[features.Feature, ...]:
+    """The features of `case_type`'s cases every pair of whose values some case must have (kit.engine.features)."""
+    return tuple(f for f in features.FEATURES if f.paired and f.case is case_type)
+
+
+BY_NAME = {f.name: f for f in features.FEATURES if f.paired}
+# Per sort of case, the feature naming its attention kind, and the fields a kind's cases differ in (taken
+# from an example case of the kind): its heads and widths, and every softmax kind's own parameters.
+KIND_FEATURE = {Case: "kind", RecurrentCase: "linear_kind"}
+KIND_FIELDS = {Case: ("heads", "head_dim", "scale") + tuple(name for name, _ in kind_parameters()),
+               RecurrentCase: ("kind", "heads", "head_k_dim", "head_v_dim")}
 
 Value = Tuple[str, object]  # (feature name, value)
-Pair = Tuple[Value, Value]  # in FEATURES order
+Pair = Tuple[Value, Value]  # in the feature table's order
 
 
-def values_of(case: Case) -> Tuple[Value, ...]:
-    return tuple((f.name, f.of(case)) for f in FEATURES)
+def values_of(case) -> Tuple[Value, ...]:
+    return tuple((f.name, f.of(case)) for f in paired(type(case)))
 
 
-def pairs_of(case: Case) -> Iterable[Pair]:
+def pairs_of(case) -> Iterable[Pair]:
     return itertools.combinations(values_of(case), 2)
 
 
@@ -47,23 +54,29 @@ class Probe:
     """Cases of one mode built to order: a template of the mode (its lengths) with feature values
     set; the attention kinds' fields come from an example case of each kind (any mode)."""
 
-    def __init__(self, template: Case, examples: Dict[str, Case], engine: EngineProfile = SGLANG):
+    def __init__(self, template, examples: Dict[str, object], engine: EngineProfile = SGLANG):
         self.template = template
         self.engine = engine  # whose draft rule the catalog's cases follow
-        self.kinds = {kind: {f: getattr(example, f) for f in KIND_FIELDS} for kind, example in examples.items()}
-        self.plain = {f.name: f.values[0] for f in FEATURES}
+        sort = type(template)
+        self.features, self.kind_feature = paired(sort), KIND_FEATURE[sort]
+        self.kinds = {kind: {f: getattr(example, f) for f in KIND_FIELDS[sort]} for kind, example in examples.items()
+                      if isinstance(example, sort)}
+        self.plain = {f.name: f.values[0] for f in self.features}
 
     def case(self, values: Dict[str, object]) -> Case:
         """A case of the template's mode with `values` (the rest plain, but those fitted to its lengths,
         which keep the template's), or ValueError where no case of the template's lengths has them."""
         chosen = dict(self.plain, **values)
-        if chosen["kind"] not in self.kinds:
-            raise ValueError(f"no example case of attention kind {chosen['kind']!r} in the catalog")
-        fields = dict(self.kinds[chosen["kind"]])
-        for f in FEATURES:
+        kind = chosen[self.kind_feature]
+        if kind not in self.kinds:
+            raise ValueError(f"no example case of attention kind {kind!r} in the catalog")
+        fields = dict(self.kinds[kind])
+        for f in self.features:
             fields.update(f.fields(chosen[f.name]))
-        case = self.template.with_(name="probe", request_seeds=None, **fields)
-        for f in FEATURES:  # a value fitted to the case's lengths: asked for, or the plain one left as it comes
+        if isinstance(self.template, Case):
+            fields["request_seeds"] = None
+        case = self.template.with_(name="probe", **fields)
+        for f in self.features:  # a value fitted to the case's lengths: asked for, or the plain one left as it comes
             if f.fit is not None and f.name in values:
                 case = case.with_(**f.fit(case, values[f.name]))
         wrong = [name for name, value in values.items() if BY_NAME[name].of(case) != value]
@@ -76,7 +89,7 @@ class Probe:
             case = self.case(values)
         except ValueError:
             return False
-        return self.engine.draft_problem(case) is None
+        return not isinstance(case, Case) or self.engine.draft_problem(case) is None
 
 
 def probe_for(cases: Sequence[Case], every_case: Sequence[Case]) -> Probe:
@@ -91,7 +104,7 @@ def probe_for(cases: Sequence[Case], every_case: Sequence[Case]) -> Probe:
 def possible_pairs(probe: Probe) -> List[Pair]:
     """Every pair of values of two features some case of the probe's mode can have."""
     pairs = []
-    for f, g in itertools.combinations(FEATURES, 2):
+    for f, g in itertools.combinations(probe.features, 2):
         for a, b in itertools.product(f.values, g.values):
             if probe.possible({f.name: a, g.name: b}):
                 pairs.append(((f.name, a), (g.name, b)))
@@ -109,8 +122,8 @@ def covering(gaps: Sequence[Pair], probe: Probe) -> List[Tuple[Dict[str, object]
     reaches, densest first: each the valid assignment of every feature that reaches most of the
     pairs still left (a greedy covering)."""
     left = set(gaps)
-    names = [f.name for f in FEATURES]
-    candidates = [dict(zip(names, values)) for values in itertools.product(*(f.values for f in FEATURES))
+    names = [f.name for f in probe.features]
+    candidates = [dict(zip(names, values)) for values in itertools.product(*(f.values for f in probe.features))
                   if any(((names[i], values[i]), (names[j], values[j])) in left
                          for i, j in itertools.combinations(range(len(names)), 2))]
     chosen = []

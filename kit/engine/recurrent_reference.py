@@ -81,7 +81,9 @@ def run_request(layer: RecurrentLayer, rows: torch.Tensor, gates: Sequence[torch
     """One request's n tokens (`rows` [n, conv_dim], each gate [n, Hv]) from `window` and `state` [Hv, K, V]."""
     hk, hv = layer.num_k_heads, layer.num_v_heads
     seq = torch.cat([window.to(dtype), rows.t().to(dtype)], dim=1)  # [conv_dim, width - 1 + n]
-    mixed = F.silu(F.conv1d(seq[None], layer.conv_weights.to(dtype)[:, None, :], groups=seq.shape[0])[0].t())
+    # The depthwise conv as taps times weights: torch's float64 depthwise conv1d is slow on CPU.
+    taps = seq.unfold(1, layer.conv_weights.shape[1], 1)  # [conv_dim, n, width]
+    mixed = F.silu((taps * layer.conv_weights.to(dtype)[:, None, :]).sum(-1).t())
     q, k, v = layer.spec.split(mixed, layer)
     # value head h reads key head h // (Hv / Hk)
     q, k = (t.unflatten(-1, (hk, layer.head_k_dim)).repeat_interleave(hv // hk, dim=1) for t in (q, k))

@@ -148,8 +148,8 @@ def _layer(case: RecurrentCase, layer_id: int, dtype: torch.dtype, device) -> Re
     hk, hv = case.heads
     conv = (torch.randn(case.conv_dim, case.conv_width, generator=gen) / math.sqrt(case.conv_width)).to(dtype)
     a_log = torch.empty(hv).uniform_(1, 16, generator=gen).log()
-    dt = torch.empty(hv).uniform_(math.log(1e-3), math.log(1e-1), generator=gen).exp()
-    dt = dt.repeat_interleave(case.spec.dt_bias_width(case) // hv)  # KDA: per key channel of each head
+    # KDA's, one per key channel of each head, drawn apart: a bias read once per head shows.
+    dt = torch.empty(case.spec.dt_bias_width(case)).uniform_(math.log(1e-3), math.log(1e-1), generator=gen).exp()
     dt_bias = dt + torch.log(-torch.expm1(-dt))  # softplus(dt_bias) = dt: Mamba's initialization
     skip = torch.empty(hv).uniform_(0.5, 1.5, generator=gen).to(device) if case.kind == "mamba2" else None
     return RecurrentLayer(kind=case.kind, layer_id=layer_id, num_k_heads=hk, num_v_heads=hv, head_k_dim=case.head_k_dim,

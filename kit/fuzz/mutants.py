@@ -59,13 +59,13 @@ def row(m, args) -> Dict:
 
 
 def _drawn_for(m) -> bool:
-    """Whether the fuzzer draws cases of an attention kind the mutant's backend runs: it draws the softmax
-    kinds (kit.engine.kinds), not the recurrent ones (cases/linear.py), whose mutants kit.mutate scores."""
+    """Whether the fuzzer draws cases of an attention kind the mutant's backend runs (softmax or recurrent)."""
     from kit.engine.kinds import KINDS
+    from kit.engine.kinds.recurrent import KINDS as RECURRENT_KINDS
     from kit.harness.capabilities import Capabilities
     from kit.harness.registry import load_backend
 
-    return bool(Capabilities.of(load_backend(m.backend)).attention_kinds & set(KINDS))
+    return bool(Capabilities.of(load_backend(m.backend)).attention_kinds & (set(KINDS) | set(RECURRENT_KINDS)))
 
 
 def table_run(args, prog: str) -> int:

@@ -12,10 +12,15 @@ def failure_text(f: Dict, backend: str, n: int, of: int, shrunk: bool) -> str:
     return "\n".join([
         f"NEW failure {n}/{of}: {backend} {f['mode']} {f['exec']} [{f['failure_class']}]",
         f"  {f['message']}",
-        f"  {which}; paste into cases/{f['mode']}.py:",
+        f"  {which}; paste into {_catalog_file(f)}:",
         f"{f['case_line']},",
         f"  repro: {f['repro']}",
     ])
+
+
+def _catalog_file(f: Dict) -> str:
+    """Where the case line goes: a recurrent case's with the other recurrent cases, a softmax one's by its mode."""
+    return "cases/linear.py" if f["case_line"].startswith("RecurrentCase(") else f"cases/{f['mode']}.py"
 
 
 def text(record: Dict) -> str:

@@ -26,8 +26,9 @@ from kit.engine.case import Case
 from kit.engine.case_line import format_case
 from kit.fuzz import in_flight
 from kit.engine.draws import Takes
-from kit.engine.features import FEATURES
-from kit.fuzz.strategies import any_case, case_name
+from kit.engine.features import FEATURES, features_of
+from kit.engine.kinds.recurrent import RecurrentCase
+from kit.fuzz.strategies import any_case, case_fields, case_name
 from kit.harness.registry import backend_label, import_root, load_backend
 from kit.harness.capabilities import Capabilities
 from kit.harness.run import Run
@@ -117,15 +118,16 @@ class OutOfTime(BaseException):
 # (kit.engine.features: those `dropped`). Hybrid layers first: the model's other layer toggles the case's
 # window and cap, so a window bug still fails without the case's own window while hybrid; dropped first,
 # the case's own layer keeps what it needs.
-DROPS: Tuple[Tuple[str, Dict], ...] = tuple(sorted(
-    ((f.name, f.fields(f.values[0])) for f in FEATURES if f.dropped), key=lambda drop: drop[0] != "hybrid"))
+DROPS: Tuple[Tuple[str, type, Dict], ...] = tuple(sorted(
+    ((f.name, f.case, f.fields(f.values[0])) for f in FEATURES if f.dropped), key=lambda drop: drop[0] != "hybrid"))
 
 
-def size(case: Case) -> Tuple:
+def size(case) -> Tuple:
     """How large a case is, for the smallest failing one: requests, tokens, head sizes, page, and
     how many features are on."""
-    return (case.bs, sum(case.prefix) + sum(case.new_lens), case.heads[0] * case.head_dim, case.page,
-            sum(f.on(case) for f in FEATURES if f.sized), format_case(case))
+    width = case.heads[1] * case.head_v_dim if isinstance(case, RecurrentCase) else case.heads[0] * case.head_dim
+    return (case.bs, sum(case.prefix) + sum(case.new_lens), width, getattr(case, "page", 1),
+            sum(f.on(case) for f in features_of(case) if f.sized), format_case(case))
 
 
 class Failed(Exception):
@@ -230,8 +232,8 @@ class _Search:
         each drop kept where the case still fails the same way (mode, exec, failure class), as a new
         failure. Hypothesis shrinks toward plain values but may stop short (its budget, or a drop that
         only works once another is made); this pass makes the case say what the bug needs."""
-        for _, fields in DROPS:
-            if not all(getattr(finding.case, k) == v for k, v in fields.items()):
+        for _, of, fields in DROPS:
+            if isinstance(finding.case, of) and not all(getattr(finding.case, k) == v for k, v in fields.items()):
                 finding = self.kept_if_same(finding, fields)
         return finding
 
@@ -241,7 +243,7 @@ class _Search:
         mode's batch rule) or one the backend does not take is not kept."""
         try:
             changed = finding.case.with_(**changes)
-            changed = changed.with_(name=case_name(changed, _fields(changed)))
+            changed = changed.with_(name=case_name(changed, case_fields(changed)))
         except ValueError:
             return finding
         exec_ = Exec(finding.exec)
@@ -390,12 +392,16 @@ def first_failure(target: Target, case: Case, exec_: Exec) -> Optional[Finding]:
     return _Search(target, (), 0, 0, Outcome(seed=0))._run(case, exec_)
 
 
-def _requests(case: Case, kept: Sequence[int]) -> Dict:
-    """The fields of `case` with only requests `kept`, each keeping its own data seed."""
-    changes = dict(prefix=tuple(case.prefix[i] for i in kept),
-                   request_seeds=tuple(case.request_seed(i) for i in kept))
+def _requests(case, kept: Sequence[int]) -> Dict:
+    """The fields of `case` with only requests `kept`, each keeping its own data seed (a softmax case's) and
+    accepted drafts (a recurrent verify's)."""
+    changes = dict(prefix=tuple(case.prefix[i] for i in kept))
+    if isinstance(case, Case):
+        changes["request_seeds"] = tuple(case.request_seed(i) for i in kept)
     if not isinstance(case.new, int):
         changes["new"] = tuple(case.new[i] for i in kept)
+    if getattr(case, "accepted", None) is not None:
+        changes["accepted"] = tuple(case.accepted[i] for i in kept)
     return changes
 
 
@@ -403,11 +409,6 @@ def _lengths(case: Case, field: str) -> Optional[Tuple[int, ...]]:
     """Per request, the case's `field` lengths ("prefix" or "new"); None where `new` is one count for all."""
     value = getattr(case, field)
     return None if isinstance(value, int) else tuple(value)
-
-
-def _fields(case: Case) -> Dict:
-    """A case's fields, as its name's checksum is made from them (kit.fuzz.strategies.case_name)."""
-    return {f.name: getattr(case, f.name) for f in dataclasses.fields(Case) if f.name not in ("name", "mode")}
 
 
 def _leaves(group) -> List[Failed]:

@@ -14,6 +14,7 @@ declaration alone is never drawn, so an MLA-only backend gets MLA cases, not rej
 """
 from __future__ import annotations
 
+import dataclasses
 import zlib
 from typing import Callable, Dict, Tuple
 
@@ -21,8 +22,9 @@ from hypothesis import strategies as st
 
 from kit.engine.case import KV_DTYPES, Case
 from kit.engine.draws import CAPS, SCALES, SEEDS, SIZES, Drawing, Takes, around, length
-from kit.engine.features import BY_NAME, FEATURES
+from kit.engine.features import BY_NAME, features_of
 from kit.engine.kinds import KINDS
+from kit.engine.kinds import recurrent
 from kit.engine.layouts import PAGE_LAYOUTS
 from kit.engine.modes import rules_for
 from kit.modes import ForwardMode
@@ -103,19 +105,23 @@ DRAWS: Tuple[Tuple[str, Feature], ...] = (
 )
 
 
-def case_name(case: Case, fields: Dict) -> str:
+def case_name(case, fields: Dict) -> str:
     """A name in the catalog's style (heads kind, batch size, the mode's tag, the features that are on
-    in kit.engine.features' order, page, dtype, layout), so KNOWN_FAILURES.md's case patterns (`*window*`)
-    match it, made unique by a checksum of `fields` (those drawn)."""
+    in kit.engine.features' order, page, dtype, layout; a recurrent case's: its kind, batch size, the
+    features on, dtype), so KNOWN_FAILURES.md's case patterns (`*window*`) match it, made unique by a
+    checksum of `fields` (those drawn)."""
+    checksum = zlib.crc32(repr(sorted(fields.items())).encode()) & 0xFFFFFF
+    if isinstance(case, recurrent.RecurrentCase):
+        parts = [case.kind, f"bs{case.bs}"] + [f.tag for f in features_of(case) if f.tag and f.on(case)]
+        return "_".join(parts + [case.dtype, f"fz{checksum:06x}"])
     q, kv = case.heads
     kind = "smla" if case.index_topk else "mla" if case.is_mla else "mha" if q == kv else "mqa" if kv == 1 else "gqa"
     parts = [kind, f"bs{case.bs}"]
     tag = rules_for(case.mode).name_tag(fields)
     if tag:
         parts.append(tag)
-    parts += [f.tag for f in FEATURES if f.tag and f.on(case)]
+    parts += [f.tag for f in features_of(case) if f.tag and f.on(case)]
     parts += [f"p{case.page}", case.dtype] + ([case.kv_dtype] if case.kv_dtype else [])
-    checksum = zlib.crc32(repr(sorted(fields.items())).encode()) & 0xFFFFFF
     return "_".join(parts) + PAGE_LAYOUTS[case.layout].suffix + f"_fz{checksum:06x}"
 
 
@@ -129,6 +135,28 @@ def cases(draw, mode: ForwardMode, size: str, takes: Takes) -> Case:
     return case.with_(name=case_name(case, fields))
 
 
+@st.composite
+def recurrent_cases(draw, mode: ForwardMode, size: str, takes: Takes) -> recurrent.RecurrentCase:
+    """A valid recurrent case of `mode` of a kind within `takes` (kit.engine.kinds.recurrent.draw_case)."""
+    case = recurrent.draw_case(draw, Drawing(SIZES[size], mode, takes, {}))
+    return case.with_(name=case_name(case, case_fields(case)))
+
+
+def case_fields(case) -> Dict:
+    """A case's fields, as its name's checksum is made from them (case_name)."""
+    return {f.name: getattr(case, f.name) for f in dataclasses.fields(case) if f.name not in ("name", "mode")}
+
+
 def any_case(modes, size: str, takes: Takes) -> st.SearchStrategy:
-    """A case of any of `modes` within `takes` (the first mode is where shrinking goes)."""
-    return st.one_of([cases(mode, size, takes) for mode in modes])
+    """A case of any of `modes` within `takes`: of the softmax kinds where the backend takes one, of the
+    recurrent kinds where it takes one and the mode serves them (the first mode is where shrinking goes)."""
+    drawn = []
+    for mode in modes:
+        if takes.kinds & set(KINDS):
+            drawn.append(cases(mode, size, takes))
+        if takes.kinds & set(recurrent.KINDS) and mode in recurrent.MODES:
+            drawn.append(recurrent_cases(mode, size, takes))
+    if not drawn:
+        raise ValueError(f"no case of the modes {[m.value for m in modes]} is of a kind the backend takes "
+                         f"({', '.join(sorted(takes.kinds))})")
+    return st.one_of(drawn)

@@ -132,6 +132,38 @@ class StateNotTransposed(TorchNativeLinearBackend):
         return state.reshape(state.shape[:2] + (layer.head_v_dim, layer.head_k_dim))
 
 
+class Mamba2OneGroup(TorchNativeLinearBackend):
+    """Mamba2's n_groups taken as 1: every head reads group 0's B and C."""
+
+    def _mamba2(self, layer, c, b, x, gates, state):
+        return super()._mamba2(layer, c[:, :, :1].expand_as(c), b[:, :, :1].expand_as(b), x, gates, state)
+
+
+class Mamba2DtBiasDropped(TorchNativeLinearBackend):
+    """Mamba2's dt taken as softplus(dt), its dt_bias left out (the decay and the input term both read it)."""
+
+    def _mamba2(self, layer, c, b, x, gates, state):
+        return super()._mamba2(dataclasses.replace(layer, dt_bias=torch.zeros_like(layer.dt_bias)), c, b, x, gates,
+                               state)
+
+
+class KdaGateChannelsMisread(TorchNativeLinearBackend):
+    """KDA's gate input [T, Hv K] read channel-major ([K, Hv]): each head's decay takes other heads' channels."""
+
+    def _kda(self, layer, q, k, v, gates, state):
+        g, b = gates
+        g = g.unflatten(-1, (layer.head_k_dim, layer.num_v_heads)).transpose(-1, -2).flatten(-2)
+        return super()._kda(layer, q, k, v, (g, b), state)
+
+
+class KdaBiasPerHead(TorchNativeLinearBackend):
+    """KDA's dt_bias [Hv K] taken as one per head (each head's first channel's): GDN's bias on KDA's layer."""
+
+    def _kda(self, layer, q, k, v, gates, state):
+        bias = layer.dt_bias.unflatten(0, (layer.num_v_heads, layer.head_k_dim))[:, :1].expand(-1, layer.head_k_dim)
+        return super()._kda(dataclasses.replace(layer, dt_bias=bias.flatten()), q, k, v, gates, state)
+
+
 L = "tests.mutants.linear:"
 D, E, MX, TV = ForwardMode.DECODE, ForwardMode.EXTEND, ForwardMode.MIXED, ForwardMode.TARGET_VERIFY
 STEPS = (D, E, MX, TV)
@@ -163,4 +195,10 @@ MUTANTS = [
     Mutant(111, "skip_dropped", L + "SkipDropped", (KERNEL,), STEPS, EAGER, cpu=True, reaches=_of("mamba2")),
     Mutant(112, "input_not_scaled_by_dt", L + "InputNotScaledByDt", STATE, STEPS, EAGER, cpu=True,
            reaches=_of("mamba2")),
+    Mutant(113, "mamba2_one_group", L + "Mamba2OneGroup", STATE, STEPS, EAGER, cpu=True, reaches=_of("mamba2")),
+    Mutant(114, "mamba2_dt_bias_dropped", L + "Mamba2DtBiasDropped", STATE, STEPS, EAGER, cpu=True,
+           reaches=_of("mamba2")),
+    Mutant(115, "kda_gate_channels_misread", L + "KdaGateChannelsMisread", STATE, STEPS, EAGER, cpu=True,
+           reaches=_of("kda")),
+    Mutant(116, "kda_bias_per_head", L + "KdaBiasPerHead", STATE, STEPS, EAGER, cpu=True, reaches=_of("kda")),
 ]

@@ -1,10 +1,12 @@
-"""A planted bug that no case of the catalog reaches, for the fuzzer to find (tests/test_fuzz.py)."""
+"""Planted bugs that no case of the catalog reaches, for the fuzzer to find (tests/test_fuzz.py)."""
 from __future__ import annotations
 
 import dataclasses
 from typing import Sequence
 
 from backends.torch_native import TorchNativeBackend
+from backends.torch_native_linear import TorchNativeLinearBackend
+from kit.engine.kinds.recurrent import CHUNK
 from kit.modes import ForwardMode
 
 
@@ -44,3 +46,15 @@ class WindowOneShort(TorchNativeBackend):
         if layer.sliding_window_size > 0:
             layer = dataclasses.replace(layer, sliding_window_size=layer.sliding_window_size - 1)
         return super().forward(q, k, v, layer, batch, save_kv_cache)
+
+
+class SecondChunkFromSavedState(TorchNativeLinearBackend):
+    """A recurrent layer's request of more new tokens than the kernels' chunk runs its second chunk from
+    the state the request started the step with, not the state after its first chunk (a chunked scan
+    handed each chunk the step's initial state): only rows past the chunk are wrong."""
+
+    name = "planted_second_chunk_from_saved_state"
+
+    def _scan(self, state, update, output, longest):
+        start = state
+        return super()._scan(state, lambda s, t: update(start if t == CHUNK else s, t), output, longest)

@@ -33,6 +33,9 @@ MODES = (ForwardMode.DECODE, ForwardMode.EXTEND, ForwardMode.MIXED, ForwardMode.
 GRAPH_MODES = (ForwardMode.DECODE, ForwardMode.TARGET_VERIFY)
 DTYPES = ("bf16", "fp16", "fp32")
 SMOKE_HEADS = (1, 2)  # the fewest that keep value heads sharing a key head
+# The token chunk of the engines' chunked prefill kernels (fla's chunk_gated_delta_rule, chunk_kda,
+# Mamba2's SSD scan): a request's new tokens past it run in a second chunk that starts from the first's state.
+CHUNK = 64
 
 
 @dataclasses.dataclass(frozen=True)
@@ -161,3 +164,39 @@ class RecurrentLayer:
     @property
     def v_dim(self) -> int:
         return self.num_v_heads * self.head_v_dim
+
+
+def draw_case(draw, d) -> RecurrentCase:
+    """A recurrent case of `d.mode` of a kind the backend takes (kit.engine.draws.Drawing), drawn as the
+    softmax ones are, simplest first (the fuzzer shrinks toward it): batch sizes at and around its engine's
+    graph buckets; per request a new state (prefix 0) or a saved one, lengths anywhere or at and around the
+    conv window (conv_width - 1 rows) and the kernels' CHUNK; TARGET_VERIFY's accepted drafts per request;
+    key heads shared by value heads or not, a state whose key and value widths differ; every dtype."""
+    from hypothesis import strategies as st
+
+    s, width = d.size, RecurrentCase.conv_width
+    edges = (width - 1, CHUNK)
+
+    def lengths(low: int, high: int):  # anywhere up to the size's bound, or at and around an edge past it
+        return st.one_of(st.integers(low, high), st.sampled_from(d.around(edges, low, CHUNK + 1)))
+
+    kind = draw(st.sampled_from([k for k in KINDS if k in d.takes.kinds]))
+    bs = draw(st.one_of(st.integers(1, s.max_bs), st.sampled_from(d.around(d.batch_sizes, 1, s.max_bs))))
+    fields = {}
+    if d.mode == ForwardMode.MIXED:
+        bs = max(bs, 2)  # one extend row and one decode row at least
+        decode = draw(st.integers(1, bs - 1))
+        fields["new"] = tuple(draw(st.lists(lengths(2, s.max_new), min_size=bs - decode, max_size=bs - decode))) \
+            + (1,) * decode
+    elif d.mode == ForwardMode.EXTEND:
+        fields["new"] = tuple(draw(st.lists(lengths(1, s.max_new), min_size=bs, max_size=bs)))
+    elif d.mode == ForwardMode.TARGET_VERIFY:
+        fields["new"] = draw(st.integers(2, s.max_drafts))
+        fields["accepted"] = tuple(draw(st.lists(st.integers(1, fields["new"]), min_size=bs, max_size=bs)))
+    prefix = tuple(draw(st.lists(st.one_of(st.just(0), lengths(1, s.max_len)), min_size=bs, max_size=bs)))
+    key_heads = draw(st.sampled_from(s.kv_heads))
+    group = 1 if kind == "kda" else draw(st.sampled_from(s.groups))  # Kimi Linear's q, k and v heads alike
+    return RecurrentCase("drawn", d.mode, prefix, kind=kind, heads=(key_heads, key_heads * group),
+                         head_k_dim=draw(st.sampled_from(s.head_dims)), head_v_dim=draw(st.sampled_from(s.head_dims)),
+                         dtype=draw(st.sampled_from(("fp32",) + tuple(t for t in DTYPES if t != "fp32"))),
+                         seed=draw(st.integers(0, d.seeds - 1)), **fields)
