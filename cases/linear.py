@@ -89,7 +89,7 @@ FULL = [
     FM("mamba2_mixed_fresh_chunks", MX, prefix=(0, 0, 0), new=(97, 1, 1)),
     FK("kda_mixed_fresh", MX, prefix=(0, 0, 0), new=(64, 1, 1)),
     FK("kda_mixed_saved_extend", MX, prefix=(40, 0), new=(70, 1)),
-    F("gdn_verify_fresh_fp32", TV, prefix=(0, 0), new=8, accepted=(8, 8), dtype="fp32"),
+    F("gdn_verify_fresh_chain8_fp32", TV, prefix=(0, 0), new=8, accepted=(8, 8), dtype="fp32"),
     FM("mamba2_verify_keep_all", TV, prefix=(1, 77), new=4, accepted=(4, 4)),
     FM("mamba2_verify_fresh", TV, prefix=(0, 0), new=4, accepted=(1, 4)),
     FK("kda_verify_fresh", TV, prefix=(0, 0), new=4, accepted=(4, 4)),
