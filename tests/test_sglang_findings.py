@@ -307,6 +307,28 @@ def test_kf24_kf25_cpu_fp8_outputs_were_off_by_the_interpreters_fp8_cast(monkeyp
     assert all(not c.ok and c.max_rel > 0.15 for c in checks), [c.describe() for c in checks]
 
 
+@pytest.mark.skipif(DEVICE.type != "cpu", reason="on CPU SGLang's Triton kernels run in Triton's interpreter")
+def test_kf1_in_the_window_layer_of_a_capped_hybrid_fp8_case():
+    """A capped case's hybrid model puts the window in layer 0 and the cap in layer 1 (kit/engine/layer.py,
+    HYBRID_WINDOW): the DECODE of gqa_fp8_e5m2_cap_hybrid_p16_shuf fails in its uncapped window layer under
+    the declared numerics (q and p cast to fp8), and the kit's reference with that layer's window W - 1
+    (KF-1: SGLang's decode attends W keys) brings every layer within its limit."""
+    from kit.harness import interpreter
+
+    interpreter.install()
+    mode, case_name = ForwardMode.DECODE, "gqa_fp8_e5m2_cap_hybrid_p16_shuf"
+    case = load_catalog().find_case(mode, case_name)
+    fx, outs = _sglang_outputs(mode, case_name)
+    window, capped = fx.layers
+    assert window.sliding_window_size > 0 and window.logit_cap == 0 and capped.logit_cap > 0
+    checks = _judged(fx, outs, case, SGLangTritonBackend)
+    assert not checks[0].ok and checks[1].ok, [c.describe() for c in checks]
+    one_fewer = dataclasses.replace(fx, layers=(
+        dataclasses.replace(window, sliding_window_size=window.sliding_window_size - 1), capped))
+    checks = _judged(one_fewer, outs, case, SGLangTritonBackend)
+    assert all(c.ok for c in checks), [c.describe() for c in checks]
+
+
 class DecodeDropsKScale(_TritonMutant):
     """A read-side fp8 bug under KF-24: the decode reads the cached keys without their scale
     (k_descale 1.0 for the layer's k_scale_float, triton_backend.py:2369)."""
