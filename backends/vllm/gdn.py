@@ -36,6 +36,7 @@ from typing import Optional
 
 import torch
 
+from backends.qwen3_next import qwen3_next_config
 from backends.vllm.adapter import PROFILE, _installed_version, runtime, vllm_problem
 from kit.engine.kinds.recurrent import MODES
 from kit.harness.protocol import library_version
@@ -135,13 +136,9 @@ class VllmGdnBackend:
         return GDNAttentionMetadataBuilder(spec, [layer_name(l) for l in self.ctx.layers], self.vllm_config, device)
 
     def _vllm_layer(self, layer):
-        from transformers import Qwen3NextConfig
         from vllm.model_executor.layers.mamba.gdn.qwen_gdn_linear_attn import QwenGatedDeltaNetAttention
 
-        hf = Qwen3NextConfig(hidden_size=layer.num_v_heads * layer.head_v_dim, linear_num_key_heads=layer.num_k_heads,
-                             linear_num_value_heads=layer.num_v_heads, linear_key_head_dim=layer.head_k_dim,
-                             linear_value_head_dim=layer.head_v_dim,
-                             linear_conv_kernel_dim=layer.conv_weights.shape[1], hidden_act=layer.activation)
+        hf = qwen3_next_config(layer)
         gdn = QwenGatedDeltaNetAttention(hf, self.vllm_config, prefix=layer_name(layer)).to(self.ctx.device)
         with torch.no_grad():
             gdn.conv1d.weight.copy_(layer.conv_weights[:, None, :])
