@@ -185,3 +185,22 @@ def test_the_matrix_fails_a_recurrent_mutant_and_a_dense_backend_reads_unsupport
 def test_the_matrix_passes_the_in_box_backend_on_a_graph_run(tmp_path):
     rc, found = _matrix(tmp_path, LINEAR, case="gdn_verify_fp32", exec_="graph")
     assert rc == 0 and found == {"torch_native_linear": ("pass", None, "")}, found
+
+
+class RaisesInForward(TorchNativeLinearBackend):
+    """A backend whose forward raises, as the engines' did on devices the kit had not run them on."""
+
+    def forward(self, *args, **kwargs):
+        raise RuntimeError("Expected all tensors to be on the same device")
+
+
+def test_a_crash_names_the_line_that_raised():
+    import inspect
+
+    case = next(c for c in SMOKE if c.kind == "gdn" and c.mode == ForwardMode.DECODE)
+    verdicts = run_case(RaisesInForward, case)
+    line = inspect.getsourcelines(RaisesInForward.forward)[1] + 1
+    assert [v.failure_class for v in verdicts] == ["crash"]
+    text = failures(verdicts)
+    assert text.startswith("crash: decode eager: raised RuntimeError: Expected all tensors")  # what pins match
+    assert text.endswith(f" at {__file__}:{line}") and "\n" not in text, text

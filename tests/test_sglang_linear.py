@@ -4,6 +4,9 @@ reach the kit's state slots and token starts (and, for Mamba2, which requests st
 state), and the scheduler's clear must zero a new request's slot in every layer and nothing else. A
 planted rendering bug (request rows one off) and a planted bug in SGLang's Mamba2 metadata are
 caught. Skipped, with the reason, only where the pinned sglang is not installed (CI installs it)."""
+import re
+from pathlib import Path
+
 import pytest
 import torch
 
@@ -182,3 +185,73 @@ def test_sglangs_conv_update_leaves_a_padded_rows_output_unwritten():
                                    conv_state_indices=torch.tensor([1, -1], dtype=torch.int32))
     assert torch.isfinite(out[0]).all()
     assert torch.isnan(out[1]).all()
+
+
+# The SGLang files each kind's backend runs (its own, and HybridLinearAttnBackend's and the mamba
+# layers' shared ones), under sglang/srt/layers/attention/.
+SHARED_READERS = ("hybrid_linear_attn_backend.py", "linear/utils.py", "mamba/*.py")
+KIND_READERS = {"gdn": ("linear/gdn_backend.py",), "kda": ("linear/kda_backend.py",), "mamba2": ()}
+RUNNER_READ = re.compile(r"(?:self\._model_runner|(?<![\w.])model_runner)((?:\.\w+)+)")
+# kind: the chunk its prefill takes from the model config (Mamba2-2.7B's and Nemotron-H's 256; Qwen3-Next
+# and Kimi Linear set none: HybridLinearAttnBackend's default, 64)
+CHUNK = {"gdn": 64, "kda": 64, "mamba2": 256}
+
+
+def runner_reads(kind):
+    """Every attribute path SGLang's code of the kind reads of its model runner (model_runner.a.b)."""
+    import sglang
+
+    root = Path(sglang.__file__).parent / "srt" / "layers" / "attention"
+    paths = [p for pattern in SHARED_READERS + KIND_READERS[kind] for p in sorted(root.glob(pattern))]
+    assert paths and all(p.exists() for p in paths)
+    return {m.lstrip(".") for p in paths for m in RUNNER_READ.findall(p.read_text())}
+
+
+def missing_reads(runner, reads):
+    """The paths of `reads` the runner does not hold (a path ending at None is held: SGLang checks it)."""
+    missing = []
+    for path in sorted(reads):
+        obj = runner
+        for depth, name in enumerate(path.split(".")):
+            if obj is None:
+                break
+            if not hasattr(obj, name):
+                missing.append(".".join(path.split(".")[:depth + 1]))
+                break
+            obj = getattr(obj, name)
+    return missing
+
+
+def _built(kind):
+    case = next(c for c in SMOKE if c.kind == kind and c.mode == ForwardMode.EXTEND)
+    fx = build(case, "cpu")
+    pool = StatePool(fx.geometry, fx.torch_dtype, "cpu")
+    return _backend(kind)(RecurrentContext(torch.device("cpu"), fx.torch_dtype, pool, fx.layers, case.bs))
+
+
+@pytest.mark.parametrize("kind", sorted(KIND_READERS))
+def test_the_model_runner_holds_all_sglang_reads_of_it(kind):
+    reads = runner_reads(kind)
+    assert {"device", "server_args", "model_config.hf_text_config"} <= reads  # the scan sees SGLang's reads
+    linear = _built(kind).impl.linear_attn_backend
+    assert missing_reads(linear._model_runner, reads) == []
+    assert linear.mamba_chunk_size == CHUNK[kind]  # the prefill's read, walked
+
+
+def test_sglang_takes_the_gdn_model_runner_s_config_for_a_gdn_hybrid():
+    """What flashinfer_gdn_prefill_default reads on Hopper and Blackwell (hybrid_gdn_config): the config
+    is SGLang's Qwen3-Next class, with the kit layer's heads."""
+    from sglang.srt.configs.hybrid_arch import hybrid_gdn_config
+
+    backend = _built("gdn")
+    config = hybrid_gdn_config(backend.impl.linear_attn_backend._model_runner.model_config)
+    layer = next(iter(backend.layers.values()))  # its RadixLinearAttention, of the kit layer
+    assert config is not None and config.linear_key_head_dim == layer.head_k_dim
+    assert config.linear_num_value_heads == layer.num_v_heads
+
+
+def test_a_model_runner_without_the_model_config_is_caught():
+    """The stand-in as it was when SGLang's GDN prefill raised AttributeError on a GPU."""
+    runner = _built("gdn").impl.linear_attn_backend._model_runner
+    del runner.model_config
+    assert missing_reads(runner, runner_reads("gdn")) == ["model_config", "model_config"]

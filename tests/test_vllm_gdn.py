@@ -3,7 +3,9 @@ GDNAttentionMetadataBuilder built as on a GPU, the kit's steps rendered as its C
 vLLM's kernels run on CUDA only (gdn.CPU_REASON), so here a toy of vLLM's rule
 (tests/toys/per_token_blocks.py) computes each step from the state blocks and kept-token counts
 vLLM's builder took from the adapter's rendering: right, the kit passes it; with one request's state
-block rendered one slot off, the kit fails it. The GPU runs are in docs/vllm.md."""
+block rendered one slot off, the kit fails it. vLLM's builder also runs on a virtual CUDA device
+(tests/virtual_cuda.py), where a tensor the adapter hands on the wrong side of host and device
+raises as on a GPU. The GPU runs are in docs/vllm.md."""
 from __future__ import annotations
 
 import dataclasses
@@ -11,11 +13,17 @@ import dataclasses
 import pytest
 import torch
 
-from backends.vllm.gdn import CPU_REASON, VllmGdnBackend, layer_name
+from backends.vllm.gdn import CPU_REASON, VllmGdnBackend, layer_name, runtime
 from cases.linear import SMOKE
-from kit.harness.recurrent import run_case
+from kit.engine.recurrent_step import build
+from kit.engine.state_pool import StatePool
+from kit.harness.recurrent import RecurrentContext, padded_bucket, run_case
+from kit.harness.recurrent_rules import rule_of
+from kit.harness.scope import recurrent_graph_reason
+from kit.modes import Exec, ForwardMode
 from kit.report.record import KV_WRITE
 from tests.toys.per_token_blocks import PerTokenBlocksLinear
+from tests.virtual_cuda import CUDA, VirtualCuda
 
 VERIFY = next(c for c in SMOKE if c.name == "gdn_verify_bf16")
 
@@ -57,3 +65,56 @@ def test_vllms_builder_reads_the_kit_s_blocks_and_kept_tokens_and_a_slot_off_is_
     assert [v.ok for v in verdicts] == [True, True], [v.text for v in verdicts]
     planted = run_case(_driven_by(OneRequestOneSlotOff), VERIFY)
     assert not planted[0].ok and planted[0].failure_class == KV_WRITE, planted[0].text
+
+
+class IsPrefillingOnTheDevice(VllmGdnBackend):
+    """The adapter's rendering with is_prefilling on the device (vLLM's runner keeps it on the host)."""
+
+    def _common(self, batch):
+        common = super()._common(batch)
+        common.is_prefilling = common.is_prefilling.to(common.query_start_loc.device)
+        return common
+
+
+GDN_RUNS = [(c, e) for c in SMOKE if c.kind == "gdn" for e in Exec
+            if e == Exec.EAGER or recurrent_graph_reason(c) is None]
+
+
+def _metadata_on_cuda(adapter, case, exec_):
+    """vLLM's builder for a CUDA device over the adapter's rendering of the case's batch, made on
+    that device as the harness makes it (a graph's padded rows included): the metadata."""
+    fx = build(case, "cpu", layout=rule_of(adapter.profile).layout(case))
+    graph = exec_ == Exec.GRAPH
+    max_bs = padded_bucket(case.bs, adapter.profile) if graph else case.bs
+    drafts = case.new if case.mode == ForwardMode.TARGET_VERIFY else 0
+    pool = StatePool(fx.geometry, fx.torch_dtype, "cpu")
+    backend = adapter(RecurrentContext(torch.device("cpu"), fx.torch_dtype, pool, fx.layers, max_bs, drafts))
+    with VirtualCuda():
+        with runtime().set_current_vllm_config(backend.vllm_config):
+            backend.builder = backend.metadata_builder(CUDA)
+        batch, _ = fx.batch(CUDA, max_bs if graph else None, adapter.padded_state_slot,
+                            empty_padding=adapter.profile.padded_query_len == 0)
+        backend.init_forward_metadata(batch)
+        return backend.metadata[layer_name(fx.layers[0])]
+
+
+@pytest.mark.parametrize("case,exec_", GDN_RUNS, ids=[f"{c.name}-{e.value}" for c, e in GDN_RUNS])
+def test_vllms_builder_on_cuda_takes_the_adapter_s_tensors_each_on_its_side(case, exec_):
+    metadata = _metadata_on_cuda(VllmGdnBackend, case, exec_)
+    with VirtualCuda():
+        sides = {f.name: getattr(metadata, f.name).device.type for f in dataclasses.fields(metadata)
+                 if isinstance(getattr(metadata, f.name), torch.Tensor)}
+    wrong = {name: side for name, side in sides.items() if side != ("cpu" if name.endswith("_cpu") else "cuda")}
+    assert sides and not wrong, f"metadata tensors on the wrong side: {wrong}"
+
+
+@pytest.mark.parametrize("case,exec_", GDN_RUNS, ids=[f"{c.name}-{e.value}" for c, e in GDN_RUNS])
+def test_is_prefilling_on_the_device_raises_where_vllms_builder_reads_it(case, exec_):
+    """vLLM's builder reads is_prefilling beside the host query lengths outside its speculative path
+    (gdn_attn.py: no_prior_state &= m.is_prefilling), so every mode but a verify raises, as the
+    adapter with it on the device crashed in DECODE, EXTEND and MIXED on an H200 and passed TARGET_VERIFY."""
+    if case.mode == ForwardMode.TARGET_VERIFY:
+        _metadata_on_cuda(IsPrefillingOnTheDevice, case, exec_)
+        return
+    with pytest.raises(RuntimeError, match="Expected all tensors to be on the same device"):
+        _metadata_on_cuda(IsPrefillingOnTheDevice, case, exec_)

@@ -41,6 +41,13 @@ class SGLangKDABackend(SGLangLinearBackend):
     def _conv_view(conv):
         return conv.transpose(-1, -2)
 
+    def _hf_config(self, layer):
+        """Kimi Linear's config, as far as SGLang's KDA path reads it: no mamba_chunk_size (its prefill
+        chunks by 64)."""
+        from transformers import PretrainedConfig
+
+        return PretrainedConfig()
+
     def _linear_backend(self, runner):
         # As attention_registry.py builds a Kimi Linear model's backends: no lower bound, so no
         # FlashInfer prefill default (kda_backend.py flashinfer_kda_prefill_default).

@@ -22,6 +22,7 @@ from typing import Optional
 
 import torch
 
+from backends.qwen3_next import qwen3_next_config
 from backends.sglang.adapter import sglang_problem
 from kit.engine.kinds.recurrent import GRAPH_MODES
 from kit.engine.profile import SGLANG
@@ -83,16 +84,27 @@ def _req_to_token_pool(mamba_pool, rows: int, device, sg_req_pool_cls):
     return type("HybridReqToTokenPool", (_ReqToTokenPoolState,), code)(mamba_pool, rows, device)
 
 
+class _ModelConfig:
+    """The ModelConfig fields SGLang's linear backends read: the model's HF config (a text model's
+    text config is itself); HybridLinearAttnBackend's prefill takes mamba_chunk_size from it (64 where
+    the config has none)."""
+
+    def __init__(self, hf_config):
+        self.hf_config = self.hf_text_config = hf_config
+
+
 class _ModelRunner:
-    """The model-runner attributes GDNAttnBackend reads at construction."""
+    """The ModelRunner attributes SGLang's GDN, KDA and Mamba2 backends and HybridLinearAttnBackend
+    read, in any mode (tests/test_sglang_linear.py lists them from SGLang's source)."""
 
     is_draft_worker = False
 
-    def __init__(self, device, req_to_token_pool, server_args):
+    def __init__(self, device, req_to_token_pool, server_args, model_config):
         self.device = device
         self.req_to_token_pool = req_to_token_pool
         self.token_to_kv_pool = None  # a linear layer keeps no KV pages
         self.server_args = server_args
+        self.model_config = model_config
 
 
 def _no_full_layers(base):
@@ -189,7 +201,8 @@ class SGLangLinearBackend:
         self.mamba_pool = _mamba_pool(ctx.state_pool, memory_pool.MambaPool, self._conv_view)
         self.req_pool = _req_to_token_pool(self.mamba_pool, ctx.state_pool.size, ctx.device,
                                            memory_pool.HybridReqToTokenPool)
-        runner = _ModelRunner(ctx.device, self.req_pool, sg.get_context().server_args)
+        runner = _ModelRunner(ctx.device, self.req_pool, sg.get_context().server_args,
+                              _ModelConfig(self._hf_config(ctx.layers[0])))
         self.impl = hybrid.HybridLinearAttnBackend(_no_full_layers(sg.AttentionBackend)(runner),
                                                    self._linear_backend(runner), full_attn_layers=[])
         self.layers = {layer.layer_id: self._layer(layer) for layer in ctx.layers}
@@ -203,6 +216,10 @@ class SGLangLinearBackend:
 
     def _linear_backend(self, runner):
         """The kind's SGLang backend, built as attention_registry.py builds it for the kind's models."""
+        raise NotImplementedError
+
+    def _hf_config(self, layer):
+        """The HF config of the kind's model, as its model runner holds it, of a kit layer."""
         raise NotImplementedError
 
     def _layer(self, layer):
@@ -286,6 +303,14 @@ class SGLangGDNBackend(SGLangLinearBackend):
         if case.mode in (ForwardMode.EXTEND, ForwardMode.MIXED) and not torch.cuda.is_available():
             return cpu_prefill_reason(case, "GDNAttnBackend", "fla/chunk.py:111 chunk_gated_delta_rule")
         return None
+
+    def _hf_config(self, layer):
+        """SGLang's own Qwen3NextConfig, the class its model runner loads for Qwen3-Next (its GDN prefill
+        default, flashinfer_gdn_prefill_default, reads the heads of that class alone); no mamba_chunk_size:
+        the prefill chunks by 64."""
+        from importlib import import_module
+
+        return qwen3_next_config(layer, import_module("sglang.srt.configs.qwen3_next").Qwen3NextConfig)
 
     def _linear_backend(self, runner):
         from importlib import import_module

@@ -86,13 +86,9 @@ def _mixer(cls, layer):
 
 
 class _HfConfig:
+    """What SGLang reads of a Mamba2 model's HF config (mamba_chunk_size)."""
+
     mamba_chunk_size = CHUNK_SIZE
-
-
-class _ModelConfig:
-    """The model config Mamba2AttnBackend reads (mamba_chunk_size)."""
-
-    hf_text_config = _HfConfig()
 
 
 class SGLangMamba2Backend(SGLangLinearBackend):
@@ -120,8 +116,10 @@ class SGLangMamba2Backend(SGLangLinearBackend):
         # What SGLang's scheduler does at start (managers/scheduler.py:989): MambaMixer2's decode
         # dispatches selective_state_update to the backend the server args name (mamba_backend).
         import_module(SSU).initialize_mamba_selective_state_update_backend(runner.server_args)
-        runner.model_config = _ModelConfig()
         return import_module(MAMBA2_BACKEND).Mamba2AttnBackend(runner)
+
+    def _hf_config(self, layer):
+        return _HfConfig()
 
     def _mixer_module(self):
         """The module of SGLang's MambaMixer2 (mamba.py)."""

@@ -36,6 +36,7 @@ from typing import Optional
 
 import torch
 
+from backends.qwen3_next import qwen3_next_config
 from backends.vllm.adapter import PROFILE, _installed_version, runtime, vllm_problem
 from kit.engine.kinds.recurrent import MODES
 from kit.harness.protocol import library_version
@@ -124,20 +125,20 @@ class VllmGdnBackend:
                 self.layers = {layer.layer_id: self._vllm_layer(layer) for layer in ctx.layers}
             finally:
                 torch.set_default_dtype(default)
-            from vllm.v1.attention.backends.gdn_attn import GDNAttentionMetadataBuilder
-
-            spec = next(iter(self.layers.values())).get_kv_cache_spec(config)
-            self.builder = GDNAttentionMetadataBuilder(spec, [layer_name(l) for l in ctx.layers], config, ctx.device)
+            self.builder = self.metadata_builder(ctx.device)
         self.metadata = {}
 
+    def metadata_builder(self, device):
+        """vLLM's GDNAttentionMetadataBuilder of the adapter's layers, as its runner builds it for `device`."""
+        from vllm.v1.attention.backends.gdn_attn import GDNAttentionMetadataBuilder
+
+        spec = next(iter(self.layers.values())).get_kv_cache_spec(self.vllm_config)
+        return GDNAttentionMetadataBuilder(spec, [layer_name(l) for l in self.ctx.layers], self.vllm_config, device)
+
     def _vllm_layer(self, layer):
-        from transformers import Qwen3NextConfig
         from vllm.model_executor.layers.mamba.gdn.qwen_gdn_linear_attn import QwenGatedDeltaNetAttention
 
-        hf = Qwen3NextConfig(hidden_size=layer.num_v_heads * layer.head_v_dim, linear_num_key_heads=layer.num_k_heads,
-                             linear_num_value_heads=layer.num_v_heads, linear_key_head_dim=layer.head_k_dim,
-                             linear_value_head_dim=layer.head_v_dim,
-                             linear_conv_kernel_dim=layer.conv_weights.shape[1], hidden_act=layer.activation)
+        hf = qwen3_next_config(layer)
         gdn = QwenGatedDeltaNetAttention(hf, self.vllm_config, prefix=layer_name(layer)).to(self.ctx.device)
         with torch.no_grad():
             gdn.conv1d.weight.copy_(layer.conv_weights[:, None, :])
@@ -179,7 +180,9 @@ class VllmGdnBackend:
             num_actual_tokens=batch.num_tokens, max_query_len=max(lens), max_seq_len=max(seq_lens),
             block_table_tensor=blocks.to(torch.int32),
             slot_mapping=torch.full((batch.num_tokens,), -1, dtype=torch.int64, device=device),
-            is_prefilling=torch.tensor(prefilling, dtype=torch.bool, device=device),
+            # on the host, as vLLM's runner hands it (num_computed_tokens_cpu < num_prompt_tokens_cpu): the
+            # builder combines it with the host query lengths
+            is_prefilling=torch.tensor(prefilling, dtype=torch.bool),
             seq_lens_cpu_upper_bound=torch.tensor(seq_lens, dtype=torch.int32))
 
     def forward(self, mixed_qkv, a, b, layer, batch):

@@ -38,6 +38,11 @@ def timed_out(exc: BaseException) -> bool:
     return False
 
 
+def raised(exc: BaseException) -> str:
+    """What a backend raised, as a crash message names it: its type, its text and where (kit.harness.where)."""
+    return f"{type(exc).__name__}: {exc}{where(exc)}"
+
+
 class Crash(Exception):
     """A backend raised (or the device faulted); carries where it happened."""
 
@@ -45,7 +50,7 @@ class Crash(Exception):
         self.device_lost = sticky(exc)
         self.timed_out = timed_out(exc)
         self.out_of_memory = is_out_of_memory(exc)
-        super().__init__(f"{stage}: {type(exc).__name__}: {exc}{where(exc)}")
+        super().__init__(f"{stage}: {raised(exc)}")
 
 
 class KitOutOfMemory(Exception):

@@ -27,6 +27,7 @@ from kit.engine.recurrent_step import RecurrentBatch, RecurrentFixture, build, k
 from kit.engine.kinds.recurrent import GRAPH_MODES, RecurrentCase
 from kit.engine.state_pool import PADDED_SLOT, StatePool
 from kit.harness.checks import Check, output_figures, read_back
+from kit.harness.fault import raised
 from kit.harness.nan_fill import nan_filled_allocations
 from kit.harness.recurrent_rules import IntermediatePools, rule_of
 from kit.harness.scope import recurrent_graph_reason
@@ -161,7 +162,7 @@ def run_case(backend_cls, case: RecurrentCase, exec_: Exec = Exec.EAGER, device:
             _run(backend_cls, case, exec_, device, verdicts)
     except Exception as exc:  # the backend's error is the run's verdict, as the softmax runner's
         verdicts.append(RecurrentVerdict(f"{case.mode.value} {exec_.value}",
-                                         [Crashed(False, f"{type(exc).__name__}: {exc}")]))
+                                         [Crashed(False, raised(exc))]))
     return verdicts
 
 
