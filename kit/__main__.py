@@ -43,6 +43,9 @@ def build_parser() -> Parser:
     options.add_selection(lst.add_argument)
     lst.add_argument("--backends", action="store_true",
                      help="list the selection's backends instead: what each runs here, and why not the rest")
+    lst.add_argument("--check", action="store_true",
+                     help="with --backends: import each engine adapter's engine (SGLang, vLLM: seconds to minutes) "
+                          "and say what it runs here; without it such a backend reads `not checked` or `unavailable`")
     warm = sub.add_parser("warmup", prog=f"{PROG} warmup",
                           help="build every kernel variant the matrix selection will load (FlashInfer's JIT, Triton's "
                                "compile), in parallel, before any run: each backend x mode x kernel variant once, on "
@@ -250,7 +253,7 @@ def _list(args, catalog, case_set: str) -> int:
         return 0
     for spec in backends:
         print("\n".join(listing.backend_lines(spec, catalog, case_set, modes, execs,
-                                              narrows_to_ci(args.case_set, case_set))))
+                                              narrows_to_ci(args.case_set, case_set), args.check)), flush=True)
     return 0
 
 
@@ -271,6 +274,8 @@ def main(argv=None) -> int:
 
 
 def _command(args) -> int:
+    if args.command == "list" and args.check and not args.backends:
+        return fail(PROG, "--check checks backends: give it with --backends")
     if args.command == "run" and ":" not in args.backend:  # a name is looked up before torch and the catalog load
         from kit.harness.registry import UnknownBackend, backend_label
         try:

@@ -6,6 +6,7 @@ from __future__ import annotations
 import collections
 import dataclasses
 import textwrap
+import warnings
 from typing import Dict, List, Optional, Sequence, Tuple
 
 from kit.engine.case import Case
@@ -115,9 +116,22 @@ def scope_lines(name: str, s: Scope, execs: Sequence[Exec]) -> List[str]:
     return out
 
 
+def _import_problem(cls) -> Optional[str]:
+    """Why an engine adapter's engine does not import here (`load_engine`: seconds to minutes), or None."""
+    try:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")  # an engine's import-time chatter is no answer of the listing's
+            cls.load_engine()
+    except Exception as exc:  # noqa: BLE001 - an engine installed but broken is what this reports
+        return f"its engine does not import here ({type(exc).__name__}: {exc})"
+    return None
+
+
 def backend_lines(spec: str, catalog, case_set: str, modes: Sequence[ForwardMode], execs: Sequence[Exec],
-                  narrow_to_ci: bool) -> List[str]:
-    """What `spec` runs of the selection here (kit.harness.scope decides), or why it cannot load."""
+                  narrow_to_ci: bool, check: bool) -> List[str]:
+    """What `spec` runs of the selection here (kit.harness.scope decides), or why it cannot load.
+    An engine adapter's engine is imported only with `check`: without it, the backend is never
+    said to be available."""
     from kit.harness.capabilities import Capabilities
     from kit.harness.protocol import backend_problem
     from kit.harness.registry import load_backend
@@ -131,7 +145,17 @@ def backend_lines(spec: str, catalog, case_set: str, modes: Sequence[ForwardMode
         caps = None if problem else Capabilities.of(cls)
     except TypeError as exc:
         problem = str(exc)
+    # An engine adapter (a class with `load_engine`): its engine's pin is read from installed metadata,
+    # and the engine imported only with `check`, for a backend that runs something here.
+    engine = not problem and callable(getattr(cls, "load_engine", None))
+    if engine:
+        problem = getattr(cls, "installed_problem", lambda: None)()
     if problem:
         return _wrapped(f"{spec} unavailable: {problem}", "")
-    return scope_lines(spec, scope(cls, caps, catalog, case_set, modes, execs,
-                                   caps.ci_cases if narrow_to_ci else None), execs)
+    if engine and not check:
+        return _wrapped(f"{spec} not checked: its engine is imported only under `--check`", "")
+    s = scope(cls, caps, catalog, case_set, modes, execs, caps.ci_cases if narrow_to_ci else None)
+    problem = _import_problem(cls) if engine and any(s.runs.values()) else None
+    if problem:
+        return _wrapped(f"{spec} unavailable: {problem}", "")
+    return scope_lines(spec, s, execs)

@@ -1,6 +1,9 @@
 """`python -m kit list --backends`: what each backend runs here, counted by the runner's own
 decision, the main reason first, on short lines."""
+import importlib
 import re
+import subprocess
+import sys
 
 import pytest
 
@@ -11,7 +14,7 @@ from kit.harness.runner import unsupported_here
 from kit.listing import WIDTH
 from kit.modes import EXECS, MODES
 from tests.test_cli import _main
-from tests.test_matrix import STALE, known_failures_session
+from tests.test_matrix import REPO, STALE, known_failures_session
 
 DENSE_TOY = "tests.toys.dense:DenseGraphBackend"
 
@@ -94,3 +97,67 @@ def test_list_backends_asks_a_backend_once_per_case_and_exec(monkeypatch):
     cls = load_backend(DENSE_TOY)
     scope(cls, Capabilities.of(cls), CATALOG, "smoke", MODES, EXECS, None)
     assert asked and len(asked) == len(set(asked))
+
+
+ENGINE_TOY = "tests.toys.engine:ToyEngineBackend"
+
+
+@pytest.fixture
+def plant_engine(tmp_path, monkeypatch):
+    """plant(source): the distribution toy-engine 1.0 installed in a folder on sys.path, its module
+    `toy_engine` that source; plant(None): nothing installed."""
+    from backends import pinned
+
+    monkeypatch.syspath_prepend(str(tmp_path))
+
+    def plant(source):
+        if source is not None:
+            (tmp_path / "toy_engine").mkdir()
+            (tmp_path / "toy_engine" / "__init__.py").write_text(source)
+            (tmp_path / "toy_engine-1.0.dist-info").mkdir()
+            (tmp_path / "toy_engine-1.0.dist-info" / "METADATA").write_text(
+                "Metadata-Version: 2.1\nName: toy-engine\nVersion: 1.0\n")
+        importlib.invalidate_caches()
+        pinned.installed_version.cache_clear()
+
+    yield plant
+    sys.modules.pop("toy_engine", None)
+    pinned.installed_version.cache_clear()
+
+
+@pytest.mark.parametrize("source, default, checked", [
+    ("raise ImportError('planted: a broken install')", "not checked: its engine is imported only under `--check`",
+     "unavailable: its engine does not import here (ImportError: planted: a broken install)"),
+    ("", "not checked: its engine is imported only under `--check`", "available: eager "),
+    (None, "unavailable: toy-engine 1.0 is not installed: pip install toy-engine",
+     "unavailable: toy-engine 1.0 is not installed: pip install toy-engine"),
+], ids=["installed_but_broken", "installed_and_importing", "not_installed"])
+def test_list_backends_says_available_only_of_an_engine_it_imported(plant_engine, source, default, checked):
+    """Without --check an engine adapter's engine is not imported (seconds to minutes for SGLang's and
+    vLLM's), so the backend reads `not checked`, never available; --check imports it, and a package
+    installed but broken reads unavailable with its error."""
+    plant_engine(source)
+    said = " ".join(" ".join(_listing("--backend", ENGINE_TOY, "--mode", "decode")).split())
+    assert said.startswith(f"{ENGINE_TOY} {default}"), said
+    assert "toy_engine" not in sys.modules
+    said = " ".join(" ".join(_listing("--backend", ENGINE_TOY, "--mode", "decode", "--check")).split())
+    assert said.startswith(f"{ENGINE_TOY} {checked}"), said
+
+
+def test_list_backends_imports_no_engine_without_check():
+    """The default listing of every registered backend, in a fresh process: neither SGLang nor vLLM
+    imported, and none of their adapters said to be available."""
+    code = ("import sys\nfrom kit.__main__ import main\nmain(['list', '--backends'])\n"
+            "print('imported:', sorted(m for m in ('sglang', 'vllm') if m in sys.modules))")
+    proc = subprocess.run([sys.executable, "-c", code], cwd=REPO, capture_output=True, text=True, timeout=600)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    lines = proc.stdout.splitlines()
+    assert lines[-1] == "imported: []", proc.stdout[-3000:]
+    engines = [line for line in lines if line.startswith(("sglang_", "vllm_"))]
+    assert engines and not [line for line in engines if " available: " in line], engines
+
+
+def test_check_goes_with_backends():
+    proc = _main(kit_main, "list", "--check")
+    assert proc.returncode == 4 and proc.stderr.strip().endswith("--check checks backends: give it with --backends"), \
+        proc.stderr

@@ -226,7 +226,7 @@ def check(spec: Spec, target: Path, manifest: dict, probe=chain.run_probe,
         raise SystemExit("\n".join(lines))
     print(f"{spec.name}: {len(backends)} backends load from {target} ({', '.join(backends)}): "
           f"export PYTHONPATH={target}${{PYTHONPATH:+:$PYTHONPATH}}"
-          + (f" PATH={target / 'bin'}:$PATH" if spec.tools else "") + ", then `python -m kit list --backends`")
+          + (f" PATH={target / 'bin'}:$PATH" if spec.tools else "") + ", then `python -m kit list --backends --check`")
 
 
 def main(spec: Spec, argv=None) -> int:

@@ -200,6 +200,10 @@ class SGLangBackend(AttentionBackend):
              ForwardMode.DRAFT_EXTEND_V2)
 
     @classmethod
+    def installed_problem(cls) -> Optional[str]:
+        return sglang_problem()
+
+    @classmethod
     def load_engine(cls) -> None:
         """What a run imports of SGLang (the offline bundle traces it): the adapter's runtime, the class wrapped."""
         importlib.import_module("backends.sglang.runtime")

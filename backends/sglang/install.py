@@ -18,7 +18,7 @@ REQUIREMENTS = Path(__file__).with_name("requirements-cpu.txt")
 
 def main() -> int:
     return pinned.install("sglang", PINNED, [REQUIREMENTS], f"sglang {PINNED}'s attention backends are ready "
-                                                             "(`python -m kit list --backends` lists them)")
+                                                             "(`python -m kit list --backends --check` lists them)")
 
 
 if __name__ == "__main__":

@@ -165,6 +165,10 @@ class SGLangLinearBackend:
         return {"sglang": library_version("sglang"), "triton": library_version("triton")}
 
     @classmethod
+    def installed_problem(cls) -> Optional[str]:
+        return sglang_problem()
+
+    @classmethod
     def load_engine(cls) -> None:
         """What a run imports of SGLang (the offline bundle traces it): what every kind's runs import,
         and the kind's own (`engine_modules`)."""

@@ -62,7 +62,12 @@ INTERPRETER_BF16 = "bf16 on CPU: Triton's interpreter computes bf16 tl.dot wrong
 
 def vllm_problem() -> Optional[str]:
     """Why the pinned vllm cannot be used here, or None."""
-    return pinned.pin_problem("vllm", PINNED, INSTALL) or _import_problem()
+    return pin_problem() or _import_problem()
+
+
+def pin_problem() -> Optional[str]:
+    """Why the pinned vllm is not installed here (read from installed metadata, nothing imported), or None."""
+    return pinned.pin_problem("vllm", PINNED, INSTALL)
 
 
 _IMPORTED: Dict[str, Optional[str]] = {}
@@ -145,6 +150,10 @@ class VllmBackend(AttentionBackend):
         if vllm_problem() is None:
             out["kv_write"] = cls.own_kv_writer or runtime().KV_WRITE[cls.attention_kinds[0]]
         return out
+
+    @classmethod
+    def installed_problem(cls) -> Optional[str]:
+        return pin_problem()
 
     @classmethod
     def backend_cls(cls):

@@ -37,7 +37,7 @@ from typing import Optional
 import torch
 
 from backends.qwen3_next import qwen3_next_config
-from backends.vllm.adapter import PROFILE, _installed_version, runtime, vllm_problem
+from backends.vllm.adapter import PROFILE, _installed_version, pin_problem, runtime, vllm_problem
 from kit.engine.kinds.recurrent import MODES
 from kit.harness.protocol import library_version
 from kit.modes import ForwardMode
@@ -81,6 +81,10 @@ class VllmGdnBackend:
     @classmethod
     def versions(cls):
         return {"vllm": _installed_version(), "triton": library_version("triton")}
+
+    @classmethod
+    def installed_problem(cls) -> Optional[str]:
+        return pin_problem()
 
     @classmethod
     def load_engine(cls) -> None:
