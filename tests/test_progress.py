@@ -10,7 +10,7 @@ import pytest
 
 from cases import CATALOG
 from kit.modes import MODES
-from kit.plugin.progress import KIT_TESTS, Progress
+from kit.plugin.progress import KIT_TESTS, Progress, kit_tests, shown
 from tests.test_matrix import REPO, known_failures_session
 from tests.test_runs_end import misbehaving_session
 
@@ -69,25 +69,31 @@ SESSIONS = {
 
 
 def _session(kind: str, seed: int):
-    """A session of 4 workers running the tests of SESSIONS[kind] in a shuffled order, each taking
-    the next when free: when each progress line came, the time left it said, and the time that
-    was left; and the session's length."""
+    """A session of 4 workers running the tests of SESSIONS[kind] in a shuffled order."""
     spec, rng = SESSIONS[kind], random.Random(seed)
     items = [(group, seconds) for group, seconds, n in spec["runs"] for _ in range(n)]
     items += [(KIT_TESTS, rng.choice((spec["kit"][0],) * 3 + (spec["kit"][1],))) for _ in range(150)]
     rng.shuffle(items)
+    return _timeline(items, 4, spec["load"], spec["start"], spec.get("slowdown", (1.0, 1.0)))
+
+
+def _timeline(items, workers: int, load: float, start: float, slowdown=(1.0, 1.0)):
+    """`workers` running `items` ((group, seconds) each) in their order, each taking the next when
+    free, a worker's first run of a backend `load` times as long, the workers starting `start` s
+    apart, every test after a share `slowdown[0]` of them `slowdown[1]` times as long: when each
+    progress line came, the time left it said, and the time that was left; and the session's length."""
     clock = Clock()
     progress = Progress([group for group, _ in items], every_s=10, clock=clock)
-    free, loaded, ends, said = [(spec["start"] * w, w) for w in range(4)], set(), [], []
-    slow_from, slowdown = spec.get("slowdown", (1.0, 1.0))
+    free, loaded, ends, said = [(start * w, w) for w in range(workers)], set(), [], []
+    slow_from, factor = slowdown
     for i, (group, seconds) in enumerate(items):
-        start, worker = heapq.heappop(free)
-        seconds *= slowdown if i >= slow_from * len(items) else 1.0
-        if group != KIT_TESTS and (worker, group) not in loaded:
+        begin, worker = heapq.heappop(free)
+        seconds *= factor if i >= slow_from * len(items) else 1.0
+        if shown(group) != KIT_TESTS and (worker, group) not in loaded:
             loaded.add((worker, group))
-            seconds *= spec["load"]
-        heapq.heappush(free, (start + seconds, worker))
-        ends.append((start + seconds, group, seconds, worker))
+            seconds *= load
+        heapq.heappush(free, (begin + seconds, worker))
+        ends.append((begin + seconds, group, seconds, worker))
     last = max(end for end, _, _, _ in ends)
     for end, group, seconds, worker in sorted(ends):
         clock.now = end
@@ -109,6 +115,31 @@ def test_the_estimate_holds_steady(kind, seed):
     assert said
     assert all(left <= 3 * truth + 20 for at, left, truth in said if at > last / 5), said
     assert all(truth / 3 - 20 <= left <= 2 * truth + 20 for at, left, truth in said if at > last / 3), said
+
+
+# The README's test command on 2 cores, as the kit's test files come (in their order, each file's tests
+# together): files of quick tests, and files of subprocess sessions, each test a pytest or kit process
+# of half a minute or more; the conformance runs of two backends among them (as test_conformance.py).
+README_FILES = [("a", 40, 0.3), ("b", 12, 30.0), ("c", 60, 0.2), ("d", 30, 40.0), ("e", 80, 0.1), ("f", 10, 25.0),
+                ("g", 50, 0.5), ("h", 20, 60.0), ("i", 70, 0.2), ("j", 15, 35.0), ("k", 40, 0.3)]
+
+
+def test_the_estimate_holds_steady_through_files_of_slow_tests():
+    """Files of subprocess sessions among files of quick tests: read at the mean of the kit's tests as
+    a whole and at the pace of the latest 30 tests' seconds over it, the estimate said up to 15x the
+    time left (a file of slow tests begun: the pace ~100x) and down to 1/100 of it (quick tests
+    after slow ones). Each file's tests at their own mean, the pace a median: past a fifth of the
+    session within 3x over; past a third within 2x over and 6x under (20 s either way: the tests of
+    a file not yet begun are foreseen at the mean of every test so far)."""
+    items = []
+    for name, n, seconds in README_FILES:
+        items += [(kit_tests(f"tests/test_{name}.py"), seconds)] * n
+        if name == "c":
+            items += [("fast", 1.0)] * 200 + [("slow", 5.0)] * 60
+    said, last = _timeline(items, 2, 8, 0.0)
+    assert said
+    assert all(left <= 3 * truth + 20 for at, left, truth in said if at > last / 5), said
+    assert all(truth / 6 - 20 <= left <= 2 * truth + 20 for at, left, truth in said if at > last / 3), said
 
 
 def test_the_suite_shows_progress_per_backend(tmp_path_factory):

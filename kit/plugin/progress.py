@@ -4,6 +4,7 @@ command), and a total with an estimate of the time left (Progress.left_s). Torch
 from __future__ import annotations
 
 import collections
+import statistics
 import time
 from typing import Callable, Dict, Iterable, List, Optional
 
@@ -37,6 +38,18 @@ def _duration(seconds: float) -> str:
 
 
 KIT_TESTS = "the kit's own tests"  # the tests of a session that are no conformance run
+
+
+def kit_tests(path: str) -> str:
+    """The group of the kit's own tests of the file at `path`: a file's tests cost alike (a file of
+    subprocess sessions, one of arithmetic), the kit's tests as a whole do not; shown as KIT_TESTS."""
+    return f"{KIT_TESTS} in {path}"
+
+
+def shown(group: str) -> str:
+    """The line a group's tests are counted on: a backend's own, or KIT_TESTS for every test file's."""
+    return KIT_TESTS if group.startswith(KIT_TESTS) else group
+
 SHRINK = 3  # a group's mean is drawn toward every group's by this many runs' weight
 RECENT = 30  # the latest tests whose pace (their seconds over their groups' means) says how loaded the machine is now
 
@@ -51,7 +64,7 @@ class Progress:
         self.spent = 0.0  # seconds of every finished test
         self.steady = RunTimes()  # per group, its tests but each worker's first run of a backend
         self.loaded: set = set()  # (backend, worker) of the first runs seen
-        self.recent = collections.deque(maxlen=RECENT)  # (group, seconds) of the latest tests in self.steady
+        self.ratios: List[float] = []  # per test in self.steady, its seconds over its group's mean before it
         self.reported: Dict[object, float] = {}  # per worker, when its last test ended
         self.start = self.last = clock()
 
@@ -60,9 +73,9 @@ class Progress:
         until `every_s` has passed)."""
         self.finished[group] += 1
         self.spent += seconds
-        if group == KIT_TESTS or (group, worker) in self.loaded:
+        if shown(group) == KIT_TESTS or (group, worker) in self.loaded:
+            self.ratios.append(seconds / self._mean(group) if self.steady.finished else 1.0)
             self.steady.add(group, seconds)
-            self.recent.append((group, seconds))
         self.loaded.add((group, worker))
         self.reported[worker] = self.clock()
         if self.every_s <= 0 or self.clock() - self.last < self.every_s:
@@ -79,11 +92,14 @@ class Progress:
         return (self.steady.spent[group] + SHRINK * overall) / (n + SHRINK)
 
     def _pace(self) -> float:
-        """How much longer than their groups' means the latest tests took: a machine loaded since
-        (or freed) makes every test left take that much longer (or shorter), which means over the
-        whole session learn only slowly."""
-        expected = sum(self._mean(group) for group, _ in self.recent)
-        return sum(seconds for _, seconds in self.recent) / expected if expected > 0 else 1.0
+        """How much longer than their groups' means the latest tests took, against the session's
+        tests: a machine loaded since (or freed) makes every test left take that much longer (or
+        shorter), which means over the whole session learn only slowly. Medians: a stretch of tests
+        far slower than their group's mean so far (a file of subprocess sessions begun) is the
+        group's cost, which its mean learns, not the machine's pace."""
+        if len(self.ratios) < RECENT:
+            return 1.0
+        return statistics.median(self.ratios[-RECENT:]) / statistics.median(self.ratios)
 
     def left_s(self) -> Optional[float]:
         """The time left: the work left (each group's tests left times its mean, at the latest
@@ -100,10 +116,13 @@ class Progress:
 
     def lines(self) -> List[str]:
         out = []
+        planned, finished = collections.Counter(), collections.Counter()
         for group, total in self.planned.items():
-            done = self.finished[group]
-            if done < total:
-                out.append(f"progress: {group} {done}/{total} {'tests' if group == KIT_TESTS else 'runs'}")
+            planned[shown(group)] += total
+            finished[shown(group)] += self.finished[group]
+        for group, total in planned.items():
+            if finished[group] < total:
+                out.append(f"progress: {group} {finished[group]}/{total} {'tests' if group == KIT_TESTS else 'runs'}")
         done, total = sum(self.finished.values()), sum(self.planned.values())
         left = self.left_s()
         out.append(f"progress: all {done}/{total}" + (f", ~{_duration(left)} left" if left is not None else ""))

@@ -44,7 +44,7 @@ class Recorder:
         self.records: Dict[str, dict] = {}
         self.file = GrowingResults(self.path) if self.writes else None
         self.selected: Optional[List[str]] = None  # run ids, once collection is known
-        self.kit_tests = 0  # the session's other tests (the kit's own, in the README's test command)
+        self.kit_tests: List[str] = []  # the file of each of the session's other tests (the kit's own)
         self.status: Optional[str] = None  # how the session ended, once it has
         self.started = False  # runs began: from then on the file is this session's
         self.progress: Optional[progress.Progress] = None  # once the runs are known
@@ -53,9 +53,10 @@ class Recorder:
 
     def _select(self, nodeids) -> None:
         if self.selected is None:
+            nodeids = list(nodeids)
             runs = [run_of(nodeid) for nodeid in nodeids]
             self.selected = [rid for rid in runs if rid is not None]
-            self.kit_tests = runs.count(None)
+            self.kit_tests = [nodeid.partition("::")[0] for nodeid, run in zip(nodeids, runs) if run is None]
 
     def pytest_collection_finish(self, session):
         self._select(item.nodeid for item in session.items)
@@ -77,7 +78,7 @@ class Recorder:
         if self.selected and not self.started:
             self.started = True
             self.progress = progress.Progress([parse_run_id(rid)[0] for rid in self.selected]
-                                              + [progress.KIT_TESTS] * self.kit_tests,
+                                              + [progress.kit_tests(path) for path in self.kit_tests],
                                               self.config.getoption("--progress-every"))
             if self.writes:
                 self.file.start(self._run_section(RUNNING))
@@ -90,14 +91,14 @@ class Recorder:
         run = dict(status=status, selected=self.selected or [], catalog=self.catalog)
         return run if self.shard is None else dict(run, shard=self.shard)
 
-    def _show_progress(self, group: str, seconds: float) -> None:
+    def _show_progress(self, group: str, seconds: float, report) -> None:
         if self.progress is not None and not hasattr(self.config, "workerinput"):
-            self._say(*self.progress.add(group, seconds))
+            self._say(*self.progress.add(group, seconds, getattr(report, "node", None)))  # xdist: the worker
 
     def pytest_runtest_logreport(self, report):
         if run_of(report.nodeid) is None:
             if report.when == "call" or (report.when == "setup" and not report.passed):  # once a test
-                self._show_progress(progress.KIT_TESTS, report.duration)
+                self._show_progress(progress.kit_tests(report.nodeid.partition("::")[0]), report.duration, report)
             return
         record = next((json.loads(v) for k, v in report.user_properties if k == RECORD_KEY), None)
         if record is None and report.failed and report.nodeid not in self.records:
@@ -106,7 +107,7 @@ class Recorder:
             return  # a report of the run's teardown carries the record its call did
         known = report.nodeid in self.records
         if not known:
-            self._show_progress(record["backend"], record.get("seconds") or 0.0)
+            self._show_progress(record["backend"], record.get("seconds") or 0.0, report)
         self.records[report.nodeid] = record
         if self.writes and self.started:
             if known:  # a record that replaces another: the file whole (no run should give two)
