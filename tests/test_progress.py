@@ -178,3 +178,15 @@ def test_a_session_with_the_kits_tests_counts_them_and_says_what_to_do_next(tmp_
     assert f"next: python -m matrix check --fresh {out}   (the gate: every failure known, verdicts as committed)" in lines
     assert any(line.strip().startswith(f"python -m matrix html --results {out}") and "results-local.html" in line
                for line in lines), proc.stdout[-3000:]
+
+
+def test_tests_of_no_measurable_time_leave_no_estimate_to_divide_by_zero():
+    """Records of crashed runs carry no seconds (0.0): the estimate still comes, or says nothing."""
+    clock = Clock()
+    progress = Progress(["crashing"] * 40 + ["fast"] * 5, every_s=30, clock=clock)
+    for _ in range(40):
+        clock.now += 1
+        progress.add("crashing", 0.0, "gw0")
+    clock.now += 30
+    assert progress.add("fast", 0.0, "gw0")[-1].startswith("progress: all 41/45")
+

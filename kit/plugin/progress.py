@@ -74,7 +74,8 @@ class Progress:
         self.finished[group] += 1
         self.spent += seconds
         if shown(group) == KIT_TESTS or (group, worker) in self.loaded:
-            self.ratios.append(seconds / self._mean(group) if self.steady.finished else 1.0)
+            mean = self._mean(group) if self.steady.finished else 0.0
+            self.ratios.append(seconds / mean if mean > 0 else 1.0)
             self.steady.add(group, seconds)
         self.loaded.add((group, worker))
         self.reported[worker] = self.clock()
@@ -97,9 +98,8 @@ class Progress:
         shorter), which means over the whole session learn only slowly. Medians: a stretch of tests
         far slower than their group's mean so far (a file of subprocess sessions begun) is the
         group's cost, which its mean learns, not the machine's pace."""
-        if len(self.ratios) < RECENT:
-            return 1.0
-        return statistics.median(self.ratios[-RECENT:]) / statistics.median(self.ratios)
+        usual = statistics.median(self.ratios) if len(self.ratios) >= RECENT else 0.0
+        return statistics.median(self.ratios[-RECENT:]) / usual if usual > 0 else 1.0
 
     def left_s(self) -> Optional[float]:
         """The time left: the work left (each group's tests left times its mean, at the latest
