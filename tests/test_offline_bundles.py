@@ -3,7 +3,7 @@ base, and that list with the base alone loads every vLLM backend that loads here
 outside both fails the proof, naming it; a module no distribution owns fails the build; parts stay
 below the limit and an install joins them, installs the wheels with pip, then probes its backends
 in a fresh process and fails naming a missing module and its wheel."""
-import importlib
+import importlib.metadata
 import json
 import random
 import zipfile
@@ -200,3 +200,32 @@ def test_an_alias_in_sys_modules_is_no_module_of_the_chain():
     owned = {Path(json.__file__).resolve(): "toy-dist"}
     found = chain.sort_modules({"json": json.__file__, "json_alias_of_no_import": json.__file__}, owned, "3.12")
     assert found.distributions == {"toy-dist": {"json"}}
+
+
+def test_install_puts_what_a_wheels_pth_file_adds_on_the_printed_path_and_checks_it_imports(tmp_path, capsys):
+    """pip's --target leaves a wheel's .pth file unread (nvidia-cutlass-dsl's puts `cutlass` on the
+    path so): the check imports a module that only that path holds, and the printed PYTHONPATH has it."""
+    import dataclasses
+    out = _toy_bundle(tmp_path, ["kit-toy-a", "kit-toy-b"])
+    target = tmp_path / "target"
+    (target / "kit_toy_dsl" / "kit_toy_hidden").mkdir(parents=True)
+    (target / "kit_toy_dsl" / "kit_toy_hidden" / "__init__.py").write_text("")
+    (target / "kit_toy_dsl.pth").write_text("kit_toy_dsl\n")
+    spec = dataclasses.replace(toys.WHEELS, runs_import=("kit_toy_hidden",))
+    bundle.install(spec, out, target, backends=toys.BACKENDS)
+    assert f"export PYTHONPATH={target}:{target / 'kit_toy_dsl'}$" in capsys.readouterr().out
+    (target / "kit_toy_dsl.pth").unlink()
+    with pytest.raises(SystemExit, match="missing modules: kit_toy_hidden \\(no wheel of the bundle brings it"):
+        bundle.check(spec, target, json.loads((out / "MANIFEST.json").read_text()), backends=toys.BACKENDS)
+
+
+def test_flashinfers_bundle_brings_the_cutlass_dsl_the_pinned_engines_require():
+    """Both engines pin nvidia-cutlass-dsl[cu13]; FlashInfer's bundle brings that pin and the extra's wheels."""
+    from backends.offline.flashinfer import SPEC
+    pins = dict(pin.split("==") for pin in SPEC.also)
+    for engine in ("vllm", "sglang"):
+        required = [r for r in importlib.metadata.requires(engine) or () if r.startswith("nvidia-cutlass-dsl")]
+        assert required, f"{engine} no longer requires nvidia-cutlass-dsl: drop it from the FlashInfer bundle"
+        extra, version = required[0].partition("[")[2].partition("]")[0], required[0].rpartition("==")[2]
+        assert pins["nvidia-cutlass-dsl"] == version and pins[f"nvidia-cutlass-dsl-libs-{extra}"] == version, required
+    assert "cutlass" in SPEC.runs_import

@@ -64,6 +64,8 @@ class Spec:
     keeps: Optional[Callable[[str], bool]] = None  # which files of the engine's wheel it keeps (None: all)
     tools: Tuple[str, ...] = ()  # programs the engine runs, from PATH (TARGET/bin first)
     also: Tuple[str, ...] = ()  # name==version of what it needs that no import loads (a program's wheel)
+    runs_import: Tuple[str, ...] = ()  # modules its kernels import when they first run on a GPU (no chain here
+    # reaches them): the install checks each imports on the target
 
     @property
     def archive(self) -> str:
@@ -207,13 +209,24 @@ def _brought_by(module: str, manifest: dict) -> str:
     return f"{module} (no wheel of the bundle brings it: add its distribution to the Spec's `also`, build again)"
 
 
+def site_paths(target: Path) -> List[str]:
+    """`target` and what its .pth files add to sys.path, in the order Python's site machinery adds
+    them: `pip install --target` leaves them unprocessed and a folder on PYTHONPATH is no site
+    directory (nvidia-cutlass-dsl puts its `cutlass` on the path so)."""
+    code = ("import site, sys; before = list(sys.path); site.addsitedir(sys.argv[1]); "
+            "print('\\n'.join(p for p in sys.path if p not in before))")
+    found = subprocess.run([sys.executable, "-S", "-c", code, str(target)], capture_output=True, text=True, check=True)
+    return found.stdout.splitlines() or [str(target)]
+
+
 def check(spec: Spec, target: Path, manifest: dict, probe=chain.run_probe,
           backends: Optional[Dict[str, str]] = None) -> None:
-    """Each backend the kit registers for the Spec loads in a fresh process with `target` first on
-    its path, every module of the chain is there, each program is on PATH; else SystemExit naming
-    what is missing and the wheel to add."""
+    """Each backend the kit registers for the Spec loads in a fresh process with `target` (and what
+    its .pth files add) first on its path, every module of the chain and of `runs_import` is there,
+    each program is on PATH; else SystemExit naming what is missing and the wheel to add."""
     backends = backends or registered(spec)
-    found = probe(spec.where, backends, path=[target], expect=sorted(manifest["modules"]))
+    paths = site_paths(target)
+    found = probe(spec.where, backends, path=paths, expect=sorted(manifest["modules"]) + list(spec.runs_import))
     bin_path = os.pathsep.join([str(target / "bin"), os.environ.get("PATH", "")])
     no_tool = [tool for tool in spec.tools if shutil.which(tool, path=bin_path) is None]
     if found.missing or found.failed or no_tool:
@@ -225,7 +238,7 @@ def check(spec: Spec, target: Path, manifest: dict, probe=chain.run_probe,
             lines.append(f"not on PATH: {', '.join(no_tool)}: export PATH={target / 'bin'}:$PATH")
         raise SystemExit("\n".join(lines))
     print(f"{spec.name}: {len(backends)} backends load from {target} ({', '.join(backends)}): "
-          f"export PYTHONPATH={target}${{PYTHONPATH:+:$PYTHONPATH}}"
+          f"export PYTHONPATH={os.pathsep.join(paths)}${{PYTHONPATH:+:$PYTHONPATH}}"
           + (f" PATH={target / 'bin'}:$PATH" if spec.tools else "") + ", then `python -m kit list --backends`")
 
 

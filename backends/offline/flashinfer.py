@@ -35,9 +35,15 @@ def load(cls) -> None:
         raise flashinfer.IMPORT_ERROR
 
 
+# FlashInfer's CuTe DSL kernels (the GDN prefill vLLM and SGLang run on Hopper: flashinfer/gdn_prefill.py)
+# import `cutlass` when they first run, which no import chain on a machine without a GPU reaches:
+# nvidia-cutlass-dsl at the pin vLLM 0.33 and SGLang 0.5.23 both require ([cu13]), and its library wheels.
+CUTLASS_DSL = tuple(f"{name}==4.8.0" for name in ("nvidia-cutlass-dsl", "nvidia-cutlass-dsl-libs-base",
+                                                  "nvidia-cutlass-dsl-libs-core", "nvidia-cutlass-dsl-libs-cu13"))
+
 SPEC = Spec(name="flashinfer", engine="flashinfer-python", where="backends.offline.flashinfer:SPEC",
             packages=("backends.flashinfer", "backends.flashinfer_mla"), load=load, keeps=kept, tools=("ninja",),
-            also=("ninja==1.13.2",))
+            also=("ninja==1.13.2", *CUTLASS_DSL), runs_import=("cutlass",))
 
 if __name__ == "__main__":
     sys.exit(main(SPEC))
