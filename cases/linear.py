@@ -80,6 +80,11 @@ FULL = [
     F("gdn_decode_fresh", D, prefix=(0, 0, 0, 0)),
     FM("mamba2_decode_fresh", D, prefix=(0, 0, 0)),
     FK("kda_decode_fresh", D, prefix=(0, 0, 0)),
+    # every request prefilled, as SGLang decodes (it reads each row's slot): its decode graphs' batches
+    F("gdn_decode_saved", D, prefix=(1, 3, 4, 17, 200, 1024, 5)),
+    F("gdn_decode_saved_tp4_fp16", D, prefix=(7, 300, 64), heads=(4, 8), dtype="fp16"),
+    FM("mamba2_decode_saved", D, prefix=(1, 5, 300, 1024)),
+    FK("kda_decode_saved", D, prefix=(2, 17, 400, 1024)),
     F("gdn_extend_fresh_chunks", E, prefix=(0, 0), new=(300, 2)),
     F("gdn_extend_short_fp16", E, prefix=(5, 0), new=(2, 2), dtype="fp16"),
     FM("mamba2_extend_fresh", E, prefix=(0, 0), new=(64, 2)),

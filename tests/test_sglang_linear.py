@@ -11,7 +11,7 @@ import pytest
 import torch
 
 from backends.sglang.adapter import sglang_problem
-from cases.linear import SMOKE
+from cases.linear import FULL, SMOKE
 from kit.engine.pools import NUM_LAYERS
 from kit.engine.recurrent_step import build
 from kit.engine.state_pool import StatePool
@@ -255,3 +255,22 @@ def test_a_model_runner_without_the_model_config_is_caught():
     runner = _built("gdn").impl.linear_attn_backend._model_runner
     del runner.model_config
     assert missing_reads(runner, runner_reads("gdn")) == ["model_config", "model_config"]
+
+
+def test_sglangs_gdn_prefill_on_hopper_is_the_one_its_server_picks(monkeypatch):
+    """flashinfer_gdn_prefill_default under the adapter's server args, as on an H100 or H200 where
+    FlashInfer's GDN prefill loads, for Qwen3-Next's 128-wide heads: FlashInfer's kernel, as SGLang's
+    server picks it at the chunked prefill it sets for such a GPU; with chunked prefill off (-1) SGLang
+    would run its Triton kernel, which it does not run there."""
+    import importlib
+
+    case = next(c for c in FULL if c.name == "gdn_decode_saved")
+    fx = build(case, "cpu")
+    backend = _backend("gdn")(RecurrentContext(torch.device("cpu"), fx.torch_dtype,
+                                               StatePool(fx.geometry, fx.torch_dtype, "cpu"), fx.layers, case.bs))
+    gdn = importlib.import_module("sglang.srt.layers.attention.linear.gdn_backend")
+    kernels = importlib.import_module("sglang.srt.layers.attention.linear.kernels.gdn_flashinfer")
+    monkeypatch.setattr(gdn, "is_cuda", lambda: True)
+    monkeypatch.setattr(torch.cuda, "get_device_capability", lambda *a: (9, 0))
+    monkeypatch.setattr(kernels, "is_flashinfer_gdn_prefill_available", lambda: True)
+    assert gdn.flashinfer_gdn_prefill_default(backend.impl.linear_attn_backend._model_runner) == "flashinfer"

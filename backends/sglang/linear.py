@@ -197,7 +197,9 @@ class SGLangLinearBackend:
         hybrid = import_module(HYBRID)
         memory_pool = import_module(MEMORY_POOL)
         self.sg, self.device, self.pool = sg, ctx.device, ctx.state_pool
-        sg.install_server_args("triton", ctx.device, 1, None)
+        # SGLang's default for a GPU of 60-160 GB (arg_groups/memory_hook.py: the H100's, the H200's),
+        # by which its GDN prefill picks FlashInfer's kernel on Hopper (flashinfer_gdn_prefill_default).
+        sg.install_server_args("triton", ctx.device, 1, None, chunked_prefill_size=8192)
         self.mamba_pool = _mamba_pool(ctx.state_pool, memory_pool.MambaPool, self._conv_view)
         self.req_pool = _req_to_token_pool(self.mamba_pool, ctx.state_pool.size, ctx.device,
                                            memory_pool.HybridReqToTokenPool)
