@@ -32,7 +32,7 @@ from typing import Optional
 import torch
 
 from backends.qwen3_next import qwen3_next_config
-from backends.vllm.adapter import runtime, vllm_problem
+from backends.vllm.adapter import runtime
 from backends.vllm.recurrent import VllmRecurrentBackend
 from kit.modes import ForwardMode
 
@@ -56,6 +56,7 @@ class VllmGdnBackend(VllmRecurrentBackend):
     attention_kinds = ("gdn",)
     builder_class = ("vllm.v1.attention.backends.gdn_attn", "GDNAttentionMetadataBuilder")
     layer_name = staticmethod(layer_name)
+    cpu_reason = CPU_REASON
 
     @classmethod
     def load_engine(cls) -> None:
@@ -66,15 +67,7 @@ class VllmGdnBackend(VllmRecurrentBackend):
         from vllm.v1.attention.backends.gdn_attn import GDNAttentionMetadataBuilder  # noqa: F401
 
     @classmethod
-    def supports(cls, case) -> Optional[str]:
-        problem = vllm_problem()
-        if problem:
-            return problem
-        if not torch.cuda.is_available():
-            return CPU_REASON
-        if case.mode == ForwardMode.TARGET_VERIFY and 0 in case.prefix:
-            return ("a verify of a request with nothing cached: vLLM's runner schedules drafts only after a "
-                    "request's prefill, and its speculative rows always continue a saved state")
+    def _kind_problem(cls, case) -> Optional[str]:
         if case.dtype == "fp32" and _has_prefill_rows(case):
             return ("fp32 prefill rows: vLLM's chunk_gated_delta_rule refuses float32 (flash_linear_attention/"
                     "ops/chunk.py:213)")
@@ -101,11 +94,13 @@ class VllmGdnBackend(VllmRecurrentBackend):
         out = torch.zeros((mixed_qkv.shape[0], layer.num_v_heads, layer.head_v_dim), dtype=mixed_qkv.dtype,
                           device=mixed_qkv.device)
         # The model hands the op a projection of its own (forward_cuda's torch.cat or split of
-        # in_proj_qkvz's output), which its conv update overwrites in place: a copy of the kit's.
+        # in_proj_qkvz's output), which its conv update overwrites in place: a copy of the kit's (the
+        # permutation to vLLM's order makes it).
+        mixed_qkv, a, b = self.to_vllm_order(mixed_qkv, a, b)
         with rt.set_current_vllm_config(self.vllm_config), rt.set_forward_context(self.metadata, self.vllm_config):
-            torch.ops.vllm.qwen_gdn_attention_core(mixed_qkv.clone(), b.contiguous(), a.contiguous(), out,
+            torch.ops.vllm.qwen_gdn_attention_core(mixed_qkv, b.contiguous(), a.contiguous(), out,
                                                    layer_name=_encode_layer_name(layer_name(layer)))
-        return out
+        return self.to_kit_order(out)
 
 
 def _has_prefill_rows(case) -> bool:

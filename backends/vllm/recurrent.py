@@ -8,18 +8,26 @@ its prefix and new tokens, is_prefilling where it has no saved state or takes mo
 outside a verify, on the host as the runner keeps it, and False for a graph's padded (empty)
 requests (gpu_model_runner.py: is_prefilling[num_reqs:] = False); a verify's
 num_decode_draft_tokens and the previous step's num_accepted_tokens as the runner hands them.
+The requests are handed in the order the runner reorders a step's
+(reorder_batch_to_split_decodes_and_prefills: requests with a saved state and at most a decode's
+tokens, then longer ones with a saved state, then new ones, each region as the kit lists them), the
+layer's inputs permuted to that order and its output back to the kit's (`to_vllm_order`,
+`to_kit_order`): vLLM's builders take a step's first rows as its decodes.
 """
 from __future__ import annotations
 
+import dataclasses
 import functools
 import tempfile
 from importlib import import_module
+from typing import List, Optional
 
 import torch
 
-from backends.vllm.adapter import PROFILE, _installed_version, runtime
+from backends.vllm.adapter import PROFILE, _installed_version, runtime, vllm_problem
 from kit.engine.kinds.recurrent import MODES
 from kit.harness.protocol import library_version
+from kit.modes import ForwardMode
 
 NULL_BLOCK = 0  # vLLM's NULL_BLOCK_ID: its recurrent kernels skip a row whose state block is 0
 CAPTURE_SIZES = (1, 2, 4, 8)  # the config's capture sizes: the recurrent harness's batch buckets
@@ -47,6 +55,24 @@ class VllmRecurrentBackend:
     modes = MODES
     padded_state_slot = NULL_BLOCK
     builder_class = ("", "")
+    cpu_reason = ""  # why the layer's ops do not run without CUDA
+
+    @classmethod
+    def supports(cls, case) -> Optional[str]:
+        problem = vllm_problem()
+        if problem:
+            return problem
+        if not torch.cuda.is_available():
+            return cls.cpu_reason
+        if case.mode == ForwardMode.TARGET_VERIFY and 0 in case.prefix:
+            return ("a verify of a request with nothing cached: vLLM's runner schedules drafts only after a "
+                    "request's prefill, and its speculative rows always continue a saved state")
+        return cls._kind_problem(case)
+
+    @classmethod
+    def _kind_problem(cls, case) -> Optional[str]:
+        """Why the layer does not take a case it could otherwise run, or None."""
+        return None
 
     @classmethod
     def versions(cls):
@@ -87,15 +113,19 @@ class VllmRecurrentBackend:
     def _vllm_layer(self, layer):
         raise NotImplementedError
 
+    def builder_cls(self):
+        """vLLM's metadata builder class of the layers (`builder_class`)."""
+        module, name = self.builder_class
+        return getattr(import_module(module), name)
+
     def metadata_builder(self, device):
         """The layers' metadata builder, as vLLM's runner builds it for `device`."""
-        module, name = self.builder_class
         spec = next(iter(self.layers.values())).get_kv_cache_spec(self.vllm_config)
-        return getattr(import_module(module), name)(spec, [self.layer_name(l) for l in self.ctx.layers],
-                                                    self.vllm_config, device)
+        return self.builder_cls()(spec, [self.layer_name(l) for l in self.ctx.layers], self.vllm_config, device)
 
     def init_forward_metadata(self, batch) -> None:
         rt = runtime()
+        batch = self._decode_first(batch)
         common = self._common(batch)
         verify = batch.num_accepted_tokens is not None
         drafts = None
@@ -107,6 +137,34 @@ class VllmRecurrentBackend:
                                           num_accepted_tokens=batch.num_accepted_tokens if verify else None,
                                           num_decode_draft_tokens_cpu=drafts)
         self.metadata = {self.layer_name(layer): metadata for layer in self.ctx.layers}
+
+    def _decode_first(self, batch):
+        """The batch's requests in vLLM's runner's order; the token permutation to it and back are
+        kept for forward() (made here: forward() may be captured in a graph)."""
+        order = request_order(batch, 1 + self.num_spec)
+        starts = batch.query_start_loc.tolist()
+        lens = [batch.extend_seq_lens_cpu[i] for i in order]
+        tokens = [t for i in order for t in range(starts[i], starts[i + 1])]
+        tokens += range(len(tokens), batch.num_tokens)  # a graph's padded tokens, nobody's, stay last
+        device = batch.query_start_loc.device
+        self.tokens = torch.tensor(tokens, dtype=torch.int64, device=device)
+        self.inverse = torch.argsort(self.tokens)
+        rows = torch.tensor(order, dtype=torch.int64, device=device)
+        return dataclasses.replace(
+            batch, state_indices=batch.state_indices[rows], has_initial_state=batch.has_initial_state[rows],
+            query_start_loc=torch.tensor([0] + [sum(lens[:i + 1]) for i in range(len(lens))], dtype=torch.int32,
+                                         device=device),
+            extend_seq_lens_cpu=lens, seq_lens_cpu=[batch.seq_lens_cpu[i] for i in order],
+            state_blocks=None if batch.state_blocks is None else batch.state_blocks[rows],
+            num_accepted_tokens=None if batch.num_accepted_tokens is None else batch.num_accepted_tokens[rows])
+
+    def to_vllm_order(self, *tensors):
+        """The step's token rows as vLLM's runner orders them."""
+        return tuple(t[self.tokens] for t in tensors)
+
+    def to_kit_order(self, out: torch.Tensor) -> torch.Tensor:
+        """An output of vLLM's token order in the kit's."""
+        return out[self.inverse]
 
     def _common(self, batch):
         """vLLM's CommonAttentionMetadata of the step."""
@@ -129,3 +187,17 @@ class VllmRecurrentBackend:
             # builder combines it with the host query lengths
             is_prefilling=torch.tensor(prefilling, dtype=torch.bool),
             seq_lens_cpu_upper_bound=torch.tensor(seq_lens, dtype=torch.int32))
+
+
+def request_order(batch, decode_threshold: int) -> List[int]:
+    """The batch's requests as vLLM's runner reorders a step (v1/attention/backends/utils.py
+    reorder_batch_to_split_decodes_and_prefills): with a saved state and at most `decode_threshold`
+    tokens, then with a saved state and more, then without one (new requests, and a graph's padded
+    ones, which come last), each region in the kit's order."""
+    saved, lens = batch.has_initial_state.tolist(), batch.extend_seq_lens_cpu
+
+    def region(i: int) -> int:
+        if not saved[i]:
+            return 2
+        return 0 if lens[i] <= decode_threshold else 1
+    return sorted(range(batch.batch_size), key=region)
