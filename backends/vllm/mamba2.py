@@ -60,6 +60,24 @@ class VllmMamba2Backend(VllmRecurrentBackend):
         from vllm.model_executor.layers.mamba.mamba_mixer2 import MambaMixer2  # noqa: F401
         from vllm.v1.attention.backends.mamba2_attn import Mamba2AttentionMetadataBuilder  # noqa: F401
 
+    def __init__(self, ctx):
+        super().__init__(ctx)
+        self._select_state_update()
+
+    def _select_state_update(self) -> None:
+        """What vLLM's runner does once it has the KV cache config (gpu_model_runner.py
+        initialize_kv_cache): selective_state_update dispatches to the backend the config's
+        mamba_config names (Triton by default)."""
+        from vllm.model_executor.layers.mamba.ops.ssu_dispatch import initialize_mamba_ssu_backend
+        from vllm.v1.kv_cache_interface import KVCacheConfig, KVCacheGroupSpec
+
+        spec = self.builder.kv_cache_spec
+        group = KVCacheGroupSpec([layer_name(layer) for layer in self.ctx.layers], spec)
+        initialize_mamba_ssu_backend(self.vllm_config.mamba_config,
+                                     KVCacheConfig(num_blocks=self.ctx.state_pool.size, kv_cache_tensors=[],
+                                                   kv_cache_groups=[group]),
+                                     use_replayssm=self.vllm_config.cache_config.use_replayssm)
+
     def configure(self, config) -> None:
         config.model_config.hf_text_config.mamba_chunk_size = CHUNK_SIZE
 
