@@ -44,6 +44,7 @@ from vllm.v1.attention.backends.registry import AttentionBackendEnum  # noqa: E4
 from vllm.v1.attention.backends.utils import get_supported_kv_cache_layouts, resolve_kv_cache_layout  # noqa: E402
 from vllm.v1.kv_cache_interface import FullAttentionSpec, MLAAttentionSpec, get_kv_quant_mode  # noqa: E402
 from vllm.utils.torch_utils import kv_cache_dtype_str_to_dtype  # noqa: E402
+from vllm.v1.worker.workspace import init_workspace_manager, is_workspace_manager_initialized  # noqa: E402
 
 KIT_ARCHITECTURE = "KitStandInForCausalLM"
 
@@ -131,6 +132,7 @@ class Model:
     num_blocks: int
     num_speculative_tokens: int  # 0: no speculative decoding
     capture_sizes: tuple
+    index_topk: int = 0  # sparse MLA (DeepSeek-V3.2): the indexer's top-k; 0: dense
 
 
 _CONFIG_ROOT = tempfile.TemporaryDirectory(prefix="kit-vllm-")
@@ -149,6 +151,10 @@ def _config_dir(model: Model) -> str:
                       kv_lora_rank=model.kv_lora_rank, qk_nope_head_dim=model.kv_lora_rank,
                       qk_rope_head_dim=model.rope_dim, v_head_dim=model.kv_lora_rank, n_routed_experts=4,
                       num_experts_per_tok=2, first_k_dense_replace=2, moe_intermediate_size=128)
+        if model.index_topk:
+            # DeepSeek-V3.2's config: its index_topk makes the model sparse (deepseek_v2.py:1439, is_v32)
+            # and is the top-k sparse builders read (sparse_mla_attention.py, hf_text_config.index_topk).
+            config["index_topk"] = model.index_topk
     else:
         config = dict(common, model_type="llama", num_key_value_heads=model.kv_heads, head_dim=model.head_dim)
     folder = Path(_CONFIG_ROOT.name) / f"model-{abs(hash(model))}"
@@ -240,5 +246,6 @@ def backend_class(name: str):
 
 
 __all__ = ["Attention", "AttentionCGSupport", "CommonAttentionMetadata", "KV_WRITE", "MLAAttention", "MLACommonBackend",
-           "Model", "backend_class", "current_platform", "kv_cache_spec", "mla_prefill", "set_current_vllm_config",
-           "served_config", "set_forward_context", "vllm_config"]
+           "Model", "backend_class", "current_platform", "init_workspace_manager", "is_workspace_manager_initialized",
+           "kv_cache_spec", "mla_prefill", "set_current_vllm_config", "served_config", "set_forward_context",
+           "vllm_config"]
