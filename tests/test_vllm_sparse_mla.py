@@ -12,7 +12,8 @@ import torch
 
 from backends.vllm import sparse_mla
 from backends.vllm.adapter import PROFILE, VllmBackend, model_of, runtime, vllm_problem
-from backends.vllm.sparse_mla import VllmFlashMLASparseBackend
+from backends.vllm.mla import VllmFlashMLABackend
+from backends.vllm.sparse_mla import VllmFlashAttnMLASparseBackend, VllmFlashMLASparseBackend
 from cases.mla import SMALL_MLA
 from kit.engine.case import Case
 from kit.engine.sparse import PAD
@@ -123,6 +124,7 @@ def test_the_model_is_deepseek_v32s_with_the_cases_top_k():
     backend = VllmFlashMLASparseBackend.backend_cls()
     assert backend.is_sparse() and backend.get_name() == "FLASHMLA_SPARSE"
     assert VllmFlashMLASparseBackend.kv_dtypes == ()  # its fp8 is fp8_ds_mla, not the kit's per-layer scale
+    assert VllmFlashMLASparseBackend.versions()["kv_write"] == VllmFlashMLABackend.versions()["kv_write"]
 
 
 def test_vllms_own_refusals(monkeypatch):
@@ -145,4 +147,5 @@ def test_vllms_own_refusals(monkeypatch):
     assert "UNIFORM_BATCH" in VllmFlashMLASparseBackend.supports_graph(extend)
     assert VllmFlashMLASparseBackend.supports_graph(decode) is None
     if not torch.cuda.is_available():
-        assert "no CUDA device here" in VllmFlashMLASparseBackend.supports(decode)
+        for cls in (VllmFlashMLASparseBackend, VllmFlashAttnMLASparseBackend):
+            assert "no CUDA device here" in cls.supports(decode)

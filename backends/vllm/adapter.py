@@ -203,8 +203,9 @@ class VllmBackend(AttentionBackend):
         return cls.backend_cls().validate_configuration(
             head_size=case.head_dim, dtype=case.torch_dtype, kv_cache_dtype=CACHE_DTYPES[case.kv_dtype],
             block_size=case.page, use_mla=case.is_mla, has_sink=case.sinks, use_sparse=case.kind == "sparse_mla",
-            use_mm_prefix=False, use_per_head_quant_scales=False, device_capability=rt.current_platform.get_device_capability(),
-            attn_type="decoder", has_sliding_window=case.window >= 0 or case.hybrid)
+            use_mm_prefix=False, use_per_head_quant_scales=False,
+            device_capability=rt.current_platform.get_device_capability(), attn_type="decoder",
+            has_sliding_window=case.window >= 0 or case.hybrid)
 
     @classmethod
     def served_config(cls, case):

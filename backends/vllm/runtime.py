@@ -113,6 +113,7 @@ def _define_kv_write_ops() -> Dict[str, str]:
 
 
 KV_WRITE = _define_kv_write_ops()
+KV_WRITE["sparse_mla"] = KV_WRITE["mla"]  # a sparse MLA layer writes its latent as an MLA layer does
 
 
 @dataclasses.dataclass(frozen=True)
@@ -240,6 +241,20 @@ def mla_prefill(model: Model):
         return None, f"MLA prefill rows in {model.dtype}: no MLA prefill backend of this platform takes it: {exc}"
 
 
+@functools.lru_cache(maxsize=None)
+def single_rank() -> None:
+    """vLLM's process groups for one rank, as its worker makes them before building a model: layers
+    that ask for the tensor-parallel size when they are built (sparse MLA's impls) find it."""
+    from vllm.distributed import init_distributed_environment, initialize_model_parallel
+    from vllm.distributed.parallel_state import model_parallel_is_initialized
+
+    if model_parallel_is_initialized():
+        return
+    init_distributed_environment(world_size=1, rank=0, local_rank=0, backend="gloo",
+                                 distributed_init_method=f"file://{tempfile.mktemp(prefix='kit-vllm-dist-')}")
+    initialize_model_parallel(1, 1)
+
+
 def backend_class(name: str):
     """vLLM's attention backend class of an AttentionBackendEnum name."""
     return AttentionBackendEnum[name].get_class()
@@ -248,4 +263,4 @@ def backend_class(name: str):
 __all__ = ["Attention", "AttentionCGSupport", "CommonAttentionMetadata", "KV_WRITE", "MLAAttention", "MLACommonBackend",
            "Model", "backend_class", "current_platform", "init_workspace_manager", "is_workspace_manager_initialized",
            "kv_cache_spec", "mla_prefill", "set_current_vllm_config", "served_config", "set_forward_context",
-           "vllm_config"]
+           "single_rank", "vllm_config"]

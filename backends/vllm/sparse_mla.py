@@ -25,7 +25,6 @@ from typing import Optional
 
 import torch
 
-from backends.vllm.adapter import runtime
 from backends.vllm.mla import VllmMLABackend
 
 
@@ -35,23 +34,14 @@ def indexer_rows(batch, num_tokens: int) -> torch.Tensor:
     return batch.topk_indices[:num_tokens]
 
 
-class VllmFlashMLASparseBackend(VllmMLABackend):
-    """FLASHMLA_SPARSE (v1/attention/backends/mla/flashmla_sparse.py): DeepSeek's FlashMLA sparse
-    kernels (`_flashmla_C`, SM90/SM100): with a bf16 cache, flash_mla_sparse_fwd for every row, the
-    query heads padded to 64; per-request top-k positions converted to cache rows by vLLM's Triton
-    kernel."""
+class VllmSparseMLABackend(VllmMLABackend):
+    """The protocol over one of vLLM's sparse MLA backends: its layer built sparse, fed the kit's
+    top-k rows as the indexer's output."""
 
-    name = "vllm_flashmla_sparse"
-    vllm_backend = "FLASHMLA_SPARSE"
-    cuda_only = True
     attention_kinds = ("sparse_mla",)
-    # The indexer runs in every mode vLLM serves DeepSeek-V3.2 in; FlashMLASparseMetadataBuilder
-    # declares UNIFORM_BATCH: decode and verify graphs, ragged batches eager (supports_graph).
+    # The indexer runs in every mode vLLM serves DeepSeek-V3.2 in; the sparse builders declare
+    # UNIFORM_BATCH: decode and verify graphs, ragged batches eager (supports_graph).
     modes = ("decode", "extend", "mixed", "target_verify")
-    # None of the kit's fp8 caches: MLAAttention stores any fp8 cache of FLASHMLA_SPARSE as fp8_ds_mla
-    # (mla_attention.py:359-376), 656-byte records of 512 e4m3 values with four float32 scales, one per
-    # 128 columns, and the rope in bf16 (flashmla_sparse.py's format note), not one scale per layer.
-    kv_dtypes = ()
 
     @classmethod
     def _prefill_problem(cls, case) -> Optional[str]:
@@ -59,13 +49,14 @@ class VllmFlashMLASparseBackend(VllmMLABackend):
         backend takes the model."""
         return None
 
-    def __init__(self, ctx):
-        rt = runtime()
-        # The sparse impls reserve their scratch in vLLM's workspace manager, which its GPU worker
-        # starts before building the model (gpu_worker.py:558).
-        if not rt.is_workspace_manager_initialized():
-            rt.init_workspace_manager(ctx.device)
-        super().__init__(ctx)
+    def _vllm_layer(self, layer, backend):
+        """The sparse layer, once what vLLM's GPU worker sets up before building a model is there: its
+        impl asks for the tensor-parallel size and reserves scratch in the workspace manager
+        (gpu_worker.py:558)."""
+        self.rt.single_rank()
+        if not self.rt.is_workspace_manager_initialized():
+            self.rt.init_workspace_manager(self.ctx.device)
+        return super()._vllm_layer(layer, backend)
 
     @functools.cached_property
     def topk_indices_buffer(self) -> torch.Tensor:
@@ -86,3 +77,29 @@ class VllmFlashMLASparseBackend(VllmMLABackend):
         t = q.shape[0]
         self.topk_indices_buffer[:t].copy_(indexer_rows(batch, t))
         return super().forward(q, k, v, layer, batch, save_kv_cache)
+
+
+class VllmFlashMLASparseBackend(VllmSparseMLABackend):
+    """FLASHMLA_SPARSE (v1/attention/backends/mla/flashmla_sparse.py): DeepSeek's FlashMLA sparse
+    kernels (`_flashmla_C`, SM90/SM100): with a bf16 cache, flash_mla_sparse_fwd for every row, the
+    query heads padded to 64; per-request top-k positions converted to cache rows by vLLM's Triton
+    kernel."""
+
+    name = "vllm_flashmla_sparse"
+    vllm_backend = "FLASHMLA_SPARSE"
+    cuda_only = True
+    # None of the kit's fp8 caches: MLAAttention stores any fp8 cache of FLASHMLA_SPARSE as fp8_ds_mla
+    # (mla_attention.py:359-376), 656-byte records of 512 e4m3 values with four float32 scales, one per
+    # 128 columns, and the rope in bf16 (flashmla_sparse.py's format note), not one scale per layer.
+    kv_dtypes = ()
+
+
+class VllmFlashAttnMLASparseBackend(VllmSparseMLABackend):
+    """FLASH_ATTN_MLA_SPARSE (v1/attention/backends/mla/flashattn_mla_sparse.py): FlashAttention 3's
+    varlen kernel over the selected cache rows (SM90), fp16 or bf16; no fp8 cache
+    (supported_kv_cache_dtypes)."""
+
+    name = "vllm_flash_attn_mla_sparse"
+    vllm_backend = "FLASH_ATTN_MLA_SPARSE"
+    cuda_only = True
+    kv_dtypes = ()
