@@ -9,7 +9,7 @@ import pytest
 import torch
 
 from backends.sglang.adapter import sglang_problem
-from backends.sglang.dsa import SGLangDSABackend
+from backends.sglang.dsa import SGLangDSABackend, SGLangDSATritonBackend
 from kit.engine.case import Case
 from kit.engine.sparse import PAD
 from kit.modes import ForwardMode
@@ -97,7 +97,7 @@ def hopper(monkeypatch):
 
     monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
     monkeypatch.setattr(torch.cuda, "get_device_capability", lambda *a: (9, 0))
-    monkeypatch.setattr(dsa, "_missing", lambda package: None)
+    monkeypatch.setattr(dsa, "_load_problem", lambda package: None)
     return dsa
 
 
@@ -131,6 +131,31 @@ def test_a_short_prefill_is_sglangs_dense_path_not_the_sparse_one(mode, hopper):
 
 
 def test_a_missing_kernel_package_is_named(hopper, monkeypatch):
-    monkeypatch.setattr(hopper, "_missing", lambda package: package if package == hopper.DEEP_GEMM else None)
+    monkeypatch.setattr(hopper, "_load_problem",
+                        lambda package: f"{package} is not installed" if package == hopper.DEEP_GEMM else None)
     assert "deep_gemm is not installed" in SGLangDSABackend.supports(_v32(ForwardMode.DECODE))
     assert SGLangDSABackend.supports(_v32(ForwardMode.EXTEND)) is None  # the prefill builds no indexer schedule
+
+
+@pytest.mark.parametrize("mode", SGLangDSATritonBackend.modes, ids=lambda m: m.value)
+def test_the_triton_prefill_takes_up_to_32_heads(mode, hopper):
+    assert SGLangDSATritonBackend.supports(_v32(mode, heads=(32, 1))) is None
+    assert "up to 32" in SGLangDSATritonBackend.supports(_v32(mode))  # 128 heads
+
+
+def test_the_triton_prefill_needs_hopper_and_no_flash_mla(hopper, monkeypatch):
+    monkeypatch.setattr(hopper, "_load_problem", lambda package: f"{package} is not installed")
+    case = _v32(ForwardMode.EXTEND, heads=(32, 1))
+    assert SGLangDSATritonBackend.supports(case) is None
+    assert "flash_mla is not installed" in SGLangDSABackend.supports(case)
+    monkeypatch.setattr(torch.cuda, "get_device_capability", lambda *a: (8, 0))
+    assert "SM90" in SGLangDSATritonBackend.supports(case)
+
+
+@pytest.mark.parametrize("cls", (SGLangDSABackend, SGLangDSATritonBackend), ids=lambda c: c.name)
+def test_the_full_set_has_cases_each_backend_runs_on_hopper_in_each_of_its_modes(cls, hopper):
+    from kit.engine.catalog import load_catalog
+
+    catalog = load_catalog()
+    for mode in cls.modes:
+        assert any(cls.supports(c) is None for c in catalog.cases("full", mode) if c.index_topk), mode

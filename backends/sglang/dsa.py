@@ -18,12 +18,16 @@ those positions (kit.engine.sparse), handed as they are, and SGLang's own conver
 Its kernels (`--dsa-prefill-backend` / `--dsa-decode-backend`; SGLang's resolution,
 arg_groups/overrides.py _dsa_split_backend_resolution): on Hopper with a bf16 KV cache it picks
 flashmla_sparse for prefill and fa3 for decode; fp8_e4m3 picks flashmla_kv (Hopper) or trtllm
-(SM100+); ROCm triton; learnable-sink models flashmla_sparse for both. The kit runs flashmla_sparse
-for both phases (EXTEND and MIXED take the prefill kernel, DECODE and TARGET_VERIFY the decode
-one): the only Hopper choice whose package loads beside torch 2.11 (docs/sglang.md, "DSA").
+(SM100+); ROCm triton; learnable-sink models flashmla_sparse for both. EXTEND and MIXED take the
+prefill kernel, DECODE and TARGET_VERIFY the decode one. `sglang_dsa` runs flashmla_sparse for both
+phases (fa3, SGLang's Hopper decode default, loads from sgl-kernel or a kernel hub download, neither
+of which loads beside the kit's torch); `sglang_dsa_triton` runs SGLang's Triton prefill kernel
+(triton_sparse_mla), which needs nothing beyond Triton (docs/sglang.md, "DSA").
 """
 from __future__ import annotations
 
+import functools
+import importlib
 import importlib.util
 import os
 from typing import Optional
@@ -51,11 +55,19 @@ DECODE_SHAPED = (ForwardMode.DECODE, ForwardMode.TARGET_VERIFY)
 DENSE_PREFILL_KV_LEN = 2048
 # SGLang's switch between the fused and the unfused top-k (environ.py SGLANG_DSA_FUSE_TOPK).
 FUSE_TOPK_ENV = "SGLANG_DSA_FUSE_TOPK"
+# The most query heads SGLang lets its Triton sparse prefill run (dsa_backend.py _TRITON_SPARSE_MLA_MAX_HEADS).
+TRITON_MAX_HEADS = 32
 
 
-def _missing(package: str) -> Optional[str]:
+@functools.lru_cache(maxsize=None)
+def _load_problem(package: str) -> Optional[str]:
+    """Why `package` cannot be imported here (not installed, or its extension does not load), or None."""
     if importlib.util.find_spec(package) is None:
-        return package
+        return f"{package} is not installed"
+    try:
+        importlib.import_module(package)
+    except Exception as error:  # noqa: BLE001 - an extension built for another torch or CUDA: its own words
+        return f"{package} does not load ({type(error).__name__}: {str(error).splitlines()[0] if str(error) else ''})"
     return None
 
 
@@ -74,14 +86,6 @@ class SGLangDSABackend(_GraphHooks, SGLangBackend):
     # No kit fp8 KV (kv_dtypes left empty): SGLang's DSA fp8 cache is its own packed layout (the
     # latent as fp8 with per-128 scales beside a bf16 rope, memory_pool.py DSATokenToKVPool,
     # dsa_kv_cache_store_fp8), read by flashmla_kv / trtllm, not a per-tensor-scaled fp8 cache.
-
-    @classmethod
-    def load_engine(cls) -> None:
-        """SGLang's chain and the class, and FlashMLA where it is installed (an offline bundle built
-        where it is not installed leaves it out: docs/sglang.md, "DSA")."""
-        super().load_engine()
-        if not _missing(FLASH_MLA):
-            importlib.import_module(FLASH_MLA)
 
     @classmethod
     def versions(cls):
@@ -106,18 +110,23 @@ class SGLangDSABackend(_GraphHooks, SGLangBackend):
                     "entries only (its topk_length, dsa_cache_seqlens_int32: 'Rows whose context is shorter than "
                     "index_topk have their indices tail-padded with -1', dsa_backend.py _forward_flashmla_sparse), "
                     "as its indexer's top-k writes them")
-        if case.num_q_heads not in (64, 128) and 64 % case.num_q_heads:
-            return (f"{case.num_q_heads} query heads: FlashMLA's sparse kernel takes 64 or 128, and SGLang pads "
-                    f"only head counts dividing 64 (dsa_backend.py _forward_flashmla_sparse)")
         if case.mode in (ForwardMode.EXTEND, ForwardMode.MIXED) and cls._dense_prefill(case):
             return (f"{case.mode.value} with no sequence past {DENSE_PREFILL_KV_LEN} tokens: SGLang runs it dense "
                     f"(MHA_ONE_SHOT, the model's normal path over decompressed K/V, no selection; dsa_backend.py "
                     f"set_dsa_prefill_impl), not the sparse latent attention")
-        missing = _missing(FLASH_MLA) or (_missing(DEEP_GEMM) if case.mode in DECODE_SHAPED else None)
-        if missing:
-            return (f"{missing} is not installed: SGLang's DSA backend imports it in this mode (FlashMLA: the "
-                    f"sgl-flash-mla wheel, its sparse kernel; DeepGEMM: the indexer's paged-MQA schedule its "
-                    f"metadata builds); docs/sglang.md, 'DSA'")
+        return cls._kernel_problem(case)
+
+    @classmethod
+    def _kernel_problem(cls, case) -> Optional[str]:
+        """Why the kernels this backend runs do not take `case` here, or None: FlashMLA's sparse kernel."""
+        if case.num_q_heads not in (64, 128) and 64 % case.num_q_heads:
+            return (f"{case.num_q_heads} query heads: FlashMLA's sparse kernel takes 64 or 128, and SGLang pads "
+                    f"only head counts dividing 64 (dsa_backend.py _forward_flashmla_sparse)")
+        problem = _load_problem(FLASH_MLA) or (_load_problem(DEEP_GEMM) if case.mode in DECODE_SHAPED else None)
+        if problem:
+            return (f"{problem}: SGLang's DSA backend imports it in this mode (flash_mla: the sgl-flash-mla wheel, "
+                    f"its sparse kernel; deep_gemm: the indexer's paged-MQA schedule its metadata builds); "
+                    f"docs/sglang.md, 'DSA'")
         return None
 
     @staticmethod
@@ -149,3 +158,25 @@ class SGLangDSABackend(_GraphHooks, SGLangBackend):
         per query token (batch order: q's) the selected positions in its request's req_to_token row,
         -1 padded (the kit's rows, kit.engine.sparse)."""
         return batch.topk_indices[:num_tokens].to(torch.int32).contiguous()
+
+
+class SGLangDSATritonBackend(SGLangDSABackend):
+    """The same backend with `--dsa-prefill-backend triton_sparse_mla`: SGLang's own Triton sparse-MLA
+    prefill kernel (kernels/ops/attention/dsa/triton_sparse_mla_prefill.py), a CUDA choice for SM90
+    and newer up to 32 query heads (dsa_backend.py _validate_triton_sparse_mla_backend), which needs
+    no package beyond Triton. It serves the prefill phase only (EXTEND, MIXED): SGLang has no Triton
+    sparse decode on CUDA (its `triton` DSA backend is ROCm's, arg_groups/overrides.py
+    _check_dsa_backend_constraints), so the decode-shaped modes are sglang_dsa's."""
+
+    name = "sglang_dsa_triton"
+    server_fields = dict(SGLangDSABackend.server_fields, dsa_prefill_backend="triton_sparse_mla")
+    modes = (ForwardMode.EXTEND, ForwardMode.MIXED)
+
+    @classmethod
+    def _kernel_problem(cls, case) -> Optional[str]:
+        if torch.cuda.get_device_capability()[0] < 9:
+            return "triton_sparse_mla runs on SM90 (Hopper) and newer (dsa_backend.py _validate_triton_sparse_mla_backend)"
+        if case.num_q_heads > TRITON_MAX_HEADS:
+            return (f"{case.num_q_heads} query heads: SGLang validates triton_sparse_mla up to {TRITON_MAX_HEADS} "
+                    f"per rank and refuses more (dsa_backend.py _validate_triton_sparse_mla_backend)")
+        return None
