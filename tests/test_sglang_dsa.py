@@ -12,10 +12,13 @@ from backends.sglang.adapter import sglang_problem
 from backends.sglang.dsa import SGLangDSABackend, SGLangDSATritonBackend
 from kit.engine.case import Case
 from kit.engine.sparse import PAD
+from kit.harness.runner import default_device
 from kit.modes import ForwardMode
 from tests.helpers import make_fixture
 
 pytestmark = pytest.mark.skipif(sglang_problem() is not None, reason=str(sglang_problem()))
+
+DEVICE = default_device()  # the conversion kernels: Triton's interpreter on CPU, compiled on CUDA
 
 MODES = SGLangDSABackend.modes
 # Width 6, not the engine's 2048: the width-generic (tiled) kernels; contexts below and past it.
@@ -57,15 +60,15 @@ def _selected_slots(fx) -> torch.Tensor:
     entry at each selected position, PAD kept."""
     r2t = fx.batch.req_to_token_pool.req_to_token
     rows = torch.cat([torch.full((r.n_new,), int(i), dtype=torch.long)
-                      for r, i in zip(fx.plan.requests, fx.batch.req_pool_indices.tolist())])
-    selected = torch.cat([r.selected for r in fx.plan.requests]).long()
+                      for r, i in zip(fx.plan.requests, fx.batch.req_pool_indices.tolist())]).to(r2t.device)
+    selected = torch.cat([r.selected for r in fx.plan.requests]).long().to(r2t.device)
     slots = r2t[rows[:, None], selected.clamp(min=0)]
     return torch.where(selected == PAD, PAD, slots).to(torch.int32)
 
 
 @pytest.mark.parametrize("mode", MODES, ids=lambda m: m.value)
 def test_sglangs_own_conversion_lands_the_rendered_rows_on_the_selected_keys(mode):
-    fx = make_fixture(_case(mode))
+    fx = make_fixture(_case(mode), DEVICE)
     rendered = SGLangDSABackend.topk_indices(fx.batch, fx.batch.num_tokens)
     assert rendered.dtype == torch.int32 and rendered.is_contiguous()
     assert torch.equal(_slots_by_sglang(fx.batch, rendered), _selected_slots(fx))
@@ -80,11 +83,12 @@ def test_a_rendering_off_by_one_is_caught(mode, monkeypatch):
         rows = real(batch, num_tokens)
         return torch.where(rows == PAD, rows, rows + 1)
     monkeypatch.setattr(SGLangDSABackend, "topk_indices", staticmethod(late))
-    fx = make_fixture(_case(mode))
+    fx = make_fixture(_case(mode), DEVICE)
     rendered = SGLangDSABackend.topk_indices(fx.batch, fx.batch.num_tokens)
     assert not torch.equal(_slots_by_sglang(fx.batch, rendered), _selected_slots(fx))
 
 
+@pytest.mark.skipif(torch.cuda.is_available(), reason="the reason without CUDA; this machine has it")
 def test_on_cpu_it_names_the_cuda_it_needs():
     reason = SGLangDSABackend.supports(_case(ForwardMode.DECODE))
     assert "CUDA only" in reason and "get_device_capability" in reason
