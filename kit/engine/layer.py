@@ -27,8 +27,8 @@ class Layer:
     # output are the latent's first kv_lora_rank columns. 0: dense attention.
     kv_lora_rank: int = 0
     rope_dim: int = 0
-    # Sparse MLA: the indexer's top-k (the model's index_topk, the width of batch.topk_indices rows).
-    # 0: not sparse.
+    # Sparse MLA: the indexer's top-k, the width of a batch's topk_indices (a model's config holds
+    # it: DeepSeek-V3.2's index_topk). 0: every key attended.
     index_topk: int = 0
     # A quantized KV cache's per-tensor scales (SGLang's RadixAttention.k_scale / v_scale): the pool
     # stores fp8(k / k_scale) and a backend reads fp8 * k_scale. None: the cache is not quantized.
