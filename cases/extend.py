@@ -169,4 +169,6 @@ FULL += in_every_layout([
     # no query under the top-k; rows a decode-first engine keeps in their order (both with a cached prefix)
     C("smla_h16_selects_fp8_e5m2_p64_fp32", prefix=(2100, 3000), new=(5, 9), page=64, dtype="fp32",
       kv_dtype="fp8_e5m2", **deepseek_v32(16)),
+    # 32 heads: what SGLang's Triton sparse prefill takes (triton_sparse_mla, at most 32 a rank)
+    C("smla_h32_p64", prefix=(0, 3000), new=(2100, 20), page=64, **deepseek_v32(32)),
 ])

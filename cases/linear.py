@@ -52,6 +52,8 @@ SMOKE = [
     S("gdn_verify_fresh_fp32", TV, prefix=(0, 0), new=3, accepted=(3, 3), dtype="fp32"),
     M("mamba2_verify_keep_all_fp32", TV, prefix=(4, 0), new=3, accepted=(3, 3), dtype="fp32"),
     M("mamba2_verify_fresh_bf16", TV, prefix=(0, 0), new=3, accepted=(1, 3), dtype="bf16"),
+    # every request saved, as vLLM verifies drafts only after a request's prefill
+    M("mamba2_verify_saved_bf16", TV, prefix=(6, 70), new=3, accepted=(3, 1), dtype="bf16"),
     K("kda_verify_fresh_fp32", TV, prefix=(0, 0), new=3, accepted=(3, 3), dtype="fp32"),
 ]
 
@@ -97,5 +99,6 @@ FULL = [
     F("gdn_verify_fresh_chain8_fp32", TV, prefix=(0, 0), new=8, accepted=(8, 8), dtype="fp32"),
     FM("mamba2_verify_keep_all", TV, prefix=(1, 77), new=4, accepted=(4, 4)),
     FM("mamba2_verify_fresh", TV, prefix=(0, 0), new=4, accepted=(1, 4)),
+    FM("mamba2_verify_chain4_saved", TV, prefix=(33, 5, 200), new=4, accepted=(4, 1, 2)),  # as vLLM verifies
     FK("kda_verify_fresh", TV, prefix=(0, 0), new=4, accepted=(4, 4)),
 ]

@@ -162,6 +162,8 @@ FULL += in_every_layout([
     C("smla_h128_scatter_p64", prefix=(2047, 0, 64, 4000), new=(300, 65, 1, 1), page=64, index_scatter=True,
       **deepseek_v32(128)),
     C("smla_h128_selects_p64", prefix=(2100, 4000), new=(9, 1), page=64, **deepseek_v32(128)),  # no query under k
+    # 32 heads: what SGLang's Triton sparse prefill takes (triton_sparse_mla, at most 32 a rank)
+    C("smla_h32_p64", prefix=(0, 3000, 2048), new=(2100, 20, 1), page=64, **deepseek_v32(32)),
 ])
 # A window starting on a page's last slot (kit.engine.features: window_page_edge), beside the layer features
 # and layouts no other such case of the set has.

@@ -80,7 +80,7 @@ GDN_RUNS = [(c, e) for c in SMOKE if c.kind == "gdn" for e in Exec
             if e == Exec.EAGER or recurrent_graph_reason(c) is None]
 
 
-def _metadata_on_cuda(adapter, case, exec_):
+def metadata_on_cuda(adapter, case, exec_):
     """vLLM's builder for a CUDA device over the adapter's rendering of the case's batch, made on
     that device as the harness makes it (a graph's padded rows included): the metadata."""
     fx = build(case, "cpu", layout=rule_of(adapter.profile).layout(case))
@@ -95,12 +95,17 @@ def _metadata_on_cuda(adapter, case, exec_):
         batch, _ = fx.batch(CUDA, max_bs if graph else None, adapter.padded_state_slot,
                             empty_padding=adapter.profile.padded_query_len == 0)
         backend.init_forward_metadata(batch)
-        return backend.metadata[layer_name(fx.layers[0])]
+        return backend.metadata[adapter.layer_name(fx.layers[0])]
 
 
 @pytest.mark.parametrize("case,exec_", GDN_RUNS, ids=[f"{c.name}-{e.value}" for c, e in GDN_RUNS])
 def test_vllms_builder_on_cuda_takes_the_adapter_s_tensors_each_on_its_side(case, exec_):
-    metadata = _metadata_on_cuda(VllmGdnBackend, case, exec_)
+    metadata = metadata_on_cuda(VllmGdnBackend, case, exec_)
+    assert_each_on_its_side(metadata)
+
+
+def assert_each_on_its_side(metadata) -> None:
+    """Every tensor of vLLM's metadata on the device, but those named _cpu, on the host."""
     with VirtualCuda():
         sides = {f.name: getattr(metadata, f.name).device.type for f in dataclasses.fields(metadata)
                  if isinstance(getattr(metadata, f.name), torch.Tensor)}
@@ -114,7 +119,7 @@ def test_is_prefilling_on_the_device_raises_where_vllms_builder_reads_it(case, e
     (gdn_attn.py: no_prior_state &= m.is_prefilling), so every mode but a verify raises, as the
     adapter with it on the device crashed in DECODE, EXTEND and MIXED on an H200 and passed TARGET_VERIFY."""
     if case.mode == ForwardMode.TARGET_VERIFY:
-        _metadata_on_cuda(IsPrefillingOnTheDevice, case, exec_)
+        metadata_on_cuda(IsPrefillingOnTheDevice, case, exec_)
         return
     with pytest.raises(RuntimeError, match="Expected all tensors to be on the same device"):
-        _metadata_on_cuda(IsPrefillingOnTheDevice, case, exec_)
+        metadata_on_cuda(IsPrefillingOnTheDevice, case, exec_)

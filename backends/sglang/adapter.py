@@ -289,6 +289,11 @@ class SGLangBackend(AttentionBackend):
         (translator.bind_runner_slots if in_capture else translator.bind_own_plan)(fb)
         return fb
 
+    def _model_args(self, batch, num_tokens: int) -> dict:
+        """What else the model hands its attention call besides q, k, v and their parts (a sparse
+        model's top-k selection)."""
+        return {}
+
     def _spec_info(self, b):
         s, sg = b.spec_info, self.sg
         if b.forward_mode is ForwardMode.TARGET_VERIFY:
@@ -327,6 +332,7 @@ class SGLangBackend(AttentionBackend):
             q, parts = q.reshape(t, -1), {}
         if layer in self.sinks:
             parts["sinks"] = self.sinks[layer]
+        parts.update(self._model_args(batch, t))
         with sg.forward_context(sg.ForwardContext(attn_backend=self._attention_backend(batch))):
             out = self.layers[layer](q, k, v, self._forward_batch(batch), save_kv_cache=save_kv_cache, **parts)
         return out.view(t, layer.tp_q_head_num, layer.v_head_dim)

@@ -22,12 +22,12 @@ from typing import Optional
 import torch
 
 from backends.sglang.linear import SGLangLinearBackend
+from kit.engine.kinds.mamba2 import CHUNK_SIZE
 from kit.modes import ForwardMode
 
 MIXER = "sglang.srt.layers.attention.mamba.mamba"
 MAMBA2_BACKEND = "sglang.srt.layers.attention.hybrid_linear_attn_backend"
 SSU = "sglang.kernels.ops.mamba.triton_ops"
-CHUNK_SIZE = 256  # mamba_chunk_size of Mamba2-2.7B's and Nemotron-H's configs (configs/nemotron_h.py)
 # What mamba.py's CUDA branch imports (mamba.py:42-53): name -> (module, name there).
 CUDA_CONV = {
     "causal_conv1d_fn_triton": ("sglang.kernels.ops.mamba.causal_conv1d_triton", "causal_conv1d_fn"),

@@ -29,7 +29,7 @@ POOL_CODE = ("get_key_buffer", "get_value_buffer", "get_kv_buffer", "set_kv_buff
 # The backends the model hands q/k split into their latent and rope parts (q_rope=, k_rope=):
 # models/deepseek_common/utils.py FORWARD_ABSORB_CORE_ATTENTION_BACKENDS. The others get the
 # parts concatenated, v the latent (forward_mla.py:785-797).
-SPLIT_CALL_BACKENDS = ("flashinfer", "fa3", "fa4", "trtllm_mla", "cutedsl_mla")
+SPLIT_CALL_BACKENDS = ("flashinfer", "fa3", "fa4", "dsa", "trtllm_mla", "cutedsl_mla")
 
 # qk_nope_head_dim and v_head_dim of the model's normal (decompressed, dense) path: DeepSeek-V2/V3's
 # 128. Read by SGLang only for that path's ragged prefill, which the kit's absorbed calls never run.
@@ -68,6 +68,7 @@ class _MLAPoolState:
         self.dtype, self.store_dtype = pool.dtype, torch.uint8 if pool.quantized else pool.dtype
         self.device = pool.device
         self.kv_lora_rank, self.qk_rope_head_dim = layer.kv_lora_rank, layer.rope_dim
+        self.kv_cache_dim = layer.kv_lora_rank + layer.rope_dim  # unquantized (memory_pool.py MLATokenToKVPool)
         # per layer the latent row [slots, 1, rank + rope]
         self.kv_buffer = [b.view(torch.uint8) for b in pool.k_buffer] if pool.quantized else pool.k_buffer
         self.layer_num = len(self.kv_buffer)

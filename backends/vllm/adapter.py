@@ -50,7 +50,10 @@ INSTALL = "python -m backends.vllm.install"
 # vLLM's default CUDA-graph capture sizes (config/vllm.py:2398 _set_cudagraph_sizes): 1, 2, 4, then
 # multiples of 8 up to 256 and of 16 up to 512, in tokens; set as the config's capture sizes too.
 CAPTURE_SIZES = (1, 2, 4) + tuple(range(8, 256, 8)) + tuple(range(256, 513, 16))
-PROFILE = EngineProfile("vllm", storage={"dense": "interleaved", "mla": "latent_blocks"}, batch=COMMON,
+# Sparse MLA's cache in blocks a row apart: in a DeepSeek-V3.2 model its blocks share an allocation with
+# the indexer's keys, and its kernels read them through the block stride (sparse_utils.flat_kv_row_view).
+PROFILE = EngineProfile("vllm", storage={"dense": "interleaved", "mla": "latent_blocks",
+                                         "sparse_mla": "latent_strided_blocks"}, batch=COMMON,
                         padded_slot=NO_WRITE, padded_seq_len=0, padded_query_len=0, pads_token_graph_requests=True,
                         batch_sizes=CAPTURE_SIZES, token_buckets=CAPTURE_SIZES, hooks=BUILDER,
                         row_order=DECODE_FIRST, spec_rows_beside_prefill=True, drafts=drafts.vllm,
@@ -105,14 +108,14 @@ def model_of(case=None, ctx=None):
             cache_dtype=CACHE_DTYPES[_kit_kv_dtype(ctx.kv_cache_dtype)], max_model_len=ctx.max_context_len,
             max_num_seqs=ctx.req_to_token_pool.size, num_blocks=pool.num_blocks,
             num_speculative_tokens=ctx.speculative.num_draft_tokens - 1 if ctx.speculative else 0,
-            capture_sizes=CAPTURE_SIZES)
+            capture_sizes=CAPTURE_SIZES, index_topk=layer.index_topk)
     speculative = rules_for(case.mode).speculative_config(case)
     return rt.Model(
         dtype=case.torch_dtype, heads=case.num_q_heads, kv_heads=case.num_kv_heads, head_dim=case.head_dim,
         kv_lora_rank=case.kv_lora_rank, rope_dim=case.rope_dim, block_size=case.page,
         cache_dtype=CACHE_DTYPES[case.kv_dtype], max_model_len=4096, max_num_seqs=max(CAPTURE_SIZES),
         num_blocks=1024, num_speculative_tokens=speculative.num_draft_tokens - 1 if speculative else 0,
-        capture_sizes=CAPTURE_SIZES)
+        capture_sizes=CAPTURE_SIZES, index_topk=case.index_topk)
 
 
 @functools.lru_cache(maxsize=None)
@@ -208,9 +211,10 @@ class VllmBackend(AttentionBackend):
         rt = runtime()
         return cls.backend_cls().validate_configuration(
             head_size=case.head_dim, dtype=case.torch_dtype, kv_cache_dtype=CACHE_DTYPES[case.kv_dtype],
-            block_size=case.page, use_mla=case.is_mla, has_sink=case.sinks, use_sparse=False, use_mm_prefix=False,
-            use_per_head_quant_scales=False, device_capability=rt.current_platform.get_device_capability(),
-            attn_type="decoder", has_sliding_window=case.window >= 0 or case.hybrid)
+            block_size=case.page, use_mla=case.is_mla, has_sink=case.sinks, use_sparse=case.kind == "sparse_mla",
+            use_mm_prefix=False, use_per_head_quant_scales=False,
+            device_capability=rt.current_platform.get_device_capability(), attn_type="decoder",
+            has_sliding_window=case.window >= 0 or case.hybrid)
 
     @classmethod
     def served_config(cls, case):

@@ -8,11 +8,8 @@ What is mapped, and nothing more (a bug here could hide one in vLLM):
   `SD` layout, [blocks, state_len, dim], handed as the transposed view of the pool's
   [slots, dim, state_len], which the layer transposes back) and the recurrent state [slots, Hv, V, K]
   (float32: vLLM's --mamba-ssm-cache-dtype float32, as Qwen3.5's config sets it);
-- the kit's RecurrentBatch -> vLLM's CommonAttentionMetadata: a request's state blocks are its
-  block-table row (one block, or with speculative decoding 1 + num_speculative_tokens), seq_lens
-  its prefix and new tokens, is_prefilling where it has no saved state or takes more than one token
-  outside a verify; GDNAttentionMetadataBuilder.build() makes the metadata, with a verify's
-  num_decode_draft_tokens and the previous step's num_accepted_tokens as vLLM's runner hands them;
+- the kit's RecurrentBatch -> vLLM's CommonAttentionMetadata as its runner renders a step
+  (backends/vllm/recurrent.py); GDNAttentionMetadataBuilder.build() makes the metadata;
 - forward -> the layer's own core op, torch.ops.vllm.qwen_gdn_attention_core (the call of its
   forward_cuda after the input projection: conv1d, then fla's chunk_gated_delta_rule for prefill
   rows and fused_sigmoid_gating_delta_rule_update for decode and verify rows, on the slot-indexed
@@ -30,16 +27,13 @@ num_accepted_tokens - 1 and the conv window at that offset.
 """
 from __future__ import annotations
 
-import functools
-import tempfile
 from typing import Optional
 
 import torch
 
 from backends.qwen3_next import qwen3_next_config
-from backends.vllm.adapter import PROFILE, _installed_version, pin_problem, runtime, vllm_problem
-from kit.engine.kinds.recurrent import MODES
-from kit.harness.protocol import library_version
+from backends.vllm.adapter import runtime
+from backends.vllm.recurrent import VllmRecurrentBackend
 from kit.modes import ForwardMode
 
 # Why the layer runs on CUDA only: its ops on vLLM's CPU platform, and its Triton kernels in the interpreter.
@@ -47,7 +41,6 @@ CPU_REASON = ("vLLM's GDN layer on CPU: its CPU platform's conv ops are compiled
               "ops/cpu/causal_conv1d.py; not in the CPU wheel the kit installs), and its Triton kernels do not run in "
               "Triton's interpreter (causal_conv1d_update: 'mask has unsupported dtype'; fla's chunk kernels' loop index "
               "a Python int, chunk_delta_h.py:144)")
-NULL_BLOCK = 0  # vLLM's NULL_BLOCK_ID: its GDN kernels skip a row whose state block is 0
 
 
 def layer_name(layer) -> str:
@@ -55,36 +48,15 @@ def layer_name(layer) -> str:
     return f"model.layers.{layer.layer_id}.linear_attn"
 
 
-@functools.lru_cache(maxsize=None)
-def _single_rank() -> None:
-    """vLLM's process groups for one rank: its parallel linear layers (the GDN layer's conv1d and
-    projections) ask for the tensor-parallel size when they are built."""
-    from vllm.distributed import init_distributed_environment, initialize_model_parallel
-    from vllm.distributed.parallel_state import model_parallel_is_initialized
-
-    if model_parallel_is_initialized():
-        return
-    init_distributed_environment(world_size=1, rank=0, local_rank=0, backend="gloo",
-                                 distributed_init_method=f"file://{tempfile.mktemp(prefix='kit-vllm-dist-')}")
-    initialize_model_parallel(1, 1)
-
-
-class VllmGdnBackend:
+class VllmGdnBackend(VllmRecurrentBackend):
     """GDN_ATTN (v1/attention/backends/gdn_attn.py) with Qwen3-Next's GDN layer
     (model_executor/layers/mamba/gdn/qwen_gdn_linear_attn.py)."""
 
     name = "vllm_gdn"
-    profile = PROFILE
-    modes = MODES
     attention_kinds = ("gdn",)
-    padded_state_slot = NULL_BLOCK
-    @classmethod
-    def versions(cls):
-        return {"vllm": _installed_version(), "triton": library_version("triton")}
-
-    @classmethod
-    def installed_problem(cls) -> Optional[str]:
-        return pin_problem()
+    builder_class = ("vllm.v1.attention.backends.gdn_attn", "GDNAttentionMetadataBuilder")
+    layer_name = staticmethod(layer_name)
+    cpu_reason = CPU_REASON
 
     @classmethod
     def load_engine(cls) -> None:
@@ -95,49 +67,11 @@ class VllmGdnBackend:
         from vllm.v1.attention.backends.gdn_attn import GDNAttentionMetadataBuilder  # noqa: F401
 
     @classmethod
-    def supports(cls, case) -> Optional[str]:
-        problem = vllm_problem()
-        if problem:
-            return problem
-        if not torch.cuda.is_available():
-            return CPU_REASON
-        if case.mode == ForwardMode.TARGET_VERIFY and 0 in case.prefix:
-            return ("a verify of a request with nothing cached: vLLM's runner schedules drafts only after a "
-                    "request's prefill, and its speculative rows always continue a saved state")
+    def _kind_problem(cls, case) -> Optional[str]:
         if case.dtype == "fp32" and _has_prefill_rows(case):
             return ("fp32 prefill rows: vLLM's chunk_gated_delta_rule refuses float32 (flash_linear_attention/"
                     "ops/chunk.py:213)")
         return None
-
-    def __init__(self, ctx):
-        rt = runtime()
-        self.ctx = ctx
-        self.num_spec = max(ctx.drafts - 1, 0)
-        layer0 = ctx.layers[0]
-        model = rt.Model(dtype=ctx.dtype, heads=layer0.num_v_heads, kv_heads=layer0.num_v_heads,
-                         head_dim=layer0.head_v_dim, kv_lora_rank=0, rope_dim=0, block_size=16, cache_dtype="auto",
-                         max_model_len=4096, max_num_seqs=max(ctx.max_bs, 16), num_blocks=ctx.state_pool.size,
-                         num_speculative_tokens=self.num_spec, capture_sizes=(1, 2, 4, 8))
-        self.vllm_config = config = rt.vllm_config(model)
-        config.cache_config.mamba_ssm_cache_dtype = "float32"
-        config.cache_config.mamba_block_size = model.max_model_len
-        default = torch.get_default_dtype()
-        with rt.set_current_vllm_config(config):
-            _single_rank()
-            torch.set_default_dtype(ctx.dtype)  # vLLM's layers take their parameters' dtype from it
-            try:
-                self.layers = {layer.layer_id: self._vllm_layer(layer) for layer in ctx.layers}
-            finally:
-                torch.set_default_dtype(default)
-            self.builder = self.metadata_builder(ctx.device)
-        self.metadata = {}
-
-    def metadata_builder(self, device):
-        """vLLM's GDNAttentionMetadataBuilder of the adapter's layers, as its runner builds it for `device`."""
-        from vllm.v1.attention.backends.gdn_attn import GDNAttentionMetadataBuilder
-
-        spec = next(iter(self.layers.values())).get_kv_cache_spec(self.vllm_config)
-        return GDNAttentionMetadataBuilder(spec, [layer_name(l) for l in self.ctx.layers], self.vllm_config, device)
 
     def _vllm_layer(self, layer):
         from vllm.model_executor.layers.mamba.gdn.qwen_gdn_linear_attn import QwenGatedDeltaNetAttention
@@ -153,42 +87,6 @@ class VllmGdnBackend:
         gdn.kv_cache = (pool.conv(layer.layer_id).transpose(-1, -2), pool.temporal(layer.layer_id))
         return gdn
 
-    def init_forward_metadata(self, batch) -> None:
-        rt = runtime()
-        common = self._common(batch)
-        verify = batch.num_accepted_tokens is not None
-        drafts = None
-        if verify:
-            # vLLM's runner: a decode row's draft count (>= 0 marks it speculative), on the host
-            drafts = torch.tensor([n - 1 for n in batch.extend_seq_lens_cpu], dtype=torch.int32)
-        with rt.set_current_vllm_config(self.vllm_config):
-            metadata = self.builder.build(common_prefix_len=0, common_attn_metadata=common,
-                                          num_accepted_tokens=batch.num_accepted_tokens if verify else None,
-                                          num_decode_draft_tokens_cpu=drafts)
-        self.metadata = {layer_name(layer): metadata for layer in self.ctx.layers}
-
-    def _common(self, batch):
-        """vLLM's CommonAttentionMetadata of the step."""
-        rt = runtime()
-        device = batch.query_start_loc.device
-        lens = list(batch.extend_seq_lens_cpu)
-        seq_lens = list(batch.seq_lens_cpu)
-        verify = batch.num_accepted_tokens is not None
-        prefilling = [not saved or (n > 1 and not verify)
-                      for saved, n in zip(batch.has_initial_state.tolist(), lens)]
-        blocks = batch.state_blocks if batch.state_blocks is not None else batch.state_indices[:, None]
-        qsl_cpu = batch.query_start_loc.cpu()
-        return rt.CommonAttentionMetadata(
-            query_start_loc=batch.query_start_loc, query_start_loc_cpu=qsl_cpu,
-            seq_lens=torch.tensor(seq_lens, dtype=torch.int32, device=device), num_reqs=batch.batch_size,
-            num_actual_tokens=batch.num_tokens, max_query_len=max(lens), max_seq_len=max(seq_lens),
-            block_table_tensor=blocks.to(torch.int32),
-            slot_mapping=torch.full((batch.num_tokens,), -1, dtype=torch.int64, device=device),
-            # on the host, as vLLM's runner hands it (num_computed_tokens_cpu < num_prompt_tokens_cpu): the
-            # builder combines it with the host query lengths
-            is_prefilling=torch.tensor(prefilling, dtype=torch.bool),
-            seq_lens_cpu_upper_bound=torch.tensor(seq_lens, dtype=torch.int32))
-
     def forward(self, mixed_qkv, a, b, layer, batch):
         from vllm.utils.torch_utils import _encode_layer_name
 
@@ -196,11 +94,13 @@ class VllmGdnBackend:
         out = torch.zeros((mixed_qkv.shape[0], layer.num_v_heads, layer.head_v_dim), dtype=mixed_qkv.dtype,
                           device=mixed_qkv.device)
         # The model hands the op a projection of its own (forward_cuda's torch.cat or split of
-        # in_proj_qkvz's output), which its conv update overwrites in place: a copy of the kit's.
+        # in_proj_qkvz's output), which its conv update overwrites in place: a copy of the kit's (the
+        # permutation to vLLM's order makes it).
+        mixed_qkv, a, b = self.to_vllm_order(mixed_qkv, a, b)
         with rt.set_current_vllm_config(self.vllm_config), rt.set_forward_context(self.metadata, self.vllm_config):
-            torch.ops.vllm.qwen_gdn_attention_core(mixed_qkv.clone(), b.contiguous(), a.contiguous(), out,
+            torch.ops.vllm.qwen_gdn_attention_core(mixed_qkv, b.contiguous(), a.contiguous(), out,
                                                    layer_name=_encode_layer_name(layer_name(layer)))
-        return out
+        return self.to_kit_order(out)
 
 
 def _has_prefill_rows(case) -> bool:

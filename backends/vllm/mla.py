@@ -62,8 +62,13 @@ class VllmMLABackend(VllmBackend):
             problem = (f"MLA width {case.kv_lora_rank} + {case.rope_dim}: vLLM's MLA metadata takes latent widths "
                        f"{rt.MLACommonBackend.get_supported_head_sizes()} only (mla_attention.py:1735-1739)")
         if problem is None and case.mode.value in PREFILL_MODES:
-            problem = rt.mla_prefill(model_of(case))[1]
+            problem = cls._prefill_problem(case)
         return problem
+
+    @classmethod
+    def _prefill_problem(cls, case) -> Optional[str]:
+        """Why the case's prefill rows cannot run (no MLA prefill backend takes them), or None."""
+        return runtime().mla_prefill(model_of(case))[1]
 
     def _vllm_layer(self, layer, backend):
         """vLLM's MLAAttention for a kit MLA layer: nope and v widths the rank, the identity
@@ -74,11 +79,15 @@ class VllmMLABackend(VllmBackend):
             num_heads=heads, scale=layer.scaling, qk_nope_head_dim=rank, qk_rope_head_dim=rope, v_head_dim=rank,
             q_lora_rank=None, kv_lora_rank=rank, kv_b_proj=_UpProjection(rank, heads, ctx.dtype),
             cache_config=self.vllm_config.cache_config, prefix=layer_name(layer), attn_backend=backend,
-            prefill_backend_cls=rt.mla_prefill(model_of(ctx=ctx))[0])
+            **self._layer_args(layer))
         self._load_kv_scales(attn, layer)
         attn = attn.to(ctx.device)
         attn.process_weights_after_loading(ctx.dtype)
         return attn
+
+    def _layer_args(self, layer) -> dict:
+        """MLAAttention's arguments beyond the latent's widths: the prefill backend its prefill rows run."""
+        return dict(prefill_backend_cls=self.rt.mla_prefill(model_of(ctx=self.ctx))[0])
 
     @staticmethod
     def _cache_view(storage: torch.Tensor) -> torch.Tensor:

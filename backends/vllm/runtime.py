@@ -44,6 +44,7 @@ from vllm.v1.attention.backends.registry import AttentionBackendEnum  # noqa: E4
 from vllm.v1.attention.backends.utils import get_supported_kv_cache_layouts, resolve_kv_cache_layout  # noqa: E402
 from vllm.v1.kv_cache_interface import FullAttentionSpec, MLAAttentionSpec, get_kv_quant_mode  # noqa: E402
 from vllm.utils.torch_utils import kv_cache_dtype_str_to_dtype  # noqa: E402
+from vllm.v1.worker.workspace import init_workspace_manager, is_workspace_manager_initialized  # noqa: E402
 
 KIT_ARCHITECTURE = "KitStandInForCausalLM"
 
@@ -112,6 +113,7 @@ def _define_kv_write_ops() -> Dict[str, str]:
 
 
 KV_WRITE = _define_kv_write_ops()
+KV_WRITE["sparse_mla"] = KV_WRITE["mla"]  # a sparse MLA layer writes its latent as an MLA layer does
 
 
 @dataclasses.dataclass(frozen=True)
@@ -131,6 +133,7 @@ class Model:
     num_blocks: int
     num_speculative_tokens: int  # 0: no speculative decoding
     capture_sizes: tuple
+    index_topk: int = 0  # sparse MLA (DeepSeek-V3.2): the indexer's top-k; 0: dense
 
 
 _CONFIG_ROOT = tempfile.TemporaryDirectory(prefix="kit-vllm-")
@@ -149,6 +152,10 @@ def _config_dir(model: Model) -> str:
                       kv_lora_rank=model.kv_lora_rank, qk_nope_head_dim=model.kv_lora_rank,
                       qk_rope_head_dim=model.rope_dim, v_head_dim=model.kv_lora_rank, n_routed_experts=4,
                       num_experts_per_tok=2, first_k_dense_replace=2, moe_intermediate_size=128)
+        if model.index_topk:
+            # DeepSeek-V3.2's config: its index_topk makes the model sparse (deepseek_v2.py:1439, is_v32)
+            # and is the top-k sparse builders read (sparse_mla_attention.py, hf_text_config.index_topk).
+            config["index_topk"] = model.index_topk
     else:
         config = dict(common, model_type="llama", num_key_value_heads=model.kv_heads, head_dim=model.head_dim)
     folder = Path(_CONFIG_ROOT.name) / f"model-{abs(hash(model))}"
@@ -234,11 +241,26 @@ def mla_prefill(model: Model):
         return None, f"MLA prefill rows in {model.dtype}: no MLA prefill backend of this platform takes it: {exc}"
 
 
+@functools.lru_cache(maxsize=None)
+def single_rank() -> None:
+    """vLLM's process groups for one rank, as its worker makes them before building a model: layers
+    that ask for the tensor-parallel size when they are built (sparse MLA's impls) find it."""
+    from vllm.distributed import init_distributed_environment, initialize_model_parallel
+    from vllm.distributed.parallel_state import model_parallel_is_initialized
+
+    if model_parallel_is_initialized():
+        return
+    init_distributed_environment(world_size=1, rank=0, local_rank=0, backend="gloo",
+                                 distributed_init_method=f"file://{tempfile.mktemp(prefix='kit-vllm-dist-')}")
+    initialize_model_parallel(1, 1)
+
+
 def backend_class(name: str):
     """vLLM's attention backend class of an AttentionBackendEnum name."""
     return AttentionBackendEnum[name].get_class()
 
 
 __all__ = ["Attention", "AttentionCGSupport", "CommonAttentionMetadata", "KV_WRITE", "MLAAttention", "MLACommonBackend",
-           "Model", "backend_class", "current_platform", "kv_cache_spec", "mla_prefill", "set_current_vllm_config",
-           "served_config", "set_forward_context", "vllm_config"]
+           "Model", "backend_class", "current_platform", "init_workspace_manager", "is_workspace_manager_initialized",
+           "kv_cache_spec", "mla_prefill", "set_current_vllm_config", "served_config", "set_forward_context",
+           "single_rank", "vllm_config"]

@@ -27,6 +27,9 @@ class Layer:
     # output are the latent's first kv_lora_rank columns. 0: dense attention.
     kv_lora_rank: int = 0
     rope_dim: int = 0
+    # Sparse MLA: the indexer's top-k, the width of a batch's topk_indices (a model's config holds
+    # it: DeepSeek-V3.2's index_topk). 0: every key attended.
+    index_topk: int = 0
     # A quantized KV cache's per-tensor scales (SGLang's RadixAttention.k_scale / v_scale): the pool
     # stores fp8(k / k_scale) and a backend reads fp8 * k_scale. None: the cache is not quantized.
     k_scale: Optional[float] = None
@@ -73,6 +76,7 @@ class Layer:
             sliding_window_size=case.window,
             kv_lora_rank=case.kv_lora_rank,
             rope_dim=case.rope_dim,
+            index_topk=case.index_topk,
             k_scale=k_scale,
             v_scale=k_scale if case.is_mla else v_scale,  # MLA: one latent, one scale
             sinks=sink_logits(case, layer_id),

@@ -9,6 +9,8 @@ from __future__ import annotations
 NAME = "mamba2"
 LABEL = "Mamba2 (SSD)"
 GATES = ("dt",)
+# The SSD scan's chunk the engines' adapters configure: mamba_chunk_size of Mamba2-2.7B's and Nemotron-H's configs.
+CHUNK_SIZE = 256
 
 
 def split(mixed, layer):

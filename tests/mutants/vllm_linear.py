@@ -1,0 +1,45 @@
+"""Real-code mutants of vLLM's recurrent backends: a one-line patch of a copy of a vllm function
+(tests.mutants.patching), wired into the adapter's builder without touching the installed one. Line
+numbers are vllm 0.33.0's; a patch whose line no longer reads as expected raises, naming it."""
+from __future__ import annotations
+
+from backends.vllm.mamba2 import VllmMamba2Backend
+from kit.modes import Exec, ForwardMode
+from kit.mutation import Mutant
+from kit.report.record import KERNEL, KV_WRITE
+from tests.mutants import patching
+
+MAMBA_ATTN = "vllm.v1.attention.backends.mamba_attn"
+
+
+class _Mamba2BuilderMutant(VllmMamba2Backend):
+    """Mamba2AttentionMetadataBuilder whose common metadata (BaseMambaAttentionMetadataBuilder.
+    _compute_common_metadata) is a copy with the line `patch` = (line, old, new)."""
+
+    patch = (0, "", "")
+
+    def builder_cls(self):
+        compute = patching.patched_function(MAMBA_ATTN, "BaseMambaAttentionMetadataBuilder._compute_common_metadata",
+                                            *self.patch)
+        original = super().builder_cls()
+        return type(original.__name__, (original,), {"_compute_common_metadata": compute})
+
+
+class Mamba2InitialStatesOfTheFirstRows(_Mamba2BuilderMutant):
+    """Whether a prefill row loads its saved state is read from the step's first rows, not its prefill
+    rows past the decodes: right where no decode row comes first, wrong in the decode-first order
+    vLLM's runner hands a mixed step (a new request behind a decode loads the slot's stale state)."""
+
+    patch = (506, "num_computed_tokens[num_reqs - num_prefills : num_reqs] > 0",
+             "num_computed_tokens[:num_prefills] > 0")
+
+
+MX = ForwardMode.MIXED
+V = "tests.mutants.vllm_linear:"
+# Rows of the mutant catalog (tests/mutants/__init__.py), numbered from 140. On CPU vLLM's Mamba2 mixer
+# does not run (VllmMamba2Backend.supports): tests/test_vllm_mamba2.py catches mutant 140 in vLLM's
+# builder there.
+MUTANTS = [
+    Mutant(140, "vllm_mamba2_initial_states_of_first_rows", V + "Mamba2InitialStatesOfTheFirstRows",
+           (KERNEL, KV_WRITE), (MX,), (Exec.EAGER,), cpu=False),
+]
