@@ -100,11 +100,11 @@ class SGLangDSABackend(_GraphHooks, SGLangBackend):
         """Why SGLang's DSA backend does not run `case` as the kit calls it, or None."""
         if not torch.cuda.is_available():
             return ("DeepseekSparseAttnBackend runs on CUDA only: its constructor asks for the device's compute "
-                    "capability (dsa_backend.py __init__, torch.cuda.get_device_capability) and its kernels are "
-                    "FlashMLA's, FA3's, TileLang's or TRT-LLM's")
+                    "capability (dsa_backend.py __init__, torch.cuda.get_device_capability), as SGLang's server "
+                    "args do choosing its kernels, all CUDA ones")
         if case.dtype != "bf16":
-            return (f"{case.dtype}: FlashMLA's sparse kernel takes bf16 q and KV only "
-                    f"(flash_mla_interface.py flash_mla_sparse_fwd); SGLang serves DSA models in bf16")
+            return (f"{case.dtype}: SGLang's sparse MLA kernels take bf16 q and KV only (FlashMLA's "
+                    f"flash_mla_sparse_fwd, the Triton sparse_mla_prefill); it serves DSA models in bf16")
         if case.index_scatter:
             return ("-1 among a row's indices: SGLang's DSA backend reads a row's first min(seq_len, index_topk) "
                     "entries only (its topk_length, dsa_cache_seqlens_int32: 'Rows whose context is shorter than "
