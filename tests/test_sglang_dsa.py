@@ -163,3 +163,22 @@ def test_the_full_set_has_cases_each_backend_runs_on_hopper_in_each_of_its_modes
     catalog = load_catalog()
     for mode in cls.modes:
         assert any(cls.supports(c) is None for c in catalog.cases("full", mode) if c.index_topk), mode
+
+
+@pytest.mark.parametrize("mode", MODES, ids=lambda m: m.value)
+def test_a_prefill_graph_hands_the_host_lengths_of_its_requests_alone(mode):
+    """A token graph's batch holds seq_lens_cpu for its most requests; SGLang's prefill graph runner
+    hands attention the real batch's (the DSA backend zips them with extend_seq_lens_cpu, strictly)."""
+    import dataclasses
+
+    from backends.sglang.dsa import prefill_runner_view
+
+    batch = make_fixture(_case(mode), DEVICE).batch
+    held = torch.cat([batch.seq_lens_cpu, torch.ones(3, dtype=batch.seq_lens_cpu.dtype)])  # 3 padded requests
+    graph = dataclasses.replace(batch, seq_lens_cpu=held, seq_lens_sum=int(held.sum()))
+    view = prefill_runner_view(graph)
+    if mode in (ForwardMode.EXTEND, ForwardMode.MIXED):
+        assert torch.equal(view.seq_lens_cpu, batch.seq_lens_cpu) and view.seq_lens_sum == batch.seq_lens_sum
+        assert len(view.extend_seq_lens_cpu) == len(view.seq_lens_cpu)
+    else:
+        assert view is graph  # a decode-shaped graph's padded requests are SGLang's too

@@ -26,6 +26,7 @@ of which loads beside the kit's torch); `sglang_dsa_triton` runs SGLang's Triton
 """
 from __future__ import annotations
 
+import dataclasses
 import functools
 import importlib
 import importlib.util
@@ -149,6 +150,9 @@ class SGLangDSABackend(_GraphHooks, SGLangBackend):
         os.environ[FUSE_TOPK_ENV] = "0"  # read at construction (dsa/utils.py should_use_dsa_fused_topk) and per call
         return super()._make_impl()
 
+    def init_forward_metadata_out_graph(self, batch, in_capture=False):
+        super().init_forward_metadata_out_graph(prefill_runner_view(batch), in_capture)
+
     def _model_args(self, batch, num_tokens: int) -> dict:
         return {"topk_indices": self.topk_indices(batch, num_tokens)}
 
@@ -158,6 +162,19 @@ class SGLangDSABackend(_GraphHooks, SGLangBackend):
         per query token (batch order: q's) the selected positions in its request's req_to_token row,
         -1 padded (the kit's rows, kit.engine.sparse)."""
         return batch.topk_indices[:num_tokens].to(torch.int32).contiguous()
+
+
+def prefill_runner_view(batch):
+    """An EXTEND or MIXED graph batch as SGLang's prefill graph runner hands it to attention: its
+    host lengths those of its batch_size requests (prefill_cuda_graph_runner.py, the static
+    ForwardBatch's seq_lens_cpu and seq_lens_sum are the real batch's), where the kit's token graph
+    holds them for its most requests. DeepseekSparseAttnBackend zips them with the extend lengths,
+    strictly (dsa_backend.py init_forward_metadata). Other batches as they are."""
+    lens = batch.seq_lens_cpu
+    if batch.forward_mode not in (ForwardMode.EXTEND, ForwardMode.MIXED) or lens is None:
+        return batch
+    lens = lens[:batch.batch_size]
+    return dataclasses.replace(batch, seq_lens_cpu=lens, seq_lens_sum=int(lens.sum()))
 
 
 class SGLangDSATritonBackend(SGLangDSABackend):
