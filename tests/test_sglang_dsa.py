@@ -166,19 +166,24 @@ def test_the_full_set_has_cases_each_backend_runs_on_hopper_in_each_of_its_modes
 
 
 @pytest.mark.parametrize("mode", MODES, ids=lambda m: m.value)
-def test_a_prefill_graph_hands_the_host_lengths_of_its_requests_alone(mode):
-    """A token graph's batch holds seq_lens_cpu for its most requests; SGLang's prefill graph runner
-    hands attention the real batch's (the DSA backend zips them with extend_seq_lens_cpu, strictly)."""
+def test_a_prefill_graph_hands_the_fields_of_its_requests_alone(mode):
+    """A token graph's batch may hold its per-request fields at full capacity (stale rows past its
+    requests); SGLang's prefill graph runner hands attention the real batch's (the DSA backend zips
+    seq_lens_cpu with extend_seq_lens_cpu, strictly, and plans over every row of the device ones)."""
     import dataclasses
 
-    from backends.sglang.dsa import prefill_runner_view
+    from backends.sglang.dsa import REQUEST_FIELDS, prefill_runner_view
 
     batch = make_fixture(_case(mode), DEVICE).batch
-    held = torch.cat([batch.seq_lens_cpu, torch.ones(3, dtype=batch.seq_lens_cpu.dtype)])  # 3 padded requests
-    graph = dataclasses.replace(batch, seq_lens_cpu=held, seq_lens_sum=int(held.sum()))
+    stale = lambda t: t if not torch.is_tensor(t) else torch.cat([t, t[:1].repeat(3)])  # noqa: E731  3 rows past
+    graph = dataclasses.replace(batch, **{n: stale(getattr(batch, n)) for n in REQUEST_FIELDS
+                                          if getattr(batch, n) is not None})
+    graph.seq_lens_sum = int(graph.seq_lens_cpu.sum())
     view = prefill_runner_view(graph)
-    if mode in (ForwardMode.EXTEND, ForwardMode.MIXED):
-        assert torch.equal(view.seq_lens_cpu, batch.seq_lens_cpu) and view.seq_lens_sum == batch.seq_lens_sum
-        assert len(view.extend_seq_lens_cpu) == len(view.seq_lens_cpu)
-    else:
+    if mode not in (ForwardMode.EXTEND, ForwardMode.MIXED):
         assert view is graph  # a decode-shaped graph's padded requests are SGLang's too
+        return
+    for name in REQUEST_FIELDS:
+        real, seen = getattr(batch, name), getattr(view, name)
+        assert (seen is None) if real is None else (list(seen) == list(real)), name
+    assert view.seq_lens_sum == batch.seq_lens_sum

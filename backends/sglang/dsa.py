@@ -36,6 +36,7 @@ from typing import Optional
 import torch
 
 from backends.sglang.adapter import SGLangBackend, _GraphHooks
+from kit.engine.render import REQUEST, STATIC_FIELDS
 from kit.harness.protocol import library_version
 from kit.modes import ForwardMode
 
@@ -56,6 +57,8 @@ DECODE_SHAPED = (ForwardMode.DECODE, ForwardMode.TARGET_VERIFY)
 DENSE_PREFILL_KV_LEN = 2048
 # SGLang's switch between the fused and the unfused top-k (environ.py SGLANG_DSA_FUSE_TOPK).
 FUSE_TOPK_ENV = "SGLANG_DSA_FUSE_TOPK"
+# A batch's per-request fields (the request axis of a graph's static buffers).
+REQUEST_FIELDS = tuple(f.name for f in STATIC_FIELDS if f.axis == REQUEST)
 # The most query heads SGLang lets its Triton sparse prefill run (dsa_backend.py _TRITON_SPARSE_MLA_MAX_HEADS).
 TRITON_MAX_HEADS = 32
 
@@ -166,15 +169,18 @@ class SGLangDSABackend(_GraphHooks, SGLangBackend):
 
 def prefill_runner_view(batch):
     """An EXTEND or MIXED graph batch as SGLang's prefill graph runner hands it to attention: its
-    host lengths those of its batch_size requests (prefill_cuda_graph_runner.py, the static
-    ForwardBatch's seq_lens_cpu and seq_lens_sum are the real batch's), where the kit's token graph
-    holds them for its most requests. DeepseekSparseAttnBackend zips them with the extend lengths,
-    strictly (dsa_backend.py init_forward_metadata). Other batches as they are."""
-    lens = batch.seq_lens_cpu
-    if batch.forward_mode not in (ForwardMode.EXTEND, ForwardMode.MIXED) or lens is None:
+    per-request fields (and seq_lens_sum) those of its batch_size requests, as the runner's static
+    ForwardBatch takes them from the real batch (prefill_cuda_graph_runner.py), where the kit's
+    token graph may hold them at full capacity, rows past the batch stale. DeepseekSparseAttnBackend
+    zips the host ones with the extend lengths, strictly, and plans its conversion over every row of
+    the device ones (dsa_backend.py init_forward_metadata). Other batches as they are."""
+    if batch.forward_mode not in (ForwardMode.EXTEND, ForwardMode.MIXED):
         return batch
-    lens = lens[:batch.batch_size]
-    return dataclasses.replace(batch, seq_lens_cpu=lens, seq_lens_sum=int(lens.sum()))
+    n = batch.batch_size
+    cut = {name: getattr(batch, name)[:n] for name in REQUEST_FIELDS if getattr(batch, name) is not None}
+    if "seq_lens_cpu" in cut:
+        cut["seq_lens_sum"] = int(cut["seq_lens_cpu"].sum())
+    return dataclasses.replace(batch, **cut)
 
 
 class SGLangDSATritonBackend(SGLangDSABackend):
