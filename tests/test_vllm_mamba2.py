@@ -16,8 +16,9 @@ import torch
 
 from backends.vllm.mamba2 import CPU_REASON, VllmMamba2Backend, layer_name
 from cases.linear import SMOKE
+from kit.harness.capabilities import Capabilities
 from kit.harness.recurrent import run_case
-from kit.harness.scope import recurrent_graph_reason
+from kit.harness.scope import recurrent_graph_reason, unsupported_reason
 from kit.modes import Exec, ForwardMode
 from kit.report.record import KERNEL, KV_WRITE
 from tests.mutants.vllm_linear import Mamba2InitialStatesOfTheFirstRows
@@ -139,3 +140,23 @@ MAMBA2_RUNS = [(c, e) for c in SERVED for e in Exec if e == Exec.EAGER or recurr
 @pytest.mark.parametrize("case,exec_", MAMBA2_RUNS, ids=[f"{c.name}-{e.value}" for c, e in MAMBA2_RUNS])
 def test_vllms_builder_on_cuda_takes_the_adapter_s_tensors_each_on_its_side(case, exec_):
     assert_each_on_its_side(metadata_on_cuda(VllmMamba2Backend, case, exec_))
+
+
+class Served(VllmMamba2Backend):
+    """The adapter as where its mixer runs: supports() takes the case."""
+
+    @classmethod
+    def supports(cls, case):
+        return None
+
+
+@pytest.mark.parametrize("case,graph_runs", [("mamba2_decode_fresh_bf16", False), ("mamba2_decode_fp32", False),
+                                             ("mamba2_decode_bf16_long", True), ("mamba2_verify_saved_bf16", True)])
+def test_a_graph_of_a_step_with_a_new_request_reads_unsupported_as_vllm_captures_none(case, graph_runs):
+    """vLLM captures recurrent layers in full graphs for uniform decode batches only: a new request's
+    step (a prefill) runs without one; eager it runs."""
+    caps, case = Capabilities.of(Served), CASE[case]
+    assert unsupported_reason(Served, caps, case, Exec.EAGER) is None
+    reason = unsupported_reason(Served, caps, case, Exec.GRAPH)
+    assert (reason is None) == graph_runs, reason
+    assert graph_runs or "uniform decode batches only" in reason

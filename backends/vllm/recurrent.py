@@ -70,6 +70,14 @@ class VllmRecurrentBackend:
         return cls._kind_problem(case)
 
     @classmethod
+    def supports_graph(cls, case) -> Optional[str]:
+        if 0 in case.prefix:
+            return ("a step with a new request (a prefill) under a graph: vLLM captures its recurrent layers in full "
+                    "graphs for uniform decode batches only (AttentionCGSupport.UNIFORM_BATCH; "
+                    "build_for_cudagraph_capture: decode-only), and runs a step with a prefill without one")
+        return None
+
+    @classmethod
     def _kind_problem(cls, case) -> Optional[str]:
         """Why the layer does not take a case it could otherwise run, or None."""
         return None

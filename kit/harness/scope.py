@@ -40,7 +40,7 @@ def declined(backend_cls, caps: Capabilities, case: Case, exec_: Exec) -> Option
             reason = recurrent_graph_reason(case)
         elif not caps.has_graph_hooks:
             reason = NO_CAPTURE_HOOKS
-        else:  # a backend may capture some cases and not others (an engine's graph support per case)
+        if reason is None:  # a backend may capture some cases and not others (an engine's graph support per case)
             graph_reason = getattr(backend_cls, "supports_graph", None)
             said = graph_reason(case) if callable(graph_reason) else None
             if said is not None:
