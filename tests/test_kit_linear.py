@@ -2,6 +2,7 @@
 planted bug), the in-box backend on every smoke case (the mutants of tests/mutants/linear.py: tests/test_mutants.py)."""
 from __future__ import annotations
 
+import dataclasses
 import json
 import subprocess
 import sys
@@ -204,3 +205,29 @@ def test_a_crash_names_the_line_that_raised():
     text = failures(verdicts)
     assert text.startswith("crash: decode eager: raised RuntimeError: Expected all tensors")  # what pins match
     assert text.endswith(f" at {__file__}:{line}") and "\n" not in text, text
+
+
+class _PaddedRowsNaN(TorchNativeLinearBackend):
+    """Leaves every token past its real requests' NaN (a padded row nothing computes)."""
+
+    def forward(self, projected, *gates_and_layer):
+        out = super().forward(projected, *gates_and_layer)
+        real = sum(self.lens[i] for i in self.rows)
+        full = out.new_full((projected.shape[0],) + tuple(out.shape[1:]), float("nan"))
+        full[:real] = out[:real]
+        return full
+
+
+class _PaddedRowsNaNEmptyPadding(_PaddedRowsNaN):
+    """The same under empty padded requests (vLLM's): a padded token belongs to no request."""
+
+    profile = dataclasses.replace(_PaddedRowsNaN.profile, padded_query_len=0)
+
+
+def test_padded_rows_are_judged_only_where_a_padded_token_belongs_to_a_request():
+    """As the softmax harness: where padded requests decode like real ones (SGLang's), their rows must
+    be finite; under empty padded requests (vLLM's) a padded token is nobody's and is not judged."""
+    case = next(c for c in SMOKE if c.name == "gdn_decode_bf16_long")
+    attending = failures(run_case(_PaddedRowsNaN, case, Exec.GRAPH))
+    assert attending is not None and "padded output rows NaN/inf" in attending, attending
+    assert failures(run_case(_PaddedRowsNaNEmptyPadding, case, Exec.GRAPH)) is None

@@ -129,8 +129,10 @@ def _graphed(backend, batch: RecurrentBatch, inputs, layers, refill: Callable[[]
     return outs
 
 
-def _judge(fx: RecurrentFixture, pool: StatePool, before, outs: List[torch.Tensor], step: str, rule,
+def _judge(fx: RecurrentFixture, pool: StatePool, before, outs: List[torch.Tensor], step: str, rule, profile,
            before_verify=None) -> RecurrentVerdict:
+    """The step's checks; padded rows judged (finite) only where a padded token belongs to a request
+    (profile.padded_rows_attend), as the softmax harness judges them."""
     real = sum(fx.case.new_lens)
     dtype = fx.torch_dtype
     hv, dv = fx.case.heads[1], fx.case.head_v_dim
@@ -141,7 +143,8 @@ def _judge(fx: RecurrentFixture, pool: StatePool, before, outs: List[torch.Tenso
     sames = [torch.cat([r.out for r in runs]).to(dtype) for runs in fx.same_dtype]
     outputs = read_back([output_figures([o[:real] for o in outs], goldens, sames, dtype,
                                         [f"layer {i} " for i in range(len(outs))])])[0]
-    padded = sum(int((~torch.isfinite(o[real:].float())).any(dim=-1).any(dim=-1).sum()) for o in outs if o.dim() == 3)
+    padded = sum(int((~torch.isfinite(o[real:].float())).any(dim=-1).any(dim=-1).sum()) for o in outs
+                 if o.dim() == 3) if profile.padded_rows_attend else 0
     states: StatePoolCheck = check_states(pool, before, _expected(fx, rule, before_verify), dtype)
     return RecurrentVerdict(step, [*outputs, FormsCheck(not problems, problems), PaddedRowsCheck(not padded, padded), states])
 
@@ -189,7 +192,7 @@ def _run(backend_cls, case: RecurrentCase, exec_: Exec, device: str, verdicts: L
         outs = _graphed(backend, batch, inputs, fx.layers, refill)
     else:
         outs = _call(backend, batch, inputs, fx.layers)
-    verdicts.append(_judge(fx, pool, before, outs, f"{case.mode.value} {exec_.value}", rule))
+    verdicts.append(_judge(fx, pool, before, outs, f"{case.mode.value} {exec_.value}", rule, backend_cls.profile))
     if case.mode == ForwardMode.TARGET_VERIFY:
         verdicts.append(_after_verify(backend, fx, pool, device, rule))
 
@@ -207,7 +210,7 @@ def _after_verify(backend, fx: RecurrentFixture, pool: StatePool, device, rule) 
     batch, inputs = nxt.batch(device)
     outs = _call(backend, batch, inputs, nxt.layers)
     return _judge(nxt, pool, before, outs, f"the decode after the verify (accepted {list(accepted)})", rule,
-                  before_verify=fx)
+                  backend.profile, before_verify=fx)
 
 
 def failures(verdicts: List[RecurrentVerdict]) -> Optional[str]:
