@@ -161,6 +161,8 @@ FULL += in_every_layout([
     C("smla_h128_scatter_bs9_p64", prefix=(63, 64, 65, 1, 2100, 130, 7, 4000, 300), page=64, index_scatter=True,
       **deepseek_v32(128)),
     C("smla_h128_selects_p64", prefix=(2100, 4000), page=64, **deepseek_v32(128)),  # no query under the top-k
+    # DeepSeek-V3.2's heads at tensor-parallel 8 (16 a rank), in the model's dtype: kernels padding the heads
+    C("smla_h16_p64", prefix=(4100, 64, 2500, 1), page=64, **deepseek_v32(16)),
 ])
 # A window starting on a page's last slot (kit.engine.features: window_page_edge), beside the layer features
 # and layouts no other such case of the set has.

@@ -17,6 +17,7 @@ from backends.vllm.sparse_mla import VllmFlashAttnMLASparseBackend, VllmFlashMLA
 from cases.mla import SMALL_MLA
 from kit.engine.case import Case
 from kit.engine.sparse import PAD
+from kit.harness.protocol import BackendContext
 from kit.modes import ForwardMode
 from tests.helpers import run_setup
 
@@ -25,6 +26,7 @@ pytestmark = pytest.mark.skipif(vllm_problem() is not None, reason=str(vllm_prob
 # vLLM's index conversion tiles a row by 128 (sparse_utils.py: NUM_TOPK_TOKENS % BLOCK_N == 0); DeepSeek-V3.2's
 # top-k is 2048. Contexts past it, shorter ones, and 64-token blocks (FLASHMLA_SPARSE's).
 TOPK = 128
+DEVICE = "cuda" if torch.cuda.is_available() else "cpu"  # vLLM's Triton kernels: on CPU, Triton's interpreter
 
 
 def _case(mode, prefix, new, **kw) -> Case:
@@ -49,7 +51,7 @@ def _converted(batch, rows: torch.Tensor) -> torch.Tensor:
 
     common = VllmBackend.common_metadata(types.SimpleNamespace(rt=runtime()), batch.common)
     n = rows.shape[0]
-    req_id = common.token_to_req_indices(torch.empty(n, dtype=torch.int32))
+    req_id = common.token_to_req_indices(torch.empty(n, dtype=torch.int32, device=rows.device))
     pool = batch.token_to_kv_pool
     page = pool.page_size
     storage = pool.layer_storage(1)[:, :page]  # as VllmFlashMLASparseBackend._cache_view binds it, head axis dropped
@@ -60,7 +62,7 @@ def _converted(batch, rows: torch.Tensor) -> torch.Tensor:
     assert stride_rows == page + 1  # the pool's gap between blocks is in the flat view's stride
     offset = physical % stride_rows
     assert bool((offset[physical >= 0] < page).all()), "a row converted into the gap between blocks"
-    return torch.where(physical >= 0, physical // stride_rows * page + offset, PAD)
+    return torch.where(physical >= 0, physical // stride_rows * page + offset, PAD).cpu()
 
 
 def _expected(plan) -> torch.Tensor:
@@ -74,7 +76,7 @@ def _expected(plan) -> torch.Tensor:
 
 
 def _mismatches(case) -> int:
-    fx = run_setup(case, backend_cls=VllmFlashMLASparseBackend).case_fixture
+    fx = run_setup(case, backend_cls=VllmFlashMLASparseBackend, device=DEVICE).case_fixture
     batch = fx.batch
     rows = sparse_mla.indexer_rows(batch, batch.topk_indices.shape[0])
     return int((_converted(batch, rows) != _expected(fx.plan)).sum())
@@ -149,3 +151,62 @@ def test_vllms_own_refusals(monkeypatch):
     if not torch.cuda.is_available():
         for cls in (VllmFlashMLASparseBackend, VllmFlashAttnMLASparseBackend):
             assert "no CUDA device here" in cls.supports(decode)
+
+
+@pytest.fixture
+def host_built(monkeypatch):
+    """Builds VllmFlashMLASparseBackend for a case where there is no GPU: the three CUDA-only calls
+    of its construction answered (the SM count its builder sizes fp8 scheduler buffers by, the side
+    stream and events its index group converts on, the allocator flush of workspace growth); all
+    else is vLLM's own."""
+    import vllm.v1.attention.backends.mla.flashmla_sparse as flashmla_sparse
+    import vllm.v1.attention.backends.mla.index_group as index_group
+
+    if not torch.cuda.is_available():
+        monkeypatch.setattr(flashmla_sparse, "num_compute_units", lambda device_index: 132)
+        monkeypatch.setattr(index_group, "_create_side_stream", lambda device: None)
+        monkeypatch.setattr(index_group, "_create_event", lambda: None)
+        monkeypatch.setattr(torch.accelerator, "empty_cache", lambda: None)
+
+    def build(case, cls=VllmFlashMLASparseBackend):
+        fx = run_setup(case, backend_cls=cls, device=DEVICE).case_fixture
+        fx.install()
+        return fx, cls(BackendContext.for_case(case, fx.pools, fx.pools.token_to_kv_pool.device))
+
+    return build
+
+
+DEEPSEEK_MIXED = _case(ForwardMode.MIXED, (0, 200, 70, 129), (40, 1, 1, 1), heads=(4, 1), head_dim=576,
+                       kv_lora_rank=512, rope_dim=64, scale=0.07)
+
+
+def _reads_the_adapters_buffer(backend) -> bool:
+    return all(attn.impl.topk_indices_buffer is backend.topk_indices_buffer for attn in backend.layers.values())
+
+
+def test_vllms_sparse_layers_read_the_indexer_buffer_and_its_builder_splits_the_step(host_built):
+    """vLLM's own layers and FlashMLASparseMetadataBuilder over a mixed step: every layer's impl reads
+    the buffer the adapter fills, and the builder's metadata is the kit's step: the token -> request
+    map of the batch's order, the block table, the decode rows first, the case's top-k."""
+    fx, backend = host_built(DEEPSEEK_MIXED)
+    assert _reads_the_adapters_buffer(backend)
+    assert backend.topk_indices_buffer.shape[1] == TOPK
+    backend.init_forward_metadata(fx.batch)
+    requests = fx.plan.requests
+    owner = torch.cat([torch.full((r.n_new,), i, dtype=torch.int32) for i, r in enumerate(requests)])
+    for attn in backend.layers.values():
+        metadata = backend.metadata[attn.layer_name]
+        assert torch.equal(metadata.req_id_per_token[:owner.numel()].cpu(), owner)
+        assert metadata.block_table is fx.batch.common.block_table
+        assert metadata.topk_tokens == TOPK and metadata.block_size == 64
+        assert metadata.num_decodes + metadata.num_prefills == len(requests)
+        assert [r.n_new for r in requests[:3]] == [1, 1, 1]  # vLLM's order: the decode rows first
+
+
+def test_a_layer_reading_another_buffer_is_caught(host_built, monkeypatch):
+    """Planted: the layers built over a copy of the indexer's buffer (rows the adapter's copy never
+    reaches). The identity check above sees it."""
+    monkeypatch.setattr(VllmFlashMLASparseBackend, "_layer_args",
+                        lambda self, layer: dict(use_sparse=True, topk_indices_buffer=self.topk_indices_buffer.clone()))
+    _, backend = host_built(DEEPSEEK_MIXED)
+    assert not _reads_the_adapters_buffer(backend)

@@ -17,8 +17,6 @@ layer's inputs permuted to that order and its output back to the kit's (`to_vllm
 from __future__ import annotations
 
 import dataclasses
-import functools
-import tempfile
 from importlib import import_module
 from typing import List, Optional
 
@@ -31,20 +29,6 @@ from kit.modes import ForwardMode
 
 NULL_BLOCK = 0  # vLLM's NULL_BLOCK_ID: its recurrent kernels skip a row whose state block is 0
 CAPTURE_SIZES = (1, 2, 4, 8)  # the config's capture sizes: the recurrent harness's batch buckets
-
-
-@functools.lru_cache(maxsize=None)
-def _single_rank() -> None:
-    """vLLM's process groups for one rank: its parallel linear layers (the layers' conv1d and
-    projections) ask for the tensor-parallel size when they are built."""
-    from vllm.distributed import init_distributed_environment, initialize_model_parallel
-    from vllm.distributed.parallel_state import model_parallel_is_initialized
-
-    if model_parallel_is_initialized():
-        return
-    init_distributed_environment(world_size=1, rank=0, local_rank=0, backend="gloo",
-                                 distributed_init_method=f"file://{tempfile.mktemp(prefix='kit-vllm-dist-')}")
-    initialize_model_parallel(1, 1)
 
 
 class VllmRecurrentBackend:
@@ -110,7 +94,7 @@ class VllmRecurrentBackend:
         self.configure(config)
         default = torch.get_default_dtype()
         with rt.set_current_vllm_config(config):
-            _single_rank()
+            rt.single_rank()
             torch.set_default_dtype(ctx.dtype)  # vLLM's layers take their parameters' dtype from it
             try:
                 self.layers = {layer.layer_id: self._vllm_layer(layer) for layer in ctx.layers}

@@ -244,7 +244,9 @@ def mla_prefill(model: Model):
 @functools.lru_cache(maxsize=None)
 def single_rank() -> None:
     """vLLM's process groups for one rank, as its worker makes them before building a model: layers
-    that ask for the tensor-parallel size when they are built (sparse MLA's impls) find it."""
+    that ask for the tensor-parallel size when they are built (the recurrent layers' parallel
+    linear layers, sparse MLA's impls) find it. Called inside the served config
+    (initialize_model_parallel reads it)."""
     from vllm.distributed import init_distributed_environment, initialize_model_parallel
     from vllm.distributed.parallel_state import model_parallel_is_initialized
 
