@@ -424,11 +424,6 @@ class VllmFlexAttentionBackend(VllmBackend):
     vllm_backend = "FLEX_ATTENTION"
     compiles = True
     impl_refuses = {"cap": "logit soft cap: FlexAttentionImpl raises NotImplementedError for it (flex_attention.py:1186)"}
-    # On CPU each new shape compiles flex attention in C++ (tens of seconds cold): CI runs the smoke runs
-    # whose verdicts are triaged: decode (PyTorch's CPU decoding template, KF-31: every decode batch) and
-    # extend (its general template).
-    ci_cases = {"decode": ("gqa_ragged_p16_fp32", "mha_bs1_window_p64_inter", "gqa_bf16_p16", "gqa_p16_inter_fp16"),
-                "extend": ("gqa_ragged_p16_fp32",)}
 
     @classmethod
     def supports_graph(cls, case):
