@@ -31,7 +31,8 @@ CLASS_CELL = re.compile(rf'(?P<cls>[\w-]+)(?:\s+(?P<bands>{BAND}(?:/{BAND})*)|\s
 # message judges (its first failing batch's), "output ok: max err A <= tol B", or "output wrong: max err A > tol B",
 # then maybe "; a head's error is C of its output's magnitude (RMS) > D" (kit.harness.checks.OutputCheck.describe).
 SHOWN_OUTPUT = re.compile(r"output (?:ok|wrong): max err (?P<err>\S+) (?:>|<=) tol (?P<tol>[\d.e+-]+)"
-                          r"(?:; a head's error is (?P<rel>\S+) of its output's magnitude \(RMS\) > (?P<rel_tol>[\d.e+-]+))?")
+                          r"(?:; a head's error is (?P<rel>\S+) of its output's magnitude \(RMS\) "
+                          r"> (?P<rel_tol>[\d.e+-]+))?")
 # An upstream issue or PR (a URL), or a file in the repo that shows the failure (a path, maybe with #anchor).
 LINK = re.compile(r"https?://[\w.-]+\.\w+\S*|(?!/|\.\./)[\w.-]+(/[\w.-]+)*(\.\w+|/[\w.-]+)/?(#\S+)?")
 

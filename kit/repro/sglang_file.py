@@ -90,10 +90,12 @@ from transformers import PretrainedConfig
 
 get_parallel().override_permanently(attn_tp_size=1, attn_dcp_rank=0)  # one process, no torch.distributed
 no_graphs = PhaseConfig(backend=Backend.DISABLED)
+KV_CACHE_DTYPE = {None: "auto", torch.float8_e4m3fn: "fp8_e4m3", torch.float8_e5m2: "fp8_e5m2"}[KV_DTYPE]
+cache_dtype = KV_DTYPE or dtype  # SGLang's pool stores an fp8 cache as bytes and reads them as this
 get_context().override_server_args(
     attention_backend=BACKEND, page_size=S["page"], chunked_prefill_size=-1, dp_size=1, tp_size=1, pp_size=1,
     cuda_graph_config=CudaGraphConfig(decode=no_graphs, prefill=no_graphs), enable_deterministic_inference=False,
-    kv_cache_dtype="auto", speculative_algorithm=None, device=DEVICE).install()
+    kv_cache_dtype=KV_CACHE_DTYPE, speculative_algorithm=None, device=DEVICE).install()
 
 
 class ModelConfig:  # the fields of a dense model's config SGLang's attention backends read
@@ -113,7 +115,7 @@ class ModelConfig:  # the fields of a dense model's config SGLang's attention ba
 
 
 class ModelRunner:  # the attributes of SGLang's ModelRunner its attention backends read
-    device, gpu_id, dtype, kv_cache_dtype, page_size = DEVICE, 0, dtype, dtype, S["page"]
+    device, gpu_id, dtype, kv_cache_dtype, page_size = DEVICE, 0, dtype, cache_dtype, S["page"]
     model_config = ModelConfig()
     use_mla_backend = is_draft_worker = False
     windows = [spec["window"] for spec in S["layers"] if spec["window"] >= 0]
@@ -122,9 +124,9 @@ class ModelRunner:  # the attributes of SGLang's ModelRunner its attention backe
     prefill_attention_backend_str = decode_attention_backend_str = BACKEND
     server_args = get_context().server_args
     req_to_token_pool = ReqToTokenPool(S["max_num_seqs"], S["max_model_len"], DEVICE, enable_memory_saver=False)
-    token_to_kv_pool = MHATokenToKVPool(S["num_slots"], S["page"], dtype, L0["kv_heads"], L0["head_dim"],
+    token_to_kv_pool = MHATokenToKVPool(S["num_slots"], S["page"], cache_dtype, L0["kv_heads"], L0["head_dim"],
                                         len(S["layers"]), DEVICE, enable_memory_saver=False)
-    token_to_kv_pool_allocator = TokenToKVPoolAllocator(S["num_slots"], dtype, DEVICE, token_to_kv_pool, False)
+    token_to_kv_pool_allocator = TokenToKVPoolAllocator(S["num_slots"], cache_dtype, DEVICE, token_to_kv_pool, False)
     kv_index_translator = KVIndexTranslator(
         req_to_token=req_to_token_pool.req_to_token, token_to_kv_pool_allocator=token_to_kv_pool_allocator,
         token_to_kv_pool=token_to_kv_pool, page_size=S["page"], device=DEVICE)
@@ -142,6 +144,11 @@ layers = [RadixAttention(num_heads=spec["heads"], head_dim=spec["head_dim"], sca
                          num_kv_heads=spec["kv_heads"], layer_id=i, logit_cap=spec["cap"],
                          sliding_window_size=spec["window"], v_head_dim=spec["head_dim"])
           for i, spec in enumerate(S["layers"])]
+for attn, spec in zip(layers, S["layers"]):
+    if spec["k_scale"] is not None:  # an fp8 cache's scales, as a model's load (quantization/kv_cache.py)
+        attn.k_scale, attn.v_scale = (torch.tensor(spec[s], dtype=torch.float32, device=DEVICE)
+                                      for s in ("k_scale", "v_scale"))
+        attn.k_scale_float, attn.v_scale_float = spec["k_scale"], spec["v_scale"]
 sinks = [{"sinks": torch.tensor(spec["sinks"], dtype=torch.bfloat16, device=DEVICE)} if spec["sinks"] else {}
          for spec in S["layers"]]
 MODES = {"decode": ForwardMode.DECODE, "extend": ForwardMode.EXTEND, "mixed": ForwardMode.MIXED}
@@ -152,15 +159,16 @@ def device_ints(values, dtype_):
 
 
 def load(reqs, inputs):
-    """The batch's cached tokens written into SGLang's pool (NaN in every other slot: a read past a
-    request's keys shows), its requests' slots into req_to_token."""
-    for i, per_req in enumerate(inputs):
-        pool.k_buffer[i].fill_(float("nan"))
-        pool.v_buffer[i].fill_(float("nan"))
-        for r, (_, k, v) in zip(reqs, per_req):
-            slots = torch.tensor(r["slots"][:r["n_old"]], dtype=torch.int64, device=DEVICE)
-            pool.k_buffer[i][slots] = k[:r["n_old"]].to(dtype).to(DEVICE)
-            pool.v_buffer[i][slots] = v[:r["n_old"]].to(dtype).to(DEVICE)
+    """The batch's cached tokens written into SGLang's pool as it stores them (an fp8 cache: quantized with
+    the layer's scales), NaN in every other slot (a read past a request's keys shows); its requests' slots
+    into req_to_token."""
+    for i, (spec, per_req) in enumerate(zip(S["layers"], inputs)):
+        for buffer, which, scale in ((pool.k_buffer[i], 1, spec["k_scale"]), (pool.v_buffer[i], 2, spec["v_scale"])):
+            buffer.view(cache_dtype).fill_(float("nan"))
+            for r, x in zip(reqs, per_req):
+                slots = torch.tensor(r["slots"][:r["n_old"]], dtype=torch.int64, device=DEVICE)
+                stored = quantize(x[which][:r["n_old"]].to(dtype), scale, cache_dtype)
+                buffer[slots] = stored.view(buffer.dtype).to(DEVICE)
     for r in reqs:
         runner.req_to_token_pool.req_to_token[r["row"], :len(r["slots"])] = torch.tensor(r["slots"], dtype=torch.int32)
 
@@ -211,7 +219,8 @@ def run(batch, inputs):
     load(reqs, inputs)
     fields = batch_fields(batch["mode"], reqs)
     backend.init_forward_metadata(forward_batch(fields))
-    return forward(fields, [[new_tokens(reqs, per_req, which) for which in range(3)] for per_req in inputs])
+    qkv = [[new_tokens(reqs, per_req, which) for which in range(3)] for per_req in inputs]
+    return handed(lambda: forward(fields, qkv), qkv)
 '''
 
 # SGLang's decode CudaGraphRunner with the 0.5.23 two-phase hooks (cuda_graph_runner.py).
