@@ -30,8 +30,9 @@ def scenario(case: Case, profile, exec_: Exec, origin: str, numerics: Numerics) 
     """The batches of `case`'s run in `exec_`, as the kit hands them to an engine of `profile` whose
     backend declares `numerics`; `origin`: where the case comes from (the record, or what it was shrunk
     from)."""
-    if case.is_mla or case.kind != "dense":
-        raise NotReproducible(f"{case.name}: a {case.kind} case; standalone files reproduce dense attention only")
+    if case.kind not in ("dense", "mla"):
+        raise NotReproducible(f"{case.name}: a {case.kind} case; standalone files reproduce dense and MLA attention "
+                              f"only")
     fixtures = fixtures_for(batches(case, exec_, profile), torch.device("cpu"), Store(), profile)
     steps = max(len(fx.steps) for fx in fixtures)
     if steps > 1:
@@ -45,7 +46,8 @@ def scenario(case: Case, profile, exec_: Exec, origin: str, numerics: Numerics) 
         seed=case.rng_seed(), ratio=RATIO, abs_floor=ABS_FLOOR[case.torch_dtype],
         layers=[dict(heads=layer.tp_q_head_num, kv_heads=layer.tp_k_head_num, head_dim=layer.head_dim,
                      scale=layer.scaling, cap=layer.logit_cap, window=layer.sliding_window_size,
-                     sinks=list(layer.sinks), k_scale=layer.k_scale, v_scale=layer.v_scale)
+                     sinks=list(layer.sinks), k_scale=layer.k_scale, v_scale=layer.v_scale,
+                     rank=layer.kv_lora_rank, rope=layer.rope_dim)
                 for layer in fixtures[0].layers],
         batches=[dict(name=fx.case.name, mode=fx.case.mode.value, steps={
             device: list(numerics.steps(fx.case.mode.value, fx.case.dtype, fx.case.kv_dtype, device))

@@ -242,12 +242,16 @@ def run(batch, inputs):
 
 def render(scenario: Dict, backend_cls, exec_: str) -> str:
     """The file's text for a run of `backend_cls` (its vLLM backend enum name) on `scenario`."""
+    from kit.repro.scenario import NotReproducible
+
+    if scenario["layers"][0]["rank"]:
+        raise NotReproducible(f"MLA runs of vLLM backends ({scenario['case']}): standalone files reproduce vLLM's "
+                              f"dense attention only (its MLA layer and latent cache not yet)")
     if exec_ == "eager":
         run = EAGER
     elif {b["mode"] for b in scenario["batches"]} == {"decode"}:
         run = CUDA_GRAPH + GRAPH.replace("@BATCH_SIZES@", repr(backend_cls.profile.batch_sizes))
     else:
-        from kit.repro.scenario import NotReproducible
         raise NotReproducible(f"{exec_} runs of vLLM backends in {scenario['mode']}: standalone files reproduce "
                               f"decode graphs only (its mixed-batch graphs not yet); give the eager run's id")
     return assemble(scenario, "vLLM", backend_cls.vllm_backend, exec_, HOW[exec_],

@@ -1002,6 +1002,8 @@ SCENARIO = {'abs_floor': 0.016,
              'heads': 8,
              'k_scale': 2.0,
              'kv_heads': 2,
+             'rank': 0,
+             'rope': 0,
              'scale': 0.08838834764831845,
              'sinks': [],
              'v_scale': 0.25,
@@ -1011,6 +1013,8 @@ SCENARIO = {'abs_floor': 0.016,
              'heads': 8,
              'k_scale': 0.5,
              'kv_heads': 2,
+             'rank': 0,
+             'rope': 0,
              'scale': 0.08838834764831845,
              'sinks': [],
              'v_scale': 4.0,
@@ -1066,6 +1070,8 @@ if DEVICE == "cpu" and KV_DTYPE is not None and os.environ.get("TRITON_INTERPRET
 
 # Per batch, layer and request: q of its new tokens, K and V of all its tokens (cached, then new), drawn
 # in float64 from the seed and rounded to the run's dtype (the reference reads the values the engine gets).
+# MLA: K is each token's latent row (its first `rank` columns the compressed KV, the rest its rope key, one
+# KV head), V the row's first `rank` columns: the latent cache holds one row a token.
 gen = torch.Generator().manual_seed(S["seed"])
 
 
@@ -1077,6 +1083,8 @@ def draw_inputs(reqs):
             q = torch.randn(r["n_new"], spec["heads"], spec["head_dim"], generator=gen, dtype=torch.float64)
             k, v = (torch.randn(r["n_old"] + r["n_new"], spec["kv_heads"], spec["head_dim"], generator=gen,
                                 dtype=torch.float64) for _ in "kv")
+            if spec["rank"]:
+                v = k[..., :spec["rank"]]
             per_req.append(tuple(x.to(dtype).to(torch.float64) for x in (q, k, v)))
         inputs.append(per_req)
     return inputs
@@ -1186,7 +1194,7 @@ from sglang.srt.layers.attention.flashinfer_backend import FlashInferAttnBackend
 from sglang.srt.layers.radix_attention import RadixAttention
 from sglang.srt.mem_cache.allocator import TokenToKVPoolAllocator
 from sglang.srt.mem_cache.kv_index_translator import KVIndexTranslator
-from sglang.srt.mem_cache.memory_pool import MHATokenToKVPool, ReqToTokenPool
+from sglang.srt.mem_cache.memory_pool import MHATokenToKVPool, MLATokenToKVPool, ReqToTokenPool
 from sglang.srt.model_executor.cuda_graph_config import Backend, CudaGraphConfig, PhaseConfig
 from sglang.srt.model_executor.forward_batch_info import ForwardBatch, ForwardMode
 from sglang.srt.model_executor.forward_context import ForwardContext, forward_context
@@ -1204,11 +1212,18 @@ get_context().override_server_args(
     kv_cache_dtype=KV_CACHE_DTYPE, speculative_algorithm=None, device=DEVICE).install()
 
 
-class ModelConfig:  # the fields of a dense model's config SGLang's attention backends read
-    attention_arch = AttentionArch.MHA
+MLA = L0["rank"] > 0  # latent attention: one latent row a token (its first `rank` columns V), DeepSeek's
+
+
+class ModelConfig:  # the fields of a model's config SGLang's attention backends read
+    attention_arch = AttentionArch.MLA if MLA else AttentionArch.MHA
     context_len = S["max_model_len"]
-    num_attention_heads, num_key_value_heads = L0["heads"], L0["kv_heads"]
+    num_attention_heads, num_key_value_heads = L0["heads"], L0["heads"] if MLA else L0["kv_heads"]
     head_dim = v_head_dim = swa_v_head_dim = L0["head_dim"]
+    if MLA:  # what SGLang's ModelConfig derives for an MLA model (configs/model_config.py)
+        kv_lora_rank, qk_rope_head_dim, scaling = L0["rank"], L0["rope"], L0["scale"]
+        qk_nope_head_dim = v_head_dim = swa_v_head_dim = 128  # its normal path's, unused here
+        head_dim = 256
     is_encoder_decoder = is_multimodal = False
     hf_config = hf_text_config = PretrainedConfig(architectures=["StandInForCausalLM"])
     linear_attn_registry_result = None
@@ -1223,15 +1238,16 @@ class ModelConfig:  # the fields of a dense model's config SGLang's attention ba
 class ModelRunner:  # the attributes of SGLang's ModelRunner its attention backends read
     device, gpu_id, dtype, kv_cache_dtype, page_size = DEVICE, 0, dtype, cache_dtype, S["page"]
     model_config = ModelConfig()
-    use_mla_backend = is_draft_worker = False
+    use_mla_backend, is_draft_worker = MLA, False
     windows = [spec["window"] for spec in S["layers"] if spec["window"] >= 0]
     sliding_window_size = max(windows) if windows else None
     spec_algorithm = SpeculativeAlgorithm.NONE
     prefill_attention_backend_str = decode_attention_backend_str = BACKEND
     server_args = get_context().server_args
     req_to_token_pool = ReqToTokenPool(S["max_num_seqs"], S["max_model_len"], DEVICE, enable_memory_saver=False)
-    token_to_kv_pool = MHATokenToKVPool(S["num_slots"], S["page"], cache_dtype, L0["kv_heads"], L0["head_dim"],
-                                        len(S["layers"]), DEVICE, enable_memory_saver=False)
+    token_to_kv_pool = MLATokenToKVPool(S["num_slots"], S["page"], cache_dtype, L0["rank"], L0["rope"],
+                                        len(S["layers"]), DEVICE, enable_memory_saver=False) if MLA else         MHATokenToKVPool(S["num_slots"], S["page"], cache_dtype, L0["kv_heads"], L0["head_dim"], len(S["layers"]),
+                         DEVICE, enable_memory_saver=False)
     token_to_kv_pool_allocator = TokenToKVPoolAllocator(S["num_slots"], cache_dtype, DEVICE, token_to_kv_pool, False)
     kv_index_translator = KVIndexTranslator(
         req_to_token=req_to_token_pool.req_to_token, token_to_kv_pool_allocator=token_to_kv_pool_allocator,
@@ -1248,7 +1264,7 @@ if getattr(backend, "device_core_count", 1) <= 0:  # no SMs without CUDA: an H10
 pool = runner.token_to_kv_pool
 layers = [RadixAttention(num_heads=spec["heads"], head_dim=spec["head_dim"], scaling=spec["scale"],
                          num_kv_heads=spec["kv_heads"], layer_id=i, logit_cap=spec["cap"],
-                         sliding_window_size=spec["window"], v_head_dim=spec["head_dim"])
+                         sliding_window_size=spec["window"], v_head_dim=spec["rank"] or spec["head_dim"])
           for i, spec in enumerate(S["layers"])]
 for attn, spec in zip(layers, S["layers"]):
     if spec["k_scale"] is not None:  # an fp8 cache's scales, as a model's load (quantization/kv_cache.py)
@@ -1266,10 +1282,12 @@ def device_ints(values, dtype_):
 
 def load(reqs, inputs):
     """The batch's cached tokens written into SGLang's pool as it stores them (an fp8 cache: quantized with
-    the layer's scales), NaN in every other slot (a read past a request's keys shows); its requests' slots
-    into req_to_token."""
+    the layer's scales; MLA: each token's latent row), NaN in every other slot (a read past a request's keys
+    shows); its requests' slots into req_to_token."""
     for i, (spec, per_req) in enumerate(zip(S["layers"], inputs)):
-        for buffer, which, scale in ((pool.k_buffer[i], 1, spec["k_scale"]), (pool.v_buffer[i], 2, spec["v_scale"])):
+        buffers = [(pool.kv_buffer[i], 1, spec["k_scale"])] if MLA else [
+            (pool.k_buffer[i], 1, spec["k_scale"]), (pool.v_buffer[i], 2, spec["v_scale"])]
+        for buffer, which, scale in buffers:
             buffer.view(cache_dtype).fill_(float("nan"))
             for r, x in zip(reqs, per_req):
                 slots = torch.tensor(r["slots"][:r["n_old"]], dtype=torch.int64, device=DEVICE)
@@ -1312,8 +1330,8 @@ def forward(fields, qkv):
     with forward_context(ForwardContext(attn_backend=backend)):
         for spec, attn, extra, (q, k, v) in zip(S["layers"], layers, sinks, qkv):
             t = q.shape[0]
-            outs.append(attn(q.reshape(t, -1), k, v, forward_batch(fields), **extra).view(t, spec["heads"],
-                                                                                          spec["head_dim"]))
+            outs.append(attn(q.reshape(t, -1), k, v, forward_batch(fields), **extra).view(
+                t, spec["heads"], spec["rank"] or spec["head_dim"]))
     return outs
 
 

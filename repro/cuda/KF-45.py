@@ -1049,6 +1049,8 @@ SCENARIO = {'abs_floor': 0.002,
              'heads': 8,
              'k_scale': 2.0,
              'kv_heads': 8,
+             'rank': 0,
+             'rope': 0,
              'scale': 0.125,
              'sinks': [],
              'v_scale': 0.25,
@@ -1058,6 +1060,8 @@ SCENARIO = {'abs_floor': 0.002,
              'heads': 8,
              'k_scale': 0.5,
              'kv_heads': 8,
+             'rank': 0,
+             'rope': 0,
              'scale': 0.25,
              'sinks': [],
              'v_scale': 4.0,
@@ -1113,6 +1117,8 @@ if DEVICE == "cpu" and KV_DTYPE is not None and os.environ.get("TRITON_INTERPRET
 
 # Per batch, layer and request: q of its new tokens, K and V of all its tokens (cached, then new), drawn
 # in float64 from the seed and rounded to the run's dtype (the reference reads the values the engine gets).
+# MLA: K is each token's latent row (its first `rank` columns the compressed KV, the rest its rope key, one
+# KV head), V the row's first `rank` columns: the latent cache holds one row a token.
 gen = torch.Generator().manual_seed(S["seed"])
 
 
@@ -1124,6 +1130,8 @@ def draw_inputs(reqs):
             q = torch.randn(r["n_new"], spec["heads"], spec["head_dim"], generator=gen, dtype=torch.float64)
             k, v = (torch.randn(r["n_old"] + r["n_new"], spec["kv_heads"], spec["head_dim"], generator=gen,
                                 dtype=torch.float64) for _ in "kv")
+            if spec["rank"]:
+                v = k[..., :spec["rank"]]
             per_req.append(tuple(x.to(dtype).to(torch.float64) for x in (q, k, v)))
         inputs.append(per_req)
     return inputs
