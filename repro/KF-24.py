@@ -516,9 +516,12 @@ def run(batch, inputs):
 
 
 def _tf32(x: torch.Tensor) -> torch.Tensor:
-    """x (float64) as a TF32 operand: float32 with its mantissa rounded to 10 bits."""
+    """x (float64) as a tensor core takes a float32 operand of a TF32 dot: its mantissa truncated to
+    10 bits. Triton hands tl.dot's float32 operands to the tensor cores unrounded (rounding them
+    first is an option of later Triton, triton-lang/triton#9295), and truncation's error leans one
+    way, which a rounded emulation's envelope does not cover."""
     bits = x.to(torch.float32).view(torch.int32)
-    return ((bits + 0x1000) & ~0x1FFF).view(torch.float32).to(x.dtype)
+    return (bits & ~0x1FFF).view(torch.float32).to(x.dtype)
 
 
 def _p_fp8(probs: torch.Tensor) -> torch.Tensor:
