@@ -1,7 +1,9 @@
 """`python -m kit repro --standalone`: the file it writes runs with the kit not importable, prints
 each batch's and layer's error against its limit and a verdict, and exits 1 when the engine is handed
 a wrong batch (eager, or a graph replay handed its capture's metadata) or the engine has a known bug,
-which it shrinks first."""
+which it shrinks first; over an fp8 KV cache it judges the engine under its backend's declared numerics
+and fails a scale the engine misapplies, and an eager step that changes the q, k or v it was handed; an
+MLA run over the engine's latent cache fails a latent stored without its rope part."""
 import fnmatch
 import os
 import re
@@ -25,12 +27,18 @@ ROOT = Path(__file__).resolve().parents[1]
 VLLM_RUN = "vllm_triton_attn-decode-eager-gqa_fused_p16_fp32"
 SGLANG_GRAPH_RUN = "sglang_triton-decode-graph-mqa_p1_shuf"
 VLLM_GRAPH_RUN = "vllm_triton_attn-decode-graph-gqa_fused_p16_fp32"
+SGLANG_FP8_RUN = "sglang_triton-extend-eager-gqa_fp8_e5m2_prefix_p16_fp16"
+SGLANG_MLA_RUN = "sglang_triton-extend-eager-mla_r32_h16_ragged_p16_fp32"
+# The cached tokens' latent rows stored without their rope part (zeros): a latent write that drops k_rope.
+CACHED_ROWS = 'quantize(x[which][:r["n_old"]].to(dtype), scale, cache_dtype)'
+ROPE_DROPPED = ('quantize(torch.cat([x[which][:r["n_old"], :, :L0["rank"]], '
+                'torch.zeros_like(x[which][:r["n_old"], :, L0["rank"]:])], dim=-1).to(dtype), scale, cache_dtype)')
 
 
 def _kit_blocked(tmp_path):
     """A PYTHONPATH under which `import kit` (and `import backends`) raises: the file must not need them."""
     for package in ("kit", "backends"):
-        (tmp_path / "blocked" / package).mkdir(parents=True)
+        (tmp_path / "blocked" / package).mkdir(parents=True, exist_ok=True)
         (tmp_path / "blocked" / package / "__init__.py").write_text(
             f"raise ImportError('the standalone file imported {package}')\n")
     env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
@@ -66,9 +74,46 @@ def test_standalone_file_passes_without_the_kit(tmp_path, run_id):
                for i, line in enumerate(lines[:-1]))
 
 
-def _failed(done):
+def _failed(done, inputs_only=False):
+    """The file's verdict FAIL: an output past its limit, or (`inputs_only`) only the q, k or v it handed changed."""
     assert done.returncode == 1, done.stderr[-2000:]
-    assert "> limit" in done.stdout and done.stdout.splitlines()[-1] == "FAIL"
+    assert ("> limit" not in done.stdout) if inputs_only else ("> limit" in done.stdout), done.stdout[-2000:]
+    assert ("changed in place" in done.stdout) or not inputs_only, done.stdout[-2000:]
+    assert done.stdout.splitlines()[-1] == "FAIL"
+
+
+@SGLANG
+def test_an_mla_file_passes_without_the_kit_and_fails_a_latent_cached_without_its_rope_part(tmp_path):
+    # SGLang's Triton EXTEND over DeepSeek's latent (rank 32 + rope 16, 16 heads, one latent row a token).
+    done = _run_standalone(tmp_path, SGLANG_MLA_RUN)
+    assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-2000:]
+    lines = done.stdout.splitlines()
+    assert len(lines) == 1 + 2 * 4 and lines[-1] == "PASS" and all(line.endswith("PASS") for line in lines)
+    _failed(_run_standalone(tmp_path, SGLANG_MLA_RUN, (CACHED_ROWS, ROPE_DROPPED)))
+
+
+@SGLANG
+def test_an_fp8_file_passes_under_the_declared_numerics_without_the_kit(tmp_path):
+    # SGLang's Triton extend over an fp8 e5m2 cache: q and p cast to fp8, the step's new tokens attended as handed.
+    done = _run_standalone(tmp_path, SGLANG_FP8_RUN)
+    assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-2000:]
+    lines = done.stdout.splitlines()
+    assert len(lines) == 1 + 2 * 4 and lines[-1] == "PASS"
+    assert all(line.endswith("under q cast to fp8, new tokens as handed, p cast to fp8: PASS") for line in lines[:-1])
+
+
+@SGLANG
+@pytest.mark.parametrize("plant", [
+    # V's scale applied twice where the kernel reads the cache back (its descale, triton_backend.py:1837).
+    pytest.param(('attn.k_scale_float, attn.v_scale_float = spec["k_scale"], spec["v_scale"]',
+                  'attn.k_scale_float, attn.v_scale_float = spec["k_scale"], spec["v_scale"] ** 2'),
+                 id="v-scale-twice"),
+    # Triton's interpreter casting to fp8 as it does unpatched (ties up, a carry lost): the kernels' q and p casts.
+    pytest.param(("    interp.InterpreterBuilder.create_fp_to_fp = _fp8_rounded_to_nearest(",
+                  "    _unused = _fp8_rounded_to_nearest("), id="interpreter-fp8-cast"),
+])
+def test_an_fp8_file_fails_a_scale_misapplied_and_the_interpreters_own_cast(tmp_path, plant):
+    _failed(_run_standalone(tmp_path, SGLANG_FP8_RUN, plant))
 
 
 @VLLM
@@ -108,7 +153,8 @@ def test_standalone_file_shrinks_and_reproduces_a_known_failure(tmp_path, capsys
     ("vllm_triton_attn-decode-eager-no_such_case", "no decode case named"),
     ("torch_native-decode-eager-gqa_fused_p16_fp32", "no standalone renderer"),
     ("sglang_triton-target_verify-eager-mha_bs1_chain4_window_p64_inter", "decode, extend and mixed ones only"),
-    ("vllm_triton_attn-decode-eager-gqa_fp8_e4m3_p16_fp16", "unquantized caches only"),
+    ("vllm_triton_mla-decode-eager-mla_deepseek_h128_bs1_p64_fp16", "vLLM's dense attention only"),
+    ("sglang_flashinfer_mla-extend-eager-mla_r32_h16_ragged_p16_fp32", "split into latent and rope parts"),
 ])
 def test_what_no_file_reproduces_is_a_usage_error(tmp_path, capsys, run_id, problem):
     assert main(["repro", "--standalone", run_id, "--out", str(tmp_path / "r.py")]) == USAGE
@@ -138,5 +184,5 @@ def test_a_cpu_entrys_standalone_file_fails_without_the_kit(tmp_path, entry):
                           text=True, timeout=900)
     if entry.failure_class == CRASH:
         assert done.returncode != 0 and entry.text and entry.text in done.stderr, done.stderr[-2000:]
-    else:
-        _failed(done)
+    else:  # an entry whose band lies under the limit (`kernel 0-1x`) fails the inputs check only
+        _failed(done, inputs_only=bool(entry.band) and entry.band[1] <= 1)

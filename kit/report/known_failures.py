@@ -27,6 +27,12 @@ ROW_TEMPLATE = "| KF-<n> | <backend> | <mode or *> | <eager|graph|*> | <case glo
 # `crash "illegal memory access"`.
 BAND = r"\d+(?:\.\d+)?-\d+(?:\.\d+)?x"
 CLASS_CELL = re.compile(rf'(?P<cls>[\w-]+)(?:\s+(?P<bands>{BAND}(?:/{BAND})*)|\s+"(?P<text>[^"]+)")?')
+# What a record written before records carried margins (kit.report.record.LATER) shows of them: each output its
+# message judges (its first failing batch's), "output ok: max err A <= tol B", or "output wrong: max err A > tol B",
+# then maybe "; a head's error is C of its output's magnitude (RMS) > D" (kit.harness.checks.OutputCheck.describe).
+SHOWN_OUTPUT = re.compile(r"output (?:ok|wrong): max err (?P<err>\S+) (?:>|<=) tol (?P<tol>[\d.e+-]+)"
+                          r"(?:; a head's error is (?P<rel>\S+) of its output's magnitude \(RMS\) "
+                          r"> (?P<rel_tol>[\d.e+-]+))?")
 # An upstream issue or PR (a URL), or a file in the repo that shows the failure (a path, maybe with #anchor).
 LINK = re.compile(r"https?://[\w.-]+\.\w+\S*|(?!/|\.\./)[\w.-]+(/[\w.-]+)*(\.\w+|/[\w.-]+)/?(#\S+)?")
 
@@ -70,7 +76,8 @@ class KnownFailure:
     def fits(self, result) -> bool:
         """Whether a failing run of the entry's class (a RunResult or Record) is this failure: its worst
         layer's margin within the band, its message holding the text (where the entry pins them)."""
-        if self.band is not None and not (result.margins and self.band[0] <= max(result.margins) <= self.band[1]):
+        worst = worst_margin(result)
+        if self.band is not None and not (worst is not None and self.band[0] <= worst <= self.band[1]):
             return False
         if self.layer_bands and not (len(result.margins) == len(self.layer_bands) and all(
                 lo <= m <= hi for m, (lo, hi) in zip(result.margins, self.layer_bands))):
@@ -90,6 +97,17 @@ class KnownFailure:
 
     def matches_record(self, record: Record) -> bool:
         return self.matches(record.backend, record.mode, record.exec, record.case, record.device, record.dtype)
+
+
+def worst_margin(result) -> Optional[float]:
+    """A failing run's worst layer's error over its limit (a RunResult or Record): its margins' largest; for a
+    record written before records carried margins, the largest its message shows (the outputs of its first
+    failing batch, by either rule, as kit.harness.checks.OutputCheck.excess); None where neither says one."""
+    if result.margins:
+        return max(result.margins)
+    shown = [max(float(m["err"]) / float(m["tol"]), float(m["rel"]) / float(m["rel_tol"]) if m["rel"] else 0.0)
+             for m in SHOWN_OUTPUT.finditer(result.message)]
+    return max(shown) if shown else None
 
 
 def _cells(line: str) -> List[str]:
@@ -222,7 +240,8 @@ def against(entry: Optional[KnownFailure], result) -> str:
         return f"known failure: {entry.id} ({entry.where}): {entry.reason}"
     expects = f"{entry.id} ({entry.where}) expects {entry.expects} here"
     if result.outcome == FAIL:
-        margin = f" at {max(result.margins):.3g}x its limit" if result.margins else ""
+        worst = worst_margin(result)
+        margin = f" at {worst:.3g}x its limit" if worst is not None else ""
         return f"not the known failure: {expects}, this run failed [{result.failure_class}]{margin}"
     if result.outcome == PASS:
         return f"{expects}, but this run passed: the entry is stale here"

@@ -1,13 +1,20 @@
 """What every engine's standalone file holds besides the engine's own calls, as text: its opening
 (the scenario literal, the device), the inputs drawn from the scenario's seed, and the inline
-float64 reference with the printed verdict. A renderer puts its engine's part between INPUTS and
+float64 reference with the printed verdict. A quantized (fp8) KV cache's quantization, the rounding
+steps of the backend's declared numerics and, in Triton's interpreter, its cast to fp8 as a GPU rounds
+it, are the kit's own functions' source (kit.engine.kv_quant, kit.engine.reference,
+kit.harness.interpreter), put into the file. A renderer puts its engine's part between INPUTS and
 VERDICT: its setup, and `run(batch, inputs)`, which returns per layer the engine's output
 [tokens, heads, head_dim] of one batch of the run; VERDICT runs the run's batches in order, as the
 kit ran them on one backend instance, and judges each."""
 from __future__ import annotations
 
+import inspect
 import pprint
 from typing import Dict
+
+from kit.engine import kv_quant, numerics, reference
+from kit.harness import interpreter
 
 OPENING = '''"""Standalone repro: @ENGINE@ @BACKEND@, @MODE@ @EXEC@, case @CASE@ (attention conformance kit).
 Imports only torch and @ENGINE@.
@@ -16,7 +23,10 @@ Imports only torch and @ENGINE@.
 Each layer's output is judged against an inline float64 reference: the error against the limit,
 PASS / FAIL, exit status 1 on FAIL.
 Run: python THIS_FILE (CPU: Triton's interpreter; CUDA where present)."""
+from __future__ import annotations
+
 import json, logging, os, sys, tempfile
+from typing import Optional
 
 import torch
 
@@ -26,11 +36,29 @@ DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
 dtype = getattr(torch, S["dtype"])
 if DEVICE == "cpu":
     os.environ.setdefault("TRITON_INTERPRET", "1")  # the engine's Triton kernels in Triton's interpreter
+# A quantized (fp8) KV cache: what it stores of x is fp8(x / scale), read back as fp8 * scale (per layer, one
+# scale for K and one for V).
+KV_DTYPE = getattr(torch, S["kv_dtype"]) if S["kv_dtype"] else None
+'''
+
+# Where the cache is fp8 and Triton runs in its interpreter (no CUDA), the interpreter's cast to fp8 would round
+# ties up and lose a rounding's carry at an odd exponent (triton-lang/triton#8322): the engine's kernels cast q
+# and p to the cache's dtype, so the cast is made as a GPU makes it, rounded to nearest even, saturating.
+FP8_CAST = '''
+if DEVICE == "cpu" and KV_DTYPE is not None and os.environ.get("TRITON_INTERPRET") == "1":
+    import triton.language as tl
+    import triton.runtime.interpreter as interp
+
+@FP8_ROUNDED@
+    interp.InterpreterBuilder.create_fp_to_fp = _fp8_rounded_to_nearest(interp.InterpreterBuilder.create_fp_to_fp, tl,
+                                                                        interp.TensorHandle)
 '''
 
 INPUTS = '''
 # Per batch, layer and request: q of its new tokens, K and V of all its tokens (cached, then new), drawn
 # in float64 from the seed and rounded to the run's dtype (the reference reads the values the engine gets).
+# MLA: K is each token's latent row (its first `rank` columns the compressed KV, the rest its rope key, one
+# KV head), V the row's first `rank` columns: the latent cache holds one row a token.
 gen = torch.Generator().manual_seed(S["seed"])
 
 
@@ -42,6 +70,8 @@ def draw_inputs(reqs):
             q = torch.randn(r["n_new"], spec["heads"], spec["head_dim"], generator=gen, dtype=torch.float64)
             k, v = (torch.randn(r["n_old"] + r["n_new"], spec["kv_heads"], spec["head_dim"], generator=gen,
                                 dtype=torch.float64) for _ in "kv")
+            if spec["rank"]:
+                v = k[..., :spec["rank"]]
             per_req.append(tuple(x.to(dtype).to(torch.float64) for x in (q, k, v)))
         inputs.append(per_req)
     return inputs
@@ -51,18 +81,57 @@ def new_tokens(reqs, per_req, which):
     """The step's new tokens of input `which` (0 q, 1 k, 2 v), request after request, as the engine takes them."""
     return torch.cat([x[which][r["n_old"]:] if which else x[0] for x, r in zip(per_req, reqs)]).to(dtype).to(DEVICE)
 
+
+changed = []  # what the engine changed of the q, k and v it was handed (a model reuses them)
+
+
+def handed(step, qkv):
+    """`step()`'s outputs, and in `changed` each of `qkv` (per layer: q, k, v) that it changed in place."""
+    kept = [[x.clone() for x in layer] for layer in qkv]
+    outs = step()
+    for i, (was, now) in enumerate(zip(kept, qkv)):
+        for name, before, after in zip("qkv", was, now):
+            differ = (before != after) & ~(before.isnan() & after.isnan())
+            if differ.any():
+                changed.append(f"layer {i}: {name} passed to forward was changed in place: {int(differ.sum())} of "
+                               f"{after.numel()} values differ")
+    return outs
+
+@KV_QUANT@
 '''
 
 VERDICT = '''
 
-def reference(spec, reqs, per_req, precision):
-    """Attention of every new token over its request's visible keys, computed in `precision`."""
+@REFERENCE_STEPS@
+
+ENVELOPE = @ENVELOPE@  # declared steps that round inside the kernel's tiles: they widen the limit by their cost
+
+
+def reference(spec, reqs, per_req, precision, steps=()):
+    """Attention of every new token over its request's visible keys, computed in `precision`: K and V as the
+    cache holds them (an fp8 cache: quantized with the layer's scales and read back), under the declared
+    numerics' `steps` (the query quantized or cast to fp8 where it meets a key the cache holds, the step's new
+    tokens attended as handed, the probabilities in fp8, TF32 dots)."""
     rows = []
+    tf32 = _tf32 if @TF32@ in steps else (lambda x: x)
     for r, (q, k, v) in zip(reqs, per_req):
-        q, k, v = q.to(precision), k.to(precision), v.to(precision)
+        new = (torch.arange(k.shape[0]) >= r["n_old"])[:, None, None]
+        q_read = q
+        if KV_DTYPE is not None:
+            as_read = [as_stored(x, spec[scale], KV_DTYPE).to(torch.float64) for x, scale in ((k, "k_scale"),
+                                                                                             (v, "v_scale"))]
+            if @NEW_AS_HANDED@ in steps:
+                as_read = [torch.where(new, x, x_read) for x, x_read in zip((k, v), as_read)]
+            k, v = as_read
+            if @Q_FP8@ in steps or @Q_CAST@ in steps:
+                q_read = as_stored(q, spec["k_scale"] if @Q_FP8@ in steps else 1.0, KV_DTYPE).to(torch.float64)
+        q, q_read, k, v = (tf32(x.to(precision)) for x in (q, q_read, k, v))
         group = spec["heads"] // spec["kv_heads"]
         k, v = k.repeat_interleave(group, dim=1), v.repeat_interleave(group, dim=1)
-        scores = torch.einsum("qhd,khd->hqk", q, k) * spec["scale"]
+        scores = torch.einsum("qhd,khd->hqk", q_read, k)
+        if @NEW_AS_HANDED@ in steps:  # the step's new keys meet the query as handed
+            scores = torch.where(new[:, 0, 0], torch.einsum("qhd,khd->hqk", q, k), scores)
+        scores = scores * spec["scale"]
         if spec["cap"] > 0:
             scores = spec["cap"] * torch.tanh(scores / spec["cap"])
         seen = torch.tensor([[c == "1" for c in row] for row in r["visible"]])
@@ -75,24 +144,39 @@ def reference(spec, reqs, per_req, precision):
             probs = torch.softmax(torch.cat([scores, sink], dim=-1), dim=-1)[..., :-1]
         else:
             probs = torch.softmax(scores, dim=-1)
-        rows.append(torch.einsum("hqk,khd->qhd", probs, v).to(torch.float64))
+        if @P_FP8@ in steps:
+            probs = _p_fp8(probs)
+        elif @P_CAST@ in steps:
+            probs = _p_cast(probs, KV_DTYPE)
+        rows.append(torch.einsum("hqk,khd->qhd", tf32(probs), v).to(torch.float64))
     return torch.cat(rows)
 
 
 failed = False
 for b, batch in enumerate(S["batches"]):
     reqs = batch["requests"]
+    steps = batch["steps"][torch.device(DEVICE).type]
+    exact_steps = [s for s in steps if s not in ENVELOPE]
     inputs = draw_inputs(reqs)
     outs = run(batch, inputs)
     for i, (spec, out, per_req) in enumerate(zip(S["layers"], outs, inputs)):
-        golden = reference(spec, reqs, per_req, torch.float64)
-        # The limit: 2x the error of the same computation in the run's dtype, plus a floor (as FlashAttention's tests).
-        limit = S["ratio"] * (reference(spec, reqs, per_req, dtype) - golden).abs().max().item() + S["abs_floor"]
+        exact = reference(spec, reqs, per_req, torch.float64)
+        golden = reference(spec, reqs, per_req, torch.float64, exact_steps)  # under the declared numerics
+        envelope = (reference(spec, reqs, per_req, torch.float64, steps) - golden).abs().max().item() \
+            if exact_steps != steps else 0.0
+        # The limit: 2x the error of the same computation in the run's dtype (and of the declared steps that round
+        # inside the kernel's tiles), plus a floor (as FlashAttention's tests).
+        limit = S["ratio"] * ((reference(spec, reqs, per_req, dtype) - exact).abs().max().item() + envelope) \
+            + S["abs_floor"]
         err = (out.double().cpu() - golden).abs().nan_to_num(nan=float("inf")).max().item()
         ok = err <= limit
         failed |= not ok
         print(f"batch {b + 1}/{len(S['batches'])} ({batch['name']}) layer {i}: max error {err:.3g} "
-              f"{'<=' if ok else '>'} limit {limit:.3g}: {'PASS' if ok else 'FAIL'}")
+              f"{'<=' if ok else '>'} limit {limit:.3g}{' under ' + ', '.join(steps) if steps else ''}: "
+              f"{'PASS' if ok else 'FAIL'}")
+for problem in changed:
+    print(f"inputs: {problem}: FAIL")
+failed |= bool(changed)
 print("FAIL" if failed else "PASS")
 sys.exit(1 if failed else 0)
 '''
@@ -118,11 +202,34 @@ def cuda_graph(program):
 '''
 
 
+def _source(*functions) -> str:
+    return "\n\n".join(inspect.getsource(f) for f in functions)
+
+
+def _indented(text: str) -> str:
+    return "\n".join("    " + line if line else line for line in text.splitlines())
+
+
+def _verdict() -> str:
+    """VERDICT with the reference's rounding steps (kit.engine.reference) and the step names
+    (kit.engine.numerics) filled in."""
+    text = VERDICT.replace("@REFERENCE_STEPS@", _source(reference._tf32, reference._p_fp8, reference._p_cast))
+    text = text.replace("@ENVELOPE@", repr(list(numerics.ENVELOPE_STEPS)))
+    for name in ("Q_FP8", "Q_CAST", "NEW_AS_HANDED", "P_FP8", "P_CAST", "TF32"):
+        text = text.replace(f"@{name}@", repr(getattr(numerics, name)))
+    return text
+
+
 def assemble(scenario: Dict, engine: str, backend: str, exec_: str, how: str, engine_part: str) -> str:
-    """The whole file: OPENING (filled in), INPUTS, the engine's part, VERDICT."""
+    """The whole file: OPENING (filled in), the interpreter's fp8 cast where the cache is fp8, INPUTS (with the
+    cache's quantization), the engine's part, VERDICT."""
     opening = OPENING
     for key, value in (("ENGINE", engine), ("BACKEND", backend), ("MODE", scenario["mode"]), ("EXEC", exec_),
                        ("CASE", scenario["case"]), ("HOW", how), ("ORIGIN", scenario["origin"]),
                        ("SCENARIO", pprint.pformat(scenario, width=120, compact=True))):
         opening = opening.replace(f"@{key}@", value)
-    return opening + INPUTS + engine_part + VERDICT
+    fp8_cast = FP8_CAST.replace("@FP8_ROUNDED@", _indented(_source(interpreter._fp8_rounded_to_nearest))) \
+        if scenario["kv_dtype"] else ""
+    inputs = INPUTS.replace("@KV_QUANT@", _source(kv_quant.is_quantized, kv_quant.quantize, kv_quant.dequantize,
+                                                  kv_quant.as_stored))
+    return opening + fp8_cast + inputs + engine_part + _verdict()

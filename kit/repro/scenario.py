@@ -2,7 +2,9 @@
 rebuild them with an engine's own classes. Drawn from the kit's own fixtures of the run (the batches
 it runs on one backend instance, in order: kit.engine.schedule), so the file's requests, pages,
 slots and masks are the run's; its inputs are drawn in the file from a seed (a maintainer reads a
-seed, not a tensor dump)."""
+seed, not a tensor dump). A quantized (fp8) KV cache comes with each layer's scales and, per batch and
+device type, the steps of the backend's declared numerics the batch takes (kit.engine.numerics), under
+which the file's reference judges it."""
 from __future__ import annotations
 
 from typing import Dict
@@ -13,6 +15,7 @@ from kit.engine.case import Case
 from kit.engine.fixture import Store, fixtures_for
 from kit.engine.schedule import batches
 from kit.harness.checks import ABS_FLOOR, RATIO
+from kit.engine.numerics import Numerics
 from kit.modes import Exec
 
 
@@ -20,14 +23,16 @@ class NotReproducible(ValueError):
     """A run a standalone file cannot reproduce yet; the message says what and what to run instead."""
 
 
-def scenario(case: Case, profile, exec_: Exec, origin: str) -> Dict:
-    """The batches of `case`'s run in `exec_`, as the kit hands them to an engine of `profile`;
-    `origin`: where the case comes from (the record, or what it was shrunk from)."""
-    if case.is_mla or case.kind != "dense":
-        raise NotReproducible(f"{case.name}: a {case.kind} case; standalone files reproduce dense attention only")
-    if case.kv_dtype is not None:
-        raise NotReproducible(f"{case.name}: an {case.kv_dtype} KV cache; standalone files reproduce unquantized "
-                              f"caches only")
+DEVICE_TYPES = ("cpu", "cuda")  # where a file may run: a declared step may be taken on one only
+
+
+def scenario(case: Case, profile, exec_: Exec, origin: str, numerics: Numerics) -> Dict:
+    """The batches of `case`'s run in `exec_`, as the kit hands them to an engine of `profile` whose
+    backend declares `numerics`; `origin`: where the case comes from (the record, or what it was shrunk
+    from)."""
+    if case.kind not in ("dense", "mla"):
+        raise NotReproducible(f"{case.name}: a {case.kind} case; standalone files reproduce dense and MLA attention "
+                              f"only")
     fixtures = fixtures_for(batches(case, exec_, profile), torch.device("cpu"), Store(), profile)
     steps = max(len(fx.steps) for fx in fixtures)
     if steps > 1:
@@ -35,13 +40,18 @@ def scenario(case: Case, profile, exec_: Exec, origin: str) -> Dict:
     pool, table = fixtures[0].pools.token_to_kv_pool, fixtures[0].pools.req_to_token_pool.req_to_token
     return dict(
         case=case.name, origin=origin, mode=case.mode.value, dtype=str(case.torch_dtype).replace("torch.", ""),
+        kv_dtype=str(case.kv_torch_dtype).replace("torch.", "") if case.kv_dtype else None,
         page=case.page, num_blocks=pool.num_blocks, num_slots=pool.size,
         max_model_len=table.shape[1], max_num_seqs=table.shape[0],
         seed=case.rng_seed(), ratio=RATIO, abs_floor=ABS_FLOOR[case.torch_dtype],
         layers=[dict(heads=layer.tp_q_head_num, kv_heads=layer.tp_k_head_num, head_dim=layer.head_dim,
                      scale=layer.scaling, cap=layer.logit_cap, window=layer.sliding_window_size,
-                     sinks=list(layer.sinks)) for layer in fixtures[0].layers],
-        batches=[dict(name=fx.case.name, mode=fx.case.mode.value, requests=[
+                     sinks=list(layer.sinks), k_scale=layer.k_scale, v_scale=layer.v_scale,
+                     rank=layer.kv_lora_rank, rope=layer.rope_dim)
+                for layer in fixtures[0].layers],
+        batches=[dict(name=fx.case.name, mode=fx.case.mode.value, steps={
+            device: list(numerics.steps(fx.case.mode.value, fx.case.dtype, fx.case.kv_dtype, device))
+            for device in DEVICE_TYPES}, requests=[
             dict(row=r.row, seq_len=r.seq_len, n_old=r.n_old, n_new=r.n_new, slots=list(r.slots), pages=list(r.pages),
                  key_pos=r.key_pos, q_pos=list(r.q_pos),
                  visible=["".join("1" if v else "0" for v in row) for row in r.visible.tolist()])

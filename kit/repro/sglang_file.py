@@ -80,7 +80,7 @@ from sglang.srt.configs.model_config import AttentionArch
 from sglang.srt.layers.radix_attention import RadixAttention
 from sglang.srt.mem_cache.allocator import TokenToKVPoolAllocator
 from sglang.srt.mem_cache.kv_index_translator import KVIndexTranslator
-from sglang.srt.mem_cache.memory_pool import MHATokenToKVPool, ReqToTokenPool
+from sglang.srt.mem_cache.memory_pool import MHATokenToKVPool, MLATokenToKVPool, ReqToTokenPool
 from sglang.srt.model_executor.cuda_graph_config import Backend, CudaGraphConfig, PhaseConfig
 from sglang.srt.model_executor.forward_batch_info import ForwardBatch, ForwardMode
 from sglang.srt.model_executor.forward_context import ForwardContext, forward_context
@@ -90,17 +90,26 @@ from transformers import PretrainedConfig
 
 get_parallel().override_permanently(attn_tp_size=1, attn_dcp_rank=0)  # one process, no torch.distributed
 no_graphs = PhaseConfig(backend=Backend.DISABLED)
+KV_CACHE_DTYPE = {None: "auto", torch.float8_e4m3fn: "fp8_e4m3", torch.float8_e5m2: "fp8_e5m2"}[KV_DTYPE]
+cache_dtype = KV_DTYPE or dtype  # SGLang's pool stores an fp8 cache as bytes and reads them as this
 get_context().override_server_args(
     attention_backend=BACKEND, page_size=S["page"], chunked_prefill_size=-1, dp_size=1, tp_size=1, pp_size=1,
     cuda_graph_config=CudaGraphConfig(decode=no_graphs, prefill=no_graphs), enable_deterministic_inference=False,
-    kv_cache_dtype="auto", speculative_algorithm=None, device=DEVICE).install()
+    kv_cache_dtype=KV_CACHE_DTYPE, speculative_algorithm=None, device=DEVICE).install()
 
 
-class ModelConfig:  # the fields of a dense model's config SGLang's attention backends read
-    attention_arch = AttentionArch.MHA
+MLA = L0["rank"] > 0  # latent attention: one latent row a token (its first `rank` columns V), DeepSeek's
+
+
+class ModelConfig:  # the fields of a model's config SGLang's attention backends read
+    attention_arch = AttentionArch.MLA if MLA else AttentionArch.MHA
     context_len = S["max_model_len"]
-    num_attention_heads, num_key_value_heads = L0["heads"], L0["kv_heads"]
+    num_attention_heads, num_key_value_heads = L0["heads"], L0["heads"] if MLA else L0["kv_heads"]
     head_dim = v_head_dim = swa_v_head_dim = L0["head_dim"]
+    if MLA:  # what SGLang's ModelConfig derives for an MLA model (configs/model_config.py)
+        kv_lora_rank, qk_rope_head_dim, scaling = L0["rank"], L0["rope"], L0["scale"]
+        qk_nope_head_dim = v_head_dim = swa_v_head_dim = @NORMAL_PATH_HEAD_DIM@  # its normal path's, unused here
+        head_dim = @MLA_CONFIG_HEAD_DIM@
     is_encoder_decoder = is_multimodal = False
     hf_config = hf_text_config = PretrainedConfig(architectures=["StandInForCausalLM"])
     linear_attn_registry_result = None
@@ -113,18 +122,20 @@ class ModelConfig:  # the fields of a dense model's config SGLang's attention ba
 
 
 class ModelRunner:  # the attributes of SGLang's ModelRunner its attention backends read
-    device, gpu_id, dtype, kv_cache_dtype, page_size = DEVICE, 0, dtype, dtype, S["page"]
+    device, gpu_id, dtype, kv_cache_dtype, page_size = DEVICE, 0, dtype, cache_dtype, S["page"]
     model_config = ModelConfig()
-    use_mla_backend = is_draft_worker = False
+    use_mla_backend, is_draft_worker = MLA, False
     windows = [spec["window"] for spec in S["layers"] if spec["window"] >= 0]
     sliding_window_size = max(windows) if windows else None
     spec_algorithm = SpeculativeAlgorithm.NONE
     prefill_attention_backend_str = decode_attention_backend_str = BACKEND
     server_args = get_context().server_args
     req_to_token_pool = ReqToTokenPool(S["max_num_seqs"], S["max_model_len"], DEVICE, enable_memory_saver=False)
-    token_to_kv_pool = MHATokenToKVPool(S["num_slots"], S["page"], dtype, L0["kv_heads"], L0["head_dim"],
-                                        len(S["layers"]), DEVICE, enable_memory_saver=False)
-    token_to_kv_pool_allocator = TokenToKVPoolAllocator(S["num_slots"], dtype, DEVICE, token_to_kv_pool, False)
+    token_to_kv_pool = MLATokenToKVPool(S["num_slots"], S["page"], cache_dtype, L0["rank"], L0["rope"],
+                                        len(S["layers"]), DEVICE, enable_memory_saver=False) if MLA else \
+        MHATokenToKVPool(S["num_slots"], S["page"], cache_dtype, L0["kv_heads"], L0["head_dim"], len(S["layers"]),
+                         DEVICE, enable_memory_saver=False)
+    token_to_kv_pool_allocator = TokenToKVPoolAllocator(S["num_slots"], cache_dtype, DEVICE, token_to_kv_pool, False)
     kv_index_translator = KVIndexTranslator(
         req_to_token=req_to_token_pool.req_to_token, token_to_kv_pool_allocator=token_to_kv_pool_allocator,
         token_to_kv_pool=token_to_kv_pool, page_size=S["page"], device=DEVICE)
@@ -140,8 +151,13 @@ if getattr(backend, "device_core_count", 1) <= 0:  # no SMs without CUDA: an H10
 pool = runner.token_to_kv_pool
 layers = [RadixAttention(num_heads=spec["heads"], head_dim=spec["head_dim"], scaling=spec["scale"],
                          num_kv_heads=spec["kv_heads"], layer_id=i, logit_cap=spec["cap"],
-                         sliding_window_size=spec["window"], v_head_dim=spec["head_dim"])
+                         sliding_window_size=spec["window"], v_head_dim=spec["rank"] or spec["head_dim"])
           for i, spec in enumerate(S["layers"])]
+for attn, spec in zip(layers, S["layers"]):
+    if spec["k_scale"] is not None:  # an fp8 cache's scales, as a model's load (quantization/kv_cache.py)
+        attn.k_scale, attn.v_scale = (torch.tensor(spec[s], dtype=torch.float32, device=DEVICE)
+                                      for s in ("k_scale", "v_scale"))
+        attn.k_scale_float, attn.v_scale_float = spec["k_scale"], spec["v_scale"]
 sinks = [{"sinks": torch.tensor(spec["sinks"], dtype=torch.bfloat16, device=DEVICE)} if spec["sinks"] else {}
          for spec in S["layers"]]
 MODES = {"decode": ForwardMode.DECODE, "extend": ForwardMode.EXTEND, "mixed": ForwardMode.MIXED}
@@ -152,15 +168,18 @@ def device_ints(values, dtype_):
 
 
 def load(reqs, inputs):
-    """The batch's cached tokens written into SGLang's pool (NaN in every other slot: a read past a
-    request's keys shows), its requests' slots into req_to_token."""
-    for i, per_req in enumerate(inputs):
-        pool.k_buffer[i].fill_(float("nan"))
-        pool.v_buffer[i].fill_(float("nan"))
-        for r, (_, k, v) in zip(reqs, per_req):
-            slots = torch.tensor(r["slots"][:r["n_old"]], dtype=torch.int64, device=DEVICE)
-            pool.k_buffer[i][slots] = k[:r["n_old"]].to(dtype).to(DEVICE)
-            pool.v_buffer[i][slots] = v[:r["n_old"]].to(dtype).to(DEVICE)
+    """The batch's cached tokens written into SGLang's pool as it stores them (an fp8 cache: quantized with
+    the layer's scales; MLA: each token's latent row), NaN in every other slot (a read past a request's keys
+    shows); its requests' slots into req_to_token."""
+    for i, (spec, per_req) in enumerate(zip(S["layers"], inputs)):
+        buffers = [(pool.kv_buffer[i], 1, spec["k_scale"])] if MLA else [
+            (pool.k_buffer[i], 1, spec["k_scale"]), (pool.v_buffer[i], 2, spec["v_scale"])]
+        for buffer, which, scale in buffers:
+            buffer.view(cache_dtype).fill_(float("nan"))
+            for r, x in zip(reqs, per_req):
+                slots = torch.tensor(r["slots"][:r["n_old"]], dtype=torch.int64, device=DEVICE)
+                stored = quantize(x[which][:r["n_old"]].to(dtype), scale, cache_dtype)
+                buffer[slots] = stored.view(buffer.dtype).to(DEVICE)
     for r in reqs:
         runner.req_to_token_pool.req_to_token[r["row"], :len(r["slots"])] = torch.tensor(r["slots"], dtype=torch.int32)
 
@@ -198,8 +217,8 @@ def forward(fields, qkv):
     with forward_context(ForwardContext(attn_backend=backend)):
         for spec, attn, extra, (q, k, v) in zip(S["layers"], layers, sinks, qkv):
             t = q.shape[0]
-            outs.append(attn(q.reshape(t, -1), k, v, forward_batch(fields), **extra).view(t, spec["heads"],
-                                                                                          spec["head_dim"]))
+            outs.append(attn(q.reshape(t, -1), k, v, forward_batch(fields), **extra).view(
+                t, spec["heads"], spec["rank"] or spec["head_dim"]))
     return outs
 '''
 
@@ -211,7 +230,8 @@ def run(batch, inputs):
     load(reqs, inputs)
     fields = batch_fields(batch["mode"], reqs)
     backend.init_forward_metadata(forward_batch(fields))
-    return forward(fields, [[new_tokens(reqs, per_req, which) for which in range(3)] for per_req in inputs])
+    qkv = [[new_tokens(reqs, per_req, which) for which in range(3)] for per_req in inputs]
+    return handed(lambda: forward(fields, qkv), qkv)
 '''
 
 # SGLang's decode CudaGraphRunner with the 0.5.23 two-phase hooks (cuda_graph_runner.py).
@@ -228,8 +248,9 @@ static = dict(req_pool_indices=torch.zeros(MAX_BS, dtype=torch.int32, device=DEV
               seq_lens_cpu=torch.full((MAX_BS,), FILL, dtype=torch.int32),
               out_cache_loc=torch.zeros(MAX_BS, dtype=torch.int64, device=DEVICE),
               positions=torch.zeros(MAX_BS, dtype=torch.int64, device=DEVICE))
-static_qkv = [[torch.zeros(MAX_BS, heads, spec["head_dim"], dtype=dtype, device=DEVICE)
-               for heads in (spec["heads"], spec["kv_heads"], spec["kv_heads"])] for spec in S["layers"]]
+static_qkv = [[torch.zeros(MAX_BS, heads, width, dtype=dtype, device=DEVICE) for heads, width in (
+    (spec["heads"], spec["head_dim"]), (spec["kv_heads"], spec["head_dim"]),
+    (spec["kv_heads"], spec["rank"] or spec["head_dim"]))] for spec in S["layers"]]
 graphs = {}  # bucket -> (the captured batch's fields, the graph, its outputs); no graph without CUDA
 
 
@@ -322,7 +343,15 @@ def render(scenario: Dict, backend_cls, exec_: str) -> str:
     else:
         raise NotReproducible(f"{exec_} runs of SGLang backends in {scenario['mode']}: standalone files reproduce "
                               f"decode graphs only (its token-bucket graphs not yet); give the eager run's id")
+    from backends.sglang import mla
+
+    if scenario["layers"][0]["rank"] and backend_cls.server_name in mla.SPLIT_CALL_BACKENDS:
+        raise NotReproducible(f"MLA runs of SGLang's {backend_cls.server_name} backend: DeepSeek's model hands it q "
+                              f"and k split into latent and rope parts (q_rope=, k_rope=), which standalone files "
+                              f"do not yet")
     module, cls = backend_cls.sglang_class.split(":")
     engine_part = ENGINE_PART.replace("@BACKEND@", repr(backend_cls.server_name)).replace(
-        "@BACKEND_IMPORT@", f"from {module} import {cls} as AttnBackend") + run
+        "@BACKEND_IMPORT@", f"from {module} import {cls} as AttnBackend").replace(
+        "@NORMAL_PATH_HEAD_DIM@", repr(mla.NORMAL_PATH_HEAD_DIM)).replace(
+        "@MLA_CONFIG_HEAD_DIM@", repr(mla.MLA_CONFIG_HEAD_DIM)) + run
     return assemble(scenario, "SGLang", backend_cls.server_name, exec_, HOW[exec_], engine_part)

@@ -17,4 +17,5 @@ def standalone(backend_cls, case: Case, exec_: Exec, origin: str) -> str:
     if engine not in RENDERERS:
         raise NotReproducible(f"{backend_cls.name}: no standalone renderer for {engine} backends yet "
                               f"({', '.join(sorted(RENDERERS))} have one)")
-    return RENDERERS[engine](scenario(case, backend_cls.profile, exec_, origin), backend_cls, exec_.value)
+    return RENDERERS[engine](scenario(case, backend_cls.profile, exec_, origin, backend_cls.numerics), backend_cls,
+                             exec_.value)

@@ -65,7 +65,8 @@ with open(os.path.join(folder, "config.json"), "w") as f:
 model_config = ModelConfig(model=folder, tokenizer=folder, skip_tokenizer_init=True, dtype=dtype,
                            max_model_len=S["max_model_len"])
 tokens = max(S["max_model_len"], S["max_num_seqs"], S["num_blocks"] * S["page"], 512)
-config = VllmConfig(model_config=model_config, cache_config=CacheConfig(block_size=S["page"], cache_dtype="auto"),
+CACHE_DTYPE = {None: "auto", torch.float8_e4m3fn: "fp8_e4m3", torch.float8_e5m2: "fp8_e5m2"}[KV_DTYPE]
+config = VllmConfig(model_config=model_config, cache_config=CacheConfig(block_size=S["page"], cache_dtype=CACHE_DTYPE),
                     scheduler_config=SchedulerConfig(max_model_len=S["max_model_len"], max_num_seqs=S["max_num_seqs"],
                                                      max_num_batched_tokens=tokens, is_encoder_decoder=False),
                     compilation_config=CompilationConfig(max_cudagraph_capture_size=512))
@@ -84,27 +85,39 @@ with set_current_vllm_config(config):
                                 cache_config=config.cache_config, logits_soft_cap=spec["cap"] or None,
                                 per_layer_sliding_window=spec["window"] + 1 if spec["window"] >= 0 else None,
                                 prefix=f"model.layers.{i}.self_attn.attn", attn_backend=backend, **extra).to(DEVICE))
+        if spec["k_scale"] is not None:  # an fp8 cache's scales as vLLM's loader sets them, q's taken from k's
+            for name, value in (("_k_scale", spec["k_scale"]), ("_v_scale", spec["v_scale"]),
+                                ("_q_scale", spec["k_scale"])):
+                getattr(layers[-1], name).fill_(value)
+                setattr(layers[-1], f"{name}_float", value)
+            layers[-1]._k_scale_cpu.fill_(spec["k_scale"])
+            layers[-1]._v_scale_cpu.fill_(spec["v_scale"])
     torch.set_default_dtype(default)
     builder = backend.get_builder_cls()(layers[0].get_kv_cache_spec(config), [a.layer_name for a in layers], config,
                                        torch.device(DEVICE))
 
 
 # vLLM's physical cache per layer [blocks, block, kv heads, K|V], bound once as the [blocks, kv heads,
-# block, 2 * d] view its runner hands (a captured graph reads these tensors).
-caches = [torch.empty((S["num_blocks"], S["page"], spec["kv_heads"], 2 * spec["head_dim"]), dtype=dtype,
+# block, 2 * d] view its runner hands (a captured graph reads these tensors); an fp8 cache as bytes, as vLLM
+# allocates one.
+cache_dtype = KV_DTYPE or dtype
+caches = [torch.empty((S["num_blocks"], S["page"], spec["kv_heads"], 2 * spec["head_dim"]), dtype=cache_dtype,
                       device=DEVICE) for spec in S["layers"]]
 for attn, cache in zip(layers, caches):
-    attn.bind_kv_cache(cache.permute(0, 2, 1, 3))
+    attn.bind_kv_cache(cache.permute(0, 2, 1, 3).view(torch.uint8) if KV_DTYPE is not None else
+                       cache.permute(0, 2, 1, 3))
 
 
 def load(reqs, inputs):
-    """The batch's cached tokens written into each layer's cache, NaN where no token is (a read past a
-    request's keys shows)."""
-    for cache, per_req in zip(caches, inputs):
+    """The batch's cached tokens written into each layer's cache as it stores them (an fp8 cache: quantized
+    with the layer's scales), NaN where no token is (a read past a request's keys shows)."""
+    for spec, cache, per_req in zip(S["layers"], caches, inputs):
         cache.fill_(float("nan"))
         for r, (_, k, v) in zip(reqs, per_req):
             for t, slot in enumerate(r["slots"][:r["n_old"]]):
-                cache[slot // S["page"], slot % S["page"]] = torch.cat([k[t], v[t]], dim=-1).to(dtype)
+                cache[slot // S["page"], slot % S["page"]] = torch.cat([
+                    quantize(k[t].to(dtype), spec["k_scale"], cache_dtype),
+                    quantize(v[t].to(dtype), spec["v_scale"], cache_dtype)], dim=-1)
 
 
 def common_metadata(cached, new, block_table, slot_mapping, max_query_len, max_seq_len, held=None):
@@ -154,8 +167,8 @@ def run(batch, inputs):
     common = common_metadata([r["n_old"] for r in reqs], new, block_table_of(reqs, len(reqs)), slot_mapping,
                              max(new), max(r["n_old"] + r["n_new"] for r in reqs))
     metadata = builder.build(common_prefix_len=0, common_attn_metadata=common)
-    return forward(metadata, slot_mapping, [[new_tokens(reqs, per_req, which) for which in range(3)]
-                                            for per_req in inputs])
+    qkv = [[new_tokens(reqs, per_req, which) for which in range(3)] for per_req in inputs]
+    return handed(lambda: forward(metadata, slot_mapping, qkv), qkv)
 '''
 # vLLM's full decode graphs as its runner captures and replays them (v1/worker/gpu/cudagraph_utils.py): a
 # graph per capture size, captured on its dummy batch (InputBatch.make_dummy: one token a request, nothing
@@ -229,12 +242,16 @@ def run(batch, inputs):
 
 def render(scenario: Dict, backend_cls, exec_: str) -> str:
     """The file's text for a run of `backend_cls` (its vLLM backend enum name) on `scenario`."""
+    from kit.repro.scenario import NotReproducible
+
+    if scenario["layers"][0]["rank"]:
+        raise NotReproducible(f"MLA runs of vLLM backends ({scenario['case']}): standalone files reproduce vLLM's "
+                              f"dense attention only (its MLA layer and latent cache not yet)")
     if exec_ == "eager":
         run = EAGER
     elif {b["mode"] for b in scenario["batches"]} == {"decode"}:
         run = CUDA_GRAPH + GRAPH.replace("@BATCH_SIZES@", repr(backend_cls.profile.batch_sizes))
     else:
-        from kit.repro.scenario import NotReproducible
         raise NotReproducible(f"{exec_} runs of vLLM backends in {scenario['mode']}: standalone files reproduce "
                               f"decode graphs only (its mixed-batch graphs not yet); give the eager run's id")
     return assemble(scenario, "vLLM", backend_cls.vllm_backend, exec_, HOW[exec_],
