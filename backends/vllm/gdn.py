@@ -27,6 +27,7 @@ num_accepted_tokens - 1 and the conv window at that offset.
 """
 from __future__ import annotations
 
+import dataclasses
 from typing import Optional
 
 import torch
@@ -34,6 +35,7 @@ import torch
 from backends.qwen3_next import qwen3_next_config
 from backends.vllm.adapter import runtime
 from backends.vllm.recurrent import VllmRecurrentBackend
+from kit.engine.numerics import ALL
 from kit.modes import ForwardMode
 
 # Why the layer runs on CUDA only: its ops on vLLM's CPU platform, and its Triton kernels in the interpreter.
@@ -57,6 +59,8 @@ class VllmGdnBackend(VllmRecurrentBackend):
     builder_class = ("vllm.v1.attention.backends.gdn_attn", "GDNAttentionMetadataBuilder")
     layer_name = staticmethod(layer_name)
     cpu_reason = CPU_REASON
+    # l2norm_fwd's q and k in the model's dtype, before its kernels
+    numerics = dataclasses.replace(VllmRecurrentBackend.numerics, qk_cast=ALL)
 
     @classmethod
     def load_engine(cls) -> None:

@@ -14,13 +14,21 @@ case's (the fp8 steps with a quantized KV cache, TF32 with fp32 inputs):
   product (FA3; vLLM's Triton kernel);
 - `p_cast`: the probabilities cast to the KV cache's fp8 type, no scale, before the PV product
   (SGLang's Triton kernels: `p.to(v.dtype)`);
-- `tf32_dots`: fp32 dot products on TF32 inputs (Triton's tl.dot on NVIDIA by default).
+- `tf32_dots`: fp32 dot products on TF32 inputs (Triton's tl.dot on NVIDIA by default);
+- `conv_cast` (recurrent kinds): the causal conv's SiLU output stored in the model's dtype before the
+  recurrence reads it (both engines' causal_conv1d kernels write mixed_qkv / xBC in the input dtype);
+- `qk_cast` (GDN, KDA): the l2-normalized q and k stored in the model's dtype (vLLM's and fla's
+  l2norm_fwd, run before the chunk kernel);
+- `state_cast` (recurrent kinds): the state cast to the model's dtype where it meets q in a
+  tensor-core dot (the chunked kernels' `h` and the output of each chunk).
+The three recurrent casts apply to fp16 and bf16 cases (a cast to fp32 is none).
 
 `cuda_only` names the steps an engine takes on CUDA devices only (it picks them by platform: on
 CPU, Triton's interpreter computes fp32 dots in fp32, vLLM quantizes no query).
 
-The first three are emulated exactly (kit.engine.reference.declared): a run is judged against the
-float64 reference that takes them. The last two round inside the kernel's tiles, where an
+The first three, and conv_cast and qk_cast, are emulated exactly (kit.engine.reference.declared;
+kit.engine.recurrent_reference): a run is judged against the
+float64 reference that takes them. p_fp8, p_cast, tf32_dots and state_cast round inside the kernel's tiles, where an
 emulation cannot follow each tile's running maximum or the hardware's rounding: they widen the
 tolerance by what they cost the float64 reference (its envelope), as FlashAttention's tests
 accept twice a same-precision reference's error."""
@@ -34,8 +42,10 @@ from kit.modes import MODES
 ALL = tuple(m.value for m in MODES)
 Q_FP8, Q_CAST, NEW_AS_HANDED = "q fp8", "q cast to fp8", "new tokens as handed"
 P_FP8, P_CAST, TF32 = "p fp8", "p cast to fp8", "tf32 dots"
-STEPS = (Q_FP8, Q_CAST, NEW_AS_HANDED, P_FP8, P_CAST, TF32)
-ENVELOPE_STEPS = (P_FP8, P_CAST, TF32)  # they widen the tolerance by their cost to the reference; the others
+CONV_CAST, QK_CAST, STATE_CAST = "conv output cast", "q k cast", "state cast at the output"
+STEPS = (Q_FP8, Q_CAST, NEW_AS_HANDED, P_FP8, P_CAST, TF32, CONV_CAST, QK_CAST, STATE_CAST)
+RECURRENT_CASTS = (CONV_CAST, QK_CAST, STATE_CAST)  # the steps a recurrent reference takes (kit.engine.recurrent_reference)
+ENVELOPE_STEPS = (P_FP8, P_CAST, TF32, STATE_CAST)  # they widen the tolerance by their cost to the reference; the others
 # the float64 reference takes exactly
 EXACT = "exact"  # the label of numerics that take no step
 
@@ -48,6 +58,9 @@ class Numerics:
     p_fp8: Tuple[str, ...] = ()
     p_cast: Tuple[str, ...] = ()
     tf32_dots: Tuple[str, ...] = ()
+    conv_cast: Tuple[str, ...] = ()
+    qk_cast: Tuple[str, ...] = ()
+    state_cast: Tuple[str, ...] = ()
     cuda_only: Tuple[str, ...] = ()  # of STEPS
 
     def problem(self) -> str:
@@ -68,11 +81,12 @@ class Numerics:
     def steps(self, mode: str, dtype: str, kv_dtype, device_type: str) -> Tuple[str, ...]:
         """The declared steps a run of (mode, case dtype, case kv_dtype) on a device of `device_type`
         ("cpu", "cuda") takes, in STEPS order."""
-        quantized = kv_dtype is not None
+        quantized, half = kv_dtype is not None, dtype in ("bf16", "fp16")
         taken = ((Q_FP8, quantized and mode in self.q_fp8), (Q_CAST, quantized and mode in self.q_cast),
                  (NEW_AS_HANDED, quantized and mode in self.new_tokens_as_handed),
                  (P_FP8, quantized and mode in self.p_fp8), (P_CAST, quantized and mode in self.p_cast),
-                 (TF32, dtype == "fp32" and mode in self.tf32_dots))
+                 (TF32, dtype == "fp32" and mode in self.tf32_dots), (CONV_CAST, half and mode in self.conv_cast),
+                 (QK_CAST, half and mode in self.qk_cast), (STATE_CAST, half and mode in self.state_cast))
         return tuple(step for step, on in taken if on and (device_type == "cuda" or step not in self.cuda_only))
 
 

@@ -19,6 +19,7 @@ import torch
 import torch.nn.functional as F
 
 from kit.engine.kinds.recurrent import RecurrentLayer
+from kit.engine.numerics import CONV_CAST, QK_CAST, STATE_CAST
 
 
 @dataclasses.dataclass
@@ -37,57 +38,62 @@ def conv_windows(window: torch.Tensor, rows: torch.Tensor) -> List[torch.Tensor]
     return [seq[:, i + 1:i + 1 + w] for i in range(rows.shape[0])]
 
 
-def _delta_rule(layer: RecurrentLayer, q, k, v, decay, b, dtype):
+def _delta_rule(layer: RecurrentLayer, q, k, v, decay, b, dtype, cast):
     """GDN's and KDA's: (the state's update (state, t) -> state, the output (state, t) -> [Hv, V]);
     decay [n, Hv, K] (GDN's the same along K)."""
-    q = F.normalize(q, dim=-1) * layer.head_k_dim ** -0.5
-    k = F.normalize(k, dim=-1)
+    q = cast(F.normalize(q, dim=-1), QK_CAST) * layer.head_k_dim ** -0.5
+    k = cast(F.normalize(k, dim=-1), QK_CAST)
     beta = torch.sigmoid(b.to(dtype))
 
     def update(s, t):
         s = s * decay[t][:, :, None]
         delta = (v[t] - torch.einsum("hk,hkv->hv", k[t], s)) * beta[t][:, None]
         return s + k[t][:, :, None] * delta[:, None, :]
-    return update, lambda s, t: torch.einsum("hk,hkv->hv", q[t], s)
+    return update, lambda s, t: torch.einsum("hk,hkv->hv", q[t], cast(s, STATE_CAST))
 
 
-def _gdn(layer: RecurrentLayer, q, k, v, gates, dtype):
+def _gdn(layer: RecurrentLayer, q, k, v, gates, dtype, cast):
     a, b = gates
     decay = (-layer.A_log.to(dtype).exp() * F.softplus(a.to(dtype) + layer.dt_bias.to(dtype))).exp()
-    return _delta_rule(layer, q, k, v, decay[:, :, None].expand(-1, -1, layer.head_k_dim), b, dtype)
+    return _delta_rule(layer, q, k, v, decay[:, :, None].expand(-1, -1, layer.head_k_dim), b, dtype, cast)
 
 
-def _kda(layer: RecurrentLayer, q, k, v, gates, dtype):
+def _kda(layer: RecurrentLayer, q, k, v, gates, dtype, cast):
     g, b = gates
     hv, dk = layer.num_v_heads, layer.head_k_dim
     softplus = F.softplus((g.to(dtype) + layer.dt_bias.to(dtype)).unflatten(-1, (hv, dk)))
-    return _delta_rule(layer, q, k, v, (-layer.A_log.to(dtype).exp()[:, None] * softplus).exp(), b, dtype)
+    return _delta_rule(layer, q, k, v, (-layer.A_log.to(dtype).exp()[:, None] * softplus).exp(), b, dtype, cast)
 
 
-def _mamba2(layer: RecurrentLayer, c, b, x, gates, dtype):
+def _mamba2(layer: RecurrentLayer, c, b, x, gates, dtype, cast):
     dt = F.softplus(gates[0].to(dtype) + layer.dt_bias.to(dtype))  # [n, H]
     decay = (-layer.A_log.to(dtype).exp() * dt).exp()
 
     def update(s, t):
         return s * decay[t][:, None, None] + dt[t][:, None, None] * b[t][:, :, None] * x[t][:, None, :]
-    return update, lambda s, t: torch.einsum("hk,hkv->hv", c[t], s) + layer.D.to(dtype)[:, None] * x[t]
+    return update, lambda s, t: torch.einsum("hk,hkv->hv", c[t], cast(s, STATE_CAST)) + layer.D.to(dtype)[:, None] * x[t]
 
 
 STEPS = {"gdn": _gdn, "mamba2": _mamba2, "kda": _kda}
 
 
 def run_request(layer: RecurrentLayer, rows: torch.Tensor, gates: Sequence[torch.Tensor], window: torch.Tensor,
-                state: torch.Tensor, dtype: torch.dtype = torch.float64) -> RecurrentRun:
-    """One request's n tokens (`rows` [n, conv_dim], each gate [n, Hv]) from `window` and `state` [Hv, K, V]."""
+                state: torch.Tensor, dtype: torch.dtype = torch.float64, casts: Sequence[str] = ()) -> RecurrentRun:
+    """One request's n tokens (`rows` [n, conv_dim], each gate [n, Hv]) from `window` and `state` [Hv, K, V],
+    taking the declared `casts` (kit.engine.numerics: CONV_CAST, QK_CAST, STATE_CAST) to the rows' dtype."""
+    model = rows.dtype
+
+    def cast(x, step):  # x as a kernel that takes `step` stores it: in the model's dtype, read back in x's
+        return x.to(model).to(x.dtype) if step in casts else x
     hk, hv = layer.num_k_heads, layer.num_v_heads
     seq = torch.cat([window.to(dtype), rows.t().to(dtype)], dim=1)  # [conv_dim, width - 1 + n]
     # The depthwise conv as taps times weights: torch's float64 depthwise conv1d is slow on CPU.
     taps = seq.unfold(1, layer.conv_weights.shape[1], 1)  # [conv_dim, n, width]
-    mixed = F.silu((taps * layer.conv_weights.to(dtype)[:, None, :]).sum(-1).t())
+    mixed = cast(F.silu((taps * layer.conv_weights.to(dtype)[:, None, :]).sum(-1).t()), CONV_CAST)
     q, k, v = layer.spec.split(mixed, layer)
     # value head h reads key head h // (Hv / Hk)
     q, k = (t.unflatten(-1, (hk, layer.head_k_dim)).repeat_interleave(hv // hk, dim=1) for t in (q, k))
-    update, output = STEPS[layer.kind](layer, q, k, v.unflatten(-1, (hv, layer.head_v_dim)), gates, dtype)
+    update, output = STEPS[layer.kind](layer, q, k, v.unflatten(-1, (hv, layer.head_v_dim)), gates, dtype, cast)
     s = state.to(dtype)
     outs, states = [], []
     for t in range(rows.shape[0]):

@@ -17,6 +17,7 @@ import torch
 
 from kit.engine.case import DTYPES
 from kit.engine.kinds.recurrent import RecurrentCase, RecurrentLayer
+from kit.engine.numerics import ENVELOPE_STEPS
 from kit.engine.pools import NUM_LAYERS
 from kit.engine.recurrent_reference import RecurrentRun, run_request
 from kit.engine.state_pool import PADDED_SLOT, StateGeometry, StateLayout
@@ -72,11 +73,14 @@ class RecurrentFixture:
     slots: List[int]
     inputs: List[LayerInputs]  # per layer
     starts: List[List[Start]]  # per layer, per request
-    golden: List[List[RecurrentRun]]  # per layer, per request, float64 (states [Hv, K, V])
+    golden: List[List[RecurrentRun]]  # per layer, per request, float64 (states [Hv, K, V]), taking the exact casts
     same_dtype: List[List[RecurrentRun]]  # per layer, per request, float32 arithmetic (the tolerance's scale)
     geometry: StateGeometry
     layout: StateLayout
     blocks: List[List[int]]  # per request, the state slots it owns (the first: `slots`)
+    casts: Tuple[str, ...] = ()  # the declared recurrent casts the references take (kit.engine.numerics)
+    # per layer, per request: the golden taking the envelope's casts too (None: none declared)
+    envelope: Optional[List[List[RecurrentRun]]] = None
 
     @property
     def accepted_before(self) -> Optional[Tuple[int, ...]]:
@@ -183,11 +187,12 @@ def _split(x: LayerInputs, lens: Sequence[int]) -> List[LayerInputs]:
 
 def build(case: RecurrentCase, device, starts: Optional[List[List[Start]]] = None,
           blocks: Optional[List[List[int]]] = None, layers: Optional[Tuple[RecurrentLayer, ...]] = None,
-          layout: Optional[StateLayout] = None) -> RecurrentFixture:
+          layout: Optional[StateLayout] = None, casts: Sequence[str] = ()) -> RecurrentFixture:
     """The case's step, its states kept as `layout` says (by default SGLang's: a slot a request, a
     verify's drafts in the intermediate pools). The step after a verify continues the verify's: its
     model (`layers`), its requests' state `blocks`, and (per layer, per request) `starts`, the
-    reference's kept drafts, instead of the saved states its prefixes give."""
+    reference's kept drafts, instead of the saved states its prefixes give. `casts`: the backend's
+    declared recurrent casts this case takes; the references take the exact ones, the envelope all."""
     dtype = getattr(torch, DTYPES[case.dtype])
     layers = layers or tuple(_layer(case, i, dtype, device) for i in range(NUM_LAYERS))
     layout = layout or StateLayout(intermediate_drafts=case.new if case.mode == ForwardMode.TARGET_VERIFY else 0)
@@ -203,13 +208,16 @@ def build(case: RecurrentCase, device, starts: Optional[List[List[Start]]] = Non
     if starts is None:
         starts = [[_saved(case, layer, i, dtype, device) for i in range(case.bs)] for layer in layers]
     inputs = [_draw(case, sum(case.new_lens), f"step/layer{layer.layer_id}", dtype, device) for layer in layers]
-    golden, same = [], []
-    for layer, x, layer_starts in zip(layers, inputs, starts):
-        parts = _split(x, case.new_lens)
-        golden.append([run_request(layer, p.rows, p.gates, s.window, s.state) for p, s in zip(parts, layer_starts)])
-        same.append([run_request(layer, p.rows, p.gates, s.window, s.state, torch.float32)
-                     for p, s in zip(parts, layer_starts)])
-    return RecurrentFixture(case, layers, slots, inputs, starts, golden, same, geometry, layout, blocks)
+    casts = tuple(casts)
+    exact = tuple(c for c in casts if c not in ENVELOPE_STEPS)
+
+    def runs(dtype: torch.dtype, taken: Tuple[str, ...]) -> List[List[RecurrentRun]]:
+        return [[run_request(layer, p.rows, p.gates, s.window, s.state, dtype, taken)
+                 for p, s in zip(_split(x, case.new_lens), layer_starts)]
+                for layer, x, layer_starts in zip(layers, inputs, starts)]
+    envelope = runs(torch.float64, casts) if casts != exact else None
+    return RecurrentFixture(case, layers, slots, inputs, starts, runs(torch.float64, exact), runs(torch.float32, exact),
+                            geometry, layout, blocks, casts, envelope)
 
 
 def kept_draft(fx: RecurrentFixture, accepted: Sequence[int]) -> List[List[Start]]:

@@ -23,6 +23,7 @@ from typing import Callable, List, Optional
 
 import torch
 
+from kit.engine.numerics import EXACT_NUMERICS, RECURRENT_CASTS, label
 from kit.engine.recurrent_step import RecurrentBatch, RecurrentFixture, build, kept_draft
 from kit.engine.kinds.recurrent import GRAPH_MODES, RecurrentCase
 from kit.engine.state_pool import PADDED_SLOT, StatePool
@@ -141,12 +142,21 @@ def _judge(fx: RecurrentFixture, pool: StatePool, before, outs: List[torch.Tenso
                 if o.dim() != 3 or o.shape[0] < real or tuple(o.shape[1:]) != (hv, dv) or o.dtype != dtype]
     goldens = [torch.cat([r.out for r in runs]) for runs in fx.golden]
     sames = [torch.cat([r.out for r in runs]).to(dtype) for runs in fx.same_dtype]
+    declared = ([(g, torch.cat([r.out for r in runs])) for g, runs in zip(goldens, fx.envelope)]
+                if fx.envelope else None)
     outputs = read_back([output_figures([o[:real] for o in outs], goldens, sames, dtype,
-                                        [f"layer {i} " for i in range(len(outs))])])[0]
+                                        [f"layer {i} " for i in range(len(outs))], declared)])[0]
     padded = sum(int((~torch.isfinite(o[real:].float())).any(dim=-1).any(dim=-1).sum()) for o in outs
                  if o.dim() == 3) if profile.padded_rows_attend else 0
     states: StatePoolCheck = check_states(pool, before, _expected(fx, rule, before_verify), dtype)
     return RecurrentVerdict(step, [*outputs, FormsCheck(not problems, problems), PaddedRowsCheck(not padded, padded), states])
+
+
+def declared_casts(backend_cls, case: RecurrentCase, device: str):
+    """The recurrent casts of the backend's declared numerics (kit.engine.numerics) `case` takes on `device`."""
+    numerics = getattr(backend_cls, "numerics", EXACT_NUMERICS)
+    steps = numerics.steps(case.mode.value, case.dtype, None, torch.device(device).type)
+    return tuple(s for s in steps if s in RECURRENT_CASTS)
 
 
 def _snapshot(pool: StatePool):
@@ -171,7 +181,7 @@ def run_case(backend_cls, case: RecurrentCase, exec_: Exec = Exec.EAGER, device:
 
 def _run(backend_cls, case: RecurrentCase, exec_: Exec, device: str, verdicts: List[RecurrentVerdict]) -> None:
     rule = rule_of(backend_cls.profile)
-    fx = build(case, device, layout=rule.layout(case))
+    fx = build(case, device, layout=rule.layout(case), casts=declared_casts(backend_cls, case, device))
     pool = StatePool(fx.geometry, fx.torch_dtype, device)
     graph = exec_ == Exec.GRAPH
     max_bs = padded_bucket(case.bs, backend_cls.profile) if graph else case.bs
@@ -205,7 +215,7 @@ def _after_verify(backend, fx: RecurrentFixture, pool: StatePool, device, rule) 
     follow = case.with_(name=case.name + "_next", mode=ForwardMode.DECODE, new=1, accepted=None,
                         prefix=tuple(p + n for p, n in zip(case.prefix, accepted)))
     nxt = build(follow, device, starts=kept_draft(fx, accepted), blocks=fx.blocks, layers=fx.layers,
-                layout=rule.next_layout(fx, accepted))
+                layout=rule.next_layout(fx, accepted), casts=declared_casts(backend, follow, device))
     before = _snapshot(pool)
     batch, inputs = nxt.batch(device)
     outs = _call(backend, batch, inputs, nxt.layers)
@@ -224,6 +234,7 @@ def record_run(backend_cls, case: RecurrentCase, exec_: Exec, device: str, resul
     step failed, the first failing step's class and every failing step's message."""
     on_cuda = torch.device(device).type == "cuda"
     result.exec_detail = EAGER if exec_ == Exec.EAGER else CUDA_GRAPH if on_cuda else EMULATED
+    result.numerics = label(declared_casts(backend_cls, case, device))
     verdicts = run_case(backend_cls, case, exec_, device)
     bad = [v for v in verdicts if not v.ok]
     if bad:

@@ -1,0 +1,54 @@
+"""A recurrent backend's declared numerics (kit.engine.numerics: conv_cast, qk_cast, state_cast):
+a backend that declares a cast and takes it passes, one that declares it and does not take it fails,
+as does one that takes a cast it does not declare."""
+import dataclasses
+import types
+
+import pytest
+import torch
+
+import backends.torch_native_linear as native
+from backends.torch_native_linear import TorchNativeLinearBackend
+from cases.linear import FULL, SMOKE
+from kit.engine.numerics import ALL, CONV_CAST, Numerics, label
+from kit.harness.recurrent import declared_casts, failures, run_case
+from kit.report.record import RunResult
+from kit.harness.recurrent import record_run
+from kit.modes import Exec
+
+CASE = next(c for c in SMOKE + FULL if c.name == "gdn_extend_fresh_chunk_bf16")
+
+
+class DeclaresConvCast(TorchNativeLinearBackend):
+    numerics = Numerics(conv_cast=ALL)
+
+
+@pytest.fixture
+def conv_output_in_bf16(monkeypatch):
+    """torch_native_linear with its conv's SiLU output stored in bf16, as the engines' conv kernels store it."""
+    silu = torch.nn.functional.silu
+    monkeypatch.setattr(native, "F", types.SimpleNamespace(
+        **{n: getattr(torch.nn.functional, n) for n in dir(torch.nn.functional) if not n.startswith("_")},
+        silu=lambda x: silu(x).to(torch.bfloat16).to(x.dtype)))
+
+
+def test_declared_and_taken_passes(conv_output_in_bf16):
+    assert failures(run_case(DeclaresConvCast, CASE)) is None
+
+
+def test_taken_but_undeclared_fails(conv_output_in_bf16):
+    message = failures(run_case(TorchNativeLinearBackend, CASE))
+    assert message and "output wrong" in message, message
+
+
+def test_declared_but_not_taken_fails():
+    message = failures(run_case(DeclaresConvCast, CASE))
+    assert message and "output wrong" in message, message
+
+
+def test_casts_apply_to_half_precision_only_and_are_recorded():
+    assert declared_casts(DeclaresConvCast, CASE, "cpu") == (CONV_CAST,)
+    assert declared_casts(DeclaresConvCast, dataclasses.replace(CASE, dtype="fp32"), "cpu") == ()
+    result = RunResult("b", CASE.mode.value, Exec.EAGER.value, CASE.name, CASE.dtype, "pass")
+    record_run(DeclaresConvCast, CASE, Exec.EAGER, "cpu", result)
+    assert result.numerics == label((CONV_CAST,))
