@@ -11,10 +11,9 @@ import backends.torch_native_linear as native
 from backends.torch_native_linear import TorchNativeLinearBackend
 from cases.linear import FULL, SMOKE
 from kit.engine.numerics import ALL, CONV_CAST, Numerics, label
-from kit.harness.recurrent import declared_casts, failures, run_case
-from kit.report.record import RunResult
-from kit.harness.recurrent import record_run
+from kit.harness.recurrent import declared_casts, failures, record_run, run_case
 from kit.modes import Exec
+from kit.report.record import RunResult
 
 CASE = next(c for c in SMOKE + FULL if c.name == "gdn_extend_fresh_chunk_bf16")
 
@@ -27,9 +26,9 @@ class DeclaresConvCast(TorchNativeLinearBackend):
 def conv_output_in_bf16(monkeypatch):
     """torch_native_linear with its conv's SiLU output stored in bf16, as the engines' conv kernels store it."""
     silu = torch.nn.functional.silu
-    monkeypatch.setattr(native, "F", types.SimpleNamespace(
-        **{n: getattr(torch.nn.functional, n) for n in dir(torch.nn.functional) if not n.startswith("_")},
-        silu=lambda x: silu(x).to(torch.bfloat16).to(x.dtype)))
+    functions = {n: getattr(torch.nn.functional, n) for n in dir(torch.nn.functional) if not n.startswith("_")}
+    functions["silu"] = lambda x: silu(x).to(torch.bfloat16).to(x.dtype)
+    monkeypatch.setattr(native, "F", types.SimpleNamespace(**functions))
 
 
 def test_declared_and_taken_passes(conv_output_in_bf16):
