@@ -1806,6 +1806,7 @@ from vllm.model_executor.layers.attention import Attention
 from vllm.model_executor.models.registry import ModelRegistry
 from vllm.v1.attention.backend import CommonAttentionMetadata
 from vllm.v1.attention.backends.registry import AttentionBackendEnum
+from vllm.v1.attention.backends.utils import get_supported_kv_cache_layouts, resolve_kv_cache_layout
 
 if DEVICE == "cpu" and not hasattr(torch.ops._C_cache_ops, "reshape_and_cache_flash"):
     # vLLM's compiled ops do not load without CUDA: its own Triton KV writer under the op's name.
@@ -1863,6 +1864,10 @@ with set_current_vllm_config(config):
             layers[-1]._k_scale_cpu.fill_(spec["k_scale"])
             layers[-1]._v_scale_cpu.fill_(spec["v_scale"])
     torch.set_default_dtype(default)
+    # The KV cache layout as the engine core resolves it from what the backend supports (v1/engine/core.py):
+    # FlashInfer's builder and impl read it, and refuse an unresolved one.
+    resolve_kv_cache_layout(config, [[layout.name for layout in get_supported_kv_cache_layouts([backend])]],
+                            [layers[0].get_kv_cache_spec(config)])
     builder = backend.get_builder_cls()(layers[0].get_kv_cache_spec(config), [a.layer_name for a in layers], config,
                                        torch.device(DEVICE))
 
@@ -1963,7 +1968,7 @@ def _p_cast(probs: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
     return (probs / top).to(dtype).to(probs.dtype) * top
 
 
-ENVELOPE = ['p fp8', 'p cast to fp8', 'tf32 dots']  # declared steps that round inside the kernel's tiles: they widen the limit by their cost
+ENVELOPE = ['p fp8', 'p cast to fp8', 'tf32 dots', 'state cast at the output']  # declared steps that round inside the kernel's tiles: they widen the limit by their cost
 
 
 def reference(spec, reqs, per_req, precision, steps=()):
