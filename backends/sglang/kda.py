@@ -17,7 +17,7 @@ from typing import Optional
 import torch
 
 from backends.sglang.linear import SGLangLinearBackend, cpu_prefill_reason, verify_rows_reason
-from kit.engine.numerics import ALL
+from kit.engine.numerics import PREFILL
 from kit.modes import ForwardMode
 
 KDA_BACKEND = "sglang.srt.layers.attention.linear.kda_backend"
@@ -27,7 +27,7 @@ LINEAR_UTILS = "sglang.srt.layers.attention.linear.utils"
 class SGLangKDABackend(SGLangLinearBackend):
     name = "sglang_kda"
     attention_kinds = ("kda",)
-    numerics = dataclasses.replace(SGLangLinearBackend.numerics, qk_cast=ALL)  # l2norm_fwd before its kernels
+    numerics = dataclasses.replace(SGLangLinearBackend.numerics, qk_cast=PREFILL)  # l2norm_fwd before its kernels
     engine_modules = (KDA_BACKEND,)
     # On CPU its decode runs in Triton's interpreter (its prefill does not, see supports()): one case.
     ci_cases = {"decode": ("kda_decode_bf16_long",)}

@@ -26,7 +26,7 @@ import torch
 from backends.qwen3_next import qwen3_next_config
 from backends.sglang.adapter import sglang_problem
 from kit.engine.kinds.recurrent import GRAPH_MODES
-from kit.engine.numerics import ALL, Numerics
+from kit.engine.numerics import ALL, PREFILL, Numerics
 from kit.engine.profile import SGLANG
 from kit.harness.protocol import library_version
 from kit.modes import ForwardMode
@@ -161,8 +161,9 @@ class SGLangLinearBackend:
     profile = SGLANG
     modes = (ForwardMode.DECODE, ForwardMode.EXTEND, ForwardMode.MIXED, ForwardMode.TARGET_VERIFY)
     # causal_conv1d writes its output in the model's dtype; the chunked (extend) kernels cast the
-    # chunk state to it for the q dot. A kind that l2-normalizes q and k before its kernel adds qk_cast.
-    numerics = Numerics(conv_cast=ALL, state_cast=("extend", "mixed"))
+    # chunk state to it for the q dot.
+    # A kind whose prefill l2-normalizes q and k before its kernels adds qk_cast (PREFILL).
+    numerics = Numerics(conv_cast=ALL, state_cast=PREFILL)
     engine_modules: tuple = ()  # the SGLang modules of the kind's backend (load_engine)
 
     @classmethod
@@ -300,7 +301,7 @@ class SGLangLinearBackend:
 class SGLangGDNBackend(SGLangLinearBackend):
     name = "sglang_gdn"
     attention_kinds = ("gdn",)
-    numerics = dataclasses.replace(SGLangLinearBackend.numerics, qk_cast=ALL)
+    numerics = dataclasses.replace(SGLangLinearBackend.numerics, qk_cast=PREFILL)
     engine_modules = (GDN_BACKEND,)
     # On CPU its Triton kernels run in the interpreter: one small case (DECODE is all it runs there).
     ci_cases = {"decode": ("gdn_decode_bf16_long",)}

@@ -35,7 +35,7 @@ import torch
 from backends.qwen3_next import qwen3_next_config
 from backends.vllm.adapter import runtime
 from backends.vllm.recurrent import VllmRecurrentBackend
-from kit.engine.numerics import ALL
+from kit.engine.numerics import PREFILL
 from kit.modes import ForwardMode
 
 # Why the layer runs on CUDA only: its ops on vLLM's CPU platform, and its Triton kernels in the interpreter.
@@ -60,7 +60,7 @@ class VllmGdnBackend(VllmRecurrentBackend):
     layer_name = staticmethod(layer_name)
     cpu_reason = CPU_REASON
     # l2norm_fwd's q and k in the model's dtype, before its kernels
-    numerics = dataclasses.replace(VllmRecurrentBackend.numerics, qk_cast=ALL)
+    numerics = dataclasses.replace(VllmRecurrentBackend.numerics, qk_cast=PREFILL)
 
     @classmethod
     def load_engine(cls) -> None:

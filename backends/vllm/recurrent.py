@@ -24,7 +24,7 @@ import torch
 
 from backends.vllm.adapter import PROFILE, _installed_version, pin_problem, runtime, vllm_problem
 from kit.engine.kinds.recurrent import MODES
-from kit.engine.numerics import ALL, Numerics
+from kit.engine.numerics import ALL, PREFILL, Numerics
 from kit.harness.protocol import library_version
 from kit.modes import ForwardMode
 
@@ -39,8 +39,9 @@ class VllmRecurrentBackend:
     profile = PROFILE
     modes = MODES
     # causal_conv1d writes its output in the model's dtype; the chunked prefill kernels cast the chunk
-    # state to it for the q dot. A kind that l2-normalizes q and k before its kernel adds qk_cast.
-    numerics = Numerics(conv_cast=ALL, state_cast=("extend", "mixed"))
+    # state to it for the q dot.
+    # A kind whose prefill l2-normalizes q and k before its kernels adds qk_cast (PREFILL).
+    numerics = Numerics(conv_cast=ALL, state_cast=PREFILL)
     padded_state_slot = NULL_BLOCK
     builder_class = ("", "")
     cpu_reason = ""  # why the layer's ops do not run without CUDA

@@ -17,8 +17,8 @@ case's (the fp8 steps with a quantized KV cache, TF32 with fp32 inputs):
 - `tf32_dots`: fp32 dot products on TF32 inputs (Triton's tl.dot on NVIDIA by default);
 - `conv_cast` (recurrent kinds): the causal conv's SiLU output stored in the model's dtype before the
   recurrence reads it (both engines' causal_conv1d kernels write mixed_qkv / xBC in the input dtype);
-- `qk_cast` (GDN, KDA): the l2-normalized q and k stored in the model's dtype (vLLM's and fla's
-  l2norm_fwd, run before the chunk kernel);
+- `qk_cast` (GDN, KDA, in PREFILL modes): the l2-normalized q and k stored in the model's dtype (vLLM's
+  and fla's l2norm_fwd, run before the chunk kernel; the decode kernels normalize inside, in float32);
 - `state_cast` (recurrent kinds): the state cast to the model's dtype where it meets q in a
   tensor-core dot (the chunked kernels' `h` and the output of each chunk).
 The three recurrent casts apply to fp16 and bf16 cases (a cast to fp32 is none).
@@ -40,6 +40,9 @@ from typing import Tuple
 from kit.modes import MODES
 
 ALL = tuple(m.value for m in MODES)
+# The modes a recurrent layer runs its chunked prefill kernels in (decode and verify rows take the fused
+# recurrent kernels, which l2-normalize q and k inside, in float32).
+PREFILL = ("extend", "mixed")
 Q_FP8, Q_CAST, NEW_AS_HANDED = "q fp8", "q cast to fp8", "new tokens as handed"
 P_FP8, P_CAST, TF32 = "p fp8", "p cast to fp8", "tf32 dots"
 CONV_CAST, QK_CAST, STATE_CAST = "conv output cast", "q k cast", "state cast at the output"
