@@ -1,4 +1,4 @@
-"""A recurrent backend's declared numerics (kit.engine.numerics: conv_cast, qk_cast, state_cast):
+"""A recurrent backend's declared numerics (kit.engine.numerics: conv_products, conv_cast, qk_cast, state_cast):
 a backend that declares a cast and takes it passes, one that declares it and does not take it fails,
 as does one that takes a cast it does not declare."""
 import dataclasses
@@ -10,12 +10,13 @@ import torch
 import backends.torch_native_linear as native
 from backends.torch_native_linear import TorchNativeLinearBackend
 from cases.linear import FULL, SMOKE
-from kit.engine.numerics import ALL, CONV_CAST, Numerics, label
+from kit.engine.numerics import ALL, CONV_CAST, CONV_PRODUCTS, Numerics, label
 from kit.harness.recurrent import declared_casts, failures, record_run, run_case
 from kit.modes import Exec
 from kit.report.record import RunResult
 
-CASE = next(c for c in SMOKE + FULL if c.name == "gdn_extend_fresh_chunk_bf16")
+CASES = {c.name: c for c in SMOKE + FULL}
+CASE = CASES["gdn_extend_fresh_chunk_bf16"]
 
 
 class DeclaresConvCast(TorchNativeLinearBackend):
@@ -51,3 +52,37 @@ def test_casts_apply_to_half_precision_only_and_are_recorded():
     result = RunResult("b", CASE.mode.value, Exec.EAGER.value, CASE.name, CASE.dtype, "pass")
     record_run(DeclaresConvCast, CASE, Exec.EAGER, "cpu", result)
     assert result.numerics == label((CONV_CAST,))
+
+
+class DeclaresConvProducts(TorchNativeLinearBackend):
+    numerics = Numerics(conv_products=ALL, conv_cast=ALL)
+
+
+@pytest.fixture
+def conv_products_in_bf16(conv_output_in_bf16, monkeypatch):
+    """...and each conv tap's product rounded to bf16 before the sum, as Triton's `acc += x * w` on
+    bf16 loads rounds it (both engines' causal_conv1d kernels)."""
+    einsum = torch.einsum
+
+    def products_rounded(equation, *operands):
+        if equation != "bclw,cw->blc":
+            return einsum(equation, *operands)
+        taps, weights = operands
+        return (taps * weights[:, None, :]).to(torch.bfloat16).float().sum(-1).transpose(1, 2)
+    monkeypatch.setattr(torch, "einsum", products_rounded)
+
+
+@pytest.mark.parametrize("case", ["gdn_decode_bf16_long", "gdn_extend_fresh_chunk_bf16"])
+def test_conv_products_declared_and_taken_passes(conv_products_in_bf16, case):
+    assert failures(run_case(DeclaresConvProducts, CASES[case])) is None
+
+
+@pytest.mark.parametrize("case", ["gdn_decode_bf16_long"])
+def test_conv_products_taken_but_undeclared_fails(conv_products_in_bf16, case):
+    message = failures(run_case(DeclaresConvCast, CASES[case]))
+    assert message and "output wrong" in message, message
+
+
+def test_conv_products_declared_but_not_taken_fails(conv_output_in_bf16):
+    message = failures(run_case(DeclaresConvProducts, CASES["gdn_decode_bf16_long"]))
+    assert message and "output wrong" in message, message

@@ -187,6 +187,33 @@ def test_sglangs_conv_update_leaves_a_padded_rows_output_unwritten():
     assert torch.isnan(out[1]).all()
 
 
+
+def test_sglangs_conv_update_rounds_each_tap_product_as_declared():
+    """Why SGLang's recurrent backends declare conv_products: its causal_conv1d_update (the decode
+    and verify conv, Triton on every platform) multiplies two bf16 loads, which Triton rounds to
+    bf16 before the float32 sum. The kit's emulation of the declared casts gives the kernel's
+    output bit for bit; the exact conv, rounded once, does not."""
+    from backends.sglang import runtime  # noqa: F401 - SGLang's set-up (interpreter, shims)
+    from kit.engine.numerics import CONV_CAST, CONV_PRODUCTS
+    from kit.engine.recurrent_reference import causal_conv
+    from kit.harness import interpreter
+    from sglang.kernels.ops.mamba.causal_conv1d_triton import causal_conv1d_update
+
+    interpreter.install()
+    gen = torch.Generator().manual_seed(7)
+    bs, dim, width = 4, 256, 4
+    x = torch.randn(bs, dim, generator=gen).to(torch.bfloat16)
+    weights = torch.randn(dim, width, generator=gen).to(torch.bfloat16)
+    states = torch.randn(bs, dim, width - 1, generator=gen).to(torch.bfloat16)
+    windows = states.clone()
+    out = causal_conv1d_update(x, states, weights, None, "silu",
+                               conv_state_indices=torch.arange(bs, dtype=torch.int32))
+    emulated = torch.stack([causal_conv(windows[i], x[i:i + 1], weights, casts=(CONV_PRODUCTS, CONV_CAST))[0]
+                            for i in range(bs)])
+    exact = torch.stack([causal_conv(windows[i], x[i:i + 1], weights, casts=(CONV_CAST,))[0] for i in range(bs)])
+    assert torch.equal(out.double(), emulated)
+    assert float((out.double() != exact).double().mean()) > 0.1
+
 # The SGLang files each kind's backend runs (its own, and HybridLinearAttnBackend's and the mamba
 # layers' shared ones), under sglang/srt/layers/attention/.
 SHARED_READERS = ("hybrid_linear_attn_backend.py", "linear/utils.py", "mamba/*.py")

@@ -38,10 +38,10 @@ class VllmRecurrentBackend:
 
     profile = PROFILE
     modes = MODES
-    # causal_conv1d writes its output in the model's dtype; the chunked prefill kernels cast the chunk
-    # state to it for the q dot.
+    # Its Triton causal_conv1d kernels multiply half-precision taps in their dtype and write the output
+    # in the model's dtype; the chunked prefill kernels cast the chunk state to it for the q dot.
     # A kind whose prefill l2-normalizes q and k before its kernels adds qk_cast (PREFILL).
-    numerics = Numerics(conv_cast=ALL, state_cast=PREFILL)
+    numerics = Numerics(conv_products=ALL, conv_cast=ALL, state_cast=PREFILL)
     padded_state_slot = NULL_BLOCK
     builder_class = ("", "")
     cpu_reason = ""  # why the layer's ops do not run without CUDA

@@ -15,18 +15,21 @@ case's (the fp8 steps with a quantized KV cache, TF32 with fp32 inputs):
 - `p_cast`: the probabilities cast to the KV cache's fp8 type, no scale, before the PV product
   (SGLang's Triton kernels: `p.to(v.dtype)`);
 - `tf32_dots`: fp32 dot products on TF32 inputs (Triton's tl.dot on NVIDIA by default);
+- `conv_products` (recurrent kinds): each conv tap's product x * w rounded to the model's dtype before
+  the float32 sum (Triton multiplies two half-precision loads in their dtype: both engines'
+  causal_conv1d_fn and causal_conv1d_update kernels, `acc += matrix_x * matrix_w`);
 - `conv_cast` (recurrent kinds): the causal conv's SiLU output stored in the model's dtype before the
   recurrence reads it (both engines' causal_conv1d kernels write mixed_qkv / xBC in the input dtype);
 - `qk_cast` (GDN, KDA, in PREFILL modes): the l2-normalized q and k stored in the model's dtype (vLLM's
   and fla's l2norm_fwd, run before the chunk kernel; the decode kernels normalize inside, in float32);
 - `state_cast` (recurrent kinds): the state cast to the model's dtype where it meets q in a
   tensor-core dot (the chunked kernels' `h` and the output of each chunk).
-The three recurrent casts apply to fp16 and bf16 cases (a cast to fp32 is none).
+The recurrent casts apply to fp16 and bf16 cases (a cast to fp32 is none).
 
 `cuda_only` names the steps an engine takes on CUDA devices only (it picks them by platform: on
 CPU, Triton's interpreter computes fp32 dots in fp32, vLLM quantizes no query).
 
-The first three, and conv_cast and qk_cast, are emulated exactly (kit.engine.reference.declared;
+The first three, and conv_products, conv_cast and qk_cast, are emulated exactly (kit.engine.reference.declared;
 kit.engine.recurrent_reference): a run is judged against the
 float64 reference that takes them. p_fp8, p_cast, tf32_dots and state_cast round inside the kernel's tiles, where an
 emulation cannot follow each tile's running maximum or the hardware's rounding: they widen the
@@ -45,9 +48,10 @@ ALL = tuple(m.value for m in MODES)
 PREFILL = ("extend", "mixed")
 Q_FP8, Q_CAST, NEW_AS_HANDED = "q fp8", "q cast to fp8", "new tokens as handed"
 P_FP8, P_CAST, TF32 = "p fp8", "p cast to fp8", "tf32 dots"
-CONV_CAST, QK_CAST, STATE_CAST = "conv output cast", "q k cast", "state cast at the output"
-STEPS = (Q_FP8, Q_CAST, NEW_AS_HANDED, P_FP8, P_CAST, TF32, CONV_CAST, QK_CAST, STATE_CAST)
-RECURRENT_CASTS = (CONV_CAST, QK_CAST, STATE_CAST)  # the steps a recurrent reference takes (kit.engine.recurrent_reference)
+CONV_PRODUCTS, CONV_CAST = "conv products cast", "conv output cast"
+QK_CAST, STATE_CAST = "q k cast", "state cast at the output"
+STEPS = (Q_FP8, Q_CAST, NEW_AS_HANDED, P_FP8, P_CAST, TF32, CONV_PRODUCTS, CONV_CAST, QK_CAST, STATE_CAST)
+RECURRENT_CASTS = (CONV_PRODUCTS, CONV_CAST, QK_CAST, STATE_CAST)  # the steps a recurrent reference takes (kit.engine.recurrent_reference)
 ENVELOPE_STEPS = (P_FP8, P_CAST, TF32, STATE_CAST)  # they widen the tolerance by their cost to the reference; the others
 # the float64 reference takes exactly
 EXACT = "exact"  # the label of numerics that take no step
@@ -61,6 +65,7 @@ class Numerics:
     p_fp8: Tuple[str, ...] = ()
     p_cast: Tuple[str, ...] = ()
     tf32_dots: Tuple[str, ...] = ()
+    conv_products: Tuple[str, ...] = ()
     conv_cast: Tuple[str, ...] = ()
     qk_cast: Tuple[str, ...] = ()
     state_cast: Tuple[str, ...] = ()
@@ -88,7 +93,8 @@ class Numerics:
         taken = ((Q_FP8, quantized and mode in self.q_fp8), (Q_CAST, quantized and mode in self.q_cast),
                  (NEW_AS_HANDED, quantized and mode in self.new_tokens_as_handed),
                  (P_FP8, quantized and mode in self.p_fp8), (P_CAST, quantized and mode in self.p_cast),
-                 (TF32, dtype == "fp32" and mode in self.tf32_dots), (CONV_CAST, half and mode in self.conv_cast),
+                 (TF32, dtype == "fp32" and mode in self.tf32_dots),
+                 (CONV_PRODUCTS, half and mode in self.conv_products), (CONV_CAST, half and mode in self.conv_cast),
                  (QK_CAST, half and mode in self.qk_cast), (STATE_CAST, half and mode in self.state_cast))
         return tuple(step for step, on in taken if on and (device_type == "cuda" or step not in self.cuda_only))
 

@@ -19,7 +19,7 @@ import torch
 import torch.nn.functional as F
 
 from kit.engine.kinds.recurrent import RecurrentLayer
-from kit.engine.numerics import CONV_CAST, QK_CAST, STATE_CAST
+from kit.engine.numerics import CONV_CAST, CONV_PRODUCTS, QK_CAST, STATE_CAST
 
 
 @dataclasses.dataclass
@@ -77,19 +77,30 @@ def _mamba2(layer: RecurrentLayer, c, b, x, gates, dtype, cast):
 STEPS = {"gdn": _gdn, "mamba2": _mamba2, "kda": _kda}
 
 
+def _cast(x: torch.Tensor, step: str, model: torch.dtype, casts: Sequence[str]) -> torch.Tensor:
+    """x as a kernel that takes `step` stores it: in the model's dtype, read back in x's."""
+    return x.to(model).to(x.dtype) if step in casts else x
+
+
+def causal_conv(window: torch.Tensor, rows: torch.Tensor, weights: torch.Tensor, dtype: torch.dtype = torch.float64,
+                casts: Sequence[str] = ()) -> torch.Tensor:
+    """The depthwise causal conv and SiLU of `rows` [n, conv_dim] after `window` [conv_dim, width - 1]
+    ([n, conv_dim], in `dtype`), taking CONV_PRODUCTS and CONV_CAST of `casts` to the rows' dtype."""
+    seq = torch.cat([window.to(dtype), rows.t().to(dtype)], dim=1)  # [conv_dim, width - 1 + n]
+    # As taps times weights: torch's float64 depthwise conv1d is slow on CPU.
+    taps = seq.unfold(1, weights.shape[1], 1)  # [conv_dim, n, width]
+    products = _cast(taps * weights.to(dtype)[:, None, :], CONV_PRODUCTS, rows.dtype, casts)
+    return _cast(F.silu(products.sum(-1).t()), CONV_CAST, rows.dtype, casts)
+
+
 def run_request(layer: RecurrentLayer, rows: torch.Tensor, gates: Sequence[torch.Tensor], window: torch.Tensor,
                 state: torch.Tensor, dtype: torch.dtype = torch.float64, casts: Sequence[str] = ()) -> RecurrentRun:
     """One request's n tokens (`rows` [n, conv_dim], each gate [n, Hv]) from `window` and `state` [Hv, K, V],
-    taking the declared `casts` (kit.engine.numerics: CONV_CAST, QK_CAST, STATE_CAST) to the rows' dtype."""
-    model = rows.dtype
-
-    def cast(x, step):  # x as a kernel that takes `step` stores it: in the model's dtype, read back in x's
-        return x.to(model).to(x.dtype) if step in casts else x
+    taking the declared `casts` (kit.engine.numerics: CONV_PRODUCTS, CONV_CAST, QK_CAST, STATE_CAST) to the rows' dtype."""
+    def cast(x, step):
+        return _cast(x, step, rows.dtype, casts)
     hk, hv = layer.num_k_heads, layer.num_v_heads
-    seq = torch.cat([window.to(dtype), rows.t().to(dtype)], dim=1)  # [conv_dim, width - 1 + n]
-    # The depthwise conv as taps times weights: torch's float64 depthwise conv1d is slow on CPU.
-    taps = seq.unfold(1, layer.conv_weights.shape[1], 1)  # [conv_dim, n, width]
-    mixed = cast(F.silu((taps * layer.conv_weights.to(dtype)[:, None, :]).sum(-1).t()), CONV_CAST)
+    mixed = causal_conv(window, rows, layer.conv_weights, dtype, casts)
     q, k, v = layer.spec.split(mixed, layer)
     # value head h reads key head h // (Hv / Hk)
     q, k = (t.unflatten(-1, (hk, layer.head_k_dim)).repeat_interleave(hv // hk, dim=1) for t in (q, k))
