@@ -1,10 +1,11 @@
-"""The SGLang adapter's DSA side on CPU, where DeepseekSparseAttnBackend itself cannot be built (its
+"""The SGLang adapter's DSA side on CPU, where DeepseekSparseAttnBackend's kernels do not run (and its
 constructor asks CUDA for the device's compute capability): the top-k rows it hands the backend,
 mapped to KV slots by SGLang's own unfused conversion (transform_index.py's Triton kernels, in
 Triton's interpreter) over the page table SGLang's DSA metadata builds, land on the keys the kit's
-indexer selected, in every mode it serves; a rendering off by one is caught; and the reasons it
-gives where SGLang's DSA path is not the one the kit calls. Skipped, with the reason, only where
-the pinned sglang is not installed (CI installs it)."""
+indexer selected, in every mode it serves; a rendering off by one is caught; the reasons it gives
+where SGLang's DSA path is not the one the kit calls; and a prefill graph's metadata and forward run
+inside SGLang's breakable-graph context, where the real backend's dispatch keeps a short batch
+sparse. Skipped, with the reason, only where the pinned sglang is not installed (CI installs it)."""
 import pytest
 import torch
 
@@ -187,3 +188,50 @@ def test_a_prefill_graph_hands_the_fields_of_its_requests_alone(mode):
         real, seen = getattr(batch, name), getattr(view, name)
         assert (seen is None) if real is None else (list(seen) == list(real)), name
     assert view.seq_lens_sum == batch.seq_lens_sum
+
+
+class _AttentionReached(Exception):
+    """Raised where SGLang's DSA forward_extend would run its kernels, which need CUDA."""
+
+
+@pytest.mark.parametrize("mode", (ForwardMode.EXTEND, ForwardMode.MIXED), ids=lambda m: m.value)
+def test_a_prefill_graph_runs_in_sglangs_breakable_graph_context(mode, monkeypatch):
+    """SGLang's prefill graph runner holds enable_breakable_cuda_graph() over the metadata and the
+    forward, at capture and at every replay, and DSA's dispatch reads it: on an H200, a batch whose
+    sequences hold at most 2048 keys is dense (MHA_ONE_SHOT) eagerly, sparse in a graph, where the
+    dense path would assert on the absorbed call's q_rope (dsa_backend.py forward_extend). The real
+    backend and SGLang's real dispatch, on CPU; only the device is an H200 (SM 9.0)."""
+    from sglang.srt.model_executor.runner_backend_utils.breakable_cuda_graph import is_in_breakable_cuda_graph
+
+    from kit.harness.hooks import driver_for
+    from kit.modes import Exec
+    from tests.helpers import run_setup
+
+    monkeypatch.setattr(torch.cuda, "get_device_capability", lambda *a: (9, 0))  # the constructor asks
+    setup = run_setup(_case(mode, dtype="bf16"), Exec.GRAPH, backend_cls=SGLangDSABackend)
+    backend = setup.new_backend()
+    backend.impl._get_device_sm = lambda: 90  # as __init__ hoists SGLang's reader, asked per batch
+    fx = setup.case_fixture
+    fx.install()
+    layer, inputs = fx.layers[0], fx.inputs[0]
+    seen = []
+
+    def forward_extend(*args, **kwargs):
+        seen.append((backend.impl.use_mha, is_in_breakable_cuda_graph()))
+        raise _AttentionReached
+
+    monkeypatch.setattr(backend.impl, "forward_extend", forward_extend)
+
+    def dispatched(prepare) -> tuple:
+        """(dense, inside SGLang's breakable graph) as forward_extend sees them after `prepare`."""
+        prepare()
+        with pytest.raises(_AttentionReached):
+            backend.forward(inputs.q, inputs.k_new, inputs.v_new, layer, fx.batch)
+        return seen.pop()
+
+    hooks = driver_for(backend, setup.caps)  # as the harness drives them: eager, a token graph's capture, replay
+    assert dispatched(lambda: hooks.eager(fx.batch)) == (True, False)
+    assert dispatched(lambda: hooks.ragged(fx.batch, fx.plan, in_capture=True)) == (False, True)
+    assert dispatched(lambda: hooks.ragged(fx.batch, fx.plan)) == (False, True)
+    assert dispatched(lambda: hooks.eager(fx.batch)) == (True, False)  # eager again after a graph
+    assert not is_in_breakable_cuda_graph()

@@ -17,9 +17,13 @@ What is mapped, and nothing more (a bug here could hide one in SGLang):
   SGLang's own MLATokenToKVPool code, and the DeepSeek model's absorbed call (mla.py);
 - the kit's layer sinks -> the gpt-oss model's `sinks` parameter, passed as it passes it
   (models/gpt_oss.py forward_core: `self.attn(q, k, v, forward_batch, sinks=self.sinks)`).
+- the kit's EXTEND and MIXED graph runs -> SGLang's breakable-graph context
+  (enable_breakable_cuda_graph) over their metadata hooks and forwards, as its prefill graph
+  runner holds it at capture and replay (`in_prefill_graph`).
 """
 from __future__ import annotations
 
+import contextlib
 import importlib
 import inspect
 from typing import Optional
@@ -38,6 +42,8 @@ INSTALL = "python -m backends.sglang.install"
 # SGLang sizes its decode KV splits by the SM count, 0 without CUDA (srt/utils/common.py:1161),
 # and with 0 skips its planner (triton_backend.py:448): an H100 SXM's count runs it on CPU.
 NOMINAL_SMS = 132
+# The modes SGLang runs under its prefill graph runner, not its decode-shaped ones.
+PREFILL_GRAPH_MODES = (ForwardMode.EXTEND, ForwardMode.MIXED)
 
 
 def sglang_problem() -> Optional[str]:
@@ -217,6 +223,12 @@ class SGLangBackend(AttentionBackend):
     # leave attention out of the capture (the breakable backend runs it eagerly).
     real_rows_only = False
     extend_capture = False
+    # Whether the step being run is one of SGLang's prefill graphs (set by the metadata hook that
+    # prepares it): its runner, breakable on CUDA by default, holds enable_breakable_cuda_graph() over
+    # the metadata and the forward, at capture and at every replay (breakable_cuda_graph_backend.py
+    # capture_session, replay_session; prefill_cuda_graph_runner.py execute), and backends branch on
+    # it (dsa_backend.py set_dsa_prefill_impl keeps such a batch off its dense MHA_ONE_SHOT path).
+    in_prefill_graph = False
 
     @classmethod
     def versions(cls):
@@ -321,7 +333,12 @@ class SGLangBackend(AttentionBackend):
         return None
 
     def init_forward_metadata(self, batch) -> None:
+        self.in_prefill_graph = False
         self.impl.init_forward_metadata(self._forward_batch(batch))
+
+    def _prefill_graph_scope(self):
+        """SGLang's breakable-graph context where the step is one of its prefill graphs, else none."""
+        return self.sg.enable_breakable_cuda_graph() if self.in_prefill_graph else contextlib.nullcontext()
 
     def forward(self, q, k, v, layer, batch, save_kv_cache=True):
         sg = self.sg
@@ -333,7 +350,8 @@ class SGLangBackend(AttentionBackend):
         if layer in self.sinks:
             parts["sinks"] = self.sinks[layer]
         parts.update(self._model_args(batch, t))
-        with sg.forward_context(sg.ForwardContext(attn_backend=self._attention_backend(batch))):
+        context = sg.ForwardContext(attn_backend=self._attention_backend(batch))
+        with self._prefill_graph_scope(), sg.forward_context(context):
             out = self.layers[layer](q, k, v, self._forward_batch(batch), save_kv_cache=save_kv_cache, **parts)
         return out.view(t, layer.tp_q_head_num, layer.v_head_dim)
 
@@ -349,16 +367,19 @@ class _GraphHooks:
 
     def init_forward_metadata_out_graph(self, batch, in_capture=False):
         fb = self._forward_batch(batch, in_capture)
-        if batch.forward_mode in (ForwardMode.EXTEND, ForwardMode.MIXED):
+        self.in_prefill_graph = batch.forward_mode in PREFILL_GRAPH_MODES
+        if self.in_prefill_graph:
             # SGLang's prefill graphs (breakable, piecewise) prepare attention with the eager
             # metadata at capture and before every replay (prefill_cuda_graph_runner.py:1234,
             # :1256); out_graph is for the decode-shaped runners.
-            self.impl.init_forward_metadata(fb)
+            with self._prefill_graph_scope():
+                self.impl.init_forward_metadata(fb)
         else:
             self.impl.init_forward_metadata_out_graph(fb, in_capture=in_capture)
 
     def init_forward_metadata_in_graph(self, batch):
-        self.impl.init_forward_metadata_in_graph(self._forward_batch(batch))
+        with self._prefill_graph_scope():
+            self.impl.init_forward_metadata_in_graph(self._forward_batch(batch))
 
 
 class SGLangTritonBackend(_GraphHooks, SGLangBackend):

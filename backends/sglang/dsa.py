@@ -35,7 +35,7 @@ from typing import Optional
 
 import torch
 
-from backends.sglang.adapter import SGLangBackend, _GraphHooks
+from backends.sglang.adapter import PREFILL_GRAPH_MODES, SGLangBackend, _GraphHooks
 from kit.engine.render import REQUEST, STATIC_FIELDS
 from kit.harness.protocol import library_version
 from kit.modes import ForwardMode
@@ -174,7 +174,7 @@ def prefill_runner_view(batch):
     token graph may hold them at full capacity, rows past the batch stale. DeepseekSparseAttnBackend
     zips the host ones with the extend lengths, strictly, and plans its conversion over every row of
     the device ones (dsa_backend.py init_forward_metadata). Other batches as they are."""
-    if batch.forward_mode not in (ForwardMode.EXTEND, ForwardMode.MIXED):
+    if batch.forward_mode not in PREFILL_GRAPH_MODES:
         return batch
     n = batch.batch_size
     cut = {name: getattr(batch, name)[:n] for name in REQUEST_FIELDS if getattr(batch, name) is not None}

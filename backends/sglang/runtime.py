@@ -38,6 +38,7 @@ with warnings.catch_warnings():
     from sglang.srt.model_executor.cuda_graph_config import Backend, CudaGraphConfig, PhaseConfig
     from sglang.srt.model_executor.forward_batch_info import CaptureHiddenMode, ForwardBatch, ForwardMode
     from sglang.srt.model_executor.forward_context import ForwardContext, forward_context
+    from sglang.srt.model_executor.runner_backend_utils.breakable_cuda_graph import enable_breakable_cuda_graph
     from sglang.srt.runtime_context import get_context, get_parallel
     from sglang.srt.speculative.eagle_info import EagleDraftExtendInput, EagleDraftInput, EagleVerifyInput
     from sglang.srt.speculative.spec_info import SpeculativeAlgorithm
@@ -84,4 +85,5 @@ MODES = {"decode": ForwardMode.DECODE, "extend": ForwardMode.EXTEND, "mixed": Fo
 __all__ = ["AttentionArch", "AttentionBackend", "CaptureHiddenMode", "EagleDraftExtendInput", "EagleDraftInput",
            "EagleVerifyInput", "ForwardBatch", "ForwardContext", "KVIndexTranslator", "MHATokenToKVPool",
            "MLATokenToKVPool", "MODES", "PretrainedConfig", "RadixAttention", "SpeculativeAlgorithm",
-           "UnquantizedKVCacheMethod", "forward_context", "install_server_args", "unwrap_write_loc"]
+           "UnquantizedKVCacheMethod", "enable_breakable_cuda_graph", "forward_context", "install_server_args",
+           "unwrap_write_loc"]
