@@ -200,7 +200,7 @@ def test_a_prefill_graph_runs_in_sglangs_breakable_graph_context(mode, monkeypat
     forward, at capture and at every replay, and DSA's dispatch reads it: on an H200, a batch whose
     sequences hold at most 2048 keys is dense (MHA_ONE_SHOT) eagerly, sparse in a graph, where the
     dense path would assert on the absorbed call's q_rope (dsa_backend.py forward_extend). The real
-    backend and SGLang's real dispatch, on CPU; only the device is an H200 (SM 9.0)."""
+    backend and SGLang's real dispatch, on CPU too; the device reads as an H200 (SM 9.0)."""
     from sglang.srt.model_executor.runner_backend_utils.breakable_cuda_graph import is_in_breakable_cuda_graph
 
     from kit.harness.hooks import driver_for
@@ -208,7 +208,7 @@ def test_a_prefill_graph_runs_in_sglangs_breakable_graph_context(mode, monkeypat
     from tests.helpers import run_setup
 
     monkeypatch.setattr(torch.cuda, "get_device_capability", lambda *a: (9, 0))  # the constructor asks
-    setup = run_setup(_case(mode, dtype="bf16"), Exec.GRAPH, backend_cls=SGLangDSABackend)
+    setup = run_setup(_case(mode, dtype="bf16"), Exec.GRAPH, DEVICE, SGLangDSABackend)
     backend = setup.new_backend()
     backend.impl._get_device_sm = lambda: 90  # as __init__ hoists SGLang's reader, asked per batch
     fx = setup.case_fixture
