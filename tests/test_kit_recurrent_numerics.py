@@ -10,7 +10,8 @@ import torch
 import backends.torch_native_linear as native
 from backends.torch_native_linear import TorchNativeLinearBackend
 from cases.linear import FULL, SMOKE
-from kit.engine.numerics import ALL, CONV_CAST, CONV_PRODUCTS, Numerics, label
+from kit.engine.numerics import ALL, CONV_CAST, CONV_PRODUCTS, QK_CAST, STATE_CAST, Numerics, label
+from kit.engine.recurrent_step import build
 from kit.harness.recurrent import declared_casts, failures, record_run, run_case
 from kit.modes import Exec
 from kit.report.record import RunResult
@@ -47,8 +48,8 @@ def test_declared_but_not_taken_fails():
 
 
 def test_casts_apply_to_half_precision_only_and_are_recorded():
-    assert declared_casts(DeclaresConvCast, CASE, "cpu") == (CONV_CAST,)
-    assert declared_casts(DeclaresConvCast, dataclasses.replace(CASE, dtype="fp32"), "cpu") == ()
+    assert declared_casts(DeclaresConvCast, CASE, "cpu") == ((CONV_CAST,),) * CASE.bs
+    assert declared_casts(DeclaresConvCast, dataclasses.replace(CASE, dtype="fp32"), "cpu") == ((),) * CASE.bs
     result = RunResult("b", CASE.mode.value, Exec.EAGER.value, CASE.name, CASE.dtype, "pass")
     record_run(DeclaresConvCast, CASE, Exec.EAGER, "cpu", result)
     assert result.numerics == label((CONV_CAST,))
@@ -86,3 +87,28 @@ def test_conv_products_taken_but_undeclared_fails(conv_products_in_bf16, case):
 def test_conv_products_declared_but_not_taken_fails(conv_output_in_bf16):
     message = failures(run_case(DeclaresConvProducts, CASES["gdn_decode_bf16_long"]))
     assert message and "output wrong" in message, message
+
+
+def test_a_backend_that_splits_a_step_declares_each_requests_casts():
+    """vLLM runs a prefilling request (new, or more than one token outside a verify) in the chunked
+    prefill kernels whatever the step's mode, the others in the decode kernels: a DECODE step's new
+    request takes the prefill casts, a MIXED step's decode rows do not."""
+    from backends.vllm.gdn import VllmGdnBackend
+
+    decode = CASES["gdn_decode_fresh"]
+    assert set(decode.prefix) == {0}
+    assert all(QK_CAST in c and STATE_CAST in c for c in declared_casts(VllmGdnBackend, decode, "cuda"))
+    mixed = CASES["gdn_mixed"]
+    casts = declared_casts(VllmGdnBackend, mixed, "cuda")
+    for p, n, c in zip(mixed.prefix, mixed.new_lens, casts):
+        assert (QK_CAST in c) == (p == 0 or n > 1), (p, n, c)
+        assert CONV_PRODUCTS in c and CONV_CAST in c
+
+
+def test_the_references_take_each_requests_casts():
+    """A cast declared for one request rounds that request's reference only."""
+    case = CASES["gdn_decode_ragged"]
+    exact = build(case, "cpu")
+    some = build(case, "cpu", casts=[(QK_CAST,) if i == 0 else () for i in range(case.bs)])
+    for i, (e, s) in enumerate(zip(exact.golden[0], some.golden[0])):
+        assert torch.equal(e.out, s.out) == (i != 0), i

@@ -43,6 +43,15 @@ class VllmRecurrentBackend:
     # A kind whose prefill l2-normalizes q and k before its kernels adds qk_cast (PREFILL).
     numerics = Numerics(conv_products=ALL, conv_cast=ALL, state_cast=PREFILL)
     padded_state_slot = NULL_BLOCK
+
+    @staticmethod
+    def request_modes(case) -> List[str]:
+        """Per request, the mode whose kernels vLLM runs it in (its declared numerics'): a prefilling
+        request's rows take the chunked prefill kernels in every mode, the others the decode kernels."""
+        verify = case.mode == ForwardMode.TARGET_VERIFY
+        rest = ForwardMode.TARGET_VERIFY if verify else ForwardMode.DECODE
+        return [(ForwardMode.EXTEND if prefills(p > 0, n, verify) else rest).value
+                for p, n in zip(case.prefix, case.new_lens)]
     builder_class = ("", "")
     cpu_reason = ""  # why the layer's ops do not run without CUDA
 
@@ -174,8 +183,7 @@ class VllmRecurrentBackend:
         lens = list(batch.extend_seq_lens_cpu)
         seq_lens = list(batch.seq_lens_cpu)
         verify = batch.num_accepted_tokens is not None
-        prefilling = [n > 0 and (not saved or (n > 1 and not verify))
-                      for saved, n in zip(batch.has_initial_state.tolist(), lens)]
+        prefilling = [prefills(saved, n, verify) for saved, n in zip(batch.has_initial_state.tolist(), lens)]
         blocks = batch.state_blocks if batch.state_blocks is not None else batch.state_indices[:, None]
         qsl_cpu = batch.query_start_loc.cpu()
         return rt.CommonAttentionMetadata(
@@ -188,6 +196,13 @@ class VllmRecurrentBackend:
             # builder combines it with the host query lengths
             is_prefilling=torch.tensor(prefilling, dtype=torch.bool),
             seq_lens_cpu_upper_bound=torch.tensor(seq_lens, dtype=torch.int32))
+
+
+def prefills(saved: bool, new: int, verify: bool) -> bool:
+    """Whether vLLM's runner hands a request as prefilling (num_computed_tokens < num_prompt_tokens),
+    which its recurrent builders run in the chunked prefill kernels: one with tokens and no saved
+    state, or more than one token outside a verify."""
+    return new > 0 and (not saved or (new > 1 and not verify))
 
 
 def request_order(batch, decode_threshold: int) -> List[int]:

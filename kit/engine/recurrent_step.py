@@ -78,7 +78,7 @@ class RecurrentFixture:
     geometry: StateGeometry
     layout: StateLayout
     blocks: List[List[int]]  # per request, the state slots it owns (the first: `slots`)
-    casts: Tuple[str, ...] = ()  # the declared recurrent casts the references take (kit.engine.numerics)
+    casts: Tuple[Tuple[str, ...], ...] = ()  # per request: the declared recurrent casts the references take
     # per layer, per request: the golden taking the envelope's casts too (None: none declared)
     envelope: Optional[List[List[RecurrentRun]]] = None
 
@@ -187,12 +187,13 @@ def _split(x: LayerInputs, lens: Sequence[int]) -> List[LayerInputs]:
 
 def build(case: RecurrentCase, device, starts: Optional[List[List[Start]]] = None,
           blocks: Optional[List[List[int]]] = None, layers: Optional[Tuple[RecurrentLayer, ...]] = None,
-          layout: Optional[StateLayout] = None, casts: Sequence[str] = ()) -> RecurrentFixture:
+          layout: Optional[StateLayout] = None, casts: Sequence[Sequence[str]] = ()) -> RecurrentFixture:
     """The case's step, its states kept as `layout` says (by default SGLang's: a slot a request, a
     verify's drafts in the intermediate pools). The step after a verify continues the verify's: its
     model (`layers`), its requests' state `blocks`, and (per layer, per request) `starts`, the
-    reference's kept drafts, instead of the saved states its prefixes give. `casts`: the backend's
-    declared recurrent casts this case takes; the references take the exact ones, the envelope all."""
+    reference's kept drafts, instead of the saved states its prefixes give. `casts`: per request, the
+    backend's declared recurrent casts its rows take (none where empty); the references take the exact
+    ones, the envelope all."""
     dtype = getattr(torch, DTYPES[case.dtype])
     layers = layers or tuple(_layer(case, i, dtype, device) for i in range(NUM_LAYERS))
     layout = layout or StateLayout(intermediate_drafts=case.new if case.mode == ForwardMode.TARGET_VERIFY else 0)
@@ -208,12 +209,12 @@ def build(case: RecurrentCase, device, starts: Optional[List[List[Start]]] = Non
     if starts is None:
         starts = [[_saved(case, layer, i, dtype, device) for i in range(case.bs)] for layer in layers]
     inputs = [_draw(case, sum(case.new_lens), f"step/layer{layer.layer_id}", dtype, device) for layer in layers]
-    casts = tuple(casts)
-    exact = tuple(c for c in casts if c not in ENVELOPE_STEPS)
+    casts = tuple(tuple(c) for c in casts) or ((),) * case.bs
+    exact = tuple(tuple(c for c in request if c not in ENVELOPE_STEPS) for request in casts)
 
-    def runs(dtype: torch.dtype, taken: Tuple[str, ...]) -> List[List[RecurrentRun]]:
-        return [[run_request(layer, p.rows, p.gates, s.window, s.state, dtype, taken)
-                 for p, s in zip(_split(x, case.new_lens), layer_starts)]
+    def runs(dtype: torch.dtype, taken: Tuple[Tuple[str, ...], ...]) -> List[List[RecurrentRun]]:
+        return [[run_request(layer, p.rows, p.gates, s.window, s.state, dtype, t)
+                 for p, s, t in zip(_split(x, case.new_lens), layer_starts, taken)]
                 for layer, x, layer_starts in zip(layers, inputs, starts)]
     envelope = runs(torch.float64, casts) if casts != exact else None
     return RecurrentFixture(case, layers, slots, inputs, starts, runs(torch.float64, exact), runs(torch.float32, exact),

@@ -19,7 +19,7 @@ instance. A padded row's state slot must stay untouched (the pools' check covers
 from __future__ import annotations
 
 import dataclasses
-from typing import Callable, List, Optional
+from typing import Callable, List, Optional, Sequence, Tuple
 
 import torch
 
@@ -152,11 +152,22 @@ def _judge(fx: RecurrentFixture, pool: StatePool, before, outs: List[torch.Tenso
     return RecurrentVerdict(step, [*outputs, FormsCheck(not problems, problems), PaddedRowsCheck(not padded, padded), states])
 
 
-def declared_casts(backend_cls, case: RecurrentCase, device: str):
-    """The recurrent casts of the backend's declared numerics (kit.engine.numerics) `case` takes on `device`."""
+def declared_casts(backend_cls, case: RecurrentCase, device: str) -> Tuple[Tuple[str, ...], ...]:
+    """Per request of `case`, the recurrent casts of the backend's declared numerics (kit.engine.numerics)
+    its rows take on `device`: those of the mode whose kernels the backend runs the request in (its
+    `request_modes(case)`, where it declares one: an engine that splits a step into decode and prefill
+    requests; the case's mode otherwise)."""
     numerics = getattr(backend_cls, "numerics", EXACT_NUMERICS)
-    steps = numerics.steps(case.mode.value, case.dtype, None, torch.device(device).type)
-    return tuple(s for s in steps if s in RECURRENT_CASTS)
+    request_modes = getattr(backend_cls, "request_modes", None)
+    modes = request_modes(case) if request_modes else [case.mode.value] * case.bs
+    device_type = torch.device(device).type
+    return tuple(tuple(s for s in numerics.steps(mode, case.dtype, None, device_type) if s in RECURRENT_CASTS)
+                 for mode in modes)
+
+
+def casts_taken(casts: Sequence[Sequence[str]]) -> Tuple[str, ...]:
+    """The casts any request takes, in RECURRENT_CASTS order (what a record names)."""
+    return tuple(c for c in RECURRENT_CASTS if any(c in request for request in casts))
 
 
 def _snapshot(pool: StatePool):
@@ -234,7 +245,7 @@ def record_run(backend_cls, case: RecurrentCase, exec_: Exec, device: str, resul
     step failed, the first failing step's class and every failing step's message."""
     on_cuda = torch.device(device).type == "cuda"
     result.exec_detail = EAGER if exec_ == Exec.EAGER else CUDA_GRAPH if on_cuda else EMULATED
-    result.numerics = label(declared_casts(backend_cls, case, device))
+    result.numerics = label(casts_taken(declared_casts(backend_cls, case, device)))
     verdicts = run_case(backend_cls, case, exec_, device)
     bad = [v for v in verdicts if not v.ok]
     if bad:
