@@ -158,14 +158,18 @@ def test_every_layer_of_a_hybrid_model_has_its_own_golden(case):
 
 
 def test_requests_taken_in_groups_give_the_same_golden(monkeypatch):
-    """Requests are padded together in groups under CHUNK_BYTES; one request per group (the
-    smallest budget) gives the same golden as all at once."""
+    """Requests are padded together in groups under CHUNK_BYTES, and a request whose scores alone
+    exceed it is taken in slices of its query rows; one query row per group (the smallest budget)
+    gives the same golden and same-dtype reference as all at once."""
     case = CASES[4]  # ext_gqa_ragged: 3 requests of different lengths
     fx = make_fixture(case)
     together = attention(fx)
+    same_dtype = reference.attention(fx, case.torch_dtype)
     monkeypatch.setattr(reference, "CHUNK_BYTES", 1)
-    assert len(reference._groups(fx.plan, case.num_q_heads, case.window, "cpu")) == case.bs
+    groups = reference._groups(fx.plan, case.num_q_heads, case.window, "cpu")
+    assert len(groups) == sum(max(r.n_new, 1) for r in fx.plan.requests) > case.bs
     torch.testing.assert_close(attention(fx), together, rtol=0, atol=1e-15)
+    torch.testing.assert_close(reference.attention(fx, case.torch_dtype), same_dtype, rtol=0, atol=0)
 
 
 MLA = dict(heads=(4, 1), head_dim=24, kv_lora_rank=16, rope_dim=8, scale=0.3)

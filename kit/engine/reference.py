@@ -109,37 +109,46 @@ class _Group:
     k_rows: torch.Tensor  # [B, K] row of cat(k_old, k_new) (padding: 0)
     hidden: torch.Tensor  # [B, Q, K] query may not see key (negated on the host: no device operation)
     out_rows: torch.Tensor  # [tokens] the group's tokens in [B * Q] order
+    slices: List[Tuple[int, int, int]]  # per b: (request index, its first and end query row)
 
 
-def _group(requests: List[Tuple[RequestPlan, int, int]], num_old: int, window: int, device) -> _Group:
-    """`requests`: (plan, first old-key row, first new-token row) each."""
-    b, q, k = len(requests), max(r.n_new for r, _, _ in requests), max(r.total for r, _, _ in requests)
+def _group(slices: List[Tuple[int, RequestPlan, int, int, int, int]], num_old: int, window: int, device) -> _Group:
+    """`slices`: (request index, plan, first old-key row, first new-token row, first and end query row
+    of the request taken) each."""
+    b = len(slices)
+    q, k = max(q1 - q0 for *_, q0, q1 in slices), max(r.total for _, r, *_ in slices)
     q_rows = torch.zeros(b, q, dtype=torch.int64)
     k_rows = torch.zeros(b, k, dtype=torch.int64)
     mask = torch.zeros(b, q, k, dtype=torch.bool)
     out_rows = []
-    for i, (r, o, n) in enumerate(requests):
-        q_rows[i, :r.n_new] = torch.arange(n, n + r.n_new)
+    for i, (_, r, o, n, q0, q1) in enumerate(slices):
+        q_rows[i, :q1 - q0] = torch.arange(n + q0, n + q1)
         k_rows[i, :r.n_old] = torch.arange(o, o + r.n_old)
         k_rows[i, r.n_old:r.total] = torch.arange(num_old + n, num_old + n + r.n_new)
-        mask[i, :r.n_new, :r.total] = visibility(attended(r), r.q_pos, r.key_pos, window, "cpu")
-        out_rows += range(i * q, i * q + r.n_new)
-    return _Group(*(to_device(t, device) for t in (q_rows, k_rows, ~mask, torch.tensor(out_rows, dtype=torch.int64))))
+        mask[i, :q1 - q0, :r.total] = visibility(attended(r), r.q_pos, r.key_pos, window, "cpu")[q0:q1]
+        out_rows += range(i * q, i * q + q1 - q0)
+    tensors = (to_device(t, device) for t in (q_rows, k_rows, ~mask, torch.tensor(out_rows, dtype=torch.int64)))
+    return _Group(*tensors, [(j, q0, q1) for j, _, _, _, q0, q1 in slices])
 
 
 def _groups(plan: BatchPlan, num_heads: int, window: int, device) -> List[_Group]:
     """The plan's requests in order, in groups of padded scores under CHUNK_BYTES, seen
-    through a layer's sliding window."""
+    through a layer's sliding window; a request whose scores alone exceed it in slices of its
+    query rows (a long prefill of many heads: its float64 scores would take gigabytes)."""
     num_old = sum(r.n_old for r in plan.requests)
-    groups, current, o, n = [], [], 0, 0
-    for r in plan.requests:
-        grown = current + [(r, o, n)]
-        size = len(grown) * max(x.n_new for x, _, _ in grown) * max(x.total for x, _, _ in grown) * num_heads * 8
+    slices, o, n = [], 0, 0
+    for j, r in enumerate(plan.requests):
+        rows = max(1, CHUNK_BYTES // (max(r.total, 1) * num_heads * 8))
+        slices += [(j, r, o, n, q0, min(q0 + rows, r.n_new)) for q0 in range(0, r.n_new, rows)] or [(j, r, o, n, 0, 0)]
+        o, n = o + r.n_old, n + r.n_new
+    groups, current = [], []
+    for piece in slices:
+        grown = current + [piece]
+        size = len(grown) * max(q1 - q0 for *_, q0, q1 in grown) * max(x[1].total for x in grown) * num_heads * 8
         if current and size > CHUNK_BYTES:
             groups.append(_group(current, num_old, window, device))
-            grown = [(r, o, n)]
+            grown = [piece]
         current = grown
-        o, n = o + r.n_old, n + r.n_new
     if current:
         groups.append(_group(current, num_old, window, device))
     return groups
@@ -244,6 +253,15 @@ def golden(batch: Batch, layer_id: int = CASE_LAYER_ID,
     return torch.cat(outs) if outs else q.new_zeros(q.shape[:-1] + v.shape[-1:])
 
 
+def _request_hidden(requests: List[RequestPlan], groups: List[_Group]) -> List[torch.Tensor]:
+    """Per request, [n_new, total]: what its queries may not see, from the groups' slices."""
+    rows: List[List[torch.Tensor]] = [[] for _ in requests]
+    for g in groups:
+        for h, (j, q0, q1) in zip(g.hidden, g.slices):
+            rows[j].append(h[:q1 - q0, :requests[j].total])
+    return [torch.cat(r) for r in rows]
+
+
 def attention(batch: Batch, dtype: torch.dtype = torch.float64, layer_id: int = CASE_LAYER_ID,
               groups: Optional[List[_Group]] = None) -> torch.Tensor:
     """[num_tokens, Hq, D] of one layer, in `dtype`. float64 is the golden (computed by
@@ -258,7 +276,7 @@ def attention(batch: Batch, dtype: torch.dtype = torch.float64, layer_id: int = 
     q_all = batch.inputs[layer_id].q.to(dtype)
     if groups is None:
         groups = _groups(batch.plan, layer.tp_q_head_num, layer.sliding_window_size, q_all.device)
-    hidden = [h for g in groups for h in g.hidden]  # per request, padded to its group
+    hidden = _request_hidden(batch.plan.requests, groups)
     group = layer.tp_q_head_num // layer.tp_k_head_num
     sinks = _sinks(layer, (-1, 1, 1), q_all.device)
     outs, n = [], 0
@@ -268,7 +286,7 @@ def attention(batch: Batch, dtype: torch.dtype = torch.float64, layer_id: int = 
         k = k.to(dtype).repeat_interleave(group, dim=1)
         v = v.to(dtype).repeat_interleave(group, dim=1)
         scores = torch.einsum("qhd,khd->hqk", q, k)
-        outs.append(torch.einsum("hqk,khd->qhd", _probs(scores, req_hidden[:req.n_new, :req.total], layer, sinks), v))
+        outs.append(torch.einsum("hqk,khd->qhd", _probs(scores, req_hidden, layer, sinks), v))
     return torch.cat(outs) if outs else q_all.new_zeros(q_all.shape[:-1] + (layer.v_head_dim,))
 
 
