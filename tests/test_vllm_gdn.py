@@ -123,3 +123,18 @@ def test_is_prefilling_on_the_device_raises_where_vllms_builder_reads_it(case, e
         return
     with pytest.raises(RuntimeError, match="Expected all tensors to be on the same device"):
         metadata_on_cuda(IsPrefillingOnTheDevice, case, exec_)
+
+
+def test_prefill_rows_load_their_own_saved_states_and_mutant_141_is_caught():
+    """vLLM's builder over a mixed step in its runner's order (decodes first, then a saved request of
+    several tokens, then a new one): the prefill rows' has-a-saved-state flags are theirs; mutant 141
+    (a copy of vLLM's build reading them from the step's first rows) gives the new request a saved state."""
+    from tests.mutants.vllm_linear import GdnPrefillInitialStatesOfTheFirstRows
+
+    case = next(c for c in SMOKE if c.name == "gdn_mixed_fp32")
+    saved = sorted(((p > 0, n) for p, n in zip(case.prefix, case.new_lens)), key=lambda r: (not r[0], r[1] > 1))
+    expected = [s for s, n in saved if not s or n > 1]
+    assert expected == [True, False]
+    assert metadata_on_cuda(VllmGdnBackend, case, Exec.EAGER).prefill_has_initial_state.tolist() == expected
+    planted = metadata_on_cuda(GdnPrefillInitialStatesOfTheFirstRows, case, Exec.EAGER)
+    assert planted.prefill_has_initial_state.tolist() != expected

@@ -3,6 +3,7 @@
 numbers are vllm 0.33.0's; a patch whose line no longer reads as expected raises, naming it."""
 from __future__ import annotations
 
+from backends.vllm.gdn import VllmGdnBackend
 from backends.vllm.mamba2 import VllmMamba2Backend
 from kit.modes import Exec, ForwardMode
 from kit.mutation import Mutant
@@ -10,6 +11,7 @@ from kit.report.record import KERNEL, KV_WRITE
 from tests.mutants import patching
 
 MAMBA_ATTN = "vllm.v1.attention.backends.mamba_attn"
+GDN_ATTN = "vllm.v1.attention.backends.gdn_attn"
 
 
 class _Mamba2BuilderMutant(VllmMamba2Backend):
@@ -34,12 +36,27 @@ class Mamba2InitialStatesOfTheFirstRows(_Mamba2BuilderMutant):
              "num_computed_tokens[:num_prefills] > 0")
 
 
+class GdnPrefillInitialStatesOfTheFirstRows(VllmGdnBackend):
+    """GDNAttentionMetadataBuilder.build (a copy) taking its prefill rows' has-a-saved-state flags from the
+    step's first rows, not the rows past its decodes: in the decode-first order vLLM's runner hands a
+    mixed step, a new request behind the decodes loads its slot's stale state."""
+
+    def builder_cls(self):
+        build = patching.patched_function(GDN_ATTN, "GDNAttentionMetadataBuilder.build", 572,
+                                          "prefill_has_initial_state = has_initial_state[num_decodes:]",
+                                          "prefill_has_initial_state = has_initial_state[:num_prefills]")
+        original = super().builder_cls()
+        return type(original.__name__, (original,), {"build": build})
+
+
 MX = ForwardMode.MIXED
 V = "tests.mutants.vllm_linear:"
-# Rows of the mutant catalog (tests/mutants/__init__.py), numbered from 140. On CPU vLLM's Mamba2 mixer
-# does not run (VllmMamba2Backend.supports): tests/test_vllm_mamba2.py catches mutant 140 in vLLM's
-# builder there.
+# Rows of the mutant catalog (tests/mutants/__init__.py), numbered from 140. On CPU vLLM's Mamba2 and GDN
+# layers do not run (their supports()): tests/test_vllm_mamba2.py and tests/test_vllm_gdn.py catch mutants
+# 140 and 141 in vLLM's builders there.
 MUTANTS = [
     Mutant(140, "vllm_mamba2_initial_states_of_first_rows", V + "Mamba2InitialStatesOfTheFirstRows",
+           (KERNEL, KV_WRITE), (MX,), (Exec.EAGER,), cpu=False),
+    Mutant(141, "vllm_gdn_prefill_initial_states_of_first_rows", V + "GdnPrefillInitialStatesOfTheFirstRows",
            (KERNEL, KV_WRITE), (MX,), (Exec.EAGER,), cpu=False),
 ]
