@@ -8,7 +8,8 @@ window's rows and the request's) and SiLU, in `dtype` (float64: the golden; floa
 kernel's arithmetic gives, whose error scales the tolerance). States are in the kit's [Hv, K, V]
 arithmetic (kit.engine.kinds.recurrent); it returns the state after every token, so that a
 speculative step's per-draft states (and so the state of a request that keeps n drafts) are the
-reference's too.
+reference's too. A kind in CHUNKED takes STATE_CAST chunk by chunk, as its engines' chunked prefill
+kernels compute (Mamba2's SSD), its state after a token the state of a chunk ending there.
 """
 from __future__ import annotations
 
