@@ -10,7 +10,8 @@ import torch
 import backends.torch_native_linear as native
 from backends.torch_native_linear import TorchNativeLinearBackend
 from cases.linear import FULL, SMOKE
-from kit.engine.numerics import ALL, CONV_CAST, CONV_PRODUCTS, QK_CAST, STATE_CAST, Numerics, label
+from kit.engine.numerics import ALL, CONV_CAST, CONV_PRODUCTS, PREFILL, QK_CAST, STATE_CAST, Numerics, label
+from kit.engine.recurrent_reference import run_request, ssd_chunks
 from kit.engine.recurrent_step import build
 from kit.harness.recurrent import declared_casts, failures, record_run, run_case
 from kit.modes import Exec
@@ -112,3 +113,98 @@ def test_the_references_take_each_requests_casts():
     some = build(case, "cpu", casts=[(QK_CAST,) if i == 0 else () for i in range(case.bs)])
     for i, (e, s) in enumerate(zip(exact.golden[0], some.golden[0])):
         assert torch.equal(e.out, s.out) == (i != 0), i
+
+
+class ChunkedSsd(TorchNativeLinearBackend):
+    """torch_native_linear with Mamba2 computed as the engines' chunked SSD kernels compute a prefill:
+    chunk by chunk (kit.engine.recurrent_reference.ssd_chunks), each chunk's output the starting state
+    rounded to the model's dtype dotted with C plus C B^T, scaled by decay and dt and rounded, dotted
+    with x; the state passed on the chunk's x dotted with B, scaled and rounded (chunk_state), plus the
+    decayed starting state. Only the final state is kept, as the kernels keep it."""
+
+    def __init__(self, ctx):
+        super().__init__(ctx)
+        self.model_dtype = ctx.dtype
+
+    def init_forward_metadata(self, batch) -> None:
+        super().init_forward_metadata(batch)
+        self.positions = [total - n for total, n in zip(batch.seq_lens_cpu, batch.extend_seq_lens_cpu)]
+
+    def _mamba2(self, layer, c, b, x, gates, state):
+        def rounded(t):
+            return t.to(self.model_dtype).float()
+        group = layer.num_v_heads // layer.num_k_heads
+        c, b = c.repeat_interleave(group, dim=2), b.repeat_interleave(group, dim=2)
+        dt = torch.nn.functional.softplus(gates[0] + layer.dt_bias.float())  # [bs, L, H]
+        log_decay = -layer.A_log.float().exp() * dt
+        out, finals = torch.zeros_like(x), []
+        for i, (n, position) in enumerate(zip(self.lens, self.positions)):
+            h = state[i]
+            for start, end in ssd_chunks(position, n):
+                cum = log_decay[i, start:end].cumsum(0)  # [L, H]
+                since = (cum[:, None] - cum[None]).clamp_max(0).exp() * dt[i, None, start:end]  # [m, k, H]
+                since = since * torch.ones(end - start, end - start).tril()[:, :, None]
+                cb = torch.einsum("mhn,khn->mkh", c[i, start:end], b[i, start:end])
+                xs = x[i, start:end]
+                out[i, start:end] = (torch.einsum("mhn,hnp->mhp", c[i, start:end], rounded(h)) * cum.exp()[..., None]
+                                     + torch.einsum("mkh,khp->mhp", rounded(cb * since), xs)
+                                     + layer.D.float()[:, None] * xs)
+                written = rounded(b[i, start:end] * since[-1][..., None])  # [k, H, N]
+                h = h * cum[-1].exp()[:, None, None] + torch.einsum("khn,khp->hnp", written, xs)
+            finals.append(h)
+        return list(out.unbind(1)), [torch.stack(finals)] * max(self.lens)
+
+
+class DeclaresChunkedSsd(ChunkedSsd):
+    numerics = Numerics(state_cast=PREFILL)
+
+
+# a saved request whose tokens cross a chunk's end, and a new one
+CROSSING = dataclasses.replace(CASES["mamba2_extend_chunks_bf16"], prefix=(250, 0), new=(300, 40))
+# fp16's narrower floor: the chunk state's rounding shows in a state (a saved request's), not in the outputs
+SHORT_FP16 = dataclasses.replace(CASES["mamba2_mixed_short"], dtype="fp16")
+
+
+def test_ssd_chunks_end_on_multiples_of_the_chunk_size():
+    assert ssd_chunks(250, 300) == [(0, 6), (6, 262), (262, 300)]
+    assert ssd_chunks(0, 97) == [(0, 97)]
+    assert ssd_chunks(256, 256) == [(0, 256)]
+
+
+def test_the_chunked_form_without_its_casts_is_the_token_scan():
+    """The reference's chunked SSD (STATE_CAST of float64 rows rounds nothing) gives the token scan's
+    outputs and states, across chunk ends."""
+    fx = build(CROSSING, "cpu")
+    x = fx.inputs[0]
+    requests = zip(x.rows.split(CROSSING.new_lens), x.gates[0].split(CROSSING.new_lens), fx.starts[0], CROSSING.prefix)
+    for rows, dt, start, position in requests:
+        args = (fx.layers[0], rows.double(), [dt.double()], start.window, start.state)
+        scan, chunked = run_request(*args, position=position), run_request(*args, casts=(STATE_CAST,), position=position)
+        assert torch.allclose(scan.out, chunked.out, rtol=0, atol=1e-12)
+        assert all(torch.allclose(a, b, rtol=0, atol=1e-12) for a, b in zip(scan.states, chunked.states))
+        assert len(chunked.states) == len(scan.states)
+
+
+@pytest.mark.parametrize("case", [CROSSING, CASES["mamba2_mixed_fresh_chunks"], SHORT_FP16], ids=lambda c: c.name + c.dtype)
+def test_chunked_ssd_declared_and_taken_passes(case):
+    assert failures(run_case(DeclaresChunkedSsd, case)) is None
+
+
+def test_chunked_ssd_taken_but_undeclared_fails_outputs():
+    message = failures(run_case(ChunkedSsd, CASES["mamba2_mixed_fresh_chunks"]))
+    assert message and "output wrong" in message, message
+
+
+def test_chunked_ssd_taken_but_undeclared_fails_states():
+    message = failures(run_case(ChunkedSsd, SHORT_FP16))
+    assert message and "state pools wrong" in message, message
+
+
+def test_the_state_check_takes_the_declared_envelope(monkeypatch):
+    """Without the envelope, the state pools' check fails a chunked kernel's states that the
+    declaration covers."""
+    import kit.harness.recurrent_rules as rules
+    monkeypatch.setattr(rules, "_references", lambda fx: [[(g, s, None) for g, s in zip(*layer)]
+                                                          for layer in zip(fx.golden, fx.same_dtype)])
+    message = failures(run_case(DeclaresChunkedSsd, SHORT_FP16))
+    assert message and "state pools wrong" in message and "output wrong" not in message, message

@@ -162,8 +162,8 @@ class SGLangLinearBackend:
     modes = (ForwardMode.DECODE, ForwardMode.EXTEND, ForwardMode.MIXED, ForwardMode.TARGET_VERIFY)
     # Its Triton causal_conv1d kernels (prefill and update, on every platform: the prefill's input is a
     # transposed view, which makes causal_conv1d_fn pick Triton on CUDA too) multiply half-precision
-    # taps in their dtype and write the output in the model's dtype; the chunked (extend) kernels cast
-    # the chunk state to it for the q dot.
+    # taps in their dtype and write the output in the model's dtype; the chunked (extend) kernels round
+    # to it in their tiles (state_cast: GDN's and KDA's chunk state for the q dot, Mamba2's chunked SSD).
     # A kind whose prefill l2-normalizes q and k before its kernels adds qk_cast (PREFILL).
     numerics = Numerics(conv_products=ALL, conv_cast=ALL, state_cast=PREFILL)
     engine_modules: tuple = ()  # the SGLang modules of the kind's backend (load_engine)

@@ -39,7 +39,8 @@ class VllmRecurrentBackend:
     profile = PROFILE
     modes = MODES
     # Its Triton causal_conv1d kernels multiply half-precision taps in their dtype and write the output
-    # in the model's dtype; the chunked prefill kernels cast the chunk state to it for the q dot.
+    # in the model's dtype; the chunked prefill kernels round to it in their tiles (state_cast: GDN's and
+    # KDA's chunk state for the q dot, Mamba2's chunked SSD).
     # A kind whose prefill l2-normalizes q and k before its kernels adds qk_cast (PREFILL).
     numerics = Numerics(conv_products=ALL, conv_cast=ALL, state_cast=PREFILL)
     padded_state_slot = NULL_BLOCK

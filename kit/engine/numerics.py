@@ -22,8 +22,12 @@ case's (the fp8 steps with a quantized KV cache, TF32 with fp32 inputs):
   recurrence reads it (both engines' causal_conv1d kernels write mixed_qkv / xBC in the input dtype);
 - `qk_cast` (GDN, KDA, in PREFILL modes): the l2-normalized q and k stored in the model's dtype (vLLM's
   and fla's l2norm_fwd, run before the chunk kernel; the decode kernels normalize inside, in float32);
-- `state_cast` (recurrent kinds): the state cast to the model's dtype where it meets q in a
-  tensor-core dot (the chunked kernels' `h` and the output of each chunk).
+- `state_cast` (recurrent kinds): the chunked prefill kernels' in-tile casts to the model's dtype.
+  GDN, KDA: the state where it meets q in a tensor-core dot (the chunked kernels' `h` and the output
+  of each chunk). Mamba2: its chunked SSD as both engines' Triton kernels run it (chunks of
+  mamba_chunk_size, kit.engine.recurrent_reference.ssd_chunks): B scaled by its decay and dt before
+  the dot with x (chunk_state), C B^T scaled likewise before the dot with x (chunk_scan) and the
+  chunk's starting state where it meets C; its states carry the first.
 The recurrent casts apply to fp16 and bf16 cases (a cast to fp32 is none).
 
 `cuda_only` names the steps an engine takes on CUDA devices only (it picks them by platform: on

@@ -213,8 +213,8 @@ def build(case: RecurrentCase, device, starts: Optional[List[List[Start]]] = Non
     exact = tuple(tuple(c for c in request if c not in ENVELOPE_STEPS) for request in casts)
 
     def runs(dtype: torch.dtype, taken: Tuple[Tuple[str, ...], ...]) -> List[List[RecurrentRun]]:
-        return [[run_request(layer, p.rows, p.gates, s.window, s.state, dtype, t)
-                 for p, s, t in zip(_split(x, case.new_lens), layer_starts, taken)]
+        return [[run_request(layer, p.rows, p.gates, s.window, s.state, dtype, t, position)
+                 for p, s, t, position in zip(_split(x, case.new_lens), layer_starts, taken, case.prefix)]
                 for layer, x, layer_starts in zip(layers, inputs, starts)]
     envelope = runs(torch.float64, casts) if casts != exact else None
     return RecurrentFixture(case, layers, slots, inputs, starts, runs(torch.float64, exact), runs(torch.float32, exact),

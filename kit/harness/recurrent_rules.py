@@ -35,6 +35,19 @@ def _as_pooled(state: torch.Tensor) -> torch.Tensor:
     return state.transpose(-1, -2)
 
 
+def _references(fx) -> List[List[tuple]]:
+    """Per layer, per request: its (golden, same-dtype, envelope) runs (the envelope None where none is declared)."""
+    envelopes = fx.envelope or [[None] * fx.case.bs] * len(fx.golden)
+    return [list(zip(*layer)) for layer in zip(fx.golden, fx.same_dtype, envelopes)]
+
+
+def _state(name: str, layer_id: int, index, runs: tuple, t: int) -> Expected:
+    """The entry the state after token t of a request's `runs` (_references) is expected in."""
+    golden, same, envelope = runs
+    return Expected(name, layer_id, index, _as_pooled(golden.states[t]), _as_pooled(same.states[t]), exact=False,
+                    envelope=None if envelope is None else _as_pooled(envelope.states[t]))
+
+
 class IntermediatePools:
     """SGLang's rule."""
 
@@ -55,15 +68,15 @@ class IntermediatePools:
         """The entries the step writes: each request's final state and window, or (verify) each draft's."""
         verify = fx.case.mode == ForwardMode.TARGET_VERIFY
         found = []
-        for layer_id, (runs, sames) in enumerate(zip(fx.golden, fx.same_dtype)):
-            for slot, golden, same in zip(fx.slots, runs, sames):
+        for layer_id, references in enumerate(_references(fx)):
+            for slot, runs in zip(fx.slots, references):
+                golden = runs[0]
                 drafts = range(len(golden.states)) if verify else [len(golden.states) - 1]
                 for j in drafts:
                     index = (slot, j) if verify else (slot,)
                     conv, temporal = ("intermediate_conv", "intermediate_ssm") if verify else ("conv", "temporal")
                     found.append(Expected(conv, layer_id, index, golden.windows[j], golden.windows[j], exact=True))
-                    found.append(Expected(temporal, layer_id, index, _as_pooled(golden.states[j]),
-                                          _as_pooled(same.states[j]), exact=False))
+                    found.append(_state(temporal, layer_id, index, runs, j))
         return found
 
     @staticmethod
@@ -99,12 +112,12 @@ class PerTokenBlocks:
         verify = fx.case.mode == ForwardMode.TARGET_VERIFY
         width = fx.case.conv_width - 1
         found = []
-        for layer_id, (runs, sames) in enumerate(zip(fx.golden, fx.same_dtype)):
-            for i, (blocks, golden, same) in enumerate(zip(fx.blocks, runs, sames)):
+        for layer_id, references in enumerate(_references(fx)):
+            for i, (blocks, runs) in enumerate(zip(fx.blocks, references)):
+                golden = runs[0]
                 tokens = range(len(golden.states)) if verify else [len(golden.states) - 1]
                 for t in tokens:
-                    found.append(Expected("temporal", layer_id, (blocks[t] if verify else blocks[0],),
-                                          _as_pooled(golden.states[t]), _as_pooled(same.states[t]), exact=False))
+                    found.append(_state("temporal", layer_id, (blocks[t] if verify else blocks[0],), runs, t))
                 if verify:
                     window = PerTokenBlocks._verify_window(fx, layer_id, i)
                 elif before_verify is not None:

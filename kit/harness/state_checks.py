@@ -1,12 +1,12 @@
 """The state pools' check (kit.engine.state_pool), as the KV pool's: every entry a step must write
 holds the reference's (a conv window bit for bit: it is the input rows themselves; a recurrent state
-within the output's tolerance, kit.harness.checks.output_figures, per head over K x V), and every
-other entry, free slots' poison, the tail past the last slot and the slots of padded rows included,
-holds what it held before the step, bit for bit."""
+within the output's tolerance, kit.harness.checks.output_figures, per head over K x V, widened as the
+output's by the backend's declared envelope), and every other entry, free slots' poison, the tail past
+the last slot and the slots of padded rows included, holds what it held before the step, bit for bit."""
 from __future__ import annotations
 
 import dataclasses
-from typing import Dict, List, Sequence, Tuple
+from typing import Dict, List, Optional, Sequence, Tuple
 
 import torch
 
@@ -26,6 +26,9 @@ class Expected:
     golden: torch.Tensor  # float64
     same_dtype: torch.Tensor  # the float32 reference's (states), or the golden (windows: exact)
     exact: bool
+    # a state: the golden taking the declared envelope's casts too (a chunked kernel's state carries its
+    # outputs' in-tile rounding), None where none is declared
+    envelope: Optional[torch.Tensor] = None
 
 
 @dataclasses.dataclass
@@ -69,9 +72,10 @@ def check_states(pool, before: Dict[str, torch.Tensor], expected: Sequence[Expec
                 wrong.append(_where(e.name, e.layer_id, e.index, pool.size))
     if states:
         got = [pool.buffers[e.name][(e.layer_id,) + e.index].flatten(1)[None] for e in states]
-        checks = read_back([output_figures(got, [e.golden.flatten(1)[None] for e in states],
-                                           [e.same_dtype.flatten(1)[None] for e in states], dtype,
-                                           [""] * len(states))])[0]
+        goldens = [e.golden.flatten(1)[None] for e in states]
+        declared = [None if e.envelope is None else (g, e.envelope.flatten(1)[None]) for e, g in zip(states, goldens)]
+        checks = read_back([output_figures(got, goldens, [e.same_dtype.flatten(1)[None] for e in states], dtype,
+                                           [""] * len(states), declared)])[0]
         wrong += [_where(e.name, e.layer_id, e.index, pool.size) for e, c in zip(states, checks) if not c.ok]
     stray = []
     for name, buffer in pool.buffers.items():
