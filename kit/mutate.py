@@ -40,6 +40,8 @@ def main(argv=None) -> int:
     parser.add_argument("--stop-when-caught", action="store_true", help="stop a mutant at its first catch")
     parser.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
+    from kit.harness import interpreter
+    interpreter.choose()  # before the catalog's modules import triton (an engine's adapter among them)
     try:
         case_set = resolve_set(args.case_set)
         mutants = list(import_target(args.catalog))

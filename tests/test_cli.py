@@ -262,6 +262,22 @@ def test_mutate_usage_error():
     _one_line_error(_run("-m", "kit.mutate", "--case-set", "nosuch"), USAGE, "unknown case set 'nosuch'")
 
 
+def test_mutate_chooses_the_interpreter_before_its_catalog_imports_triton(tmp_path):
+    """A catalog whose modules import triton (vLLM's adapters do) made every later set-up that defines
+    kernels raise TritonImportedFirst on CPU: kit.mutate reported SGLang's mutants 121 and 122 missed,
+    'crash' with no message, where the suite catches them."""
+    (tmp_path / "triton_first.py").write_text(
+        "import triton  # noqa: F401 - first, as an engine adapter's import takes it\n"
+        "from tests.mutants import MUTANTS as ALL\n"
+        "MUTANTS = [m for m in ALL if m.name == 'sglang_mamba2_decode_dt_without_softplus']\n")
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(tmp_path), str(REPO)]))
+    env.pop("TRITON_INTERPRET", None)  # as a shell starts it: this process chose the interpreter already
+    proc = subprocess.run([sys.executable, "-m", "kit.mutate", "--catalog", "triton_first:MUTANTS", "--case-set",
+                           "smoke", "--stop-when-caught", "-j", "1"], cwd=REPO, capture_output=True, text=True,
+                          env=env)
+    assert proc.returncode == 0 and "MISSED" not in proc.stdout, (proc.stdout + proc.stderr)[-2000:]
+
+
 @pytest.mark.parametrize("args, words", [
     (["fuzz", "--backend", "torch_native", "--budget", "-5"], ["--budget", "-5: give seconds >= 0"]),
     (["fuzz", "--backend", "torch_native", "--shrink-budget", "-1"], ["--shrink-budget", "give seconds >= 0"]),
