@@ -2,7 +2,8 @@
 over the batch, one token column at a time for every request at once (requests padded to the longest; a request past its length keeps its
 state). It reads and writes the state pools by the batch's state slots: a request without a saved
 state starts from zeros, a padded row (slot -1) writes nothing, and a verify writes each draft's
-state and window to the intermediate pools (SGLang's rule) and leaves the slot's own as it was."""
+state and window to the intermediate pools at the request's batch position (SGLang's rule), leaves
+the slot's state as it was and slides its window over the drafts."""
 from __future__ import annotations
 
 import torch
@@ -141,13 +142,13 @@ class TorchNativeLinearBackend:
         real, slots = self.real, self.slots[self.real]
         if self.verify:
             for j in range(max(self.lens)):
-                self.pool.intermediate_ssm(layer_id)[slots, j] = states[j][real]
+                self.pool.intermediate_ssm(layer_id)[real, j] = states[j][real]
                 window = seq[real, :, j + 1:j + width]
-                self.pool.intermediate_conv(layer_id)[slots, j] = window.to(self.pool.conv(layer_id).dtype)
-            return
+                self.pool.intermediate_conv(layer_id)[real, j] = window.to(self.pool.conv(layer_id).dtype)
         rows = self.rows
         ends = [self.lens[i] for i in rows]
-        if rows:
+        if rows and not self.verify:
             self.pool.temporal(layer_id)[slots] = torch.stack([states[n - 1][i] for i, n in zip(rows, ends)])
+        if rows:
             windows = torch.stack([seq[i, :, n:n + width - 1] for i, n in zip(rows, ends)])
             self.pool.conv(layer_id)[slots] = windows.to(self.pool.conv(layer_id).dtype)

@@ -55,6 +55,7 @@ SMOKE = [
     # every request saved, as vLLM verifies drafts only after a request's prefill
     M("mamba2_verify_saved_bf16", TV, prefix=(6, 70), new=3, accepted=(3, 1), dtype="bf16"),
     K("kda_verify_fresh_fp32", TV, prefix=(0, 0), new=3, accepted=(3, 3), dtype="fp32"),
+    K("kda_verify_saved_bf16", TV, prefix=(40, 9), new=3, accepted=(1, 3), dtype="bf16"),  # as SGLang verifies
 ]
 
 # Qwen3-Next's GDN layer at TP 1 (16 key heads, 32 value heads of 128) and TP 4 (4 and 8);
@@ -79,6 +80,7 @@ FULL = [
     FK("kda_extend_chunks", E, prefix=(0, 128, 9), new=(200, 64, 1)),
     FK("kda_mixed", MX, prefix=(0, 50, 3), new=(97, 1, 1)),
     FK("kda_verify_chain4", TV, prefix=(12, 0, 300), new=4, accepted=(2, 4, 1)),
+    FK("kda_verify_saved_chain4", TV, prefix=(12, 300), new=4, accepted=(4, 2)),
     F("gdn_decode_fresh", D, prefix=(0, 0, 0, 0)),
     FM("mamba2_decode_fresh", D, prefix=(0, 0, 0)),
     FK("kda_decode_fresh", D, prefix=(0, 0, 0)),

@@ -43,3 +43,41 @@ def test_sglangs_rule_judged_by_vllms_fails():
 def test_steps_without_drafts_keep_one_block_under_vllms_rule():
     case = next(c for c in SMOKE if c.mode == ForwardMode.DECODE and c.kind == "gdn")
     assert all(v.ok for v in run_case(PerTokenBlocksLinear, case))
+
+
+
+class DraftsAtSlot(TorchNativeLinearBackend):
+    """SGLang's verify with each request's drafts at the intermediate row of its state slot, not of its
+    batch position."""
+
+    def _draft_rows(self):
+        return self.slots[self.real]
+
+    def _write(self, layer_id, seq, states):
+        if not self.verify:
+            return super()._write(layer_id, seq, states)
+        rows, width = self._draft_rows(), seq.shape[2] - max(self.lens) + 1
+        for j in range(max(self.lens)):
+            self.pool.intermediate_ssm(layer_id)[rows, j] = states[j][self.real]
+            window = seq[self.real, :, j + 1:j + width]
+            self.pool.intermediate_conv(layer_id)[rows, j] = window.to(self.pool.conv(layer_id).dtype)
+
+
+class DraftsOneRowPast(DraftsAtSlot):
+    """SGLang's verify with request i's drafts at intermediate row i + 1."""
+
+    def _draft_rows(self):
+        return self.real + 1
+
+
+def test_sglangs_rule_keeps_drafts_at_the_batch_position():
+    verdicts = run_case(TorchNativeLinearBackend, VERIFY)
+    assert [v.ok for v in verdicts] == [True, True], [v.text for v in verdicts]
+
+
+@pytest.mark.parametrize("planted", [DraftsAtSlot, DraftsOneRowPast], ids=lambda c: c.__name__)
+def test_drafts_at_another_intermediate_row_fail(planted):
+    verdicts = run_case(planted, VERIFY)
+    assert [v.ok for v in verdicts] == [False, False], [v.text for v in verdicts]
+    assert all(v.failure_class == KV_WRITE for v in verdicts)
+    assert "intermediate_conv layer 0 row 0 draft 0" in verdicts[0].text and "stray writes" in verdicts[0].text

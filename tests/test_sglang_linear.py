@@ -101,8 +101,7 @@ def test_a_request_row_rendered_one_off_is_caught():
 def test_the_reasons_name_sglangs_rules():
     from backends.sglang.linear import SGLangGDNBackend
 
-    verify = SGLangGDNBackend.supports(_case("gdn_verify_bf16"))
-    assert "build_verify_intermediate_state_indices" in verify
+    assert SGLangGDNBackend.supports(_case("gdn_verify_bf16")) is None
     assert "mamba_needs_clear" in SGLangGDNBackend.supports(_case("gdn_decode_fp32"))
     assert SGLangGDNBackend.supports(_case("gdn_decode_bf16_long")) is None
     assert "chunk_gated_delta_rule" in SGLangGDNBackend.supports(_case("gdn_mixed_fp32"))
@@ -113,15 +112,16 @@ def test_the_reasons_name_sglangs_rules():
     assert _case("gdn_verify_bf16").mode == ForwardMode.TARGET_VERIFY
 
 
-# kind: (its verify's reason, its prefill case, its prefill's CPU reason), each naming SGLang's line
-REASONS = {"mamba2": ("mamba.py:664", "mamba2_mixed_fp32", "ssd_state_passing.py:235"),
-           "kda": ("build_verify_intermediate_state_indices", "kda_extend_chunks_bf16", "fla/l2norm.py:65")}
+# kind: (its prefill case, its prefill's CPU reason), each naming SGLang's line
+REASONS = {"mamba2": ("mamba2_mixed_fp32", "ssd_state_passing.py:235"),
+           "kda": ("kda_extend_chunks_bf16", "fla/l2norm.py:65")}
 
 
 @pytest.mark.parametrize("kind", sorted(REASONS))
 def test_the_reasons_name_sglangs_lines(kind):
-    backend, (verify, prefill, cpu) = _backend(kind), REASONS[kind]
-    assert verify in backend.supports(_case(f"{kind}_verify_fp32"))
+    backend, (prefill, cpu) = _backend(kind), REASONS[kind]
+    assert "mamba_needs_clear" in backend.supports(_case(f"{kind}_verify_fp32"))  # a new request's verify
+    assert backend.supports(_case(f"{kind}_verify_saved_bf16")) is None
     assert "mamba_needs_clear" in backend.supports(_case(f"{kind}_decode_fp32"))
     assert backend.supports(_case(f"{kind}_decode_bf16_long")) is None
     reason = backend.supports(_case(prefill))

@@ -16,7 +16,7 @@ from typing import Optional
 
 import torch
 
-from backends.sglang.linear import SGLangLinearBackend, cpu_prefill_reason, verify_rows_reason
+from backends.sglang.linear import SGLangLinearBackend, cpu_prefill_reason
 from kit.engine.numerics import PREFILL
 from kit.modes import ForwardMode
 
@@ -34,8 +34,6 @@ class SGLangKDABackend(SGLangLinearBackend):
 
     @classmethod
     def _kind_problem(cls, case) -> Optional[str]:
-        if case.mode == ForwardMode.TARGET_VERIFY:
-            return verify_rows_reason("KDAAttnBackend")
         if case.mode in (ForwardMode.EXTEND, ForwardMode.MIXED) and not torch.cuda.is_available():
             return cpu_prefill_reason(case, "KDAAttnBackend", "fla/kda.py:1300 chunk_kda")
         return None

@@ -5,13 +5,17 @@ HybridLinearAttnBackend, which routes a layer to its full-attention backend or i
 Qwen3-Next's GatedDeltaNet calls its RadixLinearAttention (mixed_qkv before the conv, a, b).
 
 What is mapped, and nothing more:
-- the kit's state pool -> SGLang's MambaPool: its own State dataclass over the kit's buffers (views)
-  and its own pool code (`mamba2_layer_cache`, `clear_slots`) taken from its class (`_mamba_pool`);
+- the kit's state pool -> SGLang's MambaPool: its own State dataclass over the kit's buffers (views;
+  SpeculativeState, with the intermediate pools, where the run verifies drafts) and its own pool code
+  (`mamba2_layer_cache`, `clear_slots`) taken from its class (`_mamba_pool`);
 - the kit's batch -> SGLang's ForwardBatch over request rows of SGLang's HybridReqToTokenPool code,
   whose mapping (`req_index_to_mamba_index_mapping`) holds each request's state slot, as its
   allocator leaves it; padded rows of a graph batch carry request row 0, as SGLang's runner pads;
 - the scheduler's clear of a new request's slot (HybridReqToTokenPool.alloc sets mamba_needs_clear,
   then MambaPool.clear_slots before the forward): played here, through SGLang's own clear_slots;
+- the scheduler's copy of each request's last kept draft after a verify: SGLang's own
+  HybridLinearAttnBackend.update_mamba_state_after_mtp_verify (`commit_verify`), over the verify's
+  metadata, on CUDA (its kernels refuse other tensors; there the kit's copy stands in);
 - a case without full-attention layers -> HybridLinearAttnBackend over a full-attention side that
   owns no layer (`_NoFullLayers`, raising if a layer is routed to it).
 """
@@ -37,9 +41,10 @@ MEMORY_POOL = "sglang.srt.mem_cache.memory_pool"
 LINEAR_UTILS = "sglang.srt.layers.attention.linear.utils"
 RADIX_LINEAR = "sglang.srt.layers.radix_linear_attention"
 # What SGLang's pools do themselves, taken from their classes and run over the kit's buffers.
-MAMBA_POOL_CODE = ("mamba2_layer_cache", "clear_slots", "_should_fuse_slot_ops", "_conv_fuse_ok")
+MAMBA_POOL_CODE = ("mamba2_layer_cache", "clear_slots", "_should_fuse_slot_ops", "_conv_fuse_ok",
+                   "get_speculative_mamba2_params_all_layers", "SpeculativeState")
 REQ_POOL_CODE = ("get_mamba_indices", "translate_mamba_indices", "mamba_translate_is_fusable", "mamba_v2p_table",
-                 "mamba2_layer_index", "mamba2_layer_cache")
+                 "mamba2_layer_index", "mamba2_layer_cache", "get_speculative_mamba2_params_all_layers")
 
 
 def _code(cls, names) -> dict:
@@ -58,12 +63,24 @@ class _MambaPoolState:
     def __init__(self, pool, sg_pool_cls, conv_view):
         self.size = pool.size
         views = {name: pool.buffers[name][:, :pool.size] for name in pool.buffers}
-        self.mamba_cache = sg_pool_cls.State(conv=[conv_view(views["conv"])], temporal=views["temporal"])
+        conv, temporal = [conv_view(views["conv"])], views["temporal"]
+        if pool.geometry.drafts:  # the run verifies drafts: SGLang's pool of a speculative server
+            self.mamba_cache = sg_pool_cls.SpeculativeState(
+                conv=conv, temporal=temporal, intermediate_ssm=views["intermediate_ssm"],
+                intermediate_conv_window=[conv_view(views["intermediate_conv"])])
+        else:
+            self.mamba_cache = sg_pool_cls.State(conv=conv, temporal=temporal)
 
 
 def _mamba_pool(pool, sg_pool_cls, conv_view):
     """`conv_view`: the kit's conv windows [layers, slots, dim, width - 1] as the kind's pool lays them out."""
     return type("MambaPool", (_MambaPoolState,), _code(sg_pool_cls, MAMBA_POOL_CODE))(pool, sg_pool_cls, conv_view)
+
+
+class _NoSideStates:
+    """A model without short-conv or n-gram side states: the pools the verify's copy finds empty."""
+
+    conv_state = intermediate_conv_state = context = intermediate_context = None
 
 
 class _ReqToTokenPoolState:
@@ -72,6 +89,7 @@ class _ReqToTokenPoolState:
 
     start_layer = 0
     layer_transfer_counter = None
+    short_conv_pool = ngram_pool = _NoSideStates()
 
     def __init__(self, mamba_pool, rows: int, device):
         self.mamba_pool = mamba_pool
@@ -135,13 +153,6 @@ def _no_full_layers(base):
 
         forward_extend = forward_decode
     return _NoFullLayers
-
-
-def verify_rows_reason(backend: str) -> str:
-    """Why `backend`'s TARGET_VERIFY is not run: where it writes the per-draft states."""
-    return (f"TARGET_VERIFY: {backend} writes a request's per-draft states to the intermediate row of "
-            "its batch position (layers/attention/linear/utils.py build_verify_intermediate_state_indices: "
-            "row i for request i), and the kit judges a verify's drafts at the request's state slot")
 
 
 def cpu_prefill_reason(case, backend: str, prefill: str) -> str:
@@ -211,7 +222,8 @@ class SGLangLinearBackend:
         self.sg, self.device, self.pool = sg, ctx.device, ctx.state_pool
         # SGLang's default for a GPU of 60-160 GB (arg_groups/memory_hook.py: the H100's, the H200's),
         # by which its GDN prefill picks FlashInfer's kernel on Hopper (flashinfer_gdn_prefill_default).
-        sg.install_server_args("triton", ctx.device, 1, None, chunked_prefill_size=8192)
+        sg.install_server_args("triton", ctx.device, 1, self._speculative(ctx.drafts), chunked_prefill_size=8192)
+        self.drafts = ctx.drafts
         self.mamba_pool = _mamba_pool(ctx.state_pool, memory_pool.MambaPool, self._conv_view)
         self.req_pool = _req_to_token_pool(self.mamba_pool, ctx.state_pool.size, ctx.device,
                                            memory_pool.HybridReqToTokenPool)
@@ -222,6 +234,19 @@ class SGLangLinearBackend:
         self.layers = {layer.layer_id: self._layer(layer) for layer in ctx.layers}
         self.graph = False
         self.forward_batch = None
+        # SGLang's copy after a verify launches kernels that refuse tensors off CUDA
+        # (mamba_state_scatter_triton.py fused_mamba_state_scatter_with_mask): elsewhere the kit copies.
+        self.commit_verify = self._commit_verify if ctx.device.type == "cuda" else None
+
+    @staticmethod
+    def _speculative(drafts: int):
+        """The server's speculative config of a run verifying `drafts` tokens a request (None: none):
+        EAGLE's chain, as the kit's verify cases draft."""
+        if not drafts:
+            return None
+        from kit.engine.batch import SpeculativeConfig
+
+        return SpeculativeConfig(algorithm="EAGLE", num_draft_tokens=drafts, topk=1, num_steps=drafts - 1)
 
     @staticmethod
     def _conv_view(conv):
@@ -256,9 +281,9 @@ class SGLangLinearBackend:
         return out.view(mixed_qkv.shape[0], layer.num_v_heads, layer.head_v_dim)
 
     def init_cuda_graph_state(self, max_bs: int) -> None:
-        # SGLang's decode graph runner: one token a request (verify, its one other graph mode, is not run here).
+        # SGLang's graph runner: one token a request, or a verify's drafts.
         self.graph = True
-        self.impl.init_cuda_graph_state(max_bs, max_bs)
+        self.impl.init_cuda_graph_state(max_bs, max_bs * max(self.drafts, 1))
 
     def init_forward_metadata(self, batch) -> None:
         fb = self._forward_batch(batch)
@@ -295,9 +320,28 @@ class SGLangLinearBackend:
             out_cache_loc=torch.zeros(batch.num_tokens, dtype=torch.int64, device=device), positions=None,
             extend_num_tokens=batch.num_tokens, extend_seq_lens=lens, extend_prefix_lens=prefix,
             extend_start_loc=batch.query_start_loc[:-1], extend_seq_lens_cpu=list(batch.extend_seq_lens_cpu),
-            extend_prefix_lens_cpu=prefix.tolist(), global_num_token_non_padded_cpu=batch.num_tokens)
+            extend_prefix_lens_cpu=prefix.tolist(), global_num_token_non_padded_cpu=batch.num_tokens,
+            spec_info=self._verify_input(batch, seq_lens) if batch.forward_mode == ForwardMode.TARGET_VERIFY else None)
         fb.num_padding = int((~real).sum())
         return fb
+
+    def _verify_input(self, batch, seq_lens):
+        """The verify's EagleVerifyInput, as the target verify hands it: a chain of `draft_token_num`
+        tokens a request (the tree's links, unused by a chain, left out)."""
+        sg = self.sg
+        return sg.EagleVerifyInput(
+            draft_token=None, custom_mask=None, positions=None, retrieve_index=None, retrieve_next_token=None,
+            retrieve_next_sibling=None, retrieve_cum_len=None, spec_steps=self.drafts - 1, topk=1,
+            draft_token_num=self.drafts, capture_hidden_mode=sg.CaptureHiddenMode.FULL,
+            seq_lens_sum=int(seq_lens.sum()), seq_lens_cpu=seq_lens.cpu())
+
+    def _commit_verify(self, accepted: torch.Tensor) -> None:
+        """After a verify, the scheduler's copy of each request's last kept draft (`accepted` [bs] >= 1)
+        into its slot: SGLang's own, over the verify's metadata (eagle_worker's
+        update_mamba_state_after_mtp_verify call; no radix tracking)."""
+        self.impl.update_mamba_state_after_mtp_verify(
+            last_correct_step_indices=accepted.to(torch.int64) - 1, mamba_track_indices=None,
+            mamba_steps_to_track=None, model=None)
 
 
 class SGLangGDNBackend(SGLangLinearBackend):
@@ -310,8 +354,6 @@ class SGLangGDNBackend(SGLangLinearBackend):
 
     @classmethod
     def _kind_problem(cls, case) -> Optional[str]:
-        if case.mode == ForwardMode.TARGET_VERIFY:
-            return verify_rows_reason("GDNAttnBackend")
         if case.mode in (ForwardMode.EXTEND, ForwardMode.MIXED) and case.dtype == "fp32":
             return (f"{case.mode.value} in fp32: GDNAttnBackend's prefill (kernels/ops/attention/fla/chunk.py "
                     "chunk_gated_delta_rule) asserts its inputs are not float32")

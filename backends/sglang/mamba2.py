@@ -100,10 +100,6 @@ class SGLangMamba2Backend(SGLangLinearBackend):
 
     @classmethod
     def _kind_problem(cls, case) -> Optional[str]:
-        if case.mode == ForwardMode.TARGET_VERIFY:
-            return ("TARGET_VERIFY: MambaMixer2 writes a request's per-draft states to the intermediate row of its "
-                    "batch position (layers/attention/mamba/mamba.py:664 forward: intermediate_state_indices = "
-                    "arange(num_decodes)), and the kit judges a verify's drafts at the request's state slot")
         if case.mode in (ForwardMode.EXTEND, ForwardMode.MIXED) and not torch.cuda.is_available():
             return (f"{case.mode.value} on CPU: MambaMixer2's prefill (kernels/ops/mamba/triton_ops/ssd_combined.py "
                     "mamba_chunk_scan_combined) launches _state_passing_fwd's kernel (ssd_state_passing.py:235), "

@@ -6,8 +6,9 @@ layer's state), indexed by a request's state slot:
   temporal  [slots, Hv, V, K]                  the recurrent state, float32, value rows of key columns
                                                (both engines' layout: fla's GDN and KDA state
                                                [HV, V, K], Mamba2's [H, head_dim, d_state])
-and, for speculative verify, per slot and draft (SGLang's intermediate caches; the state after
-each draft, so that a request keeping n drafts continues from draft n):
+and, for speculative verify, per row and draft (SGLang's intermediate caches; the state after
+each draft, so that a request keeping n drafts continues from draft n; row i is the verify's
+request i, its batch position, as SGLang indexes them):
   intermediate_conv [slots, drafts, conv_dim, conv_width - 1], intermediate_ssm [slots, drafts, Hv, V, K].
 
 Every slot a batch does not own holds poison (reset(), before each batch is installed): large
@@ -93,13 +94,14 @@ class StatePool:
         return self._sealed, list(self.poison.values()), "the state pool's poison"
 
     def commit(self, slots: torch.Tensor, accepted: torch.Tensor) -> None:
-        """After a verify, each request's slot takes the state and window of its last kept draft
-        (`accepted` [bs] >= 1), as the engine's scheduler does (SGLang's
+        """After a verify, request i's slot (`slots` [bs]) takes the state and window of its last kept
+        draft (`accepted` [bs] >= 1) from intermediate row i, as the engine's scheduler does (SGLang's
         update_mamba_state_after_mtp_verify), in every layer."""
         slots, last = slots.to(torch.int64), accepted.to(torch.int64) - 1
+        rows = torch.arange(slots.numel(), device=slots.device)
         for layer_id in range(NUM_LAYERS):
-            self.temporal(layer_id)[slots] = self.intermediate_ssm(layer_id)[slots, last]
-            self.conv(layer_id)[slots] = self.intermediate_conv(layer_id)[slots, last]
+            self.temporal(layer_id)[slots] = self.intermediate_ssm(layer_id)[rows, last]
+            self.conv(layer_id)[slots] = self.intermediate_conv(layer_id)[rows, last]
 
 
 

@@ -5,9 +5,12 @@ the state slots a request owns, where its saved state sits before the step, what
 (kit.harness.state_checks judges it), and what happens between the verify and the next step.
 
 - SGLang's (`INTERMEDIATE_POOLS`): a request owns one slot. A verify writes the state and window
-  after each draft to the intermediate pools (slot, draft) and leaves the slot as it was; the
-  scheduler then copies each request's last kept draft into its slot
-  (update_mamba_state_after_mtp_verify), and the next step reads the slot.
+  after each draft to the intermediate pools at (the request's batch position, draft): row i is
+  request i's, whatever its slot (layers/attention/linear/utils.py
+  build_verify_intermediate_state_indices; mamba/mamba.py's arange(num_decodes)), and leaves the
+  slot's state as it was, its conv window slid over every draft (causal_conv1d_update writes the
+  slot's window as a decode does, verify or not; the copy after the verify overwrites it); the scheduler then copies each request's last kept draft from its row into its
+  slot (update_mamba_state_after_mtp_verify), and the next step reads the slot.
 - vLLM's (`PER_TOKEN_BLOCKS`, v1/attention/backends/gdn_attn.py): a request owns 1 +
   num_speculative_tokens state blocks (its block-table row) and one conv window
   num_speculative_tokens columns wider, in its first block. A speculative step of T tokens reads
@@ -69,21 +72,29 @@ class IntermediatePools:
         verify = fx.case.mode == ForwardMode.TARGET_VERIFY
         found = []
         for layer_id, references in enumerate(_references(fx)):
-            for slot, runs in zip(fx.slots, references):
+            for row, (slot, runs) in enumerate(zip(fx.slots, references)):
                 golden = runs[0]
                 drafts = range(len(golden.states)) if verify else [len(golden.states) - 1]
                 for j in drafts:
-                    index = (slot, j) if verify else (slot,)
+                    index = (row, j) if verify else (slot,)
                     conv, temporal = ("intermediate_conv", "intermediate_ssm") if verify else ("conv", "temporal")
                     found.append(Expected(conv, layer_id, index, golden.windows[j], golden.windows[j], exact=True))
                     found.append(_state(temporal, layer_id, index, runs, j))
+                if verify:
+                    found.append(Expected("conv", layer_id, (slot,), golden.windows[-1], golden.windows[-1], exact=True))
         return found
 
     @staticmethod
-    def after_verify(fx, pool, accepted) -> None:
-        """Between the verify and the next step: the scheduler's copy of each kept draft into its slot."""
+    def after_verify(fx, pool, accepted, backend) -> None:
+        """Between the verify and the next step: the scheduler's copy of each kept draft from its row
+        into its slot, by the engine's own code where the backend runs it (`commit_verify`), else the kit's."""
         device = pool.device
-        pool.commit(torch.tensor(fx.slots, device=device), torch.tensor(accepted, device=device))
+        kept = torch.tensor(accepted, device=device)
+        commit = getattr(backend, "commit_verify", None)
+        if commit is not None:
+            commit(kept)
+        else:
+            pool.commit(torch.tensor(fx.slots, device=device), kept)
 
 
 class PerTokenBlocks:
@@ -138,7 +149,7 @@ class PerTokenBlocks:
         return torch.cat([start.window[:, 1:], rows.t().double()], dim=1)
 
     @staticmethod
-    def after_verify(fx, pool, accepted) -> None:
+    def after_verify(fx, pool, accepted, backend) -> None:
         """Nothing moves: the next step reads the blocks the verify wrote, by its num_accepted_tokens."""
 
 

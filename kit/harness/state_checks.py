@@ -18,7 +18,7 @@ EXAMPLES = 4
 
 @dataclasses.dataclass(frozen=True)
 class Expected:
-    """One pool entry the step writes: pool `name` of layer `layer_id` at `index` (slot, or slot and draft)."""
+    """One pool entry the step writes: pool `name` of layer `layer_id` at `index` (slot, or an intermediate pool's row and draft)."""
 
     name: str
     layer_id: int
@@ -53,7 +53,8 @@ class StatePoolCheck(Check):
 
 def _where(name: str, layer_id: int, index: Sequence[int], size: int) -> str:
     slot = index[0]
-    at = "the tail past the last slot" if slot >= size else f"slot {slot}"
+    entry = "row" if name.startswith("intermediate") else "slot"  # an intermediate pool's: a batch position
+    at = "the tail past the last slot" if slot >= size else f"{entry} {slot}"
     draft = f" draft {index[1]}" if len(index) > 1 else ""
     return f"{name} layer {layer_id} {at}{draft}"
 
