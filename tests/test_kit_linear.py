@@ -77,12 +77,17 @@ def test_state_check_catches(plant, expect):
 
 
 def test_verify_leaves_the_slot_and_writes_every_draft():
-    """A verify's entries are the intermediate pools' (batch position, draft); the slots' own state is judged unchanged."""
+    """A verify's entries are the intermediate pools' (batch position, draft) and the slots' conv windows
+    (slid over the drafts); the slots' own state is judged unchanged."""
     fx, pool, before = _stepped(next(c for c in SMOKE if c.mode == ForwardMode.TARGET_VERIFY))
     pool.temporal(1)[fx.slots[0]].add_(1.0)
     check = check_states(pool, before, _expected(fx), fx.torch_dtype)
     assert not check.ok and f"temporal layer 1 slot {fx.slots[0]}" in check.describe()
-    assert {e.index for e in _expected(fx)} == {(i, j) for i in range(fx.case.bs) for j in range(fx.case.new)}
+    drafts = {(e.name, e.index) for e in _expected(fx) if e.name.startswith("intermediate")}
+    assert drafts == {(name, (i, j)) for name in ("intermediate_conv", "intermediate_ssm")
+                      for i in range(fx.case.bs) for j in range(fx.case.new)}
+    assert {(e.name, e.index) for e in _expected(fx) if not e.name.startswith("intermediate")} == {
+        ("conv", (slot,)) for slot in fx.slots}
 
 
 def test_the_decode_after_a_verify_continues_from_the_kept_draft():

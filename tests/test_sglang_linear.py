@@ -167,7 +167,8 @@ def test_sglangs_gdn_and_kda_prefills_load_through_block_pointers_the_interprete
 
 
 def test_sglangs_conv_update_leaves_a_padded_rows_output_unwritten():
-    """Why sglang_mamba2's graph DECODE fails `kernel` with padded rows NaN (KF-74): SGLang's
+    """Why sglang_mamba2's graph DECODE and every SGLang recurrent graph TARGET_VERIFY fail `kernel` with
+    padded rows NaN (KF-74, KF-91): SGLang's
     causal_conv1d_update allocates its output with torch.empty_like and returns early for a row whose
     state slot is the pad slot (-1, as its graph replay sets padded rows), so the padded row's conv
     output is whatever memory held (NaN under the kit's fill), and MambaMixer2's decode computes the
@@ -301,3 +302,18 @@ def test_sglangs_gdn_prefill_on_hopper_is_the_one_its_server_picks(monkeypatch):
     monkeypatch.setattr(torch.cuda, "get_device_capability", lambda *a: (9, 0))
     monkeypatch.setattr(kernels, "is_flashinfer_gdn_prefill_available", lambda: True)
     assert gdn.flashinfer_gdn_prefill_default(backend.impl.linear_attn_backend._model_runner) == "flashinfer"
+
+
+@pytest.mark.parametrize("kind, name", [("gdn", "gdn_verify_bf16"), ("kda", "kda_verify_saved_bf16"),
+                                        ("mamba2", "mamba2_verify_saved_bf16")])
+def test_sglangs_verify_and_the_decode_after_it_pass(kind, name):
+    """SGLang writes request i's drafts to intermediate row i and the step after continues from the
+    kept draft (on CPU in Triton's interpreter, the copy the kit's; on CUDA SGLang's own)."""
+    from backends.sglang import runtime  # noqa: F401 - SGLang's set-up (interpreter, shims)
+    from kit.harness import interpreter
+    from kit.harness.recurrent import run_case
+
+    interpreter.install()
+
+    verdicts = run_case(_backend(kind), _case(name), device=default_device())
+    assert [v.ok for v in verdicts] == [True, True], [v.text for v in verdicts]

@@ -29,8 +29,8 @@ class SGLangKDABackend(SGLangLinearBackend):
     attention_kinds = ("kda",)
     numerics = dataclasses.replace(SGLangLinearBackend.numerics, qk_cast=PREFILL)  # l2norm_fwd before its kernels
     engine_modules = (KDA_BACKEND,)
-    # On CPU its decode runs in Triton's interpreter (its prefill does not, see supports()): one case.
-    ci_cases = {"decode": ("kda_decode_bf16_long",)}
+    # On CPU its decode and verify run in Triton's interpreter (its prefill does not, see supports()): a case each.
+    ci_cases = {"decode": ("kda_decode_bf16_long",), "target_verify": ("kda_verify_saved_bf16",)}
 
     @classmethod
     def _kind_problem(cls, case) -> Optional[str]:

@@ -313,15 +313,20 @@ class SGLangLinearBackend:
         # mamba2_metadata.py prepare_mixed).
         prefix = batch.has_initial_state.to(torch.int32)
         seq_lens = lens + prefix
+        verify = batch.forward_mode == ForwardMode.TARGET_VERIFY
+        # A verify's ForwardBatch has no extend fields (ForwardBatch.init_new sets them outside decode and
+        # verify alone), by which Mamba2's metadata takes the verify for a decode of its drafts.
+        extend = {} if verify else dict(
+            extend_num_tokens=batch.num_tokens, extend_seq_lens=lens, extend_prefix_lens=prefix,
+            extend_start_loc=batch.query_start_loc[:-1], extend_seq_lens_cpu=list(batch.extend_seq_lens_cpu),
+            extend_prefix_lens_cpu=prefix.tolist())
         fb = sg.ForwardBatch(
             forward_mode=sg.MODES[batch.forward_mode.value], batch_size=bs,
             input_ids=torch.zeros(batch.num_tokens, dtype=torch.int64, device=device),
             req_pool_indices=rows, seq_lens=seq_lens, seq_lens_cpu=seq_lens.cpu(), seq_lens_sum=int(seq_lens.sum()),
             out_cache_loc=torch.zeros(batch.num_tokens, dtype=torch.int64, device=device), positions=None,
-            extend_num_tokens=batch.num_tokens, extend_seq_lens=lens, extend_prefix_lens=prefix,
-            extend_start_loc=batch.query_start_loc[:-1], extend_seq_lens_cpu=list(batch.extend_seq_lens_cpu),
-            extend_prefix_lens_cpu=prefix.tolist(), global_num_token_non_padded_cpu=batch.num_tokens,
-            spec_info=self._verify_input(batch, seq_lens) if batch.forward_mode == ForwardMode.TARGET_VERIFY else None)
+            global_num_token_non_padded_cpu=batch.num_tokens, **extend,
+            spec_info=self._verify_input(batch, seq_lens) if verify else None)
         fb.num_padding = int((~real).sum())
         return fb
 
@@ -349,8 +354,8 @@ class SGLangGDNBackend(SGLangLinearBackend):
     attention_kinds = ("gdn",)
     numerics = dataclasses.replace(SGLangLinearBackend.numerics, qk_cast=PREFILL)
     engine_modules = (GDN_BACKEND,)
-    # On CPU its Triton kernels run in the interpreter: one small case (DECODE is all it runs there).
-    ci_cases = {"decode": ("gdn_decode_bf16_long",)}
+    # On CPU its Triton kernels run in the interpreter: one small case a mode it runs there.
+    ci_cases = {"decode": ("gdn_decode_bf16_long",), "target_verify": ("gdn_verify_bf16",)}
 
     @classmethod
     def _kind_problem(cls, case) -> Optional[str]:

@@ -95,8 +95,8 @@ class SGLangMamba2Backend(SGLangLinearBackend):
     name = "sglang_mamba2"
     attention_kinds = ("mamba2",)
     engine_modules = (MIXER, SSU)
-    # On CPU its decode runs in Triton's interpreter (its prefill does not, see supports()): one case.
-    ci_cases = {"decode": ("mamba2_decode_bf16_long",)}
+    # On CPU its decode and verify run in Triton's interpreter (its prefill does not, see supports()): a case each.
+    ci_cases = {"decode": ("mamba2_decode_bf16_long",), "target_verify": ("mamba2_verify_saved_bf16",)}
 
     @classmethod
     def _kind_problem(cls, case) -> Optional[str]:
