@@ -19,19 +19,6 @@ from tests.toys.per_token_blocks import OneBlockPast, PerTokenBlocksLinear, Read
 VERIFY = next(c for c in SMOKE if c.name == "gdn_verify_fp32")
 
 
-def test_a_backend_of_vllms_rule_passes_a_verify_and_the_step_after():
-    verdicts = run_case(PerTokenBlocksLinear, VERIFY)
-    assert [v.ok for v in verdicts] == [True, True], [v.text for v in verdicts]
-
-
-@pytest.mark.parametrize("planted", [ReadsFirstBlock, OneBlockPast], ids=lambda c: c.__name__)
-def test_reading_another_block_than_num_accepted_tokens_says_fails(planted):
-    verdicts = run_case(planted, VERIFY)
-    assert [v.ok for v in verdicts] == [False, False]
-    assert all(v.failure_class == KV_WRITE for v in verdicts)
-    assert "state pools wrong" in verdicts[0].text and "the decode after the verify" in verdicts[1].step
-
-
 def test_sglangs_rule_judged_by_vllms_fails():
     """torch_native_linear keeps drafts in the intermediate pools, which vLLM's engine has none of."""
     under_vllm = type("TorchNativeLinearUnderVllmRule", (TorchNativeLinearBackend,),
@@ -70,14 +57,23 @@ class DraftsOneRowPast(DraftsAtSlot):
         return self.real + 1
 
 
-def test_sglangs_rule_keeps_drafts_at_the_batch_position():
-    verdicts = run_case(TorchNativeLinearBackend, VERIFY)
+@pytest.mark.parametrize("backend", [PerTokenBlocksLinear, TorchNativeLinearBackend], ids=lambda c: c.__name__)
+def test_a_backend_of_its_engines_rule_passes_a_verify_and_the_step_after(backend):
+    """vLLM's rule (the toy) and SGLang's (torch_native_linear: drafts at the request's batch position)."""
+    verdicts = run_case(backend, VERIFY)
     assert [v.ok for v in verdicts] == [True, True], [v.text for v in verdicts]
 
 
-@pytest.mark.parametrize("planted", [DraftsAtSlot, DraftsOneRowPast], ids=lambda c: c.__name__)
-def test_drafts_at_another_intermediate_row_fail(planted):
+# A planted misreading of the rule: what the verify's check names.
+PLANTED = {ReadsFirstBlock: "state pools wrong", OneBlockPast: "state pools wrong",
+           DraftsAtSlot: "intermediate_conv layer 0 row 0 draft 0", DraftsOneRowPast: "intermediate_conv layer 0 row 0 draft 0"}
+
+
+@pytest.mark.parametrize("planted", list(PLANTED), ids=lambda c: c.__name__)
+def test_states_kept_elsewhere_than_the_rule_says_fail(planted):
+    """vLLM's: reading another block than num_accepted_tokens says; SGLang's: drafts at another
+    intermediate row than the request's batch position."""
     verdicts = run_case(planted, VERIFY)
     assert [v.ok for v in verdicts] == [False, False], [v.text for v in verdicts]
     assert all(v.failure_class == KV_WRITE for v in verdicts)
-    assert "intermediate_conv layer 0 row 0 draft 0" in verdicts[0].text and "stray writes" in verdicts[0].text
+    assert PLANTED[planted] in verdicts[0].text and "the decode after the verify" in verdicts[1].step
