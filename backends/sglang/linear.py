@@ -13,9 +13,11 @@ What is mapped, and nothing more:
   allocator leaves it; padded rows of a graph batch carry request row 0, as SGLang's runner pads;
 - the scheduler's clear of a new request's slot (HybridReqToTokenPool.alloc sets mamba_needs_clear,
   then MambaPool.clear_slots before the forward): played here, through SGLang's own clear_slots;
-- the scheduler's copy of each request's last kept draft after a verify: SGLang's own
-  HybridLinearAttnBackend.update_mamba_state_after_mtp_verify (`commit_verify`), over the verify's
-  metadata, on CUDA (its kernels refuse other tensors; there the kit's copy stands in);
+- the scheduler's copy of each request's last kept draft after a verify: the kit's (StatePool.commit).
+  SGLang's own (HybridLinearAttnBackend.update_mamba_state_after_mtp_verify) scatters with kernels
+  that take its pools as it allocates them, contiguous in its layout
+  (mamba_state_scatter_triton.py: "src tensor must be contiguous"), which views over the kit's pools
+  are not (each layer's tail rows; KDA's conv windows transposed), and launch on CUDA/XPU only;
 - a case without full-attention layers -> HybridLinearAttnBackend over a full-attention side that
   owns no layer (`_NoFullLayers`, raising if a layer is routed to it).
 """
@@ -234,9 +236,6 @@ class SGLangLinearBackend:
         self.layers = {layer.layer_id: self._layer(layer) for layer in ctx.layers}
         self.graph = False
         self.forward_batch = None
-        # SGLang's copy after a verify launches kernels that refuse tensors off CUDA
-        # (mamba_state_scatter_triton.py fused_mamba_state_scatter_with_mask): elsewhere the kit copies.
-        self.commit_verify = self._commit_verify if ctx.device.type == "cuda" else None
 
     @staticmethod
     def _speculative(drafts: int):
@@ -339,14 +338,6 @@ class SGLangLinearBackend:
             retrieve_next_sibling=None, retrieve_cum_len=None, spec_steps=self.drafts - 1, topk=1,
             draft_token_num=self.drafts, capture_hidden_mode=sg.CaptureHiddenMode.FULL,
             seq_lens_sum=int(seq_lens.sum()), seq_lens_cpu=seq_lens.cpu())
-
-    def _commit_verify(self, accepted: torch.Tensor) -> None:
-        """After a verify, the scheduler's copy of each request's last kept draft (`accepted` [bs] >= 1)
-        into its slot: SGLang's own, over the verify's metadata (eagle_worker's
-        update_mamba_state_after_mtp_verify call; no radix tracking)."""
-        self.impl.update_mamba_state_after_mtp_verify(
-            last_correct_step_indices=accepted.to(torch.int64) - 1, mamba_track_indices=None,
-            mamba_steps_to_track=None, model=None)
 
 
 class SGLangGDNBackend(SGLangLinearBackend):

@@ -5,9 +5,8 @@ the state pools (kit.harness.state_checks).
 
 TARGET_VERIFY follows the engine's rollback rule, its profile's (kit.harness.recurrent_rules):
 SGLang's writes the state after each draft to the intermediate pools, at the request's batch
-position, and leaves the request's own slot as it was, the scheduler (the engine's own copy where
-the backend runs it, `commit_verify`, else the kit's) then copying the state of the last draft a
-request keeps into its slot; vLLM's writes it to the request's block of that token, and the next step
+position, and leaves the request's own slot as it was, the scheduler (here the kit) then copying the
+state of the last draft a request keeps into its slot; vLLM's writes it to the request's block of that token, and the next step
 reads block num_accepted_tokens - 1. Each request keeps its own count (RecurrentCase.accepted), and
 that next step, a DECODE, is judged too: a backend that wrote draft n's state where draft n + 1's
 belongs is caught there even if its verify outputs are right.
@@ -223,7 +222,7 @@ def _after_verify(backend, fx: RecurrentFixture, pool: StatePool, device, rule) 
     """The decode step after the verify, each request continuing from the last draft it keeps."""
     case = fx.case
     accepted = case.accepted
-    rule.after_verify(fx, pool, accepted, backend)
+    rule.after_verify(fx, pool, accepted)
     follow = case.with_(name=case.name + "_next", mode=ForwardMode.DECODE, new=1, accepted=None,
                         prefix=tuple(p + n for p, n in zip(case.prefix, accepted)))
     nxt = build(follow, device, starts=kept_draft(fx, accepted), blocks=fx.blocks, layers=fx.layers,

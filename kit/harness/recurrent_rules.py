@@ -85,16 +85,11 @@ class IntermediatePools:
         return found
 
     @staticmethod
-    def after_verify(fx, pool, accepted, backend) -> None:
+    def after_verify(fx, pool, accepted) -> None:
         """Between the verify and the next step: the scheduler's copy of each kept draft from its row
-        into its slot, by the engine's own code where the backend runs it (`commit_verify`), else the kit's."""
+        into its slot."""
         device = pool.device
-        kept = torch.tensor(accepted, device=device)
-        commit = getattr(backend, "commit_verify", None)
-        if commit is not None:
-            commit(kept)
-        else:
-            pool.commit(torch.tensor(fx.slots, device=device), kept)
+        pool.commit(torch.tensor(fx.slots, device=device), torch.tensor(accepted, device=device))
 
 
 class PerTokenBlocks:
@@ -149,7 +144,7 @@ class PerTokenBlocks:
         return torch.cat([start.window[:, 1:], rows.t().double()], dim=1)
 
     @staticmethod
-    def after_verify(fx, pool, accepted, backend) -> None:
+    def after_verify(fx, pool, accepted) -> None:
         """Nothing moves: the next step reads the blocks the verify wrote, by its num_accepted_tokens."""
 
 
