@@ -43,10 +43,9 @@ MEMORY_POOL = "sglang.srt.mem_cache.memory_pool"
 LINEAR_UTILS = "sglang.srt.layers.attention.linear.utils"
 RADIX_LINEAR = "sglang.srt.layers.radix_linear_attention"
 # What SGLang's pools do themselves, taken from their classes and run over the kit's buffers.
-MAMBA_POOL_CODE = ("mamba2_layer_cache", "clear_slots", "_should_fuse_slot_ops", "_conv_fuse_ok",
-                   "get_speculative_mamba2_params_all_layers", "SpeculativeState")
+MAMBA_POOL_CODE = ("mamba2_layer_cache", "clear_slots", "_should_fuse_slot_ops", "_conv_fuse_ok", "SpeculativeState")
 REQ_POOL_CODE = ("get_mamba_indices", "translate_mamba_indices", "mamba_translate_is_fusable", "mamba_v2p_table",
-                 "mamba2_layer_index", "mamba2_layer_cache", "get_speculative_mamba2_params_all_layers")
+                 "mamba2_layer_index", "mamba2_layer_cache")
 
 
 def _code(cls, names) -> dict:
@@ -79,19 +78,12 @@ def _mamba_pool(pool, sg_pool_cls, conv_view):
     return type("MambaPool", (_MambaPoolState,), _code(sg_pool_cls, MAMBA_POOL_CODE))(pool, sg_pool_cls, conv_view)
 
 
-class _NoSideStates:
-    """A model without short-conv or n-gram side states: the pools the verify's copy finds empty."""
-
-    conv_state = intermediate_conv_state = context = intermediate_context = None
-
-
 class _ReqToTokenPoolState:
     """The HybridReqToTokenPool fields its code reads: request row r holds state slot mapping[r]
     (row 0, the padded rows', slot 0, as SGLang reserves it)."""
 
     start_layer = 0
     layer_transfer_counter = None
-    short_conv_pool = ngram_pool = _NoSideStates()
 
     def __init__(self, mamba_pool, rows: int, device):
         self.mamba_pool = mamba_pool

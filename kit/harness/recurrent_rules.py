@@ -9,8 +9,9 @@ the state slots a request owns, where its saved state sits before the step, what
   request i's, whatever its slot (layers/attention/linear/utils.py
   build_verify_intermediate_state_indices; mamba/mamba.py's arange(num_decodes)), and leaves the
   slot's state as it was, its conv window slid over every draft (causal_conv1d_update writes the
-  slot's window as a decode does, verify or not; the copy after the verify overwrites it); the scheduler then copies each request's last kept draft from its row into its
-  slot (update_mamba_state_after_mtp_verify), and the next step reads the slot.
+  slot's window as a decode does, verify or not; the copy after the verify overwrites it); the
+  scheduler then copies each request's last kept draft from its row into its slot
+  (update_mamba_state_after_mtp_verify), and the next step reads the slot.
 - vLLM's (`PER_TOKEN_BLOCKS`, v1/attention/backends/gdn_attn.py): a request owns 1 +
   num_speculative_tokens state blocks (its block-table row) and one conv window
   num_speculative_tokens columns wider, in its first block. A speculative step of T tokens reads
