@@ -103,4 +103,8 @@ FULL = [
     FM("mamba2_verify_fresh", TV, prefix=(0, 0), new=4, accepted=(1, 4)),
     FM("mamba2_verify_chain4_saved", TV, prefix=(33, 5, 200), new=4, accepted=(4, 1, 2)),  # as vLLM verifies
     FK("kda_verify_fresh", TV, prefix=(0, 0), new=4, accepted=(4, 4)),
+    # value heads narrower than key heads: a model whose widths differ (Kimi Linear's are equal), where
+    # a scale or a state taken by the wrong width shows (every decode row saved, as SGLang decodes)
+    FK("kda_decode_kv_widths", D, prefix=(2, 9, 300), head_v_dim=64),
+    FK("kda_mixed_kv_widths", MX, prefix=(0, 40, 3), new=(70, 1, 1), head_v_dim=64),
 ]

@@ -10,6 +10,7 @@ import warnings
 from typing import Dict, List, Optional, Sequence, Tuple
 
 from kit.engine.case import Case
+from kit.engine.kinds.recurrent import RecurrentCase
 from kit.modes import Exec, ForwardMode
 
 WIDTH = 100  # the longest line a listing prints
@@ -17,12 +18,20 @@ INDENT = "    "
 
 
 def case_lines(catalog, case_set: str, modes: Sequence[ForwardMode]) -> List[str]:
-    return [f"{mode.value:16} {case.name:36} bs={case.bs:<3} page={case.page:<3} {case.dtype} "
-            f"heads={case.heads} d={case.head_dim} layout={case.layout}"
+    """One line per case the matrix runs of each mode: the softmax cases, then the recurrent ones."""
+    return [f"{mode.value:16} {case.name:36} bs={case.bs:<3} " + _shape(case)
+            for mode in modes for case in catalog.matrix_cases(case_set, mode)]
+
+
+def _shape(case) -> str:
+    """What sets a case apart beside its mode, name and batch size."""
+    if isinstance(case, RecurrentCase):
+        return (f"{case.kind} {case.dtype} heads={case.heads} k={case.head_k_dim} v={case.head_v_dim} "
+                f"prefix={case.prefix} new={case.new}" + (f" accepted={case.accepted}" if case.accepted else ""))
+    return (f"page={case.page:<3} {case.dtype} heads={case.heads} d={case.head_dim} layout={case.layout}"
             + (f" mla={case.kv_lora_rank}+{case.rope_dim}" if case.is_mla else "")
             + (f" inputs={case.inputs}" if case.inputs != "contiguous" else "")
-            + (f" kv={case.kv_dtype}" if case.kv_dtype else "")
-            for mode in modes for case in catalog.cases(case_set, mode)]
+            + (f" kv={case.kv_dtype}" if case.kv_dtype else ""))
 
 
 @dataclasses.dataclass

@@ -161,3 +161,12 @@ def test_check_goes_with_backends():
     proc = _main(kit_main, "list", "--check")
     assert proc.returncode == 4 and proc.stderr.strip().endswith("--check checks backends: give it with --backends"), \
         proc.stderr
+
+
+def test_list_cases_names_every_case_the_matrix_runs():
+    """`kit list` (no --backends) prints one line per case of each mode the matrix runs, the recurrent
+    kinds' cases among them, each with its kind's shape (a listing of the softmax cases alone hid them)."""
+    lines = _main(kit_main, "list", "--case-set", "smoke").stdout.splitlines()
+    listed = [(line.split()[0], line.split()[1]) for line in lines]
+    assert listed == [(m.value, case.name) for m in MODES for case in CATALOG.matrix_cases("smoke", m)]
+    assert any(" kda " in line and "v=32" in line for line in lines), lines
