@@ -4,9 +4,8 @@ command), and a total with an estimate of the time left (Progress.left_s). Torch
 from __future__ import annotations
 
 import collections
-import statistics
 import time
-from typing import Callable, Dict, Iterable, List, Optional
+from typing import Callable, Deque, Dict, Iterable, List, Optional, Tuple
 
 EVERY_S = 30.0  # a line per backend this often at most: a long run's pulse, not a log
 
@@ -51,7 +50,9 @@ def shown(group: str) -> str:
     return KIT_TESTS if group.startswith(KIT_TESTS) else group
 
 SHRINK = 3  # a group's mean is drawn toward every group's by this many runs' weight
-RECENT = 30  # the latest tests whose pace (their seconds over their groups' means) says how loaded the machine is now
+# The tests finished in the last RECENT_S seconds of wall time (or the last fifth of the session, if
+# longer) say how loaded the machine is now: long enough to hold a few of a file's slowest tests.
+RECENT_S = 180.0
 
 
 class Progress:
@@ -64,7 +65,7 @@ class Progress:
         self.spent = 0.0  # seconds of every finished test
         self.steady = RunTimes()  # per group, its tests but each worker's first run of a backend
         self.loaded: set = set()  # (backend, worker) of the first runs seen
-        self.ratios: List[float] = []  # per test in self.steady, its seconds over its group's mean before it
+        self.recent: Deque[Tuple[float, str, float]] = collections.deque()  # (ended at, group, seconds) in self.steady
         self.reported: Dict[object, float] = {}  # per worker, when its last test ended
         self.start = self.last = clock()
 
@@ -74,8 +75,7 @@ class Progress:
         self.finished[group] += 1
         self.spent += seconds
         if shown(group) == KIT_TESTS or (group, worker) in self.loaded:
-            mean = self._mean(group) if self.steady.finished else 0.0
-            self.ratios.append(seconds / mean if mean > 0 else 1.0)
+            self.recent.append((self.clock(), group, seconds))
             self.steady.add(group, seconds)
         self.loaded.add((group, worker))
         self.reported[worker] = self.clock()
@@ -93,13 +93,20 @@ class Progress:
         return (self.steady.spent[group] + SHRINK * overall) / (n + SHRINK)
 
     def _pace(self) -> float:
-        """How much longer than their groups' means the latest tests took, against the session's
-        tests: a machine loaded since (or freed) makes every test left take that much longer (or
-        shorter), which means over the whole session learn only slowly. Medians: a stretch of tests
-        far slower than their group's mean so far (a file of subprocess sessions begun) is the
-        group's cost, which its mean learns, not the machine's pace."""
-        usual = statistics.median(self.ratios) if len(self.ratios) >= RECENT else 0.0
-        return statistics.median(self.ratios[-RECENT:]) / usual if usual > 0 else 1.0
+        """How much longer than their groups' means the tests of the last RECENT_S seconds took,
+        against the session's tests: a machine loaded since (or freed) makes every test left take
+        that much longer (or shorter), which means over the whole session learn only slowly. Sums
+        over a stretch of wall time, each test against its group's mean as it is now: a file's quick
+        tests between its slow ones (a pace of per-test ratios said ~1s left with 20 minutes to go),
+        or a file of slow tests begun, are the file's cost, which its mean holds, not the machine's."""
+        now = self.clock()
+        while self.recent and self.recent[0][0] < now - max(RECENT_S, (now - self.start) / 5):
+            self.recent.popleft()
+        means = {group: self._mean(group) for group in self.steady.finished}
+        usual = sum(self.steady.spent.values()) / max(sum(n * means[g] for g, n in self.steady.finished.items()), 1e-9)
+        took = sum(seconds for _, _, seconds in self.recent)
+        expected = sum(means[group] for _, group, _ in self.recent)
+        return took / expected / usual if took > 0 and expected > 0 and usual > 0 else 1.0
 
     def left_s(self) -> Optional[float]:
         """The time left: the work left (each group's tests left times its mean, at the latest
