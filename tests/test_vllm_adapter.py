@@ -26,6 +26,8 @@ pytestmark = pytest.mark.skipif(vllm_problem() is not None, reason=str(vllm_prob
 ADAPTERS = (VllmTritonAttnBackend, VllmFlexAttentionBackend, VllmFlashAttnBackend, VllmFlashInferBackend,
             VllmTritonMLABackend, VllmFlashMLABackend, VllmFlashAttnMLABackend)
 ON_CPU = pytest.mark.skipif(torch.cuda.is_available(), reason="the CPU's reasons")
+# A latent vLLM's MLA takes (DeepSeek's widths), few heads.
+MLA_SHAPE = dict(heads=(4, 1), head_dim=576, kv_lora_rank=512, rope_dim=64, dtype="fp16", scale=DEEPSEEK_SCALE)
 
 
 def _case(name, mode, prefix, new=1, **kw):
@@ -153,6 +155,21 @@ def test_the_config_is_the_pools_and_the_layers_are_the_models():
     assert model_of(case).num_speculative_tokens == 3
 
 
+@pytest.mark.parametrize("cls, shape", [(VllmTritonAttnBackend, {}), (VllmTritonMLABackend, MLA_SHAPE)],
+                         ids=["dense", "mla"])
+def test_each_layer_reads_the_kit_layers_fp8_scales_once_built(cls, shape):
+    """The scales vLLM's layer hands its kernels (its tensors and the floats its impls fold) are the kit
+    layer's once the layer is built as a loaded model's, q's its k_scale (what the declared q_fp8 step
+    takes): MLAAttention.process_weights_after_loading resets them to 1.0 where no quantization config
+    loaded them (mla_attention.py:1357-1366)."""
+    fx, backend = _built(_case("s", ForwardMode.DECODE, (3, 4), kv_dtype="fp8_e4m3", **shape), cls)
+    for layer in fx.layers:
+        attn = backend.layers[layer]
+        read = (attn._k_scale.item(), attn._v_scale.item(), attn._q_scale.item(), attn._k_scale_float,
+                attn._v_scale_float, attn._q_scale_float)
+        assert read == (layer.k_scale, layer.v_scale, layer.k_scale) * 2, (layer.layer_id, read)
+
+
 def test_the_kv_writer_that_ran_is_recorded():
     """TRITON_ATTN's own Triton writer everywhere; the others' compiled op, or where it does not
     load vLLM's equivalent, naming why."""
@@ -262,11 +279,10 @@ def test_an_mla_model_dtype_no_prefill_backend_takes_is_unsupported_in_the_prefi
         raise ValueError(f"No valid MLA prefill backend found with {config}. Reasons: dtype not supported")
 
     monkeypatch.setattr(rt.current_platform, "get_mla_prefill_backend_cls", selector)
-    mla = dict(heads=(4, 1), head_dim=576, kv_lora_rank=512, rope_dim=64, dtype="fp16", scale=DEEPSEEK_SCALE)
     for mode, new in ((ForwardMode.MIXED, (4, 1)), (ForwardMode.EXTEND, (2, 2))):
-        reason = VllmTritonMLABackend._refused(_case("m", mode, (3, 4), new, **mla))
+        reason = VllmTritonMLABackend._refused(_case("m", mode, (3, 4), new, **MLA_SHAPE))
         assert reason.startswith("MLA prefill rows in torch.float16: no MLA prefill backend") and "dtype not supported" in reason
-    assert VllmTritonMLABackend._refused(_case("m", ForwardMode.DECODE, (3,), **mla)) is None
+    assert VllmTritonMLABackend._refused(_case("m", ForwardMode.DECODE, (3,), **MLA_SHAPE)) is None
 
 
 def test_a_step_may_hand_more_tokens_than_one_requests_context():

@@ -308,8 +308,10 @@ class VllmBackend(AttentionBackend):
 
     @staticmethod
     def _load_kv_scales(attn, layer) -> None:
-        """The layer's fp8 KV scales as vLLM's loader sets a checkpoint's (quantization/kv_cache.py:147-162,
-        q's taken from k's where a checkpoint has none)."""
+        """The layer's fp8 scales as vLLM's kv-cache quantization loads a checkpoint's
+        (quantization/kv_cache.py:117-198); q's the layer's k_scale, as a checkpoint that carries a q_scale
+        sets it (one without gets 1.0 there: :171-198), so that a q_scale folded where no query was
+        quantized moves the output."""
         if layer.k_scale is None:
             return
         for name, value in (("_k_scale", layer.k_scale), ("_v_scale", layer.v_scale), ("_q_scale", layer.k_scale)):
@@ -394,8 +396,8 @@ def _installed_version() -> str:
 
 
 # vLLM's Attention layer (the kit calls it as a model does) quantizes the query to fp8 with the layer's
-# q_scale (= k_scale, as its loader sets it without a checkpoint's) where the impl's supports_quant_query_input
-# holds (model_executor/layers/attention/attention.py:470-486, :519-525).
+# q_scale (the kit's k_scale, as a checkpoint with its own q_scale sets it) where the impl's
+# supports_quant_query_input holds (model_executor/layers/attention/attention.py:470-486, :519-525).
 class VllmTritonAttnBackend(VllmBackend):
     """TRITON_ATTN (v1/attention/backends/triton_attn.py): vLLM's unified Triton attention; its KV
     write is vLLM's Triton reshape_and_cache_flash, everywhere."""
@@ -459,8 +461,11 @@ class VllmFlashInferBackend(VllmBackend):
     kv_dtypes = ("fp8_e4m3", "fp8_e5m2")  # FlashInferBackend.supported_kv_cache_dtypes
     # On SM90 its prefill wrappers take q in the cache's fp8 dtype (flashinfer.py:1157-1166), quantized with
     # the layer's q_scale (maybe_quant_query, :2165-2181), and run FlashInfer's FA3 fp8 prefill (P in e4m3);
-    # its decode keeps the model's dtype (:1145-1154). Modes whose batches vLLM sends to prefill only.
-    numerics = Numerics(q_fp8=("extend", "draft_extend_v2"), p_fp8=("extend", "draft_extend_v2"))
+    # its decode keeps the model's dtype (:1142-1154). Modes whose batches vLLM sends to prefill only: a verify's
+    # rows too, where no TRT-LLM decode kernel is had (FlashInfer's cubins), as the builder then keeps the
+    # reorder threshold at one token (:1053-1059).
+    numerics = Numerics(q_fp8=("extend", "target_verify", "draft_extend_v2"),
+                        p_fp8=("extend", "target_verify", "draft_extend_v2"))
 
     @classmethod
     def versions(cls):

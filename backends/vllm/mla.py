@@ -80,9 +80,11 @@ class VllmMLABackend(VllmBackend):
             q_lora_rank=None, kv_lora_rank=rank, kv_b_proj=_UpProjection(rank, heads, ctx.dtype),
             cache_config=self.vllm_config.cache_config, prefix=layer_name(layer), attn_backend=backend,
             **self._layer_args(layer))
-        self._load_kv_scales(attn, layer)
         attn = attn.to(ctx.device)
         attn.process_weights_after_loading(ctx.dtype)
+        # After it: with no quantization config it resets every scale to 1.0 (mla_attention.py:1357-1366),
+        # where a checkpoint's kv-cache quantization keeps the scales it loaded.
+        self._load_kv_scales(attn, layer)
         return attn
 
     def _layer_args(self, layer) -> dict:
