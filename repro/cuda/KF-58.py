@@ -12,7 +12,7 @@ first EXTEND), and judges each request's new rows against a float64 reference. R
 - the "fails in the kit" cases raise NoValidChoicesError here and the "passes in the kit" ones PASS: PyTorch's
   inductor alone fails to lower flex_attention for these shapes (the bug is PyTorch's; the line printed names
   the request length at which the lowering failed, and the second pass, dynamic=False, whether dynamic shapes are
-  needed for it).
+  needed for it; the seq_lens dtype passes, whether the int32 lengths the kit renders matter).
 - every case PASS here: torch alone lowers them; the kit's calls differ from SGLang's (look there next).
 Exit status 1 when a case fails."""
 import sys
@@ -52,11 +52,11 @@ def reference(q, k, v, scale):
     return torch.einsum("hqk,hkd->hqd", torch.softmax(s.masked_fill(~seen, float("-inf")), dim=-1), v)
 
 
-def run_case(hq, hkv, d, dtype, prefix, new, dynamic):
+def run_case(hq, hkv, d, dtype, prefix, new, dynamic, lens_dtype):
     """SGLang's per-request calls for one batch; returns a verdict line."""
     torch._dynamo.reset()
     compiled = torch.compile(flex_attention, dynamic=dynamic)
-    seq_lens = torch.tensor([p + n for p, n in zip(prefix, new)], device=dev)
+    seq_lens = torch.tensor([p + n for p, n in zip(prefix, new)], device=dev, dtype=lens_dtype)
     scale = d ** -0.5
     worst = 0.0
     for i, (p, n) in enumerate(zip(prefix, new)):
@@ -78,10 +78,11 @@ def run_case(hq, hkv, d, dtype, prefix, new, dynamic):
 
 failed = False
 print(torch.__version__, torch.cuda.get_device_name())
-for dynamic in (True, False):
+# seq_lens as SGLang's scheduler makes them (int64), as its graph runner and the kit hold them (int32); then static.
+for dynamic, lens_dtype in ((True, torch.int64), (True, torch.int32), (False, torch.int64)):
     for name, (hq, hkv, d, dtype, prefix, new, kit) in CASES.items():
-        ok, what = run_case(hq, hkv, d, dtype, prefix, new, dynamic)
+        ok, what = run_case(hq, hkv, d, dtype, prefix, new, dynamic, lens_dtype)
         failed |= not ok
-        print(f"dynamic={dynamic} {name} ({kit}): {what}: {'PASS' if ok else 'FAIL'}")
+        print(f"dynamic={dynamic} seq_lens {lens_dtype} {name} ({kit}): {what}: {'PASS' if ok else 'FAIL'}")
 print("FAIL" if failed else "PASS")
 sys.exit(1 if failed else 0)
