@@ -11,7 +11,7 @@ first EXTEND), and judges each request's new rows against a float64 reference. R
 (torch 2.11): python repro/cuda/KF-58.py
 - the "fails in the kit" cases raise NoValidChoicesError here and the "passes in the kit" ones PASS: PyTorch's
   inductor alone fails to lower flex_attention for these shapes (the bug is PyTorch's; the line printed names
-  the request length at which the lowering failed, and the second pass, dynamic=False, whether dynamic shapes are
+  the request length at which the lowering failed, and the static pass (dynamic=False) whether dynamic shapes are
   needed for it; the seq_lens dtype passes, whether the int32 lengths the kit renders matter).
 - every case PASS here: torch alone lowers them; the kit's calls differ from SGLang's (look there next).
 Exit status 1 when a case fails."""
