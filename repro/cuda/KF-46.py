@@ -5,10 +5,12 @@ graph holds, and returns inf rows (KNOWN_FAILURES.md KF-46). Imports only torch 
 What vLLM's runner does under cudagraph_mode=FULL (FLASH_ATTN's builder declares AttentionCGSupport.ALWAYS on
 FA3, so mixed batches replay full graphs):
 - it captures the graph of a token count T on its dummy batch: min(T, max_num_seqs) requests of one token,
-  max_query_len = T (gpu_model_runner.py _dummy_run), so FA3's kernel is recorded with max_seqlen_q = T;
-- a later batch of T requests of one token each (a decode step) dispatches to that graph (cudagraph_mode FULL
-  has no separate decode routine, cudagraph_dispatcher.py dispatch), and the builder plans FA3's schedule for
-  it with the batch's own max_query_len = 1 (flash_attn.py build: _get_scheduler_metadata(max_query_len=...),
+  max_query_len = T (Model Runner V2, the default: v1/worker/gpu/cudagraph_utils.py, "Mixed graphs can replay a
+  single prefill spanning the entire batch"; V1's _dummy_run the same), so FA3's kernel is recorded with
+  max_seqlen_q = T;
+- a later batch of T requests of one token each (a decode step) replays that graph (cudagraph_mode FULL has no
+  separate decode routine), and the builder plans FA3's schedule for it with the batch's own max_query_len = 1
+  (v1/worker/gpu/model_states/default.py; flash_attn.py build: _get_scheduler_metadata(max_query_len=...),
   copied into the persistent buffer by _store_scheduler_metadata);
 - FA3's get_scheduler_metadata turns causal off for max_seqlen_q == 1 at head dim <= 64 (hopper/flash_api.cpp
   mha_fwd_get_scheduler_metadata, "causal=true is the same as causal=false in this case"), which drops the
