@@ -13,7 +13,7 @@ import torch
 
 from backends.torch_native import TorchNativeBackend
 from kit.engine.case import LAYOUTS
-from kit.harness.graph import WARMUP_RUNS, BatchGraphs, _no_collection, full_capacity, harness_for
+from kit.harness.graph import BatchGraphs, _no_collection, full_capacity, harness_for
 from kit.modes import Exec, ForwardMode
 from kit.engine.plan import plan_case
 from kit.engine.pools import CASE_LAYER_ID
@@ -147,6 +147,12 @@ class RecordingFill2Backend(RecordingBackend):
     FILL = 2
 
 
+class OneWarmupRecordingBackend(RecordingBackend):
+    """Same, under an engine that warms a graph up once before its capture (vLLM's runner)."""
+
+    profile = dataclasses.replace(SGLANG, name="one-warmup", capture_warmups=1)
+
+
 class TwoPhaseRecordingBackend(RecordingBackend):
     """The same records through SGLang 0.5.23's two-phase hooks: out_graph stands for the
     capture hook (in_capture=True) or the replay hook, in_graph is recorded in the graph."""
@@ -186,11 +192,11 @@ def drive_batch_graphs(case, backend_cls, device):
     return backend, harness, fixtures, outs, max_bs
 
 
-RECORDERS = [RecordingBackend, RecordingFill2Backend, TwoPhaseRecordingBackend]
+RECORDERS = [RecordingBackend, RecordingFill2Backend, OneWarmupRecordingBackend, TwoPhaseRecordingBackend]
 
 
 @pytest.mark.parametrize("device", DEVICES)
-@pytest.mark.parametrize("backend_cls", RECORDERS, ids=["fill1", "fill2", "two_phase"])
+@pytest.mark.parametrize("backend_cls", RECORDERS, ids=["fill1", "fill2", "one_warmup", "two_phase"])
 @pytest.mark.parametrize("mode", list(HARNESS_CASES), ids=[m.value for m in HARNESS_CASES])
 def test_batch_graphs_hook_calls(mode, backend_cls, device):
     """State once first, one capture per bucket (largest first) with fill rows, then padded replays
@@ -250,9 +256,9 @@ def test_batch_graphs_hook_calls(mode, backend_cls, device):
     assert [full_capacity(i) for i in range(4)] == [False, True, False, True]
     assert any(r["bs"] > bs for r, bs in zip(replays, [fx.batch.batch_size for fx in fixtures]))
 
-    # A real graph runs forward (and in_graph) only at warm-up and capture, never at replay; the
-    # emulation runs them again at each replay but undoes their Python side effects, records included.
-    runs = 1 if device == "cpu" else WARMUP_RUNS + 1
+    # A real graph runs forward (and in_graph) only at its engine's warm-ups and capture, never at replay;
+    # the emulation runs them again at each replay but undoes their Python side effects, records included.
+    runs = 1 if device == "cpu" else backend_cls.profile.capture_warmups + 1
     forwards = [c for c in backend.calls if c[0] == "forward"]
     layers = len(fixtures[0].layers)  # forward once per layer of the model, each step
     assert layers == 2

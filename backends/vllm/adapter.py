@@ -55,7 +55,7 @@ CAPTURE_SIZES = (1, 2, 4) + tuple(range(8, 256, 8)) + tuple(range(256, 513, 16))
 PROFILE = EngineProfile("vllm", storage={"dense": "interleaved", "mla": "latent_blocks",
                                          "sparse_mla": "latent_strided_blocks"}, batch=COMMON,
                         padded_slot=NO_WRITE, padded_seq_len=0, padded_query_len=0, pads_token_graph_requests=True,
-                        batch_sizes=CAPTURE_SIZES, token_buckets=CAPTURE_SIZES, hooks=BUILDER,
+                        batch_sizes=CAPTURE_SIZES, token_buckets=CAPTURE_SIZES, hooks=BUILDER, capture_warmups=1,
                         row_order=DECODE_FIRST, spec_rows_beside_prefill=True, drafts=drafts.vllm,
                         recurrent_verify=PER_TOKEN_BLOCKS)
 # The kit's quantized KV caches, as vLLM's kv_cache_dtype names them.

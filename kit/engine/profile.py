@@ -64,6 +64,10 @@ class EngineProfile:
     # Whether it schedules decode rows that verify drafts (1 + k tokens) beside prefill rows in one
     # step (vLLM, speculative decoding with chunked prefill); SGLang verifies in steps of their own.
     spec_rows_beside_prefill: bool = False
+    # Runs of a graph's program before its capture: SGLang's graph runners warm up twice
+    # (model_executor/runner/row_bucket_graph_runner.py:303), vLLM's once (v1/worker/gpu/cudagraph_utils.py:464-467;
+    # V1: cudagraph_num_of_warmups, config/vllm.py:2011); what a backend plans lazily at a forward depends on it.
+    capture_warmups: int = 2
     recurrent_verify: str = INTERMEDIATE_POOLS  # a recurrent layer's verify rule (INTERMEDIATE_POOLS, PER_TOKEN_BLOCKS)
     # Its draft rule (kit.engine.drafts): why it never runs a speculative case's drafts, or None;
     # None for an engine that runs every draft configuration the modes describe.

@@ -1,8 +1,8 @@
 """The graph harness: the production capture/replay contract (SPEC "Graph mode").
 
 Batch-size graphs (DECODE / TARGET_VERIFY / DRAFT_EXTEND_V2, ...): static buffers sized for the
-largest bucket of the engine's batch sizes, one graph captured per bucket (warm-up on a side
-stream first), then replays in mixed order with padded rows as the engine's profile fills them
+largest bucket of the engine's batch sizes, one graph captured per bucket (the engine's warm-up
+runs on a side stream first), then replays in mixed order with padded rows as the engine's profile fills them
 (kit.engine.profile: a padded token's KV slot, a padded request's seq_len). The static buffers are
 the fields the batch's converter lists (kit.engine.render.STATIC_FIELDS, kept by
 kit.harness.static): the harness names none of an engine's fields. Token graphs (EXTEND,
@@ -44,9 +44,6 @@ from kit.harness.program import forward_program
 from kit.harness.protocol import seq_len_fill_value
 from kit.harness.static import StaticBatch
 from kit.report.record import CUDA_GRAPH, EMULATED, PIECEWISE_EAGER
-
-WARMUP_RUNS = 2
-
 
 def full_capacity(i: int) -> bool:
     """Whether replay i (from 0) hands the backend full-capacity request buffers: every second."""
@@ -195,7 +192,7 @@ class _Harness:
             side = torch.cuda.Stream()
             side.wait_stream(torch.cuda.current_stream())
             with torch.cuda.stream(side):
-                for _ in range(WARMUP_RUNS):
+                for _ in range(self.profile.capture_warmups):
                     self.driver.before_capture_run(batch)
                     self._program(batch, rows)
             torch.cuda.current_stream().wait_stream(side)

@@ -185,12 +185,12 @@ sys.exit(1 if failed else 0)
 CUDA_GRAPH = '''
 
 def cuda_graph(program):
-    """`program` captured in a CUDA graph as engines capture one: warm-up runs on a side stream, then the
-    capture on it. Returns (the graph, the outputs it writes at each replay)."""
+    """`program` captured in a CUDA graph as the engine captures one: its warm-up runs on a side stream, then
+    the capture on it. Returns (the graph, the outputs it writes at each replay)."""
     side = torch.cuda.Stream()
     side.wait_stream(torch.cuda.current_stream())
     with torch.cuda.stream(side):
-        for _ in range(2):
+        for _ in range(@CAPTURE_WARMUPS@):
             program()
     torch.cuda.current_stream().wait_stream(side)
     torch.cuda.synchronize()
@@ -218,6 +218,11 @@ def _verdict() -> str:
     for name in ("Q_FP8", "Q_CAST", "NEW_AS_HANDED", "P_FP8", "P_CAST", "TF32"):
         text = text.replace(f"@{name}@", repr(getattr(numerics, name)))
     return text
+
+
+def cuda_graph_part(profile) -> str:
+    """CUDA_GRAPH with the warm-up runs of the engine `profile` describes (kit.engine.profile)."""
+    return CUDA_GRAPH.replace("@CAPTURE_WARMUPS@", str(profile.capture_warmups))
 
 
 def assemble(scenario: Dict, engine: str, backend: str, exec_: str, how: str, engine_part: str) -> str:

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 from typing import Dict
 
-from kit.repro.file_parts import CUDA_GRAPH, assemble
+from kit.repro.file_parts import assemble, cuda_graph_part
 
 HOW = {"eager": ("Builds the batches with SGLang's own classes (ReqToTokenPool, MHATokenToKVPool, KVIndexTranslator,\n"
                  "the backend, RadixAttention, ForwardBatch) and calls them in the order its model runner does\n"
@@ -339,7 +339,7 @@ def render(scenario: Dict, backend_cls, exec_: str) -> str:
     if exec_ == "eager":
         run = EAGER
     elif modes == {"decode"}:
-        run = CUDA_GRAPH + GRAPH.replace("@BATCH_SIZES@", repr(backend_cls.profile.batch_sizes))
+        run = cuda_graph_part(backend_cls.profile) + GRAPH.replace("@BATCH_SIZES@", repr(backend_cls.profile.batch_sizes))
     else:
         raise NotReproducible(f"{exec_} runs of SGLang backends in {scenario['mode']}: standalone files reproduce "
                               f"decode graphs only (its token-bucket graphs not yet); give the eager run's id")

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 from typing import Dict
 
-from kit.repro.file_parts import CUDA_GRAPH, assemble
+from kit.repro.file_parts import assemble, cuda_graph_part
 
 HOW = {"eager": ("Builds the batches with vLLM's own classes (VllmConfig, Attention, the backend's metadata builder,\n"
                  "CommonAttentionMetadata) and calls them in the order vLLM's runner does (build, then each layer's\n"
@@ -255,7 +255,7 @@ def render(scenario: Dict, backend_cls, exec_: str) -> str:
     if exec_ == "eager":
         run = EAGER
     elif {b["mode"] for b in scenario["batches"]} == {"decode"}:
-        run = CUDA_GRAPH + GRAPH.replace("@BATCH_SIZES@", repr(backend_cls.profile.batch_sizes))
+        run = cuda_graph_part(backend_cls.profile) + GRAPH.replace("@BATCH_SIZES@", repr(backend_cls.profile.batch_sizes))
     else:
         raise NotReproducible(f"{exec_} runs of vLLM backends in {scenario['mode']}: standalone files reproduce "
                               f"decode graphs only (its mixed-batch graphs not yet); give the eager run's id")
