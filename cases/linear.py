@@ -5,7 +5,7 @@ from functools import partial
 
 from kit.engine.kinds.gdn import QWEN3_NEXT
 from kit.engine.kinds.kda import KIMI_LINEAR
-from kit.engine.kinds.recurrent import SMOKE_HEADS, RecurrentCase
+from kit.engine.kinds.recurrent import FULL, LINEAR, SMOKE_HEADS, RecurrentCase
 from kit.modes import ForwardMode
 
 D, E, MX, TV = ForwardMode.DECODE, ForwardMode.EXTEND, ForwardMode.MIXED, ForwardMode.TARGET_VERIFY
@@ -17,6 +17,9 @@ D, E, MX, TV = ForwardMode.DECODE, ForwardMode.EXTEND, ForwardMode.MIXED, Forwar
 S = partial(RecurrentCase, heads=SMOKE_HEADS, head_k_dim=16, head_v_dim=32)
 M = partial(S, kind="mamba2", head_k_dim=8, head_v_dim=16)  # (groups, heads), d_state, head_dim
 K = partial(S, kind="kda", heads=(2, 2))  # Kimi Linear's q, k and v heads alike
+# A hybrid model: a full-attention layer after each linear one (the KV pool's two, dense GQA of the
+# smoke set's heads), every layer over the same requests.
+H = partial(S, layer_pattern=(LINEAR, FULL, LINEAR, FULL))
 
 SMOKE = [
     S("gdn_decode_fp32", D, prefix=(0, 5, 1, 40), dtype="fp32"),
@@ -56,6 +59,9 @@ SMOKE = [
     M("mamba2_verify_saved_bf16", TV, prefix=(6, 70), new=3, accepted=(3, 1), dtype="bf16"),
     K("kda_verify_fresh_fp32", TV, prefix=(0, 0), new=3, accepted=(3, 3), dtype="fp32"),
     K("kda_verify_saved_bf16", TV, prefix=(40, 9), new=3, accepted=(1, 3), dtype="bf16"),  # as SGLang verifies
+    H("hybrid_gdn_decode_fp32", D, prefix=(0, 5, 40), dtype="fp32"),
+    H("hybrid_gdn_extend_bf16", E, prefix=(9, 0), new=(3, 12), dtype="bf16"),
+    H("hybrid_gdn_mixed_fp32", MX, prefix=(0, 17, 6), new=(5, 1, 1), dtype="fp32"),
 ]
 
 # Qwen3-Next's GDN layer at TP 1 (16 key heads, 32 value heads of 128) and TP 4 (4 and 8);
@@ -64,6 +70,9 @@ SMOKE = [
 F = partial(RecurrentCase, heads=QWEN3_NEXT)
 FM = partial(RecurrentCase, kind="mamba2", heads=(8, 128), head_k_dim=128, head_v_dim=64)
 FK = partial(RecurrentCase, kind="kda", heads=KIMI_LINEAR)
+# Qwen3-Next's first eight layers (three GDN layers, then a full-attention one: 16 query heads, 2 KV
+# heads of 256, TP 1).
+FH = partial(F, layer_pattern=(LINEAR, LINEAR, LINEAR, FULL) * 2, attention_heads=(16, 2), attention_head_dim=256)
 FULL = [
     F("gdn_decode_ragged", D, prefix=(0, 1, 3, 4, 17, 200, 1024, 5)),
     F("gdn_decode_tp4", D, prefix=(7, 0, 300), heads=(4, 8)),
@@ -107,4 +116,7 @@ FULL = [
     # a scale or a state taken by the wrong width shows (every decode row saved, as SGLang decodes)
     FK("kda_decode_kv_widths", D, prefix=(2, 9, 300), head_v_dim=64),
     FK("kda_mixed_kv_widths", MX, prefix=(0, 40, 3), new=(70, 1, 1), head_v_dim=64),
+    FH("hybrid_gdn_decode", D, prefix=(1, 17, 300, 1024)),
+    FH("hybrid_gdn_extend", E, prefix=(0, 64, 500), new=(100, 65, 1)),
+    FH("hybrid_gdn_mixed", MX, prefix=(0, 128, 9), new=(97, 1, 1)),
 ]

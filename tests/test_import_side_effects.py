@@ -19,7 +19,7 @@ REPO = Path(__file__).resolve().parent.parent
 MODULES = ("kit", "kit.__main__", "kit.listing", "kit.harness.runner", "kit.plugin.pytest_plugin", "kit.mutate",
            "matrix", "cases", "backends", "backends.triton", "backends.sglang", "backends.vllm", "backends.flashinfer",
            "backends.flashinfer_mla", "backends.torch_native", "backends.torch_sparse_mla",
-           "backends.torch_native_linear")
+           "backends.torch_native_linear", "backends.torch_native_hybrid")
 # Imports the modules named on its command line in that order, then loads every registered backend
 # class, and prints what changed in the process.
 PROBE = """

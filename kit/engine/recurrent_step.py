@@ -18,7 +18,6 @@ import torch
 from kit.engine.case import DTYPES
 from kit.engine.kinds.recurrent import RecurrentCase, RecurrentLayer
 from kit.engine.numerics import ENVELOPE_STEPS
-from kit.engine.pools import NUM_LAYERS
 from kit.engine.recurrent_reference import RecurrentRun, run_request
 from kit.engine.state_pool import PADDED_SLOT, StateGeometry, StateLayout
 from kit.modes import ForwardMode
@@ -195,13 +194,13 @@ def build(case: RecurrentCase, device, starts: Optional[List[List[Start]]] = Non
     backend's declared recurrent casts its rows take (none where empty); the references take the exact
     ones, the envelope all."""
     dtype = getattr(torch, DTYPES[case.dtype])
-    layers = layers or tuple(_layer(case, i, dtype, device) for i in range(NUM_LAYERS))
+    layers = layers or tuple(_layer(case, i, dtype, device) for i in case.linear_layers)
     layout = layout or StateLayout(intermediate_drafts=case.new if case.mode == ForwardMode.TARGET_VERIFY else 0)
     owned = case.bs * layout.blocks
     geometry = StateGeometry(slots=max(MIN_SLOTS, 1 << (2 * owned + 1).bit_length()), conv_dim=case.conv_dim,
                              conv_width=case.conv_width, num_v_heads=case.heads[1], head_k_dim=case.head_k_dim,
                              head_v_dim=case.head_v_dim, drafts=layout.intermediate_drafts,
-                             spec_columns=layout.spec_columns)
+                             spec_columns=layout.spec_columns, layers=len(layers))
     if blocks is None:
         drawn = random.Random(case.rng_seed("slots")).sample(range(1, geometry.slots), owned)
         blocks = [drawn[i * layout.blocks:(i + 1) * layout.blocks] for i in range(case.bs)]

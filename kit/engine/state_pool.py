@@ -1,7 +1,8 @@
 """Slot-indexed state pools: what a linear-attention layer keeps per request instead of KV pages.
 
-Per layer (NUM_LAYERS, the KV pool's: a backend that ignores layer_id reads and writes the wrong
-layer's state), indexed by a request's state slot:
+Per linear layer (NUM_LAYERS, the KV pool's, or a hybrid model's linear layers, by their position among
+them: a backend that ignores layer_id reads and writes the wrong layer's state), indexed by a
+request's state slot:
   conv      [slots, conv_dim, conv_width - 1]  the conv window, in the model's dtype
   temporal  [slots, Hv, V, K]                  the recurrent state, float32, value rows of key columns
                                                (both engines' layout: fla's GDN and KDA state
@@ -44,6 +45,7 @@ class StateGeometry:
     head_v_dim: int
     drafts: int  # per-draft states kept for verify (0: none)
     spec_columns: int = 0  # conv columns a slot keeps past its window (vLLM's speculative sliding window)
+    layers: int = NUM_LAYERS  # the model's linear layers
 
     def shapes(self) -> Dict[str, Tuple[int, ...]]:
         """Each pool's per-slot shape."""
@@ -59,8 +61,8 @@ class StatePool:
         self.device = torch.device(device)
         dtypes = {"conv": conv_dtype, "temporal": torch.float32, "intermediate_conv": conv_dtype,
                   "intermediate_ssm": torch.float32}
-        # [NUM_LAYERS, slots + TAIL_SLOTS, ...] each; the backend's views stop at `slots`
-        self.buffers = {name: torch.empty((NUM_LAYERS, geometry.slots + TAIL_SLOTS) + shape, dtype=dtypes[name],
+        # [layers, slots + TAIL_SLOTS, ...] each; the backend's views stop at `slots`
+        self.buffers = {name: torch.empty((geometry.layers, geometry.slots + TAIL_SLOTS) + shape, dtype=dtypes[name],
                                           device=self.device) for name, shape in geometry.shapes().items()}
         gen = torch.Generator(device=self.device).manual_seed(POISON_SEED)
         for buffer in self.buffers.values():
@@ -69,7 +71,8 @@ class StatePool:
         self._sealed = fingerprint(self.poison.values())
 
     def layer(self, name: str, layer_id: int) -> torch.Tensor:
-        """One layer's pool `name`, [slots, ...]: what a backend is handed."""
+        """One layer's pool `name`, [slots, ...]: what a backend is handed (`layer_id`: the layer's
+        position among the linear layers)."""
         return self.buffers[name][layer_id, :self.size]
 
     # The engines' names for a layer's pools (SGLang's MambaPool layer cache: conv, temporal).
@@ -99,7 +102,7 @@ class StatePool:
         update_mamba_state_after_mtp_verify), in every layer."""
         slots, last = slots.to(torch.int64), accepted.to(torch.int64) - 1
         rows = torch.arange(slots.numel(), device=slots.device)
-        for layer_id in range(NUM_LAYERS):
+        for layer_id in range(self.geometry.layers):
             self.temporal(layer_id)[slots] = self.intermediate_ssm(layer_id)[rows, last]
             self.conv(layer_id)[slots] = self.intermediate_conv(layer_id)[rows, last]
 

@@ -11,6 +11,7 @@ from typing import Dict, FrozenSet, Optional, Tuple
 
 from kit.engine import kinds
 from kit.engine.case import KV_DTYPES, Case
+from kit.engine.kinds.recurrent import HYBRID
 from kit.engine.modes import rules_for
 from kit.engine.numerics import Numerics
 from kit.engine.profile import BUILDER, CAPTURE_REPLAY, TWO_PHASE, EngineProfile
@@ -26,7 +27,8 @@ HOOKS = {
     BUILDER: ("init_cuda_graph_state", "build_for_capture"),
 }
 NO_CAPTURE_HOOKS = "no capture hooks"
-FEATURES = {"sinks": "attention sinks (Layer.sinks)"}  # Case.features, as a reason names them
+FEATURES = {"sinks": "attention sinks (Layer.sinks)",
+            HYBRID: "a hybrid model's full-attention layers (RecurrentCase.layer_pattern)"}  # Case.features, as a reason names them
 
 
 class BadDeclaration(TypeError):

@@ -25,10 +25,11 @@ import torch
 
 from kit.engine.numerics import EXACT_NUMERICS, RECURRENT_CASTS, label
 from kit.engine.recurrent_step import RecurrentBatch, RecurrentFixture, build, kept_draft
-from kit.engine.kinds.recurrent import GRAPH_MODES, RecurrentCase
+from kit.engine.kinds.recurrent import RecurrentCase
 from kit.engine.state_pool import PADDED_SLOT, StatePool
 from kit.harness.checks import Check, output_figures, read_back
 from kit.harness.fault import raised
+from kit.harness.hybrid import FullLayers
 from kit.harness.nan_fill import nan_filled_allocations
 from kit.harness.recurrent_rules import IntermediatePools, rule_of
 from kit.harness.scope import recurrent_graph_reason
@@ -137,15 +138,15 @@ def _judge(fx: RecurrentFixture, pool: StatePool, before, outs: List[torch.Tenso
     real = sum(fx.case.new_lens)
     dtype = fx.torch_dtype
     hv, dv = fx.case.heads[1], fx.case.head_v_dim
-    problems = [f"layer {i} output {tuple(o.shape)} {o.dtype} on {o.device}, not [>= {real}, {hv}, {dv}] {dtype}"
-                for i, o in enumerate(outs)
+    problems = [f"layer {layer.layer_id} output {tuple(o.shape)} {o.dtype} on {o.device}, not [>= {real}, {hv}, {dv}] {dtype}"
+                for layer, o in zip(fx.layers, outs)
                 if o.dim() != 3 or o.shape[0] < real or tuple(o.shape[1:]) != (hv, dv) or o.dtype != dtype]
     goldens = [torch.cat([r.out for r in runs]) for runs in fx.golden]
     sames = [torch.cat([r.out for r in runs]).to(dtype) for runs in fx.same_dtype]
     declared = ([(g, torch.cat([r.out for r in runs])) for g, runs in zip(goldens, fx.envelope)]
                 if fx.envelope else None)
     outputs = read_back([output_figures([o[:real] for o in outs], goldens, sames, dtype,
-                                        [f"layer {i} " for i in range(len(outs))], declared)])[0]
+                                        [f"layer {layer.layer_id} " for layer in fx.layers], declared)])[0]
     padded = sum(int((~torch.isfinite(o[real:].float())).any(dim=-1).any(dim=-1).sum()) for o in outs
                  if o.dim() == 3) if profile.padded_rows_attend else 0
     states: StatePoolCheck = check_states(pool, before, _expected(fx, rule, before_verify), dtype)
@@ -197,7 +198,9 @@ def _run(backend_cls, case: RecurrentCase, exec_: Exec, device: str, verdicts: L
     graph = exec_ == Exec.GRAPH
     max_bs = padded_bucket(case.bs, backend_cls.profile) if graph else case.bs
     drafts = case.new if case.mode == ForwardMode.TARGET_VERIFY else 0
-    backend = backend_cls(RecurrentContext(torch.device(device), fx.torch_dtype, pool, fx.layers, max_bs, drafts))
+    ctx = RecurrentContext(torch.device(device), fx.torch_dtype, pool, fx.layers, max_bs, drafts)
+    full = FullLayers(backend_cls, case, device) if case.layer_pattern else None
+    backend = backend_cls(full.context(device, ctx) if full else ctx)
     batch, inputs = fx.batch(device, max_bs if graph else None, getattr(backend_cls, "padded_state_slot", PADDED_SLOT),
                              empty_padding=backend_cls.profile.padded_query_len == 0)
 
@@ -207,7 +210,10 @@ def _run(backend_cls, case: RecurrentCase, exec_: Exec, device: str, verdicts: L
 
     refill()
     before = _snapshot(pool)
-    if graph:
+    if full:  # eager only (kit.harness.scope)
+        outs, attention = full.step(backend, batch, inputs, fx.layers)
+        verdicts.append(RecurrentVerdict(f"{case.mode.value} {exec_.value}, {full.describe()}", attention.checks))
+    elif graph:
         if hasattr(backend, "init_cuda_graph_state"):
             backend.init_cuda_graph_state(max_bs)
         outs = _graphed(backend, batch, inputs, fx.layers, refill)
@@ -271,7 +277,7 @@ def main(argv=None) -> int:
     cases = import_target(f"{args.cases}:{args.case_set.upper()}")
     failed = 0
     for case in (c for c in cases if args.k in c.name and c.kind in backend.attention_kinds):
-        for exec_ in (e for e in Exec if e == Exec.EAGER or case.mode in GRAPH_MODES):
+        for exec_ in (e for e in Exec if e == Exec.EAGER or not recurrent_graph_reason(case)):
             start = time.time()
             message = failures(run_case(backend, case, exec_, args.device))
             failed += message is not None

@@ -19,7 +19,8 @@ KIT_DISTRIBUTION = "attention-conformance-kit"  # pyproject.toml's name: the in-
 # The in-box backends: the kit's own kernels (its package also registers the adapters of SGLang's and
 # vLLM's backends, which run the engines' kernels). The matrix the benchmarks time and the fuzz
 # ledger the checkout tracks are theirs.
-IN_BOX = ("torch_native", "triton", "flashinfer", "flashinfer_mla", "torch_sparse_mla", "torch_native_linear")
+IN_BOX = ("torch_native", "triton", "flashinfer", "flashinfer_mla", "torch_sparse_mla", "torch_native_linear",
+          "torch_native_hybrid")
 
 
 class UnknownBackend(LookupError):

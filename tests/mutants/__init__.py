@@ -13,7 +13,7 @@ from kit.engine.layer import model_layers
 from kit.engine.profile import SGLANG
 from kit.modes import Exec, ForwardMode
 from kit.mutation import Mutant
-from tests.mutants import linear, sglang_linear, vllm_linear
+from tests.mutants import hybrid, linear, sglang_linear, vllm_linear
 
 D, E, TV, DE = ForwardMode.DECODE, ForwardMode.EXTEND, ForwardMode.TARGET_VERIFY, ForwardMode.DRAFT_EXTEND_V2
 MX, DD = ForwardMode.MIXED, ForwardMode.DRAFT_DECODE
@@ -229,3 +229,5 @@ MUTANTS += linear.MUTANTS
 MUTANTS += sglang_linear.MUTANTS
 # vLLM's recurrent backends' real code, numbered from 140: tests/mutants/vllm_linear.py.
 MUTANTS += vllm_linear.MUTANTS
+# A hybrid model's routing of layer ids to its pools, numbered from 150: tests/mutants/hybrid.py.
+MUTANTS += hybrid.MUTANTS

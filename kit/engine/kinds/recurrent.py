@@ -16,6 +16,12 @@ zeros). TARGET_VERIFY verifies a chain of `new` drafts; `accepted` is how many o
 keeps, which the next step continues from (the engine's rollback rule, kit.harness.recurrent).
 These cases are in the in-box catalog beside the softmax ones (cases/linear.py) and run through
 kit.harness.recurrent, not the softmax runner: their inputs, reference and pools are of their own.
+
+A hybrid model (Qwen3-Next: three linear layers, then a full-attention one) is a case with a
+`layer_pattern`: per layer, LINEAR (the case's kind, its state in the state pools) or FULL (dense GQA
+attention of `attention_heads` (q, kv) heads of `attention_head_dim`, its K/V in the KV pool, judged as
+the softmax cases are: kit.harness.hybrid). Every layer takes the step's requests; the KV pool holds
+the full layers alone (NUM_LAYERS of them), the state pools the linear ones.
 """
 from __future__ import annotations
 
@@ -25,6 +31,7 @@ from typing import Optional, Tuple, Union
 
 from kit.engine.batch_shape import BatchShape
 from kit.engine.kinds import gdn, kda, mamba2
+from kit.engine.pools import NUM_LAYERS
 from kit.modes import ForwardMode
 
 KINDS = {kind.NAME: kind for kind in (gdn, mamba2, kda)}
@@ -36,6 +43,11 @@ SMOKE_HEADS = (1, 2)  # the fewest that keep value heads sharing a key head
 # The token chunk of the engines' chunked prefill kernels (fla's chunk_gated_delta_rule, chunk_kda,
 # Mamba2's SSD scan): a request's new tokens past it run in a second chunk that starts from the first's state.
 CHUNK = 64
+LINEAR, FULL = "linear", "full"  # a hybrid model's layers (RecurrentCase.layer_pattern)
+# The modes a hybrid model's step runs in here (its verify, and its graphs, are not in the kit yet).
+HYBRID_MODES = (ForwardMode.DECODE, ForwardMode.EXTEND, ForwardMode.MIXED)
+# What a backend serving a hybrid model declares (its attention_features), and the reason's name of it.
+HYBRID = "full_attention_layers"
 
 
 @dataclasses.dataclass(frozen=True)
@@ -52,6 +64,9 @@ class RecurrentCase(BatchShape):
     dtype: str = "bf16"
     accepted: Optional[Tuple[int, ...]] = None  # TARGET_VERIFY: per request, the drafts it keeps (1..new)
     seed: int = 0
+    layer_pattern: Tuple[str, ...] = ()  # a hybrid model's layers in order, LINEAR or FULL; (): NUM_LAYERS linear
+    attention_heads: Tuple[int, int] = (4, 2)  # the FULL layers' (q heads, kv heads)
+    attention_head_dim: int = 32
 
     def __post_init__(self):
         problem = self._problem()
@@ -89,7 +104,31 @@ class RecurrentCase(BatchShape):
                 return f"TARGET_VERIFY: accepted {self.accepted!r} must give each request 1..{self.new} drafts kept"
         elif self.accepted is not None:
             return "accepted is TARGET_VERIFY's"
+        return self._pattern_problem()
+
+    def _pattern_problem(self) -> Optional[str]:
+        if not self.layer_pattern:
+            return None
+        if not set(self.layer_pattern) <= {LINEAR, FULL} or LINEAR not in self.layer_pattern:
+            return f"layer_pattern {self.layer_pattern!r}: {LINEAR!r} or {FULL!r} per layer, one {LINEAR!r} at least"
+        if len(self.full_layers) != NUM_LAYERS:
+            return f"layer_pattern {self.layer_pattern!r}: the KV pool holds {NUM_LAYERS} {FULL!r} layers, not {len(self.full_layers)}"
+        if self.mode not in HYBRID_MODES:
+            return f"a hybrid model runs in {[m.value for m in HYBRID_MODES]} here, not {self.mode.value}"
+        q, kv = self.attention_heads
+        if kv < 1 or q % kv:
+            return f"attention_heads {self.attention_heads!r} must be (q, kv) with kv dividing q"
         return None
+
+    @property
+    def linear_layers(self) -> Tuple[int, ...]:
+        """The layer ids of the linear layers, in order (the state pools' layers, by position)."""
+        return tuple(i for i, kind in enumerate(self.layer_pattern or (LINEAR,) * NUM_LAYERS) if kind == LINEAR)
+
+    @property
+    def full_layers(self) -> Tuple[int, ...]:
+        """The layer ids of the full-attention layers, in order (the KV pool's layers, by position)."""
+        return tuple(i for i, kind in enumerate(self.layer_pattern) if kind == FULL)
 
     @property
     def spec(self):
@@ -102,13 +141,18 @@ class RecurrentCase(BatchShape):
 
     @property
     def features(self) -> Tuple[str, ...]:
-        return ()
+        return (HYBRID,) if self.layer_pattern else ()
 
     @property
     def kernel_variant(self) -> str:
-        """What selects a compiled kernel: the kind, dtype, widths and head ratio (kit.plugin.grouping)."""
+        """What selects a compiled kernel: the kind, dtype, widths and head ratio (kit.plugin.grouping);
+        a hybrid's full layers' heads too."""
         hk, hv = self.heads
-        return f"{self.kind}-{self.dtype}-k{self.head_k_dim}-v{self.head_v_dim}-g{hv // hk}-w{self.conv_width}"
+        variant = f"{self.kind}-{self.dtype}-k{self.head_k_dim}-v{self.head_v_dim}-g{hv // hk}-w{self.conv_width}"
+        if self.layer_pattern:
+            q, kv = self.attention_heads
+            variant += f"-full-g{q // kv}-d{self.attention_head_dim}"
+        return variant
 
     @property
     def size(self) -> int:
