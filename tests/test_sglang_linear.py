@@ -12,7 +12,7 @@ import torch
 
 from backends.sglang.adapter import sglang_problem
 from cases.linear import FULL, SMOKE
-from kit.engine.pools import NUM_LAYERS
+from kit.engine.depth import NUM_LAYERS
 from kit.engine.recurrent_step import build
 from kit.engine.state_pool import StatePool
 from kit.harness.recurrent import RecurrentContext

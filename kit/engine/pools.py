@@ -17,15 +17,13 @@ from typing import Dict, List, Optional, Tuple
 
 import torch
 
+from kit.engine.depth import NUM_LAYERS
 from kit.engine.fingerprint import fingerprint
 from kit.engine.kinds import Geometry
 from kit.engine.kv_quant import KV_SCALES, dequantize, is_quantized, quantize
 from kit.engine.storage import KVStorage, flat
 
-# The layer every case runs on. The pool holds one more layer before it, so a
-# backend that ignores layer_id reads poison and writes the wrong layer.
-NUM_LAYERS = 2
-CASE_LAYER_ID = 1
+CASE_LAYER_ID = 1  # the layer every case runs on (kit.engine.depth: the one before it)
 
 # Poison: unowned slots hold K that wins softmax mass and V far from real
 # values, so reading one moves the output well past any tolerance.

@@ -28,7 +28,8 @@ from typing import Dict, List, Optional, Tuple
 import torch
 
 from kit.engine.fingerprint import fingerprint
-from kit.engine.pools import NUM_LAYERS, POISON_K_STD, POISON_SEED
+from kit.engine.depth import NUM_LAYERS
+from kit.engine.pools import POISON_K_STD, POISON_SEED
 
 PADDED_SLOT = -1
 TAIL_SLOTS = 1

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from backends.torch_native_hybrid import TorchNativeHybridBackend
 from kit.engine.kinds.recurrent import HYBRID_MODES
-from kit.engine.pools import NUM_LAYERS
+from kit.engine.depth import NUM_LAYERS
 from kit.modes import Exec
 from kit.mutation import Mutant
 from kit.report.record import KERNEL, KV_WRITE

@@ -31,7 +31,7 @@ from typing import Optional, Tuple, Union
 
 from kit.engine.batch_shape import BatchShape
 from kit.engine.kinds import gdn, kda, mamba2
-from kit.engine.pools import NUM_LAYERS
+from kit.engine.depth import NUM_LAYERS
 from kit.modes import ForwardMode
 
 KINDS = {kind.NAME: kind for kind in (gdn, mamba2, kda)}
