@@ -138,8 +138,8 @@ def _judge(fx: RecurrentFixture, pool: StatePool, before, outs: List[torch.Tenso
     real = sum(fx.case.new_lens)
     dtype = fx.torch_dtype
     hv, dv = fx.case.heads[1], fx.case.head_v_dim
-    problems = [f"layer {layer.layer_id} output {tuple(o.shape)} {o.dtype} on {o.device}, not [>= {real}, {hv}, {dv}] {dtype}"
-                for layer, o in zip(fx.layers, outs)
+    problems = [f"layer {layer.layer_id} output {tuple(o.shape)} {o.dtype} on {o.device}, "
+                f"not [>= {real}, {hv}, {dv}] {dtype}" for layer, o in zip(fx.layers, outs)
                 if o.dim() != 3 or o.shape[0] < real or tuple(o.shape[1:]) != (hv, dv) or o.dtype != dtype]
     goldens = [torch.cat([r.out for r in runs]) for runs in fx.golden]
     sames = [torch.cat([r.out for r in runs]).to(dtype) for runs in fx.same_dtype]

@@ -112,7 +112,8 @@ class RecurrentCase(BatchShape):
         if not set(self.layer_pattern) <= {LINEAR, FULL} or LINEAR not in self.layer_pattern:
             return f"layer_pattern {self.layer_pattern!r}: {LINEAR!r} or {FULL!r} per layer, one {LINEAR!r} at least"
         if len(self.full_layers) != NUM_LAYERS:
-            return f"layer_pattern {self.layer_pattern!r}: the KV pool holds {NUM_LAYERS} {FULL!r} layers, not {len(self.full_layers)}"
+            return (f"layer_pattern {self.layer_pattern!r}: the KV pool holds {NUM_LAYERS} {FULL!r} layers, "
+                    f"not {len(self.full_layers)}")
         if self.mode not in HYBRID_MODES:
             return f"a hybrid model runs in {[m.value for m in HYBRID_MODES]} here, not {self.mode.value}"
         q, kv = self.attention_heads
