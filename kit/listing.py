@@ -27,7 +27,9 @@ def _shape(case) -> str:
     """What sets a case apart beside its mode, name and batch size."""
     if isinstance(case, RecurrentCase):
         return (f"{case.kind} {case.dtype} heads={case.heads} k={case.head_k_dim} v={case.head_v_dim} "
-                f"prefix={case.prefix} new={case.new}" + (f" accepted={case.accepted}" if case.accepted else ""))
+                f"prefix={case.prefix} new={case.new}" + (f" accepted={case.accepted}" if case.accepted else "")
+                + (f" layers={'/'.join(case.layer_pattern)} full_heads={case.attention_heads} "
+                   f"full_d={case.attention_head_dim}" if case.layer_pattern else ""))
     return (f"page={case.page:<3} {case.dtype} heads={case.heads} d={case.head_dim} layout={case.layout}"
             + (f" mla={case.kv_lora_rank}+{case.rope_dim}" if case.is_mla else "")
             + (f" inputs={case.inputs}" if case.inputs != "contiguous" else "")

@@ -170,3 +170,4 @@ def test_list_cases_names_every_case_the_matrix_runs():
     listed = [(line.split()[0], line.split()[1]) for line in lines]
     assert listed == [(m.value, case.name) for m in MODES for case in CATALOG.matrix_cases("smoke", m)]
     assert any(" kda " in line and "v=32" in line for line in lines), lines
+    assert any("hybrid_gdn_decode_fp32" in line and "layers=linear/full/linear/full" in line for line in lines), lines
