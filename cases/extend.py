@@ -172,3 +172,8 @@ FULL += in_every_layout([
     # 32 heads: what SGLang's Triton sparse prefill takes (triton_sparse_mla, at most 32 a rank)
     C("smla_h32_p64", prefix=(0, 3000), new=(2100, 20), page=64, **deepseek_v32(32)),
 ])
+
+# 128 query heads on one rank (Llama 3.1 405B's 128 over 8 at TP 1, as DP attention runs it): more heads than
+# FlashInfer's merge kernel launches in one block at head_dim 128 in 16 bits (64), where a backend merging a
+# cached prefix's pass with the new tokens' takes another merge path.
+FULL += [C("gqa128_prefix_p16", prefix=(300, 0, 40), new=(64, 20, 9), heads=(128, 8), page=16)]

@@ -97,7 +97,7 @@ class Progress:
         against the session's tests: a machine loaded since (or freed) makes every test left take
         that much longer (or shorter), which means over the whole session learn only slowly. Sums
         over a stretch of wall time, each test against its group's mean as it is now: a file's quick
-        tests between its slow ones (a pace of per-test ratios said ~1s left with 20 minutes to go),
+        tests between its slow ones (a pace of per-test ratios took them for the machine),
         or a file of slow tests begun, are the file's cost, which its mean holds, not the machine's."""
         now = self.clock()
         while self.recent and self.recent[0][0] < now - max(RECENT_S, (now - self.start) / 5):
