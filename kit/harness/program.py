@@ -14,6 +14,11 @@ Inputs = Tuple[torch.Tensor, torch.Tensor, torch.Tensor]
 Program = Tuple[List[List[torch.Tensor]], List[List[Optional[torch.Tensor]]]]
 
 
+def returned(result) -> Tuple[torch.Tensor, Optional[torch.Tensor]]:
+    """(output, log-sum-exp or None) of what one forward() returned."""
+    return result if isinstance(result, tuple) and len(result) == 2 else (result, None)
+
+
 def forward_program(backend, layers: Sequence, views: Sequence, inputs: Sequence[Sequence[Inputs]],
                     call=None) -> Program:
     """(per step, per layer, forward's output; the same of the log-sum-exp it returned beside it, None
@@ -28,7 +33,7 @@ def forward_program(backend, layers: Sequence, views: Sequence, inputs: Sequence
                 stage = f"forward ({step}layer {layer.layer_id})"
                 result = (call(stage, backend.forward, q, k, v, layer, view) if call
                           else backend.forward(q, k, v, layer, view))
-                out, lse = result if isinstance(result, tuple) and len(result) == 2 else (result, None)
+                out, lse = returned(result)
                 row.append(out)
                 row_lses.append(lse)
             outs.append(row)
