@@ -5,7 +5,8 @@ window). Eager only (no graph hooks). MLA is the same loop over the pool's
 latent rows: one KV head, keys the whole row, values its first kv_lora_rank columns
 (the pool's get_kv_buffer gives both). An fp8 pool is read as stored (fp8) times the
 layer's k_scale / v_scale; its write (the pool's set_kv_buffer) divides by them. Sinks: one more
-column of each softmax, dropped after it. DRAFT_DECODE needs nothing of its own: each step's
+column of each softmax, dropped after it. It returns each row's log-sum-exp beside the output
+(returns_lse), of the same masked logits. DRAFT_DECODE needs nothing of its own: each step's
 description has a request a lane, its keys the committed tokens and the lane's columns so far."""
 from __future__ import annotations
 
@@ -25,6 +26,7 @@ class TorchNativeBackend(AttentionBackend):
     attention_kinds = ("dense", "mla")
     kv_dtypes = ("fp8_e4m3", "fp8_e5m2")
     attention_features = ("sinks",)
+    returns_lse = True
 
     def init_forward_metadata(self, batch) -> None:
         """Nothing to build: forward() reads each step's description."""
@@ -40,6 +42,7 @@ class TorchNativeBackend(AttentionBackend):
         r2t = batch.req_to_token_pool.req_to_token
         group = layer.tp_q_head_num // layer.tp_k_head_num
         out = q.new_empty(q.shape[:-1] + (layer.v_head_dim,))
+        lse = q.new_empty(q.shape[:-1], dtype=torch.float32)
         start = 0
         for request in batch.step.requests:
             n_q = request.n_new
@@ -57,18 +60,29 @@ class TorchNativeBackend(AttentionBackend):
                 allowed = allowed & (k_pos[None, :] >= q_pos[:, None] - layer.sliding_window_size)
             scores = scores.masked_fill(~allowed, float("-inf"))
             out[start:start + n_q] = self._attend(scores, vals, layer).to(q.dtype)
+            lse[start:start + n_q] = self._lse(scores, layer).transpose(0, 1)
             start += n_q
-        return out
+        return out, lse
 
     def _attend(self, scores, vals, layer):
         """[q, h, Dv]: softmax of masked scores [h, q, k] (with the layer's sink logits, if any, in
         each denominator) over vals [k, h, Dv]."""
         if layer.sinks:
-            sinks = layer.sinks_tensor(scores.device).view(-1, 1, 1).expand(scores.shape[:-1] + (1,))
-            probs = torch.cat([scores, sinks], dim=-1).softmax(-1)[..., :-1]
+            probs = torch.cat([scores, _sink_column(scores, layer)], dim=-1).softmax(-1)[..., :-1]
         else:
             probs = scores.softmax(-1)
         return torch.einsum("hqk,khd->qhd", probs, vals)
+
+    def _lse(self, scores, layer):
+        """[h, q]: the natural log of each softmax's denominator, the sink logits in."""
+        if layer.sinks:
+            scores = torch.cat([scores, _sink_column(scores, layer)], dim=-1)
+        return torch.logsumexp(scores, dim=-1)
+
+
+def _sink_column(scores, layer):
+    """The layer's sink logits as one more column of masked scores [h, q, k]."""
+    return layer.sinks_tensor(scores.device).view(-1, 1, 1).expand(scores.shape[:-1] + (1,))
 
 
 def _read(stored: torch.Tensor, scale) -> torch.Tensor:

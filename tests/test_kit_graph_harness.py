@@ -368,17 +368,17 @@ class PaddingProbeBackend(TorchNativeBackend):
         super().init_forward_metadata(batch)
 
     def forward(self, q, k, v, layer, batch, save_kv_cache=True):
-        out = super().forward(q, k, v, layer, batch, save_kv_cache)
+        out, lse = super().forward(q, k, v, layer, batch, save_kv_cache)
         if self.ZERO_PADDING:
             out[batch.extend_num_tokens:] = 0
         if layer.layer_id != CASE_LAYER_ID:  # records of the case's layer are enough
-            return out
+            return out, lse
         k0 = batch.token_to_kv_pool.get_key_buffer(layer.layer_id)[0]
         self.RECORD.append(("forward", dict(q_tokens=q.shape[0], k_pad=k[batch.extend_num_tokens:].cpu().clone(),
                                             out_cache_loc=batch.out_cache_loc.tolist(),
                                             positions=batch.positions.tolist(), slot0_k=k0.cpu().clone(),
                                             out=out.cpu().clone())))
-        return out
+        return out, lse
 
 
 @pytest.mark.parametrize("device", DEVICES)

@@ -319,11 +319,11 @@ class UnwrittenRowBackend(TorchNativeBackend):
     name = "planted_unwritten_row"
 
     def forward(self, q, k, v, layer, batch, save_kv_cache=True):
-        good = super().forward(q, k, v, layer, batch, save_kv_cache)
+        good, lse = super().forward(q, k, v, layer, batch, save_kv_cache)
         out = torch.empty_like(good)
         out[:1] = good[:1]
         out[2:] = good[2:]
-        return out
+        return out, lse
 
 
 class WrongSlotBackend(TorchNativeBackend):
@@ -411,7 +411,8 @@ class WrongShapeBackend(TorchNativeBackend):
     """Planted bug: drops the last token's output row."""
 
     def forward(self, q, k, v, layer, batch, save_kv_cache=True):
-        return super().forward(q, k, v, layer, batch, save_kv_cache)[:-1]
+        out, lse = super().forward(q, k, v, layer, batch, save_kv_cache)
+        return out[:-1], lse
 
 
 class NoOutputBackend(TorchNativeBackend):
@@ -435,7 +436,8 @@ class Float64OutputBackend(TorchNativeBackend):
     """Planted bug: returns its output in float64 (right values, wrong dtype for the layer)."""
 
     def forward(self, q, k, v, layer, batch, save_kv_cache=True):
-        return super().forward(q, k, v, layer, batch, save_kv_cache).double()
+        out, lse = super().forward(q, k, v, layer, batch, save_kv_cache)
+        return out.double(), lse
 
 
 class OutOfRangePaddingBackend(TorchNativeBackend):
@@ -452,9 +454,9 @@ class OutOfRangePaddingBackend(TorchNativeBackend):
         pass
 
     def forward(self, q, k, v, layer, batch, save_kv_cache=True):
-        out = super().forward(q, k, v, layer, batch, save_kv_cache)
+        out, lse = super().forward(q, k, v, layer, batch, save_kv_cache)
         out[batch.extend_num_tokens:] = 1e4
-        return out
+        return out, lse
 
 
 def test_wrong_dtype_output_is_kernel_failure():
@@ -489,7 +491,8 @@ def test_a_step_is_read_back_from_the_device_once(monkeypatch):
     reads = []
     real = torch.Tensor.tolist
     monkeypatch.setattr(torch.Tensor, "tolist", lambda t: reads.append(t.shape) or real(t))
-    verdict = eager_verdict(fx, outs, canary_figures(guard), [[x.handed(fx.case.inputs) for x in fx.inputs]])
+    verdict = eager_verdict(fx, (outs, [[None] * len(fx.layers)]), canary_figures(guard),
+                            [[x.handed(fx.case.inputs) for x in fx.inputs]])
     assert verdict.ok, verdict.text
     assert len(fx.layers) > 1 and len(reads) == 1, reads
 

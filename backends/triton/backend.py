@@ -12,6 +12,8 @@ prefix from the pool, the new tokens' K/V passed directly. Prefix per mode:
   DRAFT_EXTEND_V2  seq_lens - extend_seq_lens (seq_lens already count the
                    drafts), clamped at 0: padded graph rows have seq_len 1.
 MLA runs the latent kernels (mla.py) on the same metadata and hooks.
+Every kernel gives each row's log-sum-exp beside its output (returns_lse): the decode's from its
+splits' merge, the extend kernels' from their running max and sum.
 """
 from __future__ import annotations
 
@@ -46,6 +48,7 @@ class TritonBackend(AttentionBackend):
     attention_kinds = ("dense", "mla")
     kv_dtypes = ("fp8_e4m3", "fp8_e5m2")
     attention_features = ("sinks",)
+    returns_lse = True
     # A plain CPU run (`--case-set auto`, as CI runs it): each feature in at least one mode (paging 1/16/64,
     # the layouts, window, cap, tree, hybrid, MLA, fused inputs, fp8, sinks), each mode's graphs. Left out:
     # the DeepSeek-width MLA and long soft-capped cases (minutes a run in Triton's interpreter) and repeats
@@ -219,19 +222,20 @@ class TritonBackend(AttentionBackend):
             pool.set_kv_buffer(layer, batch.out_cache_loc, k, v)
         k_cache, v_cache = pool.get_kv_buffer(layer.layer_id)
         out = q.new_empty(q.shape[:-1] + (layer.v_head_dim,))
+        lse = torch.empty(q.shape[:-1], dtype=torch.float32, device=q.device)
         decode = batch.forward_mode in DECODE_KERNEL
         md = self.draft_metadata[batch.spec_info.draft_step] if batch.forward_mode is ForwardMode.DRAFT_DECODE \
             else self.forward_metadata
         if layer.is_mla:  # k_cache: the latent rows (v_cache is a view of them)
             if decode:
-                mla.decode(md, q, k_cache, out, layer, _precision(q))
+                mla.decode(md, q, k_cache, out, lse, layer, _precision(q))
             else:
-                mla.extend(md, q, k, k_cache, out, batch.out_cache_loc, layer, _precision(q))
+                mla.extend(md, q, k, k_cache, out, lse, batch.out_cache_loc, layer, _precision(q))
         elif decode:
-            self._decode(md, q, k_cache, v_cache, out, layer)
+            self._decode(md, q, k_cache, v_cache, out, lse, layer)
         else:
-            self._extend(q, k, v, k_cache, v_cache, out, batch.positions, batch.out_cache_loc, layer)
-        return out
+            self._extend(q, k, v, k_cache, v_cache, out, lse, batch.positions, batch.out_cache_loc, layer)
+        return out, lse
 
     def _flags(self, q, layer) -> dict:
         return dict(HAS_CAP=layer.logit_cap > 0, HAS_WINDOW=layer.sliding_window_size >= 0, D=layer.head_dim,
@@ -245,7 +249,7 @@ class TritonBackend(AttentionBackend):
             self.sink_tensors[layer.sinks] = layer.sinks_tensor(self.ctx.device)
         return self.sink_tensors[layer.sinks]
 
-    def _decode(self, md: Metadata, q, k_cache, v_cache, out, layer) -> None:
+    def _decode(self, md: Metadata, q, k_cache, v_cache, out, lse, layer) -> None:
         from backends.triton import kernels  # here: a kernel's definition chooses Triton's interpreter
         b = md.bufs
         group = layer.tp_q_head_num // layer.tp_k_head_num
@@ -255,31 +259,32 @@ class TritonBackend(AttentionBackend):
             q.stride(0), q.stride(1), k_cache.stride(0), k_cache.stride(1), v_cache.stride(0), v_cache.stride(1),
             b.mid_o.stride(0), b.mid_o.stride(1), b.mid_o.stride(2), b.mid_lse.stride(0), b.mid_lse.stride(1),
             GROUP=group, BLOCK_H=DECODE_BLOCK_H, BLOCK_N=DECODE_BLOCK_N, **LAUNCH, **self._flags(q, layer))
-        self._combine_splits(md, out, layer, self._sinks(layer))
+        self._combine_splits(md, out, lse, layer, self._sinks(layer))
 
-    def _combine_splits(self, md: Metadata, out, layer, sinks: Optional[torch.Tensor]) -> None:
-        """Decode's stage 2: the KV splits' partial outputs merged, the sinks joined once."""
+    def _combine_splits(self, md: Metadata, out, lse, layer, sinks: Optional[torch.Tensor]) -> None:
+        """Decode's stage 2: the KV splits' partial outputs (and log-sum-exps) merged, the sinks joined once."""
         from backends.triton import kernels
         b = md.bufs
         kernels.decode_reduce_kernel[(md.rows, layer.tp_q_head_num)](
-            b.mid_o, b.mid_lse, b.num_kv_splits, out, self.no_sinks if sinks is None else sinks,
+            b.mid_o, b.mid_lse, b.num_kv_splits, out, lse, self.no_sinks if sinks is None else sinks,
             b.mid_o.stride(0), b.mid_o.stride(1), b.mid_o.stride(2), b.mid_lse.stride(0), b.mid_lse.stride(1),
-            out.stride(0), out.stride(1), MAX_SPLITS=MAX_KV_SPLITS, D=layer.head_dim, HAS_SINK=sinks is not None)
+            out.stride(0), out.stride(1), lse.stride(0), lse.stride(1), MAX_SPLITS=MAX_KV_SPLITS, D=layer.head_dim,
+            HAS_SINK=sinks is not None)
 
-    def _extend(self, q, k, v, k_cache, v_cache, out, positions, out_cache_loc, layer) -> None:
+    def _extend(self, q, k, v, k_cache, v_cache, out, lse, positions, out_cache_loc, layer) -> None:
         from backends.triton import kernels
         md, b = self.forward_metadata, self.forward_metadata.bufs
         custom = md.mask is not None
         sinks = self._sinks(layer)
         kernels.extend_kernel[(md.num_blocks, layer.tp_q_head_num)](
-            q, k, v, k_cache, v_cache, out, positions,
+            q, k, v, k_cache, v_cache, out, lse, positions,
             b.qo_indptr, b.kv_indptr, b.kv_indices, md.mask if custom else b.mask, b.mask_indptr,
             b.block_req, b.block_start, self.no_sinks if sinks is None else sinks,
             layer.scaling, layer.logit_cap, layer.sliding_window_size, *_kv_scales(layer),
             out_cache_loc, q.stride(0), q.stride(1), k.stride(0), k.stride(1), v.stride(0), v.stride(1),
             k_cache.stride(0), k_cache.stride(1), v_cache.stride(0), v_cache.stride(1), out.stride(0), out.stride(1),
-            GROUP=layer.tp_q_head_num // layer.tp_k_head_num, BLOCK_M=BLOCK_M, BLOCK_N=EXTEND_BLOCK_N,
-            CUSTOM_MASK=custom, HAS_SINK=sinks is not None, **LAUNCH, **self._flags(q, layer))
+            lse.stride(0), lse.stride(1), GROUP=layer.tp_q_head_num // layer.tp_k_head_num, BLOCK_M=BLOCK_M,
+            BLOCK_N=EXTEND_BLOCK_N, CUSTOM_MASK=custom, HAS_SINK=sinks is not None, **LAUNCH, **self._flags(q, layer))
 
 
 def _precision(q) -> dict:

@@ -150,11 +150,12 @@ def decode_split_kernel(Q, K, V, kv_indptr, kv_indices, num_kv_splits, Mid_O, Mi
 
 
 @triton.jit
-def decode_reduce_kernel(Mid_O, Mid_LSE, num_kv_splits, Out, Sinks,
+def decode_reduce_kernel(Mid_O, Mid_LSE, num_kv_splits, Out, Lse, Sinks,
                          stride_ob, stride_oh, stride_os, stride_lb, stride_lh, stride_outt, stride_outh,
+                         stride_et, stride_eh,
                          MAX_SPLITS: tl.constexpr, D: tl.constexpr, HAS_SINK: tl.constexpr):
     """Stage 2: merge the splits of (request b, head h) by their log-sum-exp, and the head's sink
-    logit once into the denominator."""
+    logit once into the denominator; the merged log-sum-exp (natural log, the sink in) to Lse."""
     b = tl.program_id(0)
     h = tl.program_id(1)
     splits = tl.load(num_kv_splits + b)
@@ -174,14 +175,15 @@ def decode_reduce_kernel(Mid_O, Mid_LSE, num_kv_splits, Out, Sinks,
         denominator += tl.exp(sink - m)
     out = tl.sum(w[:, None] * o, 0) / denominator
     tl.store(Out + b * stride_outt + h * stride_outh + d, out.to(Out.dtype.element_ty))
+    tl.store(Lse + b * stride_et + h * stride_eh, m + tl.log(denominator))
 
 
 @triton.jit
-def extend_kernel(Q, K_new, V_new, K, V, Out, positions,
+def extend_kernel(Q, K_new, V_new, K, V, Out, Lse, positions,
                   qo_indptr, kv_indptr, kv_indices, mask, mask_indptr, block_req, block_start, Sinks,
                   sm_scale, logit_cap, window, k_scale, v_scale, out_cache_loc,
                   stride_qt, stride_qh, stride_knt, stride_knh, stride_vnt, stride_vnh,
-                  stride_ks, stride_kh, stride_vs, stride_vh, stride_ot, stride_oh,
+                  stride_ks, stride_kh, stride_vs, stride_vh, stride_ot, stride_oh, stride_et, stride_eh,
                   GROUP: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, D: tl.constexpr,
                   CUSTOM_MASK: tl.constexpr, HAS_CAP: tl.constexpr, HAS_WINDOW: tl.constexpr,
                   HAS_SINK: tl.constexpr, UPCAST: tl.constexpr, IEEE: tl.constexpr, FP8_KV: tl.constexpr):
@@ -191,7 +193,8 @@ def extend_kernel(Q, K_new, V_new, K, V, Out, positions,
     tokens from K_new/V_new; with a quantized (FP8_KV) cache, the new tokens' from
     the pool too (through out_cache_loc, written before the launch), so that every
     key is attended as the cache holds it. Visibility: causal among the new tokens, or the
-    custom mask ([q_len, prefix + q_len] row-major per request); window on positions.
+    custom mask ([q_len, prefix + q_len] row-major per request); window on positions. Each row's
+    log-sum-exp (natural log, the sink in) to Lse.
     """
     t = tl.program_id(0)
     h = tl.program_id(1)
@@ -265,9 +268,11 @@ def extend_kernel(Q, K_new, V_new, K, V, Out, positions,
             alpha = tl.exp(m_i - m_fin)
             l_i = l_i * alpha + tl.exp(sink - m_fin)
             acc = acc * alpha[:, None]
+            m_i = m_fin
         o = acc / tl.where(l_i > 0, l_i, 1.0)[:, None]
         tl.store(Out + tok_m[:, None] * stride_ot + h * stride_oh + d[None, :], o.to(Out.dtype.element_ty),
                  mask=live_m[:, None])
+        tl.store(Lse + tok_m * stride_et + h * stride_eh, m_i + tl.log(l_i), mask=live_m)
 
 
 # Without CUDA the definitions above loaded Triton's interpreter: its redundant set-up is removed

@@ -30,7 +30,7 @@ def head_blocks(num_heads: int) -> int:
     return cdiv(num_heads, DECODE_BLOCK_H)
 
 
-def decode(md: Metadata, q, kv, out, layer, flags: dict) -> None:
+def decode(md: Metadata, q, kv, out, lse, layer, flags: dict) -> None:
     """Split-KV decode over every key of each request, then the splits merged by log-sum-exp."""
     from backends.triton import kernels, mla_kernels  # here: a kernel's definition chooses Triton's interpreter
     b = md.bufs
@@ -41,12 +41,13 @@ def decode(md: Metadata, q, kv, out, layer, flags: dict) -> None:
         NUM_HEADS=layer.tp_q_head_num, BLOCK_H=DECODE_BLOCK_H, BLOCK_N=DECODE_BLOCK_N,
         R=layer.kv_lora_rank, P=layer.rope_dim, FP8_KV=layer.k_scale is not None, **LAUNCH, **flags)
     kernels.decode_reduce_kernel[(md.rows, layer.tp_q_head_num)](
-        b.mid_o, b.mid_lse, b.num_kv_splits, out, b.mid_lse,  # MLA has no sinks: a pointer never read
+        b.mid_o, b.mid_lse, b.num_kv_splits, out, lse, b.mid_lse,  # MLA has no sinks: a pointer never read
         b.mid_o.stride(0), b.mid_o.stride(1), b.mid_o.stride(2), b.mid_lse.stride(0), b.mid_lse.stride(1),
-        out.stride(0), out.stride(1), MAX_SPLITS=MAX_KV_SPLITS, D=layer.kv_lora_rank, HAS_SINK=False)
+        out.stride(0), out.stride(1), lse.stride(0), lse.stride(1), MAX_SPLITS=MAX_KV_SPLITS, D=layer.kv_lora_rank,
+        HAS_SINK=False)
 
 
-def extend(md: Metadata, q, k, kv, out, out_cache_loc, layer, flags: dict) -> None:
+def extend(md: Metadata, q, k, kv, out, lse, out_cache_loc, layer, flags: dict) -> None:
     """The prefix from the pool and the new tokens' latent rows from k (a quantized latent: from the
     pool, at out_cache_loc), causal or custom mask."""
     from backends.triton import mla_kernels
@@ -54,9 +55,9 @@ def extend(md: Metadata, q, k, kv, out, out_cache_loc, layer, flags: dict) -> No
     custom = md.mask is not None
     block_m = INTERPRETED_BLOCK_M if q.device.type == "cpu" else EXTEND_BLOCK_M
     mla_kernels.mla_extend_kernel[(md.num_blocks, layer.tp_q_head_num, BLOCK_M // block_m)](
-        q, k, kv, out, b.qo_indptr, b.kv_indptr, b.kv_indices, md.mask if custom else b.mask, b.mask_indptr,
+        q, k, kv, out, lse, b.qo_indptr, b.kv_indptr, b.kv_indices, md.mask if custom else b.mask, b.mask_indptr,
         b.block_req, b.block_start, layer.scaling, _kv_scale(layer), out_cache_loc,
-        q.stride(0), q.stride(1), k.stride(0), kv.stride(0), out.stride(0), out.stride(1),
+        q.stride(0), q.stride(1), k.stride(0), kv.stride(0), out.stride(0), out.stride(1), lse.stride(0), lse.stride(1),
         BLOCK_M=block_m, BLOCK_N=EXTEND_BLOCK_N, R=layer.kv_lora_rank, P=layer.rope_dim,
         CUSTOM_MASK=custom, FP8_KV=layer.k_scale is not None, **LAUNCH, **flags)
 

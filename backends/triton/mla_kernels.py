@@ -74,9 +74,9 @@ def mla_decode_split_kernel(Q, KV, kv_indptr, kv_indices, num_kv_splits, Mid_O, 
 
 
 @triton.jit
-def mla_extend_kernel(Q, KV_new, KV, Out, qo_indptr, kv_indptr, kv_indices, mask, mask_indptr, block_req,
+def mla_extend_kernel(Q, KV_new, KV, Out, Lse, qo_indptr, kv_indptr, kv_indices, mask, mask_indptr, block_req,
                       block_start, sm_scale, kv_scale, out_cache_loc,
-                      stride_qt, stride_qh, stride_knt, stride_kv, stride_ot, stride_oh,
+                      stride_qt, stride_qh, stride_knt, stride_kv, stride_ot, stride_oh, stride_et, stride_eh,
                       BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, R: tl.constexpr, P: tl.constexpr,
                       CUSTOM_MASK: tl.constexpr, UPCAST: tl.constexpr, IEEE: tl.constexpr, FP8_KV: tl.constexpr):
     """Query rows [block_start + sub * BLOCK_M, + BLOCK_M) of query block t x query head h (a
@@ -85,7 +85,7 @@ def mla_extend_kernel(Q, KV_new, KV, Out, qo_indptr, kv_indptr, kv_indices, mask
     Keys: the request's prefix, latent rows from the pool (through kv_indices), then its new
     tokens' rows from KV_new (a quantized latent: from the pool, through out_cache_loc, as the
     cache holds them). Visibility: causal among the new tokens, or the custom mask
-    ([q_len, prefix + q_len] row-major per request)."""
+    ([q_len, prefix + q_len] row-major per request). Each row's log-sum-exp (natural log) to Lse."""
     t = tl.program_id(0)
     h = tl.program_id(1)
     sub = tl.program_id(2)
@@ -144,3 +144,4 @@ def mla_extend_kernel(Q, KV_new, KV, Out, qo_indptr, kv_indptr, kv_indices, mask
             o = acc / tl.where(l_i > 0, l_i, 1.0)[:, None]
             tl.store(Out + tok_m[:, None] * stride_ot + h * stride_oh + r[None, :], o.to(Out.dtype.element_ty),
                      mask=live_m[:, None])
+            tl.store(Lse + tok_m * stride_et + h * stride_eh, m_i + tl.log(l_i), mask=live_m)

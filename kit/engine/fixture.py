@@ -37,7 +37,7 @@ from kit.engine.numerics import EXACT_NUMERICS, Numerics
 from kit.engine.pools import CASE_LAYER_ID, PoolCache, Pools, PoolSpec
 from kit.engine.profile import AS_SCHEDULED, EngineProfile
 from kit.engine import reference_cache
-from kit.engine.reference import declared, logical_kv, references
+from kit.engine.reference import declared, logical_kv, lse_key, references
 from kit.engine.render import render, step_views
 from kit.engine.storage import storage
 from kit.engine.transfer import to_device
@@ -58,7 +58,8 @@ class Step:
     layers: Tuple[Layer, ...]
     inputs: List[LayerInputs]
     # Per layer id, the (float64 golden, same-dtype) references, shared by every run of the batch; per
-    # (declared numerics' steps, layer id), their (emulated, envelope) references (Step.declared).
+    # (declared numerics' steps, layer id), their (emulated, envelope) references (Step.declared); the
+    # log-sum-exps of either under kit.engine.reference.lse_key (Step.lse).
     references: Dict[object, Tuple[torch.Tensor, Optional[torch.Tensor]]] = dataclasses.field(default_factory=dict,
                                                                                              repr=False)
 
@@ -80,6 +81,15 @@ class Step:
                 refs = reference_cache.kept(self, ("declared", steps), lambda: declared(self, steps))
                 self.references.update(((steps, lid), pair) for lid, pair in refs.items())
         return self.references[(steps, layer_id)]
+
+    def lse(self, layer_id: int, steps: Tuple[str, ...] = ()) -> Tuple[torch.Tensor, Optional[torch.Tensor]]:
+        """(float64 log-sum-exp, that of the envelope or None) of one layer: the golden's, or under
+        declared numerics' `steps` the emulation's; computed by the same pass as the outputs."""
+        if not steps:
+            self.reference(layer_id)
+            return self.references[lse_key(layer_id)]
+        self.declared(layer_id, steps)
+        return self.references[(steps, lse_key(layer_id))]
 
     def logical_kv(self, layer_id: int = CASE_LAYER_ID) -> List[Tuple[torch.Tensor, torch.Tensor]]:
         """Per request, K and V of every logical token of a layer in order (cached, then new)."""

@@ -154,18 +154,34 @@ def _groups(plan: BatchPlan, num_heads: int, window: int, device) -> List[_Group
     return groups
 
 
-def _probs(scores: torch.Tensor, hidden: torch.Tensor, layer, sinks: Optional[torch.Tensor] = None) -> torch.Tensor:
-    """Softmax of scaled (and capped) scores over the keys not hidden (last axis). `sinks`, shaped
-    to broadcast over the scores but their last axis: the layer's sink logits, one more term of
-    each denominator that carries no value (its column is dropped after the softmax)."""
+def _logits(scores: torch.Tensor, hidden: torch.Tensor, layer, sinks: Optional[torch.Tensor]) -> torch.Tensor:
+    """Scaled (and capped) scores, those hidden -inf (last axis); with `sinks`, shaped to broadcast over
+    the scores but their last axis, the layer's sink logits as one more column."""
     scores = scores * layer.scaling
     if layer.logit_cap > 0:
         scores = layer.logit_cap * torch.tanh(scores / layer.logit_cap)
     scores = scores.masked_fill(hidden, float("-inf"))
     if sinks is None:
-        return torch.softmax(scores, dim=-1)
-    column = sinks.to(scores.dtype).expand(scores.shape[:-1] + (1,))
-    return torch.softmax(torch.cat([scores, column], dim=-1), dim=-1)[..., :-1]
+        return scores
+    return torch.cat([scores, sinks.to(scores.dtype).expand(scores.shape[:-1] + (1,))], dim=-1)
+
+
+def _probs(scores: torch.Tensor, hidden: torch.Tensor, layer, sinks: Optional[torch.Tensor] = None) -> torch.Tensor:
+    """Softmax of scaled (and capped) scores over the keys not hidden (last axis). `sinks`: the
+    layer's sink logits, one more term of each denominator that carries no value (its column is
+    dropped after the softmax)."""
+    probs = torch.softmax(_logits(scores, hidden, layer, sinks), dim=-1)
+    return probs if sinks is None else probs[..., :-1]
+
+
+def _softmax(scores: torch.Tensor, hidden: torch.Tensor, layer,
+             sinks: Optional[torch.Tensor] = None) -> Tuple[torch.Tensor, torch.Tensor]:
+    """(_probs(), the log-sum-exp of the same logits, the contract's: natural log of each
+    denominator, sinks in), from one reduction."""
+    logits = _logits(scores, hidden, layer, sinks)
+    lse = torch.logsumexp(logits, dim=-1, keepdim=True)
+    probs = torch.exp(logits - lse)
+    return (probs if sinks is None else probs[..., :-1]), lse.squeeze(-1)
 
 
 def _sinks(layer, shape, device) -> Optional[torch.Tensor]:
@@ -209,8 +225,8 @@ def _queries(q: torch.Tensor, layer, dtype: torch.dtype, steps: Tuple[str, ...])
 
 def _attend(group: _Group, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, layer,
             steps: Tuple[str, ...] = (), q_stored: Optional[torch.Tensor] = None,
-            kv_dtype: Optional[torch.dtype] = None) -> torch.Tensor:
-    """[group tokens, Hq, Dv]; q: the batch's queries, k/v: cat(old, new) keys and values (MLA:
+            kv_dtype: Optional[torch.dtype] = None) -> Tuple[torch.Tensor, torch.Tensor]:
+    """([group tokens, Hq, Dv] output, [group tokens, Hq] log-sum-exp); q: the batch's queries, k/v: cat(old, new) keys and values (MLA:
     k the latent rows, v their first kv_lora_rank columns, so that a score is
     q_latent . c_kv + q_rope . k_rope and the output a mix of c_kv). Declared numerics
     (kit.engine.numerics): `q_stored`, the queries as they meet keys read from the cache (the new
@@ -229,19 +245,27 @@ def _attend(group: _Group, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, la
         new_key = (group.k_rows >= k.shape[0] - q.shape[0])[:, None, None, None, :]
         s = torch.where(new_key, scores(q), s)
     sinks = _sinks(layer, (1, hkv, hq // hkv, 1, 1), q.device)
-    probs = _probs(s, group.hidden[:, None, None], layer, sinks)
+    probs, lse = _softmax(s, group.hidden[:, None, None], layer, sinks)
     if P_FP8 in steps:
         probs = _p_fp8(probs)
     elif P_CAST in steps:
         probs = _p_cast(probs, kv_dtype)
     out = torch.einsum("bhgqk,bkhd->bqhgd", round_in(probs), vg)
-    return out.reshape(b * nq, hq, v.shape[-1])[group.out_rows]  # padded queries (every key masked) dropped
+    lse = lse.permute(0, 3, 1, 2).reshape(b * nq, hq)  # [b, h, g, q] -> [b * q, h * g]
+    # padded queries (every key masked) dropped
+    return out.reshape(b * nq, hq, v.shape[-1])[group.out_rows], lse[group.out_rows]
 
 
 def golden(batch: Batch, layer_id: int = CASE_LAYER_ID,
            groups: Optional[List[_Group]] = None, steps: Tuple[str, ...] = ()) -> torch.Tensor:
     """[num_tokens, Hq, Dv] float64 attention of one layer, every request at once; with declared
     numerics' `steps` (kit.engine.numerics), in that precision."""
+    return golden_lse(batch, layer_id, groups, steps)[0]
+
+
+def golden_lse(batch: Batch, layer_id: int = CASE_LAYER_ID, groups: Optional[List[_Group]] = None,
+               steps: Tuple[str, ...] = ()) -> Tuple[torch.Tensor, torch.Tensor]:
+    """(golden(), [num_tokens, Hq] its float64 log-sum-exp), from one pass."""
     layer, kv_dtype = batch.layers[layer_id], batch.plan.case.kv_torch_dtype
     x = as_read(batch, layer_id, steps)
     q = x.q.to(torch.float64)
@@ -249,8 +273,10 @@ def golden(batch: Batch, layer_id: int = CASE_LAYER_ID,
     if groups is None:
         groups = _groups(batch.plan, layer.tp_q_head_num, layer.sliding_window_size, q.device)
     k, v = torch.cat([x.k_old, x.k_new]).to(torch.float64), torch.cat([x.v_old, x.v_new]).to(torch.float64)
-    outs = [_attend(g, q, k, v, layer, steps, q_stored, kv_dtype) for g in groups]
-    return torch.cat(outs) if outs else q.new_zeros(q.shape[:-1] + v.shape[-1:])
+    attended = [_attend(g, q, k, v, layer, steps, q_stored, kv_dtype) for g in groups]
+    if not attended:
+        return q.new_zeros(q.shape[:-1] + v.shape[-1:]), q.new_zeros(q.shape[:-1])
+    return torch.cat([out for out, _ in attended]), torch.cat([lse for _, lse in attended])
 
 
 def _request_hidden(requests: List[RequestPlan], groups: List[_Group]) -> List[torch.Tensor]:
@@ -298,26 +324,36 @@ def _by_window(batch: Batch) -> Dict[int, List[_Group]]:
     return {w: _groups(batch.plan, heads, w, device) for w in sorted(windows)}
 
 
-def references(batch: Batch) -> Dict[int, Tuple[torch.Tensor, torch.Tensor]]:
-    """Per layer id, the (float64 golden, same-dtype reference) of every layer of the model."""
+def lse_key(layer_id: int) -> Tuple[str, int]:
+    """Where references() and declared() keep a layer's log-sum-exp, beside its outputs by layer id."""
+    return ("lse", layer_id)
+
+
+def references(batch: Batch) -> Dict[object, Tuple[torch.Tensor, Optional[torch.Tensor]]]:
+    """Per layer id, the (float64 golden, same-dtype reference) of every layer of the model; per
+    lse_key(layer id), (the golden's log-sum-exp, None), from the golden's pass."""
     by_window = _by_window(batch)
-    return {layer.layer_id: (golden(batch, layer.layer_id, by_window[layer.sliding_window_size]),
-                             attention(batch, batch.plan.case.torch_dtype, layer.layer_id,
-                                       by_window[layer.sliding_window_size]))
-            for layer in batch.layers}
+    found = {}
+    for layer in batch.layers:
+        groups = by_window[layer.sliding_window_size]
+        out, lse = golden_lse(batch, layer.layer_id, groups)
+        found[layer.layer_id] = (out, attention(batch, batch.plan.case.torch_dtype, layer.layer_id, groups))
+        found[lse_key(layer.layer_id)] = (lse, None)
+    return found
 
 
-def declared(batch: Batch, steps: Tuple[str, ...]) -> Dict[int, Tuple[torch.Tensor, Optional[torch.Tensor]]]:
+def declared(batch: Batch, steps: Tuple[str, ...]) -> Dict[object, Tuple[torch.Tensor, Optional[torch.Tensor]]]:
     """Per layer id, the float64 references of declared numerics' `steps` (kit.engine.numerics): the
     emulation of their exact steps, which a run is judged against, and, where they hold envelope
     steps, the emulation of all of them, whose distance from the first widens the tolerance (None
-    where they hold none)."""
+    where they hold none); per lse_key(layer id), the same pair's log-sum-exps."""
     by_window = _by_window(batch)
     exact_steps = tuple(s for s in steps if s not in ENVELOPE_STEPS)
     found = {}
     for layer in batch.layers:
         groups = by_window[layer.sliding_window_size]
-        emulated = golden(batch, layer.layer_id, groups, exact_steps)
-        found[layer.layer_id] = (emulated, golden(batch, layer.layer_id, groups, steps)
-                                 if exact_steps != steps else None)
+        emulated = golden_lse(batch, layer.layer_id, groups, exact_steps)
+        envelope = golden_lse(batch, layer.layer_id, groups, steps) if exact_steps != steps else (None, None)
+        found[layer.layer_id] = (emulated[0], envelope[0])
+        found[lse_key(layer.layer_id)] = (emulated[1], envelope[1])
     return found

@@ -1,9 +1,9 @@
 """What a backend class declares of itself (kit.harness.protocol.DECLARATIONS, documented and
 defaulted on AttentionBackend), read once when it is loaded and checked (`Capabilities.of`): the
 modes, attention kinds, layer features and quantized KV caches forward() implements, its numerics
-(the rounding steps it takes on purpose), its engine's profile, its graph hooks, how it takes a
-padded EXTEND batch, and the smoke cases a plain CPU run gives it. The harness asks this record,
-never the class."""
+(the rounding steps it takes on purpose), whether it returns the log-sum-exp, its engine's profile,
+its graph hooks, how it takes a padded EXTEND batch, and the smoke cases a plain CPU run gives it.
+The harness asks this record, never the class."""
 from __future__ import annotations
 
 import dataclasses
@@ -53,6 +53,7 @@ class Capabilities:
     extend_capture: bool  # EXTEND's forward() may be captured once per token bucket
     real_rows_only: bool  # forward() sees only the real tokens of a padded EXTEND batch
     batch_invariant: bool  # a request's output rows are the same, bit for bit, in any batch (kit.harness.invariance)
+    returns_lse: bool  # forward() returns (out, lse), the log-sum-exp judged too
     # The host mirrors (kit.harness.mirrors.MIRRORS) it reads without the engine waiting to make them exact;
     # None: it needs them exact.
     host_mirrors: Optional[FrozenSet[str]]
@@ -79,7 +80,7 @@ class Capabilities:
         if not isinstance(numerics, Numerics) or numerics.problem():
             raise BadDeclaration(f"{name}.numerics must be a kit.engine.numerics.Numerics"
                                  + (f": {numerics.problem()}" if isinstance(numerics, Numerics) else f", not {numerics!r}"))
-        for flag in ("extend_capture", "real_rows_only", "batch_invariant"):
+        for flag in ("extend_capture", "real_rows_only", "batch_invariant", "returns_lse"):
             if not isinstance(declared[flag], bool):
                 raise BadDeclaration(f"{name}.{flag} must be True or False, not {declared[flag]!r}")
         return cls(modes=_modes(name, declared["modes"]),
@@ -92,7 +93,8 @@ class Capabilities:
                    profile=profile, numerics=numerics, hook_style=_hook_style(backend_cls, profile),
                    in_graph=callable(getattr(backend_cls, "init_forward_metadata_in_graph", None)),
                    extend_capture=declared["extend_capture"], real_rows_only=declared["real_rows_only"],
-                   batch_invariant=declared["batch_invariant"], ci_cases=_ci_cases(name, declared["ci_cases"]),
+                   batch_invariant=declared["batch_invariant"], returns_lse=declared["returns_lse"],
+                   ci_cases=_ci_cases(name, declared["ci_cases"]),
                    host_mirrors=_host_mirrors(name, declared["host_mirrors"]))
 
     def mode_reason(self, mode: ForwardMode) -> Optional[str]:

@@ -189,6 +189,81 @@ def output_figures(outs: Sequence[torch.Tensor], goldens: Sequence[torch.Tensor]
     return Pending(figures.flatten(), finish)
 
 
+# A log-sum-exp is judged per query row and head, within LSE_ABS + LSE_REL x its size (plus RATIO x the
+# distance declared numerics' envelope puts between their emulations, as outputs are). Kernels sum the
+# exponentials in fp32 (an error near 1e-6 of log(keys)); a soft cap through an approximate tanh
+# (FlashInfer's tanh.approx.f32: relative 2^-11) moves each capped logit, and the LSE, by up to 2^-11 of
+# the cap, within LSE_REL of an LSE that large. The bugs it is for are far past: log2 for a natural log
+# (0.44 of the LSE), the scale left out, the cap or the sinks dropped, a split merged with a stale max.
+LSE_ABS = 2.0 ** -10
+LSE_REL = 2.0 ** -9
+
+
+@dataclasses.dataclass
+class LseCheck(Check):
+    """The log-sum-exp forward() returned (a backend that declares returns_lse) against the reference's."""
+
+    max_err: float  # at the row and head furthest past its tolerance
+    tol: float  # that row and head's tolerance
+    excess: float  # the worst error over its tolerance (> 1: failing)
+    bad_rows: List[int]  # token rows past tolerance (first few)
+    nonfinite_rows: int
+    form: str = ""  # why it was not compared (its shape, dtype or device), or ""
+    label: str = ""
+
+    def describe(self) -> str:
+        what = f"{self.label}lse"
+        if self.form:
+            return f"{what} not compared: {self.form}"
+        if self.ok:
+            return f"{what} ok: max err {self.max_err:.3g} <= tol {self.tol:.3g}"
+        parts = [f"{what} wrong: max err {self.max_err:.3g} > tol {self.tol:.3g}"]
+        if self.nonfinite_rows:
+            parts.append(f"{self.nonfinite_rows} rows NaN/inf")
+        return "; ".join(parts + [f"rows {self.bad_rows}"])
+
+
+def lse_figures(lses: Sequence[torch.Tensor], references: Sequence[Tuple[torch.Tensor, Optional[torch.Tensor]]],
+                labels: Sequence[str]) -> Pending:
+    """Each layer's returned log-sum-exp [T, Hq] against its reference's (kit.engine.fixture.Step.lse: the
+    float64 one, and its envelope's or None); finishes to one LseCheck per layer."""
+    figures, finishers = [], []
+    for lse, (ref, envelope), label in zip(lses, references, labels):
+        if tuple(lse.shape) != tuple(ref.shape) or not lse.is_floating_point() or lse.device != ref.device:
+            form = (f"shape {tuple(lse.shape)}, dtype {lse.dtype}, device {lse.device}, expected a float "
+                    f"[{', '.join(map(str, ref.shape))}] (a query row per token, a head each) on {ref.device}")
+            finishers.append((0, lambda values, form=form, label=label: LseCheck(False, float("inf"), 0.0,
+                                                                                  float("inf"), [], 0, form, label)))
+            continue
+        if not lse.numel():
+            finishers.append((0, lambda values, label=label: LseCheck(True, 0.0, LSE_ABS, 0.0, [], 0, label=label)))
+            continue
+        spread = 0.0 if envelope is None else (envelope - ref).abs().max()
+        tol = LSE_ABS + LSE_REL * ref.abs() + RATIO * spread
+        err = (lse.to(torch.float64) - ref).abs().nan_to_num(nan=float("inf"))
+        excess = err / tol
+        worst = excess.flatten().argmax()
+        bad = (excess > 1).any(dim=1)
+        nonfinite = (~torch.isfinite(lse)).any(dim=1).sum()
+        figures.append(torch.stack([excess.flatten()[worst], err.flatten()[worst], tol.flatten()[worst],
+                                    bad.sum().double(), nonfinite.double()]))
+
+        def finish(values, bad=bad, label=label):
+            excess, err, tol, num_bad, nonfinite = values
+            rows = bad.nonzero().squeeze(1)[:8].tolist() if num_bad else []
+            return LseCheck(not num_bad, err, tol, excess, rows, int(nonfinite), label=label)
+        finishers.append((5, finish))
+
+    def finish_all(values: List[float]) -> List[LseCheck]:
+        checks, at = [], 0
+        for width, finish in finishers:
+            checks.append(finish(values[at:at + width]))
+            at += width
+        return checks
+    stacked = torch.cat(figures) if figures else torch.zeros(0, dtype=torch.float64)
+    return Pending(stacked, finish_all)
+
+
 @dataclasses.dataclass
 class FormCheck(Check):
     """The output is the tensor the layer takes: [T, Hq, Dv], q's dtype, on q's device. A

@@ -40,7 +40,7 @@ from kit.harness.checks import Handed, Pending, handed_inputs, inputs_figures
 from kit.harness.guard import Guard, canary_figures
 from kit.harness.hooks import driver_for
 from kit.harness.hoststate import Bindings, replaced, tensor_pointers
-from kit.harness.program import forward_program
+from kit.harness.program import Program, forward_program
 from kit.harness.protocol import seq_len_fill_value
 from kit.harness.static import StaticBatch
 from kit.report.record import CUDA_GRAPH, EMULATED, PIECEWISE_EAGER
@@ -67,6 +67,7 @@ def _no_collection():
 @dataclasses.dataclass
 class Replayed:
     outs: List[List[torch.Tensor]]  # per step, per layer, the output of the real rows
+    lses: List[List[Optional[torch.Tensor]]]  # the same of the log-sum-exp forward() returned (None: none)
     padded: List[torch.Tensor]  # the outputs of the padded rows (every step, every layer)
     replaced: List[str]  # backend attributes holding another tensor than at capture (emulated graphs)
     memory: Pending  # canaries of what the hooks and the captured forward allocated (kit.harness.guard)
@@ -77,7 +78,7 @@ class Replayed:
 class _Captured:
     batch: ForwardBatch  # the batch object the captured program saw (views of static buffers)
     graph: Optional["torch.cuda.CUDAGraph"] = None
-    outs: Optional[List[List[torch.Tensor]]] = None
+    program: Optional[Program] = None  # what forward_program returned
     guard: Optional[Guard] = None  # real graphs: canary tails of what the captured program allocated
     bindings: Optional[Bindings] = None  # emulated: the backend's Python state at capture
     pointers: Dict[str, int] = dataclasses.field(default_factory=dict)
@@ -144,7 +145,7 @@ class _Harness:
         self.driver.prepare(self.max_bs, self.pools.req_to_token_pool.req_to_token, self.pools.token_to_kv_pool.page_size,
                             self.device, self.padded_seq_len)
 
-    def _program(self, batch: ForwardBatch, rows: List[int]) -> List[List[torch.Tensor]]:
+    def _program(self, batch: ForwardBatch, rows: List[int]) -> Program:
         """What a graph records: the in-graph metadata, then every step's forward for every layer
         on the first rows[i] rows of step i's static inputs."""
         self.driver.in_graph(batch)
@@ -204,28 +205,28 @@ class _Harness:
             with _no_collection(), torch.cuda.stream(side), guard.watching():
                 graph.capture_begin(pool=self.mempool)
                 try:
-                    outs = self._program(batch, rows)
+                    program = self._program(batch, rows)
                 finally:
                     graph.capture_end()
-            self.captured[key] = _Captured(batch, graph, outs, guard)
+            self.captured[key] = _Captured(batch, graph, program, guard)
         self.input_checks.append(self._kept(fx, real or [0] * len(rows), rows,
                                             f", at the capture of {self._graph_name(key)}"))
 
     def _run(self, key: int, rows: List[int], guard: Guard):
-        """Replays graph `key` after its hooks ran (under `guard`): (outs, replaced tensors, memory)."""
+        """Replays graph `key` after its hooks ran (under `guard`): (forward_program's, replaced tensors, memory)."""
         cap = self.captured[key]
         if self.real:
             cap.graph.replay()
-            return cap.outs, [], canary_figures(guard, cap.guard, *self.graph_guards)
+            return cap.program, [], canary_figures(guard, cap.guard, *self.graph_guards)
         swapped = replaced(cap.pointers, tensor_pointers(self.backend))
         after_hooks = Bindings.of(self.backend)
         cap.bindings.restore()
         try:
             with guard.watching():
-                outs = self._program(cap.batch, rows)
+                program = self._program(cap.batch, rows)
         finally:
             after_hooks.restore()  # forward's own Python side effects do not happen in a real replay
-        return outs, swapped, canary_figures(guard, *self.graph_guards)
+        return program, swapped, canary_figures(guard, *self.graph_guards)
 
     def _load(self, fx: Fixture, requests: int, tokens: Optional[int], padded_rows: List[int]) -> List[int]:
         """The batch copied into the static buffers, padded up to `requests` requests and `tokens`
@@ -242,14 +243,17 @@ class _Harness:
             real.append(m)
         return real
 
-    def _replayed(self, outs: List[List[torch.Tensor]], fx: Fixture, real: List[int], swapped: List[str],
+    def _replayed(self, program: Program, fx: Fixture, real: List[int], swapped: List[str],
                   memory: Pending, padded: List[int]) -> Replayed:
         """Real and padded rows of the outputs, per step and layer (padded ones only where a padded
         token belongs to a request: else nothing computes them); the static inputs judged kept
         (and those of the captures since the last replay)."""
         inputs, self.input_checks = self.input_checks + [self._kept(fx, real, padded)], []
+        outs, lses = program
         judged = [o[n:] for step, n in zip(outs, real) for o in step] if self.profile.padded_rows_attend else []
-        return Replayed([[o[:n] for o in step] for step, n in zip(outs, real)], judged, swapped, memory, inputs)
+        real_rows = [[o if o is None else o[:n] for o in step] for step, n in zip(lses, real)]
+        return Replayed([[o[:n] for o in step] for step, n in zip(outs, real)], real_rows, judged, swapped, memory,
+                        inputs)
 
     def _graph_name(self, key: int) -> str:
         raise NotImplementedError
@@ -329,8 +333,8 @@ class BatchGraphs(_Harness):
         guard = Guard()
         with guard.watching():
             self.driver.replay(view, fx.plan, pbs * self.tokens_per_req)
-        outs, swapped, memory = self._run(pbs, rows, guard)
-        return self._replayed(outs, fx, real, swapped, memory, rows)
+        program, swapped, memory = self._run(pbs, rows, guard)
+        return self._replayed(program, fx, real, swapped, memory, rows)
 
     def _where(self, fx: Fixture) -> str:
         return f" in bucket {bucket_for(fx.batch.batch_size, self.sizes)}"
@@ -386,22 +390,23 @@ class TokenGraphs(_Harness):
             batch = self.driver.ragged(batch, fx.plan)
         rows = [padded] * len(self.steps)
         if self.capturing:
-            outs, swapped, memory = self._run(padded, rows, guard)
+            program, swapped, memory = self._run(padded, rows, guard)
         else:
             swapped = []
             with guard.watching():
-                outs = self._program_piecewise(batch, n, padded)
+                program = self._program_piecewise(batch, n, padded)
             memory = canary_figures(guard, *self.graph_guards)
-        return self._replayed(outs, fx, [n] * len(self.steps), swapped, memory, rows)
+        return self._replayed(program, fx, [n] * len(self.steps), swapped, memory, rows)
 
-    def _program_piecewise(self, batch: ForwardBatch, n: int, padded: int) -> List[List[torch.Tensor]]:
+    def _program_piecewise(self, batch: ForwardBatch, n: int, padded: int) -> Program:
         """The padded call, eager; for a real-rows-only backend, what SGLang's layer does: the
         backend on the real rows, zeros for the padded ones."""
         if not self.real_rows_only:
             return self._program(batch, [padded] * len(self.steps))
         real = dataclasses.replace(batch, **self.static.first_tokens(batch, n))
-        return [[torch.cat([out, out.new_zeros((padded - n,) + tuple(out.shape[1:]))]) for out in step]
-                for step in self._program(real, [n] * len(self.steps))]
+        outs, lses = self._program(real, [n] * len(self.steps))
+        return ([[torch.cat([out, out.new_zeros((padded - n,) + tuple(out.shape[1:]))]) for out in step]
+                 for step in outs], lses)
 
     def _where(self, fx: Fixture) -> str:
         return f", {fx.batch.num_tokens} tokens"

@@ -18,6 +18,7 @@ from kit.engine.hybrid import HybridBatch, attention_case
 from kit.engine.kinds.recurrent import FULL, RecurrentCase
 from kit.harness.capabilities import Capabilities
 from kit.harness.guard import Guard, canary_figures
+from kit.harness.program import returned
 from kit.harness.protocol import BackendContext
 from kit.harness.verdict import Verdict, eager_verdict
 from kit.process.memory import STORE
@@ -64,17 +65,19 @@ class FullLayers:
         hybrid = HybridBatch(self.fx.batch, batch, self.case.full_layers)
         full, linear = iter(zip(self.layers, given)), iter(zip(inputs, layers))
         guard = Guard()
-        full_outs, linear_outs = [], []
+        full_outs, full_lses, linear_outs = [], [], []
         with guard.watching():
             backend.init_forward_metadata(hybrid)
             for kind in self.case.layer_pattern:
                 if kind == FULL:
                     layer, (q, k, v) = next(full)
-                    full_outs.append(backend.forward(q, k, v, layer, hybrid))
+                    out, lse = returned(backend.forward(q, k, v, layer, hybrid))
+                    full_outs.append(out)
+                    full_lses.append(lse)
                 else:
                     x, layer = next(linear)
                     linear_outs.append(backend.forward(*x.handed(), layer, hybrid))
-        return linear_outs, eager_verdict(self.fx, [full_outs], canary_figures(guard), [given],
+        return linear_outs, eager_verdict(self.fx, ([full_outs], [full_lses]), canary_figures(guard), [given],
                                           self.caps.profile.scratch, numerics=self.caps.numerics)
 
     def describe(self) -> str:

@@ -25,7 +25,7 @@ from kit.engine.profile import EngineProfile
 # What a backend class declares of itself (AttentionBackend documents each), read once when it is
 # loaded (kit.harness.capabilities.Capabilities.of); `profile` has no default: every backend names its engine's.
 DECLARATIONS = ("profile", "modes", "attention_kinds", "kv_dtypes", "attention_features", "numerics",
-                "extend_capture", "real_rows_only", "batch_invariant", "host_mirrors", "ci_cases")
+                "extend_capture", "real_rows_only", "batch_invariant", "host_mirrors", "returns_lse", "ci_cases")
 
 
 @dataclasses.dataclass
@@ -113,6 +113,12 @@ class AttentionBackend:
     # handed rather than as stored, probabilities quantized to fp8 before PV, TF32 dots). Its runs are
     # judged against a float64 reference that takes the same steps; default: none (exact).
     numerics: Numerics = EXACT_NUMERICS
+    # True if forward() returns (out, lse): with the output, the log-sum-exp of each query row and head,
+    # lse [T, Hq] (float32 or wider, on q's device), the natural log of the softmax's denominator: the sum
+    # of exp over the keys the row attends (after the window) of the scaled and capped logits, the
+    # layer's sink logit one more term (docs/contract.md, 'The log-sum-exp'). What a caller merging
+    # partial attentions reads (split prefill, cascade, context parallelism); the kit judges it too.
+    returns_lse: bool = False
     # {mode value: case names}: the smoke cases a plain CPU run (`--case-set auto`) gives a backend
     # too slow on CPU for all of them; None: every case. `--case-set smoke` runs them all.
     ci_cases: Optional[dict] = None
@@ -149,8 +155,8 @@ class AttentionBackend:
 
     def forward(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, layer: Layer, batch,
                 save_kv_cache: bool = True) -> torch.Tensor:
-        """q [T, Hq, D], k/v [T, Hkv, D] -> out [T, Hq, D]. With save_kv_cache,
-        write k/v to the pool at batch.out_cache_loc before attending. MLA: q [T, Hq, R + P]
+        """q [T, Hq, D], k/v [T, Hkv, D] -> out [T, Hq, D] (declaring returns_lse: (out, lse [T, Hq])).
+        With save_kv_cache, write k/v to the pool at batch.out_cache_loc before attending. MLA: q [T, Hq, R + P]
         (absorbed: q_nope . W_UK, then q_pe), k [T, 1, R + P] (the latent c_kv, then k_pe), v
         [T, 1, R] a view of k's first R columns; out [T, Hq, R]; the pool's set_kv_buffer
         writes k's whole row."""

@@ -25,7 +25,7 @@ from kit.harness.hooks import HookDriver, driver_for
 from kit.harness.interpreter_noise import interpreter_noise_filtered
 from kit.harness.invariance import Recurrence
 from kit.harness.memory_retry import run_releasing_memory
-from kit.harness.program import forward_program
+from kit.harness.program import Program, forward_program
 from kit.harness.protocol import BackendContext, backend_problem
 from kit.harness.registry import load_backend
 from kit.harness.run import Run
@@ -104,11 +104,20 @@ class RunSetup:
         return Recurrence(exact=self.caps.batch_invariant)
 
 
-def _outputs(outs: List[List[torch.Tensor]]) -> List[List[torch.Tensor]]:
-    for out in (o for step in outs for o in step):
+def _outputs(program: Program, caps: Capabilities) -> Program:
+    """forward_program's, each output a tensor and the log-sum-exp beside it where (only where) the
+    backend declares returns_lse."""
+    outs, lses = program
+    for out, lse in zip((o for step in outs for o in step), (x for step in lses for x in step)):
         if not isinstance(out, torch.Tensor):
             raise Crash("forward", TypeError(f"forward returned {type(out).__name__}, not a tensor"))
-    return outs
+        if caps.returns_lse and not isinstance(lse, torch.Tensor):
+            raise Crash("forward", TypeError("forward returned no log-sum-exp though the backend declares "
+                                             "returns_lse: return (out, lse), or leave returns_lse False"))
+        if lse is not None and not caps.returns_lse:
+            raise Crash("forward", TypeError("forward returned (out, lse) though the backend does not declare "
+                                             "returns_lse: declare it (the kit judges the lse), or return out"))
+    return program
 
 
 def _eager(backend, fx: Fixture, batch, driver: HookDriver, caps: Capabilities,
@@ -123,11 +132,11 @@ def _eager(backend, fx: Fixture, batch, driver: HookDriver, caps: Capabilities,
     with guard.watching():
         batch = call("init_forward_metadata", driver.eager, batch)
         views = step_views(batch, [step.plan for step in fx.steps])
-        outs = _outputs(forward_program(backend, fx.layers, views, given, call=unsynced))
+        program = _outputs(forward_program(backend, fx.layers, views, given, call=unsynced), caps)
     layers = f"layers 0-{len(fx.layers) - 1}" + (f" of {len(fx.steps)} steps" if len(fx.steps) > 1 else "")
     return judged_on_device(f"forward ({layers}, on the device)",
-                             lambda: eager_verdict(fx, outs, canary_figures(guard), given, caps.profile.scratch,
-                                                           across, caps.numerics))
+                             lambda: eager_verdict(fx, program, canary_figures(guard), given, caps.profile.scratch,
+                                                   across, caps.numerics))
 
 
 def run_case(backend_spec: str, case: Case, exec_: Exec, device: Optional[torch.device] = None,
@@ -271,7 +280,7 @@ def _graph(backend, setup: RunSetup, result: RunResult) -> None:
         fx.install()
         regime = mirrors.regime(i, len(fixtures), setup.caps.host_mirrors)
         replayed = _blamed(setup, fx, regime, lambda: unsynced(f"replay {i + 1}", harness.replay, fx, regime))
-        _outputs(replayed.outs)
+        _outputs((replayed.outs, replayed.lses), setup.caps)
         across = Across(recurrence, harness.describe(i, fixtures))
         v = judged_on_device(f"replay {i + 1}", lambda: replay_verdict(fx, replayed, scratch, across,
                                                                                    setup.caps.numerics))

@@ -11,10 +11,12 @@ import torch
 from kit.engine.fixture import Fixture
 from kit.engine.numerics import EXACT_NUMERICS, Numerics
 from kit.engine.transfer import to_device
-from kit.harness.checks import (Check, FormCheck, InputsCheck, KVCheck, KVState, OutputCheck, PaddingCheck,
-                                Pending, StateCheck, check_form, check_inputs, check_state, handed_inputs,
-                                inputs_figures, kv_figures, output_figures, padding_figures, read_back)
+from kit.harness.checks import (Check, FormCheck, InputsCheck, KVCheck, KVState, LseCheck, OutputCheck,
+                                PaddingCheck, Pending, StateCheck, check_form, check_inputs, check_state,
+                                handed_inputs, inputs_figures, kv_figures, lse_figures, output_figures,
+                                padding_figures, read_back)
 from kit.harness.invariance import InvarianceCheck, Recurrence
+from kit.harness.program import Program
 from kit.report.record import GRAPH, KERNEL, KV_WRITE
 
 # When several checks fail, the class that says where to look first: a wrong KV pool
@@ -32,11 +34,14 @@ class Verdict:
     state: Optional[StateCheck] = None  # a replay: the tensors the captured graph reads were kept
     padding: Optional[PaddingCheck] = None  # a replay: its padded rows
     invariance: Optional[InvarianceCheck] = None  # its requests seen in an earlier batch of the run
+    # each step's log-sum-exp of each layer against the reference's, as `outputs` (a backend that declares
+    # returns_lse; else none)
+    lses: List[LseCheck] = dataclasses.field(default_factory=list)
 
     @property
     def checks(self) -> List[Check]:
         """Every check, in the order messages name them."""
-        return [*self.outputs, self.kv, *self.forms, self.memory,
+        return [*self.outputs, *self.lses, self.kv, *self.forms, self.memory,
                 *(c for c in (self.inputs, self.state, self.padding, self.invariance) if c is not None)]
 
     @property
@@ -56,8 +61,10 @@ class Verdict:
         return min(c.tol for c in self.outputs)
 
     def margins(self, num_layers: int) -> List[float]:
-        """Per layer id, its worst output's error over its limit (OutputCheck.excess) over the steps."""
-        return [max(c.excess for c in self.outputs[layer::num_layers]) for layer in range(num_layers)]
+        """Per layer id, its worst output's or log-sum-exp's error over its limit (OutputCheck.excess,
+        LseCheck.excess) over the steps."""
+        return [max(c.excess for c in self.outputs[layer::num_layers] + self.lses[layer::num_layers])
+                for layer in range(num_layers)]
 
     def failure_class(self, eager_is_right: bool = False) -> str:
         """The run's class; with eager_is_right, the class of a replay whose batch runs right eagerly."""
@@ -115,14 +122,16 @@ def numerics_steps(fx: Fixture, numerics: Numerics) -> Tuple[str, ...]:
                           fx.program_inputs[0].q.device.type)
 
 
-def _judged(fx: Fixture, outs: Sequence[Sequence[torch.Tensor]], memory: Pending, inputs: Sequence[Pending],
+def _judged(fx: Fixture, program: Program, memory: Pending, inputs: Sequence[Pending],
             scratch: bool, padding: Optional[Pending] = None, across: Optional[Across] = None,
             numerics: Numerics = EXACT_NUMERICS) -> dict:
     """The checks of a program by name (Verdict's fields), read back from the device at once:
     each step's output of each layer against its golden, the KV pool of every layer, each
     output's form, `memory`, the inputs forward() was handed (`inputs`:
     kit.harness.checks.inputs_figures), for a replay `padding`, and within a run (`across`) the rows
-    of requests seen in its earlier batches; the outputs under the backend's declared `numerics`."""
+    of requests seen in its earlier batches; the outputs (and the log-sum-exps forward() returned beside
+    them: `program`, kit.harness.program.forward_program's) under the backend's declared `numerics`."""
+    outs, lses = program
     labels = _labels(fx)
     refs = [step.reference(layer.layer_id) for step in fx.steps for layer in fx.layers]
     steps = numerics_steps(fx, numerics)
@@ -134,6 +143,11 @@ def _judged(fx: Fixture, outs: Sequence[Sequence[torch.Tensor]], memory: Pending
                                emulated),
         kv=kv_figures(fx.pools.token_to_kv_pool, kv_state(fx, scratch)),
         memory=memory)
+    returned = [(lse, step.lse(layer.layer_id, steps), label) for step, step_lses, step_labels
+                in zip(fx.steps, lses, labels) for layer, lse, label in zip(fx.layers, step_lses, step_labels)
+                if lse is not None]
+    if returned:
+        pending["lses"] = lse_figures(*zip(*returned))
     if padding is not None:
         pending["padding"] = padding
     recurring = across.recurrence.figures(fx, outs, across.where) if across is not None else None
@@ -151,11 +165,12 @@ def _judged(fx: Fixture, outs: Sequence[Sequence[torch.Tensor]], memory: Pending
     return judged
 
 
-def eager_verdict(fx: Fixture, outs: Sequence[Sequence[torch.Tensor]], memory: Pending,
+def eager_verdict(fx: Fixture, program: Program, memory: Pending,
                   given: Sequence[Sequence[Tuple[torch.Tensor, torch.Tensor, torch.Tensor]]],
                   scratch: bool = True, across: Optional[Across] = None,
                   numerics: Numerics = EXACT_NUMERICS) -> Verdict:
-    """`outs`: per step, forward's output for each layer of the model, in layer order; `memory`:
+    """`program`: per step, forward's output (and log-sum-exp, or None) for each layer of the model, in
+    layer order (kit.harness.program.forward_program); `memory`:
     the guard's canaries (kit.harness.guard.canary_figures); `given`: per step, the (q, k, v) each
     layer's forward was handed (copies of the step's inputs); `scratch`: slot 0 is the engine's
     scratch slot (kit.engine.profile); `across`: the run's batches so far; `numerics`: the backend's
@@ -163,13 +178,14 @@ def eager_verdict(fx: Fixture, outs: Sequence[Sequence[torch.Tensor]], memory: P
     many = len(fx.steps) > 1
     handed = [h for step, step_given in zip(fx.steps, given)
               for h in handed_inputs(step, step_given, f", step {step.index + 1}" if many else "")]
-    return Verdict(**_judged(fx, outs, memory, [inputs_figures(handed)], scratch, across=across, numerics=numerics))
+    return Verdict(**_judged(fx, program, memory, [inputs_figures(handed)], scratch, across=across,
+                             numerics=numerics))
 
 
 def replay_verdict(fx: Fixture, replayed, scratch: bool = True, across: Optional[Across] = None,
                    numerics: Numerics = EXACT_NUMERICS) -> Verdict:
     """`replayed`: kit.harness.graph.Replayed."""
-    judged = _judged(fx, replayed.outs, replayed.memory, replayed.inputs, scratch,
+    judged = _judged(fx, (replayed.outs, replayed.lses), replayed.memory, replayed.inputs, scratch,
                      padding_figures(replayed.padded, fx.pools.token_to_kv_pool), across, numerics)
     return Verdict(**judged, state=check_state(replayed.replaced))
 

@@ -27,6 +27,7 @@ MLA = "tests.mutants.mla:"
 FP8 = "tests.mutants.fp8:"
 SINK = "tests.mutants.sinks:"
 SPARSE = "tests.mutants.sparse_mla:"
+LSE = "tests.mutants.lse:"
 VL = "tests.mutants.vllm:"
 G, K, KV, C = ("graph",), ("kernel",), ("kv-write",), ("crash",)
 # Reading or writing past a buffer the backend sized itself: wrong output where the
@@ -222,6 +223,10 @@ MUTANTS = [
     Mutant(94, "sparse_padding_clamped_to_length", SPARSE + "PaddingClampedToLength", K, SPARSE_MODES, EAGER,
            cpu=True),
     Mutant(95, "sparse_empty_row_not_zeroed", SPARSE + "EmptyRowNotZeroed", G, SPARSE_MODES, GRAPH, cpu=True),
+    # The log-sum-exp a backend returns beside its output (returns_lse): right outputs, the LSE wrong.
+    Mutant(96, "lse_in_log2", LSE + "LseInLog2", K, ALL_MODES, EAGER, cpu=True),
+    Mutant(96, "triton_lse_in_log2", LSE + "TritonLseInLog2", K, ALL_MODES, GRAPH, cpu=True),
+    Mutant(97, "lse_without_sinks", LSE + "LseWithoutSinks", K, ALL_MODES, EAGER, cpu=True, reaches=SINKS),
 ]
 # The recurrent kinds (GDN, Mamba2, KDA), numbered from 100: tests/mutants/linear.py.
 MUTANTS += linear.MUTANTS

@@ -37,7 +37,7 @@ class SinkFoldedPerSplit(TritonBackend):
     """Split-KV decode folds the sink into every split's partial softmax, not once into their
     combine: a request of n splits counts the sink n times (sink + log n)."""
 
-    def _combine_splits(self, md, out, layer, sinks):
+    def _combine_splits(self, md, out, lse, layer, sinks):
         if sinks is not None:
             b = md.bufs
             splits = torch.arange(b.mid_lse.shape[-1], device=out.device)
@@ -45,4 +45,4 @@ class SinkFoldedPerSplit(TritonBackend):
             folded = torch.logaddexp(b.mid_lse, sinks[None, :, None])
             b.mid_o.mul_(torch.where(live, torch.exp(b.mid_lse - folded), 1.0)[..., None])
             b.mid_lse.copy_(torch.where(live, folded, b.mid_lse))
-        super()._combine_splits(md, out, layer, None)
+        super()._combine_splits(md, out, lse, layer, None)

@@ -274,14 +274,16 @@ class OutputInFp32(TritonBackend):
     (an output buffer allocated as float32): right values, a wrong tensor for o_proj."""
 
     def forward(self, q, k, v, layer, batch, save_kv_cache=True):
-        return super().forward(q, k, v, layer, batch, save_kv_cache).float()
+        out, lse = super().forward(q, k, v, layer, batch, save_kv_cache)
+        return out.float(), lse
 
 
 class OutputOnHost(TritonBackend):
     """The output comes back on the host (a CPU fallback path): right values, wrong device."""
 
     def forward(self, q, k, v, layer, batch, save_kv_cache=True):
-        return super().forward(q, k, v, layer, batch, save_kv_cache).cpu()
+        out, lse = super().forward(q, k, v, layer, batch, save_kv_cache)
+        return out.cpu(), lse
 
 
 def read_dense(x: torch.Tensor) -> torch.Tensor:

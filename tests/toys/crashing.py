@@ -180,8 +180,8 @@ class MetaOutputBackend(TorchNativeBackend):
     def forward(self, q, k, v, layer, batch, save_kv_cache=True):
         import torch
 
-        super().forward(q, k, v, layer, batch, save_kv_cache)
-        return torch.empty(q.shape[0], layer.tp_q_head_num, layer.v_head_dim, dtype=q.dtype, device="meta")
+        _, lse = super().forward(q, k, v, layer, batch, save_kv_cache)
+        return torch.empty(q.shape[0], layer.tp_q_head_num, layer.v_head_dim, dtype=q.dtype, device="meta"), lse
 
 
 class InterruptsLaterBackend(TorchNativeBackend):
@@ -231,4 +231,5 @@ class WrongThenTimesOutBackend(TorchNativeBackend):
     def forward(self, q, k, v, layer, batch, save_kv_cache=True):
         if self.number > 1:
             _interpreter_timeout()
-        return super().forward(q, k, v, layer, batch, save_kv_cache) + 1
+        out, lse = super().forward(q, k, v, layer, batch, save_kv_cache)
+        return out + 1, lse
