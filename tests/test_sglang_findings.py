@@ -273,7 +273,7 @@ def _judged(fx, outs, case, backend_cls):
     from kit.engine.reference import declared
     from kit.harness.checks import output_figures, read_back
 
-    steps = backend_cls.numerics.steps(case.mode.value, case.dtype, case.kv_dtype, "cpu")
+    steps = backend_cls.numerics.case_steps(case, "cpu")
     refs = declared(fx, steps)
     layer_ids = range(len(outs))
     same_dtype = [attention(fx, case.torch_dtype, layer_id=i) for i in layer_ids]
