@@ -6,8 +6,8 @@ from __future__ import annotations
 import pytest
 import torch
 
-from kit.engine.numerics import (ALL, EXACT, NEW_AS_HANDED, P_CAST, P_FP8, Q_CAST, Q_FP8, TF32, Numerics,
-                                 label)
+from kit.engine.numerics import (ALL, EXACT, NEW_AS_HANDED, P_CAST, P_FP8, Q_CAST, Q_FP8, ROPE_AS_HANDED, TF32,
+                                 Numerics, label)
 from kit.engine.profile import SGLANG
 from kit.engine.reference import declared, golden
 from kit.harness.capabilities import BadDeclaration, Capabilities
@@ -20,10 +20,13 @@ from tests.helpers import make_fixture, small_case
 TOYS = "tests.toys.numerics"
 
 
-def _fp8(mode=ForwardMode.EXTEND, dtype="bf16"):
+def _fp8(mode=ForwardMode.EXTEND, dtype="bf16", **shape):
     new = (3, 4, 1) if mode is ForwardMode.EXTEND else 1
     return small_case(f"fp8_{mode.value.lower()}", mode, prefix=(5, 0, 9), new=new, page=4, kv_dtype="fp8_e4m3",
-                      dtype=dtype, head_dim=32)
+                      dtype=dtype, **{"head_dim": 32, **shape})
+
+
+MLA = dict(heads=(4, 1), head_dim=48, kv_lora_rank=32, rope_dim=16, scale=0.1)
 
 
 def _fp32(mode=ForwardMode.EXTEND):
@@ -32,17 +35,34 @@ def _fp32(mode=ForwardMode.EXTEND):
 
 def test_steps_apply_where_their_precision_is_the_cases():
     n = Numerics(q_fp8=ALL, new_tokens_as_handed=("extend",), p_fp8=ALL, tf32_dots=ALL)
-    assert n.steps("extend", "bf16", "fp8_e4m3", "cuda") == (Q_FP8, NEW_AS_HANDED, P_FP8)
-    assert n.steps("decode", "bf16", "fp8_e4m3", "cuda") == (Q_FP8, P_FP8)
-    assert n.steps("decode", "bf16", None, "cuda") == ()
-    assert n.steps("decode", "fp32", None, "cuda") == (TF32,)
+    shape = dict(grouped=True, latent=False)
+    assert n.steps("extend", "bf16", "fp8_e4m3", "cuda", **shape) == (Q_FP8, NEW_AS_HANDED, P_FP8)
+    assert n.steps("decode", "bf16", "fp8_e4m3", "cuda", **shape) == (Q_FP8, P_FP8)
+    assert n.steps("decode", "bf16", None, "cuda", **shape) == ()
+    assert n.steps("decode", "fp32", None, "cuda", **shape) == (TF32,)
     assert label(()) == EXACT and label((Q_FP8, TF32)) == "q fp8, tf32 dots"
     on_cuda = Numerics(q_fp8=ALL, tf32_dots=ALL, cuda_only=(Q_FP8, TF32))
-    assert on_cuda.steps("decode", "fp32", "fp8_e4m3", "cpu") == ()
-    assert on_cuda.steps("decode", "fp32", "fp8_e4m3", "cuda") == (Q_FP8, TF32)
+    assert on_cuda.steps("decode", "fp32", "fp8_e4m3", "cpu", **shape) == ()
+    assert on_cuda.steps("decode", "fp32", "fp8_e4m3", "cuda", **shape) == (Q_FP8, TF32)
 
 
-@pytest.mark.parametrize("bad", [Numerics(q_fp8="extend"), Numerics(tf32_dots=("prefill",)), "tf32"])
+def test_steps_apply_where_the_cases_heads_take_them():
+    """grouped_only: in its modes nothing is taken where each query head has its own KV head;
+    rope_as_handed: taken by MLA cases whose query is quantized."""
+    n = Numerics(q_cast=ALL, p_cast=ALL, rope_as_handed=("decode",), tf32_dots=ALL, grouped_only=("decode",))
+    assert n.steps("decode", "fp32", "fp8_e4m3", "cuda", grouped=False, latent=False) == ()
+    assert n.steps("extend", "fp32", "fp8_e4m3", "cuda", grouped=False, latent=False) == (Q_CAST, P_CAST, TF32)
+    assert n.steps("decode", "fp32", "fp8_e4m3", "cuda", grouped=True, latent=True) == (Q_CAST, ROPE_AS_HANDED,
+                                                                                          P_CAST, TF32)
+    assert n.steps("decode", "fp32", "fp8_e4m3", "cuda", grouped=True, latent=False) == (Q_CAST, P_CAST, TF32)
+    assert n.steps("extend", "fp32", "fp8_e4m3", "cuda", grouped=True, latent=True) == (Q_CAST, P_CAST, TF32)
+    mha, mla = _fp8(ForwardMode.DECODE, heads=(2, 2)), _fp8(ForwardMode.DECODE, **MLA)
+    assert n.case_steps(mha, "cuda") == () and ROPE_AS_HANDED in n.case_steps(mla, "cuda")
+
+
+@pytest.mark.parametrize("bad", [Numerics(q_fp8="extend"), Numerics(tf32_dots=("prefill",)), "tf32",
+                                 Numerics(q_cast=("extend",), rope_as_handed=("decode",)),
+                                 Numerics(grouped_only="decode")])
 def test_malformed_declaration_is_refused(bad):
     cls = type("Declared", (), {"supports": classmethod(lambda c, case: None), "numerics": bad, "profile": SGLANG})
     with pytest.raises(BadDeclaration, match="Declared.numerics must be"):
@@ -93,6 +113,38 @@ def test_declared_numerics_not_followed_fail(toy, mode):
     assert (r.outcome, r.failure_class) == (FAIL, KERNEL), r.message
     assert r.numerics == (Q_FP8 if toy == "DeclaresQButDoesNot" else EXACT)
     assert max(r.margins) > 2, r.margins
+
+
+@pytest.mark.parametrize("heads", [(2, 2), (4, 2)], ids=["mha", "gqa"])
+def test_q_quantized_where_heads_are_grouped_passes_as_declared(heads):
+    r = run_case(f"{TOYS}:QuantizesGroupedQ", _fp8(ForwardMode.DECODE, heads=heads), Exec.EAGER, device="cpu")
+    assert (r.outcome, r.numerics) == (PASS, Q_FP8 if heads[0] > heads[1] else EXACT), r.message
+
+
+def test_declared_grouped_only_but_quantizing_every_query_fails():
+    """Declares each query head with a KV head of its own attended exactly (grouped_only), quantizes it."""
+    r = run_case(f"{TOYS}:DeclaresGroupedQButQuantizesEvery", _fp8(ForwardMode.DECODE, heads=(2, 2)), Exec.EAGER,
+                 device="cpu")
+    assert (r.outcome, r.failure_class, r.numerics) == (FAIL, KERNEL, EXACT), r.message
+    assert max(r.margins) > 2, r.margins
+
+
+def test_rope_as_handed_emulation_quantizes_the_latent_columns_only():
+    step = make_fixture(_fp8(ForwardMode.DECODE, **MLA)).step
+    whole, latent = (declared(step, steps)[0][0] for steps in ((Q_FP8,), (Q_FP8, ROPE_AS_HANDED)))
+    exact = golden(step, 0)
+    assert (latent - exact).abs().max() > 1e-3 and (latent - whole).abs().max() > 1e-3
+
+
+@pytest.mark.parametrize("toy, passes", [("QuantizesLatentQ", True), ("DeclaresRopeAsHandedButQuantizesIt", False),
+                                         ("QuantizesLatentQUndeclared", False)])
+def test_rope_as_handed_declared_and_followed_passes_and_else_fails(toy, passes):
+    r = run_case(f"{TOYS}:{toy}", _fp8(ForwardMode.DECODE, dtype="fp32", **MLA), Exec.EAGER, device="cpu")
+    if passes:
+        assert (r.outcome, r.numerics) == (PASS, label((Q_FP8, ROPE_AS_HANDED))), r.message
+    else:
+        assert (r.outcome, r.failure_class) == (FAIL, KERNEL), r.message
+        assert max(r.margins) > 2, r.margins
 
 
 def test_tf32_declared_passes_within_its_envelope_and_undeclared_fails():

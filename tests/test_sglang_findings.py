@@ -15,7 +15,7 @@ from backends.sglang.adapter import (SGLangFlashInferBackend, SGLangFlexAttentio
                                      SGLangTritonBackend, SGLangTritonDraftBackend, sglang_problem)
 from kit.engine.catalog import load_catalog
 from kit.modes import Exec, ForwardMode
-from kit.engine.reference import attention
+from kit.engine.reference import attention, declared
 from kit.harness.guard import Guard
 from kit.harness.runner import default_device, run_case
 from kit.report import known_failures
@@ -31,8 +31,8 @@ DEVICE = default_device()
 TIGHT = 1e-4 if DEVICE.type == "cpu" else 5e-3
 
 
-def _sglang_outputs(mode, case_name, backend_cls=SGLangTritonBackend):
-    """SGLang's per-layer outputs on the case's own batch (its batch in an eager run)."""
+def _sglang_run(mode, case_name, backend_cls=SGLangTritonBackend):
+    """(fixture, SGLang's per-layer outputs, the backend) on the case's own batch (its batch in an eager run)."""
     case = load_catalog().find_case(mode, case_name)
     setup = run_setup(case, Exec.EAGER, DEVICE, backend_cls)
     fx = setup.case_fixture
@@ -41,7 +41,12 @@ def _sglang_outputs(mode, case_name, backend_cls=SGLangTritonBackend):
     backend.init_forward_metadata(fx.batch)
     # Copies of k and v: SGLang's fp8 write divides them by the layer's scales in place (KF-24).
     return fx, [backend.forward(x.q, x.k_new.clone(), x.v_new.clone(), layer, fx.batch).double()
-                for layer, x in zip(fx.layers, fx.inputs)]
+                for layer, x in zip(fx.layers, fx.inputs)], backend
+
+
+def _sglang_outputs(mode, case_name, backend_cls=SGLangTritonBackend):
+    """SGLang's per-layer outputs on the case's own batch (its batch in an eager run)."""
+    return _sglang_run(mode, case_name, backend_cls)[:2]
 
 
 def _err(a, b):
@@ -270,10 +275,9 @@ def test_kf37_triton_draft_kv_indices_rows_sized_by_the_model_context_length():
 def _judged(fx, outs, case, backend_cls):
     """Each layer's output as the kit judges it on CPU: against the reference of the backend's declared
     numerics (kit.engine.reference.declared), within their envelope."""
-    from kit.engine.reference import declared
     from kit.harness.checks import output_figures, read_back
 
-    steps = backend_cls.numerics.steps(case.mode.value, case.dtype, case.kv_dtype, "cpu")
+    steps = backend_cls.numerics.case_steps(case, "cpu")
     refs = declared(fx, steps)
     layer_ids = range(len(outs))
     same_dtype = [attention(fx, case.torch_dtype, layer_id=i) for i in layer_ids]
@@ -306,6 +310,75 @@ def test_kf24_kf25_cpu_fp8_outputs_were_off_by_the_interpreters_fp8_cast(monkeyp
     fx, outs = _sglang_outputs(mode, case_name)
     checks = _judged(fx, outs, case, SGLangTritonBackend)
     assert all(not c.ok and c.max_rel > 0.15 for c in checks), [c.describe() for c in checks]
+
+
+def _split_p_cast(fx, layer_id: int, splits, block: int, steps) -> torch.Tensor:
+    """A decode's float64 output with q as `steps` take it and p cast to the cache's fp8 type as SGLang's split-KV
+    decode casts it: each request's keys in `splits` of whole 32-key units (kv_len_per_split), each split in
+    tiles of `block` keys, a tile's p = exp(s - the split's running maximum through that tile), rounded; the
+    softmax's sum unrounded (decode_attention.py:630-640, :754-770)."""
+    from kit.engine.reference import _queries, as_read, logical_kv
+
+    layer, kv_dtype = fx.layers[layer_id], fx.case.kv_torch_dtype
+    x = as_read(fx, layer_id)
+    queries = _queries(x.q, layer, kv_dtype, steps).double()
+    rows = []
+    for q, r, (k, v), count in zip(queries, fx.plan.requests, logical_kv(fx.plan, x), splits):
+        group = q.shape[0] // k.shape[1]
+        s = torch.einsum("hd,khd->hk", q, k.double().repeat_interleave(group, 1)) * layer.scaling
+        split = -(-r.total // count)
+        split = -(-split // 32) * 32  # kv_len_per_split: whole MIN_BLOCK_KV units
+        running = torch.empty_like(s)
+        for start in range(0, r.total, split):
+            top = torch.full(s.shape[:1], -float("inf"), dtype=s.dtype)
+            for tile in range(start, min(start + split, r.total), block):
+                end = min(tile + block, start + split, r.total)
+                top = torch.maximum(top, s[:, tile:end].amax(-1))
+                running[:, tile:end] = top[:, None]
+        row_max = s.amax(-1, keepdim=True)
+        p = torch.exp(s - running).to(kv_dtype).double() * torch.exp(running - row_max)
+        p = p / torch.exp(s - row_max).sum(-1, keepdim=True)
+        rows.append(torch.einsum("hk,khd->hd", p, v.double().repeat_interleave(group, 1)))
+    return torch.stack(rows)
+
+
+def _rms_error(out, ref, golden) -> float:
+    """The worst head's max error over its golden output's RMS."""
+    return ((out - ref).abs().amax(-1) / golden.pow(2).mean(-1).sqrt()).max().item()
+
+
+@pytest.mark.skipif(DEVICE.type != "cpu", reason="on CPU SGLang's Triton kernels run in Triton's interpreter")
+@pytest.mark.parametrize("case_name", ["mha_fp8_e4m3_long_p1_fp16", "mla_h16_fp32_fp8_e5m2_p64_nonmono"])
+def test_kf82_kf85_sglangs_triton_decode_takes_its_declared_numerics(case_name):
+    """SGLang's decode over an fp8 cache, kernel against emulation. One query head per KV head (MHA) goes to a
+    kernel of float32 sums that casts neither q nor p: its outputs are the exact reference's, and q cast to fp8,
+    as the kit once declared it, sat at the limit's edge (KF-82). MLA's grouped decode casts q's latent columns
+    and leaves its rope columns as handed (KF-85: the kit cast them); it casts p against each KV split's running
+    maximum, tile by tile, with the splits SGLang's get_num_kv_splits picks (132 SMs here, an H100's or H200's):
+    emulated so, the kernel's output is matched to 1e-6-1e-4 of its RMS (its float32 scores flip a cast near a
+    tie); emulated against the row's maximum (what P_CAST's envelope costs) it is off by as much as the cast
+    itself. Judged under the declared numerics, each layer passes."""
+    from kit.engine.numerics import P_CAST, Q_CAST
+    from kit.harness import interpreter
+
+    interpreter.install()
+    case = load_catalog().find_case(ForwardMode.DECODE, case_name)
+    fx, outs, backend = _sglang_run(ForwardMode.DECODE, case_name)
+    steps = SGLangTritonBackend.numerics.case_steps(case, "cpu")
+    assert all(c.ok for c in _judged(fx, outs, case, SGLangTritonBackend)), [
+        c.describe() for c in _judged(fx, outs, case, SGLangTritonBackend)]
+    splits = backend.impl.forward_metadata.num_kv_splits.tolist()
+    for layer_id, out in enumerate(outs):
+        golden = attention(fx, layer_id=layer_id)
+        q_cast = declared(fx, (Q_CAST,))[layer_id][0]
+        if not case.is_mla:
+            assert steps == () and _rms_error(out, golden, golden) < 0.1 * _rms_error(out, q_cast, golden)
+            continue
+        as_declared = _split_p_cast(fx, layer_id, splits, 32, steps)
+        row_max = declared(fx, steps)[layer_id][1]
+        assert P_CAST in steps and _rms_error(out, as_declared, golden) < 1e-3, _rms_error(out, as_declared, golden)
+        assert _rms_error(out, row_max, golden) > 0.02 and _rms_error(out, _split_p_cast(fx, layer_id, splits, 32, (
+            Q_CAST,)), golden) > 0.02
 
 
 @pytest.mark.skipif(DEVICE.type != "cpu", reason="on CPU SGLang's Triton kernels run in Triton's interpreter")

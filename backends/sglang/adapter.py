@@ -400,10 +400,16 @@ class SGLangTritonBackend(_GraphHooks, SGLangBackend):
     # the extend kernel attends the step's new tokens as handed, with q as handed (forward_extend hands k/v,
     # triton_backend.py:1835-1840; extend_attention.py:795 `tl.dot(q, k)`), in every mode it serves (EXTEND,
     # MIXED, TARGET_VERIFY, DRAFT_EXTEND_V2; DECODE reads the new token from the pool). fp32: tl.dot with no
-    # input precision is TF32 on NVIDIA GPUs (extend_attention.py:619, decode_attention.py:692).
+    # input precision is TF32 on NVIDIA GPUs (extend_attention.py:619, decode_attention.py:692). Its decode
+    # (DECODE, DRAFT_DECODE) takes none of these where each query head has a KV head of its own: that kernel
+    # (decode_attention.py:389) sums q * k and p * v in float32, no cast, no dot; and the grouped decode splits
+    # MLA's rope dot off uncast (decode_attention.py:692, `tl.dot(qpe, kpe.to(qpe.dtype))`) at the widths it
+    # splits (576, 288: every MLA width it decodes here, mla.triton_decode_width_problem). p is cast against
+    # its split's running maximum (decode_attention.py:757), not the row's: P_CAST's envelope covers it.
+    decodes = ("decode", "draft_decode")
     numerics = Numerics(q_cast=ALL, p_cast=ALL, new_tokens_as_handed=("extend", "mixed", "target_verify",
                                                                       "draft_extend_v2"),
-                        tf32_dots=ALL, cuda_only=(TF32,))
+                        rope_as_handed=decodes, tf32_dots=ALL, grouped_only=decodes, cuda_only=(TF32,))
     # TritonAttnBackend declares needs_cpu_seq_lens = False (triton_backend.py:153): SGLang's scheduler then
     # hands it no host copies at all, seq_lens_cpu and seq_lens_sum None (managers/overlap_utils.py:615-619),
     # and its metadata over-allocates (:903-905, :1018-1020): the kit hands None as SGLang does.

@@ -364,7 +364,7 @@ def fixtures_for(cases: Sequence[Case], device, store: Optional[Store], profile:
         fx = Fixture(plan=s.plan, pools=pools, layers=s.layers, batch=batch, steps=steps,
                      program_inputs=s.program_inputs)
         fx.tables = s.tables
-        taken = numerics.steps(case.mode.value, case.dtype, case.kv_dtype, device.type)
+        taken = numerics.case_steps(case, device.type)
         for step in steps:
             step.reference(CASE_LAYER_ID)
             if taken:

@@ -10,6 +10,9 @@ case's (the fp8 steps with a quantized KV cache, TF32 with fp32 inputs):
 - `new_tokens_as_handed`: the step's own new tokens attended as forward() was handed them, not as
   the quantized cache stores them (SGLang's extend kernels read k/v, not the pool), by the query
   as handed;
+- `rope_as_handed` (MLA, with q_fp8 or q_cast): the query's rope columns meet the keys' as handed,
+  only its latent columns quantized (SGLang's grouped decode splits the rope dot off, its query
+  uncast: decode_attention.py:692);
 - `p_fp8`: the softmax probabilities scaled by 2^8 and quantized to fp8 e4m3 before the PV
   product (FA3; vLLM's Triton kernel);
 - `p_cast`: the probabilities cast to the KV cache's fp8 type, no scale, before the PV product
@@ -31,9 +34,12 @@ case's (the fp8 steps with a quantized KV cache, TF32 with fp32 inputs):
 The recurrent casts apply to fp16 and bf16 cases (a cast to fp32 is none).
 
 `cuda_only` names the steps an engine takes on CUDA devices only (it picks them by platform: on
-CPU, Triton's interpreter computes fp32 dots in fp32, vLLM quantizes no query).
+CPU, Triton's interpreter computes fp32 dots in fp32, vLLM quantizes no query). `grouped_only` names
+the modes in which it takes its steps only where query heads share a KV head (MQA, GQA, MLA): SGLang
+hands a decode of one query head per KV head to a kernel of float32 sums, no fp8 cast and no dot
+(decode_attention.py:1269, :389).
 
-The first three, and conv_products, conv_cast and qk_cast, are emulated exactly (kit.engine.reference.declared;
+The first four, and conv_products, conv_cast and qk_cast, are emulated exactly (kit.engine.reference.declared;
 kit.engine.recurrent_reference): a run is judged against the
 float64 reference that takes them. p_fp8, p_cast, tf32_dots and state_cast round inside the kernel's tiles, where an
 emulation cannot follow each tile's running maximum or the hardware's rounding: they widen the
@@ -50,11 +56,12 @@ ALL = tuple(m.value for m in MODES)
 # The modes a recurrent layer runs its chunked prefill kernels in (decode and verify rows take the fused
 # recurrent kernels, which l2-normalize q and k inside, in float32).
 PREFILL = ("extend", "mixed")
-Q_FP8, Q_CAST, NEW_AS_HANDED = "q fp8", "q cast to fp8", "new tokens as handed"
+Q_FP8, Q_CAST, NEW_AS_HANDED, ROPE_AS_HANDED = "q fp8", "q cast to fp8", "new tokens as handed", "rope as handed"
 P_FP8, P_CAST, TF32 = "p fp8", "p cast to fp8", "tf32 dots"
 CONV_PRODUCTS, CONV_CAST = "conv products cast", "conv output cast"
 QK_CAST, STATE_CAST = "q k cast", "state cast at the output"
-STEPS = (Q_FP8, Q_CAST, NEW_AS_HANDED, P_FP8, P_CAST, TF32, CONV_PRODUCTS, CONV_CAST, QK_CAST, STATE_CAST)
+STEPS = (Q_FP8, Q_CAST, NEW_AS_HANDED, ROPE_AS_HANDED, P_FP8, P_CAST, TF32, CONV_PRODUCTS, CONV_CAST, QK_CAST,
+         STATE_CAST)
 RECURRENT_CASTS = (CONV_PRODUCTS, CONV_CAST, QK_CAST, STATE_CAST)  # the steps a recurrent reference takes (kit.engine.recurrent_reference)
 ENVELOPE_STEPS = (P_FP8, P_CAST, TF32, STATE_CAST)  # they widen the tolerance by their cost to the reference; the others
 # the float64 reference takes exactly
@@ -66,6 +73,7 @@ class Numerics:
     q_fp8: Tuple[str, ...] = ()
     q_cast: Tuple[str, ...] = ()
     new_tokens_as_handed: Tuple[str, ...] = ()
+    rope_as_handed: Tuple[str, ...] = ()
     p_fp8: Tuple[str, ...] = ()
     p_cast: Tuple[str, ...] = ()
     tf32_dots: Tuple[str, ...] = ()
@@ -73,6 +81,7 @@ class Numerics:
     conv_cast: Tuple[str, ...] = ()
     qk_cast: Tuple[str, ...] = ()
     state_cast: Tuple[str, ...] = ()
+    grouped_only: Tuple[str, ...] = ()  # modes
     cuda_only: Tuple[str, ...] = ()  # of STEPS
 
     def problem(self) -> str:
@@ -88,19 +97,34 @@ class Numerics:
             if isinstance(modes, str) or not isinstance(modes, tuple) or not set(modes) <= set(ALL):
                 return (f"{field.name} must be a tuple of mode values (of {', '.join(ALL)}; "
                         f"kit.engine.numerics.ALL for every mode), not {modes!r}")
+        if not set(self.rope_as_handed) <= set(self.q_fp8) | set(self.q_cast):
+            return ("rope_as_handed names modes whose query is not quantized (q_fp8 or q_cast): "
+                    "its rope is handed anyway")
         return ""
 
-    def steps(self, mode: str, dtype: str, kv_dtype, device_type: str) -> Tuple[str, ...]:
+    def steps(self, mode: str, dtype: str, kv_dtype, device_type: str, *, grouped: bool,
+              latent: bool) -> Tuple[str, ...]:
         """The declared steps a run of (mode, case dtype, case kv_dtype) on a device of `device_type`
-        ("cpu", "cuda") takes, in STEPS order."""
+        ("cpu", "cuda") takes, in STEPS order; `grouped`: the case's query heads share a KV head,
+        `latent`: its attention is MLA's."""
+        if mode in self.grouped_only and not grouped:
+            return ()
         quantized, half = kv_dtype is not None, dtype in ("bf16", "fp16")
+        q_quantized = quantized and mode in self.q_fp8 + self.q_cast
         taken = ((Q_FP8, quantized and mode in self.q_fp8), (Q_CAST, quantized and mode in self.q_cast),
                  (NEW_AS_HANDED, quantized and mode in self.new_tokens_as_handed),
+                 (ROPE_AS_HANDED, q_quantized and latent and mode in self.rope_as_handed),
                  (P_FP8, quantized and mode in self.p_fp8), (P_CAST, quantized and mode in self.p_cast),
                  (TF32, dtype == "fp32" and mode in self.tf32_dots),
                  (CONV_PRODUCTS, half and mode in self.conv_products), (CONV_CAST, half and mode in self.conv_cast),
                  (QK_CAST, half and mode in self.qk_cast), (STATE_CAST, half and mode in self.state_cast))
         return tuple(step for step, on in taken if on and (device_type == "cuda" or step not in self.cuda_only))
+
+    def case_steps(self, case, device_type: str, mode: str = "") -> Tuple[str, ...]:
+        """steps() of a run of `case` (kit.engine.case.Case) on a device of `device_type`, in `mode` (the
+        case's unless given: a request an engine runs in another mode's kernels)."""
+        return self.steps(mode or case.mode.value, case.dtype, case.kv_dtype, device_type,
+                          grouped=case.num_q_heads > case.num_kv_heads, latent=case.is_mla)
 
 
 EXACT_NUMERICS = Numerics()

@@ -20,7 +20,7 @@ import torch
 
 from kit.engine.kv_quant import as_stored, is_quantized
 from kit.engine.layer import Layer
-from kit.engine.numerics import ENVELOPE_STEPS, NEW_AS_HANDED, P_CAST, P_FP8, Q_CAST, Q_FP8, TF32
+from kit.engine.numerics import ENVELOPE_STEPS, NEW_AS_HANDED, P_CAST, P_FP8, Q_CAST, Q_FP8, ROPE_AS_HANDED, TF32
 from kit.engine.plan import BatchPlan, RequestPlan
 from kit.engine.pools import CASE_LAYER_ID
 from kit.engine.sparse import selected
@@ -215,12 +215,14 @@ def _p_cast(probs: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
 
 def _queries(q: torch.Tensor, layer, dtype: torch.dtype, steps: Tuple[str, ...]) -> torch.Tensor:
     """The queries as they meet a key the cache holds: quantized to its fp8 `dtype` with q_scale =
-    k_scale (Q_FP8), cast to it (Q_CAST), else as handed."""
-    if Q_FP8 in steps:
-        return as_stored(q, layer.k_scale, dtype)
-    if Q_CAST in steps:
-        return as_stored(q, 1.0, dtype)
-    return q
+    k_scale (Q_FP8), cast to it (Q_CAST), else as handed; an MLA query's rope columns as handed
+    with ROPE_AS_HANDED."""
+    if Q_FP8 not in steps and Q_CAST not in steps:
+        return q
+    stored = as_stored(q, layer.k_scale if Q_FP8 in steps else 1.0, dtype)
+    if ROPE_AS_HANDED in steps:
+        return torch.cat([stored[..., :layer.kv_lora_rank], q[..., layer.kv_lora_rank:].to(stored.dtype)], dim=-1)
+    return stored
 
 
 def _attend(group: _Group, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, layer,

@@ -162,7 +162,9 @@ def declared_casts(backend_cls, case: RecurrentCase, device: str) -> Tuple[Tuple
     request_modes = getattr(backend_cls, "request_modes", None)
     modes = request_modes(case) if request_modes else [case.mode.value] * case.bs
     device_type = torch.device(device).type
-    return tuple(tuple(s for s in numerics.steps(mode, case.dtype, None, device_type) if s in RECURRENT_CASTS)
+    # (attention's head sharing and latent rows are no recurrent layer's)
+    return tuple(tuple(s for s in numerics.steps(mode, case.dtype, None, device_type, grouped=True, latent=False)
+                       if s in RECURRENT_CASTS)
                  for mode in modes)
 
 

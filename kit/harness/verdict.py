@@ -118,8 +118,7 @@ def _joined(parts: List[torch.Tensor]) -> torch.Tensor:
 
 def numerics_steps(fx: Fixture, numerics: Numerics) -> Tuple[str, ...]:
     """The steps of the backend's declared numerics fx's case takes (kit.engine.numerics)."""
-    return numerics.steps(fx.case.mode.value, fx.case.dtype, fx.case.kv_dtype,
-                          fx.program_inputs[0].q.device.type)
+    return numerics.case_steps(fx.case, fx.program_inputs[0].q.device.type)
 
 
 def _judged(fx: Fixture, program: Program, memory: Pending, inputs: Sequence[Pending],

@@ -125,6 +125,8 @@ def reference(spec, reqs, per_req, precision, steps=()):
             k, v = as_read
             if @Q_FP8@ in steps or @Q_CAST@ in steps:
                 q_read = as_stored(q, spec["k_scale"] if @Q_FP8@ in steps else 1.0, KV_DTYPE).to(torch.float64)
+                if @ROPE_AS_HANDED@ in steps:  # an MLA query's rope columns as handed, its latent ones quantized
+                    q_read[..., spec["rank"]:] = q[..., spec["rank"]:].to(torch.float64)
         q, q_read, k, v = (tf32(x.to(precision)) for x in (q, q_read, k, v))
         group = spec["heads"] // spec["kv_heads"]
         k, v = k.repeat_interleave(group, dim=1), v.repeat_interleave(group, dim=1)
@@ -215,7 +217,7 @@ def _verdict() -> str:
     (kit.engine.numerics) filled in."""
     text = VERDICT.replace("@REFERENCE_STEPS@", _source(reference._tf32, reference._p_fp8, reference._p_cast))
     text = text.replace("@ENVELOPE@", repr(list(numerics.ENVELOPE_STEPS)))
-    for name in ("Q_FP8", "Q_CAST", "NEW_AS_HANDED", "P_FP8", "P_CAST", "TF32"):
+    for name in ("Q_FP8", "Q_CAST", "NEW_AS_HANDED", "ROPE_AS_HANDED", "P_FP8", "P_CAST", "TF32"):
         text = text.replace(f"@{name}@", repr(getattr(numerics, name)))
     return text
 

@@ -50,7 +50,7 @@ def scenario(case: Case, profile, exec_: Exec, origin: str, numerics: Numerics) 
                      rank=layer.kv_lora_rank, rope=layer.rope_dim)
                 for layer in fixtures[0].layers],
         batches=[dict(name=fx.case.name, mode=fx.case.mode.value, steps={
-            device: list(numerics.steps(fx.case.mode.value, fx.case.dtype, fx.case.kv_dtype, device))
+            device: list(numerics.case_steps(fx.case, device))
             for device in DEVICE_TYPES}, requests=[
             dict(row=r.row, seq_len=r.seq_len, n_old=r.n_old, n_new=r.n_new, slots=list(r.slots), pages=list(r.pages),
                  key_pos=r.key_pos, q_pos=list(r.q_pos),

@@ -66,3 +66,52 @@ class VScaleTwiceToo(QuantizesQUndeclared):
 
     def _attend(self, scores, vals, layer):
         return super()._attend(scores, vals if layer.v_scale is None else vals * layer.v_scale, layer)
+
+
+class QuantizesGroupedQ(QuantizesQ):
+    """Quantizes q only where query heads share a KV head, as SGLang's decode kernels cast it, and
+    declares so (grouped_only)."""
+
+    name = "quantizes_grouped_q"
+    numerics = Numerics(q_fp8=ALL, grouped_only=ALL)
+
+    def forward(self, q, k, v, layer, batch, save_kv_cache=True):
+        if layer.tp_q_head_num > layer.tp_k_head_num:
+            return super().forward(q, k, v, layer, batch, save_kv_cache)
+        return TorchNativeBackend.forward(self, q, k, v, layer, batch, save_kv_cache)
+
+
+class DeclaresGroupedQButQuantizesEvery(QuantizesQ):
+    """Declares q quantized only where query heads share a KV head, but quantizes every query."""
+
+    name = "declares_grouped_q_but_quantizes_every"
+    numerics = QuantizesGroupedQ.numerics
+
+
+class QuantizesLatentQ(TorchNativeBackend):
+    """Quantizes an MLA query's latent columns to fp8 (q_scale = k_scale), its rope columns as handed, and
+    declares so (rope_as_handed)."""
+
+    name = "quantizes_latent_q"
+    numerics = Numerics(q_fp8=ALL, rope_as_handed=ALL)
+
+    def forward(self, q, k, v, layer, batch, save_kv_cache=True):
+        dtype = batch.token_to_kv_pool.dtype
+        if is_quantized(dtype):
+            rank = layer.kv_lora_rank
+            q = torch.cat([as_stored(q[..., :rank], layer.k_scale, dtype).to(q.dtype), q[..., rank:]], dim=-1)
+        return super().forward(q, k, v, layer, batch, save_kv_cache)
+
+
+class DeclaresRopeAsHandedButQuantizesIt(QuantizesQ):
+    """Declares an MLA query's rope columns as handed, but quantizes the whole query."""
+
+    name = "declares_rope_as_handed_but_quantizes_it"
+    numerics = QuantizesLatentQ.numerics
+
+
+class QuantizesLatentQUndeclared(QuantizesLatentQ):
+    """Quantizes an MLA query's latent columns only, but declares the whole query quantized."""
+
+    name = "quantizes_latent_q_undeclared"
+    numerics = QuantizesQ.numerics
