@@ -60,6 +60,7 @@ SMOKE = [
     K("kda_verify_fresh_fp32", TV, prefix=(0, 0), new=3, accepted=(3, 3), dtype="fp32"),
     K("kda_verify_saved_bf16", TV, prefix=(40, 9), new=3, accepted=(1, 3), dtype="bf16"),  # as SGLang verifies
     H("hybrid_gdn_decode_fp32", D, prefix=(0, 5, 40), dtype="fp32"),
+    H("hybrid_gdn_decode_saved_fp32", D, prefix=(5, 40), dtype="fp32"),  # every request prefilled, as SGLang decodes
     H("hybrid_gdn_extend_bf16", E, prefix=(9, 0), new=(3, 12), dtype="bf16"),
     H("hybrid_gdn_mixed_fp32", MX, prefix=(0, 17, 6), new=(5, 1, 1), dtype="fp32"),
 ]

@@ -301,6 +301,10 @@ class SGLangBackend(AttentionBackend):
         (translator.bind_runner_slots if in_capture else translator.bind_own_plan)(fb)
         return fb
 
+    def _layer_batch(self, batch):
+        """The ForwardBatch a layer's call is handed: a new one over the kit's batch."""
+        return self._forward_batch(batch)
+
     def _model_args(self, batch, num_tokens: int) -> dict:
         """What else the model hands its attention call besides q, k, v and their parts (a sparse
         model's top-k selection)."""
@@ -352,7 +356,7 @@ class SGLangBackend(AttentionBackend):
         parts.update(self._model_args(batch, t))
         context = sg.ForwardContext(attn_backend=self._attention_backend(batch))
         with self._prefill_graph_scope(), sg.forward_context(context):
-            out = self.layers[layer](q, k, v, self._forward_batch(batch), save_kv_cache=save_kv_cache, **parts)
+            out = self.layers[layer](q, k, v, self._layer_batch(batch), save_kv_cache=save_kv_cache, **parts)
         return out.view(t, layer.tp_q_head_num, layer.v_head_dim)
 
 

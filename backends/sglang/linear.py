@@ -85,17 +85,18 @@ class _ReqToTokenPoolState:
     start_layer = 0
     layer_transfer_counter = None
 
-    def __init__(self, mamba_pool, rows: int, device):
+    def __init__(self, mamba_pool, rows: int, device, linear_layer_ids):
         self.mamba_pool = mamba_pool
         self.size = rows
         self.device = device
-        self.mamba_map = {layer_id: layer_id for layer_id in range(mamba_pool.mamba_cache.temporal.shape[0])}
+        # The model's linear layer ids to the state pools' layers, as HybridReqToTokenPool maps them.
+        self.mamba_map = {layer_id: i for i, layer_id in enumerate(linear_layer_ids)}
         self.req_index_to_mamba_index_mapping = torch.zeros(rows + 1, dtype=torch.int32, device=device)
 
 
-def _req_to_token_pool(mamba_pool, rows: int, device, sg_req_pool_cls):
+def _req_to_token_pool(mamba_pool, rows: int, device, sg_req_pool_cls, linear_layer_ids):
     code = _code(sg_req_pool_cls, REQ_POOL_CODE)
-    return type("HybridReqToTokenPool", (_ReqToTokenPoolState,), code)(mamba_pool, rows, device)
+    return type("HybridReqToTokenPool", (_ReqToTokenPoolState,), code)(mamba_pool, rows, device, linear_layer_ids)
 
 
 class _ModelConfig:
@@ -219,15 +220,24 @@ class SGLangLinearBackend:
         sg.install_server_args("triton", ctx.device, 1, self._speculative(ctx.drafts), chunked_prefill_size=8192)
         self.drafts = ctx.drafts
         self.mamba_pool = _mamba_pool(ctx.state_pool, memory_pool.MambaPool, self._conv_view)
-        self.req_pool = _req_to_token_pool(self.mamba_pool, ctx.state_pool.size, ctx.device,
-                                           memory_pool.HybridReqToTokenPool)
+        self.req_pool = _req_to_token_pool(self.mamba_pool, self._request_rows(ctx), ctx.device,
+                                           memory_pool.HybridReqToTokenPool, [layer.layer_id for layer in ctx.layers])
         runner = _ModelRunner(ctx.device, self.req_pool, sg.get_context().server_args,
                               _ModelConfig(self._hf_config(ctx.layers[0])))
-        self.impl = hybrid.HybridLinearAttnBackend(_no_full_layers(sg.AttentionBackend)(runner),
-                                                   self._linear_backend(runner), full_attn_layers=[])
+        full, full_attn_layers = self._full_attention(runner)
+        self.impl = hybrid.HybridLinearAttnBackend(full, self._linear_backend(runner),
+                                                   full_attn_layers=full_attn_layers)
         self.layers = {layer.layer_id: self._layer(layer) for layer in ctx.layers}
         self.graph = False
         self.forward_batch = None
+
+    def _request_rows(self, ctx) -> int:
+        """The request rows of the HybridReqToTokenPool (a batch's rows 1..bs, row 0 the padded rows')."""
+        return ctx.state_pool.size
+
+    def _full_attention(self, runner):
+        """HybridLinearAttnBackend's full-attention side and its layer ids: here one that owns no layer."""
+        return _no_full_layers(self.sg.AttentionBackend)(runner), []
 
     @staticmethod
     def _speculative(drafts: int):

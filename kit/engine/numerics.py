@@ -130,6 +130,13 @@ class Numerics:
 EXACT_NUMERICS = Numerics()
 
 
+def composed(*parts: Numerics) -> Numerics:
+    """The numerics of a backend composed of others (a hybrid model's: its full side's and its linear
+    side's): every step any part takes, in the modes it takes it."""
+    return Numerics(**{field.name: tuple(dict.fromkeys(m for part in parts for m in getattr(part, field.name)))
+                       for field in dataclasses.fields(Numerics)})
+
+
 def label(steps: Tuple[str, ...]) -> str:
     """How records and tables name the numerics a run was judged under."""
     return ", ".join(steps) if steps else EXACT
