@@ -1,0 +1,47 @@
+"""SGLang's hybrid GDN backend (sglang_gdn_hybrid: HybridLinearAttnBackend over TritonAttnBackend and
+GDNAttnBackend) on the smoke hybrid decode case it runs on CPU (its prefill runs on CUDA GPUs only, see
+supports()), and the planted bug of the full layers' KV routed to the wrong pool layer caught.
+Skipped, with the reason, only where the pinned sglang is not installed (CI installs it)."""
+import pytest
+
+from backends.sglang.adapter import sglang_problem
+from cases.linear import SMOKE
+from kit.harness.recurrent import failures, run_case
+from kit.harness.runner import default_device
+from kit.modes import Exec
+from kit.report.record import KV_WRITE
+
+pytestmark = pytest.mark.skipif(sglang_problem() is not None, reason=str(sglang_problem()))
+CASE = next(c for c in SMOKE if c.name == "hybrid_gdn_decode_saved_fp32")
+
+
+def _run(backend_cls):
+    from backends.sglang import runtime  # noqa: F401 - SGLang's set-up (interpreter, shims)
+    from kit.harness import interpreter
+
+    interpreter.install()
+    return failures(run_case(backend_cls, CASE, Exec.EAGER, device=default_device()))
+
+
+def test_sglangs_hybrid_backend_passes_the_saved_decode():
+    from backends.sglang import SGLangGDNHybridBackend
+
+    assert _run(SGLangGDNHybridBackend) is None
+
+
+def test_full_layers_kv_written_to_the_wrong_pool_layer_is_caught():
+    """tests/mutants/hybrid.py's mutant 152: both full layers write KV layer 1."""
+    from tests.mutants.hybrid import SGLangKVLayerByModelId
+
+    said = _run(SGLangKVLayerByModelId)
+    assert said is not None and said.startswith(KV_WRITE), said
+
+
+def test_a_linear_model_and_the_prefill_on_cpu_are_declined_with_their_reasons():
+    from backends.sglang import SGLangGDNHybridBackend
+
+    linear = next(c for c in SMOKE if c.name == "gdn_decode_fp32")
+    assert "sglang_gdn runs it" in SGLangGDNHybridBackend.supports(linear)
+    extend = next(c for c in SMOKE if c.name == "hybrid_gdn_extend_bf16")
+    said = SGLangGDNHybridBackend.supports(extend)
+    assert "tl.make_block_ptr" in said or "bf16 on CPU" in said
