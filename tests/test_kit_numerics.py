@@ -6,8 +6,8 @@ from __future__ import annotations
 import pytest
 import torch
 
-from kit.engine.numerics import (ALL, EXACT, NEW_AS_HANDED, P_CAST, P_FP8, Q_CAST, Q_FP8, ROPE_AS_HANDED, TF32,
-                                 Numerics, label)
+from kit.engine.numerics import (ALL, CONV_CAST, EXACT, NEW_AS_HANDED, P_CAST, P_FP8, Q_CAST, Q_FP8, ROPE_AS_HANDED,
+                                 TF32, Numerics, composed, label)
 from kit.engine.profile import SGLANG
 from kit.engine.reference import declared, golden
 from kit.harness.capabilities import BadDeclaration, Capabilities
@@ -44,6 +44,17 @@ def test_steps_apply_where_their_precision_is_the_cases():
     on_cuda = Numerics(q_fp8=ALL, tf32_dots=ALL, cuda_only=(Q_FP8, TF32))
     assert on_cuda.steps("decode", "fp32", "fp8_e4m3", "cpu", **shape) == ()
     assert on_cuda.steps("decode", "fp32", "fp8_e4m3", "cuda", **shape) == (Q_FP8, TF32)
+
+
+def test_a_composed_backend_takes_every_step_of_each_part():
+    full = Numerics(new_tokens_as_handed=("extend",), tf32_dots=ALL, grouped_only=("decode",), cuda_only=(TF32,))
+    linear = Numerics(conv_cast=ALL, new_tokens_as_handed=("mixed",))
+    both, grouped = composed(full, linear), dict(grouped=True, latent=False)
+    assert both.steps("mixed", "fp32", "fp8_e4m3", "cuda", **grouped) == (NEW_AS_HANDED, TF32)
+    assert both.steps("extend", "bf16", "fp8_e4m3", "cpu", **grouped) == (NEW_AS_HANDED, CONV_CAST)
+    assert both.steps("decode", "fp32", None, "cpu", **grouped) == ()
+    assert both.steps("decode", "fp32", None, "cuda", grouped=False, latent=False) == ()
+    assert both.problem() == ""
 
 
 def test_steps_apply_where_the_cases_heads_take_them():

@@ -132,7 +132,8 @@ EXACT_NUMERICS = Numerics()
 
 def composed(*parts: Numerics) -> Numerics:
     """The numerics of a backend composed of others (a hybrid model's: its full side's and its linear
-    side's): every step any part takes, in the modes it takes it."""
+    side's): every step any part takes, in the modes it takes it. grouped_only is the parts' too: the
+    recurrent harness takes its steps as grouped, so it gates the full-attention side's alone."""
     return Numerics(**{field.name: tuple(dict.fromkeys(m for part in parts for m in getattr(part, field.name)))
                        for field in dataclasses.fields(Numerics)})
 
