@@ -97,6 +97,9 @@ class SGLangGDNHybridBackend(SGLangGDNBackend):
     modes = HYBRID_MODES
     attention_features = (HYBRID,)
     numerics = composed(SGLangGDNBackend.numerics, SGLangTritonBackend.numerics)
+    # Neither side asks the scheduler for host copies (needs_cpu_seq_lens False in both,
+    # hybrid_linear_attn_backend.py:1201): it hands none, as to TritonAttnBackend alone.
+    host_mirrors = SGLangTritonBackend.host_mirrors
     ci_cases = {"decode": ("hybrid_gdn_decode_saved_fp32",)}
 
     @classmethod
