@@ -9,6 +9,7 @@ from pathlib import Path
 
 import pytest
 
+from tests import SUBPROCESS_TIMEOUT_S
 from benchmarks.kit_throughput import IN_BOX, SLOWEST, device, matrix_command
 from benchmarks.timeline import phases
 from kit.report.results import REPO, write_results
@@ -29,7 +30,7 @@ def test_throughput_row(tmp_path):
     proc = subprocess.run([sys.executable, "-m", "benchmarks.kit_throughput", "--workers", "2", "--out", str(out),
                            "--results-json", str(kept), "--case-set", "smoke", "--backend", "torch_native",
                            "--mode", "decode"],
-                          cwd=REPO, capture_output=True, text=True, timeout=120)
+                          cwd=REPO, capture_output=True, text=True, timeout=SUBPROCESS_TIMEOUT_S)
     assert proc.returncode == 0, proc.stdout + proc.stderr
     earlier, row = json.loads(out.read_text())
     assert earlier == {"earlier": "row"}  # appended, not replaced

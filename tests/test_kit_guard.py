@@ -5,6 +5,7 @@ import sys
 import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 
+from tests import SUBPROCESS_TIMEOUT_S
 from kit.harness.guard import GUARD_BYTES, Guard
 from kit.report.results import REPO
 
@@ -91,7 +92,8 @@ def test_watching_imports_no_compiler():
             "    i = torch.arange(3, 9, 2)\n"
             "assert torch.isnan(x).all() and i.tolist() == [3, 5, 7] and guard.check().ok\n"
             "print(sorted(m for m in ('torch._dynamo', 'torch._inductor', 'sympy') if m in sys.modules))\n")
-    proc = subprocess.run([sys.executable, "-c", code], cwd=REPO, capture_output=True, text=True, timeout=120)
+    proc = subprocess.run([sys.executable, "-c", code], cwd=REPO, capture_output=True, text=True,
+                          timeout=SUBPROCESS_TIMEOUT_S)
     assert proc.returncode == 0, proc.stderr
     assert proc.stdout.strip() == "[]", proc.stdout
 

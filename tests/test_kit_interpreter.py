@@ -11,6 +11,7 @@ import types
 import pytest
 import torch
 
+from tests import SUBPROCESS_TIMEOUT_S
 from kit.harness import interpreter
 
 
@@ -117,7 +118,7 @@ def test_install_loads_the_interpreter_when_kernels_will_run_in_it_but_none_is_d
              "from triton.runtime.interpreter import InterpreterBuilder; "
              "assert hasattr(InterpreterBuilder.create_icmpSLT, '__wrapped__')")
     env = {"PATH": "", "TRITON_INTERPRET": "1"}
-    subprocess.run([sys.executable, "-c", check], env=env, check=True, timeout=120)
+    subprocess.run([sys.executable, "-c", check], env=env, check=True, timeout=SUBPROCESS_TIMEOUT_S)
 
 
 def test_a_kernel_calling_a_modules_alias_of_a_builtin_runs_once_aliases_are_patched(monkeypatch):

@@ -8,6 +8,7 @@ import sys
 
 import pytest
 
+from tests import SUBPROCESS_TIMEOUT_S
 from kit.process.placement import threads_per_worker
 from kit.report.record import parse_run_id
 from kit.report.results import REPO
@@ -18,7 +19,7 @@ def test_backends_are_not_interleaved_and_a_cases_runs_follow_each_other():
     proc = subprocess.run([sys.executable, "-m", "pytest", "tests/test_conformance.py", "--co", "-q",
                            "-p", "no:cacheprovider", "--backend", "torch_native", "--backend", "triton",
                            "--case-set", "smoke", "--mode", "decode"], cwd=REPO, capture_output=True, text=True,
-                          timeout=120)
+                          timeout=SUBPROCESS_TIMEOUT_S)
     assert proc.returncode == 0, proc.stdout + proc.stderr
     runs = [parse_run_id(line.split("[", 1)[1].rsplit("]", 1)[0]) for line in proc.stdout.splitlines()
             if "::test_conformance[" in line]
@@ -60,7 +61,7 @@ def _xdist_session(tmp):
     env = {k: v for k, v in os.environ.items() if k != "OMP_NUM_THREADS"}
     proc = subprocess.run([sys.executable, "-m", "pytest", "-n", "2", "--dist", "load", "-q", "-p", "no:cacheprovider",
                            "-rA", "test_threads.py", "test_two.py", "test_end.py"], cwd=tmp, capture_output=True,
-                          text=True, timeout=120, env=env)
+                          text=True, timeout=SUBPROCESS_TIMEOUT_S, env=env)
     return proc, None
 
 
@@ -309,7 +310,7 @@ def test_the_xdist_controller_starts_its_workers_before_importing_torch(matrix_s
     it started a worker."""
     probe = subprocess.run([sys.executable, "-c", "import sys, kit.plugin.pytest_plugin, kit.engine.case, kit.report.results\n"
                             "print(sorted(m for m in sys.modules if m.split('.')[0] == 'torch')[:3])"],
-                           cwd=REPO, capture_output=True, text=True, timeout=120)
+                           cwd=REPO, capture_output=True, text=True, timeout=SUBPROCESS_TIMEOUT_S)
     assert probe.stdout.strip() == "[]", probe.stdout + probe.stderr
     proc, _, folder = matrix_session
     assert proc.returncode == 0, proc.stdout + proc.stderr

@@ -8,6 +8,7 @@ import sys
 
 import pytest
 
+from tests import SUBPROCESS_TIMEOUT_S
 from cases import CATALOG as catalog
 from kit.modes import Exec, ForwardMode
 from kit.report.record import CRASH, FAIL, KERNEL, PASS
@@ -251,7 +252,8 @@ def test_a_limit_shorter_than_the_unwinding_is_a_timeout_not_a_native_hang():
             "            raise\n"
             "except RunTimeout as exc:\n"
             "    print('stopped:', exc)\n")
-    proc = subprocess.run([sys.executable, "-c", code], cwd=REPO, capture_output=True, text=True, timeout=60)
+    proc = subprocess.run([sys.executable, "-c", code], cwd=REPO, capture_output=True, text=True,
+                          timeout=SUBPROCESS_TIMEOUT_S)
     assert proc.returncode == 0 and "stopped: timeout after 0.001 s" in proc.stdout, proc.stdout + proc.stderr
 
 
