@@ -95,7 +95,7 @@ class FlashInferBackend(AttentionBackend):
 
     @classmethod
     def versions(cls):
-        return {"flashinfer": library_version("flashinfer")}
+        return {"flashinfer": library_version("flashinfer-python")}
 
     @classmethod
     def supports(cls, case) -> Optional[str]:

@@ -31,14 +31,33 @@ def _inductor() -> Path:
     return Path(tempfile.gettempdir()) / f"torchinductor_{user}"
 
 
+def _flashinfer_base() -> Path:
+    return Path(os.environ.get("FLASHINFER_WORKSPACE_BASE") or os.path.expanduser("~"))
+
+
 def _flashinfer() -> Path:
-    return Path(os.environ.get("FLASHINFER_WORKSPACE_BASE") or os.path.expanduser("~")) / ".cache" / "flashinfer"
+    return _flashinfer_base() / ".cache" / "flashinfer"
 
 
 # Per cache, where its library reads it (each library's own rule, read without importing it) and the
 # distribution whose version decides whether its entries are any use.
 CACHES: Dict[str, Callable[[], Path]] = {"triton": _triton, "inductor": _inductor, "flashinfer": _flashinfer}
 DISTRIBUTIONS = {"triton": "triton", "inductor": "torch", "flashinfer": "flashinfer-python"}
+
+
+# The variable each library reads its cache's place from, and the place as it reads it now (FlashInfer's
+# names the folder its `.cache/flashinfer` goes under).
+VARIABLES: Dict[str, Callable[[], Path]] = {"TRITON_CACHE_DIR": _triton, "TORCHINDUCTOR_CACHE_DIR": _inductor,
+                                            "FLASHINFER_WORKSPACE_BASE": _flashinfer_base}
+
+
+def pin() -> None:
+    """Name each cache's place in its variable where none is named. A library that, when imported,
+    points the caches at its own folder for the whole process where they are unnamed (SGLang's
+    import does) then leaves them where every other backend of the process, the warmup's builds and
+    its archive find them: kernels compiled once, not once per folder."""
+    for variable, place in VARIABLES.items():
+        os.environ.setdefault(variable, str(place()))
 
 
 def where() -> Dict[str, Path]:

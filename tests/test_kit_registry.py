@@ -192,6 +192,18 @@ def test_library_versions_come_from_the_backend():
     assert set(run_case("triton", case, Exec.EAGER).versions) == {"torch", "cuda", "triton"}
 
 
+def test_a_library_version_is_its_distributions_not_an_import(tmp_path, monkeypatch):
+    """A version comes from the installed distribution's metadata: one whose module has another
+    name (sgl-flash-mla installs flash_mla) is found, and nothing is imported to ask."""
+    from kit.harness.protocol import library_version
+    info = tmp_path / "kit_probe_dist-1.2.3.dist-info"
+    info.mkdir()
+    (info / "METADATA").write_text("Metadata-Version: 2.1\nName: kit-probe-dist\nVersion: 1.2.3\n")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    assert library_version("kit-probe-dist") == "1.2.3"
+    assert library_version("kit-no-such-dist") == "not installed"
+
+
 @pytest.mark.skipif(__import__("torch").cuda.is_available(), reason="`auto` is the smoke set on CPU only")
 def test_ci_cases_narrow_a_plain_cpu_run_and_smoke_runs_them_all(tmp_path):
     """A backend's `ci_cases` are what `--case-set auto` on CPU gives it; `--case-set smoke` gives every

@@ -4,6 +4,7 @@ Skipped, with the reason, only where the pinned sglang is not installed (CI inst
 import importlib
 import importlib.metadata
 import inspect
+import json
 import os
 import subprocess
 import sys
@@ -222,18 +223,28 @@ def test_the_readme_names_the_install_command():
     assert issubclass(SGLangTritonBackend, SGLangBackend)
 
 
-def test_importing_sglang_leaves_the_jit_caches_where_they_were(tmp_path):
-    """sglang's import points FlashInfer's and Triton's caches at its own directory for the whole
-    process; after the adapter's set-up they stay each library's default (restored caches, and
-    the other backends of the worker, find theirs)."""
+def test_importing_sglang_leaves_the_compilers_caches_where_they_were(tmp_path):
+    """sglang's import points FlashInfer's, Triton's and inductor's caches at its own folder for the
+    whole process where they are unnamed. A run's first call into an adapter (its versions(), before
+    anything is built) imports nothing of SGLang, and once the package is loaded sglang's import
+    moves no cache: each stays where a process that never imported sglang finds it (the process's
+    other backends, the warmup's builds and its archive)."""
     env = {k: v for k, v in os.environ.items() if k not in ("FLASHINFER_WORKSPACE_BASE", "TRITON_CACHE_DIR",
-                                                            "TRITON_HOME", "SGLANG_CACHE_DIR")}
+                                                            "TRITON_HOME", "TORCHINDUCTOR_CACHE_DIR",
+                                                            "SGLANG_CACHE_DIR")}
     env["HOME"] = str(tmp_path)
-    code = ("import os, backends.sglang.runtime; "
-            "print(os.environ['FLASHINFER_WORKSPACE_BASE']); print(os.environ['TRITON_CACHE_DIR'])")
-    proc = subprocess.run([sys.executable, "-c", code], cwd=REPO, env=env, capture_output=True, text=True)
-    assert proc.returncode == 0, proc.stderr[-2000:]
-    assert proc.stdout.split() == [str(tmp_path), str(tmp_path / ".triton" / "cache")]
+    where = "import json; from kit import caches; print(json.dumps({k: str(v) for k, v in caches.where().items()}))"
+    code = ("import sys; from backends.sglang import SGLangTritonBackend; v = SGLangTritonBackend.versions(); "
+            "print('sglang' in sys.modules); print(v['sglang']); import sglang; " + where)
+
+    def run(source):
+        proc = subprocess.run([sys.executable, "-c", source], cwd=REPO, env=env, capture_output=True, text=True)
+        assert proc.returncode == 0, proc.stderr[-2000:]
+        return proc.stdout.splitlines()
+
+    imported, version, moved = run(code)[-3:]
+    assert imported == "False" and version == importlib.metadata.version("sglang")
+    assert json.loads(moved) == json.loads(run(where)[-1])
 
 
 def test_an_fp8_cache_is_written_by_sglangs_own_pool_code():

@@ -552,7 +552,7 @@ class SGLangFlashInferBackend(_GraphHooks, SGLangBackend):
 
     @classmethod
     def versions(cls):
-        return dict(super().versions(), flashinfer=library_version("flashinfer"))
+        return dict(super().versions(), flashinfer=library_version("flashinfer-python"))
 
     @classmethod
     def supports(cls, case):
@@ -605,7 +605,7 @@ class SGLangFlashInferMLABackend(_GraphHooks, SGLangBackend):
 
     @classmethod
     def versions(cls):
-        return dict(super().versions(), flashinfer=library_version("flashinfer"))
+        return dict(super().versions(), flashinfer=library_version("flashinfer-python"))
 
     @classmethod
     def supports(cls, case):

@@ -5,7 +5,6 @@ takes seconds, and the kit loads every registered backend class at start-up."""
 from __future__ import annotations
 
 import importlib.util
-import os
 import warnings
 
 import torch
@@ -19,13 +18,6 @@ engine_process.prepare()  # before SGLang's chain imports triton and vllm
 # sgl_kernel: CUDA-only, 373 MB, pins torch 2.14.1. Shimmed only where absent.
 shims.install([name for name in ("torchvision", "sgl_kernel") if importlib.util.find_spec(name) is None])
 shims.cpu_device_context()  # Triton's interpreter runs SGLang's kernels on the CPU: their device context
-
-# Importing sglang points FlashInfer's and Triton's JIT caches at its own directory for the whole
-# process (sglang/__init__.py:14, srt/environ.py:2308), unless they are set: the other backends
-# in this worker, and caches restored or warmed beforehand, keep each library's own default.
-_home = os.path.expanduser("~")
-os.environ.setdefault("FLASHINFER_WORKSPACE_BASE", _home)
-os.environ.setdefault("TRITON_CACHE_DIR", os.path.join(os.environ.get("TRITON_HOME", _home), ".triton", "cache"))
 
 with warnings.catch_warnings():
     warnings.simplefilter("ignore")  # import-time deprecation chatter of the serving stack

@@ -30,7 +30,6 @@ from __future__ import annotations
 import contextlib
 import functools
 import importlib
-import importlib.metadata
 from typing import Dict, Optional
 
 import torch
@@ -149,7 +148,7 @@ class VllmBackend(AttentionBackend):
 
     @classmethod
     def versions(cls):
-        out = {"vllm": _installed_version(), "triton": library_version("triton")}
+        out = {"vllm": library_version("vllm"), "triton": library_version("triton")}
         if vllm_problem() is None:
             out["kv_write"] = cls.own_kv_writer or runtime().KV_WRITE[cls.attention_kinds[0]]
         return out
@@ -388,13 +387,6 @@ class VllmBackend(AttentionBackend):
         return attn(q.reshape(t, -1), k.reshape(t, -1), v.reshape(t, -1))
 
 
-def _installed_version() -> str:
-    try:
-        return importlib.metadata.version("vllm")
-    except importlib.metadata.PackageNotFoundError:
-        return "not installed"
-
-
 # vLLM's Attention layer (the kit calls it as a model does) quantizes the query to fp8 with the layer's
 # q_scale (the kit's k_scale, as a checkpoint with its own q_scale sets it) where the impl's
 # supports_quant_query_input holds (model_executor/layers/attention/attention.py:470-486, :519-525).
@@ -469,4 +461,4 @@ class VllmFlashInferBackend(VllmBackend):
 
     @classmethod
     def versions(cls):
-        return dict(super().versions(), flashinfer=library_version("flashinfer"))
+        return dict(super().versions(), flashinfer=library_version("flashinfer-python"))

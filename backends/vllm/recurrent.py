@@ -22,7 +22,7 @@ from typing import List, Optional
 
 import torch
 
-from backends.vllm.adapter import PROFILE, _installed_version, pin_problem, runtime, vllm_problem
+from backends.vllm.adapter import PROFILE, pin_problem, runtime, vllm_problem
 from kit.engine.kinds.recurrent import MODES
 from kit.engine.numerics import ALL, PREFILL, Numerics
 from kit.harness.protocol import library_version
@@ -83,7 +83,7 @@ class VllmRecurrentBackend:
 
     @classmethod
     def versions(cls):
-        return {"vllm": _installed_version(), "triton": library_version("triton")}
+        return {"vllm": library_version("vllm"), "triton": library_version("triton")}
 
     @classmethod
     def installed_problem(cls) -> Optional[str]:

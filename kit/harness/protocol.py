@@ -9,7 +9,7 @@ are documented and given their defaults; kit.harness.capabilities reads them.
 from __future__ import annotations
 
 import dataclasses
-import importlib
+import importlib.metadata
 from typing import Dict, Optional, Tuple
 
 import torch
@@ -180,11 +180,14 @@ class AttentionBackend:
     #   get_cuda_graph_seq_len_fill_value() -> int  (default 1)
 
 
-def library_version(module: str) -> str:
-    """`module.__version__`, or why there is none (for AttentionBackend.versions)."""
+def library_version(distribution: str) -> str:
+    """The installed version of `distribution`, read from its metadata, or "not installed" (for
+    AttentionBackend.versions). Never by importing it: an import runs the package's own set-up
+    before the adapter's (importing sglang moves the compilers' caches for the whole process), and
+    a distribution's name need not be its module's (sgl-flash-mla installs flash_mla)."""
     try:
-        return str(getattr(importlib.import_module(module), "__version__", "unknown"))
-    except Exception:  # noqa: BLE001 - absent or broken install: say so, never fail the run
+        return importlib.metadata.version(distribution)
+    except importlib.metadata.PackageNotFoundError:
         return "not installed"
 
 
