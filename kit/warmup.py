@@ -269,7 +269,7 @@ def serve(catalog_target: Optional[str], timeout: float) -> None:
 
 
 def default_jobs() -> int:
-    return max(1, len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1)
+    return placement.cores()
 
 
 if __name__ == "__main__":

@@ -27,6 +27,8 @@ def test_workers_are_spread_round_robin_and_counted_per_gpu(workers, gpus):
 
 def test_a_worker_sees_one_gpu_its_own(monkeypatch):
     monkeypatch.delenv(placement.PLACED, raising=False)
+    for name in placement.COMPILE_JOBS:  # placing sets them; the test's process gets them back unset
+        monkeypatch.delenv(name, raising=False)
     monkeypatch.setenv("PYTEST_XDIST_WORKER", "gw3")
     monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "4,5")  # the user's choice is kept: spread over those
     placement.place_this_worker()
@@ -36,6 +38,21 @@ def test_a_worker_sees_one_gpu_its_own(monkeypatch):
     placement.place_this_worker()
     assert (placement.os.environ["CUDA_VISIBLE_DEVICES"], placement.my_gpu()) == ("2", (0, 1))
     assert placement.worker_number("gw12") == 12 and placement.worker_number("master") is None
+
+
+def test_a_workers_compilers_run_its_share_of_the_cores(monkeypatch):
+    """32 cores, 8 workers: each worker's FlashInfer builds and inductor compiles run 4 jobs, not 32
+    each (the warmup's processes are placed as workers are); a value the user named is kept, and a
+    process that is no worker of the kit's is left alone."""
+    monkeypatch.setattr(placement, "cores", lambda: 32)
+    monkeypatch.setattr(placement, "gpus_here", lambda: [])
+    for name in placement.COMPILE_JOBS:
+        monkeypatch.delenv(name, raising=False)
+    placement.Placement(None, 1).place()
+    assert not any(name in placement.os.environ for name in placement.COMPILE_JOBS)
+    monkeypatch.setenv("MAX_JOBS", "12")
+    placement.Placement(3, 8).place()
+    assert [placement.os.environ[name] for name in placement.COMPILE_JOBS] == ["12", "4"]
 
 
 @pytest.mark.parametrize("workers, placed, share, kept", [

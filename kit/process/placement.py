@@ -32,6 +32,17 @@ def workers_on(device: int, workers: int, devices: int) -> int:
     return max(1, workers // devices + (device < workers % devices))
 
 
+# Compilers that start parallel jobs of their own size them from these (FlashInfer's JIT runs ninja
+# with MAX_JOBS, else two more jobs than cores; inductor's compile workers): unnamed, every process
+# of the kit's would start one per core.
+COMPILE_JOBS = ("MAX_JOBS", "TORCHINDUCTOR_COMPILE_THREADS")
+
+
+def cores() -> int:
+    """The cores this process may run on."""
+    return max(1, len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1)
+
+
 def threads_per_worker(threads: int, workers: int) -> int:
     """A worker's share of torch's threads (its default: one per core)."""
     return max(1, threads // workers)
@@ -81,7 +92,11 @@ class Placement:
 
     def place(self) -> None:
         """Before any CUDA call: the process sees one GPU, its own (every library then uses that
-        one as device 0), and kit.process.budget splits that GPU between its workers alone."""
+        one as device 0), and kit.process.budget splits that GPU between its workers alone. A
+        worker's compilers run its share of the cores' jobs, unless their variables say otherwise."""
+        if self.worker is not None:
+            for name in COMPILE_JOBS:
+                os.environ.setdefault(name, str(threads_per_worker(cores(), self.workers)))
         gpus = gpus_here()
         visible = None if self.worker is None else visible_for(self.worker, gpus)
         if visible is not None:
