@@ -226,16 +226,16 @@ def test_the_readme_names_the_install_command():
 def test_importing_sglang_leaves_the_compilers_caches_where_they_were(tmp_path):
     """sglang's import points FlashInfer's, Triton's and inductor's caches at its own folder for the
     whole process where they are unnamed. A run's first call into an adapter (its versions(), before
-    anything is built) imports nothing of SGLang, and once the package is loaded sglang's import
-    moves no cache: each stays where a process that never imported sglang finds it (the process's
-    other backends, the warmup's builds and its archive)."""
+    anything is built) imports nothing of SGLang, and after the adapter's set-up (which imports it)
+    each cache is where a process that never imported sglang finds it (the process's other
+    backends, the warmup's builds and its archive)."""
     env = {k: v for k, v in os.environ.items() if k not in ("FLASHINFER_WORKSPACE_BASE", "TRITON_CACHE_DIR",
                                                             "TRITON_HOME", "TORCHINDUCTOR_CACHE_DIR",
                                                             "SGLANG_CACHE_DIR")}
     env["HOME"] = str(tmp_path)
     where = "import json; from kit import caches; print(json.dumps({k: str(v) for k, v in caches.where().items()}))"
     code = ("import sys; from backends.sglang import SGLangTritonBackend; v = SGLangTritonBackend.versions(); "
-            "print('sglang' in sys.modules); print(v['sglang']); import sglang; " + where)
+            "print('sglang' in sys.modules); print(v['sglang']); import backends.sglang.runtime; " + where)
 
     def run(source):
         proc = subprocess.run([sys.executable, "-c", source], cwd=REPO, env=env, capture_output=True, text=True)

@@ -11,14 +11,6 @@ FlashMLA's kernels or its Triton prefill, CUDA only). adapter.py, linear.py, hyb
 runtime.py imports and sets up SGLang when a backend is built (Triton's interpreter without CUDA,
 chosen there before SGLang imports triton); install.py installs it (docs/sglang.md).
 """
-from kit import caches
-
-# Importing sglang points the compilers' caches (FlashInfer's, Triton's, inductor's) at its own folder
-# for the whole process where they are unnamed (sglang/__init__.py:14, srt/environ.py:2308). Named
-# here, before any module of this package can import sglang, they stay where the process's other
-# backends, the warmup and its archive look.
-caches.pin()
-
 from backends.sglang.adapter import (SGLangFlashInferBackend, SGLangFlashInferDraftBackend,
                                      SGLangFlashInferMLABackend, SGLangFlexAttentionBackend,
                                      SGLangTorchNativeBackend, SGLangTritonBackend, SGLangTritonDraftBackend)

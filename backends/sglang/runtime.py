@@ -11,6 +11,7 @@ import torch
 
 from backends import engine_process
 from backends.sglang import shims
+from kit import caches
 
 engine_process.prepare()  # before SGLang's chain imports triton and vllm
 
@@ -18,6 +19,11 @@ engine_process.prepare()  # before SGLang's chain imports triton and vllm
 # sgl_kernel: CUDA-only, 373 MB, pins torch 2.14.1. Shimmed only where absent.
 shims.install([name for name in ("torchvision", "sgl_kernel") if importlib.util.find_spec(name) is None])
 shims.cpu_device_context()  # Triton's interpreter runs SGLang's kernels on the CPU: their device context
+
+# Importing sglang points the compilers' caches (FlashInfer's, Triton's, inductor's) at its own folder
+# for the whole process where they are unnamed (sglang/__init__.py:14, srt/environ.py:2308). Named
+# first, they stay where the process's other backends, the warmup and its archive look.
+caches.pin()
 
 with warnings.catch_warnings():
     warnings.simplefilter("ignore")  # import-time deprecation chatter of the serving stack
