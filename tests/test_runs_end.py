@@ -74,8 +74,8 @@ def test_a_crash_inside_torch_names_the_backends_line_too():
 
 def test_a_crash_through_the_kits_guard_names_the_backends_line():
     """torch's dispatch runs the kit's guard while forward runs: the frame between torch and the
-    backend is the kit's, and the crash names the backend's line, not the guard's (KF-4's read
-    `called from kit/harness/guard.py`)."""
+    backend is the kit's, and the crash names the backend's line, not the guard's (without it, a
+    shape error in SGLang's EXTEND metadata reads `called from kit/harness/guard.py`)."""
     r = run_case(f"{TOYS}:GuardedOpErrorBackend", TINY_BS3, Exec.EAGER)
     assert (r.outcome, r.failure_class) == (FAIL, CRASH)
     line = inspect.getsourcelines(GuardedOpErrorBackend.misbehave)[1] + 3

@@ -182,6 +182,31 @@ def test_extend_graph_metadata_is_sglangs_eager_one(monkeypatch):
     assert [m.name for m in called] == ["EXTEND"]
 
 
+def test_a_prefill_graph_reaches_sglang_with_the_request_tensors_of_its_batch(monkeypatch):
+    """The kit's token graphs hand full-capacity request tensors every second replay; SGLang's prefill
+    graph runner hands the scheduler's, the batch's rows alone, and its Triton EXTEND metadata cumsums
+    them whole into a bs + 1 kv_indptr (triton_backend.py:526). The adapter hands SGLang what its runner
+    does: the metadata of a full-capacity view is the exact batch's; handed whole, it crashes."""
+    import dataclasses
+
+    from backends.sglang import adapter
+
+    fx, backend = _built(small_case("e", ForwardMode.EXTEND, (5, 9), (2, 3)))
+    b = fx.batch
+    full = dataclasses.replace(b, **{name: torch.cat([getattr(b, name), getattr(b, name).flip(0)])
+                                     for name in adapter.REQUEST_FIELDS if torch.is_tensor(getattr(b, name))})
+
+    def metadata(batch):
+        backend.init_forward_metadata_out_graph(batch)
+        m = backend.impl.forward_metadata
+        return m.kv_indptr.tolist(), m.qo_indptr.tolist(), m.kv_indices[:int(m.kv_indptr[-1])].tolist()
+
+    assert metadata(full) == metadata(b)
+    monkeypatch.setattr(adapter, "prefill_runner_view", lambda batch: batch)
+    with pytest.raises(RuntimeError, match="must match the existing size"):
+        backend.init_forward_metadata_out_graph(full)
+
+
 def test_forward_runs_through_radix_attention_on_the_real_rows_of_a_padded_extend():
     """A token-padded EXTEND batch reaches the backend narrowed to its real tokens by SGLang's layer."""
     import dataclasses

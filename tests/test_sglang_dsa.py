@@ -173,13 +173,12 @@ def test_a_prefill_graph_hands_the_fields_of_its_requests_alone(mode):
     seq_lens_cpu with extend_seq_lens_cpu, strictly, and plans over every row of the device ones)."""
     import dataclasses
 
-    from backends.sglang.dsa import REQUEST_FIELDS, prefill_runner_view
+    from backends.sglang.adapter import REQUEST_FIELDS, prefill_runner_view
 
     batch = make_fixture(_case(mode), DEVICE).batch
     stale = lambda t: t if not torch.is_tensor(t) else torch.cat([t, t[:1].repeat(3)])  # noqa: E731  3 rows past
     graph = dataclasses.replace(batch, **{n: stale(getattr(batch, n)) for n in REQUEST_FIELDS
                                           if getattr(batch, n) is not None})
-    graph.seq_lens_sum = int(graph.seq_lens_cpu.sum())
     view = prefill_runner_view(graph)
     if mode not in (ForwardMode.EXTEND, ForwardMode.MIXED):
         assert view is graph  # a decode-shaped graph's padded requests are SGLang's too

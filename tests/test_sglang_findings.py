@@ -77,23 +77,6 @@ def test_kf2_triton_tree_verify_windows_drafts_by_index_not_position(case_name):
     assert _err(outs[layer_id], attention(by_index, layer_id=layer_id)) < TIGHT
 
 
-def test_kf3_triton_eager_extend_metadata_reads_whole_request_tensors():
-    """SGLang's eager EXTEND metadata takes bs from batch_size but cumsums the whole
-    extend_seq_lens (triton_backend.py:1116): request tensors longer than the batch, as the kit's
-    full-capacity replays hand them, do not fit its bs + 1 indptr."""
-    case = load_catalog().find_case(ForwardMode.EXTEND, "mqa_p1_shuf")
-    setup = run_setup(case, Exec.EAGER, DEVICE, SGLangTritonBackend)
-    fx = setup.case_fixture
-    fx.install()
-    b = fx.batch
-    longer = {f: torch.cat([getattr(b, f), getattr(b, f)]) for f in (
-        "req_pool_indices", "seq_lens", "seq_lens_cpu", "extend_seq_lens", "extend_prefix_lens", "extend_start_loc")}
-    backend = setup.new_backend()
-    backend.init_forward_metadata(b)  # exact-size tensors: fine
-    with pytest.raises(RuntimeError, match="must match the existing size"):
-        backend.init_forward_metadata(dataclasses.replace(b, **longer))
-
-
 def test_kf5_torch_native_ignores_logit_cap():
     """TorchNativeAttnBackend attends without the layer's soft cap: the kit's reference with the cap
     off is what it computes."""

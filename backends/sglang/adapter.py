@@ -19,11 +19,13 @@ What is mapped, and nothing more (a bug here could hide one in SGLang):
   (models/gpt_oss.py forward_core: `self.attn(q, k, v, forward_batch, sinks=self.sinks)`).
 - the kit's EXTEND and MIXED graph runs -> SGLang's breakable-graph context
   (enable_breakable_cuda_graph) over their metadata hooks and forwards, as its prefill graph
-  runner holds it at capture and replay (`in_prefill_graph`).
+  runner holds it at capture and replay (`in_prefill_graph`), and their request tensors cut to
+  the batch's rows, as that runner hands them (`prefill_runner_view`).
 """
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import importlib
 import inspect
 from typing import Optional
@@ -34,6 +36,7 @@ from backends import pinned
 from backends.sglang import mla
 from kit.engine.numerics import ALL, TF32, Numerics
 from kit.engine.profile import SGLANG
+from kit.engine.render import REQUEST, STATIC_FIELDS
 from kit.modes import ForwardMode
 from kit.harness.protocol import AttentionBackend, library_version
 
@@ -44,6 +47,24 @@ INSTALL = "python -m backends.sglang.install"
 NOMINAL_SMS = 132
 # The modes SGLang runs under its prefill graph runner, not its decode-shaped ones.
 PREFILL_GRAPH_MODES = (ForwardMode.EXTEND, ForwardMode.MIXED)
+# A batch's per-request fields (the request axis of a graph's static buffers).
+REQUEST_FIELDS = tuple(f.name for f in STATIC_FIELDS if f.axis == REQUEST)
+
+
+def prefill_runner_view(batch):
+    """An EXTEND or MIXED batch as SGLang's prefill graph runner hands it to attention: its
+    per-request fields those of its batch_size requests, as the runner's static ForwardBatch takes
+    them from the scheduler's batch (prefill_cuda_graph_runner.py:1977-2008), where the kit's token
+    graph may hold them at full capacity, rows past the batch stale. Its backends' eager EXTEND
+    metadata, which the runner runs before every replay, reads them whole: Triton cumsums seq_lens
+    into a bs + 1 kv_indptr (triton_backend.py:526), DSA zips seq_lens_cpu with
+    extend_seq_lens_cpu strictly (dsa_backend.py init_forward_metadata). Other batches as they are."""
+    if batch.forward_mode not in PREFILL_GRAPH_MODES:
+        return batch
+    n = batch.batch_size
+    fields = {name: getattr(batch, name) for name in REQUEST_FIELDS}
+    cut = {name: value[:n] for name, value in fields.items() if value is not None and len(value) > n}
+    return dataclasses.replace(batch, **cut) if cut else batch
 
 
 def sglang_problem() -> Optional[str]:
@@ -285,6 +306,7 @@ class SGLangBackend(AttentionBackend):
 
     def _forward_batch(self, b, in_capture: bool = False):
         sg = self.sg
+        b = prefill_runner_view(b)
         fb = sg.ForwardBatch(
             forward_mode=sg.MODES[b.forward_mode.value], batch_size=b.batch_size, input_ids=None,
             req_pool_indices=b.req_pool_indices, seq_lens=b.seq_lens, seq_lens_cpu=b.seq_lens_cpu,

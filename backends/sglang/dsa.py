@@ -26,7 +26,6 @@ of which loads beside the kit's torch); `sglang_dsa_triton` runs SGLang's Triton
 """
 from __future__ import annotations
 
-import dataclasses
 import functools
 import importlib
 import importlib.util
@@ -35,8 +34,7 @@ from typing import Optional
 
 import torch
 
-from backends.sglang.adapter import PREFILL_GRAPH_MODES, SGLangBackend, _GraphHooks
-from kit.engine.render import REQUEST, STATIC_FIELDS
+from backends.sglang.adapter import SGLangBackend, _GraphHooks
 from kit.harness.protocol import library_version
 from kit.modes import ForwardMode
 
@@ -57,8 +55,6 @@ DECODE_SHAPED = (ForwardMode.DECODE, ForwardMode.TARGET_VERIFY)
 DENSE_PREFILL_KV_LEN = 2048
 # SGLang's switch between the fused and the unfused top-k (environ.py SGLANG_DSA_FUSE_TOPK).
 FUSE_TOPK_ENV = "SGLANG_DSA_FUSE_TOPK"
-# A batch's per-request fields (the request axis of a graph's static buffers).
-REQUEST_FIELDS = tuple(f.name for f in STATIC_FIELDS if f.axis == REQUEST)
 # The most query heads SGLang lets its Triton sparse prefill run (dsa_backend.py _TRITON_SPARSE_MLA_MAX_HEADS).
 TRITON_MAX_HEADS = 32
 
@@ -153,9 +149,6 @@ class SGLangDSABackend(_GraphHooks, SGLangBackend):
         os.environ[FUSE_TOPK_ENV] = "0"  # read at construction (dsa/utils.py should_use_dsa_fused_topk) and per call
         return super()._make_impl()
 
-    def init_forward_metadata_out_graph(self, batch, in_capture=False):
-        super().init_forward_metadata_out_graph(prefill_runner_view(batch), in_capture)
-
     def _model_args(self, batch, num_tokens: int) -> dict:
         return {"topk_indices": self.topk_indices(batch, num_tokens)}
 
@@ -165,22 +158,6 @@ class SGLangDSABackend(_GraphHooks, SGLangBackend):
         per query token (batch order: q's) the selected positions in its request's req_to_token row,
         -1 padded (the kit's rows, kit.engine.sparse)."""
         return batch.topk_indices[:num_tokens].to(torch.int32).contiguous()
-
-
-def prefill_runner_view(batch):
-    """An EXTEND or MIXED graph batch as SGLang's prefill graph runner hands it to attention: its
-    per-request fields (and seq_lens_sum) those of its batch_size requests, as the runner's static
-    ForwardBatch takes them from the real batch (prefill_cuda_graph_runner.py), where the kit's
-    token graph may hold them at full capacity, rows past the batch stale. DeepseekSparseAttnBackend
-    zips the host ones with the extend lengths, strictly, and plans its conversion over every row of
-    the device ones (dsa_backend.py init_forward_metadata). Other batches as they are."""
-    if batch.forward_mode not in PREFILL_GRAPH_MODES:
-        return batch
-    n = batch.batch_size
-    cut = {name: getattr(batch, name)[:n] for name in REQUEST_FIELDS if getattr(batch, name) is not None}
-    if "seq_lens_cpu" in cut:
-        cut["seq_lens_sum"] = int(cut["seq_lens_cpu"].sum())
-    return dataclasses.replace(batch, **cut)
 
 
 class SGLangDSATritonBackend(SGLangDSABackend):

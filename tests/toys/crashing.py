@@ -161,7 +161,7 @@ class AbortsInForwardBackend(TorchNativeBackend):
 class GuardedOpErrorBackend(_MisbehavesOnThree):
     """An op that fails inside torch's dispatch, which the kit's guard (kit.harness.guard) sits in
     while forward runs: the traceback passes through the kit's frame between the backend's and
-    torch's, as SGLang's EXTEND metadata's shape error does (KF-4)."""
+    torch's, as a shape error in SGLang's EXTEND metadata does."""
 
     name = "toy_guarded_op_error"
 
