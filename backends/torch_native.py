@@ -41,7 +41,8 @@ class TorchNativeBackend(AttentionBackend):
         k_cache, v_cache = pool.get_kv_buffer(layer.layer_id)
         r2t = batch.req_to_token_pool.req_to_token
         group = layer.tp_q_head_num // layer.tp_k_head_num
-        out = q.new_empty(q.shape[:-1] + (layer.v_head_dim,))
+        # Rows no request of the description owns (a graph's padded rows) read zeros.
+        out = q.new_zeros(q.shape[:-1] + (layer.v_head_dim,))
         lse = q.new_empty(q.shape[:-1], dtype=torch.float32)
         start = 0
         for request in batch.step.requests:

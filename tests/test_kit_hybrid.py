@@ -1,6 +1,7 @@
 """Hybrid models (full-attention layers among linear ones, cases/linear.py's `layer_pattern`): the in-box
-backend on every smoke case, how the step calls a backend, which backends run them, the case lines'
-rules (the planted routing bugs of tests/mutants/hybrid.py: tests/test_mutants.py)."""
+backend on every smoke case, eager and under a graph, how the step calls a backend, a graph's
+padded-row bugs caught, which backends run them, the case lines' rules (the planted routing bugs of
+tests/mutants/hybrid.py: tests/test_mutants.py)."""
 from __future__ import annotations
 
 import pytest
@@ -10,9 +11,10 @@ from backends.torch_native_linear import TorchNativeLinearBackend
 from cases.linear import FULL, SMOKE
 from kit.engine.kinds.recurrent import FULL as FULL_LAYER, LINEAR, RecurrentCase
 from kit.harness.capabilities import Capabilities
-from kit.harness.recurrent import failures, run_case
+from kit.harness.recurrent import failures, padded_bucket, run_case
 from kit.harness.scope import unsupported_reason
 from kit.modes import Exec, ForwardMode
+from tests.mutants.hybrid import FullPaddedRowsUnwritten, LinearPaddedRowWrites
 
 HYBRID = [c for c in SMOKE if c.layer_pattern]
 
@@ -61,10 +63,50 @@ def test_a_backend_of_linear_layers_alone_does_not_run_a_hybrid_and_the_hybrid_o
         TorchNativeHybridBackend, Capabilities.of(TorchNativeHybridBackend), linear, Exec.EAGER)
 
 
-def test_a_hybrid_graph_run_is_declined_with_its_reason():
-    case = next(c for c in HYBRID if c.mode == ForwardMode.DECODE)
+GRAPHED = [c for c in HYBRID if c.mode == ForwardMode.DECODE]
+
+
+@pytest.mark.parametrize("case", GRAPHED, ids=[c.name for c in GRAPHED])
+def test_in_box_backend_passes_under_a_graph(case):
+    assert failures(run_case(TorchNativeHybridBackend, case, Exec.GRAPH)) is None
+
+
+def test_a_hybrid_graph_holds_every_layer_of_the_step_padded_to_the_engine_s_bucket():
+    """Emulated (CPU): the capture's calls, then the replay's, each one metadata call and every
+    layer's forward in the model's order, both halves' batches of the bucket's rows."""
+    case = GRAPHED[0]
+    Recording.calls = []
+
+    class Sizes(Recording):
+        def init_forward_metadata(self, batch):
+            self.calls.append(("rows", batch.attention.batch_size, batch.recurrent.batch_size))
+            super().init_forward_metadata(batch)
+
+    assert failures(run_case(Sizes, case, Exec.GRAPH)) is None
+    rows = padded_bucket(case.bs, TorchNativeHybridBackend.profile)
+    gates = len(case.spec.gate_widths(case))
+    step = [("rows", rows, rows), ("metadata", case.full_layers)] + [
+        ("forward", i, 5 if kind == FULL_LAYER else 3 + gates) for i, kind in enumerate(case.layer_pattern)]
+    assert rows > case.bs and Recording.calls == step * 2
+
+
+@pytest.mark.parametrize("mutant,says", [
+    (LinearPaddedRowWrites, "kv-write: decode graph: state pools wrong"),
+    (FullPaddedRowsUnwritten, "graph: decode graph, full-attention layers 1, 3 (KV pool layers 0-1): padded rows"),
+])
+def test_a_graph_only_bug_is_caught_in_the_graph_run_and_the_eager_run_passes(mutant, says):
+    """tests/mutants/hybrid.py's padded-row mutants: a padded row's state slot written, the full
+    layers' padded rows left unwritten."""
+    case = GRAPHED[0]
+    assert failures(run_case(mutant, case, Exec.EAGER)) is None
+    said = failures(run_case(mutant, case, Exec.GRAPH))
+    assert said is not None and said.startswith(says), said
+
+
+def test_a_hybrid_graph_run_of_a_mode_the_engines_do_not_capture_is_declined_with_its_reason():
+    case = next(c for c in HYBRID if c.mode == ForwardMode.EXTEND)
     said = unsupported_reason(TorchNativeHybridBackend, Capabilities.of(TorchNativeHybridBackend), case, Exec.GRAPH)
-    assert "hybrid model's graphs" in said
+    assert "extend of a recurrent layer is not captured in graphs" in said
 
 
 @pytest.mark.parametrize("fields,says", [

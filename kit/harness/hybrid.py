@@ -9,17 +9,22 @@ runner calls a hybrid backend."""
 from __future__ import annotations
 
 import dataclasses
-from typing import List, Sequence, Tuple
+from typing import Callable, List, Sequence, Tuple
 
 import torch
 
+from kit.engine.batch import ForwardBatch
 from kit.engine.fixture import fixtures_for
 from kit.engine.hybrid import HybridBatch, attention_case
 from kit.engine.kinds.recurrent import FULL, RecurrentCase
+from kit.engine.modes import rules_for
+from kit.engine.render import graph_batch
 from kit.harness.capabilities import Capabilities
 from kit.harness.guard import Guard, canary_figures
 from kit.harness.program import returned
-from kit.harness.protocol import BackendContext
+from kit.harness.protocol import BackendContext, seq_len_fill_value
+from kit.harness.static import StaticBatch
+from kit.harness.step_graph import graphed
 from kit.harness.verdict import Verdict, eager_verdict
 from kit.process.memory import STORE
 
@@ -63,22 +68,81 @@ class FullLayers:
         self.fx.install()
         given = [x.handed(self.fx.case.inputs) for x in self.fx.inputs]
         hybrid = HybridBatch(self.fx.batch, batch, self.case.full_layers)
-        full, linear = iter(zip(self.layers, given)), iter(zip(inputs, layers))
         guard = Guard()
-        full_outs, full_lses, linear_outs = [], [], []
         with guard.watching():
             backend.init_forward_metadata(hybrid)
-            for kind in self.case.layer_pattern:
-                if kind == FULL:
-                    layer, (q, k, v) = next(full)
-                    out, lse = returned(backend.forward(q, k, v, layer, hybrid))
-                    full_outs.append(out)
-                    full_lses.append(lse)
-                else:
-                    x, layer = next(linear)
-                    linear_outs.append(backend.forward(*x.handed(), layer, hybrid))
+            full_outs, full_lses, linear_outs = self._program(backend, hybrid, given, inputs, layers)
         return linear_outs, eager_verdict(self.fx, ([full_outs], [full_lses]), canary_figures(guard), [given],
                                           self.caps.profile.scratch, numerics=self.caps.numerics)
+
+    def graph_step(self, backend, batch, inputs: Sequence, layers: Sequence, refill: Callable[[], None]
+                   ) -> Tuple[List[torch.Tensor], Verdict]:
+        """The step as a graph runner runs it (kit.harness.step_graph): `batch`, the linear layers'
+        batch, padded to the graph's rows; the full layers' batch padded to as many, as the engine's
+        profile pads a graph's request (kit.harness.static); every layer's forward on static inputs
+        of that many rows (padded ones zeros) captured in one graph, after the backend's
+        init_forward_metadata outside it and, where it has one, its init_forward_metadata_in_graph in
+        it; `refill` puts the state pools back as before the step (the KV pool is put back here).
+        Judged as `step`, on the real rows, the padded rows' outputs finite where the profile gives a
+        padded request tokens."""
+        rows, real = batch.batch_size, self.fx.batch.batch_size
+        self.fx.install()
+        view = self._padded_view(backend, rows)
+        static = [x.buffers(rows, self.fx.case.inputs) for x in self.fx.inputs]
+        for x, buffers in zip(self.fx.inputs, static):
+            for buffer, src in zip(buffers, (x.q, x.k_new, x.v_new)):
+                buffer[:real].copy_(src)
+        hybrid = HybridBatch(view, batch, self.case.full_layers)
+        in_graph = getattr(backend, "init_forward_metadata_in_graph", None)
+
+        def program():
+            if in_graph is not None:
+                in_graph(hybrid)
+            return self._program(backend, hybrid, static, inputs, layers)
+
+        def refill_both():
+            refill()
+            self.fx.install()
+
+        guard = Guard()
+        with guard.watching():
+            full_outs, full_lses, linear_outs = graphed(view.out_cache_loc.device.type == "cuda",
+                                                        lambda: backend.init_forward_metadata(hybrid), program,
+                                                        refill_both)
+        padded = [o[real:] for o in full_outs] if self.caps.profile.padded_rows_attend else []
+        given = [tuple(t[:real] for t in buffers) for buffers in static]
+        return linear_outs, eager_verdict(self.fx, ([[o[:real] for o in full_outs]],
+                                                    [[lse if lse is None else lse[:real] for lse in full_lses]]),
+                                          canary_figures(guard), [given], self.caps.profile.scratch,
+                                          numerics=self.caps.numerics, padded=padded)
+
+    def _padded_view(self, backend, rows: int) -> ForwardBatch:
+        """The full layers' batch padded to `rows` requests as a graph runner of the backend's engine
+        pads it (a padded request's seq_lens entry its fill value), carrying the step description."""
+        fx, profile = self.fx, self.caps.profile
+        padded_seq_len = profile.seq_len_pad(seq_len_fill_value(backend))
+        static = StaticBatch(fx.batch, profile, padded_seq_len, rows, None, ragged=False)
+        static.load(fx.batch, rows)
+        rules = rules_for(fx.case.mode)
+        spec_info = rules.spec_info(fx.case, rows, fx.batch.batch_size, None, padded_seq_len, fx.batch.seq_lens.device)
+        view = graph_batch(rules.graph_mode(), rows, static.held(rows), fx.pools, spec_info)
+        return dataclasses.replace(view, step=fx.batch.step)
+
+    def _program(self, backend, hybrid: HybridBatch, full_inputs: Sequence, inputs: Sequence, layers: Sequence):
+        """Every layer's forward in the model's order: the full layers' outputs and log-sum-exps, the
+        linear layers' outputs."""
+        full, linear = iter(zip(self.layers, full_inputs)), iter(zip(inputs, layers))
+        full_outs, full_lses, linear_outs = [], [], []
+        for kind in self.case.layer_pattern:
+            if kind == FULL:
+                layer, (q, k, v) = next(full)
+                out, lse = returned(backend.forward(q, k, v, layer, hybrid))
+                full_outs.append(out)
+                full_lses.append(lse)
+            else:
+                x, layer = next(linear)
+                linear_outs.append(backend.forward(*x.handed(), layer, hybrid))
+        return full_outs, full_lses, linear_outs
 
     def describe(self) -> str:
         """How a message names the full layers (the verdict's 'layer i' is its KV pool layer)."""

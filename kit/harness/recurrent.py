@@ -14,7 +14,9 @@ belongs is caught there even if its verify outputs are right.
 Graph mode: the batch padded to the next larger batch-size bucket (padded rows: the backend's
 `padded_state_slot`, kit.engine.state_pool), captured and replayed on CUDA (torch.cuda.CUDAGraph over the kit's static
 inputs); without CUDA, the capture's calls run and the replay's calls run again on the same
-instance. A padded row's state slot must stay untouched (the pools' check covers every slot).
+instance (kit.harness.step_graph). A padded row's state slot must stay untouched (the pools' check
+covers every slot). A hybrid model's graph holds every layer of the step, full and linear, its full
+layers' batch padded to as many requests (kit.harness.hybrid.FullLayers.graph_step).
 """
 from __future__ import annotations
 
@@ -33,11 +35,12 @@ from kit.harness.hybrid import FullLayers
 from kit.harness.nan_fill import nan_filled_allocations
 from kit.harness.recurrent_rules import IntermediatePools, rule_of
 from kit.harness.scope import recurrent_graph_reason
+from kit.harness.step_graph import graphed
 from kit.harness.state_checks import Expected, StatePoolCheck, check_states
 from kit.modes import Exec, ForwardMode
-from kit.report.record import CRASH, CUDA_GRAPH, EAGER, EMULATED, FAIL, KERNEL, KV_WRITE, RunResult
+from kit.report.record import CRASH, CUDA_GRAPH, EAGER, EMULATED, FAIL, GRAPH, KERNEL, KV_WRITE, RunResult
 
-PRECEDENCE = (CRASH, KV_WRITE, KERNEL)
+PRECEDENCE = (CRASH, KV_WRITE, KERNEL, GRAPH)
 
 
 @dataclasses.dataclass
@@ -112,23 +115,8 @@ def _call(backend, batch: RecurrentBatch, inputs, layers) -> List[torch.Tensor]:
 
 def _graphed(backend, batch: RecurrentBatch, inputs, layers, refill: Callable[[], None]) -> List[torch.Tensor]:
     """Capture the step's calls, refill the pools as before the step, replay: the replay's outputs."""
-    if batch.state_indices.device.type != "cuda":
-        _call(backend, batch, inputs, layers)
-        refill()
-        return _call(backend, batch, inputs, layers)
-    backend.init_forward_metadata(batch)
-    stream = torch.cuda.Stream()
-    stream.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(stream):
-        [backend.forward(*x.handed(), layer, batch) for x, layer in zip(inputs, layers)]
-    torch.cuda.current_stream().wait_stream(stream)
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
-        outs = [backend.forward(*x.handed(), layer, batch) for x, layer in zip(inputs, layers)]
-    refill()
-    graph.replay()
-    torch.cuda.synchronize()
-    return outs
+    return graphed(batch.state_indices.device.type == "cuda", lambda: backend.init_forward_metadata(batch),
+                   lambda: [backend.forward(*x.handed(), layer, batch) for x, layer in zip(inputs, layers)], refill)
 
 
 def _judge(fx: RecurrentFixture, pool: StatePool, before, outs: List[torch.Tensor], step: str, rule, profile,
@@ -212,12 +200,13 @@ def _run(backend_cls, case: RecurrentCase, exec_: Exec, device: str, verdicts: L
 
     refill()
     before = _snapshot(pool)
-    if full:  # eager only (kit.harness.scope)
-        outs, attention = full.step(backend, batch, inputs, fx.layers)
+    if graph and hasattr(backend, "init_cuda_graph_state"):
+        backend.init_cuda_graph_state(max_bs)
+    if full:
+        outs, attention = (full.graph_step(backend, batch, inputs, fx.layers, refill) if graph
+                           else full.step(backend, batch, inputs, fx.layers))
         verdicts.append(RecurrentVerdict(f"{case.mode.value} {exec_.value}, {full.describe()}", attention.checks))
     elif graph:
-        if hasattr(backend, "init_cuda_graph_state"):
-            backend.init_cuda_graph_state(max_bs)
         outs = _graphed(backend, batch, inputs, fx.layers, refill)
     else:
         outs = _call(backend, batch, inputs, fx.layers)

@@ -49,10 +49,8 @@ def declined(backend_cls, caps: Capabilities, case: Case, exec_: Exec) -> Option
 
 
 def recurrent_graph_reason(case: RecurrentCase) -> Optional[str]:
-    """Why a recurrent case has no graph run (its mode is not one the engines capture for these
-    layers, or a hybrid model's, whose graphs the kit does not capture yet), or None."""
-    if case.layer_pattern:
-        return "a hybrid model's graphs are not captured by the kit yet (its steps run eagerly)"
+    """Why a recurrent case (of linear layers alone or a hybrid model's) has no graph run: its mode is
+    not one the engines capture for these layers; or None."""
     if case.mode in GRAPH_MODES:
         return None
     return (f"{case.mode.value} of a recurrent layer is not captured in graphs (graph modes: "

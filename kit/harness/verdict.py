@@ -167,17 +167,19 @@ def _judged(fx: Fixture, program: Program, memory: Pending, inputs: Sequence[Pen
 def eager_verdict(fx: Fixture, program: Program, memory: Pending,
                   given: Sequence[Sequence[Tuple[torch.Tensor, torch.Tensor, torch.Tensor]]],
                   scratch: bool = True, across: Optional[Across] = None,
-                  numerics: Numerics = EXACT_NUMERICS) -> Verdict:
+                  numerics: Numerics = EXACT_NUMERICS, padded: Optional[Sequence[torch.Tensor]] = None) -> Verdict:
     """`program`: per step, forward's output (and log-sum-exp, or None) for each layer of the model, in
     layer order (kit.harness.program.forward_program); `memory`:
     the guard's canaries (kit.harness.guard.canary_figures); `given`: per step, the (q, k, v) each
     layer's forward was handed (copies of the step's inputs); `scratch`: slot 0 is the engine's
     scratch slot (kit.engine.profile); `across`: the run's batches so far; `numerics`: the backend's
-    declared numerics, the outputs judged under them."""
+    declared numerics, the outputs judged under them; `padded`: where the step ran padded to a
+    graph's rows, the outputs of its padded rows (kit.harness.checks.padding_figures)."""
     many = len(fx.steps) > 1
     handed = [h for step, step_given in zip(fx.steps, given)
               for h in handed_inputs(step, step_given, f", step {step.index + 1}" if many else "")]
-    return Verdict(**_judged(fx, program, memory, [inputs_figures(handed)], scratch, across=across,
+    padding = None if padded is None else padding_figures(padded, fx.pools.token_to_kv_pool)
+    return Verdict(**_judged(fx, program, memory, [inputs_figures(handed)], scratch, padding, across=across,
                              numerics=numerics))
 
 

@@ -1,17 +1,20 @@
-"""Mutants of a backend of hybrid models (full-attention layers among linear ones): each one bug of the
+"""Mutants of a backend of hybrid models (full-attention layers among linear ones): bugs of the
 routing between a model layer id and its pool's layer, made by overriding the in-box
-`torch_native_hybrid`'s maps or the map `sglang_gdn_hybrid` hands SGLang's HybridLinearKVPool code
-(neither source touched), with the failure class the kit must
-report (kit.harness.hybrid, kit.harness.recurrent): rows of the mutant catalog, scored on the hybrid cases."""
+`torch_native_hybrid`'s maps or the map `sglang_gdn_hybrid` hands SGLang's HybridLinearKVPool code,
+and bugs of a graph's padded rows, made by handing the in-box backend a mutated half (no source
+touched), with the failure class the kit must report (kit.harness.hybrid, kit.harness.recurrent):
+rows of the mutant catalog, scored on the hybrid cases."""
 from __future__ import annotations
 
 from backends.sglang.hybrid import SGLangGDNHybridBackend
+from backends.torch_native import TorchNativeBackend
 from backends.torch_native_hybrid import TorchNativeHybridBackend
-from kit.engine.kinds.recurrent import HYBRID_MODES
+from kit.engine.kinds.recurrent import GRAPH_MODES, HYBRID_MODES
 from kit.engine.depth import NUM_LAYERS
 from kit.modes import Exec
 from kit.mutation import Mutant
-from kit.report.record import KERNEL, KV_WRITE
+from kit.report.record import GRAPH as GRAPH_CLASS, KERNEL, KV_WRITE
+from tests.mutants.linear import PaddedRowWrites
 
 
 class KVLayerByModelId(TorchNativeHybridBackend):
@@ -33,6 +36,32 @@ class LinearLayersShareState(TorchNativeHybridBackend):
         self.linear_index = {layer_id: 0 for layer_id in self.linear_index}
 
 
+class LinearPaddedRowWrites(TorchNativeHybridBackend):
+    """The linear layers of a graph's padded rows (slot -1) written like real ones: -1 indexes the
+    state pools' last slot. No eager step has a padded row."""
+
+    def __init__(self, ctx):
+        super().__init__(ctx)
+        self.linear = PaddedRowWrites(ctx.recurrent)
+
+
+class _PaddedRowsUnwritten(TorchNativeBackend):
+    def forward(self, q, k, v, layer, batch, save_kv_cache=True):
+        out, lse = super().forward(q, k, v, layer, batch, save_kv_cache)
+        out[sum(r.n_new for r in batch.step.requests):] = float("nan")
+        return out, lse
+
+
+class FullPaddedRowsUnwritten(TorchNativeHybridBackend):
+    """The full layers' output rows of a graph's padded requests never written (what an empty
+    allocation holds: NaN under the kit's filled allocations), which the rest of the model reads.
+    No eager step has a padded row."""
+
+    def __init__(self, ctx):
+        super().__init__(ctx)
+        self.full = _PaddedRowsUnwritten(ctx.attention)
+
+
 class SGLangKVLayerByModelId(SGLangGDNHybridBackend):
     """SGLang's HybridLinearKVPool handed a map from a full layer's model layer id wrapped to the KV
     pool's layers, not its position among the full layers: in [linear, full, linear, full] both full
@@ -46,7 +75,8 @@ class SGLangKVLayerByModelId(SGLangGDNHybridBackend):
 
 
 HY = "tests.mutants.hybrid:"
-EAGER = (Exec.EAGER,)
+EAGER, GRAPH = (Exec.EAGER,), (Exec.GRAPH,)
+HYBRID_GRAPH_MODES = tuple(m for m in HYBRID_MODES if m in GRAPH_MODES)
 
 
 def _hybrid(case) -> bool:
@@ -62,4 +92,8 @@ MUTANTS = [
            EAGER, cpu=True, reaches=_hybrid),
     Mutant(152, "sglang_hybrid_kv_layer_by_model_id", HY + "SGLangKVLayerByModelId", (KV_WRITE,), HYBRID_MODES, EAGER,
            cpu=True, reaches=_hybrid),
+    Mutant(153, "hybrid_linear_padded_row_writes_slot", HY + "LinearPaddedRowWrites", (KV_WRITE,), HYBRID_GRAPH_MODES,
+           GRAPH, cpu=True, reaches=_hybrid),
+    Mutant(154, "hybrid_full_padded_rows_unwritten", HY + "FullPaddedRowsUnwritten", (GRAPH_CLASS,), HYBRID_GRAPH_MODES,
+           GRAPH, cpu=True, reaches=_hybrid),
 ]
