@@ -28,8 +28,22 @@ class TorchNativeBackend(AttentionBackend):
     attention_features = ("sinks",)
     returns_lse = True
 
+    def __init__(self, ctx):
+        super().__init__(ctx)
+        self._held = {}  # id(request plan) -> (the plan, its tensors on the device): _on_device
+
     def init_forward_metadata(self, batch) -> None:
         """Nothing to build: forward() reads each step's description."""
+
+    def _on_device(self, request, device):
+        """A request's key tokens, mask and positions as device tensors, made at its first forward (a
+        graph's warm-up run, before the capture: a captured forward copies nothing from the host)."""
+        held = self._held.get(id(request))
+        if held is None or held[0] is not request:
+            held = (request, torch.as_tensor(request.key_tokens, device=device), request.visible.to(device),
+                    torch.as_tensor(request.q_pos, device=device), torch.as_tensor(request.key_pos, device=device))
+            self._held[id(request)] = held
+        return held[1:]
 
     def forward(self, q, k, v, layer, batch, save_kv_cache=True):
         if batch.step is None:
@@ -47,17 +61,15 @@ class TorchNativeBackend(AttentionBackend):
         start = 0
         for request in batch.step.requests:
             n_q = request.n_new
-            slots = r2t[request.row, torch.as_tensor(request.key_tokens, device=r2t.device)].long()
+            key_tokens, allowed, q_pos, k_pos = self._on_device(request, q.device)
+            slots = r2t[request.row, key_tokens.to(r2t.device)].long()
             keys = _read(k_cache[slots], layer.k_scale).repeat_interleave(group, dim=1)
             vals = _read(v_cache[slots], layer.v_scale).repeat_interleave(group, dim=1)
             qs = q[start:start + n_q].float()
             scores = torch.einsum("qhd,khd->hqk", qs, keys) * layer.scaling
             if layer.logit_cap > 0:
                 scores = layer.logit_cap * torch.tanh(scores / layer.logit_cap)
-            allowed = request.visible.to(q.device)
             if layer.sliding_window_size >= 0:
-                q_pos = torch.as_tensor(request.q_pos, device=q.device)
-                k_pos = torch.as_tensor(request.key_pos, device=q.device)
                 allowed = allowed & (k_pos[None, :] >= q_pos[:, None] - layer.sliding_window_size)
             scores = scores.masked_fill(~allowed, float("-inf"))
             out[start:start + n_q] = self._attend(scores, vals, layer).to(q.dtype)

@@ -1,6 +1,7 @@
 """SGLang's hybrid GDN backend (sglang_gdn_hybrid: HybridLinearAttnBackend over TritonAttnBackend and
 GDNAttnBackend) on the smoke hybrid decode case it runs on CPU (its prefill runs on CUDA GPUs only, see
-supports()), and the planted bug of the full layers' KV routed to the wrong pool layer caught.
+supports()), eager and under a graph, and the planted bugs of the full layers' KV routed to the wrong
+pool layer and of their graph metadata not refreshed before a replay caught.
 Skipped, with the reason, only where the pinned sglang is not installed (CI installs it)."""
 import pytest
 import torch
@@ -10,24 +11,34 @@ from cases.linear import SMOKE
 from kit.harness.recurrent import failures, run_case
 from kit.harness.runner import default_device
 from kit.modes import Exec
-from kit.report.record import KV_WRITE
+from kit.report.record import KERNEL, KV_WRITE
 
 pytestmark = pytest.mark.skipif(sglang_problem() is not None, reason=str(sglang_problem()))
 CASE = next(c for c in SMOKE if c.name == "hybrid_gdn_decode_saved_fp32")
 
 
-def _run(backend_cls):
+def _run(backend_cls, exec_=Exec.EAGER):
     from backends.sglang import runtime  # noqa: F401 - SGLang's set-up (interpreter, shims)
     from kit.harness import interpreter
 
     interpreter.install()
-    return failures(run_case(backend_cls, CASE, Exec.EAGER, device=default_device()))
+    return failures(run_case(backend_cls, CASE, exec_, device=default_device()))
 
 
-def test_sglangs_hybrid_backend_passes_the_saved_decode():
+@pytest.mark.parametrize("exec_", list(Exec), ids=lambda e: e.value)
+def test_sglangs_hybrid_backend_passes_the_saved_decode(exec_):
     from backends.sglang import SGLangGDNHybridBackend
 
-    assert _run(SGLangGDNHybridBackend) is None
+    assert _run(SGLangGDNHybridBackend, exec_) is None
+
+
+def test_full_layers_metadata_not_replayed_is_caught_in_the_graph_run_and_the_eager_run_passes():
+    """tests/mutants/hybrid.py's mutant 155: before the replay, the linear side's graph metadata alone."""
+    from tests.mutants.hybrid import SGLangFullMetadataNotReplayed
+
+    assert _run(SGLangFullMetadataNotReplayed) is None
+    said = _run(SGLangFullMetadataNotReplayed, Exec.GRAPH)
+    assert said is not None and said.startswith(f"{KERNEL}: decode graph, full-attention layers"), said
 
 
 def test_full_layers_kv_written_to_the_wrong_pool_layer_is_caught():

@@ -129,14 +129,31 @@ class SGLangGDNHybridBackend(SGLangGDNBackend):
         self.full = _FullAttention(dataclasses.replace(ctx.attention, layers=layers), runner, ctx.full_attn_layers)
         return self.full.impl, list(ctx.full_attn_layers)
 
-    def init_forward_metadata(self, batch) -> None:
+    def _step_batch(self, batch):
+        """The step's one ForwardBatch (the full layers' fields; each row's state slot mapped from its
+        request row, as HybridReqToTokenPool maps it), each side's layers called with it."""
         fb = self.full._forward_batch(batch.attention)
         real = batch.recurrent.state_indices >= 0
         self.req_pool.req_index_to_mamba_index_mapping[fb.req_pool_indices[real]] = batch.recurrent.state_indices[real]
+        fb.num_padding = int((~real).sum())  # a graph's padded rows, last (SGLang's graph runner sets it)
         self._clear_new_slots(batch.recurrent)
-        self.impl.init_forward_metadata(fb)
         self.forward_batch = self.full.step_batch = fb
         self.full.wrapper = self.impl
+        return fb
+
+    def init_forward_metadata(self, batch) -> None:
+        self.impl.init_forward_metadata(self._step_batch(batch))
+
+    def init_forward_metadata_out_graph(self, batch, in_capture: bool = False) -> None:
+        """SGLang's graph runner's metadata of both sides, outside the graph: at its capture, before each replay."""
+        self.impl.init_forward_metadata_out_graph(self._step_batch(batch), in_capture=in_capture)
+
+    def init_forward_metadata_in_graph(self, batch) -> None:
+        """The in-graph half of SGLang's two-phase metadata, of both sides, recorded in the graph."""
+        self.impl.init_forward_metadata_in_graph(self.forward_batch)
+
+    def get_cuda_graph_seq_len_fill_value(self):
+        return self.impl.get_cuda_graph_seq_len_fill_value()
 
     def forward(self, *args):
         """A full layer: forward(q, k, v, layer, batch); a linear one: GDN's (mixed_qkv, a, b, layer, batch)."""

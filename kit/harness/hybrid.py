@@ -80,20 +80,35 @@ class FullLayers:
         """The step as a graph runner runs it (kit.harness.step_graph): `batch`, the linear layers'
         batch, padded to the graph's rows; the full layers' batch padded to as many, as the engine's
         profile pads a graph's request (kit.harness.static); every layer's forward on static inputs
-        of that many rows (padded ones zeros) captured in one graph, after the backend's
-        init_forward_metadata outside it and, where it has one, its init_forward_metadata_in_graph in
-        it; `refill` puts the state pools back as before the step (the KV pool is put back here).
+        of that many rows (padded ones zeros) captured in one graph. The metadata through the
+        backend's two-phase graph hooks where it has them (init_forward_metadata_out_graph before the
+        capture, in_capture, and before the replay; init_forward_metadata_in_graph in the graph), else
+        its init_forward_metadata before the capture. `refill` puts the state pools back as before the
+        step (the KV pool is put back here).
         Judged as `step`, on the real rows, the padded rows' outputs finite where the profile gives a
         padded request tokens."""
         rows, real = batch.batch_size, self.fx.batch.batch_size
         self.fx.install()
-        view = self._padded_view(backend, rows)
+        held = _GraphBatch(self.fx, self.caps.profile, seq_len_fill_value(backend), rows)
         static = [x.buffers(rows, self.fx.case.inputs) for x in self.fx.inputs]
         for x, buffers in zip(self.fx.inputs, static):
             for buffer, src in zip(buffers, (x.q, x.k_new, x.v_new)):
                 buffer[:real].copy_(src)
-        hybrid = HybridBatch(view, batch, self.case.full_layers)
+        hybrid = HybridBatch(held.loaded(), batch, self.case.full_layers)
+        out_graph = getattr(backend, "init_forward_metadata_out_graph", None)
         in_graph = getattr(backend, "init_forward_metadata_in_graph", None)
+
+        def handed(view, hook):
+            """`hook` handed the step's hybrid batch over `view` (what forward() then gets)."""
+            nonlocal hybrid
+            hybrid = HybridBatch(view, batch, self.case.full_layers)
+            hook(hybrid)
+
+        if out_graph is not None:  # SGLang's two-phase hooks, as its graph runner drives them
+            capture_metadata = lambda: handed(held.captured(), lambda h: out_graph(h, in_capture=True))  # noqa: E731
+            replay_metadata = lambda: handed(held.loaded(), out_graph)  # noqa: E731
+        else:
+            capture_metadata, replay_metadata = lambda: backend.init_forward_metadata(hybrid), None
 
         def program():
             if in_graph is not None:
@@ -106,27 +121,14 @@ class FullLayers:
 
         guard = Guard()
         with guard.watching():
-            full_outs, full_lses, linear_outs = graphed(view.out_cache_loc.device.type == "cuda",
-                                                        lambda: backend.init_forward_metadata(hybrid), program,
-                                                        refill_both)
+            full_outs, full_lses, linear_outs = graphed(static[0][0].device.type == "cuda", capture_metadata,
+                                                        replay_metadata, program, refill_both)
         padded = [o[real:] for o in full_outs] if self.caps.profile.padded_rows_attend else []
         given = [tuple(t[:real] for t in buffers) for buffers in static]
         return linear_outs, eager_verdict(self.fx, ([[o[:real] for o in full_outs]],
                                                     [[lse if lse is None else lse[:real] for lse in full_lses]]),
                                           canary_figures(guard), [given], self.caps.profile.scratch,
                                           numerics=self.caps.numerics, padded=padded)
-
-    def _padded_view(self, backend, rows: int) -> ForwardBatch:
-        """The full layers' batch padded to `rows` requests as a graph runner of the backend's engine
-        pads it (a padded request's seq_lens entry its fill value), carrying the step description."""
-        fx, profile = self.fx, self.caps.profile
-        padded_seq_len = profile.seq_len_pad(seq_len_fill_value(backend))
-        static = StaticBatch(fx.batch, profile, padded_seq_len, rows, None, ragged=False)
-        static.load(fx.batch, rows)
-        rules = rules_for(fx.case.mode)
-        spec_info = rules.spec_info(fx.case, rows, fx.batch.batch_size, None, padded_seq_len, fx.batch.seq_lens.device)
-        view = graph_batch(rules.graph_mode(), rows, static.held(rows), fx.pools, spec_info)
-        return dataclasses.replace(view, step=fx.batch.step)
 
     def _program(self, backend, hybrid: HybridBatch, full_inputs: Sequence, inputs: Sequence, layers: Sequence):
         """Every layer's forward in the model's order: the full layers' outputs and log-sum-exps, the
@@ -148,3 +150,30 @@ class FullLayers:
         """How a message names the full layers (the verdict's 'layer i' is its KV pool layer)."""
         ids = ", ".join(map(str, self.case.full_layers))
         return f"full-attention layers {ids} (KV pool layers 0-{len(self.case.full_layers) - 1})"
+
+
+class _GraphBatch:
+    """The full layers' batch of a graph of `rows` requests, over static buffers (kit.harness.static)
+    padded as a graph runner of the backend's engine pads it (a padded request's seq_lens entry its
+    `fill` value): a capture's, no real request in it, or the step's, its requests first. Both carry
+    the step description."""
+
+    def __init__(self, fx, profile, fill: int, rows: int):
+        self.fx, self.rows = fx, rows
+        self.padded_seq_len = profile.seq_len_pad(fill)
+        self.static = StaticBatch(fx.batch, profile, self.padded_seq_len, rows, None, ragged=False)
+        self.rules = rules_for(fx.case.mode)
+
+    def captured(self) -> ForwardBatch:
+        self.static.fill(self.rows)
+        return self._view(0)
+
+    def loaded(self) -> ForwardBatch:
+        self.static.load(self.fx.batch, self.rows)
+        return self._view(self.fx.batch.batch_size)
+
+    def _view(self, real: int) -> ForwardBatch:
+        fx = self.fx
+        spec_info = self.rules.spec_info(fx.case, self.rows, real, None, self.padded_seq_len, fx.batch.seq_lens.device)
+        view = graph_batch(self.rules.graph_mode(), self.rows, self.static.held(self.rows), fx.pools, spec_info)
+        return dataclasses.replace(view, step=fx.batch.step)

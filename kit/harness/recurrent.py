@@ -115,7 +115,7 @@ def _call(backend, batch: RecurrentBatch, inputs, layers) -> List[torch.Tensor]:
 
 def _graphed(backend, batch: RecurrentBatch, inputs, layers, refill: Callable[[], None]) -> List[torch.Tensor]:
     """Capture the step's calls, refill the pools as before the step, replay: the replay's outputs."""
-    return graphed(batch.state_indices.device.type == "cuda", lambda: backend.init_forward_metadata(batch),
+    return graphed(batch.state_indices.device.type == "cuda", lambda: backend.init_forward_metadata(batch), None,
                    lambda: [backend.forward(*x.handed(), layer, batch) for x, layer in zip(inputs, layers)], refill)
 
 

@@ -74,6 +74,18 @@ class SGLangKVLayerByModelId(SGLangGDNHybridBackend):
         return full, full_attn_layers
 
 
+class SGLangFullMetadataNotReplayed(SGLangGDNHybridBackend):
+    """Before a replay, the linear side's graph metadata alone: the full layers' (TritonAttnBackend's
+    graph buffers) stay as the capture left them, of a batch of padded requests. An eager step
+    builds both sides'."""
+
+    def init_forward_metadata_out_graph(self, batch, in_capture=False):
+        if in_capture:
+            super().init_forward_metadata_out_graph(batch, in_capture)
+        else:
+            self.impl.linear_attn_backend.init_forward_metadata_out_graph(self._step_batch(batch))
+
+
 HY = "tests.mutants.hybrid:"
 EAGER, GRAPH = (Exec.EAGER,), (Exec.GRAPH,)
 HYBRID_GRAPH_MODES = tuple(m for m in HYBRID_MODES if m in GRAPH_MODES)
@@ -96,4 +108,6 @@ MUTANTS = [
            GRAPH, cpu=True, reaches=_hybrid),
     Mutant(154, "hybrid_full_padded_rows_unwritten", HY + "FullPaddedRowsUnwritten", (GRAPH_CLASS,), HYBRID_GRAPH_MODES,
            GRAPH, cpu=True, reaches=_hybrid),
+    Mutant(155, "sglang_hybrid_full_metadata_not_replayed", HY + "SGLangFullMetadataNotReplayed", (KERNEL,),
+           HYBRID_GRAPH_MODES, GRAPH, cpu=True, reaches=_hybrid),
 ]
