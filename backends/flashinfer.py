@@ -25,6 +25,11 @@ FlashInfer fixes the kernel variant at plan() (dtypes, head_dim, window_left,
 logits_soft_cap; sm_scale is kept from there too), so every plan passes them
 all, with the dtypes explicit: the library defaults q to fp16.
 
+Every wrapper's run() also gives each row's log-sum-exp (return_lse), which the
+kit judges (returns_lse): FlashInfer keeps it in base 2 (its softmax runs on
+exp2 of the logits times log2(e)), so forward() hands it on times ln 2, the
+natural log the engines' merges and the reference use.
+
 Its window_left counts on the token index (kv_len - qo_len + i): right for
 EXTEND, DECODE, DRAFT_EXTEND_V2 and chains, wrong for a tree, whose draft sits
 at seq_len + its depth. TARGET_VERIFY therefore plans no window and folds it,
@@ -32,6 +37,7 @@ on positions, into the custom mask (window_on_positions).
 """
 from __future__ import annotations
 
+import math
 from typing import Dict, Optional, Tuple
 
 import torch
@@ -61,6 +67,7 @@ NO_DRAFT_DECODE = ("DRAFT_DECODE: this adapter has no multi-step draft path (a d
 DTYPES = ("bf16", "fp16")  # the model dtypes FlashInfer has kernels for
 HEAD_DIMS = (64, 128, 256)
 TENSOR_CORE_MIN_GROUP = 4
+LN2 = math.log(2.0)  # FlashInfer's base-2 log-sum-exp to the natural one
 
 
 def window_on_positions(mask: torch.Tensor, seq_lens, draft: int, window: int) -> torch.Tensor:
@@ -92,6 +99,7 @@ class FlashInferBackend(AttentionBackend):
     # the real rows of a padded batch only.
     extend_capture = False
     real_rows_only = True
+    returns_lse = True
 
     @classmethod
     def versions(cls):
@@ -278,7 +286,7 @@ class FlashInferBackend(AttentionBackend):
         k_cache, v_cache = pool.get_kv_buffer(layer.layer_id)
         paged = (k_cache.view(-1, self.page, *k_cache.shape[1:]), v_cache.view(-1, self.page, *v_cache.shape[1:]))
         sinks = () if self.sinks is None else (self.sinks[layer.layer_id],)  # the sink variant's extra tensor
-        if layer.k_scale is None:
-            return self.wrapper.run(q, paged, *sinks)
         # fp8 KV: the wrappers were planned with the cache's dtype (kv_data_type); run() descales
-        return self.wrapper.run(q, paged, *sinks, k_scale=layer.k_scale, v_scale=layer.v_scale)
+        scales = {} if layer.k_scale is None else dict(k_scale=layer.k_scale, v_scale=layer.v_scale)
+        out, lse2 = self.wrapper.run(q, paged, *sinks, return_lse=True, **scales)
+        return out, lse2 * LN2

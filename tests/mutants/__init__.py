@@ -226,6 +226,7 @@ MUTANTS = [
     # The log-sum-exp a backend returns beside its output (returns_lse): right outputs, the LSE wrong.
     Mutant(96, "lse_in_log2", LSE + "LseInLog2", K, ALL_MODES, EAGER, cpu=True),
     Mutant(96, "triton_lse_in_log2", LSE + "TritonLseInLog2", K, ALL_MODES, GRAPH, cpu=True),
+    Mutant(96, "flashinfer_lse_in_log2", LSE + "FlashInferLseInLog2", K, ALL_MODES, GRAPH, cpu=False),
     Mutant(97, "lse_without_sinks", LSE + "LseWithoutSinks", K, ALL_MODES, EAGER, cpu=True, reaches=SINKS),
 ]
 # The recurrent kinds (GDN, Mamba2, KDA), numbered from 100: tests/mutants/linear.py.

@@ -7,6 +7,7 @@ import math
 
 import torch
 
+from backends.flashinfer import FlashInferBackend
 from backends.torch_native import TorchNativeBackend
 from backends.triton import TritonBackend
 
@@ -22,6 +23,15 @@ class LseInLog2(TorchNativeBackend):
 class TritonLseInLog2(TritonBackend):
     """The Triton kernels' LSE handed on in base 2 (the natural log's times log2(e)), in every
     mode, captured graphs' replays too."""
+
+    def forward(self, q, k, v, layer, batch, save_kv_cache=True):
+        out, lse = super().forward(q, k, v, layer, batch, save_kv_cache)
+        return out, lse / math.log(2)
+
+
+class FlashInferLseInLog2(FlashInferBackend):
+    """FlashInfer's LSE handed on as the library keeps it, in base 2: the conversion to the natural
+    log left out, in every mode and under graphs."""
 
     def forward(self, q, k, v, layer, batch, save_kv_cache=True):
         out, lse = super().forward(q, k, v, layer, batch, save_kv_cache)
