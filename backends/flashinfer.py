@@ -42,6 +42,7 @@ from typing import Dict, Optional, Tuple
 
 import torch
 
+from kit.engine.numerics import ALL, Numerics
 from kit.engine.profile import SGLANG
 from kit.modes import ForwardMode
 from kit.harness.protocol import AttentionBackend, library_version
@@ -100,6 +101,10 @@ class FlashInferBackend(AttentionBackend):
     extend_capture = False
     real_rows_only = True
     returns_lse = True
+    # Its prefill kernels (which tensor-core decode and the sink variant run too) round each exp(s - max)
+    # to the query's dtype for the PV product and sum the rounded values for the denominator and the LSE
+    # (include/flashinfer/attention/prefill.cuh: m16k16_rowsum_f16f16f32 over s_frag_f16).
+    numerics = Numerics(p_half=ALL)
 
     @classmethod
     def versions(cls):

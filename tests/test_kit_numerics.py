@@ -6,10 +6,10 @@ from __future__ import annotations
 import pytest
 import torch
 
-from kit.engine.numerics import (ALL, CONV_CAST, EXACT, NEW_AS_HANDED, P_CAST, P_FP8, Q_CAST, Q_FP8, ROPE_AS_HANDED,
-                                 TF32, Numerics, composed, label)
+from kit.engine.numerics import (ALL, CONV_CAST, EXACT, NEW_AS_HANDED, P_CAST, P_FP8, P_HALF, Q_CAST, Q_FP8,
+                                 ROPE_AS_HANDED, TF32, Numerics, composed, label)
 from kit.engine.profile import SGLANG
-from kit.engine.reference import declared, golden
+from kit.engine.reference import declared, golden, lse_key
 from kit.harness.capabilities import BadDeclaration, Capabilities
 from kit.harness.runner import run_case
 from kit.modes import Exec, ForwardMode
@@ -163,6 +163,32 @@ def test_tf32_declared_passes_within_its_envelope_and_undeclared_fails():
     assert (declared_run.outcome, declared_run.numerics) == (PASS, TF32), declared_run.message
     undeclared = run_case(f"{TOYS}:TruncatesToTF32Undeclared", _fp32(), Exec.EAGER, device="cpu")
     assert (undeclared.outcome, undeclared.failure_class, undeclared.numerics) == (FAIL, KERNEL, EXACT)
+
+
+def _long_bf16():
+    """Many rows and heads whose first keys are few: where rounding each exp(s - max) to bf16 moves a
+    row's log-sum-exp past its limit (as on FlashInfer's long prefills)."""
+    return small_case("p_half_long", ForwardMode.EXTEND, prefix=(0, 0, 0, 0), new=(64, 64, 64, 64), page=16,
+                      dtype="bf16", head_dim=32, heads=(32, 4))
+
+
+def test_p_half_emulation_moves_the_lse_by_the_rounded_sum():
+    step = make_fixture(_long_bf16()).step
+    (exact, none), (emulated, envelope) = declared(step, ())[lse_key(0)], declared(step, (P_HALF,))[lse_key(0)]
+    assert none is None and torch.equal(emulated, exact)
+    assert 1e-4 < (envelope - exact).abs().max() < 2.0 ** -7
+
+
+@pytest.mark.parametrize("toy, outcome", [("SumsRoundedProbs", PASS), ("SumsRoundedProbsUndeclared", FAIL),
+                                          ("SumsRoundedProbsLseInLog2", FAIL)])
+def test_p_half_declared_passes_and_undeclared_or_a_second_bug_fails(toy, outcome):
+    """A backend that sums its probabilities rounded to bf16 passes under p_half; declared exact, its LSE
+    fails (by the small margin FlashInfer's prefills showed); and p_half's envelope hides no LSE bug."""
+    r = run_case(f"{TOYS}:{toy}", _long_bf16(), Exec.EAGER, device="cpu")
+    assert r.outcome == outcome, r.message
+    if outcome == FAIL:
+        assert r.failure_class == KERNEL and "lse wrong" in r.message and "output wrong" not in r.message, r.message
+    assert r.numerics == (EXACT if toy.endswith("Undeclared") else P_HALF)
 
 
 def test_exact_backend_records_exact_numerics_and_margins():

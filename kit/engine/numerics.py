@@ -17,6 +17,10 @@ case's (the fp8 steps with a quantized KV cache, TF32 with fp32 inputs):
   product (FA3; vLLM's Triton kernel);
 - `p_cast`: the probabilities cast to the KV cache's fp8 type, no scale, before the PV product
   (SGLang's Triton kernels: `p.to(v.dtype)`);
+- `p_half`: each probability exp(s - max) rounded to the model's dtype (fp16, bf16) before the PV product
+  and before the row sum that divides the output, so the log-sum-exp is that rounded sum's (FlashInfer's
+  prefill kernels, which its tensor-core decode and its sink variant run too: prefill.cuh casts the
+  scores to DTypeQ and sums them with m16k16_rowsum_f16f16f32); a sink's term joins the sum unrounded;
 - `tf32_dots`: fp32 dot products on TF32 inputs (Triton's tl.dot on NVIDIA by default);
 - `conv_products` (recurrent kinds): each conv tap's product x * w rounded to the model's dtype before
   the float32 sum (Triton multiplies two half-precision loads in their dtype: both engines'
@@ -41,7 +45,7 @@ hands a decode of one query head per KV head to a kernel of float32 sums, no fp8
 
 The first four, and conv_products, conv_cast and qk_cast, are emulated exactly (kit.engine.reference.declared;
 kit.engine.recurrent_reference): a run is judged against the
-float64 reference that takes them. p_fp8, p_cast, tf32_dots and state_cast round inside the kernel's tiles, where an
+float64 reference that takes them. p_fp8, p_cast, p_half, tf32_dots and state_cast round inside the kernel's tiles, where an
 emulation cannot follow each tile's running maximum or the hardware's rounding: they widen the
 tolerance by what they cost the float64 reference (its envelope), as FlashAttention's tests
 accept twice a same-precision reference's error."""
@@ -57,13 +61,13 @@ ALL = tuple(m.value for m in MODES)
 # recurrent kernels, which l2-normalize q and k inside, in float32).
 PREFILL = ("extend", "mixed")
 Q_FP8, Q_CAST, NEW_AS_HANDED, ROPE_AS_HANDED = "q fp8", "q cast to fp8", "new tokens as handed", "rope as handed"
-P_FP8, P_CAST, TF32 = "p fp8", "p cast to fp8", "tf32 dots"
+P_FP8, P_CAST, P_HALF, TF32 = "p fp8", "p cast to fp8", "p and its sum in the model's dtype", "tf32 dots"
 CONV_PRODUCTS, CONV_CAST = "conv products cast", "conv output cast"
 QK_CAST, STATE_CAST = "q k cast", "state cast at the output"
-STEPS = (Q_FP8, Q_CAST, NEW_AS_HANDED, ROPE_AS_HANDED, P_FP8, P_CAST, TF32, CONV_PRODUCTS, CONV_CAST, QK_CAST,
-         STATE_CAST)
+STEPS = (Q_FP8, Q_CAST, NEW_AS_HANDED, ROPE_AS_HANDED, P_FP8, P_CAST, P_HALF, TF32, CONV_PRODUCTS, CONV_CAST,
+         QK_CAST, STATE_CAST)
 RECURRENT_CASTS = (CONV_PRODUCTS, CONV_CAST, QK_CAST, STATE_CAST)  # the steps a recurrent reference takes (kit.engine.recurrent_reference)
-ENVELOPE_STEPS = (P_FP8, P_CAST, TF32, STATE_CAST)  # they widen the tolerance by their cost to the reference; the others
+ENVELOPE_STEPS = (P_FP8, P_CAST, P_HALF, TF32, STATE_CAST)  # they widen the tolerance by their cost to the reference; the others
 # the float64 reference takes exactly
 EXACT = "exact"  # the label of numerics that take no step
 
@@ -76,6 +80,7 @@ class Numerics:
     rope_as_handed: Tuple[str, ...] = ()
     p_fp8: Tuple[str, ...] = ()
     p_cast: Tuple[str, ...] = ()
+    p_half: Tuple[str, ...] = ()
     tf32_dots: Tuple[str, ...] = ()
     conv_products: Tuple[str, ...] = ()
     conv_cast: Tuple[str, ...] = ()
@@ -90,8 +95,8 @@ class Numerics:
             return f"cuda_only must be a tuple of step names (of {', '.join(map(repr, STEPS))}), not {self.cuda_only!r}"
         if self.q_fp8 and self.q_cast and set(self.q_fp8) & set(self.q_cast):
             return "q_fp8 and q_cast name the same modes: a query is quantized one way"
-        if set(self.p_fp8) & set(self.p_cast):
-            return "p_fp8 and p_cast name the same modes: probabilities are quantized one way"
+        if set(self.p_fp8) & set(self.p_cast) or set(self.p_fp8 + self.p_cast) & set(self.p_half):
+            return "p_fp8, p_cast and p_half name the same modes: probabilities are rounded one way"
         for field in dataclasses.fields(self)[:-1]:
             modes = getattr(self, field.name)
             if isinstance(modes, str) or not isinstance(modes, tuple) or not set(modes) <= set(ALL):
@@ -115,6 +120,7 @@ class Numerics:
                  (NEW_AS_HANDED, quantized and mode in self.new_tokens_as_handed),
                  (ROPE_AS_HANDED, q_quantized and latent and mode in self.rope_as_handed),
                  (P_FP8, quantized and mode in self.p_fp8), (P_CAST, quantized and mode in self.p_cast),
+                 (P_HALF, half and mode in self.p_half),
                  (TF32, dtype == "fp32" and mode in self.tf32_dots),
                  (CONV_PRODUCTS, half and mode in self.conv_products), (CONV_CAST, half and mode in self.conv_cast),
                  (QK_CAST, half and mode in self.qk_cast), (STATE_CAST, half and mode in self.state_cast))

@@ -20,7 +20,7 @@ import torch
 
 from kit.engine.kv_quant import as_stored, is_quantized
 from kit.engine.layer import Layer
-from kit.engine.numerics import ENVELOPE_STEPS, NEW_AS_HANDED, P_CAST, P_FP8, Q_CAST, Q_FP8, ROPE_AS_HANDED, TF32
+from kit.engine.numerics import ENVELOPE_STEPS, NEW_AS_HANDED, P_CAST, P_FP8, P_HALF, Q_CAST, Q_FP8, ROPE_AS_HANDED, TF32
 from kit.engine.plan import BatchPlan, RequestPlan
 from kit.engine.pools import CASE_LAYER_ID
 from kit.engine.sparse import selected
@@ -213,6 +213,17 @@ def _p_cast(probs: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
     return (probs / top).to(dtype).to(probs.dtype) * top
 
 
+def _p_half(probs: torch.Tensor, dtype: torch.dtype) -> Tuple[torch.Tensor, torch.Tensor]:
+    """Probabilities as FlashInfer's prefill kernels keep them: each row's exp(s - max) rounded to the
+    model's `dtype`, and the row's sum taken over the rounded values (a sink's share, what the row's
+    probabilities leave of 1, unrounded). Returns (the rounded values over that sum, the sum as a share
+    of the exact denominator: the log-sum-exp grows by its log)."""
+    top = probs.amax(dim=-1, keepdim=True).clamp_min(torch.finfo(probs.dtype).tiny)
+    rounded = (probs / top).to(dtype).to(probs.dtype) * top
+    total = rounded.sum(dim=-1, keepdim=True) + (1 - probs.sum(dim=-1, keepdim=True))
+    return rounded / total, total.squeeze(-1)
+
+
 def _queries(q: torch.Tensor, layer, dtype: torch.dtype, steps: Tuple[str, ...]) -> torch.Tensor:
     """The queries as they meet a key the cache holds: quantized to its fp8 `dtype` with q_scale =
     k_scale (Q_FP8), cast to it (Q_CAST), else as handed; an MLA query's rope columns as handed
@@ -227,13 +238,14 @@ def _queries(q: torch.Tensor, layer, dtype: torch.dtype, steps: Tuple[str, ...])
 
 def _attend(group: _Group, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, layer,
             steps: Tuple[str, ...] = (), q_stored: Optional[torch.Tensor] = None,
-            kv_dtype: Optional[torch.dtype] = None) -> Tuple[torch.Tensor, torch.Tensor]:
+            kv_dtype: Optional[torch.dtype] = None,
+            model_dtype: torch.dtype = torch.float64) -> Tuple[torch.Tensor, torch.Tensor]:
     """([group tokens, Hq, Dv] output, [group tokens, Hq] log-sum-exp); q: the batch's queries, k/v: cat(old, new) keys and values (MLA:
     k the latent rows, v their first kv_lora_rank columns, so that a score is
     q_latent . c_kv + q_rope . k_rope and the output a mix of c_kv). Declared numerics
     (kit.engine.numerics): `q_stored`, the queries as they meet keys read from the cache (the new
     tokens' too unless `steps` hold NEW_AS_HANDED); the envelope steps of `steps` the products take
-    (P_CAST casts to the cache's `kv_dtype`)."""
+    (P_CAST casts to the cache's `kv_dtype`, P_HALF to the case's `model_dtype`)."""
     b, nq = group.q_rows.shape
     hq, hkv, d = q.shape[1], k.shape[1], q.shape[2]
     round_in = _tf32 if TF32 in steps else (lambda x: x)
@@ -252,6 +264,9 @@ def _attend(group: _Group, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, la
         probs = _p_fp8(probs)
     elif P_CAST in steps:
         probs = _p_cast(probs, kv_dtype)
+    elif P_HALF in steps:
+        probs, total = _p_half(probs, model_dtype)
+        lse = lse + torch.log(total)
     out = torch.einsum("bhgqk,bkhd->bqhgd", round_in(probs), vg)
     lse = lse.permute(0, 3, 1, 2).reshape(b * nq, hq)  # [b, h, g, q] -> [b * q, h * g]
     # padded queries (every key masked) dropped
@@ -275,7 +290,7 @@ def golden_lse(batch: Batch, layer_id: int = CASE_LAYER_ID, groups: Optional[Lis
     if groups is None:
         groups = _groups(batch.plan, layer.tp_q_head_num, layer.sliding_window_size, q.device)
     k, v = torch.cat([x.k_old, x.k_new]).to(torch.float64), torch.cat([x.v_old, x.v_new]).to(torch.float64)
-    attended = [_attend(g, q, k, v, layer, steps, q_stored, kv_dtype) for g in groups]
+    attended = [_attend(g, q, k, v, layer, steps, q_stored, kv_dtype, batch.plan.case.torch_dtype) for g in groups]
     if not attended:
         return q.new_zeros(q.shape[:-1] + v.shape[-1:]), q.new_zeros(q.shape[:-1])
     return torch.cat([out for out, _ in attended]), torch.cat([lse for _, lse in attended])

@@ -150,6 +150,8 @@ def reference(spec, reqs, per_req, precision, steps=()):
             probs = _p_fp8(probs)
         elif @P_CAST@ in steps:
             probs = _p_cast(probs, KV_DTYPE)
+        elif @P_HALF@ in steps:
+            probs = _p_half(probs, dtype)[0]
         rows.append(torch.einsum("hqk,khd->qhd", tf32(probs), v).to(torch.float64))
     return torch.cat(rows)
 
@@ -215,9 +217,10 @@ def _indented(text: str) -> str:
 def _verdict() -> str:
     """VERDICT with the reference's rounding steps (kit.engine.reference) and the step names
     (kit.engine.numerics) filled in."""
-    text = VERDICT.replace("@REFERENCE_STEPS@", _source(reference._tf32, reference._p_fp8, reference._p_cast))
+    text = VERDICT.replace("@REFERENCE_STEPS@", _source(reference._tf32, reference._p_fp8, reference._p_cast,
+                                                            reference._p_half))
     text = text.replace("@ENVELOPE@", repr(list(numerics.ENVELOPE_STEPS)))
-    for name in ("Q_FP8", "Q_CAST", "NEW_AS_HANDED", "ROPE_AS_HANDED", "P_FP8", "P_CAST", "TF32"):
+    for name in ("Q_FP8", "Q_CAST", "NEW_AS_HANDED", "ROPE_AS_HANDED", "P_FP8", "P_CAST", "P_HALF", "TF32"):
         text = text.replace(f"@{name}@", repr(getattr(numerics, name)))
     return text
 

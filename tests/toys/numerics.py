@@ -2,9 +2,11 @@
 tests/test_kit_numerics.py."""
 from __future__ import annotations
 
+import math
+
 import torch
 
-from backends.torch_native import TorchNativeBackend
+from backends.torch_native import TorchNativeBackend, _sink_column
 from kit.engine.kv_quant import as_stored, is_quantized
 from kit.engine.numerics import ALL, Numerics
 
@@ -115,3 +117,47 @@ class QuantizesLatentQUndeclared(QuantizesLatentQ):
 
     name = "quantizes_latent_q_undeclared"
     numerics = QuantizesQ.numerics
+
+
+class SumsRoundedProbs(TorchNativeBackend):
+    """Rounds each exp(s - max) to the model's dtype before the PV product and before the row sum that
+    divides it and gives the log-sum-exp, as FlashInfer's prefill kernels do, and declares it (p_half)."""
+
+    name = "sums_rounded_probs"
+    numerics = Numerics(p_half=ALL)
+
+    def forward(self, q, k, v, layer, batch, save_kv_cache=True):
+        self.model_dtype = q.dtype
+        return super().forward(q, k, v, layer, batch, save_kv_cache)
+
+    def _rounded(self, scores, layer):
+        """([h, q, k] each key's exp(s - max) in the model's dtype, [h, q, 1] the max, the sink's term unrounded)."""
+        logits = torch.cat([scores, _sink_column(scores, layer)], dim=-1) if layer.sinks else scores
+        top = logits.amax(dim=-1, keepdim=True)
+        terms = torch.exp(logits - top)
+        keys = terms[..., :scores.shape[-1]].to(self.model_dtype).float()
+        return keys, top, terms[..., scores.shape[-1]:].sum(dim=-1, keepdim=True)
+
+    def _attend(self, scores, vals, layer):
+        keys, _, sink = self._rounded(scores, layer)
+        return torch.einsum("hqk,khd->qhd", keys / (keys.sum(dim=-1, keepdim=True) + sink), vals)
+
+    def _lse(self, scores, layer):
+        keys, top, sink = self._rounded(scores, layer)
+        return (top + torch.log(keys.sum(dim=-1, keepdim=True) + sink)).squeeze(-1)
+
+
+class SumsRoundedProbsUndeclared(SumsRoundedProbs):
+    """The same, declared exact."""
+
+    name = "sums_rounded_probs_undeclared"
+    numerics = Numerics()
+
+
+class SumsRoundedProbsLseInLog2(SumsRoundedProbs):
+    """Declared p_half, and a second bug its envelope must not hide: the LSE handed on in base 2."""
+
+    name = "sums_rounded_probs_lse_in_log2"
+
+    def _lse(self, scores, layer):
+        return super()._lse(scores, layer) / math.log(2)
