@@ -6,6 +6,7 @@ graphs) and cuda when available (real CUDA graphs).
 from __future__ import annotations
 
 import dataclasses
+import functools
 import gc
 
 import pytest
@@ -13,7 +14,8 @@ import torch
 
 from backends.torch_native import TorchNativeBackend
 from kit.engine.case import LAYOUTS
-from kit.harness.graph import BatchGraphs, _no_collection, full_capacity, harness_for
+from kit.harness.compiles import CompiledInCapture
+from kit.harness.graph import BatchGraphs, _Harness, _no_collection, full_capacity, harness_for
 from kit.modes import Exec, ForwardMode
 from kit.engine.plan import plan_case
 from kit.engine.pools import CASE_LAYER_ID
@@ -258,7 +260,7 @@ def test_batch_graphs_hook_calls(mode, backend_cls, device):
 
     # A real graph runs forward (and in_graph) only at its engine's warm-ups and capture, never at replay;
     # the emulation runs them again at each replay but undoes their Python side effects, records included.
-    runs = 1 if device == "cpu" else backend_cls.profile.capture_warmups + 1
+    runs = backend_cls.profile.capture_warmups + 1
     forwards = [c for c in backend.calls if c[0] == "forward"]
     layers = len(fixtures[0].layers)  # forward once per layer of the model, each step
     assert layers == 2
@@ -267,6 +269,63 @@ def test_batch_graphs_hook_calls(mode, backend_cls, device):
     in_graph = [c[1] for c in backend.calls if c[0] == "in_graph"]
     assert in_graph == ([bs for bs in buckets for _ in range(runs)] if backend_cls is TwoPhaseRecordingBackend
                         else [])
+
+
+COMPILES = []  # the graphs torch.compile compiled of CompilingBackend's function
+
+
+def _counted(gm, example_inputs):
+    COMPILES.append(gm)
+    return gm.forward
+
+
+@functools.lru_cache(maxsize=None)
+def _compiled_op():
+    """A custom op whose implementation calls a torch.compile'd function, as vLLM's attention layers
+    reach flex attention (unified_attention_with_output)."""
+    doubled = torch.compile(lambda x: x * 2, backend=_counted, fullgraph=True)
+
+    @torch.library.custom_op("kit_tests::doubled", mutates_args=())
+    def op(x: torch.Tensor) -> torch.Tensor:
+        return doubled(x)
+    return op
+
+
+class CompilingBackend(RecordingBackend):
+    """Forward calls the compiled function through the custom op."""
+
+    def forward(self, q, k, v, layer, batch, save_kv_cache=True):
+        _compiled_op()(q)
+        return super().forward(q, k, v, layer, batch, save_kv_cache)
+
+
+def _compiling_harness(device):
+    torch.compiler.reset()
+    COMPILES.clear()
+    setup = run_setup(HARNESS_CASES[DECODE], Exec.GRAPH, device, CompilingBackend)
+    return harness_for(setup.new_backend(), setup.fixtures)
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_warm_ups_compile_what_the_capture_runs(device):
+    """A compiled function a backend calls inside a custom op compiles at the warm-ups, never in the
+    capture: the warm-ups run watched as the captured run is (a guard's dispatch mode moves the op's
+    implementation below autograd, and torch.compile keys its cache on the inputs' dispatch keys)."""
+    _compiling_harness(device).capture()
+    assert COMPILES  # it compiled, at the warm-ups (a compile in a capture raises)
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_a_compile_inside_a_capture_is_reported(device, monkeypatch):
+    """Planted: the warm-ups run unwatched; the captured run compiles the function again, and the
+    capture says so."""
+    def unwatched(self, batch, rows):
+        for _ in range(self.profile.capture_warmups):
+            self.driver.before_capture_run(batch)
+            self._program(batch, rows)
+    monkeypatch.setattr(_Harness, "_warm_up", unwatched)
+    with pytest.raises(CompiledInCapture, match=r"compiled 1 function\(s\) inside the capture of bucket 8,"):
+        _compiling_harness(device).capture()
 
 
 @pytest.mark.parametrize("device", DEVICES)

@@ -6,11 +6,12 @@ whose kernels all came from the caches counts none. Hooks go on the libraries al
 never importing one: `watch()` is called before and after each run and once its backend loads."""
 from __future__ import annotations
 
+import contextlib
 import functools
 import sys
 import time
 from pathlib import Path
-from typing import Callable, Dict
+from typing import Callable, Dict, Iterator
 
 from kit import spend
 
@@ -98,3 +99,46 @@ def watch() -> None:
             hook()
     if "torch._dynamo.utils" in sys.modules:
         _inductor_misses()
+
+
+class CompiledInCapture(RuntimeError):
+    """torch.compile compiled inside a graph's capture."""
+
+
+_begun = [0]  # torch.compile's compiles begun while _count_begun was registered
+
+
+def _count_begun(args) -> None:
+    _begun[0] += 1
+
+
+def _compiles_begun() -> int:
+    """torch.compile's compiles begun so far, counted from dynamo's start callback (registered here
+    where missing: torch._dynamo.reset() drops callbacks); 0 where dynamo is not imported."""
+    if "torch._dynamo" not in sys.modules:
+        return 0
+    from torch._dynamo.callback import callback_handler
+
+    if _count_begun not in callback_handler.start_callbacks:
+        callback_handler.register_start_callback(_count_begun)
+    return _begun[0]
+
+
+@contextlib.contextmanager
+def none_inside(what: str) -> Iterator[None]:
+    """Raises CompiledInCapture where torch.compile compiled in the block (`what`: the capture), the
+    block's own error chained: a compile cannot be captured (inductor copies from the host, tunes,
+    synchronizes), and an engine's runner compiles at its warm-ups, never in a capture."""
+    before = _compiles_begun()
+    failed = None
+    try:
+        yield
+    except Exception as exc:  # noqa: BLE001 - re-raised below, or named as what a compile in it caused
+        failed = exc
+    compiled = _compiles_begun() - before
+    if compiled:
+        raise CompiledInCapture(f"torch.compile compiled {compiled} function(s) inside {what}, which a graph "
+                                f"cannot hold: the warm-up runs before it must call the backend exactly as the "
+                                f"capture does") from failed
+    if failed is not None:
+        raise failed

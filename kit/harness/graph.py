@@ -13,7 +13,10 @@ The backend's hooks are driven in its own style (kit.harness.hooks). Every secon
 backend full-capacity request buffers (rows past the batch hold what earlier batches left there),
 as SGLang's draft-extend runner does.
 
-Without CUDA the same hooks, buffers, padding and order run without a graph ("emulated"):
+A capture compiles nothing (kit.harness.compiles.none_inside): the engine's warm-ups run the backend
+as the capture does, watched alike, so torch.compile compiles there.
+
+Without CUDA the same hooks, warm-ups, buffers, padding and order run without a graph ("emulated"):
 forward() runs again at each replay, but with the backend's Python state put back to what it was
 at capture (kit.harness.hoststate), as a real graph keeps its launch arguments; a tensor the replay
 hooks replaced is named. Allocations of the hooks and of the captured forward carry canary tails
@@ -34,7 +37,7 @@ from kit.engine.modes import rules_for
 from kit.engine.modes.rules import GraphBuckets
 from kit.engine.render import graph_batch, seq_lens_sum
 from kit.engine.variants import bucket_for
-from kit.harness import mirrors
+from kit.harness import compiles, mirrors
 from kit.harness.capabilities import Capabilities
 from kit.harness.checks import Handed, Pending, handed_inputs, inputs_figures
 from kit.harness.guard import Guard, canary_figures
@@ -181,36 +184,49 @@ class _Harness:
         with guard.watching():
             return hooks(*args, **kwargs)
 
+    def _warm_up(self, batch: ForwardBatch, rows: List[int]) -> None:
+        """The engine's warm-up runs before a capture, each after the capture hook, watched as the
+        captured run is: torch.compile keys a compiled function's cache on its inputs' dispatch keys,
+        which a watching guard's mode changes inside a custom op's implementation (reached below
+        autograd, as vLLM's layers reach their impl), so a warm-up run unwatched would leave the
+        captured run to compile again, inside the capture."""
+        for _ in range(self.profile.capture_warmups):
+            with Guard().watching():
+                self.driver.before_capture_run(batch)
+                self._program(batch, rows)
+
     def _capture(self, key: int, batch: ForwardBatch, rows: List[int], fx: Optional[Fixture] = None,
                  real: Optional[List[int]] = None) -> None:
         """Captures graph `key` on rows[i] rows of each step's static inputs, which hold `fx`'s first
-        real[i] rows (else zeros)."""
+        real[i] rows (else zeros): the engine's warm-ups, then the capture hook, then the captured
+        run, which may compile nothing (compiles.none_inside)."""
+        name = f"the capture of {self._graph_name(key)}"
         if not self.real:
-            self._program(batch, rows)  # capture-time output is discarded
+            self._warm_up(batch, rows)
+            self._capture_hooks(self.driver.before_capture_run, batch)
+            with compiles.none_inside(name), Guard().watching():
+                self._program(batch, rows)  # capture-time output is discarded
             self.captured[key] = _Captured(batch, bindings=Bindings.of(self.backend),
                                            pointers=tensor_pointers(self.backend))
         else:
             side = torch.cuda.Stream()
             side.wait_stream(torch.cuda.current_stream())
             with torch.cuda.stream(side):
-                for _ in range(self.profile.capture_warmups):
-                    self.driver.before_capture_run(batch)
-                    self._program(batch, rows)
+                self._warm_up(batch, rows)
             torch.cuda.current_stream().wait_stream(side)
             torch.cuda.synchronize()
             self._capture_hooks(self.driver.before_capture_run, batch)  # what the graph reads: watched
             graph, guard = torch.cuda.CUDAGraph(), Guard()
             # capture_begin/end on a side stream, as torch.cuda.graph does, without its empty_cache():
             # run after run, that handed the cache back and the next batch's allocations went to cudaMalloc.
-            with _no_collection(), torch.cuda.stream(side), guard.watching():
+            with compiles.none_inside(name), _no_collection(), torch.cuda.stream(side), guard.watching():
                 graph.capture_begin(pool=self.mempool)
                 try:
                     program = self._program(batch, rows)
                 finally:
                     graph.capture_end()
             self.captured[key] = _Captured(batch, graph, program, guard)
-        self.input_checks.append(self._kept(fx, real or [0] * len(rows), rows,
-                                            f", at the capture of {self._graph_name(key)}"))
+        self.input_checks.append(self._kept(fx, real or [0] * len(rows), rows, f", at {name}"))
 
     def _run(self, key: int, rows: List[int], guard: Guard):
         """Replays graph `key` after its hooks ran (under `guard`): (forward_program's, replaced tensors, memory)."""
