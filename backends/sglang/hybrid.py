@@ -21,7 +21,7 @@ from backends.sglang.adapter import SGLangTritonBackend, _KVPool
 from backends.sglang.linear import MEMORY_POOL, SGLangGDNBackend, _code
 from kit.engine.hybrid import attention_case
 from kit.engine.numerics import composed
-from kit.engine.kinds.recurrent import HYBRID, HYBRID_MODES
+from kit.engine.kinds.recurrent import HYBRID
 
 # What SGLang's HybridLinearKVPool does itself (KVCache's quant-method reader with it), taken from its
 # class and run over the kit's pool.
@@ -94,7 +94,6 @@ class _FullAttention(SGLangTritonBackend):
 
 class SGLangGDNHybridBackend(SGLangGDNBackend):
     name = "sglang_gdn_hybrid"
-    modes = HYBRID_MODES
     attention_features = (HYBRID,)
     numerics = composed(SGLangGDNBackend.numerics, SGLangTritonBackend.numerics)
     # Neither side asks the scheduler for host copies (needs_cpu_seq_lens False in both,
