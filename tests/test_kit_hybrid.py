@@ -5,11 +5,12 @@ tests/mutants/hybrid.py: tests/test_mutants.py)."""
 from __future__ import annotations
 
 import pytest
+import torch
 
 from backends.torch_native_hybrid import TorchNativeHybridBackend
 from backends.torch_native_linear import TorchNativeLinearBackend
 from cases.linear import FULL, SMOKE
-from kit.engine.kinds.recurrent import FULL as FULL_LAYER, LINEAR, RecurrentCase
+from kit.engine.kinds.recurrent import FULL as FULL_LAYER, GRAPH_MODES, LINEAR, RecurrentCase
 from kit.harness.capabilities import Capabilities
 from kit.harness.recurrent import failures, padded_bucket, run_case
 from kit.harness.scope import unsupported_reason
@@ -103,7 +104,7 @@ def test_a_backend_of_linear_layers_alone_does_not_run_a_hybrid_and_the_hybrid_o
         TorchNativeHybridBackend, Capabilities.of(TorchNativeHybridBackend), linear, Exec.EAGER)
 
 
-GRAPHED = [c for c in HYBRID if c.mode == ForwardMode.DECODE]
+GRAPHED = [c for c in HYBRID if c.mode in GRAPH_MODES]
 
 
 @pytest.mark.parametrize("case", GRAPHED, ids=[c.name for c in GRAPHED])
@@ -128,6 +129,27 @@ def test_a_hybrid_graph_holds_every_layer_of_the_step_padded_to_the_engine_s_buc
     step = [("rows", rows, rows), ("metadata", case.full_layers)] + [
         ("forward", i, 5 if kind == FULL_LAYER else 3 + gates) for i, kind in enumerate(case.layer_pattern)]
     assert rows > case.bs and Recording.calls == step * 2
+
+
+def test_a_verify_graph_hands_the_full_layers_the_real_requests_mask_and_the_padded_ones_the_rules():
+    """A backend that reads the verify's custom mask (SGLang's Triton) sees each real request's,
+    as eager, at the replay; a padded request's attends its drafts' keys alone (TargetVerify's pad)."""
+    case = next(c for c in GRAPHED if c.mode == ForwardMode.TARGET_VERIFY)
+    masks = []
+
+    class Masks(TorchNativeHybridBackend):
+        def init_forward_metadata(self, batch):
+            spec = batch.attention.spec_info  # None in the decode after the verify
+            masks.append(None if spec is None else spec.custom_mask.clone())
+            super().init_forward_metadata(batch)
+
+    assert failures(run_case(Masks, case, Exec.EAGER)) is None
+    eager = masks[0]
+    masks.clear()
+    assert failures(run_case(Masks, case, Exec.GRAPH)) is None
+    replayed = masks[1]  # capture, replay, then the decode after the verify
+    assert torch.equal(replayed[:eager.numel()], eager) and not eager.all()
+    assert replayed[eager.numel():].all() and replayed.numel() > eager.numel()
 
 
 @pytest.mark.parametrize("mutant,says", [

@@ -179,14 +179,17 @@ class _GraphBatch:
 
     def captured(self) -> ForwardBatch:
         self.static.fill(self.rows)
-        return self._view(0)
+        return self._view(0, None)
 
     def loaded(self) -> ForwardBatch:
-        self.static.load(self.fx.batch, self.rows)
-        return self._view(self.fx.batch.batch_size)
+        batch = self.fx.batch
+        self.static.load(batch, self.rows)
+        # A verify's real requests keep their mask (the padded ones' is the rules')
+        return self._view(batch.batch_size, batch.spec_info.custom_mask if batch.spec_info is not None else None)
 
-    def _view(self, real: int) -> ForwardBatch:
+    def _view(self, real: int, real_mask) -> ForwardBatch:
         fx = self.fx
-        spec_info = self.rules.spec_info(fx.case, self.rows, real, None, self.padded_seq_len, fx.batch.seq_lens.device)
+        spec_info = self.rules.spec_info(fx.case, self.rows, real, real_mask, self.padded_seq_len,
+                                         fx.batch.seq_lens.device)
         view = graph_batch(self.rules.graph_mode(), self.rows, self.static.held(self.rows), fx.pools, spec_info)
         return dataclasses.replace(view, step=fx.batch.step)
