@@ -101,7 +101,7 @@ class SGLangGDNHybridBackend(SGLangGDNBackend):
     # Neither side asks the scheduler for host copies (needs_cpu_seq_lens False in both,
     # hybrid_linear_attn_backend.py:1201): it hands none, as to TritonAttnBackend alone.
     host_mirrors = SGLangTritonBackend.host_mirrors
-    ci_cases = {"decode": ("hybrid_gdn_decode_saved_fp32",)}
+    ci_cases = {"decode": ("hybrid_gdn_decode_saved_fp32",), "target_verify": ("hybrid_gdn_verify_fp32",)}
 
     @classmethod
     def load_engine(cls) -> None:
