@@ -10,14 +10,14 @@ import dataclasses
 
 from backends.torch_native import TorchNativeBackend
 from backends.torch_native_linear import TorchNativeLinearBackend
-from kit.engine.kinds.recurrent import HYBRID, HYBRID_MODES, KINDS
+from kit.engine.kinds.recurrent import HYBRID, KINDS, MODES
 from kit.engine.profile import NATIVE
 
 
 class TorchNativeHybridBackend:
     name = "torch_native_hybrid"
     profile = NATIVE  # the full layers read the step description (torch_native's); SGLang's pools and verify rule
-    modes = HYBRID_MODES
+    modes = MODES  # its verify a chain of drafts, as the linear kinds' is
     attention_kinds = tuple(KINDS)
     attention_features = (HYBRID,)
 

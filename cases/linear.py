@@ -63,6 +63,8 @@ SMOKE = [
     H("hybrid_gdn_decode_saved_fp32", D, prefix=(5, 40), dtype="fp32"),  # every request prefilled, as SGLang decodes
     H("hybrid_gdn_extend_bf16", E, prefix=(9, 0), new=(3, 12), dtype="bf16"),
     H("hybrid_gdn_mixed_fp32", MX, prefix=(0, 17, 6), new=(5, 1, 1), dtype="fp32"),
+    H("hybrid_gdn_verify_fp32", TV, prefix=(12, 30, 5), new=3, accepted=(1, 3, 2), dtype="fp32"),  # as SGLang verifies
+    H("hybrid_gdn_verify_bf16", TV, prefix=(20, 9), new=4, accepted=(4, 2), dtype="bf16"),
 ]
 
 # Qwen3-Next's GDN layer at TP 1 (16 key heads, 32 value heads of 128) and TP 4 (4 and 8);
@@ -120,4 +122,5 @@ FULL = [
     FH("hybrid_gdn_decode", D, prefix=(1, 17, 300, 1024)),
     FH("hybrid_gdn_extend", E, prefix=(0, 64, 500), new=(100, 65, 1)),
     FH("hybrid_gdn_mixed", MX, prefix=(0, 128, 9), new=(97, 1, 1)),
+    FH("hybrid_gdn_verify_chain4", TV, prefix=(17, 300, 1024, 64), new=4, accepted=(2, 4, 1, 3)),
 ]

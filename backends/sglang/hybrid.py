@@ -17,11 +17,13 @@ import dataclasses
 import types
 from typing import Optional
 
+import torch
+
 from backends.sglang.adapter import SGLangTritonBackend, _KVPool
 from backends.sglang.linear import MEMORY_POOL, SGLangGDNBackend, _code
 from kit.engine.hybrid import attention_case
 from kit.engine.numerics import composed
-from kit.engine.kinds.recurrent import HYBRID, HYBRID_MODES
+from kit.engine.kinds.recurrent import HYBRID
 
 # What SGLang's HybridLinearKVPool does itself (KVCache's quant-method reader with it), taken from its
 # class and run over the kit's pool.
@@ -94,13 +96,12 @@ class _FullAttention(SGLangTritonBackend):
 
 class SGLangGDNHybridBackend(SGLangGDNBackend):
     name = "sglang_gdn_hybrid"
-    modes = HYBRID_MODES
     attention_features = (HYBRID,)
     numerics = composed(SGLangGDNBackend.numerics, SGLangTritonBackend.numerics)
     # Neither side asks the scheduler for host copies (needs_cpu_seq_lens False in both,
     # hybrid_linear_attn_backend.py:1201): it hands none, as to TritonAttnBackend alone.
     host_mirrors = SGLangTritonBackend.host_mirrors
-    ci_cases = {"decode": ("hybrid_gdn_decode_saved_fp32",)}
+    ci_cases = {"decode": ("hybrid_gdn_decode_saved_fp32",), "target_verify": ("hybrid_gdn_verify_fp32",)}
 
     @classmethod
     def load_engine(cls) -> None:
@@ -133,6 +134,9 @@ class SGLangGDNHybridBackend(SGLangGDNBackend):
         """The step's one ForwardBatch (the full layers' fields; each row's state slot mapped from its
         request row, as HybridReqToTokenPool maps it), each side's layers called with it."""
         fb = self.full._forward_batch(batch.attention)
+        # The step's token ids, as the model runner's batch carries them: a verify's linear metadata
+        # counts its tokens by them (hybrid_linear_attn_backend.py:290), no kernel reads them.
+        fb.input_ids = torch.zeros(batch.recurrent.num_tokens, dtype=torch.int64, device=fb.seq_lens.device)
         real = batch.recurrent.state_indices >= 0
         self.req_pool.req_index_to_mamba_index_mapping[fb.req_pool_indices[real]] = batch.recurrent.state_indices[real]
         fb.num_padding = int((~real).sum())  # a graph's padded rows, last (SGLang's graph runner sets it)

@@ -9,7 +9,7 @@ runner calls a hybrid backend."""
 from __future__ import annotations
 
 import dataclasses
-from typing import Callable, List, Sequence, Tuple
+from typing import Callable, List, Optional, Sequence, Tuple
 
 import torch
 
@@ -26,6 +26,7 @@ from kit.harness.protocol import BackendContext, seq_len_fill_value
 from kit.harness.static import StaticBatch
 from kit.harness.step_graph import graphed
 from kit.harness.verdict import Verdict, eager_verdict
+from kit.modes import ForwardMode
 from kit.process.memory import STORE
 
 
@@ -44,16 +45,26 @@ class HybridContext:
 class FullLayers:
     """The full-attention layers of a hybrid case's step on one backend."""
 
-    def __init__(self, backend_cls, case: RecurrentCase, device):
-        self.case, self.caps = case, Capabilities.of(backend_cls)
-        self.fx = fixtures_for([attention_case(case)], device, STORE, self.caps.profile, self.caps.numerics)[0]
-        rows = [(r.n_old, r.n_new) for r in self.fx.plan.requests]
+    def __init__(self, caps: Capabilities, case: RecurrentCase, fx):
+        self.case, self.caps, self.fx = case, caps, fx
+        rows = [(r.n_old, r.n_new) for r in fx.plan.requests]
         if rows != list(zip(case.prefix, case.new_lens)):
             raise ValueError(f"{case.name}: the full layers' requests {rows} are not the linear layers' "
-                             f"{list(zip(case.prefix, case.new_lens))} under {self.caps.profile.name}'s row order")
+                             f"{list(zip(case.prefix, case.new_lens))} under {caps.profile.name}'s row order")
         # The fixture's layers by their KV pool layer; forward() gets each its model layer id.
         self.layers = tuple(dataclasses.replace(layer, layer_id=model_id)
-                            for layer, model_id in zip(self.fx.layers, case.full_layers))
+                            for layer, model_id in zip(fx.layers, case.full_layers))
+
+    @classmethod
+    def of_run(cls, backend_cls, case: RecurrentCase, device) -> Tuple["FullLayers", Optional["FullLayers"]]:
+        """The full layers of `case`'s step and of the decode step after a TARGET_VERIFY
+        (RecurrentCase.after_verify; None after any other), over one KV pool: the backend built for
+        the first serves both."""
+        caps = Capabilities.of(backend_cls)
+        steps = [case, case.after_verify()] if case.mode == ForwardMode.TARGET_VERIFY else [case]
+        fixtures = fixtures_for([attention_case(c) for c in steps], device, STORE, caps.profile, caps.numerics)
+        found = [cls(caps, c, fx) for c, fx in zip(steps, fixtures)]
+        return found[0], (found[1] if len(found) > 1 else None)
 
     def context(self, device, recurrent) -> HybridContext:
         case = self.case
@@ -85,12 +96,14 @@ class FullLayers:
         capture, in_capture, and before the replay; init_forward_metadata_in_graph in the graph), else
         its init_forward_metadata before the capture. `refill` puts the state pools back as before the
         step (the KV pool is put back here).
-        Judged as `step`, on the real rows, the padded rows' outputs finite where the profile gives a
-        padded request tokens."""
-        rows, real = batch.batch_size, self.fx.batch.batch_size
+        Judged as `step`, on the real requests' token rows, the padded rows' outputs finite where the
+        profile gives a padded request tokens."""
+        rows = batch.batch_size
+        per_request = self.case.new_lens[0]  # a graph's requests are alike: one token, or a verify's drafts
+        real = sum(self.case.new_lens)
         self.fx.install()
         held = _GraphBatch(self.fx, self.caps.profile, seq_len_fill_value(backend), rows)
-        static = [x.buffers(rows, self.fx.case.inputs) for x in self.fx.inputs]
+        static = [x.buffers(rows * per_request, self.fx.case.inputs) for x in self.fx.inputs]
         for x, buffers in zip(self.fx.inputs, static):
             for buffer, src in zip(buffers, (x.q, x.k_new, x.v_new)):
                 buffer[:real].copy_(src)
@@ -166,14 +179,17 @@ class _GraphBatch:
 
     def captured(self) -> ForwardBatch:
         self.static.fill(self.rows)
-        return self._view(0)
+        return self._view(0, None)
 
     def loaded(self) -> ForwardBatch:
-        self.static.load(self.fx.batch, self.rows)
-        return self._view(self.fx.batch.batch_size)
+        batch = self.fx.batch
+        self.static.load(batch, self.rows)
+        # A verify's real requests keep their mask (the padded ones' is the rules')
+        return self._view(batch.batch_size, batch.spec_info.custom_mask if batch.spec_info is not None else None)
 
-    def _view(self, real: int) -> ForwardBatch:
+    def _view(self, real: int, real_mask) -> ForwardBatch:
         fx = self.fx
-        spec_info = self.rules.spec_info(fx.case, self.rows, real, None, self.padded_seq_len, fx.batch.seq_lens.device)
+        spec_info = self.rules.spec_info(fx.case, self.rows, real, real_mask, self.padded_seq_len,
+                                         fx.batch.seq_lens.device)
         view = graph_batch(self.rules.graph_mode(), self.rows, self.static.held(self.rows), fx.pools, spec_info)
         return dataclasses.replace(view, step=fx.batch.step)

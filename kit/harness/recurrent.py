@@ -189,7 +189,7 @@ def _run(backend_cls, case: RecurrentCase, exec_: Exec, device: str, verdicts: L
     max_bs = padded_bucket(case.bs, backend_cls.profile) if graph else case.bs
     drafts = case.new if case.mode == ForwardMode.TARGET_VERIFY else 0
     ctx = RecurrentContext(torch.device(device), fx.torch_dtype, pool, fx.layers, max_bs, drafts)
-    full = FullLayers(backend_cls, case, device) if case.layer_pattern else None
+    full, full_next = FullLayers.of_run(backend_cls, case, device) if case.layer_pattern else (None, None)
     backend = backend_cls(full.context(device, ctx) if full else ctx)
     batch, inputs = fx.batch(device, max_bs if graph else None, getattr(backend_cls, "padded_state_slot", PADDED_SLOT),
                              empty_padding=backend_cls.profile.padded_query_len == 0)
@@ -212,23 +212,29 @@ def _run(backend_cls, case: RecurrentCase, exec_: Exec, device: str, verdicts: L
         outs = _call(backend, batch, inputs, fx.layers)
     verdicts.append(_judge(fx, pool, before, outs, f"{case.mode.value} {exec_.value}", rule, backend_cls.profile))
     if case.mode == ForwardMode.TARGET_VERIFY:
-        verdicts.append(_after_verify(backend, fx, pool, device, rule))
+        verdicts.extend(_after_verify(backend, fx, pool, device, rule, full_next))
 
 
-def _after_verify(backend, fx: RecurrentFixture, pool: StatePool, device, rule) -> RecurrentVerdict:
-    """The decode step after the verify, each request continuing from the last draft it keeps."""
+def _after_verify(backend, fx: RecurrentFixture, pool: StatePool, device, rule,
+                  full: Optional[FullLayers]) -> List[RecurrentVerdict]:
+    """The decode step after the verify, each request continuing from the last draft it keeps (a
+    hybrid model's full layers too: their verdict first)."""
     case = fx.case
     accepted = case.accepted
     rule.after_verify(fx, pool, accepted)
-    follow = case.with_(name=case.name + "_next", mode=ForwardMode.DECODE, new=1, accepted=None,
-                        prefix=tuple(p + n for p, n in zip(case.prefix, accepted)))
+    follow = case.after_verify()
     nxt = build(follow, device, starts=kept_draft(fx, accepted), blocks=fx.blocks, layers=fx.layers,
                 layout=rule.next_layout(fx, accepted), casts=declared_casts(backend, follow, device))
     before = _snapshot(pool)
     batch, inputs = nxt.batch(device)
-    outs = _call(backend, batch, inputs, nxt.layers)
-    return _judge(nxt, pool, before, outs, f"the decode after the verify (accepted {list(accepted)})", rule,
-                  backend.profile, before_verify=fx)
+    step = f"the decode after the verify (accepted {list(accepted)})"
+    verdicts = []
+    if full:
+        outs, attention = full.step(backend, batch, inputs, nxt.layers)
+        verdicts.append(RecurrentVerdict(f"{step}, {full.describe()}", attention.checks))
+    else:
+        outs = _call(backend, batch, inputs, nxt.layers)
+    return verdicts + [_judge(nxt, pool, before, outs, step, rule, backend.profile, before_verify=fx)]
 
 
 def failures(verdicts: List[RecurrentVerdict]) -> Optional[str]:

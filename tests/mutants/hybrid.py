@@ -6,15 +6,17 @@ touched), with the failure class the kit must report (kit.harness.hybrid, kit.ha
 rows of the mutant catalog, scored on the hybrid cases."""
 from __future__ import annotations
 
+import torch
+
 from backends.sglang.hybrid import SGLangGDNHybridBackend
 from backends.torch_native import TorchNativeBackend
 from backends.torch_native_hybrid import TorchNativeHybridBackend
-from kit.engine.kinds.recurrent import GRAPH_MODES, HYBRID_MODES
+from kit.engine.kinds.recurrent import GRAPH_MODES, MODES
 from kit.engine.depth import NUM_LAYERS
-from kit.modes import Exec
+from kit.modes import Exec, ForwardMode
 from kit.mutation import Mutant
 from kit.report.record import GRAPH as GRAPH_CLASS, KERNEL, KV_WRITE
-from tests.mutants.linear import PaddedRowWrites
+from tests.mutants.linear import PaddedRowWrites, RollbackOffByOne
 
 
 class KVLayerByModelId(TorchNativeHybridBackend):
@@ -62,6 +64,35 @@ class FullPaddedRowsUnwritten(TorchNativeHybridBackend):
         self.full = _PaddedRowsUnwritten(ctx.attention)
 
 
+class _VerifyMaskIgnored(TorchNativeBackend):
+    def forward(self, q, k, v, layer, batch, save_kv_cache=True):
+        self.verify = batch.forward_mode == ForwardMode.TARGET_VERIFY
+        return super().forward(q, k, v, layer, batch, save_kv_cache)
+
+    def _on_device(self, request, device):
+        keys, visible, q_pos, k_pos = super()._on_device(request, device)
+        return keys, torch.ones_like(visible) if self.verify else visible, q_pos, k_pos
+
+
+class FullVerifyMaskIgnored(TorchNativeHybridBackend):
+    """A verify's full layers attend every draft from every draft (the verify's mask ignored, each
+    draft sees the drafts after it). Every other step's masks are kept."""
+
+    def __init__(self, ctx):
+        super().__init__(ctx)
+        self.full = _VerifyMaskIgnored(ctx.attention)
+
+
+class LinearRollbackOffByOne(TorchNativeHybridBackend):
+    """A verify's linear layers store the state after draft j + 1 where draft j's belongs: a request
+    that keeps n drafts continues from one more. The full layers are right, and no other step keeps
+    per-draft states."""
+
+    def __init__(self, ctx):
+        super().__init__(ctx)
+        self.linear = RollbackOffByOne(ctx.recurrent)
+
+
 class SGLangKVLayerByModelId(SGLangGDNHybridBackend):
     """SGLang's HybridLinearKVPool handed a map from a full layer's model layer id wrapped to the KV
     pool's layers, not its position among the full layers: in [linear, full, linear, full] both full
@@ -88,7 +119,7 @@ class SGLangFullMetadataNotReplayed(SGLangGDNHybridBackend):
 
 HY = "tests.mutants.hybrid:"
 EAGER, GRAPH = (Exec.EAGER,), (Exec.GRAPH,)
-HYBRID_GRAPH_MODES = tuple(m for m in HYBRID_MODES if m in GRAPH_MODES)
+VERIFY = (ForwardMode.TARGET_VERIFY,)
 
 
 def _hybrid(case) -> bool:
@@ -98,16 +129,20 @@ def _hybrid(case) -> bool:
 
 # Rows of the mutant catalog (tests/mutants/__init__.py), numbered from 150.
 MUTANTS = [
-    Mutant(150, "hybrid_kv_layer_by_model_id", HY + "KVLayerByModelId", (KV_WRITE,), HYBRID_MODES, EAGER, cpu=True,
+    Mutant(150, "hybrid_kv_layer_by_model_id", HY + "KVLayerByModelId", (KV_WRITE,), MODES, EAGER, cpu=True,
            reaches=_hybrid),
-    Mutant(151, "hybrid_linear_layers_share_state", HY + "LinearLayersShareState", (KV_WRITE, KERNEL), HYBRID_MODES,
+    Mutant(151, "hybrid_linear_layers_share_state", HY + "LinearLayersShareState", (KV_WRITE, KERNEL), MODES,
            EAGER, cpu=True, reaches=_hybrid),
-    Mutant(152, "sglang_hybrid_kv_layer_by_model_id", HY + "SGLangKVLayerByModelId", (KV_WRITE,), HYBRID_MODES, EAGER,
+    Mutant(152, "sglang_hybrid_kv_layer_by_model_id", HY + "SGLangKVLayerByModelId", (KV_WRITE,), MODES, EAGER,
            cpu=True, reaches=_hybrid),
-    Mutant(153, "hybrid_linear_padded_row_writes_slot", HY + "LinearPaddedRowWrites", (KV_WRITE,), HYBRID_GRAPH_MODES,
+    Mutant(153, "hybrid_linear_padded_row_writes_slot", HY + "LinearPaddedRowWrites", (KV_WRITE,), GRAPH_MODES,
            GRAPH, cpu=True, reaches=_hybrid),
-    Mutant(154, "hybrid_full_padded_rows_unwritten", HY + "FullPaddedRowsUnwritten", (GRAPH_CLASS,), HYBRID_GRAPH_MODES,
+    Mutant(154, "hybrid_full_padded_rows_unwritten", HY + "FullPaddedRowsUnwritten", (GRAPH_CLASS,), GRAPH_MODES,
            GRAPH, cpu=True, reaches=_hybrid),
     Mutant(155, "sglang_hybrid_full_metadata_not_replayed", HY + "SGLangFullMetadataNotReplayed", (KERNEL,),
-           HYBRID_GRAPH_MODES, GRAPH, cpu=True, reaches=_hybrid),
+           GRAPH_MODES, GRAPH, cpu=True, reaches=_hybrid),
+    Mutant(156, "hybrid_full_verify_mask_ignored", HY + "FullVerifyMaskIgnored", (KERNEL,), VERIFY, EAGER + GRAPH,
+           cpu=True, reaches=_hybrid),
+    Mutant(157, "hybrid_linear_rollback_off_by_one", HY + "LinearRollbackOffByOne", (KV_WRITE,), VERIFY,
+           EAGER + GRAPH, cpu=True, reaches=_hybrid),
 ]

@@ -44,8 +44,6 @@ SMOKE_HEADS = (1, 2)  # the fewest that keep value heads sharing a key head
 # Mamba2's SSD scan): a request's new tokens past it run in a second chunk that starts from the first's state.
 CHUNK = 64
 LINEAR, FULL = "linear", "full"  # a hybrid model's layers (RecurrentCase.layer_pattern)
-# The modes a hybrid model's step runs in here (its verify, and its graphs, are not in the kit yet).
-HYBRID_MODES = (ForwardMode.DECODE, ForwardMode.EXTEND, ForwardMode.MIXED)
 # What a backend serving a hybrid model declares (its attention_features), and the reason's name of it.
 HYBRID = "full_attention_layers"
 
@@ -114,8 +112,6 @@ class RecurrentCase(BatchShape):
         if len(self.full_layers) != NUM_LAYERS:
             return (f"layer_pattern {self.layer_pattern!r}: the KV pool holds {NUM_LAYERS} {FULL!r} layers, "
                     f"not {len(self.full_layers)}")
-        if self.mode not in HYBRID_MODES:
-            return f"a hybrid model runs in {[m.value for m in HYBRID_MODES]} here, not {self.mode.value}"
         q, kv = self.attention_heads
         if kv < 1 or q % kv:
             return f"attention_heads {self.attention_heads!r} must be (q, kv) with kv dividing q"
@@ -165,6 +161,11 @@ class RecurrentCase(BatchShape):
     def conv_dim(self) -> int:
         hk, hv = self.heads
         return 2 * hk * self.head_k_dim + hv * self.head_v_dim
+
+    def after_verify(self) -> "RecurrentCase":
+        """A TARGET_VERIFY's next step: a DECODE of its requests, each past the drafts it keeps."""
+        return self.with_(name=self.name + "_next", mode=ForwardMode.DECODE, new=1, accepted=None,
+                          prefix=tuple(p + n for p, n in zip(self.prefix, self.accepted)))
 
     def rng_seed(self, salt: str = "") -> int:
         return zlib.crc32(f"{self.kind}/{self.mode.value}/{self.name}/{self.seed}/{salt}".encode())
