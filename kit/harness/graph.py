@@ -190,7 +190,10 @@ class _Harness:
         which a watching guard's mode changes inside a custom op's implementation (reached below
         autograd, as vLLM's layers reach their impl), so a warm-up run unwatched would leave the
         captured run to compile again, inside the capture."""
-        for _ in range(self.profile.capture_warmups):
+        # Emulated, one warm-up stands for the engine's: a second identical one leaves the capture nothing
+        # new, and each interpreted forward costs seconds.
+        warmups = self.profile.capture_warmups if self.real else min(1, self.profile.capture_warmups)
+        for _ in range(warmups):
             with Guard().watching():
                 self.driver.before_capture_run(batch)
                 self._program(batch, rows)
