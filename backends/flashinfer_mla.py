@@ -15,7 +15,10 @@ captured CUDA graph (its plan capabilities say so), which bucket replays need.
 
 Page table, query and kv lengths per mode, and the graph hooks (a wrapper per batch-size
 bucket over fixed buffers, planned again before each replay) are the dense FlashInfer
-backend's: only the wrapper, its plan and its run differ.
+backend's: only the wrapper, its plan and its run differ. So is its log-sum-exp, which the kit
+judges (returns_lse): the MLA wrapper gives it in the natural base when its plan asks for it
+(lse_mode "basee"), and its kernels sum rounded probabilities as the dense ones do (mla.cuh:
+m16k16_rowsum_f16f16f32 over p_f16), the inherited p_half.
 """
 from __future__ import annotations
 
@@ -63,7 +66,7 @@ class FlashInferMLABackend(dense.FlashInferBackend):
         self.variant = dict(num_heads=layer.tp_q_head_num, head_dim_ckv=layer.kv_lora_rank,
                             head_dim_kpe=layer.rope_dim, page_size=ctx.page_size, sm_scale=layer.scaling,
                             q_data_type=ctx.dtype, kv_data_type=ctx.kv_cache_dtype,
-                            query_layout="split", kv_cache_layout="split")
+                            query_layout="split", kv_cache_layout="split", lse_mode="basee")
         self.workspace = torch.zeros(dense.WORKSPACE_BYTES, dtype=torch.uint8, device=ctx.device)
         self.eager_wrappers, self.graph_wrappers = {}, {}
         self.wrapper = None
@@ -93,4 +96,5 @@ class FlashInferMLABackend(dense.FlashInferBackend):
         paged = latent.view(-1, self.page, latent.shape[-1])  # [pages, page, R + P]: one KV head
         r = self.rank
         scales = {} if layer.k_scale is None else dict(ckv_scale=layer.k_scale, kpe_scale=layer.k_scale)
-        return self.wrapper.run(query=(q[..., :r], q[..., r:]), kv_cache=(paged[..., :r], paged[..., r:]), **scales)
+        return self.wrapper.run(query=(q[..., :r], q[..., r:]), kv_cache=(paged[..., :r], paged[..., r:]),
+                                return_lse=True, return_lse_base_on_e=True, **scales)
