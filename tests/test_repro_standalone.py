@@ -5,7 +5,6 @@ which it shrinks first; over an fp8 KV cache it judges the engine under its back
 and fails a scale the engine misapplies, and an eager step that changes the q, k or v it was handed; an
 MLA run over the engine's latent cache fails a latent stored without its rope part."""
 import fnmatch
-import os
 import re
 import subprocess
 import sys
@@ -20,6 +19,7 @@ from kit.cli import USAGE
 from kit.harness.registry import load_backend
 from kit.report.known_failures import load_or_default
 from kit.report.record import CRASH
+from kit.repro.check_files import blocked_env
 
 VLLM = pytest.mark.skipif(vllm_problem() is not None, reason=str(vllm_problem()))
 SGLANG = pytest.mark.skipif(sglang_problem() is not None, reason=str(sglang_problem()))
@@ -37,12 +37,7 @@ ROPE_DROPPED = ('quantize(torch.cat([x[which][:r["n_old"], :, :L0["rank"]], '
 
 def _kit_blocked(tmp_path):
     """A PYTHONPATH under which `import kit` (and `import backends`) raises: the file must not need them."""
-    for package in ("kit", "backends"):
-        (tmp_path / "blocked" / package).mkdir(parents=True, exist_ok=True)
-        (tmp_path / "blocked" / package / "__init__.py").write_text(
-            f"raise ImportError('the standalone file imported {package}')\n")
-    env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
-    env["PYTHONPATH"] = str(tmp_path / "blocked")
+    env = blocked_env(tmp_path / "blocked")
     probe = subprocess.run([sys.executable, "-c", "import kit"], cwd=tmp_path, env=env, capture_output=True, text=True)
     assert probe.returncode != 0 and "the standalone file imported kit" in probe.stderr
     return env

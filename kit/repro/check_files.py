@@ -1,0 +1,120 @@
+"""`python -m kit.repro.check_files DIR --json OUT`: run every standalone file in DIR (repro/, repro/cuda/)
+as a maintainer would, each in a fresh process with the kit not importable, and write one JSON row a
+file: the KNOWN_FAILURES.md entries that link it, the device, its exit code, its verdict line (its last
+line of output: `FAIL` where it shows its entry's bug) and its seconds. A file in a directory named
+`cuda` shows what its entry's GPU shows: where torch sees no CUDA device it is not run, and its row
+says so (`skipped`), so that the same command runs on any machine."""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import re
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Dict, List, Optional
+
+ROOT = Path(__file__).resolve().parents[2]
+BLOCKED = ("kit", "backends")  # what a standalone file must not import: the kit and its adapters
+# The line a traceback ends with (`module.NameError: message`), which PyTorch's and compilers' notes follow.
+RAISED = re.compile(r"^[A-Za-z_][\w.]*(Error|Exception)\b")
+
+
+def blocked_env(where: Path) -> Dict[str, str]:
+    """This process's environment with a PYTHONPATH under `where` whose `kit` and `backends` raise on
+    import: it comes before site-packages, so an installed kit is shadowed too."""
+    for package in BLOCKED:
+        (where / package).mkdir(parents=True, exist_ok=True)
+        (where / package / "__init__.py").write_text(
+            f"raise ImportError('the standalone file imported {package}')\n")
+    env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
+    env["PYTHONPATH"] = str(where)
+    return env
+
+
+def entries_linking(path: Path) -> List[str]:
+    """The KNOWN_FAILURES.md entries whose links name `path` (links are paths from the repo root)."""
+    from kit.report.known_failures import load_or_default
+
+    try:
+        link = path.resolve().relative_to(ROOT).as_posix()
+    except ValueError:  # a file outside this checkout: no entry links it
+        return []
+    return [e.id for e in load_or_default() if link in e.links]
+
+
+def _last_line(text: str) -> str:
+    lines = [line for line in text.splitlines() if line.strip()]
+    return lines[-1] if lines else ""
+
+
+def _error_line(stderr: str) -> str:
+    """What a failed file raised, where its traceback says; else its last line of stderr."""
+    raised = [line for line in stderr.splitlines() if RAISED.match(line)]
+    return raised[-1] if raised else _last_line(stderr)
+
+
+def check_file(path: Path, device: str, cuda: bool, timeout: float) -> Dict:
+    """One file's row; the file runs from an empty directory, so nothing of this checkout is on its path."""
+    row = dict(file=str(path), entries=entries_linking(path), device=device, exit_code=None, verdict="",
+               error="", seconds=0.0, skipped="")
+    if path.parent.name == "cuda" and not cuda:
+        row["skipped"] = f"needs a CUDA device (torch sees none on {device})"
+        return row
+    with tempfile.TemporaryDirectory() as tmp:
+        start = time.monotonic()
+        try:
+            done = subprocess.run([sys.executable, str(path.resolve())], cwd=tmp,
+                                  env=blocked_env(Path(tmp) / "blocked"), capture_output=True, text=True,
+                                  timeout=timeout)
+        except subprocess.TimeoutExpired:
+            row.update(seconds=round(time.monotonic() - start, 1), error=f"timed out after {timeout:g} s")
+            return row
+        row.update(exit_code=done.returncode, verdict=_last_line(done.stdout), seconds=round(time.monotonic() - start, 1),
+                   error=_error_line(done.stderr) if done.returncode else "")
+    return row
+
+
+def _said(row: Dict) -> str:
+    """A row as the command prints it."""
+    if row["skipped"]:
+        return f"skipped: {row['skipped']}"
+    said = f"exit {row['exit_code']}, {row['verdict']!r}"
+    if row["error"] and row["verdict"] not in ("PASS", "FAIL"):  # a crash, or a timeout: what stopped it
+        said += f", {row['error']!r}"
+    return f"{said} ({row['seconds']} s)"
+
+
+def check_dir(directory: Path, timeout: float) -> Dict:
+    import torch
+
+    from kit.harness.environment import device_name
+
+    device, cuda = device_name(), torch.cuda.is_available()
+    rows = []
+    for path in sorted(directory.glob("*.py")):
+        row = check_file(path, device, cuda, timeout)
+        print(f"{path}: {_said(row)}", flush=True)
+        rows.append(row)
+    return dict(directory=str(directory), device=device, files=rows)
+
+
+def main(argv: Optional[List[str]] = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m kit.repro.check_files", description=__doc__.split("\n\n")[0])
+    parser.add_argument("directory", type=Path, help="the standalone files' directory (repro, repro/cuda)")
+    parser.add_argument("--json", required=True, type=Path, help="where to write the rows")
+    parser.add_argument("--timeout", type=float, default=900, help="seconds a file may run (default 900)")
+    args = parser.parse_args(argv)
+    if not args.directory.is_dir():
+        parser.error(f"{args.directory}: not a directory")
+    report = check_dir(args.directory, args.timeout)
+    args.json.write_text(json.dumps(report, indent=1) + "\n")
+    print(f"wrote {args.json}: {len(report['files'])} files")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,51 @@
+"""`python -m kit.repro.check_files DIR --json OUT`: every standalone file of DIR run in a fresh process with
+the kit not importable, one JSON row a file (its entries, the device, exit code, verdict line, seconds);
+a file under `cuda/` where torch sees no CUDA device is skipped, and its row says why."""
+import json
+
+import pytest
+import torch
+
+from kit.repro.check_files import ROOT, entries_linking, main
+
+FILES = {
+    "fails.py": "print('batch 1/1 layer 0: max error 3 > limit 1: FAIL')\nprint('FAIL')\nraise SystemExit(1)\n",
+    "passes.py": "print('PASS')\n",
+    # A file that needs the kit: it must fail here as it would on a machine without the kit.
+    "needs_kit.py": "import kit\nprint('PASS')\n",
+    # A crash whose library prints notes after the traceback: the row names the exception, not the notes.
+    "crashes.py": "import sys\nsys.excepthook = lambda *exc: (sys.__excepthook__(*exc), print('set VERBOSE=1', file=sys.stderr))\n"
+                  "raise RuntimeError('full_kv_num_blocks was not declared')\n",
+}
+
+
+def test_each_file_runs_without_the_kit_and_its_row_is_written(tmp_path, capsys):
+    files = tmp_path / "repro"
+    files.mkdir()
+    for name, text in FILES.items():
+        (files / name).write_text(text)
+    assert main([str(files), "--json", str(tmp_path / "out.json")]) == 0
+    report = json.loads((tmp_path / "out.json").read_text())
+    rows = {row["file"].rsplit("/", 1)[1]: row for row in report["files"]}
+    assert sorted(rows) == sorted(FILES) and all(row["device"] == report["device"] for row in rows.values())
+    assert (rows["fails.py"]["exit_code"], rows["fails.py"]["verdict"]) == (1, "FAIL")
+    assert (rows["passes.py"]["exit_code"], rows["passes.py"]["verdict"], rows["passes.py"]["error"]) == (0, "PASS", "")
+    needs_kit = rows["needs_kit.py"]
+    assert needs_kit["exit_code"] == 1 and "the standalone file imported kit" in needs_kit["error"]
+    assert rows["crashes.py"]["error"] == "RuntimeError: full_kv_num_blocks was not declared"
+    assert all(row["entries"] == [] and row["skipped"] == "" and row["seconds"] >= 0 for row in rows.values())
+    assert "fails.py: exit 1, 'FAIL'" in capsys.readouterr().out
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="a CUDA device runs the cuda/ files")
+def test_a_cuda_file_is_skipped_with_its_reason_where_torch_sees_no_cuda(tmp_path):
+    (tmp_path / "cuda").mkdir()
+    (tmp_path / "cuda" / "KF-0.py").write_text("raise SystemExit('ran')\n")
+    assert main([str(tmp_path / "cuda"), "--json", str(tmp_path / "out.json")]) == 0
+    [row] = json.loads((tmp_path / "out.json").read_text())["files"]
+    assert row["exit_code"] is None and row["skipped"].startswith("needs a CUDA device")
+
+
+def test_a_row_names_the_entries_that_link_its_file():
+    assert entries_linking(ROOT / "repro" / "cuda" / "KF-26.py") == ["KF-26"]
+    assert set(entries_linking(ROOT / "repro" / "cuda" / "vllm_flashinfer_fp8.py")) == {"KF-65", "KF-92"}
