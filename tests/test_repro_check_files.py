@@ -2,11 +2,14 @@
 the kit not importable, one JSON row a file (its entries, the device, exit code, verdict line, seconds);
 a file under `cuda/` where torch sees no CUDA device is skipped, and its row says why."""
 import json
+import os
+import subprocess
+import sys
 
 import pytest
 import torch
 
-from kit.repro.check_files import ROOT, entries_linking, main
+from kit.repro.check_files import ROOT, blocked_env, entries_linking, main
 
 FILES = {
     "fails.py": "print('batch 1/1 layer 0: max error 3 > limit 1: FAIL')\nprint('FAIL')\nraise SystemExit(1)\n",
@@ -49,3 +52,16 @@ def test_a_cuda_file_is_skipped_with_its_reason_where_torch_sees_no_cuda(tmp_pat
 def test_a_row_names_the_entries_that_link_its_file():
     assert entries_linking(ROOT / "repro" / "cuda" / "KF-26.py") == ["KF-26"]
     assert set(entries_linking(ROOT / "repro" / "cuda" / "vllm_flashinfer_fp8.py")) == {"KF-65", "KF-92"}
+
+
+def test_the_blocked_path_keeps_the_machines_own_after_it(tmp_path, monkeypatch):
+    """An engine installed into a folder of its own (PYTHONPATH) stays importable, while the kit,
+    even from a PYTHONPATH naming the repo, does not."""
+    engine = tmp_path / "engine"
+    (engine / "someengine").mkdir(parents=True)
+    (engine / "someengine" / "__init__.py").write_text("")
+    monkeypatch.setenv("PYTHONPATH", os.pathsep.join((str(engine), str(ROOT))))
+    env = blocked_env(tmp_path / "blocked")
+    assert subprocess.run([sys.executable, "-c", "import someengine"], env=env, cwd=tmp_path).returncode == 0
+    kit = subprocess.run([sys.executable, "-c", "import kit"], env=env, cwd=tmp_path, capture_output=True, text=True)
+    assert kit.returncode != 0 and "the standalone file imported kit" in kit.stderr

@@ -25,13 +25,14 @@ RAISED = re.compile(r"^[A-Za-z_][\w.]*(Error|Exception)\b")
 
 def blocked_env(where: Path) -> Dict[str, str]:
     """This process's environment with a PYTHONPATH under `where` whose `kit` and `backends` raise on
-    import: it comes before site-packages, so an installed kit is shadowed too."""
+    import: it comes first, before site-packages and any PYTHONPATH of the machine's (where an engine
+    installed into a folder of its own is found), so an installed kit is shadowed too."""
     for package in BLOCKED:
         (where / package).mkdir(parents=True, exist_ok=True)
         (where / package / "__init__.py").write_text(
             f"raise ImportError('the standalone file imported {package}')\n")
-    env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
-    env["PYTHONPATH"] = str(where)
+    env = dict(os.environ)
+    env["PYTHONPATH"] = os.pathsep.join(filter(None, (str(where), os.environ.get("PYTHONPATH"))))
     return env
 
 
