@@ -80,6 +80,31 @@ def test_out_of_memory_in_the_backends_forward_on_a_shared_gpu_is_retried_once_r
     assert r.message.startswith("forward (layer 0): OutOfMemoryError: CUDA out of memory") and releases == [1]
 
 
+def test_out_of_memory_again_on_a_shared_gpu_within_the_processs_share_is_no_verdict(monkeypatch, releases):
+    """Other processes filled the GPU (SGLang's Mamba2 EXTEND asked for 46 MiB with 7 MiB of 140 GiB
+    free, beside 15 workers): where the process held no more than its share, the memory was theirs,
+    and the run is an environment error to run again, not the backend's crash."""
+    from kit.process import budget
+    monkeypatch.setattr(budget, "gpu_shared", lambda device: True)
+    monkeypatch.setattr(budget, "crowded_out", lambda device: "this process held 1.0 GiB, within its share")
+    r = run_case(f"{TOYS}:OutOfMemoryBackend", CASE, Exec.EAGER)
+    assert (r.outcome, r.failure_class) == (ERROR, ENVIRONMENT), r
+    assert r.message.startswith("forward (layer 0): OutOfMemoryError: CUDA out of memory"), r.message
+    assert "within its share: the others held the rest" in r.message and "not a verdict" in r.message
+    assert releases == [1]
+
+
+@pytest.mark.parametrize("held_gib, crowded", [(1, True), (3, False)])
+def test_a_process_is_crowded_out_only_within_its_share(monkeypatch, held_gib, crowded):
+    from kit.process import budget
+    monkeypatch.setattr(torch.cuda, "memory_reserved", lambda device: held_gib << 30)
+    monkeypatch.setattr(budget, "share", lambda device: 2 << 30)
+    monkeypatch.setattr(budget, "free_now", lambda device: 7 << 20)
+    said = budget.crowded_out(torch.device("cuda", 0))
+    assert bool(said) is crowded
+    assert not crowded or said == "this process held 1.0 GiB, within its share of 2.0 GiB, and the device had 7 MiB free"
+
+
 def test_tritons_out_of_memory_on_a_shared_gpu_is_out_of_memory_too(monkeypatch, releases):
     """Triton's launcher says `Triton Error [CUDA]: out of memory` in a RuntimeError: on a GPU its
     workers share, that is memory the others hold, retried once released as torch's own error is."""

@@ -56,8 +56,19 @@ class Crash(Exception):
 class KitOutOfMemory(Exception):
     """The kit ran out of device memory in its own allocations (kit.harness.oom): no verdict."""
 
+    why = "out of device memory in the kit's own allocations"
+
     def __init__(self, stage: str, exc: BaseException):
         super().__init__(f"{stage}: {type(exc).__name__}: {_first_line(exc)} (allocated at {allocation_site(exc)})")
+
+
+class CrowdedOut(KitOutOfMemory):
+    """The backend ran out of device memory on a GPU other processes of the session share, again
+    after the retry, while its process held no more than its share: the memory was theirs, no verdict."""
+
+    def __init__(self, crash: "Crash", held: str):
+        Exception.__init__(self, str(crash))
+        self.why = f"out of device memory on a GPU the session's processes share ({held}: the others held the rest)"
 
 
 # Stages that load and ask the backend, rather than run its kernels (kit.spend.LOAD).
@@ -142,9 +153,8 @@ def charged(result: RunResult, exc: Exception, repro) -> None:
     in the kit's code); `repro()`: the command that re-runs it, for a run that timed out."""
     if isinstance(exc, KitOutOfMemory):
         result.outcome, result.failure_class = ERROR, ENVIRONMENT
-        result.message = (f"{exc}; out of device memory in the kit's own allocations, after releasing what it "
-                          f"keeps and retrying once: not a verdict on the backend; run it again (with fewer "
-                          f"processes on the device)")
+        result.message = (f"{exc}; {exc.why}, after releasing what it keeps and retrying once: not a verdict on "
+                          f"the backend; run it again (with fewer processes on the device)")
     elif isinstance(exc, Crash):
         result.outcome, result.failure_class, result.message = FAIL, CRASH, str(exc)
         result.device_lost = exc.device_lost

@@ -6,7 +6,7 @@ from typing import Callable
 
 import torch
 
-from kit.harness.fault import Crash, KitOutOfMemory, in_kit_code
+from kit.harness.fault import Crash, CrowdedOut, KitOutOfMemory, in_kit_code
 from kit.process import budget
 from kit.process.memory import release
 from kit.report.record import PASS, RunResult
@@ -16,7 +16,8 @@ def run_releasing_memory(attempt: Callable[[], None], device, result: RunResult)
     """attempt(), and where the kit runs out of device memory in its own allocations (or, on a GPU
     shared with other workers, the backend in its own), attempt() again from the start once
     everything the kit keeps is released, `result` as a fresh run's; raises KitOutOfMemory where the
-    kit's allocations run out again, the backend's crash where its own do."""
+    kit's allocations run out again, CrowdedOut where the backend's do while its process holds no
+    more than its share of the shared GPU, the backend's crash where they do otherwise."""
     for last in (False, True):
         try:
             attempt()
@@ -24,8 +25,11 @@ def run_releasing_memory(attempt: Callable[[], None], device, result: RunResult)
         except KitOutOfMemory as exc:
             oom = exc
         except Crash as exc:  # out of memory in the backend's code, while the kit held what it keeps
-            if last or not exc.out_of_memory or not budget.gpu_shared(torch.device(device)):
+            if not exc.out_of_memory or not budget.gpu_shared(torch.device(device)):
                 raise
+            held = last and budget.crowded_out(torch.device(device))
+            if held:
+                raise CrowdedOut(exc, held) from exc
             oom = exc
         except RuntimeError as exc:  # torch.OutOfMemoryError of the kit's code between backend calls
             oom = in_kit_code(exc)

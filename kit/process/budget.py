@@ -56,3 +56,15 @@ def free_now(device: torch.device) -> int:
     if device.type != "cuda":
         return 1 << 62
     return torch.cuda.mem_get_info(device)[0]
+
+
+def crowded_out(device: torch.device) -> str:
+    """Where this process ran out of memory on a GPU it shares while holding no more than its
+    share, what says so (its neighbours held the rest); "" where it held more (its own appetite)."""
+    if device.type != "cuda":
+        return ""
+    held = torch.cuda.memory_reserved(device)
+    if held > share(device):
+        return ""
+    return (f"this process held {held / 2 ** 30:.1f} GiB, within its share of {share(device) / 2 ** 30:.1f} GiB, "
+            f"and the device had {free_now(device) >> 20} MiB free")
