@@ -59,6 +59,10 @@ def build_parser() -> Parser:
                                 "selection, catalog, device, kit commit or library versions")
     merging.add_argument("out", help="the results file to write")
     merging.add_argument("shards", nargs="+", metavar="SHARD", help="the shards' results files")
+    merging.add_argument("--rerun", action="append", default=[], metavar="FILE",
+                         help="a complete, unsharded run of whole backends of the shards' selection, on their device "
+                              "with their libraries, at any commit (repeatable, one per backend): its records "
+                              "replace the shards' records of its backends, each keeping its kit commit")
     comparing = sub.add_parser("compare", prog=f"{PROG} compare",
                                help="two results files side by side: each backend's failed/executed runs in both, "
                                     "and every run both hold whose verdict changed (a refresh on another device "
@@ -153,19 +157,24 @@ def _check(args) -> int:
 def _merge(args) -> int:
     if writable("results file", args.out):
         return fail(PROG, writable("results file", args.out)[0])
-    shards = []
-    for path in args.shards:
+    files = []
+    for path in args.shards + args.rerun:
         if not Path(path).is_file():
-            return fail(PROG, f"{path}: no such file; name the results files the shards wrote with --results-json")
+            return fail(PROG, f"{path}: no such file; name the results files the runs wrote with --results-json")
         try:
-            shards.append(read_results_file(path))
+            files.append(read_results_file(path))
         except ResultsError as exc:
             return fail(PROG, str(exc), FAILED)
+    shards, reruns = files[:len(args.shards)], files[len(args.shards):]
     try:
-        run = merge(shards, args.out)
+        run = merge(shards, args.out, reruns)
     except ShardsError as exc:
         return fail(PROG, str(exc), FAILED)
-    write_results(run.path, [r.to_dict() for r in run.records], dict(status=run.status, selected=run.selected, catalog=run.catalog))
+    write_results(run.path, [r.to_dict() for r in run.records], run.run_section())
+    for rerun, done in zip(reruns, run.reruns):
+        replaced = sum(r.backend in done.backends for f in shards for r in f.records)
+        print(f"matrix merge: replaced the shards' {replaced} records of {', '.join(done.backends)} with the "
+              f"{len(rerun.records)} of {rerun.path} (kit commit {done.kit_commit})")
     print(f"matrix merge: wrote {run.path} ({len(shards)} shards, {len(run.records)} of {len(run.selected)} "
           f"selected runs recorded, {run.status})")
     return 0

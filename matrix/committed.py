@@ -41,12 +41,9 @@ def committed_record(record: Record) -> Dict:
 
 
 def committed_text(f: ResultsFile) -> str:
-    run = None
-    if f.has_run_list:
-        run = dict(status=f.status, selected=sorted(f.selected), catalog=sorted(f.catalog))
-        if f.shard is not None:
-            run["shard"] = f.shard.section()
-    return results_text([committed_record(r) for r in f.records], run)
+    """The file's text in committed form; a merged run's reruns keep their kit commit (the commit that
+    adds the file names the shards' only)."""
+    return results_text([committed_record(r) for r in f.records], f.run_section() if f.has_run_list else None)
 
 
 def write_if_changed(path, text: str) -> bool:

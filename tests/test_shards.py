@@ -17,11 +17,13 @@ from kit import warmup
 from kit.engine.catalog import load_catalog
 from kit.modes import EXECS, MODES
 from kit.plugin.selection import Selection, group_of
-from kit.report.record import Record, ResultsFile, read_results_file, run_id
+from kit.report.record import Record, Rerun, ResultsError, ResultsFile, read_results_file, run_id
 from kit.report.results import write_results
 from kit.shard import Shard, split
 from matrix import gate
-from matrix.merge import ShardsError, merge
+from matrix import __main__ as matrix_cli
+from matrix.committed import committed_text
+from matrix.merge import RerunError, ShardsError, merge
 from tests.test_matrix import REPO, kf_text, project, rec, run_matrix, write_fresh  # noqa: F401
 
 LABELS = {"torch_native": "torch_native", "tests.toys.dense:DenseGraphBackend": "toy_dense"}  # a spec not its label
@@ -115,14 +117,14 @@ def _records(ids, **fields):
     return [{**rec(case, backend=b, mode=m, exec_=e), **fields} for b, m, e, case in (i.split("-") for i in ids)]
 
 
-def _shards(folder, parts, count=None, selection=IDS, status="complete", **fields):
+def _shards(folder, parts, count=None, selection=IDS, status="complete", catalog=IDS, **fields):
     """Results files of shards 1..len(parts) (of `count`), shard k holding the runs `parts[k-1]`."""
     paths = []
     for k, part in enumerate(parts, 1):
         path = folder / f"shard-{k}.json"
         shard = Shard(k, count or len(parts)).of_selection(selection)
         write_results(path, _records(part, **fields),
-                      run=dict(status=status, selected=part, catalog=IDS, shard=shard.section()))
+                      run=dict(status=status, selected=part, catalog=catalog, shard=shard.section()))
         paths.append(path)
     return paths
 
@@ -226,6 +228,102 @@ def test_a_library_only_some_shards_use_is_no_disagreement(tmp_path):
         r["versions"]["flashinfer"] = "0.7.2"
     paths[0].write_text(json.dumps(doc))
     assert _merged(paths).status == "complete"
+
+
+# ------------------------------------------------------------------------------------ the reruns
+
+# A run of two backends: `be`, and `fix`, whose every run crashed at commit abc (a bug of the kit's
+# own backend) and which a later commit re-ran whole.
+BOTH = IDS + ["fix-decode-eager-a", "fix-decode-eager-b"]
+FIX = BOTH[4:]
+BOTH_PARTS = [IDS[:2] + FIX[:1], IDS[2:], FIX[1:]]
+
+
+def _crashed_shards(folder):
+    return _shards(folder, BOTH_PARTS, selection=BOTH, catalog=BOTH, outcome="fail", failure_class="crash")
+
+
+def _rerun(folder, ids=FIX, name="rerun.json", status="complete", catalog=BOTH, shard=None, **fields):
+    """The results file of an unsharded run of `ids` at commit fed, each passing."""
+    run = dict(status=status, selected=ids, catalog=catalog)
+    if shard:
+        run["shard"] = shard.of_selection(ids).section()
+    path = folder / name
+    write_results(path, _records(ids, **{"kit_commit": "fed", **fields}), run=run)
+    return path
+
+
+def _merged_with(shards, reruns):
+    return merge([read_results_file(p) for p in shards], "merged.json", [read_results_file(p) for p in reruns])
+
+
+def test_a_rerun_replaces_its_backends_records_and_keeps_the_others(tmp_path):
+    run = _merged_with(_crashed_shards(tmp_path), [_rerun(tmp_path)])
+    assert {r.test_id: (r.outcome, r.kit_commit) for r in run.records} == {
+        **{i: ("fail", "abc") for i in IDS}, **{i: ("pass", "fed") for i in FIX}}
+    assert len(run.records) == len(BOTH) and run.reruns == [Rerun(("fix",), "fed")]
+    assert run.status == "complete" and run.selected == sorted(BOTH) and run.catalog == BOTH and run.shard is None
+
+
+def test_matrix_merge_writes_the_rerun_and_says_what_it_replaced(tmp_path, capsys):
+    out = tmp_path / "merged.json"
+    rerun = _rerun(tmp_path)
+    assert matrix_cli.main(["merge", str(out), *map(str, _crashed_shards(tmp_path)), "--rerun", str(rerun)]) == 0
+    said = capsys.readouterr().out.splitlines()
+    assert said[0] == f"matrix merge: replaced the shards' 2 records of fix with the 2 of {rerun} (kit commit fed)"
+    merged = read_results_file(out)
+    assert merged.reruns == [Rerun(("fix",), "fed")] and not merged.incomplete()
+    assert {r.test_id: r.kit_commit for r in merged.records} == {**dict.fromkeys(IDS, "abc"), **dict.fromkeys(FIX, "fed")}
+    # the committed form keeps which backends were re-run at which commit (its records name no commit)
+    committed = json.loads(committed_text(merged))
+    assert committed["run"]["reruns"] == [{"backends": ["fix"], "kit_commit": "fed"}]
+    assert all("kit_commit" not in r for r in committed["records"])
+
+
+def test_a_results_file_without_reruns_reads_as_before_and_a_bad_one_is_refused(tmp_path):
+    path = _rerun(tmp_path)
+    assert read_results_file(path).reruns == []
+    doc = json.loads(path.read_text())
+    doc["run"]["reruns"] = [{"backends": "fix", "kit_commit": "fed"}]
+    path.write_text(json.dumps(doc))
+    with pytest.raises(ResultsError, match="its run's rerun .* is not the backends and kit_commit"):
+        read_results_file(path)
+
+
+def _rerun_refusal(shards, reruns) -> str:
+    with pytest.raises(RerunError) as exc:
+        _merged_with(shards, reruns)
+    assert "\n" not in str(exc.value)
+    return str(exc.value)
+
+
+@pytest.mark.parametrize("change, said", [
+    (dict(shard=Shard(1, 2)), "{rerun}: a rerun is shard 1/2 of its run; re-run its backends whole, without --shard"),
+    (dict(status="interrupted"), "{rerun}: a rerun must be a complete run (interrupted run (interrupted): 2 of 2 "
+                                 "selected runs recorded); run it again to the end"),
+    (dict(device="NVIDIA H200"), "{shard} and {rerun} disagree on the device: CPU (x86_64) against NVIDIA H200; "
+                                 "re-run the backend on the shards' device"),
+    (dict(versions=dict(torch="2.13.0", cuda="none", triton="3.8.0")),
+     "{shard} and {rerun} disagree on the triton version: 3.9.0 against 3.8.0; re-run the backend with the shards' "
+     "libraries installed"),
+    (dict(ids=FIX[:1]), "{rerun}: selected 1 runs of fix, not the 2 the shards selected (first differing: "
+                        "fix-decode-eager-b); a rerun replaces whole backends"),
+    (dict(catalog=BOTH + ["new-decode-eager-a"]), "{rerun}: its catalog run new-decode-eager-a is not in the "
+                                                  "shards' catalog"),
+    (dict(kit_commit=""), "{rerun}: a rerun's records must name one kit commit, not none"),
+], ids=["shard", "incomplete", "device", "versions", "partial-backend", "not-in-catalog", "no-commit"])
+def test_a_rerun_that_is_no_whole_run_of_its_backends_is_refused(tmp_path, change, said):
+    shards = _crashed_shards(tmp_path)
+    rerun = _rerun(tmp_path, **change)
+    assert _rerun_refusal(shards, [rerun]).startswith(said.format(shard=shards[0], rerun=rerun))
+
+
+def test_a_backend_in_two_reruns_is_refused(tmp_path):
+    shards = _crashed_shards(tmp_path)
+    first, second = _rerun(tmp_path), _rerun(tmp_path, ids=IDS + FIX, name="again.json")
+    assert _rerun_refusal(shards, [first, second]) == (f"{first} and {second} both re-ran fix; give one rerun per "
+                                                       f"backend, its whole selection in one run")
+    assert len(_merged_with(shards, [_rerun(tmp_path, ids=IDS, name="be.json"), first]).reruns) == 2
 
 
 # --------------------------------------------------------------------- matrix merge, check and write

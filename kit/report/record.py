@@ -180,6 +180,29 @@ class ResultsError(ValueError):
     """A results file that cannot be read; one line: the path, the problem, the fix."""
 
 
+@dataclasses.dataclass(frozen=True)
+class Rerun:
+    """Backends whose records a merged run took from a whole run of them made after its shards (the
+    kit's fix of its own backend, or runs their environment stopped): the file's records of these
+    backends were judged at `kit_commit`, its others at the shards' commit."""
+
+    backends: Tuple[str, ...]
+    kit_commit: str
+
+    def section(self) -> dict:
+        return {"backends": sorted(self.backends), "kit_commit": self.kit_commit}
+
+    @classmethod
+    def from_section(cls, section) -> "Rerun":
+        """A results file's `reruns` entry; ValueError where it is not one."""
+        if not (isinstance(section, dict) and set(section) == {"backends", "kit_commit"}
+                and isinstance(section["kit_commit"], str) and isinstance(section["backends"], list)
+                and section["backends"] and all(isinstance(b, str) for b in section["backends"])):
+            raise ValueError(f"its run's rerun {section!r} is not the backends and kit_commit of a "
+                             f"`matrix merge --rerun`")
+        return cls(tuple(section["backends"]), section["kit_commit"])
+
+
 @dataclasses.dataclass
 class ResultsFile:
     path: str
@@ -190,6 +213,16 @@ class ResultsFile:
     selected: Optional[List[str]] = None
     catalog: Optional[List[str]] = None
     shard: Optional[Shard] = None  # a `--shard K/N` run's: which part of which selection it holds
+    reruns: List[Rerun] = dataclasses.field(default_factory=list)  # a merged run's backends run again
+
+    def run_section(self) -> Dict:
+        """The file's `run`, as written (run ids sorted: equal runs are equal bytes)."""
+        run = dict(status=self.status, selected=sorted(self.selected), catalog=sorted(self.catalog))
+        if self.shard is not None:
+            run["shard"] = self.shard.section()
+        if self.reruns:
+            run["reruns"] = [r.section() for r in self.reruns]
+        return run
 
     @property
     def has_run_list(self) -> bool:
@@ -248,9 +281,18 @@ def read_results_file(path) -> ResultsFile:
         raise ResultsError(f"{path}: its `run` has no status of {', '.join(STATUSES)}; {fix}")
     try:
         shard = None if run.get("shard") is None else Shard.from_section(run["shard"])
+        reruns = [Rerun.from_section(r) for r in _list(run.get("reruns", []), "reruns")]
     except ValueError as exc:
         raise ResultsError(f"{path}: {exc}; {fix}") from None
-    return ResultsFile(str(path), read, run.get("status", COMPLETE), run.get("selected"), run.get("catalog"), shard)
+    return ResultsFile(str(path), read, run.get("status", COMPLETE), run.get("selected"), run.get("catalog"), shard,
+                       reruns)
+
+
+def _list(value, field: str) -> list:
+    """`value` where it is a list, else ValueError naming the run's field."""
+    if not isinstance(value, list):
+        raise ValueError(f"its run's {field} is {value!r}, not a list")
+    return value
 
 
 def _named(d) -> str:
