@@ -5,8 +5,9 @@ steps of the backend's declared numerics and, in Triton's interpreter, its cast 
 it, are the kit's own functions' source (kit.engine.kv_quant, kit.engine.reference,
 kit.harness.interpreter), put into the file. A renderer puts its engine's part between INPUTS and
 VERDICT: its setup, and `run(batch, inputs)`, which returns per layer the engine's output
-[tokens, heads, head_dim] of one batch of the run; VERDICT runs the run's batches in order, as the
-kit ran them on one backend instance, and judges each."""
+[tokens, heads, head_dim] of one batch of the run (a multi-step program's: every step's, in
+order); VERDICT runs the run's batches in order, as the kit ran them on one backend instance, and
+judges each forward."""
 from __future__ import annotations
 
 import inspect
@@ -80,6 +81,24 @@ def draw_inputs(reqs):
 def new_tokens(reqs, per_req, which):
     """The step's new tokens of input `which` (0 q, 1 k, 2 v), request after request, as the engine takes them."""
     return torch.cat([x[which][r["n_old"]:] if which else x[0] for x, r in zip(per_req, reqs)]).to(dtype).to(DEVICE)
+
+
+def forwards(batch, inputs):
+    """Per forward of the batch, its requests and their inputs per layer: the batch itself, or each step of a
+    multi-step program, whose rows take their q and keys from their request's draws (a draft lane's column
+    that an earlier step wrote is the same token when a later step reads it)."""
+    if not batch["forwards"]:
+        return [(batch["requests"], inputs)]
+    of = {r["row"]: i for i, r in enumerate(batch["requests"])}  # a row's request in the batch
+    return [(reqs, [[gathered(per_req[of[r["row"]]], batch["requests"][of[r["row"]]], r) for r in reqs]
+                    for per_req in inputs]) for reqs in batch["forwards"]]
+
+
+def gathered(drawn, request, row):
+    """A step's row's q, k and v out of its request's draws `drawn`: its new tokens' q, its keys' k and v."""
+    q, k, v = drawn
+    keys = row["keys"]
+    return q[[t - request["n_old"] for t in keys[len(keys) - row["n_new"]:]]], k[keys], v[keys]
 
 
 changed = []  # what the engine changed of the q, k and v it was handed (a model reuses them)
@@ -156,28 +175,37 @@ def reference(spec, reqs, per_req, precision, steps=()):
     return torch.cat(rows)
 
 
+def judged(label, spec, out, reqs, per_req, steps):
+    """Whether one layer's output of one forward lies within its limit; prints the line that says so."""
+    exact_steps = [s for s in steps if s not in ENVELOPE]
+    exact = reference(spec, reqs, per_req, torch.float64)
+    golden = reference(spec, reqs, per_req, torch.float64, exact_steps)  # under the declared numerics
+    envelope = (reference(spec, reqs, per_req, torch.float64, steps) - golden).abs().max().item() \
+        if exact_steps != steps else 0.0
+    # The limit: 2x the error of the same computation in the run's dtype (and of the declared steps that round
+    # inside the kernel's tiles), plus a floor (as FlashAttention's tests).
+    limit = S["ratio"] * ((reference(spec, reqs, per_req, dtype) - exact).abs().max().item() + envelope) \
+        + S["abs_floor"]
+    err = (out.double().cpu() - golden).abs().nan_to_num(nan=float("inf")).max().item()
+    ok = err <= limit
+    print(f"{label}: max error {err:.3g} {'<=' if ok else '>'} limit {limit:.3g}"
+          f"{' under ' + ', '.join(steps) if steps else ''}: {'PASS' if ok else 'FAIL'}")
+    return ok
+
+
 failed = False
 for b, batch in enumerate(S["batches"]):
-    reqs = batch["requests"]
     steps = batch["steps"][torch.device(DEVICE).type]
-    exact_steps = [s for s in steps if s not in ENVELOPE]
-    inputs = draw_inputs(reqs)
-    outs = run(batch, inputs)
-    for i, (spec, out, per_req) in enumerate(zip(S["layers"], outs, inputs)):
-        exact = reference(spec, reqs, per_req, torch.float64)
-        golden = reference(spec, reqs, per_req, torch.float64, exact_steps)  # under the declared numerics
-        envelope = (reference(spec, reqs, per_req, torch.float64, steps) - golden).abs().max().item() \
-            if exact_steps != steps else 0.0
-        # The limit: 2x the error of the same computation in the run's dtype (and of the declared steps that round
-        # inside the kernel's tiles), plus a floor (as FlashAttention's tests).
-        limit = S["ratio"] * ((reference(spec, reqs, per_req, dtype) - exact).abs().max().item() + envelope) \
-            + S["abs_floor"]
-        err = (out.double().cpu() - golden).abs().nan_to_num(nan=float("inf")).max().item()
-        ok = err <= limit
-        failed |= not ok
-        print(f"batch {b + 1}/{len(S['batches'])} ({batch['name']}) layer {i}: max error {err:.3g} "
-              f"{'<=' if ok else '>'} limit {limit:.3g}{' under ' + ', '.join(steps) if steps else ''}: "
-              f"{'PASS' if ok else 'FAIL'}")
+    inputs = draw_inputs(batch["requests"])
+    outs = run(batch, inputs)  # per layer, every forward's outputs in order
+    parts, done = forwards(batch, inputs), 0
+    for f, (reqs, per_layer) in enumerate(parts):
+        rows = sum(r["n_new"] for r in reqs)
+        step = f", step {f + 1}/{len(parts)}" if len(parts) > 1 else ""
+        for i, (spec, out, per_req) in enumerate(zip(S["layers"], outs, per_layer)):
+            label = f"batch {b + 1}/{len(S['batches'])} ({batch['name']}{step}) layer {i}"
+            failed |= not judged(label, spec, out[done:done + rows], reqs, per_req, steps)
+        done += rows
 for problem in changed:
     print(f"inputs: {problem}: FAIL")
 failed |= bool(changed)

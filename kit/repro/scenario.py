@@ -13,6 +13,7 @@ import torch
 
 from kit.engine.case import Case
 from kit.engine.fixture import Store, fixtures_for
+from kit.engine.modes import rules_for
 from kit.engine.schedule import batches
 from kit.harness.checks import ABS_FLOOR, RATIO
 from kit.engine.numerics import Numerics
@@ -34,25 +35,45 @@ def scenario(case: Case, profile, exec_: Exec, origin: str, numerics: Numerics) 
         raise NotReproducible(f"{case.name}: a {case.kind} case; standalone files reproduce dense and MLA attention "
                               f"only")
     fixtures = fixtures_for(batches(case, exec_, profile), torch.device("cpu"), Store(), profile)
-    steps = max(len(fx.steps) for fx in fixtures)
-    if steps > 1:
-        raise NotReproducible(f"{case.name}: a program of {steps} steps; standalone files reproduce one")
     pool, table = fixtures[0].pools.token_to_kv_pool, fixtures[0].pools.req_to_token_pool.req_to_token
     return dict(
         case=case.name, origin=origin, mode=case.mode.value, dtype=str(case.torch_dtype).replace("torch.", ""),
         kv_dtype=str(case.kv_torch_dtype).replace("torch.", "") if case.kv_dtype else None,
         page=case.page, num_blocks=pool.num_blocks, num_slots=pool.size,
-        max_model_len=table.shape[1], max_num_seqs=table.shape[0],
+        max_model_len=table.shape[1], max_num_seqs=table.shape[0], context_len=_context_len(case, fixtures, table),
         seed=case.rng_seed(), ratio=RATIO, abs_floor=ABS_FLOOR[case.torch_dtype],
         layers=[dict(heads=layer.tp_q_head_num, kv_heads=layer.tp_k_head_num, head_dim=layer.head_dim,
                      scale=layer.scaling, cap=layer.logit_cap, window=layer.sliding_window_size,
                      sinks=list(layer.sinks), k_scale=layer.k_scale, v_scale=layer.v_scale,
                      rank=layer.kv_lora_rank, rope=layer.rope_dim)
                 for layer in fixtures[0].layers],
+        draft=_draft(case),
         batches=[dict(name=fx.case.name, mode=fx.case.mode.value, steps={
             device: list(numerics.case_steps(fx.case, device))
-            for device in DEVICE_TYPES}, requests=[
-            dict(row=r.row, seq_len=r.seq_len, n_old=r.n_old, n_new=r.n_new, slots=list(r.slots), pages=list(r.pages),
-                 key_pos=r.key_pos, q_pos=list(r.q_pos),
-                 visible=["".join("1" if v else "0" for v in row) for row in r.visible.tolist()])
-            for r in fx.plan.requests]) for fx in fixtures])
+            for device in DEVICE_TYPES}, requests=[_request(r) for r in fx.plan.requests],
+            forwards=[[_request(r) for r in step.plan.requests] for step in fx.steps] if len(fx.steps) > 1 else None)
+            for fx in fixtures])
+
+
+def _context_len(case: Case, fixtures, table) -> int:
+    """The model's context length, as the kit's run hands it (kit.harness.protocol.BackendContext.for_case): at
+    the context edge the longest committed sequence, the req_to_token rows wider by what the mode writes past it."""
+    if case.context_edge:
+        return max(r.seq_len for fx in fixtures for r in fx.plan.requests)
+    return table.shape[1]
+
+
+def _draft(case: Case):
+    """A multi-step draft's lanes, steps and draft tokens (the server's speculative config), else None."""
+    rules = rules_for(case.mode)
+    if not rules.multi_step:
+        return None
+    spec = rules.speculative_config(case)
+    return dict(topk=spec.topk, steps=spec.num_steps, tokens=spec.num_draft_tokens)
+
+
+def _request(r) -> Dict:
+    """One request as plain data; a multi-step program's forward's row names its keys' token numbers."""
+    return dict(row=r.row, seq_len=r.seq_len, n_old=r.n_old, n_new=r.n_new, slots=list(r.slots), pages=list(r.pages),
+                key_pos=r.key_pos, q_pos=list(r.q_pos), keys=r.keys,
+                visible=["".join("1" if v else "0" for v in row) for row in r.visible.tolist()])

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 from typing import Dict
 
+from kit.repro import sglang_draft
 from kit.repro.file_parts import assemble, cuda_graph_part
 
 HOW = {"eager": ("Builds the batches with SGLang's own classes (ReqToTokenPool, MHATokenToKVPool, KVIndexTranslator,\n"
@@ -85,6 +86,7 @@ from sglang.srt.model_executor.cuda_graph_config import Backend, CudaGraphConfig
 from sglang.srt.model_executor.forward_batch_info import ForwardBatch, ForwardMode
 from sglang.srt.model_executor.forward_context import ForwardContext, forward_context
 from sglang.srt.runtime_context import get_context, get_parallel
+from sglang.srt.speculative.eagle_info import EagleDraftInput
 from sglang.srt.speculative.spec_info import SpeculativeAlgorithm
 from transformers import PretrainedConfig
 
@@ -92,10 +94,14 @@ get_parallel().override_permanently(attn_tp_size=1, attn_dcp_rank=0)  # one proc
 no_graphs = PhaseConfig(backend=Backend.DISABLED)
 KV_CACHE_DTYPE = {None: "auto", torch.float8_e4m3fn: "fp8_e4m3", torch.float8_e5m2: "fp8_e5m2"}[KV_DTYPE]
 cache_dtype = KV_DTYPE or dtype  # SGLang's pool stores an fp8 cache as bytes and reads them as this
+DRAFT = S["draft"]  # a multi-step draft's lanes (topk), steps and draft tokens: the draft worker's server args
+SPECULATIVE = dict(speculative_algorithm="EAGLE", speculative_eagle_topk=DRAFT["topk"],
+                   speculative_num_steps=DRAFT["steps"], speculative_num_draft_tokens=DRAFT["tokens"]) if DRAFT else \
+    dict(speculative_algorithm=None)
 get_context().override_server_args(
     attention_backend=BACKEND, page_size=S["page"], chunked_prefill_size=-1, dp_size=1, tp_size=1, pp_size=1,
     cuda_graph_config=CudaGraphConfig(decode=no_graphs, prefill=no_graphs), enable_deterministic_inference=False,
-    kv_cache_dtype=KV_CACHE_DTYPE, speculative_algorithm=None, device=DEVICE).install()
+    kv_cache_dtype=KV_CACHE_DTYPE, device=DEVICE, **SPECULATIVE).install()
 
 
 MLA = L0["rank"] > 0  # latent attention: one latent row a token (its first `rank` columns V), DeepSeek's
@@ -103,7 +109,7 @@ MLA = L0["rank"] > 0  # latent attention: one latent row a token (its first `ran
 
 class ModelConfig:  # the fields of a model's config SGLang's attention backends read
     attention_arch = AttentionArch.MLA if MLA else AttentionArch.MHA
-    context_len = S["max_model_len"]
+    context_len = S["context_len"]
     num_attention_heads, num_key_value_heads = L0["heads"], L0["heads"] if MLA else L0["kv_heads"]
     head_dim = v_head_dim = swa_v_head_dim = L0["head_dim"]
     if MLA:  # what SGLang's ModelConfig derives for an MLA model (configs/model_config.py)
@@ -124,10 +130,10 @@ class ModelConfig:  # the fields of a model's config SGLang's attention backends
 class ModelRunner:  # the attributes of SGLang's ModelRunner its attention backends read
     device, gpu_id, dtype, kv_cache_dtype, page_size = DEVICE, 0, dtype, cache_dtype, S["page"]
     model_config = ModelConfig()
-    use_mla_backend, is_draft_worker = MLA, False
+    use_mla_backend, is_draft_worker = MLA, DRAFT is not None
     windows = [spec["window"] for spec in S["layers"] if spec["window"] >= 0]
     sliding_window_size = max(windows) if windows else None
-    spec_algorithm = SpeculativeAlgorithm.NONE
+    spec_algorithm = SpeculativeAlgorithm.EAGLE if DRAFT else SpeculativeAlgorithm.NONE
     prefill_attention_backend_str = decode_attention_backend_str = BACKEND
     server_args = get_context().server_args
     req_to_token_pool = ReqToTokenPool(S["max_num_seqs"], S["max_model_len"], DEVICE, enable_memory_saver=False)
@@ -138,16 +144,17 @@ class ModelRunner:  # the attributes of SGLang's ModelRunner its attention backe
     token_to_kv_pool_allocator = TokenToKVPoolAllocator(S["num_slots"], cache_dtype, DEVICE, token_to_kv_pool, False)
     kv_index_translator = KVIndexTranslator(
         req_to_token=req_to_token_pool.req_to_token, token_to_kv_pool_allocator=token_to_kv_pool_allocator,
-        token_to_kv_pool=token_to_kv_pool, page_size=S["page"], device=DEVICE)
+        token_to_kv_pool=token_to_kv_pool, page_size=S["page"], device=DEVICE, is_draft_worker=DRAFT is not None)
 
     def decode_num_tokens_per_req(self, num_draft_tokens=None):
         return 1
 
 
 runner = ModelRunner()
-backend = AttnBackend(runner)
-if getattr(backend, "device_core_count", 1) <= 0:  # no SMs without CUDA: an H100's count keeps its KV split planner
-    backend.device_core_count = 132
+backend = AttnBackend(runner, DRAFT["topk"], DRAFT["steps"]) if DRAFT else AttnBackend(runner)
+for each in getattr(backend, "attn_backends", [backend]):  # a multi-step draft's: one backend a step
+    if getattr(each, "device_core_count", 1) <= 0:  # no SMs without CUDA: an H100's count keeps its KV split planner
+        each.device_core_count = 132
 pool = runner.token_to_kv_pool
 layers = [RadixAttention(num_heads=spec["heads"], head_dim=spec["head_dim"], scaling=spec["scale"],
                          num_kv_heads=spec["kv_heads"], layer_id=i, logit_cap=spec["cap"],
@@ -211,10 +218,11 @@ def forward_batch(fields, in_capture=False):
     return fb
 
 
-def forward(fields, qkv):
-    """Each layer's forward inside the backend's forward context, on `qkv` (per layer: q, k, v of the step)."""
+def forward(fields, qkv, attn_backend=backend):
+    """Each layer's forward inside `attn_backend`'s forward context (a draft step's: its own), on `qkv` (per layer:
+    q, k, v of the step)."""
     outs = []
-    with forward_context(ForwardContext(attn_backend=backend)):
+    with forward_context(ForwardContext(attn_backend=attn_backend)):
         for spec, attn, extra, (q, k, v) in zip(S["layers"], layers, sinks, qkv):
             t = q.shape[0]
             outs.append(attn(q.reshape(t, -1), k, v, forward_batch(fields), **extra).view(
@@ -333,10 +341,14 @@ def render(scenario: Dict, backend_cls, exec_: str) -> str:
     from kit.repro.scenario import NotReproducible
 
     modes = {b["mode"] for b in scenario["batches"]}
-    if not modes <= {"decode", "extend", "mixed"}:
+    how = HOW[exec_]
+    if modes == {"draft_decode"}:  # the draft's steps on a multi-step draft backend
+        run, how = sglang_draft.part(backend_cls, exec_), sglang_draft.HOW
+    elif not modes <= {"decode", "extend", "mixed"}:
         raise NotReproducible(f"{scenario['mode']} runs of SGLang backends: standalone files reproduce decode, extend "
-                              f"and mixed ones only (no speculative inputs yet)")
-    if exec_ == "eager":
+                              f"and mixed ones only, and a multi-step draft's decode steps (no verify or draft-extend "
+                              f"inputs yet)")
+    elif exec_ == "eager":
         run = EAGER
     elif modes == {"decode"}:
         run = cuda_graph_part(backend_cls.profile) + GRAPH.replace("@BATCH_SIZES@", repr(backend_cls.profile.batch_sizes))
@@ -354,4 +366,4 @@ def render(scenario: Dict, backend_cls, exec_: str) -> str:
         "@BACKEND_IMPORT@", f"from {module} import {cls} as AttnBackend").replace(
         "@NORMAL_PATH_HEAD_DIM@", repr(mla.NORMAL_PATH_HEAD_DIM)).replace(
         "@MLA_CONFIG_HEAD_DIM@", repr(mla.MLA_CONFIG_HEAD_DIM)) + run
-    return assemble(scenario, "SGLang", backend_cls.server_name, exec_, HOW[exec_], engine_part)
+    return assemble(scenario, "SGLang", backend_cls.server_name, exec_, how, engine_part)
