@@ -2,11 +2,13 @@
 rebuild them with an engine's own classes. Drawn from the kit's own fixtures of the run (the batches
 it runs on one backend instance, in order: kit.engine.schedule), so the file's requests, pages,
 slots and masks are the run's; its inputs are drawn in the file from a seed (a maintainer reads a
-seed, not a tensor dump). A quantized (fp8) KV cache comes with each layer's scales and, per batch and
-device type, the steps of the backend's declared numerics the batch takes (kit.engine.numerics), under
-which the file's reference judges it."""
+seed, not a tensor dump). A speculative mode's run comes with the server's speculative config its
+backend is built with (ModeRules.speculative_config). A quantized (fp8) KV cache comes with each
+layer's scales and, per batch and device type, the steps of the backend's declared numerics the
+batch takes (kit.engine.numerics), under which the file's reference judges it."""
 from __future__ import annotations
 
+import dataclasses
 from typing import Dict
 
 import torch
@@ -15,6 +17,7 @@ from kit.engine.case import Case
 from kit.engine.fixture import Store, fixtures_for
 from kit.engine.schedule import batches
 from kit.harness.checks import ABS_FLOOR, RATIO
+from kit.engine.modes import rules_for
 from kit.engine.numerics import Numerics
 from kit.modes import Exec
 
@@ -37,12 +40,14 @@ def scenario(case: Case, profile, exec_: Exec, origin: str, numerics: Numerics) 
     steps = max(len(fx.steps) for fx in fixtures)
     if steps > 1:
         raise NotReproducible(f"{case.name}: a program of {steps} steps; standalone files reproduce one")
+    speculative = rules_for(case.mode).speculative_config(case)
     pool, table = fixtures[0].pools.token_to_kv_pool, fixtures[0].pools.req_to_token_pool.req_to_token
     return dict(
         case=case.name, origin=origin, mode=case.mode.value, dtype=str(case.torch_dtype).replace("torch.", ""),
         kv_dtype=str(case.kv_torch_dtype).replace("torch.", "") if case.kv_dtype else None,
         page=case.page, num_blocks=pool.num_blocks, num_slots=pool.size,
         max_model_len=table.shape[1], max_num_seqs=table.shape[0],
+        speculative=dataclasses.asdict(speculative) if speculative else None,
         seed=case.rng_seed(), ratio=RATIO, abs_floor=ABS_FLOOR[case.torch_dtype],
         layers=[dict(heads=layer.tp_q_head_num, kv_heads=layer.tp_k_head_num, head_dim=layer.head_dim,
                      scale=layer.scaling, cap=layer.logit_cap, window=layer.sliding_window_size,
