@@ -3,7 +3,10 @@ each batch's and layer's error against its limit and a verdict, and exits 1 when
 a wrong batch (eager, or a graph replay handed its capture's metadata) or the engine has a known bug,
 which it shrinks first; over an fp8 KV cache it judges the engine under its backend's declared numerics
 and fails a scale the engine misapplies, and an eager step that changes the q, k or v it was handed; an
-MLA run over the engine's latent cache fails a latent stored without its rope part."""
+MLA run over the engine's latent cache fails a latent stored without its rope part; a speculative run
+(TARGET_VERIFY, chain or tree; DRAFT_EXTEND_V2), eager or replayed on its graphs, passes with EAGLE's
+inputs built by the engine's own classes and fails a verify mask that lets drafts see past their tree
+ancestors."""
 import fnmatch
 import re
 import subprocess
@@ -29,6 +32,10 @@ SGLANG_GRAPH_RUN = "sglang_triton-decode-graph-mqa_p1_shuf"
 VLLM_GRAPH_RUN = "vllm_triton_attn-decode-graph-gqa_fused_p16_fp32"
 SGLANG_FP8_RUN = "sglang_triton-extend-eager-gqa_fp8_e5m2_prefix_p16_fp16"
 SGLANG_MLA_RUN = "sglang_triton-extend-eager-mla_r32_h16_ragged_p16_fp32"
+SGLANG_TREE_RUN = "sglang_triton-target_verify-eager-mqa_tree6_p1_shuf"
+# The verify's custom mask as the file builds it from each draft's visible keys, and one that shows a draft every key.
+TREE_MASK = 'c == "1" for r in reqs for row in r["visible"]'
+NO_TREE_MASK = 'True for r in reqs for row in r["visible"]'
 # The cached tokens' latent rows stored without their rope part (zeros): a latent write that drops k_rope.
 CACHED_ROWS = 'quantize(x[which][:r["n_old"]].to(dtype), scale, cache_dtype)'
 ROPE_DROPPED = ('quantize(torch.cat([x[which][:r["n_old"], :, :L0["rank"]], '
@@ -88,7 +95,23 @@ def test_a_draft_decode_file_judges_every_step_and_passes_without_the_kit(tmp_pa
 @SGLANG
 def test_a_draft_decode_file_fails_a_step_that_writes_another_column(tmp_path):
     # Every step writing its lane's first column: step 2 reads a column no step wrote (NaN in the file's pool).
-    _failed(_run_standalone(tmp_path, SGLANG_DRAFT_RUN, ('DRAFT["steps"])[:, :, step]', 'DRAFT["steps"])[:, :, 0]')))
+    _failed(_run_standalone(tmp_path, SGLANG_DRAFT_RUN, ('SPEC["num_steps"])[:, :, step]', 'SPEC["num_steps"])[:, :, 0]')))
+
+
+@SGLANG
+@pytest.mark.parametrize("run_id", [
+    SGLANG_TREE_RUN,  # a tree: each draft sees its prefix and its ancestors only
+    "sglang_triton-target_verify-eager-mha_bs1_chain4_window_p64_inter",  # a window over the drafts' positions
+    "sglang_triton-draft_extend_v2-eager-mqa_draft3_p1_shuf",  # the drafts extended, their prefix seq_lens - drafts
+    # Replayed on batch-size graphs: padded rows' mask blocks all True, their drafts extended too.
+    "sglang_triton-target_verify-graph-mqa_tree6_p1_shuf",
+    "sglang_triton-draft_extend_v2-graph-mqa_draft3_p1_shuf",
+])
+def test_a_speculative_file_passes_without_the_kit(tmp_path, run_id):
+    done = _run_standalone(tmp_path, run_id)
+    assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-2000:]
+    lines = done.stdout.splitlines()
+    assert lines[-1] == "PASS" and len(lines) > 1 and all(line.endswith("PASS") for line in lines)
 
 
 def _failed(done, inputs_only=False):
@@ -133,6 +156,11 @@ def test_an_fp8_file_fails_a_scale_misapplied_and_the_interpreters_own_cast(tmp_
     _failed(_run_standalone(tmp_path, SGLANG_FP8_RUN, plant))
 
 
+@SGLANG
+def test_a_verify_file_fails_drafts_that_see_past_their_ancestors(tmp_path):
+    _failed(_run_standalone(tmp_path, SGLANG_TREE_RUN, (TREE_MASK, NO_TREE_MASK)))
+
+
 @VLLM
 def test_standalone_file_fails_a_batch_one_key_short(tmp_path):
     # vLLM handed seq_lens one short attends one key fewer per request than the reference sees.
@@ -143,6 +171,8 @@ def test_standalone_file_fails_a_batch_one_key_short(tmp_path):
 @pytest.mark.parametrize("run_id, replay_hook", [
     # SGLang: without the out_graph hook before a replay, the graph reads its capture's metadata (padded rows).
     pytest.param(SGLANG_GRAPH_RUN, "    backend.init_forward_metadata_out_graph(forward_batch(fields))\n", marks=SGLANG),
+    pytest.param("sglang_triton-target_verify-graph-mqa_tree6_p1_shuf",
+                 "    backend.init_forward_metadata_out_graph(forward_batch(fields))\n", marks=SGLANG),
     # vLLM: without the persistent inputs refilled and the build, a replay reads the capture's dummy batch.
     pytest.param(VLLM_GRAPH_RUN, "    prepare_replay(reqs, pbs)\n", marks=VLLM)])
 def test_a_graph_file_fails_a_replay_left_with_its_captures_batch(tmp_path, run_id, replay_hook):
@@ -166,10 +196,9 @@ def test_standalone_file_shrinks_and_reproduces_a_known_failure(tmp_path, capsys
 @SGLANG
 @pytest.mark.parametrize("run_id, problem", [
     ("vllm_triton_attn-extend-graph-gqa_fused_p16_fp32", "decode graphs only"),
-    ("sglang_triton-extend-graph-mqa_p1_shuf", "decode graphs only"),
+    ("sglang_triton-extend-graph-mqa_p1_shuf", "batch-size graphs only"),
     ("vllm_triton_attn-decode-eager-no_such_case", "no decode case named"),
     ("torch_native-decode-eager-gqa_fused_p16_fp32", "no standalone renderer"),
-    ("sglang_triton-target_verify-eager-mha_bs1_chain4_window_p64_inter", "decode, extend and mixed ones only"),
     ("sglang_triton_draft-draft_decode-graph-gqa_chain3_p16_fp32", "their eager steps only"),
     ("sglang_triton-draft_decode-eager-gqa_chain3_p16_fp32", "runs the draft's steps in TritonMultiStepDraftBackend"),
     ("vllm_triton_mla-decode-eager-mla_deepseek_h128_bs1_p64_fp16", "vLLM's dense attention only"),
@@ -179,6 +208,26 @@ def test_what_no_file_reproduces_is_a_usage_error(tmp_path, capsys, run_id, prob
     assert main(["repro", "--standalone", run_id, "--out", str(tmp_path / "r.py")]) == USAGE
     assert problem in capsys.readouterr().err
     assert not (tmp_path / "r.py").exists()
+
+
+# The file's reference windows a draft by its position (prefix + tree depth); SGLang's extend kernel by its index.
+BY_POSITION = 'qp, kp = torch.tensor(r["q_pos"])[:, None], torch.tensor(r["key_pos"])[None, :]'
+BY_INDEX = ('qp, kp = torch.arange(r["n_old"], r["n_old"] + r["n_new"])[:, None], '
+            'torch.arange(r["n_old"] + r["n_new"])[None, :]')
+
+
+@SGLANG
+def test_kf3s_file_fails_by_windowing_drafts_by_index_alone(tmp_path):
+    """KF-3's checked-in file passes once its reference windows each draft by its index in the verify block:
+    its FAIL is that bug's, not a batch the file builds wrong."""
+    text = (ROOT / "repro" / "KF-3.py").read_text()
+    assert BY_POSITION in text
+    path = tmp_path / "by_index.py"
+    path.write_text(text.replace(BY_POSITION, BY_INDEX))
+    done = subprocess.run([sys.executable, str(path)], cwd=tmp_path, env=_kit_blocked(tmp_path), capture_output=True,
+                          text=True, timeout=600)
+    assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-2000:]
+    assert done.stdout.splitlines()[-1] == "PASS"
 
 
 ENGINE_PROBLEMS = {"vllm": vllm_problem, "sglang": sglang_problem}

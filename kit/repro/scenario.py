@@ -2,11 +2,13 @@
 rebuild them with an engine's own classes. Drawn from the kit's own fixtures of the run (the batches
 it runs on one backend instance, in order: kit.engine.schedule), so the file's requests, pages,
 slots and masks are the run's; its inputs are drawn in the file from a seed (a maintainer reads a
-seed, not a tensor dump). A quantized (fp8) KV cache comes with each layer's scales and, per batch and
-device type, the steps of the backend's declared numerics the batch takes (kit.engine.numerics), under
-which the file's reference judges it."""
+seed, not a tensor dump). A speculative mode's run comes with the server's speculative config its
+backend is built with (ModeRules.speculative_config). A quantized (fp8) KV cache comes with each
+layer's scales and, per batch and device type, the steps of the backend's declared numerics the
+batch takes (kit.engine.numerics), under which the file's reference judges it."""
 from __future__ import annotations
 
+import dataclasses
 from typing import Dict
 
 import torch
@@ -35,19 +37,21 @@ def scenario(case: Case, profile, exec_: Exec, origin: str, numerics: Numerics) 
         raise NotReproducible(f"{case.name}: a {case.kind} case; standalone files reproduce dense and MLA attention "
                               f"only")
     fixtures = fixtures_for(batches(case, exec_, profile), torch.device("cpu"), Store(), profile)
+    speculative = rules_for(case.mode).speculative_config(case)
     pool, table = fixtures[0].pools.token_to_kv_pool, fixtures[0].pools.req_to_token_pool.req_to_token
     return dict(
         case=case.name, origin=origin, mode=case.mode.value, dtype=str(case.torch_dtype).replace("torch.", ""),
         kv_dtype=str(case.kv_torch_dtype).replace("torch.", "") if case.kv_dtype else None,
         page=case.page, num_blocks=pool.num_blocks, num_slots=pool.size,
         max_model_len=table.shape[1], max_num_seqs=table.shape[0], context_len=_context_len(case, fixtures, table),
+        speculative=dataclasses.asdict(speculative) if speculative else None,
         seed=case.rng_seed(), ratio=RATIO, abs_floor=ABS_FLOOR[case.torch_dtype],
         layers=[dict(heads=layer.tp_q_head_num, kv_heads=layer.tp_k_head_num, head_dim=layer.head_dim,
                      scale=layer.scaling, cap=layer.logit_cap, window=layer.sliding_window_size,
                      sinks=list(layer.sinks), k_scale=layer.k_scale, v_scale=layer.v_scale,
                      rank=layer.kv_lora_rank, rope=layer.rope_dim)
                 for layer in fixtures[0].layers],
-        draft=_draft(case),
+        multi_step=rules_for(case.mode).multi_step,
         batches=[dict(name=fx.case.name, mode=fx.case.mode.value, steps={
             device: list(numerics.case_steps(fx.case, device))
             for device in DEVICE_TYPES}, requests=[_request(r) for r in fx.plan.requests],
@@ -61,15 +65,6 @@ def _context_len(case: Case, fixtures, table) -> int:
     if case.context_edge:
         return max(r.seq_len for fx in fixtures for r in fx.plan.requests)
     return table.shape[1]
-
-
-def _draft(case: Case):
-    """A multi-step draft's lanes, steps and draft tokens (the server's speculative config), else None."""
-    rules = rules_for(case.mode)
-    if not rules.multi_step:
-        return None
-    spec = rules.speculative_config(case)
-    return dict(topk=spec.topk, steps=spec.num_steps, tokens=spec.num_draft_tokens)
 
 
 def _request(r) -> Dict:

@@ -23,14 +23,14 @@ def draft_fields(reqs):
     """The batch the draft's metadata is built on, as prepare_for_draft makes it: seq_lens the committed lengths,
     every lane's columns as write slots in (request, lane, column) order, one position (seq_len) a lane."""
     fields = batch_fields("decode", reqs)
-    fields.update(positions=device_ints([r["seq_len"] for r in reqs for _ in range(DRAFT["topk"])], torch.int64),
+    fields.update(positions=device_ints([r["seq_len"] for r in reqs for _ in range(SPEC["topk"])], torch.int64),
                   spec_info=EagleDraftInput())
     return fields
 
 
 def step_fields(fields, step):
     """Step `step`'s batch, as draft_forward makes it: column `step` of every lane's slots, positions + step."""
-    loc = fields["out_cache_loc"].view(fields["batch_size"], DRAFT["topk"], DRAFT["steps"])[:, :, step]
+    loc = fields["out_cache_loc"].view(fields["batch_size"], SPEC["topk"], SPEC["num_steps"])[:, :, step]
     return dict(fields, out_cache_loc=loc.reshape(-1), positions=fields["positions"] + step,
                 spec_info=EagleDraftInput())
 

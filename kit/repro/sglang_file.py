@@ -1,8 +1,10 @@
 """The SGLang part of a standalone file: SGLang's server args and attention TP of one process,
 its own ReqToTokenPool, MHATokenToKVPool, token allocator and KVIndexTranslator behind a model
 runner of the attributes its backends read, the backend class, RadixAttention layers, the batch as
-its ForwardBatch, then init_forward_metadata and each layer's forward inside its forward context; a
-graph run: its decode graphs captured and replayed as its CUDA-graph runner does (two-phase hooks)."""
+its ForwardBatch (a speculative one with EAGLE's spec_info: EagleVerifyInput with the drafts' tree
+mask in TARGET_VERIFY, EagleDraftExtendInput in DRAFT_EXTEND_V2), then init_forward_metadata and
+each layer's forward inside its forward context; a graph run: its batch-size graphs (DECODE,
+TARGET_VERIFY, DRAFT_EXTEND_V2) captured and replayed as its CUDA-graph runner does (two-phase hooks)."""
 from __future__ import annotations
 
 from typing import Dict
@@ -83,10 +85,10 @@ from sglang.srt.mem_cache.allocator import TokenToKVPoolAllocator
 from sglang.srt.mem_cache.kv_index_translator import KVIndexTranslator
 from sglang.srt.mem_cache.memory_pool import MHATokenToKVPool, MLATokenToKVPool, ReqToTokenPool
 from sglang.srt.model_executor.cuda_graph_config import Backend, CudaGraphConfig, PhaseConfig
-from sglang.srt.model_executor.forward_batch_info import ForwardBatch, ForwardMode
+from sglang.srt.model_executor.forward_batch_info import CaptureHiddenMode, ForwardBatch, ForwardMode
 from sglang.srt.model_executor.forward_context import ForwardContext, forward_context
 from sglang.srt.runtime_context import get_context, get_parallel
-from sglang.srt.speculative.eagle_info import EagleDraftInput
+from sglang.srt.speculative.eagle_info import EagleDraftExtendInput, EagleDraftInput, EagleVerifyInput
 from sglang.srt.speculative.spec_info import SpeculativeAlgorithm
 from transformers import PretrainedConfig
 
@@ -94,14 +96,16 @@ get_parallel().override_permanently(attn_tp_size=1, attn_dcp_rank=0)  # one proc
 no_graphs = PhaseConfig(backend=Backend.DISABLED)
 KV_CACHE_DTYPE = {None: "auto", torch.float8_e4m3fn: "fp8_e4m3", torch.float8_e5m2: "fp8_e5m2"}[KV_DTYPE]
 cache_dtype = KV_DTYPE or dtype  # SGLang's pool stores an fp8 cache as bytes and reads them as this
-DRAFT = S["draft"]  # a multi-step draft's lanes (topk), steps and draft tokens: the draft worker's server args
-SPECULATIVE = dict(speculative_algorithm="EAGLE", speculative_eagle_topk=DRAFT["topk"],
-                   speculative_num_steps=DRAFT["steps"], speculative_num_draft_tokens=DRAFT["tokens"]) if DRAFT else \
-    dict(speculative_algorithm=None)
+# The server's speculative config (TARGET_VERIFY, DRAFT_EXTEND_V2, a multi-step draft: EAGLE's drafts), read
+# by the backends when built; without one, the server's defaults.
+SPEC = S["speculative"] or dict(algorithm=None, num_draft_tokens=1, topk=1, num_steps=0)
+DRAFT = S["multi_step"]  # the draft worker's multi-step backend, over SPEC's lanes (topk) and steps
 get_context().override_server_args(
     attention_backend=BACKEND, page_size=S["page"], chunked_prefill_size=-1, dp_size=1, tp_size=1, pp_size=1,
     cuda_graph_config=CudaGraphConfig(decode=no_graphs, prefill=no_graphs), enable_deterministic_inference=False,
-    kv_cache_dtype=KV_CACHE_DTYPE, device=DEVICE, **SPECULATIVE).install()
+    kv_cache_dtype=KV_CACHE_DTYPE, speculative_algorithm=SPEC["algorithm"], speculative_eagle_topk=SPEC["topk"],
+    speculative_num_draft_tokens=SPEC["num_draft_tokens"], speculative_num_steps=SPEC["num_steps"],
+    device=DEVICE).install()
 
 
 MLA = L0["rank"] > 0  # latent attention: one latent row a token (its first `rank` columns V), DeepSeek's
@@ -130,10 +134,10 @@ class ModelConfig:  # the fields of a model's config SGLang's attention backends
 class ModelRunner:  # the attributes of SGLang's ModelRunner its attention backends read
     device, gpu_id, dtype, kv_cache_dtype, page_size = DEVICE, 0, dtype, cache_dtype, S["page"]
     model_config = ModelConfig()
-    use_mla_backend, is_draft_worker = MLA, DRAFT is not None
+    use_mla_backend, is_draft_worker = MLA, DRAFT
     windows = [spec["window"] for spec in S["layers"] if spec["window"] >= 0]
     sliding_window_size = max(windows) if windows else None
-    spec_algorithm = SpeculativeAlgorithm.EAGLE if DRAFT else SpeculativeAlgorithm.NONE
+    spec_algorithm = SpeculativeAlgorithm.EAGLE if S["speculative"] else SpeculativeAlgorithm.NONE
     prefill_attention_backend_str = decode_attention_backend_str = BACKEND
     server_args = get_context().server_args
     req_to_token_pool = ReqToTokenPool(S["max_num_seqs"], S["max_model_len"], DEVICE, enable_memory_saver=False)
@@ -144,14 +148,14 @@ class ModelRunner:  # the attributes of SGLang's ModelRunner its attention backe
     token_to_kv_pool_allocator = TokenToKVPoolAllocator(S["num_slots"], cache_dtype, DEVICE, token_to_kv_pool, False)
     kv_index_translator = KVIndexTranslator(
         req_to_token=req_to_token_pool.req_to_token, token_to_kv_pool_allocator=token_to_kv_pool_allocator,
-        token_to_kv_pool=token_to_kv_pool, page_size=S["page"], device=DEVICE, is_draft_worker=DRAFT is not None)
+        token_to_kv_pool=token_to_kv_pool, page_size=S["page"], device=DEVICE, is_draft_worker=DRAFT)
 
     def decode_num_tokens_per_req(self, num_draft_tokens=None):
-        return 1
+        return SPEC["num_draft_tokens"]  # a decode-shaped step's query tokens a request: a verify's drafts
 
 
 runner = ModelRunner()
-backend = AttnBackend(runner, DRAFT["topk"], DRAFT["steps"]) if DRAFT else AttnBackend(runner)
+backend = AttnBackend(runner, SPEC["topk"], SPEC["num_steps"]) if DRAFT else AttnBackend(runner)
 for each in getattr(backend, "attn_backends", [backend]):  # a multi-step draft's: one backend a step
     if getattr(each, "device_core_count", 1) <= 0:  # no SMs without CUDA: an H100's count keeps its KV split planner
         each.device_core_count = 132
@@ -167,7 +171,11 @@ for attn, spec in zip(layers, S["layers"]):
         attn.k_scale_float, attn.v_scale_float = spec["k_scale"], spec["v_scale"]
 sinks = [{"sinks": torch.tensor(spec["sinks"], dtype=torch.bfloat16, device=DEVICE)} if spec["sinks"] else {}
          for spec in S["layers"]]
-MODES = {"decode": ForwardMode.DECODE, "extend": ForwardMode.EXTEND, "mixed": ForwardMode.MIXED}
+MODES = {"decode": ForwardMode.DECODE, "extend": ForwardMode.EXTEND, "mixed": ForwardMode.MIXED,
+         "target_verify": ForwardMode.TARGET_VERIFY, "draft_extend_v2": ForwardMode.DRAFT_EXTEND_V2}
+# The modes whose batches carry the extend_* fields, as the kit hands them (docs/contract.md): a verify's carry
+# none, its spec_info counts the drafts.
+EXTEND_LIKE = ("extend", "mixed", "draft_extend_v2")
 
 
 def device_ints(values, dtype_):
@@ -191,6 +199,16 @@ def load(reqs, inputs):
         runner.req_to_token_pool.req_to_token[r["row"], :len(r["slots"])] = torch.tensor(r["slots"], dtype=torch.int32)
 
 
+def new_slots(reqs):
+    """The KV slots of the step's new tokens, request after request."""
+    return [s for r in reqs for s in r["slots"][r["n_old"]:]]
+
+
+def new_positions(reqs):
+    """The positions of the step's new tokens, request after request (a draft's: its prefix + tree depth)."""
+    return [p for r in reqs for p in r["q_pos"]]
+
+
 def batch_fields(mode, reqs):
     """The ForwardBatch fields of a batch of `reqs` in `mode`, as the scheduler hands them."""
     new_lens, old_lens, seq_lens = ([r[f] for r in reqs] for f in ("n_new", "n_old", "seq_len"))
@@ -198,16 +216,43 @@ def batch_fields(mode, reqs):
         forward_mode=MODES[mode], batch_size=len(reqs), input_ids=None,
         req_pool_indices=device_ints([r["row"] for r in reqs], torch.int32),
         seq_lens=device_ints(seq_lens, torch.int32), seq_lens_cpu=torch.tensor(seq_lens, dtype=torch.int32),
-        seq_lens_sum=sum(seq_lens), out_cache_loc=device_ints([s for r in reqs for s in r["slots"][r["n_old"]:]],
-                                                              torch.int64),
-        positions=device_ints([p for r in reqs for p in r["q_pos"]], torch.int64), spec_info=None)
-    if mode != "decode":
+        seq_lens_sum=sum(seq_lens), out_cache_loc=device_ints(new_slots(reqs), torch.int64),
+        positions=device_ints(new_positions(reqs), torch.int64))
+    fields["spec_info"] = spec_info(mode, reqs, fields)
+    if mode in EXTEND_LIKE:
         fields.update(extend_num_tokens=sum(new_lens), extend_seq_lens=device_ints(new_lens, torch.int32),
                       extend_prefix_lens=device_ints(old_lens, torch.int32),
                       extend_start_loc=device_ints([sum(new_lens[:i]) for i in range(len(reqs))], torch.int32),
                       extend_seq_lens_cpu=new_lens, extend_prefix_lens_cpu=old_lens,
                       global_num_token_non_padded_cpu=sum(new_lens))
     return fields
+
+
+def spec_info(mode, reqs, fields, padded=0, fill=0):
+    """EAGLE's speculative inputs of a batch in `mode`, as its worker hands them to the target model (None
+    outside the speculative modes); `padded`: a graph's padded rows after `reqs`, each of seq_len `fill`."""
+    drafts = SPEC["num_draft_tokens"]
+    if mode == "target_verify":
+        # Per request its [drafts, seq_len + drafts] block, row-major, blocks concatenated: True where a draft
+        # attends (the committed prefix, itself and its ancestors in the draft tree); a padded row's all True.
+        mask = device_ints([c == "1" for r in reqs for row in r["visible"] for c in row]
+                           + [True] * (padded * drafts * (fill + drafts)), torch.bool)
+        return EagleVerifyInput(
+            draft_token=None, custom_mask=mask, positions=fields["positions"], retrieve_index=None,
+            retrieve_next_token=None, retrieve_next_sibling=None, retrieve_cum_len=None, spec_steps=SPEC["num_steps"],
+            topk=SPEC["topk"], draft_token_num=drafts, capture_hidden_mode=CaptureHiddenMode.FULL,
+            seq_lens_sum=fields["seq_lens_sum"], seq_lens_cpu=fields["seq_lens_cpu"])
+    if mode == "draft_extend_v2":
+        # Every draft accepted: SGLang keeps num_accept_tokens = num_correct_drafts + 1 a request (eagle_info.py);
+        # a padded row extends by the drafts too.
+        lens = [r["n_new"] for r in reqs] + [drafts] * padded
+        accepted = device_ints(lens, torch.int32)
+        info = EagleDraftExtendInput(num_tokens_per_req=drafts, num_accept_tokens=accepted,
+                                     num_correct_drafts=accepted - 1, num_accept_tokens_cpu=lens)
+        # Set by SGLang's draft-extend runner, not dataclass fields: the prefix is seq_lens minus these.
+        info.extend_seq_lens_tensor, info.extend_seq_lens_cpu = accepted, lens
+        return info
+    return None
 
 
 def forward_batch(fields, in_capture=False):
@@ -242,40 +287,45 @@ def run(batch, inputs):
     return handed(lambda: forward(fields, qkv), qkv)
 '''
 
-# SGLang's decode CudaGraphRunner with the 0.5.23 two-phase hooks (cuda_graph_runner.py).
+# SGLang's decode-shaped CudaGraphRunner with the 0.5.23 two-phase hooks (cuda_graph_runner.py): DECODE's graphs
+# and the speculative modes', TOKENS query tokens a request.
 GRAPH = '''
 CAPTURE_SIZES = @BATCH_SIZES@  # SGLang's CUDA-graph batch sizes
 BUCKETS = sorted({min(n for n in CAPTURE_SIZES if n >= len(b["requests"])) for b in S["batches"]}, reverse=True)
 MAX_BS = BUCKETS[0]
-SCRATCH_SLOT = 0  # a padded row's KV slot: the pool's slot 0, never a request's
-backend.init_cuda_graph_state(MAX_BS, MAX_BS)
+TOKENS = SPEC["num_draft_tokens"]  # query tokens a request: DECODE's one, a speculative step's drafts
+SCRATCH_SLOT = 0  # a padded token's KV slot: the pool's slot 0, never a request's
+backend.init_cuda_graph_state(MAX_BS, MAX_BS * TOKENS)
 FILL = backend.get_cuda_graph_seq_len_fill_value()  # a padded row's seq_len
 # The runner's static inputs, for the largest bucket; a graph reads them at every replay.
 static = dict(req_pool_indices=torch.zeros(MAX_BS, dtype=torch.int32, device=DEVICE),
               seq_lens=torch.full((MAX_BS,), FILL, dtype=torch.int32, device=DEVICE),
               seq_lens_cpu=torch.full((MAX_BS,), FILL, dtype=torch.int32),
-              out_cache_loc=torch.zeros(MAX_BS, dtype=torch.int64, device=DEVICE),
-              positions=torch.zeros(MAX_BS, dtype=torch.int64, device=DEVICE))
-static_qkv = [[torch.zeros(MAX_BS, heads, width, dtype=dtype, device=DEVICE) for heads, width in (
+              out_cache_loc=torch.zeros(MAX_BS * TOKENS, dtype=torch.int64, device=DEVICE),
+              positions=torch.zeros(MAX_BS * TOKENS, dtype=torch.int64, device=DEVICE))
+static_qkv = [[torch.zeros(MAX_BS * TOKENS, heads, width, dtype=dtype, device=DEVICE) for heads, width in (
     (spec["heads"], spec["head_dim"]), (spec["kv_heads"], spec["head_dim"]),
     (spec["kv_heads"], spec["rank"] or spec["head_dim"]))] for spec in S["layers"]]
 graphs = {}  # bucket -> (the captured batch's fields, the graph, its outputs); no graph without CUDA
 
 
-def graph_fields(bs, seq_lens_sum, full=False):
-    """A DECODE batch of `bs` rows over the static buffers; `full`: the request buffers at full capacity."""
+def graph_fields(bs, seq_lens_sum, reqs=(), full=False):
+    """A batch of `bs` rows in the run's mode over the static buffers, `reqs` first, padded rows after (their
+    spec_info too); `full`: the request buffers at full capacity."""
     end = MAX_BS if full else bs
-    return dict(forward_mode=ForwardMode.DECODE, batch_size=bs, input_ids=None,
-                req_pool_indices=static["req_pool_indices"][:end], seq_lens=static["seq_lens"][:end],
-                seq_lens_cpu=static["seq_lens_cpu"][:end], seq_lens_sum=seq_lens_sum,
-                out_cache_loc=static["out_cache_loc"][:bs], positions=static["positions"][:bs], spec_info=None)
+    fields = dict(forward_mode=MODES[S["mode"]], batch_size=bs, input_ids=None,
+                  req_pool_indices=static["req_pool_indices"][:end], seq_lens=static["seq_lens"][:end],
+                  seq_lens_cpu=static["seq_lens_cpu"][:end], seq_lens_sum=seq_lens_sum,
+                  out_cache_loc=static["out_cache_loc"][:bs * TOKENS], positions=static["positions"][:bs * TOKENS])
+    fields["spec_info"] = spec_info(S["mode"], reqs, fields, padded=bs - len(reqs), fill=FILL)
+    return fields
 
 
 def program(fields, bs):
     """What a graph records: the in-graph metadata hook (where the backend has one), then every layer."""
     if hasattr(backend, "init_forward_metadata_in_graph"):
         backend.init_forward_metadata_in_graph(forward_batch(fields))
-    return forward(fields, [[x[:bs] for x in qkv] for qkv in static_qkv])
+    return forward(fields, [[x[:bs * TOKENS] for x in qkv] for qkv in static_qkv])
 
 
 def capture(bs):
@@ -283,8 +333,8 @@ def capture(bs):
     static["req_pool_indices"][:bs].zero_()
     static["seq_lens"][:bs].fill_(FILL)
     static["seq_lens_cpu"][:bs].fill_(FILL)
-    static["out_cache_loc"][:bs].fill_(SCRATCH_SLOT)
-    static["positions"][:bs].zero_()
+    static["out_cache_loc"][:bs * TOKENS].fill_(SCRATCH_SLOT)
+    static["positions"][:bs * TOKENS].zero_()
     fields = graph_fields(bs, FILL * bs)
     backend.init_forward_metadata_out_graph(forward_batch(fields, in_capture=True), in_capture=True)
     if DEVICE != "cuda":  # no graph: the replay runs the program again, with the backend's state as at capture
@@ -299,6 +349,12 @@ for bucket in BUCKETS:  # largest first, as SGLang captures
 replays = 0
 
 
+def refill(buffer, values, end, pad):
+    """`values` into the head of a static buffer, `pad` after them up to `end`."""
+    buffer[:len(values)] = values if torch.is_tensor(values) else torch.tensor(values, dtype=buffer.dtype)
+    buffer[len(values):end] = pad
+
+
 def run(batch, inputs):
     """One replay: the batch's rows copied into the static buffers, padded rows to the bucket (scratch
     slot, the fill seq_len, zero inputs), out_graph outside the graph, then the graph's replay. Every
@@ -311,29 +367,31 @@ def run(batch, inputs):
     pbs = min(n for n in BUCKETS if n >= bs)
     seq_lens = [r["seq_len"] for r in reqs]
     for name, values, pad in (("req_pool_indices", [r["row"] for r in reqs], 0), ("seq_lens", seq_lens, FILL),
-                              ("seq_lens_cpu", seq_lens, FILL), ("out_cache_loc", [r["slots"][-1] for r in reqs],
-                                                                 SCRATCH_SLOT),
-                              ("positions", [r["q_pos"][0] for r in reqs], 0)):
-        static[name][:bs] = torch.tensor(values, dtype=static[name].dtype)
-        static[name][bs:pbs] = pad
+                              ("seq_lens_cpu", seq_lens, FILL)):
+        refill(static[name], values, pbs, pad)
+    refill(static["out_cache_loc"], new_slots(reqs), pbs * TOKENS, SCRATCH_SLOT)
+    refill(static["positions"], new_positions(reqs), pbs * TOKENS, 0)
     for qkv, per_req in zip(static_qkv, inputs):
         for which, x in enumerate(qkv):
-            x[:bs] = new_tokens(reqs, per_req, which)
-            x[bs:pbs] = 0
-    fields = graph_fields(pbs, sum(seq_lens) + FILL * (pbs - bs), full=replays % 2 == 1)
+            refill(x, new_tokens(reqs, per_req, which), pbs * TOKENS, 0)
+    fields = graph_fields(pbs, sum(seq_lens) + FILL * (pbs - bs), reqs, full=replays % 2 == 1)
     replays += 1
     backend.init_forward_metadata_out_graph(forward_batch(fields))
     captured, graph, kept = graphs[pbs]
     if graph is not None:
         graph.replay()
-        return [out[:bs] for out in kept]
+        return [out[:bs * TOKENS] for out in kept]
     after_hooks = dict(vars(backend))
     vars(backend).update(kept)  # a graph keeps the launch arguments it was captured with
     try:
-        return [out[:bs] for out in program(captured, pbs)]
+        return [out[:bs * TOKENS] for out in program(captured, pbs)]
     finally:
         vars(backend).update(after_hooks)
 '''
+
+
+# The modes SGLang runs under its decode-shaped CUDA-graph runner: one graph per batch-size bucket.
+BATCH_SIZE_GRAPHS = {"decode", "target_verify", "draft_extend_v2"}
 
 
 def render(scenario: Dict, backend_cls, exec_: str) -> str:
@@ -344,17 +402,14 @@ def render(scenario: Dict, backend_cls, exec_: str) -> str:
     how = HOW[exec_]
     if modes == {"draft_decode"}:  # the draft's steps on a multi-step draft backend
         run, how = sglang_draft.part(backend_cls, exec_), sglang_draft.HOW
-    elif not modes <= {"decode", "extend", "mixed"}:
-        raise NotReproducible(f"{scenario['mode']} runs of SGLang backends: standalone files reproduce decode, extend "
-                              f"and mixed ones only, and a multi-step draft's decode steps (no verify or draft-extend "
-                              f"inputs yet)")
     elif exec_ == "eager":
         run = EAGER
-    elif modes == {"decode"}:
+    elif modes <= BATCH_SIZE_GRAPHS:
         run = cuda_graph_part(backend_cls.profile) + GRAPH.replace("@BATCH_SIZES@", repr(backend_cls.profile.batch_sizes))
     else:
         raise NotReproducible(f"{exec_} runs of SGLang backends in {scenario['mode']}: standalone files reproduce "
-                              f"decode graphs only (its token-bucket graphs not yet); give the eager run's id")
+                              f"its batch-size graphs only ({', '.join(sorted(BATCH_SIZE_GRAPHS))}; its token-bucket "
+                              f"graphs not yet); give the eager run's id")
     from backends.sglang import mla
 
     if scenario["layers"][0]["rank"] and backend_cls.server_name in mla.SPLIT_CALL_BACKENDS:
