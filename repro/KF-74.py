@@ -5,7 +5,8 @@ code, HybridReqToTokenPool's code, HybridLinearAttnBackend around Mamba2AttnBack
 ForwardBatch) over the batch padded to its graph bucket (padded rows: state slot -1, zero
 inputs); init_cuda_graph_state, init_forward_metadata_out_graph outside the graph, every layer's
 forward captured, the pools refilled, the replay. Without CUDA the same calls run eagerly on the
-same instance, as the kit emulates a graph (metadata, program, refill, metadata, program).
+same instance, as the kit emulates a graph (metadata, program, refill, metadata, program). The
+padded output rows must be finite, as the kit checks them.
 Shrunk from mamba2_decode_bf16_long (2 requests, 302 cached and 2 new tokens) to mamba2_bs1_short_bf16_fz39d680 (1 requests, 1 cached and 1 new tokens); both fail [kernel] in the kit.
 Each layer's output is judged against an inline float64 reference: the error against the limit,
 PASS / FAIL, exit status 1 on FAIL.

@@ -5,7 +5,10 @@ code, HybridReqToTokenPool's code, HybridLinearAttnBackend around Mamba2AttnBack
 ForwardBatch) over the batch padded to its graph bucket (padded rows: state slot -1, zero
 inputs); init_cuda_graph_state, init_forward_metadata_out_graph outside the graph, every layer's
 forward captured, the pools refilled, the replay. Without CUDA the same calls run eagerly on the
-same instance, as the kit emulates a graph (metadata, program, refill, metadata, program).
+same instance, as the kit emulates a graph (metadata, program, refill, metadata, program). The
+padded output rows must be finite, as the kit checks them.
+A verify hands EagleVerifyInput's chain of drafts and keeps each draft's state in the intermediate
+pools; the file reproduces the verify's own step, not the decode after it.
 Shrunk from mamba2_verify_saved_bf16 (2 requests, 76 cached and 6 new tokens) to mamba2_bs1_bf16_fz2446f1 (1 requests, 1 cached and 3 new tokens); both fail [kernel] in the kit.
 Each layer's output is judged against an inline float64 reference: the error against the limit,
 PASS / FAIL, exit status 1 on FAIL.

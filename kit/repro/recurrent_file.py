@@ -27,7 +27,7 @@ from kit.engine.recurrent_step import build
 from kit.harness import interpreter, nan_fill
 from kit.harness.checks import ABS_FLOOR, RATIO
 from kit.harness.recurrent import declared_casts, padded_bucket
-from kit.modes import Exec
+from kit.modes import Exec, ForwardMode
 from kit.repro.file_parts import cuda_graph_part, opening
 from kit.repro.scenario import DEVICE_TYPES, NotReproducible
 from kit.repro.sglang_file import PLACEHOLDERS
@@ -41,7 +41,10 @@ HOW = {"eager": ("Builds the step with SGLang's own classes as the kit's adapter
                  "ForwardBatch) over the batch padded to its graph bucket (padded rows: state slot -1, zero\n"
                  "inputs); init_cuda_graph_state, init_forward_metadata_out_graph outside the graph, every layer's\n"
                  "forward captured, the pools refilled, the replay. Without CUDA the same calls run eagerly on the\n"
-                 "same instance, as the kit emulates a graph (metadata, program, refill, metadata, program).")}
+                 "same instance, as the kit emulates a graph (metadata, program, refill, metadata, program). The\n"
+                 "padded output rows must be finite, as the kit checks them.")}
+VERIFY = ("\nA verify hands EagleVerifyInput's chain of drafts and keeps each draft's state in the intermediate\n"
+          "pools; the file reproduces the verify's own step, not the decode after it.")
 
 
 def scenario(case: RecurrentCase, backend_cls, exec_: Exec, origin: str) -> Dict:
@@ -430,7 +433,8 @@ def render(case: RecurrentCase, backend_cls, exec_: Exec, origin: str) -> str:
         raise NotReproducible(f"{backend_cls.name} does not run {case.name}: {problem}")
     graph = exec_ == Exec.GRAPH
     parts = (
-        opening(scenario(case, backend_cls, exec_, origin), "SGLang", backend_cls.name, exec_.value, HOW[exec_.value]),
+        opening(scenario(case, backend_cls, exec_, origin), "SGLang", backend_cls.name, exec_.value,
+                HOW[exec_.value] + (VERIFY if case.mode == ForwardMode.TARGET_VERIFY else "")),
         PLACEHOLDERS.replace("@BACKEND@", repr("triton")),
         _interpreter(),
         DRAWS.replace("@SPLIT@", _source(mamba2_kind.split)),
