@@ -258,16 +258,21 @@ def cuda_graph_part(profile) -> str:
     return CUDA_GRAPH.replace("@CAPTURE_WARMUPS@", str(profile.capture_warmups))
 
 
-def assemble(scenario: Dict, engine: str, backend: str, exec_: str, how: str, engine_part: str) -> str:
-    """The whole file: OPENING (filled in), the interpreter's fp8 cast where the cache is fp8, INPUTS (with the
-    cache's quantization), the engine's part, VERDICT."""
-    opening = OPENING
+def opening(scenario: Dict, engine: str, backend: str, exec_: str, how: str) -> str:
+    """OPENING filled in: what the file reproduces, how, and the scenario literal."""
+    text = OPENING
     for key, value in (("ENGINE", engine), ("BACKEND", backend), ("MODE", scenario["mode"]), ("EXEC", exec_),
                        ("CASE", scenario["case"]), ("HOW", how), ("ORIGIN", scenario["origin"]),
                        ("SCENARIO", pprint.pformat(scenario, width=120, compact=True))):
-        opening = opening.replace(f"@{key}@", value)
+        text = text.replace(f"@{key}@", value)
+    return text
+
+
+def assemble(scenario: Dict, engine: str, backend: str, exec_: str, how: str, engine_part: str) -> str:
+    """The whole file: OPENING (filled in), the interpreter's fp8 cast where the cache is fp8, INPUTS (with the
+    cache's quantization), the engine's part, VERDICT."""
     fp8_cast = FP8_CAST.replace("@FP8_ROUNDED@", _indented(_source(interpreter._fp8_rounded_to_nearest))) \
         if scenario["kv_dtype"] else ""
     inputs = INPUTS.replace("@KV_QUANT@", _source(kv_quant.is_quantized, kv_quant.quantize, kv_quant.dequantize,
                                                   kv_quant.as_stored))
-    return opening + fp8_cast + inputs + engine_part + _verdict()
+    return opening(scenario, engine, backend, exec_, how) + fp8_cast + inputs + engine_part + _verdict()

@@ -22,7 +22,8 @@ HOW = {"eager": ("Builds the batches with SGLang's own classes (ReqToTokenPool, 
                  "and the capture of every layer's forward on padded rows; per replay the static buffers refilled,\n"
                  "init_forward_metadata_out_graph, the replay).")}
 
-ENGINE_PART = '''import importlib.abc, importlib.machinery, importlib.util, types
+# What any SGLang file imports first: sglang's import chain without its CUDA-only packages.
+PLACEHOLDERS = '''import importlib.abc, importlib.machinery, importlib.util, types
 
 BACKEND = @BACKEND@
 # Where SGLang's CUDA-only kernel package (or torchvision) is not installed, its import chain still
@@ -78,7 +79,9 @@ if MISSING:
         from transformers.utils import import_utils
         import_utils.is_torchvision_available()
     sys.meta_path.append(PlaceholderFinder())
-from sglang.srt.configs.model_config import AttentionArch
+'''
+
+ENGINE_PART = PLACEHOLDERS + '''from sglang.srt.configs.model_config import AttentionArch
 @BACKEND_IMPORT@
 from sglang.srt.layers.radix_attention import RadixAttention
 from sglang.srt.mem_cache.allocator import TokenToKVPoolAllocator

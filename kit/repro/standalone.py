@@ -1,9 +1,11 @@
-"""The standalone file of a run, by the engine of its backend's profile: one renderer per engine."""
+"""The standalone file of a run, by the engine of its backend's profile: one renderer per engine, and
+one for a recurrent kind's step (kit.repro.recurrent_file)."""
 from __future__ import annotations
 
 from kit.engine.case import Case
+from kit.engine.kinds.recurrent import RecurrentCase
 from kit.modes import Exec
-from kit.repro import sglang_file, vllm_file
+from kit.repro import recurrent_file, sglang_file, vllm_file
 from kit.repro.scenario import NotReproducible, scenario
 
 RENDERERS = {"vllm": vllm_file.render, "sglang": sglang_file.render}
@@ -17,5 +19,7 @@ def standalone(backend_cls, case: Case, exec_: Exec, origin: str) -> str:
     if engine not in RENDERERS:
         raise NotReproducible(f"{backend_cls.name}: no standalone renderer for {engine} backends yet "
                               f"({', '.join(sorted(RENDERERS))} have one)")
+    if isinstance(case, RecurrentCase):  # a recurrent step, not batches of KV pages: a renderer of its own
+        return recurrent_file.render(case, backend_cls, exec_, origin)
     return RENDERERS[engine](scenario(case, backend_cls.profile, exec_, origin, backend_cls.numerics), backend_cls,
                              exec_.value)
