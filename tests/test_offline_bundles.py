@@ -229,3 +229,12 @@ def test_flashinfers_bundle_brings_the_cutlass_dsl_the_pinned_engines_require():
         extra, version = required[0].partition("[")[2].partition("]")[0], required[0].rpartition("==")[2]
         assert pins["nvidia-cutlass-dsl"] == version and pins[f"nvidia-cutlass-dsl-libs-{extra}"] == version, required
     assert "cutlass" in SPEC.runs_import
+
+
+def test_sglangs_bundle_brings_the_flash_mla_sglang_requires():
+    """SGLang's DSA backend runs FlashMLA's sparse kernel, imported only on a GPU: the bundle brings the
+    sgl-flash-mla pin sglang requires and its install checks that flash_mla imports there."""
+    from backends.sglang.gpu_bundle import SPEC
+    required = [r for r in importlib.metadata.requires("sglang") or () if r.startswith("sgl-flash-mla")]
+    assert required, "sglang no longer requires sgl-flash-mla: drop it from its bundle"
+    assert required[0].partition(";")[0].strip() in SPEC.also and "flash_mla" in SPEC.runs_import

@@ -17,8 +17,12 @@ import sys
 
 from backends.offline.bundle import Spec, engine_load, main
 
+# SGLang's DSA backend imports FlashMLA's sparse kernel (flash_mla) when it first runs on a GPU, which no
+# import chain on a machine without one reaches: the sgl-flash-mla wheel at the pin sglang 0.5.23 requires.
+FLASH_MLA = "sgl-flash-mla==1.0.0"
+
 SPEC = Spec(name="sglang", engine="sglang", where="backends.sglang.gpu_bundle:SPEC", packages=("backends.sglang",),
-            load=engine_load, leaves_out=("flashinfer-python", "vllm"))
+            load=engine_load, leaves_out=("flashinfer-python", "vllm"), also=(FLASH_MLA,), runs_import=("flash_mla",))
 
 if __name__ == "__main__":
     sys.exit(main(SPEC))
