@@ -6,6 +6,7 @@ environment stopped), each record keeping the commit that judged it."""
 from __future__ import annotations
 
 import collections
+import dataclasses
 from typing import Callable, Dict, List, Sequence, Tuple
 
 from kit.report.record import COMPLETE, Record, Rerun, ResultsFile, parse_run_id
@@ -55,8 +56,9 @@ AGREEMENT: Tuple[Tuple[Callable[[ResultsFile], Dict[str, tuple]], str], ...] = (
     (lambda f: _values(f, "kit_commit"), "run every shard from one commit"),
     (_versions, "run every shard with the same libraries installed"),
 )
-# What a rerun agrees on with the shards: the run it completes is one device's, with one set of
-# libraries (the kit commit is what differs).
+# What a rerun agrees on with the shards' records it keeps: the run it completes is one device's, with
+# one set of libraries (the kit commit is what differs); a library only the re-run backends report
+# (one installed for their run) is theirs to change.
 RERUN_AGREEMENT = (
     (_devices, "re-run the backend on the shards' device"),
     (_versions, "re-run the backend with the shards' libraries installed"),
@@ -169,10 +171,11 @@ def _commit(rerun: ResultsFile) -> str:
 def _replace(run: ResultsFile, rerun: ResultsFile, shards: Sequence[ResultsFile]) -> None:
     """`run`'s records of the backends `rerun` ran again replaced by its own, the rerun recorded;
     RerunError where it cannot replace them."""
-    problem = _not_whole(run, rerun) or _disagreement([*shards, rerun], RERUN_AGREEMENT)
+    backends = _backends(rerun.selected)
+    kept = [dataclasses.replace(f, records=[r for r in f.records if r.backend not in backends]) for f in shards]
+    problem = _not_whole(run, rerun) or _disagreement([*kept, rerun], RERUN_AGREEMENT)
     if problem:
         raise RerunError(problem)
-    backends = _backends(rerun.selected)
     run.reruns.append(Rerun(tuple(sorted(backends)), _commit(rerun)))
     run.records = [r for r in run.records if r.backend not in backends] + rerun.records
 

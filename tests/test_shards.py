@@ -318,6 +318,22 @@ def test_a_rerun_that_is_no_whole_run_of_its_backends_is_refused(tmp_path, chang
     assert _rerun_refusal(shards, [rerun]).startswith(said.format(shard=shards[0], rerun=rerun))
 
 
+def test_a_library_only_the_rerun_backends_report_is_theirs_to_change(tmp_path):
+    """A wheel installed for the re-run (the flash_mla a DSA backend imports) changes what its backend's
+    records report, not the run the other backends' records make; one the kept records report too must agree."""
+    shards = _crashed_shards(tmp_path)
+    for path in shards:
+        doc = json.loads(path.read_text())
+        for r in doc["records"]:
+            r["versions"] = {**r["versions"], "flash_mla": "not installed"} if r["backend"] == "fix" else r["versions"]
+        path.write_text(json.dumps(doc))
+    installed = dict(rec("a")["versions"], flash_mla="1.0.0")
+    run = _merged_with(shards, [_rerun(tmp_path, versions=installed)])
+    assert {r.versions["flash_mla"] for r in run.records if r.backend == "fix"} == {"1.0.0"}
+    shared = dict(installed, triton="3.8.0")
+    assert "disagree on the triton version" in _rerun_refusal(shards, [_rerun(tmp_path, versions=shared)])
+
+
 def test_a_backend_in_two_reruns_is_refused(tmp_path):
     shards = _crashed_shards(tmp_path)
     first, second = _rerun(tmp_path), _rerun(tmp_path, ids=IDS + FIX, name="again.json")
