@@ -12,7 +12,7 @@ matrix run, the GPUs it had, seconds, runs, runs per second and where the time w
 kit_throughput's rows), each GPU's workers' share of their time in runs (`workers_busy_by_gpu`:
 kit.process.placement puts worker N on GPU N mod the GPUs) and seconds in runs, each GPU's mean
 utilization and the memory peak (nvidia-smi, polled), and whether its verdicts equal those of the
-committed results (`--committed`, default `results/gpu-h100.json`; `verdicts_differ`: the first
+committed results (`--committed`, default `results/gpu-h200.json`; `verdicts_differ`: the first
 that do not). Other arguments go to pytest as they are (e.g. `--mode decode`).
 """
 from __future__ import annotations
@@ -94,8 +94,8 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--full", action="store_true", help="every registered backend, not the in-box four")
     p.add_argument("--workers", default="auto", help="xdist workers (default auto)")
     p.add_argument("--case-set", default="full")
-    p.add_argument("--committed", default="results/gpu-h100.json",
-                   help="the results whose verdicts each run's are compared with (default results/gpu-h100.json)")
+    p.add_argument("--committed", default="results/gpu-h200.json",
+                   help="the results whose verdicts each run's are compared with (default results/gpu-h200.json)")
     p.add_argument("--no-warmup", action="store_true", help="no `python -m kit warmup` first")
     p.add_argument("--limit-s", type=float, default=3600.0, help="time limit of the warmup")
     p.add_argument("--out", help="rows file (default: results/bench/gpus-<device>.json)")
