@@ -9,7 +9,8 @@ import sys
 import pytest
 import torch
 
-from kit.repro.check_files import ROOT, blocked_env, entries_linking, main
+from kit.report.known_failures import KnownFailure
+from kit.repro.check_files import ROOT, _said, blocked_env, entries_linking, main, shows
 
 FILES = {
     "fails.py": "print('batch 1/1 layer 0: max error 3 > limit 1: FAIL')\nprint('FAIL')\nraise SystemExit(1)\n",
@@ -65,3 +66,36 @@ def test_the_blocked_path_keeps_the_machines_own_after_it(tmp_path, monkeypatch)
     assert subprocess.run([sys.executable, "-c", "import someengine"], env=env, cwd=tmp_path).returncode == 0
     kit = subprocess.run([sys.executable, "-c", "import kit"], env=env, cwd=tmp_path, capture_output=True, text=True)
     assert kit.returncode != 0 and "the standalone file imported kit" in kit.stderr
+
+
+def _entry(failure_class, text="", band=None, mark="xfail"):
+    return KnownFailure(id="KF-0", backend="b", mode="*", exec="*", case="*", device="*", failure_class=failure_class,
+                        mark=mark, reason="why", link="repro/KF-0.py", where="KNOWN_FAILURES.md:1", band=band, text=text)
+
+
+TRACEBACK = ('Traceback (most recent call last):\n  File "/opt/vllm/vllm/model_executor/layers/attention/attention.py", '
+             'line 517, in forward\n    assert self.kv_cache_dtype == "fp8_e4m3"\nAssertionError\n')
+WRONG = "batch 1/1 (b) layer 0: max error 3 > limit 1: FAIL\nFAIL\n"
+INPUTS = "batch 1/1 (b) layer 0: max error 0.5 <= limit 1: PASS\ninputs: layer 0: q passed to forward was changed in place: 4 of 8: FAIL\nFAIL\n"
+
+
+def test_a_run_shows_its_entrys_bug_by_the_entrys_class_and_what_it_pins():
+    place = _entry("crash", text="layers/attention/attention.py:517")
+    assert shows(place, 1, "", TRACEBACK)  # the kit's `path:line` is the traceback's `File "...path", line N`
+    assert not shows(place, 1, "", TRACEBACK.replace("line 517", "line 518"))
+    assert not shows(place, 0, "", TRACEBACK)
+    said = _entry("crash", text="We only support bf16 dtype for S aux")
+    assert shows(said, 1, "", "RuntimeError: mha_fwd: We only support bf16 dtype for S aux.\n")
+    assert not shows(said, 1, "", "RuntimeError: out of memory\n")
+    fault = _entry("crash", mark="quarantine")
+    assert shows(fault, -11, "", "") and not shows(fault, 1, "", TRACEBACK)
+    kernel = _entry("kernel")
+    assert shows(kernel, 1, WRONG, "") and not shows(kernel, 0, "PASS\n", "") and not shows(kernel, 1, INPUTS, "")
+    under_the_limit = _entry("kernel", band=(0.0, 1.0))  # its bug is the inputs check's alone
+    assert shows(under_the_limit, 1, INPUTS, "") and not shows(under_the_limit, 1, WRONG, "")
+
+
+def test_a_row_says_which_of_its_entries_it_shows():
+    row = dict(skipped="", exit_code=1, verdict="", error="AssertionError", seconds=19.8,
+               shows={"KF-42": True, "KF-43": False})
+    assert _said(row) == "exit 1, '', 'AssertionError' (19.8 s): shows KF-42; does not show KF-43"

@@ -21,8 +21,7 @@ from backends.vllm.adapter import vllm_problem
 from kit.__main__ import main
 from kit.cli import USAGE
 from kit.report.known_failures import load_or_default
-from kit.report.record import CRASH
-from kit.repro.check_files import blocked_env
+from kit.repro.check_files import WRONG_OUTPUT, blocked_env, shows
 
 VLLM = pytest.mark.skipif(vllm_problem() is not None, reason=str(vllm_problem()))
 SGLANG = pytest.mark.skipif(sglang_problem() is not None, reason=str(sglang_problem()))
@@ -113,9 +112,6 @@ def test_a_speculative_file_passes_without_the_kit(tmp_path, run_id):
     lines = done.stdout.splitlines()
     assert lines[-1] == "PASS" and len(lines) > 1 and all(line.endswith("PASS") for line in lines)
 
-
-# An output the file fails: past its limit, or (a graph's) padded rows the engine left NaN or inf.
-WRONG_OUTPUT = re.compile(r"> limit|padded output rows NaN/inf: FAIL")
 
 
 def _failed(done, inputs_only=False):
@@ -216,6 +212,18 @@ def test_standalone_file_shrinks_and_reproduces_a_known_failure(tmp_path, capsys
     _failed(done)
 
 
+@SGLANG
+def test_an_sglang_mla_file_hands_a_split_backend_q_and_k_in_latent_and_rope_parts(tmp_path):
+    """DeepSeek's model calls FlashInfer MLA (and SGLang's other split backends) with q_rope= and k_rope=; the
+    Triton MLA file above runs the whole rows (SPLIT_CALL False) and passes."""
+    out = tmp_path / "r.py"
+    assert main(["repro", "--standalone", "sglang_flashinfer_mla-extend-eager-mla_h16_ragged_p16_fp16", "--no-shrink",
+                 "--out", str(out)]) == 0
+    text = out.read_text()
+    compile(text, str(out), "exec")
+    assert "\nSPLIT_CALL = True  #" in text and "q_rope=q[..., rank:], k_rope=k[..., rank:]" in text
+
+
 @VLLM
 @SGLANG
 @pytest.mark.parametrize("run_id, problem", [
@@ -226,7 +234,6 @@ def test_standalone_file_shrinks_and_reproduces_a_known_failure(tmp_path, capsys
     ("sglang_triton_draft-draft_decode-graph-gqa_chain3_p16_fp32", "their eager steps only"),
     ("sglang_triton-draft_decode-eager-gqa_chain3_p16_fp32", "runs the draft's steps in TritonMultiStepDraftBackend"),
     ("vllm_triton_mla-decode-eager-mla_deepseek_h128_bs1_p64_fp16", "vLLM's dense attention only"),
-    ("sglang_flashinfer_mla-extend-eager-mla_r32_h16_ragged_p16_fp32", "split into latent and rope parts"),
     ("sglang_gdn-decode-graph-gdn_decode_bf16_long", "SGLang's Mamba2 of the recurrent backends only"),
     ("sglang_mamba2-extend-eager-mamba2_extend_chunks_bf16", "decode and verify steps only"),
     ("sglang_mamba2-decode-graph-mamba2_decode_fp32", "SGLang decodes a request after its prefill"),
@@ -278,8 +285,4 @@ def test_a_cpu_entrys_standalone_file_fails_without_the_kit(tmp_path, entry):
     path = ROOT / next(link for link in entry.links if REPRO_FILE.fullmatch(link))
     done = subprocess.run([sys.executable, str(path)], cwd=tmp_path, env=_kit_blocked(tmp_path), capture_output=True,
                           text=True, timeout=900)
-    if entry.failure_class == CRASH:  # its text; a fault that names none (quarantined): killed by a signal
-        assert (entry.text in done.stderr) if entry.text else (done.returncode < 0 and entry.mark == "quarantine"), \
-            done.stderr[-2000:]
-    else:  # an entry whose band lies under the limit (`kernel 0-1x`) fails the inputs check only
-        _failed(done, inputs_only=bool(entry.band) and entry.band[1] <= 1)
+    assert shows(entry, done.returncode, done.stdout, done.stderr), done.stdout[-2000:] + done.stderr[-2000:]

@@ -1,7 +1,8 @@
 """`python -m kit.repro.check_files DIR --json OUT`: run every standalone file in DIR (repro/, repro/cuda/)
 as a maintainer would, each in a fresh process with the kit not importable, and write one JSON row a
 file: the KNOWN_FAILURES.md entries that link it, the device, its exit code, its verdict line (its last
-line of output: `FAIL` where it shows its entry's bug) and its seconds. A file in a directory named
+line of output: `FAIL` where it shows a wrong output), its seconds, and for each entry whether the
+run shows that entry's bug (`shows`: the one rule the suite holds the CPU files to as well). A file in a directory named
 `cuda` shows what its entry's GPU shows: where torch sees no CUDA device it is not run, and its row
 says so (`skipped`), so that the same command runs on any machine."""
 from __future__ import annotations
@@ -21,6 +22,10 @@ ROOT = Path(__file__).resolve().parents[2]
 BLOCKED = ("kit", "backends")  # what a standalone file must not import: the kit and its adapters
 # The line a traceback ends with (`module.NameError: message`), which PyTorch's and compilers' notes follow.
 RAISED = re.compile(r"^[A-Za-z_][\w.]*(Error|Exception)\b")
+# An output a file fails: past its limit, or (a graph's) padded rows the engine left NaN or inf.
+WRONG_OUTPUT = re.compile(r"> limit|padded output rows NaN/inf: FAIL")
+# A crash's place as the kit's messages write it (`layers/attention/attention.py:517`).
+PLACE = re.compile(r"(?P<path>[\w./-]+\.py):(?P<line>\d+)")
 
 
 def blocked_env(where: Path) -> Dict[str, str]:
@@ -36,7 +41,7 @@ def blocked_env(where: Path) -> Dict[str, str]:
     return env
 
 
-def entries_linking(path: Path) -> List[str]:
+def linking(path: Path) -> list:
     """The KNOWN_FAILURES.md entries whose links name `path` (links are paths from the repo root)."""
     from kit.report.known_failures import load_or_default
 
@@ -44,7 +49,35 @@ def entries_linking(path: Path) -> List[str]:
         link = path.resolve().relative_to(ROOT).as_posix()
     except ValueError:  # a file outside this checkout: no entry links it
         return []
-    return [e.id for e in load_or_default() if link in e.links]
+    return [e for e in load_or_default() if link in e.links]
+
+
+def entries_linking(path: Path) -> List[str]:
+    """The ids of the entries that link `path`."""
+    return [e.id for e in linking(path)]
+
+
+def _says(output: str, text: str) -> bool:
+    """Whether a run's output holds a crash entry's text; a place the kit writes `path:line` a traceback
+    writes `File ".../path", line N`."""
+    place = PLACE.fullmatch(text)
+    return text in output or bool(place and f'{place["path"]}", line {place["line"]},' in output)
+
+
+def shows(entry, exit_code: Optional[int], stdout: str, stderr: str) -> bool:
+    """Whether a standalone file's run shows its entry's bug: a crash entry's text in what it printed (a
+    quarantined entry naming none: killed by a signal); any other its verdict FAIL, from a wrong output,
+    or, where the entry's band lies under the limit (`kernel 0-1x`), from the inputs check alone."""
+    from kit.report.record import CRASH
+
+    if entry.failure_class == CRASH:
+        if entry.text:
+            return exit_code != 0 and _says(stdout + stderr, entry.text)
+        return exit_code is not None and exit_code < 0 and entry.mark == "quarantine"
+    lines = stdout.splitlines()
+    inputs_only = bool(entry.band) and entry.band[1] <= 1
+    return exit_code == 1 and bool(lines) and lines[-1] == "FAIL" and (
+        bool(WRONG_OUTPUT.search(stdout)) != inputs_only) and ("changed in place" in stdout or not inputs_only)
 
 
 def _last_line(text: str) -> str:
@@ -60,8 +93,9 @@ def _error_line(stderr: str) -> str:
 
 def check_file(path: Path, device: str, cuda: bool, timeout: float) -> Dict:
     """One file's row; the file runs from an empty directory, so nothing of this checkout is on its path."""
-    row = dict(file=str(path), entries=entries_linking(path), device=device, exit_code=None, verdict="",
-               error="", seconds=0.0, skipped="")
+    entries = linking(path)
+    row = dict(file=str(path), entries=[e.id for e in entries], device=device, exit_code=None, verdict="",
+               error="", seconds=0.0, skipped="", shows={})
     if path.parent.name == "cuda" and not cuda:
         row["skipped"] = f"needs a CUDA device (torch sees none on {device})"
         return row
@@ -75,7 +109,8 @@ def check_file(path: Path, device: str, cuda: bool, timeout: float) -> Dict:
             row.update(seconds=round(time.monotonic() - start, 1), error=f"timed out after {timeout:g} s")
             return row
         row.update(exit_code=done.returncode, verdict=_last_line(done.stdout), seconds=round(time.monotonic() - start, 1),
-                   error=_error_line(done.stderr) if done.returncode else "")
+                   error=_error_line(done.stderr) if done.returncode else "",
+                   shows={e.id: shows(e, done.returncode, done.stdout, done.stderr) for e in entries})
     return row
 
 
@@ -86,7 +121,8 @@ def _said(row: Dict) -> str:
     said = f"exit {row['exit_code']}, {row['verdict']!r}"
     if row["error"] and row["verdict"] not in ("PASS", "FAIL"):  # a crash, or a timeout: what stopped it
         said += f", {row['error']!r}"
-    return f"{said} ({row['seconds']} s)"
+    shown = "; ".join(f"{'shows' if ok else 'does not show'} {entry}" for entry, ok in row["shows"].items())
+    return f"{said} ({row['seconds']} s)" + (f": {shown}" if shown else "")
 
 
 def check_dir(directory: Path, timeout: float) -> Dict:

@@ -26,6 +26,7 @@ HOW = {"eager": ("Builds the batches with SGLang's own classes (ReqToTokenPool, 
 PLACEHOLDERS = '''import importlib.abc, importlib.machinery, importlib.util, types
 
 BACKEND = @BACKEND@
+SPLIT_CALL = @SPLIT_CALL@  # whether DeepSeek's model hands this backend an MLA layer's q and k in latent and rope parts
 # Where SGLang's CUDA-only kernel package (or torchvision) is not installed, its import chain still
 # names them: placeholders that fail when used, served to sglang's imports only.
 MISSING = [name for name in ("sgl_kernel", "torchvision") if importlib.util.find_spec(name) is None]
@@ -272,9 +273,13 @@ def forward(fields, qkv, attn_backend=backend):
     outs = []
     with forward_context(ForwardContext(attn_backend=attn_backend)):
         for spec, attn, extra, (q, k, v) in zip(S["layers"], layers, sinks, qkv):
-            t = q.shape[0]
-            outs.append(attn(q.reshape(t, -1), k, v, forward_batch(fields), **extra).view(
-                t, spec["heads"], spec["rank"] or spec["head_dim"]))
+            t, rank = q.shape[0], spec["rank"]
+            if rank and SPLIT_CALL:  # q [T, H, rank | rope], k [T, 1, latent | k_pe]; v is the latent
+                q, k, v, extra = q[..., :rank], k[..., :rank], k[..., :rank], dict(
+                    extra, q_rope=q[..., rank:], k_rope=k[..., rank:])
+            else:
+                q = q.reshape(t, -1)
+            outs.append(attn(q, k, v, forward_batch(fields), **extra).view(t, spec["heads"], rank or spec["head_dim"]))
     return outs
 '''
 
@@ -415,12 +420,9 @@ def render(scenario: Dict, backend_cls, exec_: str) -> str:
                               f"graphs not yet); give the eager run's id")
     from backends.sglang import mla
 
-    if scenario["layers"][0]["rank"] and backend_cls.server_name in mla.SPLIT_CALL_BACKENDS:
-        raise NotReproducible(f"MLA runs of SGLang's {backend_cls.server_name} backend: DeepSeek's model hands it q "
-                              f"and k split into latent and rope parts (q_rope=, k_rope=), which standalone files "
-                              f"do not yet")
     module, cls = backend_cls.sglang_class.split(":")
     engine_part = ENGINE_PART.replace("@BACKEND@", repr(backend_cls.server_name)).replace(
+        "@SPLIT_CALL@", repr(backend_cls.server_name in mla.SPLIT_CALL_BACKENDS)).replace(
         "@BACKEND_IMPORT@", f"from {module} import {cls} as AttnBackend").replace(
         "@NORMAL_PATH_HEAD_DIM@", repr(mla.NORMAL_PATH_HEAD_DIM)).replace(
         "@MLA_CONFIG_HEAD_DIM@", repr(mla.MLA_CONFIG_HEAD_DIM)) + run
