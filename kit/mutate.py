@@ -2,6 +2,7 @@
 
     python -m kit.mutate [--case-set auto|smoke|full] [--only NAME,...] [--cpu-only]
                          [-j N] [--json PATH] [--catalog module:attr] [--cases module:attr]
+                         [--timeout SECONDS]
 
 Prints the score table (mutant, caught by how many runs, failure classes seen,
 first failing run) and exits 1 if any mutant is missed, i.e. the kit never
@@ -20,6 +21,7 @@ from kit.engine.catalog import load_catalog, resolve_set
 from kit.cli import Parser, count, fail
 from kit.mutation import score_all, worker
 from kit.harness.registry import load_backend
+from kit.harness.timeout import DEFAULT_S
 from kit.targets import import_target
 from kit.harness.environment import environment, versions
 from matrix.mutation import table
@@ -38,6 +40,9 @@ def main(argv=None) -> int:
                         help="mutants scored at once, each in its own process (default: one per CPU)")
     parser.add_argument("--json", help="write the scores here")
     parser.add_argument("--stop-when-caught", action="store_true", help="stop a mutant at its first catch")
+    parser.add_argument("--timeout", type=float, default=DEFAULT_S,
+                        help=f"each run's time limit in seconds, as the matrix's (default {DEFAULT_S:g}, 0 for none): "
+                             "past it the run is a crash, and a run stuck in native code ends its mutant's process")
     parser.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
     from kit.harness import interpreter
@@ -51,7 +56,7 @@ def main(argv=None) -> int:
     except (ImportError, AttributeError, TypeError) as exc:
         return fail(PROG, f"--catalog {args.catalog} / --cases {args.cases}: {exc}")
     if args.worker:
-        worker(args.catalog, args.only, case_set, args.stop_when_caught, args.cases)
+        worker(args.catalog, args.only, case_set, args.stop_when_caught, args.cases, args.timeout or None)
         return 0
 
     if args.only:
@@ -63,7 +68,8 @@ def main(argv=None) -> int:
     on_gpu = torch.cuda.is_available()
     if args.cpu_only or not on_gpu:
         mutants = [m for m in mutants if m.cpu]
-    scores = score_all(mutants, args.catalog, case_set, args.jobs, args.stop_when_caught, args.cases)
+    scores = score_all(mutants, args.catalog, case_set, args.jobs, args.stop_when_caught, args.cases,
+                       args.timeout or None)
     env = dict(environment(), versions={})
     for m in mutants:
         env["versions"].update(versions(load_backend(m.backend)))

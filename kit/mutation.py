@@ -23,6 +23,7 @@ from kit.harness.capabilities import Capabilities
 from kit.harness.registry import load_backend
 from kit.targets import import_target
 from kit.harness.runner import run_case
+from kit.harness.timeout import DEFAULT_S
 
 
 @dataclasses.dataclass(frozen=True)
@@ -96,17 +97,18 @@ def _runs(mutant: Mutant, case_set: str, cases: Optional[str], stop_when_caught:
 
 
 def score(mutant: Mutant, case_set: str, stop_when_caught: bool = False, progress=None,
-          cases: Optional[str] = None) -> Score:
+          cases: Optional[str] = None, timeout: Optional[float] = None) -> Score:
     """Every run of the mutant's modes x execs over the case set (or up to the first
     run failing with the expected class), in this process. `progress(test_id)` is
-    called before each run."""
+    called before each run; `timeout`: each run's limit, as a matrix run's (kit.harness.timeout:
+    past it the run is a crash, and a run stuck in native code ends the process)."""
     classes = collections.Counter()
     runs, known = _runs(mutant, case_set, cases, stop_when_caught)
     s = Score(mutant, known=known)
     for i, (case, ex, entry) in enumerate(runs):
         if progress:
             progress(run_id(mutant.name, case.mode.value, ex.value, case.name))
-        result = run_case(mutant.backend, case, ex, label=mutant.name, catalog=cases)
+        result = run_case(mutant.backend, case, ex, label=mutant.name, catalog=cases, timeout=timeout)
         if result.outcome == UNSUPPORTED:
             continue
         if known_failures.is_expected(entry, result):  # inside the engine's own known failure's band
@@ -128,18 +130,22 @@ def score(mutant: Mutant, case_set: str, stop_when_caught: bool = False, progres
 RUN, SCORE = "RUN ", "SCORE "
 
 
-def worker(catalog: str, name: str, case_set: str, stop_when_caught: bool, cases: Optional[str] = None) -> None:
+def worker(catalog: str, name: str, case_set: str, stop_when_caught: bool, cases: Optional[str] = None,
+           timeout: Optional[float] = None) -> None:
     """`python -m kit.mutate --worker`: one mutant, progress and score on stdout."""
     mutant = next(m for m in import_target(catalog) if m.name == name)
-    s = score(mutant, case_set, stop_when_caught, progress=lambda tid: print(RUN + tid, flush=True), cases=cases)
+    s = score(mutant, case_set, stop_when_caught, progress=lambda tid: print(RUN + tid, flush=True), cases=cases,
+              timeout=timeout)
     print(SCORE + json.dumps(s.to_record()), flush=True)
 
 
 def score_isolated(mutant: Mutant, catalog: str, case_set: str, stop_when_caught: bool = False,
-                   cases: Optional[str] = None) -> Score:
+                   cases: Optional[str] = None, timeout: Optional[float] = DEFAULT_S) -> Score:
     """score() in a subprocess: a mutant that kills its process (heap corruption, a
-    device fault) is caught as a crash at the run it was in, and the caller lives."""
+    device fault) is caught as a crash at the run it was in, and the caller lives; one that
+    leaves it stuck (a corrupted heap can deadlock it) too, once the run's `timeout` ends it."""
     cmd = child.command("kit.mutate", "--worker", "--catalog", catalog, "--only", mutant.name, "--case-set", case_set,
+                        "--timeout", str(timeout or 0),
                         *(["--stop-when-caught"] if stop_when_caught else []), *(["--cases", cases] if cases else []))
     ended = child.run(cmd)
     record = ended.answer(SCORE)
@@ -158,6 +164,8 @@ def score_isolated(mutant: Mutant, catalog: str, case_set: str, stop_when_caught
 
 
 def score_all(mutants: Sequence[Mutant], catalog: str, case_set: str, jobs: int,
-              stop_when_caught: bool = False, cases: Optional[str] = None) -> List[Score]:
+              stop_when_caught: bool = False, cases: Optional[str] = None,
+              timeout: Optional[float] = DEFAULT_S) -> List[Score]:
     with concurrent.futures.ThreadPoolExecutor(max_workers=max(1, jobs)) as pool:
-        return list(pool.map(lambda m: score_isolated(m, catalog, case_set, stop_when_caught, cases), mutants))
+        return list(pool.map(lambda m: score_isolated(m, catalog, case_set, stop_when_caught, cases, timeout),
+                             mutants))

@@ -1,5 +1,7 @@
 """The kit catches every CPU-catchable mutant (but those harmless by design) with its expected failure class
 (the GPU table, every mutant and every run, comes from `python -m kit.mutate`)."""
+import time
+
 import pytest
 
 import kit.mutation
@@ -9,13 +11,19 @@ from kit.mutation import score, score_isolated
 from kit.report.known_failures import KnownFailure
 from kit.report.record import CRASH, parse_run_id
 from tests.mutants import MUTANTS
+from tests.toys.crashing import MUTANTS as STUCK
+
+
+# Each run's limit for the mutants that may take their process down: a corrupted heap can leave it stuck instead
+# (a deadlock in its allocator), which the limit ends well inside the test's own; their whole workers take 3-19 s.
+RUN_LIMIT_S = 120
 
 
 @pytest.mark.parametrize("mutant", [m for m in MUTANTS if m.cpu and not m.harmless], ids=lambda m: m.name)
 def test_mutant_is_caught(mutant):
     # In this process (a new one costs seconds of imports), but for a mutant that may take it down.
-    s = (score_isolated(mutant, "tests.mutants:MUTANTS", "smoke", stop_when_caught=True) if CRASH in mutant.expect
-         else score(mutant, "smoke", stop_when_caught=True))
+    s = (score_isolated(mutant, "tests.mutants:MUTANTS", "smoke", stop_when_caught=True, timeout=RUN_LIMIT_S)
+         if CRASH in mutant.expect else score(mutant, "smoke", stop_when_caught=True))
     assert s.caught, (f"{mutant.name} ({mutant.doc}) missed: expected {mutant.expect}, "
                       f"{s.failed}/{s.runs} runs failed with {s.classes or 'nothing'}")
     if mutant.reaches is not None:  # tried first: a catch elsewhere means the catalog says the wrong cases
@@ -74,3 +82,13 @@ def test_the_scorer_takes_every_kind_s_mutants_and_runs_each_on_its_kind_s_cases
                         ("window_one_short", {"dense", "mla"})):
         runs, _ = kit.mutation._runs(by_name[name], "smoke", None)
         assert runs and {case.kind for case, _, _ in runs} == kinds, name
+
+
+def test_a_mutant_that_leaves_its_process_stuck_is_caught_as_a_crash_at_its_run():
+    """Stuck in native code, where the run's limit cannot raise: the watchdog ends the worker, and the run
+    it was in is the mutant's crash (a worker without the limit waits for ever)."""
+    start = time.monotonic()
+    s = score_isolated(STUCK[0], "tests.toys.crashing:MUTANTS", "smoke", stop_when_caught=True,
+                       cases="tests.toys.crashing:CATALOG", timeout=1)
+    assert s.caught and s.classes == {CRASH: 1} and s.first_failure.endswith("-decode-eager-mqa_three"), s.to_record()
+    assert "process died" in s.repro and time.monotonic() - start < 120, s.repro

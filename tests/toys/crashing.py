@@ -7,6 +7,11 @@ import sys
 import time
 
 from backends.torch_native import TorchNativeBackend
+from kit.engine.case import MQA, Case
+from kit.engine.catalog import Catalog
+from kit.modes import Exec, ForwardMode
+from kit.mutation import Mutant
+from kit.report.record import CRASH
 
 
 class _MisbehavesOnThree(TorchNativeBackend):
@@ -233,3 +238,12 @@ class WrongThenTimesOutBackend(TorchNativeBackend):
             _interpreter_timeout()
         out, lse = super().forward(q, k, v, layer, batch, save_kv_cache)
         return out + 1, lse
+
+
+# One MQA decode case of three requests: a catalog (`--cases tests.toys.crashing:CATALOG`) whose every run
+# hands these backends their batch of 3.
+_THREE = Case("mqa_three", ForwardMode.DECODE, prefix=(4, 9, 6), heads=MQA, head_dim=16, dtype="fp32")
+CATALOG = Catalog({ForwardMode.DECODE: {"smoke": [_THREE], "full": [_THREE]}})
+# A mutant catalog (`--catalog tests.toys.crashing:MUTANTS`) whose mutant leaves its process stuck.
+MUTANTS = (Mutant(98, "stuck_in_native_code", "tests.toys.crashing:NativeHangBackend", (CRASH,), (ForwardMode.DECODE,),
+                  (Exec.EAGER,), cpu=True),)
