@@ -1,6 +1,7 @@
 """`python -m kit.repro.check_files DIR --json OUT`: every standalone file of DIR run in a fresh process with
 the kit not importable, one JSON row a file (its entries, the device, exit code, verdict line, seconds);
 a file under `cuda/` where torch sees no CUDA device is skipped, and its row says why."""
+import ast
 import json
 import os
 import subprocess
@@ -99,3 +100,13 @@ def test_a_row_says_which_of_its_entries_it_shows():
     row = dict(skipped="", exit_code=1, verdict="", error="AssertionError", seconds=19.8,
                shows={"KF-42": True, "KF-43": False})
     assert _said(row) == "exit 1, '', 'AssertionError' (19.8 s): shows KF-42; does not show KF-43"
+
+
+@pytest.mark.parametrize("path", sorted((ROOT / "repro").rglob("*.py")), ids=lambda p: p.relative_to(ROOT).as_posix())
+def test_each_checked_in_file_parses_and_imports_neither_the_kit_nor_its_adapters(path):
+    """What CI can say of the CUDA files too, which it cannot run: each is Python, and imports what a
+    maintainer has (torch, the engine), never the kit."""
+    tree = ast.parse(path.read_text(), str(path))
+    names = {alias.name for node in ast.walk(tree) if isinstance(node, ast.Import) for alias in node.names} | {
+        node.module for node in ast.walk(tree) if isinstance(node, ast.ImportFrom) and node.module}
+    assert not {n for n in names if n.split(".")[0] in ("kit", "backends", "cases", "matrix")}, sorted(names)

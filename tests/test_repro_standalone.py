@@ -286,3 +286,11 @@ def test_a_cpu_entrys_standalone_file_fails_without_the_kit(tmp_path, entry):
     done = subprocess.run([sys.executable, str(path)], cwd=tmp_path, env=_kit_blocked(tmp_path), capture_output=True,
                           text=True, timeout=900)
     assert shows(entry, done.returncode, done.stdout, done.stderr), done.stdout[-2000:] + done.stderr[-2000:]
+
+
+def test_a_file_with_a_placeholder_left_is_the_renderers_bug_not_a_file():
+    from kit.repro.standalone import filled
+
+    assert filled("BACKEND = 'triton'\nx = a @ b\n@torch.no_grad()\n", "b").startswith("BACKEND")
+    with pytest.raises(RuntimeError, match="left @SPLIT_CALL@ unfilled"):
+        filled("BACKEND = 'triton'\nSPLIT_CALL = @SPLIT_CALL@\n", "sglang_mamba2")

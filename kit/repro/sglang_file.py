@@ -26,7 +26,6 @@ HOW = {"eager": ("Builds the batches with SGLang's own classes (ReqToTokenPool, 
 PLACEHOLDERS = '''import importlib.abc, importlib.machinery, importlib.util, types
 
 BACKEND = @BACKEND@
-SPLIT_CALL = @SPLIT_CALL@  # whether DeepSeek's model hands this backend an MLA layer's q and k in latent and rope parts
 # Where SGLang's CUDA-only kernel package (or torchvision) is not installed, its import chain still
 # names them: placeholders that fail when used, served to sglang's imports only.
 MISSING = [name for name in ("sgl_kernel", "torchvision") if importlib.util.find_spec(name) is None]
@@ -84,6 +83,7 @@ if MISSING:
 
 ENGINE_PART = PLACEHOLDERS + '''from sglang.srt.configs.model_config import AttentionArch
 @BACKEND_IMPORT@
+SPLIT_CALL = @SPLIT_CALL@  # whether DeepSeek's model hands this backend an MLA layer's q and k in latent and rope parts
 from sglang.srt.layers.radix_attention import RadixAttention
 from sglang.srt.mem_cache.allocator import TokenToKVPoolAllocator
 from sglang.srt.mem_cache.kv_index_translator import KVIndexTranslator

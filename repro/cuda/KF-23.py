@@ -438,7 +438,6 @@ def as_stored(x: torch.Tensor, scale: Optional[float], dtype: torch.dtype) -> to
 import importlib.abc, importlib.machinery, importlib.util, types
 
 BACKEND = 'flashinfer'
-SPLIT_CALL = True  # whether DeepSeek's model hands this backend an MLA layer's q and k in latent and rope parts
 # Where SGLang's CUDA-only kernel package (or torchvision) is not installed, its import chain still
 # names them: placeholders that fail when used, served to sglang's imports only.
 MISSING = [name for name in ("sgl_kernel", "torchvision") if importlib.util.find_spec(name) is None]
@@ -494,6 +493,7 @@ if MISSING:
     sys.meta_path.append(PlaceholderFinder())
 from sglang.srt.configs.model_config import AttentionArch
 from sglang.srt.layers.attention.flashinfer_mla_backend import FlashInferMLAAttnBackend as AttnBackend
+SPLIT_CALL = True  # whether DeepSeek's model hands this backend an MLA layer's q and k in latent and rope parts
 from sglang.srt.layers.radix_attention import RadixAttention
 from sglang.srt.mem_cache.allocator import TokenToKVPoolAllocator
 from sglang.srt.mem_cache.kv_index_translator import KVIndexTranslator
