@@ -15,7 +15,7 @@ from tests.toys.crashing import MUTANTS as STUCK
 
 
 # Each run's limit for the mutants that may take their process down: a corrupted heap can leave it stuck instead
-# (a deadlock in its allocator), which the limit ends well inside the test's own; their whole workers take 3-19 s.
+# (a deadlock in its allocator), which the limit ends well inside the test's own; their whole workers take seconds.
 RUN_LIMIT_S = 120
 
 
