@@ -6,6 +6,7 @@ import json
 import os
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 import torch
@@ -40,6 +41,17 @@ def test_each_file_runs_without_the_kit_and_its_row_is_written(tmp_path, capsys)
     assert rows["crashes.py"]["error"] == "RuntimeError: full_kv_num_blocks was not declared"
     assert all(row["entries"] == [] and row["skipped"] == "" and row["seconds"] >= 0 for row in rows.values())
     assert "fails.py: exit 1, 'FAIL'" in capsys.readouterr().out
+
+
+def test_files_named_one_by_one_are_checked_in_that_order(tmp_path, capsys):
+    for name, text in FILES.items():
+        (tmp_path / name).write_text(text)
+    assert main([str(tmp_path / "fails.py"), str(tmp_path / "passes.py"), "--json", str(tmp_path / "out.json")]) == 0
+    rows = json.loads((tmp_path / "out.json").read_text())["files"]
+    assert [(Path(r["file"]).name, r["verdict"]) for r in rows] == [("fails.py", "FAIL"), ("passes.py", "PASS")]
+    with pytest.raises(SystemExit):
+        main([str(tmp_path / "out.json"), "--json", str(tmp_path / "again.json")])
+    assert "neither a directory nor a .py file" in capsys.readouterr().err
 
 
 @pytest.mark.skipif(torch.cuda.is_available(), reason="a CUDA device runs the cuda/ files")

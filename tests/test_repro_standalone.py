@@ -79,10 +79,12 @@ SGLANG_DRAFT_RUN = "sglang_triton_draft-draft_decode-eager-gqa_chain3_p16_fp32"
 
 
 @SGLANG
-def test_a_draft_decode_file_judges_every_step_and_passes_without_the_kit(tmp_path):
+@pytest.mark.parametrize("run_id", [SGLANG_DRAFT_RUN, SGLANG_DRAFT_RUN.replace("-eager-", "-graph-")])
+def test_a_draft_decode_file_judges_every_step_and_passes_without_the_kit(tmp_path, run_id):
     # TritonMultiStepDraftBackend: a chain of 3 drafts, so 2 steps, each reading the lane's column the one
-    # before it wrote (a wrong mask, position or slot moves a step off its reference).
-    done = _run_standalone(tmp_path, SGLANG_DRAFT_RUN)
+    # before it wrote (a wrong mask, position or slot moves a step off its reference); its graph records
+    # both steps in one graph, replayed on each batch.
+    done = _run_standalone(tmp_path, run_id)
     assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-2000:]
     lines = done.stdout.splitlines()
     assert len(lines) == 1 + 4 * 2 * 2 and lines[-1] == "PASS"
@@ -94,7 +96,7 @@ def test_a_draft_decode_file_judges_every_step_and_passes_without_the_kit(tmp_pa
 @SGLANG
 def test_a_draft_decode_file_fails_a_step_that_writes_another_column(tmp_path):
     # Every step writing its lane's first column: step 2 reads a column no step wrote (NaN in the file's pool).
-    _failed(_run_standalone(tmp_path, SGLANG_DRAFT_RUN, ('SPEC["num_steps"])[:, :, step]', 'SPEC["num_steps"])[:, :, 0]')))
+    _failed(_run_standalone(tmp_path, SGLANG_DRAFT_RUN, ("columns[:, :, i]", "columns[:, :, 0]")))
 
 
 @SGLANG
@@ -193,6 +195,9 @@ def test_standalone_file_fails_a_batch_one_key_short(tmp_path):
     pytest.param(SGLANG_GRAPH_RUN, "    backend.init_forward_metadata_out_graph(forward_batch(fields))\n", marks=SGLANG),
     pytest.param("sglang_triton-target_verify-graph-mqa_tree6_p1_shuf",
                  "    backend.init_forward_metadata_out_graph(forward_batch(fields))\n", marks=SGLANG),
+    # A multi-step draft's graph (every step recorded in one): its steps' kv_indices left as captured.
+    pytest.param("sglang_triton_draft-draft_decode-graph-gqa_chain3_p16_fp32",
+                 "    backend.init_forward_metadata_out_graph(forward_batch(fields))\n", marks=SGLANG),
     # vLLM: without the persistent inputs refilled and the build, a replay reads the capture's dummy batch.
     pytest.param(VLLM_GRAPH_RUN, "    prepare_replay(reqs, pbs)\n", marks=VLLM)])
 def test_a_graph_file_fails_a_replay_left_with_its_captures_batch(tmp_path, run_id, replay_hook):
@@ -231,7 +236,6 @@ def test_an_sglang_mla_file_hands_a_split_backend_q_and_k_in_latent_and_rope_par
     ("sglang_triton-extend-graph-mqa_p1_shuf", "batch-size graphs only"),
     ("vllm_triton_attn-decode-eager-no_such_case", "no decode case named"),
     ("torch_native-decode-eager-gqa_fused_p16_fp32", "no standalone renderer"),
-    ("sglang_triton_draft-draft_decode-graph-gqa_chain3_p16_fp32", "their eager steps only"),
     ("sglang_triton-draft_decode-eager-gqa_chain3_p16_fp32", "runs the draft's steps in TritonMultiStepDraftBackend"),
     ("vllm_triton_mla-decode-eager-mla_deepseek_h128_bs1_p64_fp16", "vLLM's dense attention only"),
     ("sglang_gdn-decode-graph-gdn_decode_bf16_long", "SGLang's Mamba2 of the recurrent backends only"),

@@ -1,5 +1,5 @@
-"""`python -m kit.repro.check_files DIR --json OUT`: run every standalone file in DIR (repro/, repro/cuda/)
-as a maintainer would, each in a fresh process with the kit not importable, and write one JSON row a
+"""`python -m kit.repro.check_files PATH... --json OUT`: run every standalone file in each PATH (a directory:
+repro/, repro/cuda/; or one file) as a maintainer would, each in a fresh process with the kit not importable, and write one JSON row a
 file: the KNOWN_FAILURES.md entries that link it, the device, its exit code, its verdict line (its last
 line of output: `FAIL` where it shows a wrong output), its seconds, and for each entry whether the
 run shows that entry's bug (`shows`: the one rule the suite holds the CPU files to as well). A file in a directory named
@@ -125,29 +125,36 @@ def _said(row: Dict) -> str:
     return f"{said} ({row['seconds']} s)" + (f": {shown}" if shown else "")
 
 
-def check_dir(directory: Path, timeout: float) -> Dict:
+def files_in(paths: List[Path]) -> List[Path]:
+    """The standalone files `paths` name: a directory's *.py, in order, or the file itself."""
+    return [f for path in paths for f in (sorted(path.glob("*.py")) if path.is_dir() else [path])]
+
+
+def check_paths(paths: List[Path], timeout: float) -> Dict:
     import torch
 
     from kit.harness.environment import device_name
 
     device, cuda = device_name(), torch.cuda.is_available()
     rows = []
-    for path in sorted(directory.glob("*.py")):
+    for path in files_in(paths):
         row = check_file(path, device, cuda, timeout)
         print(f"{path}: {_said(row)}", flush=True)
         rows.append(row)
-    return dict(directory=str(directory), device=device, files=rows)
+    return dict(paths=[str(p) for p in paths], device=device, files=rows)
 
 
 def main(argv: Optional[List[str]] = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m kit.repro.check_files", description=__doc__.split("\n\n")[0])
-    parser.add_argument("directory", type=Path, help="the standalone files' directory (repro, repro/cuda)")
+    parser.add_argument("paths", type=Path, nargs="+", metavar="PATH",
+                        help="standalone files, or their directories (repro, repro/cuda)")
     parser.add_argument("--json", required=True, type=Path, help="where to write the rows")
     parser.add_argument("--timeout", type=float, default=900, help="seconds a file may run (default 900)")
     args = parser.parse_args(argv)
-    if not args.directory.is_dir():
-        parser.error(f"{args.directory}: not a directory")
-    report = check_dir(args.directory, args.timeout)
+    for path in args.paths:
+        if not (path.is_dir() or (path.is_file() and path.suffix == ".py")):
+            parser.error(f"{path}: neither a directory nor a .py file")
+    report = check_paths(args.paths, args.timeout)
     args.json.write_text(json.dumps(report, indent=1) + "\n")
     print(f"wrote {args.json}: {len(report['files'])} files")
     return 0

@@ -3,8 +3,9 @@ its own ReqToTokenPool, MHATokenToKVPool, token allocator and KVIndexTranslator 
 runner of the attributes its backends read, the backend class, RadixAttention layers, the batch as
 its ForwardBatch (a speculative one with EAGLE's spec_info: EagleVerifyInput with the drafts' tree
 mask in TARGET_VERIFY, EagleDraftExtendInput in DRAFT_EXTEND_V2), then init_forward_metadata and
-each layer's forward inside its forward context; a graph run: its batch-size graphs (DECODE,
-TARGET_VERIFY, DRAFT_EXTEND_V2) captured and replayed as its CUDA-graph runner does (two-phase hooks)."""
+each layer's forward inside its forward context (a multi-step draft: each step's, kit.repro.sglang_draft);
+a graph run: its batch-size graphs (DECODE, TARGET_VERIFY, DRAFT_EXTEND_V2, the draft's steps) captured and
+replayed as its CUDA-graph runners do (two-phase hooks)."""
 from __future__ import annotations
 
 from typing import Dict
@@ -176,7 +177,8 @@ for attn, spec in zip(layers, S["layers"]):
 sinks = [{"sinks": torch.tensor(spec["sinks"], dtype=torch.bfloat16, device=DEVICE)} if spec["sinks"] else {}
          for spec in S["layers"]]
 MODES = {"decode": ForwardMode.DECODE, "extend": ForwardMode.EXTEND, "mixed": ForwardMode.MIXED,
-         "target_verify": ForwardMode.TARGET_VERIFY, "draft_extend_v2": ForwardMode.DRAFT_EXTEND_V2}
+         "target_verify": ForwardMode.TARGET_VERIFY, "draft_extend_v2": ForwardMode.DRAFT_EXTEND_V2,
+         "draft_decode": ForwardMode.DECODE}  # the draft's steps are decode batches
 # The modes whose batches carry the extend_* fields, as the kit hands them (docs/contract.md): a verify's carry
 # none, its spec_info counts the drafts.
 EXTEND_LIKE = ("extend", "mixed", "draft_extend_v2")
@@ -209,7 +211,11 @@ def new_slots(reqs):
 
 
 def new_positions(reqs):
-    """The positions of the step's new tokens, request after request (a draft's: its prefix + tree depth)."""
+    """The positions of the step's new tokens, request after request (a draft's: its prefix + tree depth); a
+    multi-step draft's batch, as prepare_for_draft makes it: one a lane, the committed length (a step adds its
+    index)."""
+    if DRAFT:
+        return [r["seq_len"] for r in reqs for _ in range(SPEC["topk"])]
     return [p for r in reqs for p in r["q_pos"]]
 
 
@@ -236,6 +242,8 @@ def spec_info(mode, reqs, fields, padded=0, fill=0):
     """EAGLE's speculative inputs of a batch in `mode`, as its worker hands them to the target model (None
     outside the speculative modes); `padded`: a graph's padded rows after `reqs`, each of seq_len `fill`."""
     drafts = SPEC["num_draft_tokens"]
+    if mode == "draft_decode":
+        return EagleDraftInput()
     if mode == "target_verify":
         # Per request its [drafts, seq_len + drafts] block, row-major, blocks concatenated: True where a draft
         # attends (the committed prefix, itself and its ancestors in the draft tree); a padded row's all True.
@@ -267,6 +275,18 @@ def forward_batch(fields, in_capture=False):
     return fb
 
 
+def steps_of(fields):
+    """The forwards of a batch, each (its fields, the backend it runs under): the batch itself, or a multi-step
+    draft's steps as draft_forward makes them (eagle_worker_v2.py): step i on column i of every lane's write
+    slots, at positions + i, under the wrapper's i-th backend."""
+    if not DRAFT:
+        return [(fields, backend)]
+    bs, lanes, steps = fields["batch_size"], SPEC["topk"], SPEC["num_steps"]
+    columns = fields["out_cache_loc"].view(bs, lanes, steps)
+    return [(dict(fields, out_cache_loc=columns[:, :, i].reshape(-1), positions=fields["positions"] + i,
+                  spec_info=EagleDraftInput()), backend.attn_backends[i]) for i in range(steps - 1)]
+
+
 def forward(fields, qkv, attn_backend=backend):
     """Each layer's forward inside `attn_backend`'s forward context (a draft step's: its own), on `qkv` (per layer:
     q, k, v of the step)."""
@@ -286,13 +306,18 @@ def forward(fields, qkv, attn_backend=backend):
 EAGER = '''
 
 def run(batch, inputs):
-    """One eager step, as the model runner makes it: init_forward_metadata, then each layer's forward."""
+    """One eager step, as the model runner makes it: init_forward_metadata, then each layer's forward (a
+    multi-step draft: the metadata once for every step, then each step's forwards). Per layer, every
+    forward's outputs, one after another."""
     reqs = batch["requests"]
     load(reqs, inputs)
     fields = batch_fields(batch["mode"], reqs)
     backend.init_forward_metadata(forward_batch(fields))
-    qkv = [[new_tokens(reqs, per_req, which) for which in range(3)] for per_req in inputs]
-    return handed(lambda: forward(fields, qkv), qkv)
+    outs = []
+    for (step, attn_backend), (step_reqs, per_layer) in zip(steps_of(fields), forwards(batch, inputs)):
+        qkv = [[new_tokens(step_reqs, per_req, which) for which in range(3)] for per_req in per_layer]
+        outs.append(handed(lambda: forward(step, qkv, attn_backend), qkv))
+    return [torch.cat(per_step) for per_step in zip(*outs)]
 '''
 
 # SGLang's decode-shaped CudaGraphRunner with the 0.5.23 two-phase hooks (cuda_graph_runner.py): DECODE's graphs
@@ -301,19 +326,25 @@ GRAPH = '''
 CAPTURE_SIZES = @BATCH_SIZES@  # SGLang's CUDA-graph batch sizes
 BUCKETS = sorted({min(n for n in CAPTURE_SIZES if n >= len(b["requests"])) for b in S["batches"]}, reverse=True)
 MAX_BS = BUCKETS[0]
-TOKENS = SPEC["num_draft_tokens"]  # query tokens a request: DECODE's one, a speculative step's drafts
+# Query tokens a request in each forward: DECODE's one, a speculative step's drafts, a multi-step draft's lanes;
+# KV slots a request's batch writes: a multi-step draft's lanes' columns, of which step i writes the i-th.
+TOKENS = SPEC["topk"] if DRAFT else SPEC["num_draft_tokens"]
+WRITES = TOKENS * SPEC["num_steps"] if DRAFT else TOKENS
+FORWARDS = SPEC["num_steps"] - 1 if DRAFT else 1  # forwards a graph records (each: every layer)
 SCRATCH_SLOT = 0  # a padded token's KV slot: the pool's slot 0, never a request's
 backend.init_cuda_graph_state(MAX_BS, MAX_BS * TOKENS)
-FILL = backend.get_cuda_graph_seq_len_fill_value()  # a padded row's seq_len
+# A padded row's seq_len (the draft graph runner's: its first step backend's).
+FILL = getattr(backend, "attn_backends", [backend])[0].get_cuda_graph_seq_len_fill_value()
+STATEFUL = [backend, *getattr(backend, "attn_backends", [])]  # whose Python state a graph's launches keep
 # The runner's static inputs, for the largest bucket; a graph reads them at every replay.
 static = dict(req_pool_indices=torch.zeros(MAX_BS, dtype=torch.int32, device=DEVICE),
               seq_lens=torch.full((MAX_BS,), FILL, dtype=torch.int32, device=DEVICE),
               seq_lens_cpu=torch.full((MAX_BS,), FILL, dtype=torch.int32),
-              out_cache_loc=torch.zeros(MAX_BS * TOKENS, dtype=torch.int64, device=DEVICE),
+              out_cache_loc=torch.zeros(MAX_BS * WRITES, dtype=torch.int64, device=DEVICE),
               positions=torch.zeros(MAX_BS * TOKENS, dtype=torch.int64, device=DEVICE))
-static_qkv = [[torch.zeros(MAX_BS * TOKENS, heads, width, dtype=dtype, device=DEVICE) for heads, width in (
+static_qkv = [[[torch.zeros(MAX_BS * TOKENS, heads, width, dtype=dtype, device=DEVICE) for heads, width in (
     (spec["heads"], spec["head_dim"]), (spec["kv_heads"], spec["head_dim"]),
-    (spec["kv_heads"], spec["rank"] or spec["head_dim"]))] for spec in S["layers"]]
+    (spec["kv_heads"], spec["rank"] or spec["head_dim"]))] for spec in S["layers"]] for _ in range(FORWARDS)]
 graphs = {}  # bucket -> (the captured batch's fields, the graph, its outputs); no graph without CUDA
 
 
@@ -324,16 +355,23 @@ def graph_fields(bs, seq_lens_sum, reqs=(), full=False):
     fields = dict(forward_mode=MODES[S["mode"]], batch_size=bs, input_ids=None,
                   req_pool_indices=static["req_pool_indices"][:end], seq_lens=static["seq_lens"][:end],
                   seq_lens_cpu=static["seq_lens_cpu"][:end], seq_lens_sum=seq_lens_sum,
-                  out_cache_loc=static["out_cache_loc"][:bs * TOKENS], positions=static["positions"][:bs * TOKENS])
+                  out_cache_loc=static["out_cache_loc"][:bs * WRITES], positions=static["positions"][:bs * TOKENS])
     fields["spec_info"] = spec_info(S["mode"], reqs, fields, padded=bs - len(reqs), fill=FILL)
     return fields
 
 
 def program(fields, bs):
-    """What a graph records: the in-graph metadata hook (where the backend has one), then every layer."""
+    """What a graph records: the in-graph metadata hook (where the backend has one), then every forward's
+    layers. Per forward, per layer, the outputs."""
     if hasattr(backend, "init_forward_metadata_in_graph"):
         backend.init_forward_metadata_in_graph(forward_batch(fields))
-    return forward(fields, [[x[:bs * TOKENS] for x in qkv] for qkv in static_qkv])
+    return [forward(step, [[x[:bs * TOKENS] for x in layer] for layer in qkv], attn_backend)
+            for (step, attn_backend), qkv in zip(steps_of(fields), static_qkv)]
+
+
+def real_rows(outs, bs):
+    """Per layer, the real rows of every forward's outputs, one forward after another."""
+    return [torch.cat([out[:bs * TOKENS] for out in per_forward]) for per_forward in zip(*outs)]
 
 
 def capture(bs):
@@ -341,13 +379,13 @@ def capture(bs):
     static["req_pool_indices"][:bs].zero_()
     static["seq_lens"][:bs].fill_(FILL)
     static["seq_lens_cpu"][:bs].fill_(FILL)
-    static["out_cache_loc"][:bs * TOKENS].fill_(SCRATCH_SLOT)
+    static["out_cache_loc"][:bs * WRITES].fill_(SCRATCH_SLOT)
     static["positions"][:bs * TOKENS].zero_()
     fields = graph_fields(bs, FILL * bs)
     backend.init_forward_metadata_out_graph(forward_batch(fields, in_capture=True), in_capture=True)
     if DEVICE != "cuda":  # no graph: the replay runs the program again, with the backend's state as at capture
         program(fields, bs)
-        graphs[bs] = (fields, None, dict(vars(backend)))
+        graphs[bs] = (fields, None, [dict(vars(b)) for b in STATEFUL])
         return
     graphs[bs] = (fields, *cuda_graph(lambda: program(fields, bs)))
 
@@ -377,29 +415,33 @@ def run(batch, inputs):
     for name, values, pad in (("req_pool_indices", [r["row"] for r in reqs], 0), ("seq_lens", seq_lens, FILL),
                               ("seq_lens_cpu", seq_lens, FILL)):
         refill(static[name], values, pbs, pad)
-    refill(static["out_cache_loc"], new_slots(reqs), pbs * TOKENS, SCRATCH_SLOT)
+    refill(static["out_cache_loc"], new_slots(reqs), pbs * WRITES, SCRATCH_SLOT)
     refill(static["positions"], new_positions(reqs), pbs * TOKENS, 0)
-    for qkv, per_req in zip(static_qkv, inputs):
-        for which, x in enumerate(qkv):
-            refill(x, new_tokens(reqs, per_req, which), pbs * TOKENS, 0)
+    for qkv_of_step, (step_reqs, per_layer) in zip(static_qkv, forwards(batch, inputs)):
+        for qkv, per_req in zip(qkv_of_step, per_layer):
+            for which, x in enumerate(qkv):
+                refill(x, new_tokens(step_reqs, per_req, which), pbs * TOKENS, 0)
     fields = graph_fields(pbs, sum(seq_lens) + FILL * (pbs - bs), reqs, full=replays % 2 == 1)
     replays += 1
     backend.init_forward_metadata_out_graph(forward_batch(fields))
     captured, graph, kept = graphs[pbs]
     if graph is not None:
         graph.replay()
-        return [out[:bs * TOKENS] for out in kept]
-    after_hooks = dict(vars(backend))
-    vars(backend).update(kept)  # a graph keeps the launch arguments it was captured with
+        return real_rows(kept, bs)
+    after_hooks = [dict(vars(b)) for b in STATEFUL]
+    for b, state in zip(STATEFUL, kept):  # a graph keeps the launch arguments it was captured with
+        vars(b).update(state)
     try:
-        return [out[:bs * TOKENS] for out in program(captured, pbs)]
+        return real_rows(program(captured, pbs), bs)
     finally:
-        vars(backend).update(after_hooks)
+        for b, state in zip(STATEFUL, after_hooks):
+            vars(b).update(state)
 '''
 
 
-# The modes SGLang runs under its decode-shaped CUDA-graph runner: one graph per batch-size bucket.
-BATCH_SIZE_GRAPHS = {"decode", "target_verify", "draft_extend_v2"}
+# The modes SGLang runs under its decode-shaped CUDA-graph runners: one graph per batch-size bucket (a multi-step
+# draft's: every step in one graph, eagle_draft_cuda_graph_runner.py).
+BATCH_SIZE_GRAPHS = {"decode", "target_verify", "draft_extend_v2", "draft_decode"}
 
 
 def render(scenario: Dict, backend_cls, exec_: str) -> str:
@@ -407,10 +449,9 @@ def render(scenario: Dict, backend_cls, exec_: str) -> str:
     from kit.repro.scenario import NotReproducible
 
     modes = {b["mode"] for b in scenario["batches"]}
-    how = HOW[exec_]
-    if modes == {"draft_decode"}:  # the draft's steps on a multi-step draft backend
-        run, how = sglang_draft.part(backend_cls, exec_), sglang_draft.HOW
-    elif exec_ == "eager":
+    # The draft's steps on a multi-step draft backend, or one batch a forward.
+    how = sglang_draft.how(backend_cls, exec_) if modes == {"draft_decode"} else HOW[exec_]
+    if exec_ == "eager":
         run = EAGER
     elif modes <= BATCH_SIZE_GRAPHS:
         run = cuda_graph_part(backend_cls.profile) + GRAPH.replace("@BATCH_SIZES@", repr(backend_cls.profile.batch_sizes))
