@@ -61,7 +61,8 @@ def build_parser() -> Parser:
                            "this archive (a tar; .tar.gz compresses) for another machine's --restore")
     warm.add_argument("--restore", metavar="ARCHIVE", default=None,
                       help="before the builds, unpack an archive --save wrote into this machine's caches: the "
-                           "builds then load what it holds, and the last line counts what they still compiled")
+                           "builds it holds (written on this device with these versions) are not run again, the "
+                           "others load what it holds, and the last line counts what they still compiled")
     fuzz_cli.add_parser(sub, PROG)
     rep = sub.add_parser("repro", prog=f"{PROG} repro",
                          help="write a Python file that reproduces one run with only its engine and torch imported")
@@ -215,6 +216,7 @@ def _warmup(args, catalog, case_set: str) -> int:
     import tarfile
 
     from kit import caches, warmup
+    from kit.harness.environment import device_name
     from kit.harness.registry import backend_label, kernels_of
     from kit.shard import Shard
 
@@ -225,16 +227,22 @@ def _warmup(args, catalog, case_set: str) -> int:
         return fail(PROG, f"{exc}")
     labels = {spec: backend_label(spec) for spec in backends}
     todo = warmup.builds(backends, modes, execs, catalog, case_set, kernels_of, warmup.runs_here, shard, labels.get)
+    held = set()  # builds whose kernels the restored archive holds for this machine: not run again
     if args.restore:
         try:
             restored = caches.restore(args.restore)
         except (OSError, tarfile.TarError, KeyError, ValueError) as exc:
             return fail(PROG, f"--restore {args.restore}: not an archive `{PROG} warmup --save` wrote ({exc})")
-        for line in restored:
+        for line in restored.lines:
             print(f"restored {line}", flush=True)
-    lost = warmup.warmup(todo, args.jobs or warmup.default_jobs(), args.cases, args.timeout)
+        held = restored.held(device_name()) & {build.key for build in todo}
+        print(f"restored: the archive holds {len(held)} of the {len(todo)} builds for this device and these "
+              f"versions; building the other {len(todo) - len(held)}", flush=True)
+    lost = warmup.warmup([b for b in todo if b.key not in held], args.jobs or warmup.default_jobs(), args.cases,
+                         args.timeout)
     if args.save:
-        saved = caches.save(args.save)
+        built = held | {build.key for build in todo if build not in lost}
+        saved = caches.save(args.save, builds=built, device=device_name())
         print(f"saved to {args.save}: " + (", ".join(f"{name} {files} files" for name, files in saved.items())
                                            or "no cache (nothing compiled on this machine yet)"), flush=True)
     return FAILED if lost else 0

@@ -5,6 +5,7 @@ it on this machine (the variables the libraries read, else their defaults); an a
 under its name, with a manifest of where and with what versions it was written. Torch-free."""
 from __future__ import annotations
 
+import dataclasses
 import importlib.metadata
 import json
 import os
@@ -12,7 +13,7 @@ import shutil
 import tarfile
 import tempfile
 from pathlib import Path
-from typing import Callable, Dict, List, Optional
+from typing import Callable, Dict, Iterable, List, Optional, Set
 
 MANIFEST = "manifest.json"
 
@@ -43,6 +44,8 @@ def _flashinfer() -> Path:
 # distribution whose version decides whether its entries are any use.
 CACHES: Dict[str, Callable[[], Path]] = {"triton": _triton, "inductor": _inductor, "flashinfer": _flashinfer}
 DISTRIBUTIONS = {"triton": "triton", "inductor": "torch", "flashinfer": "flashinfer-python"}
+# Whose versions decide which kernels a build compiles besides the compilers': the engines' wrappers pick them.
+ENGINES = ("sglang", "vllm")
 
 
 # The variable each library reads its cache's place from, and the place as it reads it now (FlashInfer's
@@ -75,12 +78,32 @@ def versions() -> Dict[str, Optional[str]]:
     return {name: _version(dist) for name, dist in DISTRIBUTIONS.items()}
 
 
-def save(archive: str, dirs: Optional[Dict[str, Path]] = None) -> Dict[str, int]:
+def engine_versions() -> Dict[str, Optional[str]]:
+    return {name: _version(name) for name in ENGINES}
+
+
+@dataclasses.dataclass
+class Restored:
+    lines: List[str]  # what was restored, and each version that differs from the one that wrote it
+    manifest: Dict
+
+    def held(self, device: str) -> Set[str]:
+        """The builds (kit.warmup.Build.key) whose kernels the archive holds for a machine of `device`:
+        those its warmup finished, where it was written on that device with this machine's versions of
+        the compilers and the engines (else none: the kernels it holds would not be found)."""
+        same = (self.manifest.get("device") == device and self.manifest["versions"] == versions()
+                and self.manifest.get("engines") == engine_versions())
+        return set(self.manifest.get("builds", ())) if same else set()
+
+
+def save(archive: str, dirs: Optional[Dict[str, Path]] = None, builds: Iterable[str] = (),
+         device: Optional[str] = None) -> Dict[str, int]:
     """Every cache of `dirs` (default: this machine's) that exists into `archive` (a tar: gzip where
-    its name ends in .gz): files per cache."""
+    its name ends in .gz), with the warmup's finished `builds` and the `device` it ran on: files per cache."""
     dirs = dirs or where()
     files = {name: sum(len(f) for _, _, f in os.walk(d)) for name, d in dirs.items() if d.is_dir()}
-    manifest = dict(caches={name: str(dirs[name]) for name in files}, files=files, versions=versions())
+    manifest = dict(caches={name: str(dirs[name]) for name in files}, files=files, versions=versions(),
+                    engines=engine_versions(), device=device, builds=sorted(builds))
     mode = "w:gz" if archive.endswith(".gz") else "w"
     partial = f"{archive}.partial"
     with tarfile.open(partial, mode) as tar:
@@ -94,10 +117,11 @@ def save(archive: str, dirs: Optional[Dict[str, Path]] = None) -> Dict[str, int]
     return files
 
 
-def restore(archive: str, dirs: Optional[Dict[str, Path]] = None) -> List[str]:
+def restore(archive: str, dirs: Optional[Dict[str, Path]] = None) -> Restored:
     """`archive`'s caches into `dirs` (default: this machine's), added to what is there (a file of
-    the same name replaced); lines saying what was restored, and any version that differs from the
-    one that wrote it (that library's entries will not be found: its kernels compile again)."""
+    the same name replaced; a cache not there yet moved in whole); lines saying what was restored,
+    and any version that differs from the one that wrote it (that library's entries will not be
+    found: its kernels compile again)."""
     dirs = dirs or where()
     with tempfile.TemporaryDirectory() as tmp, tarfile.open(archive) as tar:
         tar.extractall(tmp, filter="data")  # no member outside tmp, no device or link out of it
@@ -107,11 +131,15 @@ def restore(archive: str, dirs: Optional[Dict[str, Path]] = None) -> List[str]:
             if name not in dirs:
                 lines.append(f"{name}: in the archive, but this kit keeps no such cache; left out")
                 continue
-            shutil.copytree(Path(tmp) / name, dirs[name], dirs_exist_ok=True)
+            if dirs[name].exists():
+                shutil.copytree(Path(tmp) / name, dirs[name], dirs_exist_ok=True)
+            else:
+                dirs[name].parent.mkdir(parents=True, exist_ok=True)
+                shutil.move(str(Path(tmp) / name), str(dirs[name]))
             lines.append(f"{name}: {manifest['files'][name]} files -> {dirs[name]}")
     here = versions()
     for name, version in manifest["versions"].items():
         if name in manifest["caches"] and version != here.get(name):
             lines.append(f"{name}: written with {DISTRIBUTIONS[name]} {version}, this machine has "
                          f"{here.get(name)}: its kernels compile again")
-    return lines
+    return Restored(lines, manifest)

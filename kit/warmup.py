@@ -51,6 +51,11 @@ class Build:
     def what(self) -> str:
         return f"{self.backend} {self.case.mode.value} {self.case.kernel_variant} ({self.case.name})"
 
+    @property
+    def key(self) -> str:
+        """What the build compiles, as an archive's manifest names it (kit.caches): the same on every machine."""
+        return f"{self.backend} {self.case.mode.value} {self.case.kernel_variant} {self.exec_.value}"
+
 
 def _size(case: Case):
     return case.size, case.bs, case.name
@@ -183,14 +188,14 @@ def next_build(backend: Optional[str], pending: List[Build], working: Dict[str, 
 
 
 def warmup(todo: Sequence[Build], jobs: int, catalog_target: Optional[str], timeout: float, out=sys.stdout,
-           quiet_s: float = QUIET_S) -> int:
+           quiet_s: float = QUIET_S) -> List[Build]:
     """Runs `todo` in up to `jobs` processes at once; prints a line per finished build, and one
-    naming the longest-running builds after every `quiet_s` with none finished; the number of
-    builds whose process ended without a verdict."""
+    naming the longest-running builds after every `quiet_s` with none finished; the builds
+    whose process ended without a verdict (lost: what they compiled may not be in the caches)."""
     start = last_line = time.monotonic()
     jobs = min(jobs, len(todo))
     print(f"warmup: {len(todo)} kernel variants, {jobs} processes", file=out, flush=True)
-    pending, done, lost, started, compiled = _interleaved(todo), 0, 0, 0, 0
+    pending, done, lost, started, compiled = _interleaved(todo), 0, [], 0, 0
     free_slots = list(range(jobs))
     selector = selectors.DefaultSelector()
 
@@ -228,7 +233,7 @@ def warmup(todo: Sequence[Build], jobs: int, catalog_target: Optional[str], time
             free_slots.append(process.slot)
             why = process.ended()
             if process.build is not None:
-                lost += 1
+                lost.append(process.build)
                 report(process.build, why, process.began)
         now = time.monotonic()
         if now - last_line >= quiet_s:

@@ -99,7 +99,15 @@ def test_a_warmup_counts_its_compiles_and_one_after_a_restore_compiles_nothing(t
     assert f"saved to {archive}: triton " in first.splitlines()[-1], first
     fresh = _warmup(tmp_path, "--restore", archive, triton="fresh")  # another machine: an empty cache
     assert fresh.splitlines()[0].startswith(f"restored triton: "), fresh
-    assert fresh.splitlines()[-1].endswith(", 0 compiles (every kernel came from the caches)"), fresh
+    # Its builds are the archive's, written on this device with these versions: none is run again.
+    builds = sum(line.startswith("[") for line in first.splitlines())
+    assert (f"restored: the archive holds {builds} of the {builds} builds for this device and these versions; "
+            f"building the other 0") in fresh.splitlines(), fresh
+    assert fresh.splitlines()[-1].endswith(", 0 processes, 0 compiles (every kernel came from the caches)"), fresh
+    # What was restored holds every kernel: each build, run again over it, compiles nothing.
+    again = _warmup(tmp_path, triton="fresh")
+    assert again.splitlines()[-1].endswith(", 0 compiles (every kernel came from the caches)"), again
+    assert sum(line.startswith("[") for line in again.splitlines()) == builds, again
     unrestored = _warmup(tmp_path, triton="unrestored")
     assert unrestored.splitlines()[-1].endswith(f", {HEAD_DIMS} compiles"), unrestored
 
@@ -114,13 +122,31 @@ def test_save_and_restore_round_trip_every_cache_and_name_a_version_that_differs
     there = {name: tmp_path / "there" / name for name in caches.CACHES}
     (there["triton"]).mkdir(parents=True)
     (there["triton"] / "kept.bin").write_bytes(b"kept")  # what a cache holds already stays
-    assert not any("compile again" in line for line in caches.restore(archive, there))
+    assert not any("compile again" in line for line in caches.restore(archive, there).lines)
     for name in caches.CACHES:
         assert (there[name] / "sub" / "entry.bin").read_bytes() == name.encode() * 3
     assert (there["triton"] / "kept.bin").read_bytes() == b"kept"
     monkeypatch.setattr(caches, "versions", lambda: {"triton": "0.0", "inductor": None, "flashinfer": None})
-    lines = caches.restore(archive, there)
+    lines = caches.restore(archive, there).lines
     assert any(line.startswith("triton: written with triton ") and "compile again" in line for line in lines), lines
+
+
+def test_an_archive_holds_its_builds_only_for_the_device_and_versions_it_was_written_with(tmp_path, monkeypatch):
+    archive = str(tmp_path / "caches.tar")
+    folder = tmp_path / "here" / "triton"
+    folder.mkdir(parents=True)
+    (folder / "k.bin").write_bytes(b"k")
+    caches.save(archive, {"triton": folder}, builds=["b1", "b0"], device="NVIDIA H200")
+    there = {"triton": tmp_path / "there" / "triton"}
+    restored = caches.restore(archive, there)
+    assert (there["triton"] / "k.bin").read_bytes() == b"k"  # moved in whole where no cache was
+    assert restored.held("NVIDIA H200") == {"b0", "b1"}
+    assert restored.held("NVIDIA H100 80GB HBM3") == set()  # another GPU: its kernels are not these
+    monkeypatch.setattr(caches, "engine_versions", lambda: {"sglang": "0.0", "vllm": None})
+    assert caches.restore(archive, there).held("NVIDIA H200") == set()  # another engine picks other kernels
+    monkeypatch.undo()
+    monkeypatch.setattr(caches, "versions", lambda: {"triton": "0.0", "inductor": None, "flashinfer": None})
+    assert caches.restore(archive, there).held("NVIDIA H200") == set()
 
 
 def test_restore_takes_no_member_outside_the_caches(tmp_path):

@@ -114,7 +114,7 @@ def test_a_build_has_longer_than_a_run_since_a_compile_stopped_at_its_limit_is_l
     from kit import __main__ as cli, warmup
     from kit.harness.timeout import DEFAULT_S
     limits = []
-    monkeypatch.setattr(warmup, "warmup", lambda todo, jobs, cases, timeout: limits.append(timeout) or 0)
+    monkeypatch.setattr(warmup, "warmup", lambda todo, jobs, cases, timeout: limits.append(timeout) or [])
     argv = ["warmup", "--backend", "tests.toys.building:RecordingBackend", "--cases", "tests.toys.tiny:CATALOG",
             "--case-set", "smoke"]
     assert cli.main(argv) == 0 and cli.main([*argv, "--timeout", "90"]) == 0
@@ -131,7 +131,7 @@ def test_a_long_build_is_named_while_it_runs(tmp_path, monkeypatch):
     monkeypatch.setenv("KIT_TOY_BUILD_WAIT_S", "3")  # alone, each build waits this long for another
     todo = builds(["tests.toys.building:RecordingBackend"], list(MODES), list(EXECS), tiny.CATALOG, "smoke")[:1]
     out = io.StringIO()
-    assert warmup.warmup(todo, 1, "tests.toys.tiny:CATALOG", timeout=120, out=out, quiet_s=1.0) == 0
+    assert warmup.warmup(todo, 1, "tests.toys.tiny:CATALOG", timeout=120, out=out, quiet_s=1.0) == []
     lines = out.getvalue().splitlines()
     named = [line for line in lines if line.startswith("warmup: 0/1 done, still building 1: ")]
     assert len(named) >= 2 and named[-1].startswith(f"warmup: 0/1 done, still building 1: {todo[0].what} "), lines

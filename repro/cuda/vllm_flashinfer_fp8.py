@@ -174,7 +174,7 @@ for name, (settings, requests, tolerance) in SCENARIOS.items():
         ok = right <= tolerance
         failed |= not ok
         print(f"{name} layer {i} (q_scale {q_scale}, cap {cap or 'none'}; {path}): error {right:.3g} of a head's RMS "
-              f"against the right attention ({'<=' if ok else '>'} {tolerance}), {bug:.3g} against the bug's: "
+              f"against the right attention ({'<=' if ok else '>'} limit {tolerance}), {bug:.3g} against the bug's: "
               f"{'PASS' if ok else 'FAIL'}")
 print("FAIL" if failed else "PASS")
 sys.exit(1 if failed else 0)
