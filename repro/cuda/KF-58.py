@@ -11,8 +11,8 @@ first EXTEND), and judges each request's new rows against a float64 reference. R
 (torch 2.11): python repro/cuda/KF-58.py
 - the "fails in the kit" cases raise NoValidChoicesError here and the "passes in the kit" ones PASS: PyTorch's
   inductor alone fails to lower flex_attention for these shapes (the bug is PyTorch's; the line printed names
-  the request length at which the lowering failed, and the static pass (dynamic=False) of each failing case whether dynamic
-  shapes are needed for it; its int32 pass, whether the int32 lengths the kit renders matter).
+  the request length at which the lowering failed, and the static pass (dynamic=False) of each failing case's failing request
+  whether dynamic shapes are needed for it; its int32 pass, whether the int32 lengths the kit renders matter).
 - every case PASS here: torch alone lowers them; the kit's calls differ from SGLang's (look there next).
 Exit status 1 when a case fails."""
 import sys
@@ -52,14 +52,17 @@ def reference(q, k, v, scale):
     return torch.einsum("hqk,hkd->hqd", torch.softmax(s.masked_fill(~seen, float("-inf")), dim=-1), v)
 
 
-def run_case(hq, hkv, d, dtype, prefix, new, dynamic, lens_dtype):
-    """SGLang's per-request calls for one batch; returns a verdict line."""
+def run_case(hq, hkv, d, dtype, prefix, new, dynamic, lens_dtype, only=None):
+    """SGLang's per-request calls for one batch (`only`: that request alone); returns (whether it passed, the
+    failing request or None, a verdict line)."""
     torch._dynamo.reset()
     compiled = torch.compile(flex_attention, dynamic=dynamic)
     seq_lens = torch.tensor([p + n for p, n in zip(prefix, new)], device=dev, dtype=lens_dtype)
     scale = d ** -0.5
     worst = 0.0
     for i, (p, n) in enumerate(zip(prefix, new)):
+        if only is not None and i != only:
+            continue
         L = seq_lens[i]
         torch.manual_seed(i)
         q_new = torch.randn(hq, n, d, device=dev, dtype=dtype)
@@ -71,20 +74,22 @@ def run_case(hq, hkv, d, dtype, prefix, new, dynamic, lens_dtype):
             out = compiled(q[None], k[None], v[None], block_mask=mask, scale=scale, enable_gqa=hq != hkv)[0]
         except Exception as exc:  # noqa: BLE001 - the lowering's error is the finding: name it
             what = "NoValidChoicesError" if "NoValidChoicesError" in str(exc) else type(exc).__name__
-            return False, f"request {i + 1} (L={p + n}, {n} new): {what}"
+            return False, i, f"request {i + 1} (L={p + n}, {n} new): {what}"
         worst = max(worst, (out[:, p:].double() - reference(q_new, k, v, scale)).abs().max().item())
-    return worst <= 0.05, f"max error {worst:.3g}"
+    return worst <= 0.05, None, f"max error {worst:.3g}"
 
 
-failed = set()
+failed = {}  # case -> the request its dynamic compile failed at
 print(torch.__version__, torch.cuda.get_device_name(), flush=True)
 # seq_lens as SGLang's scheduler makes them (int64) over every case; then each case that failed again with them as
-# its graph runner and the kit hold them (int32), and compiled static (a static compile recompiles per request).
+# its graph runner and the kit hold them (int32), and its failing request compiled static.
 for dynamic, lens_dtype in ((True, torch.int64), (True, torch.int32), (False, torch.int64)):
     for name, (hq, hkv, d, dtype, prefix, new, kit) in CASES.items():
         if lens_dtype is torch.int64 and dynamic or name in failed:
-            ok, what = run_case(hq, hkv, d, dtype, prefix, new, dynamic, lens_dtype)
-            failed |= set() if ok else {name}
+            ok, at, what = run_case(hq, hkv, d, dtype, prefix, new, dynamic, lens_dtype,
+                                    only=None if dynamic else failed[name])
+            if not ok:
+                failed.setdefault(name, at)
             print(f"dynamic={dynamic} seq_lens {lens_dtype} {name} ({kit}): {what}: {'PASS' if ok else 'FAIL'}",
                   flush=True)
 print("FAIL" if failed else "PASS")
