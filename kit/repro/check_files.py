@@ -1,10 +1,10 @@
-"""`python -m kit.repro.check_files PATH... --json OUT`: run every standalone file in each PATH (a directory:
-repro/, repro/cuda/; or one file) as a maintainer would, each in a fresh process with the kit not importable, and write one JSON row a
-file: the KNOWN_FAILURES.md entries that link it, the device, its exit code, its verdict line (its last
-line of output: `FAIL` where it shows a wrong output), its seconds, and for each entry whether the
-run shows that entry's bug (`shows`: the one rule the suite holds the CPU files to as well). A file in a directory named
-`cuda` shows what its entry's GPU shows: where torch sees no CUDA device it is not run, and its row
-says so (`skipped`), so that the same command runs on any machine."""
+"""`python -m kit.repro.check_files PATH... --json OUT`: run every standalone file each PATH names (a
+directory's: repro/, repro/cuda/; or the file) as a maintainer would, each in a fresh process with the kit not
+importable, and write one JSON row a file: the KNOWN_FAILURES.md entries that link it, the device, its exit
+code, its verdict line (its last line of output: `FAIL` where it shows a wrong output), its seconds, and for
+each entry whether the run shows that entry's bug (`shows`: the one rule the suite holds the CPU files to as
+well). A file in a directory named `cuda` shows what its entry's GPU shows: where torch sees no CUDA device it
+is not run, and its row says so (`skipped`), so that the same command runs on any machine."""
 from __future__ import annotations
 
 import argparse

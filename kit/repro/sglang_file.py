@@ -287,7 +287,7 @@ def steps_of(fields):
                   spec_info=EagleDraftInput()), backend.attn_backends[i]) for i in range(steps - 1)]
 
 
-def forward(fields, qkv, attn_backend=backend):
+def forward(fields, qkv, attn_backend):
     """Each layer's forward inside `attn_backend`'s forward context (a draft step's: its own), on `qkv` (per layer:
     q, k, v of the step)."""
     outs = []
@@ -314,7 +314,8 @@ def run(batch, inputs):
     fields = batch_fields(batch["mode"], reqs)
     backend.init_forward_metadata(forward_batch(fields))
     outs = []
-    for (step, attn_backend), (step_reqs, per_layer) in zip(steps_of(fields), forwards(batch, inputs)):
+    for (step, attn_backend), (step_reqs, per_layer) in zip(steps_of(fields), forwards(batch, inputs),
+                                                           strict=True):
         qkv = [[new_tokens(step_reqs, per_req, which) for which in range(3)] for per_req in per_layer]
         outs.append(handed(lambda: forward(step, qkv, attn_backend), qkv))
     return [torch.cat(per_step) for per_step in zip(*outs)]
@@ -366,7 +367,7 @@ def program(fields, bs):
     if hasattr(backend, "init_forward_metadata_in_graph"):
         backend.init_forward_metadata_in_graph(forward_batch(fields))
     return [forward(step, [[x[:bs * TOKENS] for x in layer] for layer in qkv], attn_backend)
-            for (step, attn_backend), qkv in zip(steps_of(fields), static_qkv)]
+            for (step, attn_backend), qkv in zip(steps_of(fields), static_qkv, strict=True)]
 
 
 def real_rows(outs, bs):
