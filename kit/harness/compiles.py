@@ -101,6 +101,19 @@ def watch() -> None:
         _inductor_misses()
 
 
+def as_a_new_process() -> None:
+    """torch.compile's in-memory state (dynamo's compiled code, guards and recompiles) cleared as a new
+    process has it, the on-disk caches kept: an engine's worker serves one model, so a run compiles as
+    that worker would, never on top of the shapes of the runs before it in this process (SGLang's flex
+    EXTEND lowered or failed to lower by what the process had compiled before it)."""
+    if "torch._dynamo" not in sys.modules:
+        return
+    import torch._dynamo
+
+    torch._dynamo.reset()
+    _hooked.pop("torch._dynamo", None)  # reset() drops the timing callbacks: the next watch() puts them back
+
+
 class CompiledInCapture(RuntimeError):
     """torch.compile compiled inside a graph's capture."""
 

@@ -154,6 +154,7 @@ def execute(run: Run, device: Optional[torch.device] = None, timeout: Optional[f
     result = run.record(outcome=PASS)
     start = time.perf_counter()
     moving_to(run.label, device)
+    compiles.as_a_new_process()
     compiles.watch()
     result.versions = versions()
     try:
