@@ -58,6 +58,7 @@ class Capabilities:
     # None: it needs them exact.
     host_mirrors: Optional[FrozenSet[str]]
     ci_cases: Optional[Dict[str, Tuple[str, ...]]]  # {mode value: case names} of `--case-set auto` on CPU
+    own_process: Optional[str]  # why each run needs a process of its own (a subprocess each), or None
 
     @classmethod
     def of(cls, backend_cls) -> "Capabilities":
@@ -83,6 +84,9 @@ class Capabilities:
         for flag in ("extend_capture", "real_rows_only", "batch_invariant", "returns_lse"):
             if not isinstance(declared[flag], bool):
                 raise BadDeclaration(f"{name}.{flag} must be True or False, not {declared[flag]!r}")
+        if not (declared["own_process"] is None or isinstance(declared["own_process"], str) and declared["own_process"]):
+            raise BadDeclaration(f"{name}.own_process must be None or why its runs need a process each, "
+                                 f"not {declared['own_process']!r}")
         return cls(modes=_modes(name, declared["modes"]),
                    attention_kinds=_name_set(name, "attention_kinds", declared["attention_kinds"],
                                              _is_str, 'kinds (e.g. ("dense", "mla"))'),
@@ -94,7 +98,7 @@ class Capabilities:
                    in_graph=callable(getattr(backend_cls, "init_forward_metadata_in_graph", None)),
                    extend_capture=declared["extend_capture"], real_rows_only=declared["real_rows_only"],
                    batch_invariant=declared["batch_invariant"], returns_lse=declared["returns_lse"],
-                   ci_cases=_ci_cases(name, declared["ci_cases"]),
+                   ci_cases=_ci_cases(name, declared["ci_cases"]), own_process=declared["own_process"],
                    host_mirrors=_host_mirrors(name, declared["host_mirrors"]))
 
     def mode_reason(self, mode: ForwardMode) -> Optional[str]:

@@ -5,8 +5,11 @@ import subprocess
 from typing import Optional
 
 from kit.harness import child
+from kit.harness.capabilities import Capabilities
+from kit.harness.registry import load_backend
 from kit.harness.run import Run
 from kit.harness.runner import unsupported_here
+from kit.report.known_failures import QUARANTINE
 from kit.report.record import CRASH, FAIL, RunResult
 from kit.harness.timeout import GRACE_S
 
@@ -29,6 +32,18 @@ def run_isolated(run: Run, timeout: Optional[float] = None) -> RunResult:
         return RunResult(**record)
     crashed.message = f"subprocess died with {ended.death(3)}"
     return crashed
+
+
+def in_own_process(run: Run) -> bool:
+    """Whether `run` goes to a subprocess: its known failure is quarantined, or its backend declares that
+    each of its runs needs a process of its own (`own_process`). A backend that does not load runs here,
+    where its run says why."""
+    if run.known is not None and run.known.mark == QUARANTINE:
+        return True
+    try:
+        return Capabilities.of(load_backend(run.spec)).own_process is not None
+    except Exception:  # noqa: BLE001 - the run itself reports a backend that fails to load or declare
+        return False
 
 
 def run_quarantined(run: Run, timeout: Optional[float] = None) -> RunResult:

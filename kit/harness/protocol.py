@@ -25,7 +25,8 @@ from kit.engine.profile import EngineProfile
 # What a backend class declares of itself (AttentionBackend documents each), read once when it is
 # loaded (kit.harness.capabilities.Capabilities.of); `profile` has no default: every backend names its engine's.
 DECLARATIONS = ("profile", "modes", "attention_kinds", "kv_dtypes", "attention_features", "numerics",
-                "extend_capture", "real_rows_only", "batch_invariant", "host_mirrors", "returns_lse", "ci_cases")
+                "extend_capture", "real_rows_only", "batch_invariant", "host_mirrors", "returns_lse", "ci_cases",
+                "own_process")
 
 
 @dataclasses.dataclass
@@ -122,6 +123,10 @@ class AttentionBackend:
     # {mode value: case names}: the smoke cases a plain CPU run (`--case-set auto`) gives a backend
     # too slow on CPU for all of them; None: every case. `--case-set smoke` runs them all.
     ci_cases: Optional[dict] = None
+    # None, or why each of its runs needs a process of its own, as an engine's worker serving one model: its
+    # library keeps process-wide state (compiled kernels, their lowering choices) that makes a run pass or fail
+    # by the runs before it. Its runs then go to a subprocess each, as a quarantined run does.
+    own_process: Optional[str] = None
 
     @classmethod
     def supports(cls, case: Case) -> Optional[str]:

@@ -1,0 +1,82 @@
+"""A run's verdict does not follow the runs before it in its process: each starts with torch.compile's
+in-memory state cleared (kit.harness.compiles.as_a_new_process), and a backend whose library keeps more
+process-wide state than that declares `own_process`, so each of its runs goes to a subprocess
+(kit.harness.isolate.in_own_process). Each is shown by a planted backend right only as its process's first."""
+import torch
+
+import kit.harness.compiles
+from backends.torch_native import TorchNativeBackend
+from kit.harness.isolate import in_own_process, run_quarantined
+from kit.harness.run import Run
+from kit.harness.runner import execute
+from kit.modes import Exec
+from tests.toys.tiny import CATALOG, SMOKE
+
+MODULE = "tests.test_process_state"
+TINY = "tests.toys.tiny:CATALOG"
+CPU = torch.device("cpu")
+_made = []  # the FirstInItsProcess backends made in this process
+
+
+class FirstInItsProcess(TorchNativeBackend):
+    """Planted: fails from its process's second instance on, as inductor's lowering of SGLang's flex calls
+    raised NoValidChoicesError or not by what its process had compiled before."""
+
+    own_process = "planted: right only as its process's first backend"
+
+    def __init__(self, ctx):
+        super().__init__(ctx)
+        _made.append(self)
+        if len(_made) > 1:
+            raise RuntimeError("planted: not its process's first backend")
+
+
+class FirstInItsProcessUndeclared(FirstInItsProcess):
+    own_process = None
+
+
+def _double(x):
+    return x * 2
+
+
+_compiled = torch.compile(_double, backend="eager")
+
+
+class CompiledBefore(TorchNativeBackend):
+    """Planted: fails where its process's torch.compile already holds its function compiled (by an earlier run)."""
+
+    def __init__(self, ctx):
+        super().__init__(ctx)
+        from torch._dynamo.eval_frame import _debug_get_cache_entry_list
+
+        if _debug_get_cache_entry_list(_double.__code__):
+            raise RuntimeError("planted: compiled by an earlier run of this process")
+        _compiled(torch.ones(2))
+
+
+def _run(backend: str, case) -> Run:
+    return Run(f"{MODULE}:{backend}", backend, case, Exec.EAGER, catalog=TINY)
+
+
+def _as_the_suite_runs(run: Run):
+    return run_quarantined(run) if in_own_process(run) else execute(run, CPU)
+
+
+def test_a_backend_declaring_own_process_runs_each_run_in_a_subprocess_and_passes_where_in_one_it_fails():
+    declared, undeclared = (_run(b, c) for b, c in (("FirstInItsProcess", SMOKE[0]), ("FirstInItsProcessUndeclared", SMOKE[1])))
+    assert in_own_process(declared) and not in_own_process(undeclared)
+    assert in_own_process(_run("no.such.module:Backend", SMOKE[0])) is False  # its run says why it does not load
+    for case in SMOKE[:2]:
+        r = _as_the_suite_runs(_run("FirstInItsProcess", case))
+        assert (r.outcome, r.isolated) == ("pass", True), r.message
+    outcomes = [_as_the_suite_runs(_run("FirstInItsProcessUndeclared", case)) for case in SMOKE[:2]]
+    assert [r.outcome for r in outcomes] == ["pass", "fail"], [r.message for r in outcomes]
+    assert "planted: not its process's first backend" in outcomes[1].message
+
+
+def test_each_run_compiles_as_a_new_process_would_and_without_the_reset_the_second_run_fails(monkeypatch):
+    runs = [_run("CompiledBefore", case) for case in CATALOG.cases("smoke", SMOKE[0].mode)[:2]]
+    assert [execute(r, CPU).outcome for r in runs] == ["pass", "pass"]
+    monkeypatch.setattr(kit.harness.compiles, "as_a_new_process", lambda: None)
+    planted = [execute(r, CPU) for r in runs]
+    assert planted[1].outcome == "fail" and "compiled by an earlier run" in planted[1].message, planted[1].message
