@@ -8,7 +8,7 @@ from typing import Dict, List, Sequence
 
 from tabulate import tabulate
 
-from kit.report.known_failures import KnownFailure, covering
+from kit.report.known_failures import QUARANTINE, KnownFailure, covering
 from kit.modes import EXECS, MODES
 from kit.report.record import ERROR, FAIL, PASS, UNSUPPORTED, WEAKER_THAN_A_GRAPH, Record
 
@@ -67,7 +67,7 @@ def tally(records: List[Record], entries: Sequence[KnownFailure]) -> Tally:
         entry = covering(entries, r)
         if entry is None:
             t.unknown[r.failure_class] += 1
-        elif r.isolated:
+        elif r.isolated and entry.mark == QUARANTINE:  # not a backend's own-process run (isolate.in_own_process)
             t.quarantined[entry.id] += 1
         else:
             t.known[entry.id] += 1

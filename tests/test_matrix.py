@@ -299,6 +299,8 @@ def test_cells():
     entries = parse(kf_text("| KF-7 | * | * | * | b | * | crash | quarantine | faults | tests/toys |"))
     assert cell([record("a"), record("b", "fail", "crash", isolated=True)], entries, notes) == \
         "✓ 1/2, quarantine 1/2 (KF-7, subprocess)"
+    xfail = parse(kf_text("| KF-8 | * | * | * | b | * | crash | xfail | fails alike in any process | tests/toys |"))
+    assert cell([record("b", "fail", "crash", isolated=True)], xfail, notes) == "xfail 1/1 (KF-8)"  # own_process
     assert notes.block() == "- (1) no capture hooks\n- (2) x"
 
 

@@ -2,19 +2,24 @@
 batch (KNOWN_FAILURES.md KF-58..61, KF-78, KF-79: inductor's NoValidChoicesError). Imports only torch.
 
 SGLang (srt/layers/attention/torch_flex_backend.py) compiles `torch.compile(flex_attention, dynamic=True)` once,
-then per request of a batch, in order: a causal block mask of L x L (L = the request's seq_lens entry, a 0-d
-device tensor, create_block_mask(..., _compile=False)), the query padded to L rows (its new tokens last, the
-rest uninitialized), keys and values of the request's L tokens, enable_gqa where the heads differ. This script
+with dynamo's cache limits raised to 1024, then per request of a batch, in order: a causal block mask of L x L
+(L = the request's seq_lens entry, a 0-d device tensor, create_block_mask(..., _compile=False)), the query padded
+to L rows (its new tokens last, the rest uninitialized), keys and values of the request's L tokens gathered from
+the KV pool ([tokens, kv heads, head dim]) by their slots and moved to [kv heads, L, head dim] (a transposed
+view: strides head dim, kv heads x head dim, 1), enable_gqa where the heads differ. This script
 makes the same calls for the kit's failing cases' batches (heads, head dim, dtype, prefix and new lengths) and
 for cases that pass in the kit's records, each case in a fresh compile (torch._dynamo.reset(), as a worker's
 first EXTEND), and judges each request's new rows against a float64 reference. Run on the GPU the entry names
 (torch 2.11): python repro/cuda/KF-58.py
-- the "fails in the kit" cases raise NoValidChoicesError here and the "passes in the kit" ones PASS: PyTorch's
-  inductor alone fails to lower flex_attention for these shapes (the bug is PyTorch's; the line printed names
-  the request length at which the lowering failed, and the static pass (dynamic=False) of each failing case's failing request
-  whether dynamic shapes are needed for it; its int32 pass, whether the int32 lengths the kit renders matter).
-- every case PASS here: torch alone lowers them; the kit's calls differ from SGLang's (look there next).
-Exit status 1 when a case fails."""
+- a case that raises NoValidChoicesError here: PyTorch's inductor alone fails to lower flex_attention for that
+  batch (the bug is PyTorch's; the line printed names the request length at which the lowering failed, the static
+  pass (dynamic=False) of its failing request whether dynamic shapes are needed for it, its int32 pass whether the
+  int32 lengths the kit renders matter).
+- a case the kit's records fail that PASSES here: its failure there takes more than this batch: the batches its
+  run gave the backend before it (the kit's eager sequence starts with other lengths), or what that process had
+  compiled before (a worker of the kit's matrix runs many models, an engine's worker one).
+Its last pass makes the same calls with K and V contiguous ([kv heads, L, head dim] copied), to tell whether
+SGLang's transposed K/V views are what inductor fails to lower. Exit status 1 when a case fails SGLang's calls."""
 import sys
 
 import torch
@@ -52,10 +57,12 @@ def reference(q, k, v, scale):
     return torch.einsum("hqk,hkd->hqd", torch.softmax(s.masked_fill(~seen, float("-inf")), dim=-1), v)
 
 
-def run_case(hq, hkv, d, dtype, prefix, new, dynamic, lens_dtype, only=None):
-    """SGLang's per-request calls for one batch (`only`: that request alone); returns (whether it passed, the
-    failing request or None, a verdict line)."""
+def run_case(hq, hkv, d, dtype, prefix, new, dynamic, lens_dtype, only=None, contiguous=False):
+    """SGLang's per-request calls for one batch (`only`: that request alone; `contiguous`: K and V copied
+    contiguous); returns (whether it passed, the failing request or None, a verdict line)."""
     torch._dynamo.reset()
+    torch._dynamo.config.cache_size_limit = 1024  # as TorchFlexAttnBackend.__init__ sets them
+    torch._dynamo.config.accumulated_cache_size_limit = 1024
     compiled = torch.compile(flex_attention, dynamic=dynamic)
     seq_lens = torch.tensor([p + n for p, n in zip(prefix, new)], device=dev, dtype=lens_dtype)
     scale = d ** -0.5
@@ -66,7 +73,10 @@ def run_case(hq, hkv, d, dtype, prefix, new, dynamic, lens_dtype, only=None):
         L = seq_lens[i]
         torch.manual_seed(i)
         q_new = torch.randn(hq, n, d, device=dev, dtype=dtype)
-        k, v = (torch.randn(hkv, p + n, d, device=dev, dtype=dtype) for _ in range(2))
+        slots = torch.randperm(p + n, device=dev)  # the request's row of req_to_token: its tokens' pool slots
+        k, v = (torch.randn(p + n, hkv, d, device=dev, dtype=dtype)[slots].movedim(0, 1) for _ in range(2))
+        if contiguous:
+            k, v = k.contiguous(), v.contiguous()
         mask = create_block_mask(causal, None, None, L, L, device=dev, _compile=False)
         q = torch.empty((hq, L, d), device=dev, dtype=dtype)
         q[:, p:, :] = q_new
@@ -79,18 +89,21 @@ def run_case(hq, hkv, d, dtype, prefix, new, dynamic, lens_dtype, only=None):
     return worst <= 0.05, None, f"max error {worst:.3g}"
 
 
-failed = {}  # case -> the request its dynamic compile failed at
+failed = {}  # case -> the request its dynamic compile failed at, with SGLang's calls
 print(torch.__version__, torch.cuda.get_device_name(), flush=True)
 # seq_lens as SGLang's scheduler makes them (int64) over every case; then each case that failed again with them as
-# its graph runner and the kit hold them (int32), and its failing request compiled static.
-for dynamic, lens_dtype in ((True, torch.int64), (True, torch.int32), (False, torch.int64)):
+# its graph runner and the kit hold them (int32), and its failing request compiled static; then every case with K
+# and V contiguous.
+for dynamic, lens_dtype, contiguous in ((True, torch.int64, False), (True, torch.int32, False),
+                                        (False, torch.int64, False), (True, torch.int64, True)):
     for name, (hq, hkv, d, dtype, prefix, new, kit) in CASES.items():
         if lens_dtype is torch.int64 and dynamic or name in failed:
             ok, at, what = run_case(hq, hkv, d, dtype, prefix, new, dynamic, lens_dtype,
-                                    only=None if dynamic else failed[name])
-            if not ok:
+                                    only=None if dynamic else failed[name], contiguous=contiguous)
+            if not ok and not contiguous:
                 failed.setdefault(name, at)
-            print(f"dynamic={dynamic} seq_lens {lens_dtype} {name} ({kit}): {what}: {'PASS' if ok else 'FAIL'}",
+            kv = "K/V contiguous" if contiguous else "K/V as SGLang's"
+            print(f"dynamic={dynamic} seq_lens {lens_dtype} {kv} {name} ({kit}): {what}: {'PASS' if ok else 'FAIL'}",
                   flush=True)
 print("FAIL" if failed else "PASS")
 sys.exit(1 if failed else 0)
