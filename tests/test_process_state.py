@@ -9,7 +9,8 @@ from backends.torch_native import TorchNativeBackend
 from kit.harness.isolate import in_own_process, run_quarantined
 from kit.harness.run import Run
 from kit.harness.runner import execute
-from kit.modes import Exec
+from kit.modes import Exec, ForwardMode
+from tests.helpers import small_case
 from tests.toys.tiny import CATALOG, SMOKE
 
 MODULE = "tests.test_process_state"
@@ -80,3 +81,14 @@ def test_each_run_compiles_as_a_new_process_would_and_without_the_reset_the_seco
     monkeypatch.setattr(kit.harness.compiles, "as_a_new_process", lambda: None)
     planted = [execute(r, CPU) for r in runs]
     assert planted[1].outcome == "fail" and "compiled by an earlier run" in planted[1].message, planted[1].message
+
+
+def test_a_drawn_case_goes_to_its_own_process_whole_as_its_line():
+    """The fuzzer's cases are in no catalog: a run of one goes to its subprocess as its Case(...) line, on the
+    fuzzer's device, and its repro gives the same line."""
+    run = Run(f"{MODULE}:FirstInItsProcess", "first", small_case("drawn", ForwardMode.DECODE, (3, 9)), Exec.EAGER,
+              drawn=True)
+    assert "--case-line 'Case(" in run.repro() and in_own_process(run)
+    for _ in range(2):
+        r = run_quarantined(run, device=CPU)
+        assert (r.outcome, r.isolated, r.case) == ("pass", True, "drawn"), r.message

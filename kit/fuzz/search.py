@@ -29,14 +29,15 @@ from kit.engine.draws import Takes
 from kit.engine.features import FEATURES, features_of
 from kit.engine.kinds.recurrent import RecurrentCase
 from kit.fuzz.strategies import any_case, case_fields, case_name
-from kit.harness.registry import backend_label, import_root, load_backend
+from kit.harness.registry import backend_label, load_backend
 from kit.harness.capabilities import Capabilities
+from kit.harness.isolate import in_own_process, run_quarantined
 from kit.harness.run import Run
 from kit.harness.runner import execute
 from kit.harness.scope import unsupported_reason
 from kit.modes import Exec, ForwardMode
 from kit.report.known_failures import KnownFailure, against, is_expected, match
-from kit.report.record import ERROR, FAIL, KIT_ERROR, repro_command
+from kit.report.record import ERROR, FAIL, KIT_ERROR
 from kit.harness.environment import environment
 
 try:
@@ -289,15 +290,15 @@ class _Search:
 
     def _run(self, case: Case, exec_: Exec) -> Optional[Finding]:
         t = self.target
-        run = Run(t.backend, self.label, case, exec_)
-        repro = repro_command(t.backend, case.mode.value, exec_.value, case.name, case_line=format_case(case),
-                              pythonpath=import_root(t.backend))
+        run = Run(t.backend, self.label, case, exec_, drawn=True)
+        repro = run.repro()
         if self.running is not None:
             in_flight.write(self.running, dict(backend=t.backend, mode=case.mode.value, exec=exec_.value,
                                                case_line=format_case(case), repro=repro,
                                                example=self.outcome.examples, seconds=round(self.elapsed(), 2)))
         try:
-            result = execute(run, self.device, t.timeout)
+            result = (run_quarantined(run, t.timeout, self.device) if in_own_process(run) else
+                      execute(run, self.device, t.timeout))
         except Exception as exc:  # noqa: BLE001 - the kit's own error on a drawn case is a finding too
             result = run.record(outcome=ERROR, failure_class=KIT_ERROR,
                                 message=f"the kit raised {type(exc).__name__}: {exc}")

@@ -4,6 +4,9 @@ from __future__ import annotations
 import subprocess
 from typing import Optional
 
+import torch
+
+from kit.engine.case_line import format_case
 from kit.harness import child
 from kit.harness.capabilities import Capabilities
 from kit.harness.registry import load_backend
@@ -14,12 +17,14 @@ from kit.report.record import CRASH, FAIL, RunResult
 from kit.harness.timeout import GRACE_S
 
 
-def run_isolated(run: Run, timeout: Optional[float] = None) -> RunResult:
+def run_isolated(run: Run, timeout: Optional[float] = None, device: Optional[torch.device] = None) -> RunResult:
     """`timeout`: the run's limit, applied in the subprocess (which records the stage); the
-    subprocess itself is ended if it outlives it by more than the grace period."""
-    cmd = child.command("kit", "run", "--backend", run.spec, "--mode", run.case.mode.value, "--exec",
-                        run.exec_.value, "--case", run.case.name, "--json", "--timeout", str(timeout or 0),
-                        *(["--cases", run.catalog] if run.catalog else []))
+    subprocess itself is ended if it outlives it by more than the grace period. `device`: where it runs
+    (default: the subprocess's own default). A drawn case goes whole, as its line."""
+    case = (["--case-line", format_case(run.case)] if run.drawn else
+            ["--mode", run.case.mode.value, "--case", run.case.name, *(["--cases", run.catalog] if run.catalog else [])])
+    cmd = child.command("kit", "run", "--backend", run.spec, "--exec", run.exec_.value, *case, "--json",
+                        "--timeout", str(timeout or 0), *(["--device", device.type] if device is not None else []))
     crashed = run.record(outcome=FAIL, failure_class=CRASH, isolated=True)
     try:
         ended = child.run(cmd, timeout=timeout and timeout + 3 * GRACE_S)
@@ -46,7 +51,7 @@ def in_own_process(run: Run) -> bool:
         return False
 
 
-def run_quarantined(run: Run, timeout: Optional[float] = None) -> RunResult:
+def run_quarantined(run: Run, timeout: Optional[float] = None, device: Optional[torch.device] = None) -> RunResult:
     """A quarantined run: in a subprocess, unless its backend declines the case (known here
     without running it; a subprocess would cost its start for nothing)."""
-    return unsupported_here(run) or run_isolated(run, timeout=timeout)
+    return unsupported_here(run) or run_isolated(run, timeout=timeout, device=device)

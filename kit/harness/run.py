@@ -6,6 +6,7 @@ import dataclasses
 from typing import Optional
 
 from kit.engine.case import Case
+from kit.engine.case_line import format_case
 from kit.harness.registry import import_root
 from kit.modes import Exec
 from kit.report.known_failures import KnownFailure
@@ -20,6 +21,7 @@ class Run:
     exec_: Exec
     known: Optional[KnownFailure] = None  # its KNOWN_FAILURES.md entry
     catalog: Optional[str] = None  # the catalog target the case came from, None for the in-box one
+    drawn: bool = False  # the case is in no catalog (the fuzzer drew it): a command gives it whole, as its line
 
     @property
     def id(self) -> str:
@@ -28,7 +30,8 @@ class Run:
     def repro(self, timeout: Optional[float] = None) -> str:
         """The command that repeats this run; with the time limit of a run that ran out of it."""
         return repro_command(self.spec, self.case.mode.value, self.exec_.value, self.case.name, self.catalog,
-                             timeout, pythonpath=import_root(self.spec))
+                             timeout, case_line=format_case(self.case) if self.drawn else None,
+                             pythonpath=import_root(self.spec))
 
     def record(self, timeout: Optional[float] = None, **fields) -> RunResult:
         """This run's record, with `fields` (outcome, ...) filled in; `timeout` as for repro()."""
