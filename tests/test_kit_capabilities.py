@@ -35,6 +35,10 @@ class _MirrorsMisnamed(TorchNativeBackend):
     host_mirrors = ("seq_lens",)
 
 
+class _OwnProcessSaysYes(TorchNativeBackend):
+    own_process = True  # a reason is asked for
+
+
 class _NoProfile:
     """A backend that says nothing of its engine's conventions: none is assumed for it."""
 
@@ -50,7 +54,7 @@ class _ProfileAName(TorchNativeBackend):
 @pytest.mark.parametrize("cls, named", [(_CaptureSaysYes, "extend_capture"), (_ModesOneString, "modes"),
                                         (_CiCasesAList, "ci_cases"), (_KvDtypesTorchs, "kv_dtypes"),
                                         (_InvariantSaysYes, "batch_invariant"), (_MirrorsMisnamed, "host_mirrors"),
-                                        (_ProfileAName, "profile")])
+                                        (_ProfileAName, "profile"), (_OwnProcessSaysYes, "own_process")])
 def test_a_malformed_declaration_is_a_crash_when_the_backend_loads(cls, named):
     with pytest.raises(BadDeclaration, match=f"{cls.__name__}.{named} must"):
         Capabilities.of(cls)
