@@ -157,7 +157,24 @@ def _coverage(records: List[Record], sources: Dict[int, str], entries) -> List[s
         elif passing:
             problems.append(f"stale known failure: {e.id} ({e.where}) now passes for {', '.join(passing[:3])}"
                             f"{' ...' if len(passing) > 3 else ''}: remove it or narrow its case pattern")
+        else:
+            problems += [f"stale known failure: {e.id} ({e.where}): its case pattern {glob!r} matches no run in "
+                         f"the results: remove it from the entry" for glob in _idle_patterns(e, records)]
     return problems
+
+
+def _idle_patterns(entry, records: List[Record]) -> List[str]:
+    """The globs of an entry of several that match no run the results hold, or only runs not run
+    (unsupported): a glob left over, or mistyped, that would hide a later run it was not meant for."""
+    if len(entry.case_patterns) < 2:
+        return []
+    idle = []
+    for glob in entry.case_patterns:
+        one = entry.narrowed(glob)
+        hits = [r for r in records if one.matches_record(r)]
+        if all(r.outcome == UNSUPPORTED for r in hits):
+            idle.append(glob)
+    return idle
 
 
 def _fresh_problems(f: ResultsFile) -> List[str]:

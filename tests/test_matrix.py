@@ -213,6 +213,29 @@ def test_a_case_pattern_names_a_dtype_after_at():
     assert covering(entries, record("mqa_p1", "fail", "kernel")).id == "KF-1"  # record()'s dtype: fp32
 
 
+def test_a_case_cell_of_several_globs_matches_where_any_does():
+    """One cause's runs named exactly by several globs, space-separated: a run matches where any glob
+    does (its name or `name@dtype`), and no other run."""
+    entries = parse(kf_text("| KF-1 | be | * | * | c_ragged* c_window *@fp16 | * | crash | xfail | one cause | tests/toys |"))
+    for case, dtype in (("c_ragged", "bf16"), ("c_ragged_shuf", "bf16"), ("c_window", "bf16"), ("d", "fp16")):
+        assert match(entries, "be", "extend", "eager", case, "CPU (x86_64)", dtype).id == "KF-1", case
+    for case in ("c_window_shuf", "d", "c_rag"):
+        assert match(entries, "be", "extend", "eager", case, "CPU (x86_64)", "bf16") is None, case
+
+
+def test_a_glob_of_several_that_no_run_needs_is_stale(project):
+    """Each glob of an entry of several is judged: one matching only unsupported runs, or none, is
+    named (a glob left over would hide a later failure it was not meant for); each matching a
+    failure is not."""
+    write_results(project["results_dir"] / "cpu.json", [rec("a"), rec("b", "unsupported"), rec("c", "fail", "kernel"),
+                                                          rec("d", "fail", "kernel")])
+    project["known_path"].write_text(kf_text("| KF-1 | be | decode | eager | c d | * | kernel | xfail | why | tests/toys |"))
+    assert not any("KF-1" in p for p in gate.check(**project))
+    project["known_path"].write_text(kf_text("| KF-1 | be | decode | eager | c b d nothing_* | * | kernel | xfail | why | tests/toys |"))
+    stale = [p for p in gate.check(**project) if "KF-1" in p]
+    assert len(stale) == 2 and "its case pattern 'b' matches no run" in stale[0] and "'nothing_*'" in stale[1], stale
+
+
 def test_a_backends_entries_match_its_runs_as_all_entries_do():
     """Collection matches each run against its backend's entries only (of_backend): for every run
     of the committed results, the same entry, and in a table whose first match is another

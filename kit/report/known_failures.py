@@ -14,7 +14,7 @@ from kit.report.record import FAIL, FAILURE_CLASSES as CLASSES, PASS, Record
 BEGIN, END = "<!-- known-failures:begin -->", "<!-- known-failures:end -->"
 COLUMNS = ("id", "backend", "mode", "exec", "case", "device", "class", "mark", "reason", "link")
 XFAIL, QUARANTINE = "xfail", "quarantine"
-ROW_TEMPLATE = "| KF-<n> | <backend> | <mode or *> | <eager|graph|*> | <case glob> | <device glob, e.g. *H100* or *> | " \
+ROW_TEMPLATE = "| KF-<n> | <backend> | <mode or *> | <eager|graph|*> | <case globs, space-separated> | <device glob, e.g. *H100* or *> | " \
                "<kernel|graph|kv-write|crash, then optionally its band: `1.5-40x`, one per layer id `1200-16000x/0-1x`, " \
                "or `\"text of its message\"`> | " \
                "<xfail|quarantine> | <reason> | " \
@@ -88,12 +88,22 @@ class KnownFailure:
     def links(self) -> List[str]:
         return self.link.split()
 
+    @property
+    def case_patterns(self) -> List[str]:
+        """The case cell's globs: one cause's runs may need several to be named exactly."""
+        return self.case.split()
+
+    def narrowed(self, pattern: str) -> "KnownFailure":
+        """The entry with one of its case globs only (the gate judges each glob of several)."""
+        return dataclasses.replace(self, case=pattern)
+
     def matches(self, backend: str, mode: str, exec_: str, case: str, device: str, dtype: str) -> bool:
-        """The case pattern is matched against the case's name and against `name@dtype` (`*@fp32`:
-        every fp32 case, whatever its name says)."""
+        """A case pattern is matched against the case's name and against `name@dtype` (`*@fp32`:
+        every fp32 case, whatever its name says); the run matches where any of the entry's does."""
         return all(fnmatch.fnmatchcase(value, pattern) for value, pattern in (
-            (backend, self.backend), (mode, self.mode), (exec_, self.exec), (device, self.device))) and (
-            fnmatch.fnmatchcase(case, self.case) or fnmatch.fnmatchcase(f"{case}@{dtype}", self.case))
+            (backend, self.backend), (mode, self.mode), (exec_, self.exec), (device, self.device))) and any(
+            fnmatch.fnmatchcase(case, glob) or fnmatch.fnmatchcase(f"{case}@{dtype}", glob)
+            for glob in self.case_patterns)
 
     def matches_record(self, record: Record) -> bool:
         return self.matches(record.backend, record.mode, record.exec, record.case, record.device, record.dtype)
