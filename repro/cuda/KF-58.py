@@ -1,5 +1,5 @@
 """Standalone repro: flex_attention compiled and called as SGLang 0.5.23's TorchFlexAttnBackend does for an EXTEND
-batch (KNOWN_FAILURES.md KF-58..61, KF-78, KF-79: inductor's NoValidChoicesError). Imports only torch.
+batch (KNOWN_FAILURES.md KF-58: inductor's NoValidChoicesError). Imports only torch.
 
 SGLang (srt/layers/attention/torch_flex_backend.py) compiles `torch.compile(flex_attention, dynamic=True)` once,
 with dynamo's cache limits raised to 1024, then per request of a batch, in order: a causal block mask of L x L
