@@ -169,4 +169,5 @@ def backend_lines(spec: str, catalog, case_set: str, modes: Sequence[ForwardMode
     problem = _import_problem(cls) if engine and any(s.runs.values()) else None
     if problem:
         return _wrapped(f"{spec} unavailable: {problem}", "")
-    return scope_lines(spec, s, execs)
+    own = _wrapped(f"each run in a process of its own: {caps.own_process}", INDENT) if caps.own_process else []
+    return scope_lines(spec, s, execs) + own

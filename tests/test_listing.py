@@ -68,6 +68,14 @@ def test_list_backends_says_what_a_cpu_run_narrows_to():
     assert f"ci_cases: 1 of its {smoke} smoke cases" in said and "`--case-set smoke` runs all" in said, said
 
 
+def test_list_backends_says_why_each_run_goes_to_a_process_of_its_own():
+    """A backend declaring `own_process` is listed with its reason; one declaring none, without."""
+    said = " ".join(" ".join(_listing("--backend", "tests.test_process_state:FirstInItsProcess")).split())
+    assert "each run in a process of its own: planted: right only as its process's first backend" in said, said
+    said = " ".join(_listing("--backend", "tests.test_process_state:FirstInItsProcessUndeclared"))
+    assert "process of its own" not in said, said
+
+
 def test_list_backends_in_box():
     lines = _main(kit_main, "list", "--backends").stdout.splitlines()
     first = {line.split()[0]: line for line in lines if not line.startswith(" ")}
