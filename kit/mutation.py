@@ -22,7 +22,8 @@ from kit.harness.environment import device_name
 from kit.harness.capabilities import Capabilities
 from kit.harness.registry import load_backend
 from kit.targets import import_target
-from kit.harness.runner import run_case
+from kit.harness.isolate import dispatch
+from kit.harness.run import Run
 from kit.harness.timeout import DEFAULT_S
 
 
@@ -99,7 +100,8 @@ def _runs(mutant: Mutant, case_set: str, cases: Optional[str], stop_when_caught:
 def score(mutant: Mutant, case_set: str, stop_when_caught: bool = False, progress=None,
           cases: Optional[str] = None, timeout: Optional[float] = None) -> Score:
     """Every run of the mutant's modes x execs over the case set (or up to the first
-    run failing with the expected class), in this process. `progress(test_id)` is
+    run failing with the expected class), in this process, or a subprocess where the suite would
+    give the run one (kit.harness.isolate.dispatch). `progress(test_id)` is
     called before each run; `timeout`: each run's limit, as a matrix run's (kit.harness.timeout:
     past it the run is a crash, and a run stuck in native code ends the process)."""
     classes = collections.Counter()
@@ -108,7 +110,7 @@ def score(mutant: Mutant, case_set: str, stop_when_caught: bool = False, progres
     for i, (case, ex, entry) in enumerate(runs):
         if progress:
             progress(run_id(mutant.name, case.mode.value, ex.value, case.name))
-        result = run_case(mutant.backend, case, ex, label=mutant.name, catalog=cases, timeout=timeout)
+        result = dispatch(Run(mutant.backend, mutant.name, case, ex, known=entry, catalog=cases), timeout=timeout)
         if result.outcome == UNSUPPORTED:
             continue
         if known_failures.is_expected(entry, result):  # inside the engine's own known failure's band

@@ -1,8 +1,7 @@
 """The conformance suite: backend x mode x exec x case, each judged against the float64 reference."""
 import pytest
 
-from kit.harness.isolate import in_own_process, run_quarantined
-from kit.harness.runner import execute
+from kit.harness.isolate import dispatch
 from kit.plugin.parametrize import KnownFailureHit
 from kit.plugin.timeouts import run_timeout
 from kit.report.known_failures import against, is_expected
@@ -12,10 +11,7 @@ from kit.report.record import ERROR, FAIL, UNSUPPORTED
 def test_conformance(conformance_run, record_conformance, request):
     known = conformance_run.known
     timeout = run_timeout(request.node)
-    if in_own_process(conformance_run):
-        result = run_quarantined(conformance_run, timeout=timeout)
-    else:
-        result = execute(conformance_run, timeout=timeout)
+    result = dispatch(conformance_run, timeout=timeout)
     record_conformance(result)
     if result.outcome == UNSUPPORTED:
         pytest.skip(f"unsupported: {result.message}")

@@ -6,10 +6,11 @@ import torch
 
 import kit.harness.compiles
 from backends.torch_native import TorchNativeBackend
-from kit.harness.isolate import in_own_process, run_quarantined
+from kit.harness.isolate import dispatch, in_own_process, run_quarantined
 from kit.harness.run import Run
 from kit.harness.runner import execute
 from kit.modes import Exec, ForwardMode
+from kit.mutation import Mutant, score
 from tests.helpers import small_case
 from tests.toys.tiny import CATALOG, SMOKE
 
@@ -59,21 +60,29 @@ def _run(backend: str, case) -> Run:
     return Run(f"{MODULE}:{backend}", backend, case, Exec.EAGER, catalog=TINY)
 
 
-def _as_the_suite_runs(run: Run):
-    return run_quarantined(run) if in_own_process(run) else execute(run, CPU)
-
-
 def test_a_backend_declaring_own_process_runs_each_run_in_a_subprocess_and_passes_where_in_one_it_fails():
     _made.clear()  # this process may have made one already (a test run again)
     declared, undeclared = (_run(b, c) for b, c in (("FirstInItsProcess", SMOKE[0]), ("FirstInItsProcessUndeclared", SMOKE[1])))
     assert in_own_process(declared) and not in_own_process(undeclared)
     assert in_own_process(_run("no.such.module:Backend", SMOKE[0])) is False  # its run says why it does not load
     for case in SMOKE[:2]:
-        r = _as_the_suite_runs(_run("FirstInItsProcess", case))
+        r = dispatch(_run("FirstInItsProcess", case), device=CPU)
         assert (r.outcome, r.isolated) == ("pass", True), r.message
-    outcomes = [_as_the_suite_runs(_run("FirstInItsProcessUndeclared", case)) for case in SMOKE[:2]]
+    outcomes = [dispatch(_run("FirstInItsProcessUndeclared", case), device=CPU) for case in SMOKE[:2]]
     assert [r.outcome for r in outcomes] == ["pass", "fail"], [r.message for r in outcomes]
     assert "planted: not its process's first backend" in outcomes[1].message
+
+
+def test_the_mutation_scorer_puts_a_run_where_the_suite_does():
+    """A mutant of a backend declaring own_process is scored with each run in its own process, as the suite
+    runs it: its runs all pass; undeclared, its runs after the first fail in the scorer's process."""
+    def mutant(backend):
+        return Mutant(0, backend, f"{MODULE}:{backend}", ("crash",), (ForwardMode.DECODE,), (Exec.EAGER,), cpu=True)
+    declared = score(mutant("FirstInItsProcess"), "smoke", cases=TINY)
+    assert declared.runs >= 2 and declared.failed == 0, declared
+    _made.clear()
+    undeclared = score(mutant("FirstInItsProcessUndeclared"), "smoke", cases=TINY)
+    assert undeclared.runs == declared.runs and undeclared.failed == undeclared.runs - 1, undeclared
 
 
 def test_each_run_compiles_as_a_new_process_would_and_without_the_reset_the_second_run_fails(monkeypatch):

@@ -546,9 +546,6 @@ class SGLangFlexAttentionBackend(SGLangBackend):
     modes = (ForwardMode.DECODE, ForwardMode.EXTEND)  # its metadata builds masks for these two only (torch_flex_backend.py:40-67)
     # On CPU each new shape compiles a flex kernel in C++ (tens of seconds cold): CI runs one short case.
     ci_cases = {"decode": ("mqa_p1_shuf",)}
-    own_process = ("torch.compile(flex_attention, dynamic=True) (torch_flex_backend.py:26): whether inductor lowers "
-                   "a batch's shapes or raises NoValidChoicesError depends on what the process compiled before, "
-                   "beyond what torch._dynamo.reset() clears; a worker serves one model")
 
     @classmethod
     def supports(cls, case):

@@ -1,5 +1,5 @@
 """The search: Hypothesis draws cases (kit.fuzz.strategies), each runs eager and graph through the
-suite's own runner and verdicts (kit.harness.runner.execute), and a failure is shrunk to a
+suite's own runner and verdicts (kit.harness.isolate.dispatch), and a failure is shrunk to a
 minimal case failing the same way (same mode, exec and failure class).
 
 A failure KNOWN_FAILURES.md expects (kit.report.known_failures) is counted as known, with its
@@ -31,9 +31,8 @@ from kit.engine.kinds.recurrent import RecurrentCase
 from kit.fuzz.strategies import any_case, case_fields, case_name
 from kit.harness.registry import backend_label, load_backend
 from kit.harness.capabilities import Capabilities
-from kit.harness.isolate import in_own_process, run_quarantined
+from kit.harness.isolate import dispatch
 from kit.harness.run import Run
-from kit.harness.runner import execute
 from kit.harness.scope import unsupported_reason
 from kit.modes import Exec, ForwardMode
 from kit.report.known_failures import KnownFailure, against, is_expected, match
@@ -297,8 +296,7 @@ class _Search:
                                                case_line=format_case(case), repro=repro,
                                                example=self.outcome.examples, seconds=round(self.elapsed(), 2)))
         try:
-            result = (run_quarantined(run, t.timeout, self.device) if in_own_process(run) else
-                      execute(run, self.device, t.timeout))
+            result = dispatch(run, t.timeout, self.device)
         except Exception as exc:  # noqa: BLE001 - the kit's own error on a drawn case is a finding too
             result = run.record(outcome=ERROR, failure_class=KIT_ERROR,
                                 message=f"the kit raised {type(exc).__name__}: {exc}")

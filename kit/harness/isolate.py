@@ -11,7 +11,7 @@ from kit.harness import child
 from kit.harness.capabilities import Capabilities
 from kit.harness.registry import load_backend
 from kit.harness.run import Run
-from kit.harness.runner import unsupported_here
+from kit.harness.runner import execute, unsupported_here
 from kit.report.known_failures import QUARANTINE
 from kit.report.record import CRASH, FAIL, RunResult
 from kit.harness.timeout import GRACE_S
@@ -55,3 +55,9 @@ def run_quarantined(run: Run, timeout: Optional[float] = None, device: Optional[
     """A quarantined run: in a subprocess, unless its backend declines the case (known here
     without running it; a subprocess would cost its start for nothing)."""
     return unsupported_here(run) or run_isolated(run, timeout=timeout, device=device)
+
+
+def dispatch(run: Run, timeout: Optional[float] = None, device: Optional[torch.device] = None) -> RunResult:
+    """`run` where in_own_process puts it: a subprocess (run_quarantined), or this process. The suite,
+    the fuzzer and the mutation scorer each run a run this way."""
+    return run_quarantined(run, timeout, device) if in_own_process(run) else execute(run, device, timeout)
