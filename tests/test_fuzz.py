@@ -297,9 +297,9 @@ def test_the_kit_raising_on_a_drawn_case_is_a_finding_of_class_kit_error(monkeyp
     from kit.fuzz import search
     from kit.report.record import ERROR_CLASSES, KIT_ERROR
 
-    def raises(run, device, timeout):
+    def raises(run, timeout, device):
         raise IndexError("the kit's own bug")
-    monkeypatch.setattr(search, "execute", raises)
+    monkeypatch.setattr(search, "dispatch", raises)
     outcome = search.fuzz(search.Target("torch_native", (ForwardMode.DECODE,), (EXECS[0],), device="cpu"),
                           budget=60, seed=1, shrink_budget=0, max_examples=3)
     assert KIT_ERROR in ERROR_CLASSES
