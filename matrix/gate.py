@@ -168,13 +168,9 @@ def _idle_patterns(entry, records: List[Record]) -> List[str]:
     (unsupported): a glob left over, or mistyped, that would hide a later run it was not meant for."""
     if len(entry.case_patterns) < 2:
         return []
-    idle = []
-    for glob in entry.case_patterns:
-        one = entry.narrowed(glob)
-        hits = [r for r in records if one.matches_record(r)]
-        if all(r.outcome == UNSUPPORTED for r in hits):
-            idle.append(glob)
-    return idle
+    ones = {glob: entry.narrowed(glob) for glob in entry.case_patterns}
+    return [glob for glob, one in ones.items()
+            if all(r.outcome == UNSUPPORTED for r in records if one.matches_record(r))]
 
 
 def _fresh_problems(f: ResultsFile) -> List[str]:
